@@ -1,0 +1,201 @@
+package admin
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"html"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/mtls"
+	"github.com/ztunnel-go/ztunnel/state"
+)
+
+// Config wires the admin server to what it reports on.
+type Config struct {
+	// State is the workload/service/policy snapshot to dump.
+	State *state.Store
+	// Certs is the certificate cache to dump; nil dumps none.
+	Certs *mtls.Store
+	// StaticConfig is the local config as loaded, for "staticConfig"; nil
+	// when there is none.
+	StaticConfig *state.Snapshot
+	// DaemonConfig is the parsed daemon configuration, for "config".
+	DaemonConfig any
+	// Version fills "version".
+	Version BuildInfo
+	// Quit is called by POST /quitquitquit to start a graceful shutdown.
+	Quit func()
+	// Logger receives errors.
+	Logger *slog.Logger
+}
+
+// Server is the admin HTTP server (localhost only).
+type Server struct {
+	cfg Config
+	mux *http.ServeMux
+}
+
+// NewServer returns the admin handler set.
+func NewServer(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	s.mux.HandleFunc("/", s.index)
+	s.mux.HandleFunc("/config_dump", s.configDump)
+	s.mux.HandleFunc("/quitquitquit", s.quit)
+	s.mux.HandleFunc("/debug/pprof/", pprof.Index)
+	s.mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	s.mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	s.mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	s.mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return s
+}
+
+// ServeHTTP refuses any client that is not on loopback (defence in depth:
+// the listener is bound to localhost too), then dispatches.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !fromLoopback(r.RemoteAddr) {
+		http.Error(w, "admin is only available on localhost", http.StatusForbidden)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+func fromLoopback(remote string) bool {
+	host, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+var endpoints = []struct{ path, help string }{
+	{"/config_dump", "dump the current workloads, services, policies and certificates"},
+	{"/quitquitquit", "POST: drain connections and exit"},
+	{"/debug/pprof/", "Go profiles: CPU, heap, goroutine, mutex, block, trace"},
+}
+
+func (s *Server) index(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/" {
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	fmt.Fprint(w, "<html><head><title>ztunnel-go admin</title></head><body><h1>ztunnel-go admin</h1><ul>")
+	for _, e := range endpoints {
+		fmt.Fprintf(w, `<li><a href="%s">%s</a>: %s</li>`, e.path, e.path, html.EscapeString(e.help))
+	}
+	fmt.Fprint(w, "</ul></body></html>")
+}
+
+// Dump builds the config dump from the current snapshot and certificates.
+func (s *Server) Dump() ConfigDump {
+	snap := s.cfg.State.Load()
+	d := ConfigDump{
+		Workloads: []WorkloadDump{}, Services: []ServiceDump{}, Policies: []PolicyDump{},
+		StagedServices: map[string]map[string]any{}, StaticConfig: StaticDump{Workloads: []WorkloadDump{}, Services: []ServiceDump{}, Policies: []PolicyDump{}},
+		Version: s.cfg.Version, Config: s.cfg.DaemonConfig, Certificates: []CertsDump{},
+	}
+	if sc := s.cfg.StaticConfig; sc != nil {
+		d.StaticConfig.Workloads, d.StaticConfig.Services, d.StaticConfig.Policies = dumpSnapshot(sc)
+	}
+	if d.Version.GoVersion == "" {
+		d.Version.GoVersion = runtime.Version()
+	}
+	d.Workloads, d.Services, d.Policies = dumpSnapshot(snap)
+	if s.cfg.Certs != nil {
+		for _, c := range s.cfg.Certs.Certificates() {
+			d.Certificates = append(d.Certificates, dumpCert(c))
+		}
+	}
+	return d
+}
+
+func (s *Server) configDump(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(s.Dump()); err != nil {
+		s.cfg.Logger.Debug("config dump write failed", "error", err)
+	}
+}
+
+func (s *Server) quit(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		http.Error(w, "use POST", http.StatusMethodNotAllowed)
+		return
+	}
+	if s.cfg.Quit == nil {
+		http.Error(w, "shutdown is not wired", http.StatusServiceUnavailable)
+		return
+	}
+	w.Write([]byte("OK\n"))
+	s.cfg.Quit()
+}
+
+func certDump(der []byte) CertDump {
+	d := CertDump{PEM: base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))}
+	if c, err := x509.ParseCertificate(der); err == nil {
+		d.SerialNumber = c.SerialNumber.Text(16)
+		d.ValidFrom = c.NotBefore.UTC().Format(time.RFC3339)
+		d.ExpirationTime = c.NotAfter.UTC().Format(time.RFC3339)
+	}
+	return d
+}
+
+// HTTPServer runs one handler on one listener and shuts it down with ctx.
+type HTTPServer struct {
+	srv  *http.Server
+	ln   net.Listener
+	done chan struct{}
+	once sync.Once
+}
+
+// Serve starts h on addr. The returned server runs until Shutdown.
+func Serve(addr string, h http.Handler, log *slog.Logger) (*HTTPServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin: listen %s: %w", addr, err)
+	}
+	s := &HTTPServer{
+		srv:  &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second},
+		ln:   ln,
+		done: make(chan struct{}),
+	}
+	go func() {
+		defer close(s.done)
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && log != nil {
+			log.Error("http server failed", "addr", addr, "error", err)
+		}
+	}()
+	return s, nil
+}
+
+// Addr is the bound address.
+func (s *HTTPServer) Addr() net.Addr { return s.ln.Addr() }
+
+// Shutdown stops the server, waiting for in-flight requests until ctx ends.
+func (s *HTTPServer) Shutdown(ctx context.Context) error {
+	var err error
+	s.once.Do(func() {
+		err = s.srv.Shutdown(ctx)
+		if err != nil {
+			s.srv.Close()
+		}
+		<-s.done
+	})
+	return err
+}

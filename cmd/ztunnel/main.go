@@ -1,0 +1,59 @@
+// Command ztunnel is the ztunnel-go node proxy daemon. It takes the same
+// arguments and environment variables as Istio's ztunnel: `ztunnel proxy
+// ztunnel` (only the first argument matters), `ztunnel version`.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/ztunnel-go/ztunnel/internal/app"
+)
+
+func main() {
+	os.Exit(run(os.Args, os.Stderr))
+}
+
+func run(args []string, stderr *os.File) int {
+	cmd := ""
+	if len(args) > 1 {
+		cmd = args[1]
+	}
+	switch cmd {
+	case "", "proxy":
+	case "version":
+		fmt.Println(app.Version())
+		return 0
+	case "help", "-h", "--help":
+		fmt.Fprintf(stderr, "ztunnel-go %s\n\nCommands:\nproxy (default) - Start the proxy\nversion         - Print the version\nhelp            - Print commands and version\n", app.Version())
+		return 0
+	default:
+		fmt.Fprintf(stderr, "ztunnel: unknown command %q (want proxy, version or help)\n", cmd)
+		return 2
+	}
+	cfg, err := app.ParseEnv(os.LookupEnv)
+	if err != nil {
+		fmt.Fprintf(stderr, "ztunnel: invalid configuration:\n%v\n", err)
+		return 1
+	}
+	app.RaiseFileLimit()
+	log := app.NewLogger(stderr, cfg)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	d, err := app.Start(ctx, cfg, log)
+	if err != nil {
+		log.Error("failed to start", "error", err)
+		return 1
+	}
+	select {
+	case <-ctx.Done():
+		log.Info("received shutdown signal, draining", "deadline", cfg.TerminationDeadline.String())
+	case <-d.QuitRequested():
+		log.Info("quit requested, draining", "deadline", cfg.TerminationDeadline.String())
+	}
+	d.Drain()
+	return 0
+}

@@ -1,0 +1,164 @@
+package engine
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/ztunnel-go/ztunnel/engine/bufpool"
+)
+
+// Endpoint is one side of a relay: a byte stream that can half-close its
+// write side and be aborted. *net.TCPConn satisfies it through TCPEndpoint;
+// an HBONE stream through a small adapter in the proxy.
+type Endpoint interface {
+	io.ReadWriteCloser
+	// CloseWrite half-closes: the peer reads EOF, the other direction goes on.
+	CloseWrite() error
+	// Abort tears the endpoint down so its peer sees a reset (TCP RST,
+	// HTTP/2 RST_STREAM) rather than a clean end.
+	Abort() error
+}
+
+// TCPEndpoint adapts a TCP connection to Endpoint.
+type TCPEndpoint struct{ *net.TCPConn }
+
+// Abort closes with SO_LINGER 0, which makes the kernel send RST.
+func (t TCPEndpoint) Abort() error {
+	_ = t.TCPConn.SetLinger(0)
+	return t.TCPConn.Close()
+}
+
+// Counters are the byte counts of one relay, updated as bytes flow so that a
+// long connection shows progress before it ends.
+type Counters struct {
+	// AToB counts bytes read from A and written to B.
+	AToB atomic.Int64
+	// BToA counts bytes read from B and written to A.
+	BToA atomic.Int64
+}
+
+// Result reports how a relay ended.
+type Result struct {
+	// Err is the first error that ended a direction abnormally (a reset, a
+	// write failure); nil when both directions ended with a clean EOF.
+	Err error
+}
+
+// Relay moves bytes both ways between a and b until both directions end,
+// propagating half-close (EOF → CloseWrite) and resets (a read error on one
+// side aborts the other). It closes both endpoints before returning.
+//
+// The goroutine-per-direction relay is this package's portable backend; it
+// uses io.Copy, which splices between two TCP sockets, and pooled buffers
+// otherwise.
+func Relay(a, b Endpoint, counters *Counters) Result {
+	if counters == nil {
+		counters = new(Counters)
+	}
+	var (
+		wg       sync.WaitGroup
+		once     sync.Once
+		firstErr error
+	)
+	fail := func(err error) {
+		once.Do(func() {
+			firstErr = err
+			_ = a.Abort()
+			_ = b.Abort()
+		})
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		pipe(b, a, &counters.AToB, fail)
+	}()
+	pipe(a, b, &counters.BToA, fail)
+	wg.Wait()
+	_ = a.Close()
+	_ = b.Close()
+	return Result{Err: firstErr}
+}
+
+// pipe copies src to dst. A clean EOF half-closes dst; any error aborts both.
+func pipe(dst, src Endpoint, n *atomic.Int64, fail func(error)) {
+	err := copyCounting(dst, src, n)
+	if err == nil {
+		if cerr := dst.CloseWrite(); cerr != nil && !isClosed(cerr) {
+			fail(cerr)
+		}
+		return
+	}
+	fail(err)
+}
+
+func copyCounting(dst, src Endpoint, n *atomic.Int64) error {
+	// Between two TCP sockets, io.Copy uses splice(2); count through the
+	// return value since the kernel moves the bytes.
+	if d, ok := dst.(TCPEndpoint); ok {
+		if s, ok := src.(TCPEndpoint); ok {
+			w, err := io.Copy(countingWriter{d.TCPConn, n}, s.TCPConn)
+			_ = w
+			return err
+		}
+	}
+	buf := bufpool.Get(bufpool.DefaultSize)
+	defer bufpool.Put(buf)
+	for {
+		nr, rerr := src.Read(*buf)
+		if nr > 0 {
+			nw, werr := dst.Write((*buf)[:nr])
+			n.Add(int64(nw))
+			if werr != nil {
+				return werr
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+}
+
+// countingWriter forwards ReadFrom to the TCP connection so io.Copy can
+// still splice, and counts what moved.
+type countingWriter struct {
+	c *net.TCPConn
+	n *atomic.Int64
+}
+
+func (w countingWriter) Write(p []byte) (int, error) {
+	nw, err := w.c.Write(p)
+	w.n.Add(int64(nw))
+	return nw, err
+}
+
+func (w countingWriter) ReadFrom(r io.Reader) (int64, error) {
+	// ReadFrom on a TCPConn splices from another TCPConn; the kernel path
+	// reports the total only at the end, so count in chunks to show progress.
+	var total int64
+	for {
+		nw, err := w.c.ReadFrom(io.LimitReader(r, spliceChunk))
+		total += nw
+		w.n.Add(nw)
+		if err != nil {
+			return total, err
+		}
+		if nw < spliceChunk {
+			return total, nil
+		}
+	}
+}
+
+// spliceChunk bounds one splice-backed ReadFrom so counters move during long
+// transfers.
+const spliceChunk = 4 << 20
+
+func isClosed(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ENOTCONN)
+}

@@ -1,0 +1,109 @@
+package hbone
+
+import "time"
+
+// Defaults, named after the ztunnel settings they mirror.
+const (
+	// DefaultStreamWindow is HTTP2_STREAM_WINDOW_SIZE.
+	DefaultStreamWindow = 4 << 20
+	// DefaultConnWindow is HTTP2_CONNECTION_WINDOW_SIZE.
+	DefaultConnWindow = 16 << 20
+	// DefaultMaxFrameSize is HTTP2_FRAME_SIZE.
+	DefaultMaxFrameSize = 1 << 20
+	// DefaultServerMaxStreams is what a server advertises as
+	// SETTINGS_MAX_CONCURRENT_STREAMS.
+	DefaultServerMaxStreams = 200
+	// DefaultClientMaxStreams is POOL_MAX_STREAMS_PER_CONNECTION.
+	DefaultClientMaxStreams = 100
+	// DefaultClientMaxHeaderList is the client's SETTINGS_MAX_HEADER_LIST_SIZE.
+	DefaultClientMaxHeaderList = 16 << 10
+	// DefaultServerMaxHeaderList is the server's SETTINGS_MAX_HEADER_LIST_SIZE.
+	DefaultServerMaxHeaderList = 64 << 10
+	// DefaultPingInterval is the PING keepalive period.
+	DefaultPingInterval = 10 * time.Second
+	// DefaultPingTimeout is how long a PING may stay unacknowledged.
+	DefaultPingTimeout = 20 * time.Second
+)
+
+// Protocol limits (RFC 9113).
+const (
+	initialWindow   = 65535     // section 6.9.2
+	maxWindow       = 1<<31 - 1 // section 6.9.1
+	minMaxFrameSize = 1 << 14   // section 6.5.2
+	maxMaxFrameSize = 1<<24 - 1
+	maxStreamID     = 1<<31 - 1
+)
+
+// Config tunes one HTTP/2 connection. Zero values mean the ztunnel defaults.
+type Config struct {
+	// StreamWindow is the initial per-stream receive window, advertised as
+	// SETTINGS_INITIAL_WINDOW_SIZE. Default 4 MiB; values below 65535 are
+	// raised to 65535 (a peer may send that much before it sees our SETTINGS).
+	StreamWindow uint32
+	// ConnWindow is the connection receive window. Default 16 MiB; at least
+	// 65535, the protocol's initial value.
+	ConnWindow uint32
+	// MaxFrameSize is the SETTINGS_MAX_FRAME_SIZE we advertise and enforce.
+	// Default 1 MiB, clamped to [16 KiB, 16 MiB-1].
+	MaxFrameSize uint32
+	// MaxStreams: a server advertises it as SETTINGS_MAX_CONCURRENT_STREAMS
+	// and refuses streams beyond it (default 200); a client opens at most this
+	// many streams per connection, further capped by the peer's setting
+	// (default 100).
+	MaxStreams uint32
+	// MaxHeaderListSize is the SETTINGS_MAX_HEADER_LIST_SIZE we advertise and
+	// enforce. Default 16 KiB for a client, 64 KiB for a server.
+	MaxHeaderListSize uint32
+	// PingInterval is the PING keepalive period, also the delay before the
+	// first PING. Default 10s; negative disables keepalive PINGs.
+	PingInterval time.Duration
+	// PingTimeout closes the connection when a PING has not been acknowledged
+	// for this long. Default 20s.
+	PingTimeout time.Duration
+	// Logf receives rare diagnostic messages (protocol errors, handler
+	// misbehaviour). Nil discards them.
+	Logf func(format string, args ...any)
+}
+
+// withDefaults returns cfg with zero values replaced by the defaults of the
+// given role and out-of-range values clamped.
+func (cfg Config) withDefaults(server bool) Config {
+	if cfg.StreamWindow == 0 {
+		cfg.StreamWindow = DefaultStreamWindow
+	}
+	cfg.StreamWindow = clamp(cfg.StreamWindow, initialWindow, maxWindow)
+	if cfg.ConnWindow == 0 {
+		cfg.ConnWindow = DefaultConnWindow
+	}
+	cfg.ConnWindow = clamp(cfg.ConnWindow, initialWindow, maxWindow)
+	if cfg.MaxFrameSize == 0 {
+		cfg.MaxFrameSize = DefaultMaxFrameSize
+	}
+	cfg.MaxFrameSize = clamp(cfg.MaxFrameSize, minMaxFrameSize, maxMaxFrameSize)
+	if cfg.MaxStreams == 0 {
+		cfg.MaxStreams = DefaultClientMaxStreams
+		if server {
+			cfg.MaxStreams = DefaultServerMaxStreams
+		}
+	}
+	if cfg.MaxHeaderListSize == 0 {
+		cfg.MaxHeaderListSize = DefaultClientMaxHeaderList
+		if server {
+			cfg.MaxHeaderListSize = DefaultServerMaxHeaderList
+		}
+	}
+	if cfg.PingInterval == 0 {
+		cfg.PingInterval = DefaultPingInterval
+	}
+	if cfg.PingTimeout <= 0 {
+		cfg.PingTimeout = DefaultPingTimeout
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	return cfg
+}
+
+func clamp(v, lo, hi uint32) uint32 {
+	return min(max(v, lo), hi)
+}

@@ -1,0 +1,732 @@
+package hbone
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+const (
+	// readBufSize sizes the connection's bufio.Reader. DATA payloads larger
+	// than what it holds go straight from the connection into stream chunks.
+	readBufSize = 32 << 10
+	// closeFlushTimeout bounds the final flush (GOAWAY, pending frames) of a
+	// connection that closes gracefully or with a protocol error.
+	closeFlushTimeout = 2 * time.Second
+	// controlBacklogLimit is the queued byte count beyond which a peer that
+	// keeps provoking control frames (PING, SETTINGS) without reading our
+	// writes is cut off.
+	controlBacklogLimit = 1 << 20
+	// minDataFrag: a DATA frame is not split to fill less write-buffer space
+	// than this.
+	minDataFrag = 1 << 10
+)
+
+// netReader remembers the first error of the underlying connection, which
+// tells network failures apart from malformed frames.
+type netReader struct {
+	nc  net.Conn
+	err error
+}
+
+func (r *netReader) Read(p []byte) (int, error) {
+	n, err := r.nc.Read(p)
+	if err != nil && r.err == nil {
+		r.err = err
+	}
+	return n, err
+}
+
+// conn is one HTTP/2 connection, client or server side. Its reader goroutine
+// (readFrames) owns the framer and the receive path; its writer goroutine
+// (writeLoop) owns the network writes. Streams and the reader append frames
+// to a shared write buffer under wmu.
+//
+// Lock order: mu before wmu, mu before Stream.mu. Stream.mu and wmu are
+// leaves: nothing is locked while holding them.
+type conn struct {
+	nc     net.Conn
+	cfg    Config
+	client bool
+	logf   func(format string, args ...any)
+
+	// Reader goroutine only.
+	nr          netReader
+	br          *bufio.Reader
+	fr          *http2.Framer
+	gotSettings bool
+
+	// Receive-side connection flow control. Atomic because stream readers
+	// return credit from their own goroutines.
+	recvConnAvail      atomic.Int64 // bytes the peer may still send
+	connUnacked        atomic.Int64 // consumed bytes not yet returned by WINDOW_UPDATE
+	streamAckThreshold int64
+	connAckThreshold   int64
+
+	mu                sync.Mutex // guards the following fields
+	streams           map[uint32]*Stream
+	active            int    // open streams (counted against the stream limit)
+	reserved          int    // stream slots promised to pending Connects
+	nextID            uint32 // client: next stream ID to open
+	maxPeerID         uint32 // server: highest stream ID the peer opened
+	closed            bool
+	closeErr          error
+	goAwaySent        bool
+	goAwayRecv        bool
+	goAwayErr         *GoAwayError
+	drainNow          bool // set under mu; unlock() then closes the connection
+	sendWindow        int64
+	connWinCond       sync.Cond // writers waiting for connection send window
+	connWinWaiters    int
+	peerInitialWindow int64
+	peerMaxStreams    uint32
+	peerMaxHeaderList uint32
+	pingOut           bool
+	pingSent          time.Time
+	pingData          [8]byte
+	pingSeq           uint64
+	pingTimer         *time.Timer
+	idleTimeout       time.Duration
+	idleSince         time.Time
+	idleTimer         *time.Timer
+	idleArmed         bool
+	onClose           func()
+
+	wmu           sync.Mutex // guards the following fields
+	pending       *frameBuf  // frames queued for the writer; nil when empty and idle
+	spare         *frameBuf  // the buffer the writer last flushed, for reuse
+	wclosing      bool       // no more frames; the writer flushes and exits
+	wErr          error      // what appenders get once wclosing
+	writerWaiting bool
+	writerCond    sync.Cond
+	bufCond       sync.Cond // streams waiting for write-buffer space
+	bufWaiters    int
+	wPeerMaxFrame int
+	enc           *hpack.Encoder
+	hbuf          bytes.Buffer
+
+	closeNC sync.Once
+	exits   atomic.Int32
+	done    chan struct{} // closed when both goroutines have exited
+
+	// Server side.
+	srv      *Server
+	ctx      context.Context
+	cancel   context.CancelFunc
+	handlers sync.WaitGroup
+}
+
+func newConn(nc net.Conn, cfg Config, client bool) *conn {
+	c := &conn{
+		nc:                 nc,
+		cfg:                cfg,
+		client:             client,
+		logf:               cfg.Logf,
+		streamAckThreshold: int64(cfg.StreamWindow / 2),
+		connAckThreshold:   int64(cfg.ConnWindow / 2),
+		streams:            make(map[uint32]*Stream),
+		nextID:             1,
+		sendWindow:         initialWindow,
+		peerInitialWindow:  initialWindow,
+		peerMaxStreams:     math.MaxUint32,
+		wPeerMaxFrame:      minMaxFrameSize,
+		done:               make(chan struct{}),
+	}
+	c.nr.nc = nc
+	c.br = bufio.NewReaderSize(&c.nr, readBufSize)
+	c.fr = http2.NewFramer(io.Discard, c.br)
+	c.fr.SetMaxReadFrameSize(cfg.MaxFrameSize)
+	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	c.fr.MaxHeaderListSize = cfg.MaxHeaderListSize
+	c.recvConnAvail.Store(int64(cfg.ConnWindow))
+	c.connWinCond.L = &c.mu
+	c.writerCond.L = &c.wmu
+	c.bufCond.L = &c.wmu
+	c.enc = hpack.NewEncoder(&c.hbuf)
+
+	settings := []http2.Setting{
+		{ID: http2.SettingInitialWindowSize, Val: cfg.StreamWindow},
+		{ID: http2.SettingMaxFrameSize, Val: cfg.MaxFrameSize},
+		{ID: http2.SettingMaxHeaderListSize, Val: cfg.MaxHeaderListSize},
+	}
+	if client {
+		settings = append(settings, http2.Setting{ID: http2.SettingEnablePush, Val: 0})
+	} else {
+		settings = append(settings, http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: cfg.MaxStreams})
+	}
+	b := c.wbufLocked()
+	if client {
+		b = append(b, http2.ClientPreface...)
+	}
+	b = appendSettings(b, settings)
+	if cfg.ConnWindow > initialWindow {
+		b = appendWindowUpdate(b, 0, cfg.ConnWindow-initialWindow)
+	}
+	c.pending.b = b
+	return c
+}
+
+// start arms the keepalive and starts the writer goroutine; the caller runs
+// readLoop (on a new goroutine or its own).
+func (c *conn) start() {
+	c.mu.Lock()
+	c.pingSent = time.Now()
+	if c.cfg.PingInterval > 0 {
+		c.pingTimer = time.AfterFunc(c.cfg.PingInterval, c.onPingTimer)
+	}
+	c.mu.Unlock()
+	go c.writeLoop()
+}
+
+// readLoop runs the reader until the connection ends.
+func (c *conn) readLoop() {
+	err := c.readFrames()
+	c.closeWith(err)
+	c.exit()
+}
+
+func (c *conn) exit() {
+	if c.exits.Add(1) == 2 {
+		close(c.done)
+	}
+}
+
+func (c *conn) closeConn() {
+	c.closeNC.Do(func() { _ = c.nc.Close() })
+}
+
+// ---- writing ----
+
+// wbufLocked returns the pending buffer to append frames to. c.wmu held.
+func (c *conn) wbufLocked() []byte {
+	if c.pending == nil {
+		c.pending = getFrameBuf()
+	}
+	return c.pending.b
+}
+
+// commitLocked stores the appended buffer and wakes the writer. c.wmu held.
+func (c *conn) commitLocked(b []byte) {
+	c.pending.b = b
+	if c.writerWaiting {
+		c.writerWaiting = false
+		c.writerCond.Signal()
+	}
+}
+
+func (c *conn) pendingLenLocked() int {
+	if c.pending == nil {
+		return 0
+	}
+	return len(c.pending.b)
+}
+
+// writeLoop flushes the pending buffer with one Write per batch: whatever
+// streams append while a Write is in progress goes out in the next one.
+func (c *conn) writeLoop() {
+	defer c.exit()
+	var err error
+	c.wmu.Lock()
+	for {
+		if c.pendingLenLocked() == 0 {
+			if c.wclosing {
+				break
+			}
+			// Idle: an idle connection pins no write buffer.
+			if c.pending != nil {
+				putFrameBuf(c.pending)
+				c.pending = nil
+			}
+			if c.spare != nil {
+				putFrameBuf(c.spare)
+				c.spare = nil
+			}
+			c.writerWaiting = true
+			c.writerCond.Wait()
+			c.writerWaiting = false
+			continue
+		}
+		out := c.pending
+		c.pending, c.spare = c.spare, nil
+		if c.bufWaiters > 0 {
+			c.bufCond.Signal()
+		}
+		c.wmu.Unlock()
+		_, err = c.nc.Write(out.b)
+		c.wmu.Lock()
+		out.b = out.b[:0]
+		c.spare = out
+		if err != nil {
+			break
+		}
+	}
+	if err != nil && !c.wclosing {
+		c.wclosing = true
+		c.wErr = connClosedError(err)
+		c.bufCond.Broadcast()
+	}
+	c.wmu.Unlock()
+	c.closeConn()
+	if err != nil {
+		c.closeWith(fmt.Errorf("hbone: write: %w", err))
+	}
+}
+
+// queueRSTLocked queues RST_STREAM. c.wmu held.
+func (c *conn) queueRSTLocked(id uint32, code http2.ErrCode) {
+	if c.wclosing {
+		return
+	}
+	b := c.wbufLocked()
+	b = appendRSTStream(b, id, code)
+	c.commitLocked(b)
+}
+
+// queueControl queues a frame provoked by the peer (a SETTINGS or PING
+// acknowledgement) and cuts off a peer that provokes them faster than it
+// reads.
+func (c *conn) queueControl(ping bool, data [8]byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.wclosing {
+		return nil
+	}
+	if c.pendingLenLocked() > controlBacklogLimit {
+		return connError(http2.ErrCodeEnhanceYourCalm, "peer does not read its control frame acknowledgements")
+	}
+	b := c.wbufLocked()
+	if ping {
+		b = appendPing(b, true, data)
+	} else {
+		b = appendSettingsAck(b)
+	}
+	c.commitLocked(b)
+	return nil
+}
+
+// writeHeadersLocked HPACK-encodes fields and queues them as HEADERS (+
+// CONTINUATION). c.wmu held; the caller orders stream creation under c.mu so
+// stream IDs go out in increasing order.
+func (c *conn) writeHeadersLocked(id uint32, fields []hpack.HeaderField, end bool) error {
+	if c.wclosing {
+		return c.wErr
+	}
+	c.hbuf.Reset()
+	for _, f := range fields {
+		if err := c.enc.WriteField(f); err != nil {
+			return err // bytes.Buffer does not fail
+		}
+	}
+	b := c.wbufLocked()
+	b = appendHeaderBlock(b, id, end, c.hbuf.Bytes(), c.wPeerMaxFrame)
+	c.commitLocked(b)
+	return nil
+}
+
+// sendData queues p as DATA frames of s, waiting for write-buffer space. The
+// caller holds flow-control credit for all of p. It returns how many bytes it
+// queued.
+func (c *conn) sendData(s *Stream, p []byte) (sent int, err error) {
+	c.wmu.Lock()
+	defer func() {
+		// Pass the wakeup on while there is room, so waiters are woken one
+		// at a time instead of in a herd.
+		if c.bufWaiters > 0 && writeBufSize-c.pendingLenLocked() >= minDataFrag+frameHeaderLen {
+			c.bufCond.Signal()
+		}
+		c.wmu.Unlock()
+	}()
+	for len(p) > 0 {
+		switch {
+		case c.wclosing:
+			return sent, c.wErr
+		case s.rstQueued:
+			return sent, ErrStreamClosed
+		case s.endQueued:
+			return sent, ErrWriteAfterClose
+		case s.wdeadlineHit.Load():
+			return sent, deadlineExceeded
+		}
+		used := c.pendingLenLocked()
+		space := writeBufSize - used - frameHeaderLen
+		if used > 0 && space < min(len(p), minDataFrag) {
+			c.bufWaiters++
+			c.bufCond.Wait()
+			c.bufWaiters--
+			continue
+		}
+		k := min(len(p), c.wPeerMaxFrame, max(space, minDataFrag))
+		b := c.wbufLocked()
+		b = appendData(b, s.id, false, p[:k])
+		c.commitLocked(b)
+		p = p[k:]
+		sent += k
+	}
+	return sent, nil
+}
+
+// ---- flow control (receive side) ----
+
+// consumed returns n bytes of connection window: read by a stream, discarded,
+// or padding. WINDOW_UPDATE goes out once half the window is consumed.
+func (c *conn) consumed(n int) {
+	if n <= 0 || c.connUnacked.Add(int64(n)) < c.connAckThreshold {
+		return
+	}
+	v := c.connUnacked.Swap(0)
+	if v <= 0 {
+		return
+	}
+	// Credit before the frame can reach the peer.
+	c.recvConnAvail.Add(v)
+	c.wmu.Lock()
+	if !c.wclosing {
+		b := c.wbufLocked()
+		b = appendWindowUpdate(b, 0, uint32(v))
+		c.commitLocked(b)
+	}
+	c.wmu.Unlock()
+}
+
+// queueStreamWindowUpdate returns inc bytes of s's window to the peer.
+func (c *conn) queueStreamWindowUpdate(s *Stream, inc int64) {
+	c.wmu.Lock()
+	if !c.wclosing && !s.rstQueued {
+		b := c.wbufLocked()
+		b = appendWindowUpdate(b, s.id, uint32(inc))
+		c.commitLocked(b)
+	}
+	c.wmu.Unlock()
+}
+
+// ---- stream bookkeeping ----
+
+func (c *conn) newStream(id uint32) *Stream {
+	s := &Stream{c: c, id: id, recvWindow: int64(c.cfg.StreamWindow)}
+	s.wcond.L = &c.mu
+	s.rcond.L = &s.mu
+	return s
+}
+
+// streamLimitLocked is how many streams this client may have open.
+func (c *conn) streamLimitLocked() int {
+	return int(min(c.cfg.MaxStreams, c.peerMaxStreams))
+}
+
+func (c *conn) canTakeLocked() bool {
+	return c.newStreamErrLocked() == nil && c.active+c.reserved < c.streamLimitLocked()
+}
+
+// newStreamErrLocked reports why the connection takes no new streams at all.
+func (c *conn) newStreamErrLocked() error {
+	switch {
+	case c.closed:
+		return connClosedError(c.closeErr)
+	case c.goAwayRecv || c.goAwaySent || c.nextID > maxStreamID:
+		return ErrGoingAway
+	}
+	return nil
+}
+
+// idleLocked reports whether id names a stream that was never opened.
+func (c *conn) idleLocked(id uint32) bool {
+	if id%2 == 0 {
+		return true // neither side opens even (server-initiated) streams
+	}
+	if c.client {
+		return id >= c.nextID
+	}
+	return id > c.maxPeerID
+}
+
+func (c *conn) lastPeerIDLocked() uint32 {
+	if c.client {
+		return 0
+	}
+	return c.maxPeerID
+}
+
+// finishLocked retires a stream that is closed on the wire.
+func (c *conn) finishLocked(s *Stream) {
+	if s.finished {
+		return
+	}
+	s.finished = true
+	if c.streams[s.id] == s {
+		delete(c.streams, s.id)
+		c.active--
+	}
+	if s.cancel != nil {
+		s.cancel()
+	}
+	c.slotFreedLocked()
+}
+
+func (c *conn) maybeFinishLocked(s *Stream) {
+	if s.localClosed && s.remoteClosed {
+		c.finishLocked(s)
+	}
+}
+
+// slotFreedLocked runs when a stream or reservation ends: a draining
+// connection closes once empty, a pooled one starts its idle clock.
+func (c *conn) slotFreedLocked() {
+	if c.closed || c.active+c.reserved > 0 {
+		return
+	}
+	if c.goAwaySent || c.goAwayRecv || c.nextID > maxStreamID {
+		c.drainNow = true
+		return
+	}
+	if c.idleTimeout > 0 {
+		c.idleSince = time.Now()
+		if !c.idleArmed {
+			c.idleArmed = true
+			if c.idleTimer == nil {
+				c.idleTimer = time.AfterFunc(c.idleTimeout, c.onIdleTimer)
+			} else {
+				c.idleTimer.Reset(c.idleTimeout)
+			}
+		}
+	}
+}
+
+// unlock releases c.mu and closes the connection if it just drained.
+func (c *conn) unlock() {
+	drain := c.drainNow
+	c.drainNow = false
+	c.mu.Unlock()
+	if drain {
+		c.shutdown(errDrained, false, 0, "", true)
+	}
+}
+
+// resetLocked closes s because of a reset: RST_STREAM(code) is queued if
+// sendRST and the stream is still open on the wire; werr is what the
+// stream's writer (and a waiting Connect) gets.
+func (c *conn) resetLocked(s *Stream, code http2.ErrCode, werr error, sendRST bool) {
+	if s.reset {
+		return
+	}
+	if sendRST && !(s.localClosed && s.remoteClosed) && !c.closed {
+		c.wmu.Lock()
+		if !s.rstQueued {
+			s.rstQueued = true
+			c.queueRSTLocked(s.id, code)
+			if c.bufWaiters > 0 {
+				c.bufCond.Broadcast() // this stream's writer may wait for space
+			}
+		}
+		c.wmu.Unlock()
+	}
+	s.reset = true
+	s.localClosed, s.remoteClosed = true, true
+	if s.werr == nil {
+		s.werr = werr
+	}
+	s.wcond.Broadcast()
+	if c.connWinWaiters > 0 {
+		c.connWinCond.Broadcast()
+	}
+	c.closeRespLocked(s, werr)
+	c.finishLocked(s)
+}
+
+// closeRespLocked ends a client stream's wait for its response.
+func (c *conn) closeRespLocked(s *Stream, err error) {
+	if s.respDone != nil && !s.respClosed {
+		s.respClosed = true
+		s.respErr = err
+		close(s.respDone)
+	}
+}
+
+// streamError resets s because the peer broke a stream-level rule.
+func (c *conn) streamError(s *Stream, code http2.ErrCode) {
+	err := &StreamError{Code: code, Local: true}
+	c.mu.Lock()
+	c.resetLocked(s, code, err, true)
+	c.unlock()
+	s.abortRecv(err)
+}
+
+// ---- closing ----
+
+// closeWith ends the connection after its reader or writer failed with err.
+func (c *conn) closeWith(err error) {
+	var ce *ConnError
+	if errors.As(err, &ce) {
+		c.logf("hbone: closing connection to %v: %v", c.nc.RemoteAddr(), err)
+		c.shutdown(err, true, ce.Code, ce.Reason, false)
+		return
+	}
+	c.shutdown(err, false, 0, "", false)
+}
+
+// shutdown ends the connection: every stream fails with cause, GOAWAY(code)
+// is queued if goAway, and the network connection is closed: at once, or
+// after the writer flushed what is queued if goAway or graceful.
+func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug string, graceful bool) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	var ce *ConnError
+	if c.goAwayErr != nil && !errors.As(cause, &ce) {
+		cause = c.goAwayErr // the peer told us why before hanging up
+	}
+	c.closeErr = cause
+	streams := c.streams
+	c.streams = nil
+	c.active, c.reserved = 0, 0
+	if c.pingTimer != nil {
+		c.pingTimer.Stop()
+	}
+	if c.idleTimer != nil {
+		c.idleTimer.Stop()
+	}
+	serr := connClosedError(cause)
+	for _, s := range streams {
+		s.finished = true
+		s.localClosed, s.remoteClosed = true, true
+		if s.werr == nil {
+			s.werr = serr
+		}
+		s.wcond.Broadcast()
+		c.closeRespLocked(s, serr)
+		if s.cancel != nil {
+			s.cancel()
+		}
+	}
+	c.connWinCond.Broadcast()
+	c.wmu.Lock()
+	if goAway && !c.wclosing {
+		b := c.wbufLocked()
+		b = appendGoAway(b, c.lastPeerIDLocked(), code, debug)
+		c.commitLocked(b)
+	}
+	if !c.wclosing {
+		c.wclosing = true
+		c.wErr = serr
+	}
+	c.writerCond.Signal()
+	c.bufCond.Broadcast()
+	c.wmu.Unlock()
+	onClose := c.onClose
+	c.mu.Unlock()
+
+	for _, s := range streams {
+		s.endRecv(serr)
+	}
+	if goAway || graceful {
+		// The writer flushes and closes; do not let a peer that stopped
+		// reading hold it forever.
+		_ = c.nc.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
+	} else {
+		c.closeConn()
+	}
+	if c.cancel != nil {
+		c.cancel()
+	}
+	if onClose != nil {
+		onClose()
+	}
+}
+
+// goAway starts a graceful drain: GOAWAY(NO_ERROR) with the last stream this
+// side will process; the connection closes once its streams are done.
+func (c *conn) goAway() {
+	c.mu.Lock()
+	if c.closed || c.goAwaySent {
+		c.mu.Unlock()
+		return
+	}
+	c.goAwaySent = true
+	c.wmu.Lock()
+	if !c.wclosing {
+		b := c.wbufLocked()
+		b = appendGoAway(b, c.lastPeerIDLocked(), http2.ErrCodeNo, "")
+		c.commitLocked(b)
+	}
+	c.wmu.Unlock()
+	c.slotFreedLocked()
+	c.unlock()
+}
+
+// ---- timers ----
+
+// onPingTimer sends a keepalive PING every PingInterval and closes the
+// connection when one stays unacknowledged for PingTimeout.
+func (c *conn) onPingTimer() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	interval, timeout := c.cfg.PingInterval, c.cfg.PingTimeout
+	if c.pingOut {
+		if waited := now.Sub(c.pingSent); waited < timeout {
+			c.pingTimer.Reset(timeout - waited)
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		c.logf("hbone: no PING acknowledgement from %v in %v; closing", c.nc.RemoteAddr(), timeout)
+		c.shutdown(errPingTimeout, false, 0, "", false)
+		return
+	}
+	if since := now.Sub(c.pingSent); since < interval {
+		c.pingTimer.Reset(interval - since)
+		c.mu.Unlock()
+		return
+	}
+	c.pingSeq++
+	var data [8]byte
+	for i := range data {
+		data[i] = byte(c.pingSeq >> (56 - 8*i))
+	}
+	c.pingOut, c.pingSent, c.pingData = true, now, data
+	c.pingTimer.Reset(min(interval, timeout))
+	c.wmu.Lock()
+	if !c.wclosing {
+		b := c.wbufLocked()
+		b = appendPing(b, false, data)
+		c.commitLocked(b)
+	}
+	c.wmu.Unlock()
+	c.mu.Unlock()
+}
+
+// onIdleTimer releases a pooled connection that had no stream for
+// idleTimeout.
+func (c *conn) onIdleTimer() {
+	c.mu.Lock()
+	c.idleArmed = false
+	if c.closed || c.active+c.reserved > 0 {
+		c.mu.Unlock()
+		return
+	}
+	if idle := time.Since(c.idleSince); idle < c.idleTimeout {
+		c.idleArmed = true
+		c.idleTimer.Reset(c.idleTimeout - idle)
+		c.mu.Unlock()
+		return
+	}
+	c.goAwaySent = true // no new streams from here on
+	c.mu.Unlock()
+	c.shutdown(errIdle, true, http2.ErrCodeNo, "", true)
+}

@@ -1,0 +1,27 @@
+// Package hbone speaks HBONE: HTTP/2 CONNECT tunnels (RFC 9113 section 8.5) over
+// an already established connection, as Istio's ztunnel does between meshed pods.
+//
+// It is a purpose-built HTTP/2 endpoint for exactly one job, carrying CONNECT
+// streams: a client ([ClientConn], pooled by [Pool]) and a server ([Server]).
+// It uses the frame parser and HPACK of golang.org/x/net/http2 but none of its
+// Transport or Server machinery, so that the per-byte cost stays low:
+//
+//   - each connection has exactly one reader goroutine and one writer
+//     goroutine, none per stream;
+//   - streams append frames to a shared, bounded write buffer which the writer
+//     flushes with one Write per batch, so frames of many streams coalesce into
+//     few syscalls (and few TLS records);
+//   - received DATA is copied once, from the connection into pooled per-stream
+//     chunks that are returned as soon as they are read, so an idle stream
+//     holds no buffer;
+//   - flow control follows RFC 9113 exactly on both the stream and the
+//     connection windows, and WINDOW_UPDATEs are batched (sent when half a
+//     window has been consumed by the reader).
+//
+// TLS, identities and policy are not this package's business: it receives a
+// net.Conn (in production a *tls.Conn that negotiated ALPN "h2") and hands
+// CONNECT requests to a [Handler].
+//
+// Importers: the proxy, the load generator and tests. This package imports
+// nothing of the project.
+package hbone

@@ -1,0 +1,107 @@
+package hbone
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// fuzzSeeds are frame sequences a client might send after its preface.
+func fuzzSeeds() [][]byte {
+	var seeds [][]byte
+	build := func(fn func(fr *http2.Framer, block func(kv ...string) []byte)) {
+		var buf, hbuf bytes.Buffer
+		enc := hpack.NewEncoder(&hbuf)
+		fr := http2.NewFramer(&buf, nil)
+		fr.AllowIllegalWrites = true
+		block := func(kv ...string) []byte {
+			hbuf.Reset()
+			for i := 0; i < len(kv); i += 2 {
+				_ = enc.WriteField(hpack.HeaderField{Name: kv[i], Value: kv[i+1]})
+			}
+			return append([]byte(nil), hbuf.Bytes()...)
+		}
+		fn(fr, block)
+		seeds = append(seeds, buf.Bytes())
+	}
+	connect := func(kv ...string) []string { return append([]string{":method", "CONNECT", ":authority", "10.0.0.1:80"}, kv...) }
+	build(func(fr *http2.Framer, block func(...string) []byte) {
+		_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 20})
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block(connect("baggage", "a=b")...), EndHeaders: true})
+		_ = fr.WriteData(1, false, []byte("hello"))
+		_ = fr.WriteWindowUpdate(1, 1000)
+		_ = fr.WriteData(1, true, []byte("world"))
+	})
+	build(func(fr *http2.Framer, block func(...string) []byte) {
+		_ = fr.WriteSettings()
+		b := block(connect("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")...)
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: b[:5]})
+		_ = fr.WriteContinuation(1, true, b[5:])
+		_ = fr.WriteDataPadded(1, false, []byte("x"), make([]byte, 10))
+		_ = fr.WriteRSTStream(1, http2.ErrCodeCancel)
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 3, BlockFragment: block(":method", "GET", ":path", "/", ":scheme", "http")})
+	})
+	build(func(fr *http2.Framer, block func(...string) []byte) {
+		_ = fr.WriteSettings(http2.Setting{ID: http2.SettingMaxFrameSize, Val: 16384})
+		_ = fr.WritePing(false, [8]byte{1})
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block(connect()...), EndHeaders: true, EndStream: true})
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 3, BlockFragment: block(connect()...), EndHeaders: true})
+		_ = fr.WriteWindowUpdate(0, 1<<20)
+		_ = fr.WritePriority(3, http2.PriorityParam{StreamDep: 1, Weight: 8})
+		_ = fr.WriteGoAway(0, http2.ErrCodeNo, nil)
+		_ = fr.WriteSettingsAck()
+	})
+	build(func(fr *http2.Framer, block func(...string) []byte) {
+		_ = fr.WriteSettings()
+		_ = fr.WriteData(1, false, []byte("idle"))
+	})
+	return seeds
+}
+
+// FuzzServerConn feeds arbitrary bytes, after a valid preface, into a server
+// connection: it must neither panic nor hang, and must end every goroutine.
+func FuzzServerConn(f *testing.F) {
+	for _, s := range fuzzSeeds() {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		srv := NewServer(Config{
+			StreamWindow: 65535, ConnWindow: 65535, MaxFrameSize: 16384,
+			MaxStreams: 4, MaxHeaderListSize: 4096, PingInterval: -1,
+		}, func(_ context.Context, req *ServerRequest) {
+			s, err := req.Respond(http.StatusOK, http.Header{"Baggage": {"x=y"}})
+			if err != nil {
+				return
+			}
+			defer s.Close()
+			_, _ = io.Copy(s, s)
+			_ = s.CloseWrite()
+		})
+		a, b := net.Pipe()
+		served := make(chan error, 1)
+		go func() { served <- srv.ServeConn(context.Background(), a) }()
+		drained := make(chan struct{})
+		go func() {
+			_, _ = io.Copy(io.Discard, b)
+			close(drained)
+		}()
+		_ = b.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		_, _ = b.Write([]byte(http2.ClientPreface))
+		_, _ = b.Write(data)
+		_ = b.Close()
+		select {
+		case <-served:
+		case <-time.After(10 * time.Second):
+			t.Fatal("ServeConn did not return after the peer closed")
+		}
+		<-drained
+		_ = srv.Close()
+	})
+}

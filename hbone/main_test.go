@@ -1,0 +1,338 @@
+package hbone
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// testTimeout bounds any single wait in a test; it is a hang guard, not a
+// timing assertion.
+const testTimeout = 20 * time.Second
+
+func testContext(t testing.TB) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// testTLS returns a server and a client TLS 1.3 configuration with ALPN h2
+// around a fresh self-signed certificate for 127.0.0.1.
+func testTLS(t testing.TB) (server, client *tls.Config) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "hbone test"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	pair := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: cert}
+	server = &tls.Config{
+		Certificates: []tls.Certificate{pair},
+		MinVersion:   tls.VersionTLS13,
+		NextProtos:   []string{"h2"},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    pool,
+	}
+	client = &tls.Config{
+		Certificates: []tls.Certificate{pair},
+		RootCAs:      pool,
+		MinVersion:   tls.VersionTLS13,
+		NextProtos:   []string{"h2"},
+		ServerName:   "127.0.0.1",
+	}
+	return server, client
+}
+
+// testServer is an hbone Server on a loopback listener.
+type testServer struct {
+	*Server
+	addr      string
+	tlsClient *tls.Config // nil for plain TCP
+	serveErrs chan error
+}
+
+// startServer serves h on loopback, over TLS if useTLS. Cleanup closes
+// everything and waits for every goroutine.
+func startServer(t testing.TB, cfg Config, h Handler, useTLS bool) *testServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := &testServer{Server: NewServer(cfg, h), addr: ln.Addr().String(), serveErrs: make(chan error, 100)}
+	var serverTLS *tls.Config
+	if useTLS {
+		serverTLS, ts.tlsClient = testTLS(t)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				if serverTLS != nil {
+					tc := tls.Server(nc, serverTLS)
+					if err := tc.HandshakeContext(context.Background()); err != nil {
+						_ = nc.Close()
+						return
+					}
+					nc = tc
+				}
+				err := ts.ServeConn(context.Background(), nc)
+				select {
+				case ts.serveErrs <- err:
+				default:
+				}
+			})
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		_ = ts.Close()
+		wg.Wait()
+	})
+	return ts
+}
+
+// dial opens a raw connection to the server (TLS if the server uses it).
+func (ts *testServer) dial(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", ts.addr)
+	if err != nil || ts.tlsClient == nil {
+		return nc, err
+	}
+	tc := tls.Client(nc, ts.tlsClient)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		_ = nc.Close()
+		return nil, err
+	}
+	if p := tc.ConnectionState().NegotiatedProtocol; p != "h2" {
+		_ = tc.Close()
+		return nil, errors.New("ALPN did not negotiate h2: " + p)
+	}
+	return tc, nil
+}
+
+// client dials the server and starts a ClientConn closed at cleanup.
+func (ts *testServer) client(t testing.TB, cfg Config) *ClientConn {
+	t.Helper()
+	nc, err := ts.dial(testContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := NewClientConn(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+// echoHandler answers 200 and echoes the stream, propagating half-close.
+func echoHandler(_ context.Context, req *ServerRequest) {
+	s, err := req.Respond(http.StatusOK, http.Header{"Baggage": {"k8s.cluster.name=test"}})
+	if err != nil {
+		return
+	}
+	go func() {
+		defer s.Close()
+		if _, err := io.Copy(s, s); err != nil {
+			return
+		}
+		_ = s.CloseWrite()
+	}()
+}
+
+// rawPeer is a hand-driven HTTP/2 client for protocol-rule tests.
+type rawPeer struct {
+	t    testing.TB
+	nc   net.Conn
+	fr   *http2.Framer
+	hbuf bytes.Buffer
+	enc  *hpack.Encoder
+}
+
+// dialRaw connects to ts as a raw HTTP/2 client and exchanges SETTINGS.
+func dialRaw(t testing.TB, ts *testServer, settings ...http2.Setting) *rawPeer {
+	t.Helper()
+	nc, err := ts.dial(testContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nc.Close() })
+	_ = nc.SetDeadline(time.Now().Add(testTimeout))
+	p := &rawPeer{t: t, nc: nc, fr: http2.NewFramer(nc, nc)}
+	p.enc = hpack.NewEncoder(&p.hbuf)
+	p.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	if _, err := io.WriteString(nc, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.fr.WriteSettings(settings...); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// headers encodes fields (name, value pairs) as one header block.
+func (p *rawPeer) headers(id uint32, end bool, kv ...string) {
+	p.t.Helper()
+	p.hbuf.Reset()
+	for i := 0; i < len(kv); i += 2 {
+		_ = p.enc.WriteField(hpack.HeaderField{Name: kv[i], Value: kv[i+1]})
+	}
+	if err := p.fr.WriteHeaders(http2.HeadersFrameParam{
+		StreamID: id, BlockFragment: p.hbuf.Bytes(), EndHeaders: true, EndStream: end,
+	}); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+func (p *rawPeer) connect(id uint32, authority string) {
+	p.t.Helper()
+	p.headers(id, false, ":method", "CONNECT", ":authority", authority)
+}
+
+// next returns the next frame that is not SETTINGS, WINDOW_UPDATE or a PING
+// request, acknowledging SETTINGS and PINGs along the way. At EOF it returns
+// nil.
+func (p *rawPeer) next() http2.Frame {
+	p.t.Helper()
+	for {
+		f, err := p.fr.ReadFrame()
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || isConnReset(err) {
+				return nil
+			}
+			p.t.Fatalf("read frame: %v", err)
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				_ = p.fr.WriteSettingsAck()
+			}
+			continue
+		case *http2.WindowUpdateFrame:
+			continue
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				_ = p.fr.WritePing(true, f.Data)
+				continue
+			}
+		}
+		return f
+	}
+}
+
+func isConnReset(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op)
+}
+
+// expectGoAway reads until a GOAWAY and checks its code.
+func (p *rawPeer) expectGoAway(code http2.ErrCode) {
+	p.t.Helper()
+	for {
+		f := p.next()
+		if f == nil {
+			p.t.Fatalf("connection closed without GOAWAY %v", code)
+		}
+		if ga, ok := f.(*http2.GoAwayFrame); ok {
+			if ga.ErrCode != code {
+				p.t.Fatalf("GOAWAY %v, want %v", ga.ErrCode, code)
+			}
+			return
+		}
+	}
+}
+
+// expectRST reads until RST_STREAM on id and checks its code.
+func (p *rawPeer) expectRST(id uint32, code http2.ErrCode) {
+	p.t.Helper()
+	for {
+		f := p.next()
+		if f == nil {
+			p.t.Fatalf("connection closed without RST_STREAM %v", code)
+		}
+		switch f := f.(type) {
+		case *http2.RSTStreamFrame:
+			if f.StreamID == id {
+				if f.ErrCode != code {
+					p.t.Fatalf("RST_STREAM %v on stream %d, want %v", f.ErrCode, id, code)
+				}
+				return
+			}
+		case *http2.GoAwayFrame:
+			p.t.Fatalf("GOAWAY %v, want RST_STREAM %v on stream %d", f.ErrCode, code, id)
+		}
+	}
+}
+
+// expectStatus reads until the response HEADERS on id and returns them.
+func (p *rawPeer) expectStatus(id uint32, status string) *http2.MetaHeadersFrame {
+	p.t.Helper()
+	for {
+		f := p.next()
+		if f == nil {
+			p.t.Fatalf("connection closed before the response on stream %d", id)
+		}
+		switch f := f.(type) {
+		case *http2.MetaHeadersFrame:
+			if f.StreamID == id {
+				if got := f.PseudoValue("status"); got != status {
+					p.t.Fatalf("status %s, want %s", got, status)
+				}
+				return f
+			}
+		case *http2.RSTStreamFrame:
+			if f.StreamID == id {
+				p.t.Fatalf("RST_STREAM %v, want status %s", f.ErrCode, status)
+			}
+		case *http2.GoAwayFrame:
+			p.t.Fatalf("GOAWAY %v, want status %s", f.ErrCode, status)
+		}
+	}
+}

@@ -1,0 +1,306 @@
+package hbone
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// countingDialer dials ts and counts dials.
+type countingDialer struct {
+	ts    *testServer
+	dials atomic.Int32
+	gate  chan struct{} // if non-nil, dials wait for it
+}
+
+func (d *countingDialer) dial(ctx context.Context) (net.Conn, error) {
+	d.dials.Add(1)
+	if d.gate != nil {
+		select {
+		case <-d.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return d.ts.dial(ctx)
+}
+
+// poolConns returns the connections the pool holds for key.
+func poolConns(p *Pool, key string) []*ClientConn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if k := p.keys[key]; k != nil {
+		return append([]*ClientConn(nil), k.conns...)
+	}
+	return nil
+}
+
+func TestPoolReuse(t *testing.T) {
+	ts := startServer(t, Config{}, echoHandler, true)
+	d := &countingDialer{ts: ts}
+	p := NewPool(PoolConfig{})
+	defer p.Close()
+	ctx := testContext(t)
+	for i := range 5 {
+		s, err := p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		echoRoundTrip(t, s, uint64(i), 1000, 100)
+		s.Close()
+	}
+	if n := d.dials.Load(); n != 1 {
+		t.Fatalf("%d dials, want 1", n)
+	}
+	// Another key gets its own connection.
+	s, err := p.Connect(ctx, "other", d.dial, &Request{Authority: "10.0.0.1:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if n := d.dials.Load(); n != 2 {
+		t.Fatalf("%d dials, want 2", n)
+	}
+}
+
+func TestPoolStreamLimit(t *testing.T) {
+	ts := startServer(t, Config{}, holdHandler, false)
+	d := &countingDialer{ts: ts}
+	p := NewPool(PoolConfig{MaxStreamsPerConn: 2})
+	defer p.Close()
+	ctx := testContext(t)
+	var streams []*Stream
+	for range 5 {
+		s, err := p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, s)
+	}
+	if n := d.dials.Load(); n != 3 {
+		t.Fatalf("%d dials for 5 streams at 2 per connection, want 3", n)
+	}
+	for _, cc := range poolConns(p, "key") {
+		if n := cc.NumActiveStreams(); n > 2 {
+			t.Errorf("connection with %d streams", n)
+		}
+	}
+	// A freed slot is reused before dialing.
+	streams[0].Close()
+	waitFor(t, "a slot to free", func() bool {
+		for _, cc := range poolConns(p, "key") {
+			if cc.CanTakeNewStream() {
+				return true
+			}
+		}
+		return false
+	})
+	s, err := p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	streams = append(streams, s)
+	if n := d.dials.Load(); n != 3 {
+		t.Fatalf("%d dials, want still 3", n)
+	}
+	for _, s := range streams {
+		s.Close()
+	}
+}
+
+// TestPoolPeerStreamLimit: the server's SETTINGS_MAX_CONCURRENT_STREAMS
+// caps a pooled connection below MaxStreamsPerConn.
+func TestPoolPeerStreamLimit(t *testing.T) {
+	ts := startServer(t, Config{MaxStreams: 1}, holdHandler, false)
+	d := &countingDialer{ts: ts}
+	p := NewPool(PoolConfig{})
+	defer p.Close()
+	ctx := testContext(t)
+	for range 3 {
+		s, err := p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+	}
+	if n := d.dials.Load(); n != 3 {
+		t.Fatalf("%d dials, want 3", n)
+	}
+}
+
+func TestPoolDialCoalescing(t *testing.T) {
+	const callers = 20
+	ts := startServer(t, Config{}, echoHandler, true)
+	d := &countingDialer{ts: ts, gate: make(chan struct{})}
+	p := NewPool(PoolConfig{})
+	defer p.Close()
+	ctx := testContext(t)
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			s, err := p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer s.Close()
+			echoRoundTrip(t, s, uint64(i), 100, 10)
+		})
+	}
+	// Release the dial once every other caller waits on it.
+	waitFor(t, "callers to queue behind the dial", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		k := p.keys["key"]
+		return k != nil && k.dial != nil && k.dial.waiters == callers-1
+	})
+	close(d.gate)
+	wg.Wait()
+	if n := d.dials.Load(); n != 1 {
+		t.Fatalf("%d dials for %d concurrent Connects, want 1", n, callers)
+	}
+}
+
+func TestPoolDialError(t *testing.T) {
+	p := NewPool(PoolConfig{})
+	defer p.Close()
+	boom := errors.New("connection refused")
+	var dials atomic.Int32
+	_, err := p.Connect(testContext(t), "key", func(context.Context) (net.Conn, error) {
+		dials.Add(1)
+		return nil, boom
+	}, &Request{Authority: "10.0.0.1:80"})
+	if !errors.Is(err, boom) {
+		t.Fatalf("Connect: %v", err)
+	}
+	if len(poolConns(p, "key")) != 0 {
+		t.Error("failed dial left a connection")
+	}
+	p.mu.Lock()
+	n := len(p.keys)
+	p.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d keys after a failed dial", n)
+	}
+}
+
+func TestPoolIdleRelease(t *testing.T) {
+	ts := startServer(t, Config{}, echoHandler, false)
+	d := &countingDialer{ts: ts}
+	p := NewPool(PoolConfig{IdleTimeout: 20e6})
+	defer p.Close()
+	ctx := testContext(t)
+	s, err := p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := poolConns(p, "key")
+	if len(conns) != 1 {
+		t.Fatalf("%d connections", len(conns))
+	}
+	echoRoundTrip(t, s, 1, 1000, 100)
+	s.Close()
+	<-conns[0].Done()
+	if err := conns[0].Err(); !errors.Is(err, errIdle) {
+		t.Errorf("connection ended with %v, want idle release", err)
+	}
+	if n := len(poolConns(p, "key")); n != 0 {
+		t.Fatalf("%d connections after idle release", n)
+	}
+	// The server saw a graceful close.
+	if err := <-ts.serveErrs; err != nil {
+		t.Errorf("ServeConn: %v", err)
+	}
+	s, err = p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if n := d.dials.Load(); n != 2 {
+		t.Fatalf("%d dials, want 2", n)
+	}
+}
+
+// TestPoolGoAway: a server draining its connection lets the in-flight stream
+// finish while the pool opens a new connection for new streams.
+func TestPoolGoAway(t *testing.T) {
+	draining := startServer(t, Config{}, echoHandler, true)
+	fresh := startServer(t, Config{}, echoHandler, true)
+	var dials atomic.Int32
+	dial := func(ctx context.Context) (net.Conn, error) {
+		if dials.Add(1) == 1 {
+			return draining.dial(ctx)
+		}
+		return fresh.dial(ctx)
+	}
+	p := NewPool(PoolConfig{})
+	defer p.Close()
+	ctx := testContext(t)
+	inflight, err := p.Connect(ctx, "key", dial, &Request{Authority: "10.0.0.1:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inflight.Close()
+	old := poolConns(p, "key")[0]
+
+	shutdownErr := make(chan error, 1)
+	go func() { shutdownErr <- draining.Shutdown(ctx) }()
+	waitFor(t, "GOAWAY", func() bool { return !old.CanTakeNewStream() })
+
+	s, err := p.Connect(ctx, "key", dial, &Request{Authority: "10.0.0.1:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoRoundTrip(t, s, 2, 1<<20, 16<<10)
+	s.Close()
+	if n := dials.Load(); n != 2 {
+		t.Fatalf("%d dials, want 2", n)
+	}
+	echoRoundTrip(t, inflight, 3, 1<<20, 16<<10)
+	if err := <-shutdownErr; err != nil {
+		t.Fatal(err)
+	}
+	<-old.Done()
+}
+
+func TestPoolClose(t *testing.T) {
+	ts := startServer(t, Config{}, echoHandler, false)
+	d := &countingDialer{ts: ts}
+	p := NewPool(PoolConfig{})
+	ctx := testContext(t)
+	s, err := p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = p.Close()
+	if _, err := s.Read(make([]byte, 1)); !errors.Is(err, ErrConnClosed) {
+		t.Fatalf("Read after pool Close: %v", err)
+	}
+	if _, err := p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"}); !errors.Is(err, ErrPoolClosed) {
+		t.Fatalf("Connect after Close: %v", err)
+	}
+}
+
+func TestPoolStatusError(t *testing.T) {
+	ts := startServer(t, Config{}, func(_ context.Context, req *ServerRequest) {
+		_, _ = req.Respond(http.StatusServiceUnavailable, nil)
+	}, false)
+	d := &countingDialer{ts: ts}
+	p := NewPool(PoolConfig{})
+	defer p.Close()
+	for range 3 {
+		_, err := p.Connect(testContext(t), "key", d.dial, &Request{Authority: "10.0.0.1:80"})
+		var se *StatusError
+		if !errors.As(err, &se) || se.Code != http.StatusServiceUnavailable {
+			t.Fatalf("Connect: %v", err)
+		}
+	}
+	if n := d.dials.Load(); n != 1 {
+		t.Fatalf("%d dials, want 1: a non-200 must not poison the connection", n)
+	}
+}
+

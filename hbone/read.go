@@ -1,0 +1,443 @@
+package hbone
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"golang.org/x/net/http2"
+)
+
+// readFrames is the reader goroutine's loop. It returns why the connection
+// must end: a *ConnError (answered with GOAWAY), a network error, or
+// ErrBadPreface.
+func (c *conn) readFrames() error {
+	if !c.client {
+		var preface [len(http2.ClientPreface)]byte
+		if _, err := io.ReadFull(c.br, preface[:]); err != nil {
+			if c.nr.err != nil {
+				return fmt.Errorf("hbone: reading preface: %w", err)
+			}
+			return ErrBadPreface
+		}
+		if string(preface[:]) != http2.ClientPreface {
+			return ErrBadPreface
+		}
+	}
+	for {
+		fh, err := c.fr.ReadFrameHeader()
+		if err != nil {
+			return c.frameError(fh, err)
+		}
+		if !c.gotSettings {
+			// RFC 9113 section 3.4: the peer's preface ends with SETTINGS. A
+			// GOAWAY instead still tells why the peer is leaving.
+			if fh.Type != http2.FrameGoAway && (fh.Type != http2.FrameSettings || fh.Flags.Has(http2.FlagSettingsAck)) {
+				return connError(http2.ErrCodeProtocol, "first frame is %v, not SETTINGS", fh.Type)
+			}
+			c.gotSettings = true
+		}
+		if fh.Type == http2.FrameData {
+			err = c.readData(fh)
+		} else {
+			var f http2.Frame
+			if f, err = c.fr.ReadFrameForHeader(fh); err != nil {
+				err = c.frameError(fh, err)
+			} else {
+				err = c.handleFrame(f)
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// frameError classifies an error of the framer. Stream errors reset the
+// stream and return nil; anything else ends the connection.
+func (c *conn) frameError(fh http2.FrameHeader, err error) error {
+	if c.nr.err != nil {
+		return fmt.Errorf("hbone: read: %w", c.nr.err)
+	}
+	if errors.Is(err, http2.ErrFrameTooLarge) {
+		return connError(http2.ErrCodeFrameSize, "%v frame of %d bytes exceeds %d", fh.Type, fh.Length, c.cfg.MaxFrameSize)
+	}
+	var ce http2.ConnectionError
+	if errors.As(err, &ce) {
+		reason := "malformed frame"
+		if d := c.fr.ErrorDetail(); d != nil {
+			reason = d.Error()
+		}
+		return connError(http2.ErrCode(ce), "%s", reason)
+	}
+	var se http2.StreamError
+	if errors.As(err, &se) {
+		if (fh.Type == http2.FrameHeaders || fh.Type == http2.FrameContinuation) && se.Cause == nil {
+			// Rejected before HPACK decoding: the compression state is lost.
+			return connError(http2.ErrCodeProtocol, "malformed %v frame", fh.Type)
+		}
+		return c.rejectStream(se.StreamID, se.Code, fh.Type == http2.FrameHeaders)
+	}
+	return connError(http2.ErrCodeProtocol, "malformed %v frame: %v", fh.Type, err)
+}
+
+// rejectStream resets stream id after a stream-level error found by the
+// framer.
+func (c *conn) rejectStream(id uint32, code http2.ErrCode, headers bool) error {
+	c.mu.Lock()
+	s := c.streams[id]
+	if s == nil {
+		if headers && !c.client && id%2 == 1 && id > c.maxPeerID {
+			c.maxPeerID = id // the malformed request opened (and closes) it
+		}
+		c.wmu.Lock()
+		c.queueRSTLocked(id, code)
+		c.wmu.Unlock()
+		c.mu.Unlock()
+		return nil
+	}
+	c.mu.Unlock()
+	c.streamError(s, code)
+	return nil
+}
+
+func (c *conn) handleFrame(f http2.Frame) error {
+	switch f := f.(type) {
+	case *http2.MetaHeadersFrame:
+		if c.client {
+			return c.handleResponseHeaders(f)
+		}
+		return c.handleRequestHeaders(f)
+	case *http2.SettingsFrame:
+		return c.handleSettings(f)
+	case *http2.WindowUpdateFrame:
+		return c.handleWindowUpdate(f)
+	case *http2.PingFrame:
+		return c.handlePing(f)
+	case *http2.RSTStreamFrame:
+		return c.handleRSTStream(f)
+	case *http2.GoAwayFrame:
+		return c.handleGoAway(f)
+	case *http2.PushPromiseFrame:
+		// Clients disable push; servers never accept it.
+		return connError(http2.ErrCodeProtocol, "unexpected PUSH_PROMISE")
+	}
+	// PRIORITY (deprecated by RFC 9113), PRIORITY_UPDATE and unknown frame
+	// types are ignored.
+	return nil
+}
+
+// readData reads a DATA frame's payload straight into the stream's buffer.
+func (c *conn) readData(fh http2.FrameHeader) error {
+	id := fh.StreamID
+	if id == 0 {
+		return connError(http2.ErrCodeProtocol, "DATA on stream 0")
+	}
+	frameLen := int(fh.Length)
+	dataLen, padLen := frameLen, 0
+	if fh.Flags.Has(http2.FlagDataPadded) {
+		if frameLen == 0 {
+			return connError(http2.ErrCodeFrameSize, "padded DATA frame without pad length")
+		}
+		p, err := c.br.ReadByte()
+		if err != nil {
+			return fmt.Errorf("hbone: read: %w", err)
+		}
+		padLen = int(p)
+		if padLen >= frameLen {
+			return connError(http2.ErrCodeProtocol, "DATA padding of %d bytes in a %d-byte frame", padLen, frameLen)
+		}
+		dataLen = frameLen - 1 - padLen
+	}
+	// Connection flow control covers the whole frame, padding included.
+	if c.recvConnAvail.Add(-int64(frameLen)) < 0 {
+		return connError(http2.ErrCodeFlowControl, "DATA exceeds the connection window")
+	}
+	end := fh.Flags.Has(http2.FlagDataEndStream)
+
+	c.mu.Lock()
+	s := c.streams[id]
+	var code http2.ErrCode
+	switch {
+	case s == nil:
+		idle := c.idleLocked(id)
+		c.mu.Unlock()
+		if idle {
+			return connError(http2.ErrCodeProtocol, "DATA on idle stream %d", id)
+		}
+		// A closed stream: frames may still arrive after our RST_STREAM.
+		return c.skipData(dataLen+padLen, frameLen)
+	case s.remoteClosed:
+		code = http2.ErrCodeStreamClosed
+	case c.client && !s.gotResponse:
+		code = http2.ErrCodeProtocol // DATA before the response HEADERS
+	}
+	if code != 0 {
+		c.mu.Unlock()
+		if err := c.skipData(dataLen+padLen, frameLen); err != nil {
+			return err
+		}
+		c.streamError(s, code)
+		return nil
+	}
+	if end {
+		s.remoteClosed = true
+		c.maybeFinishLocked(s)
+	}
+	c.unlock()
+	return c.fillStream(s, dataLen, padLen, frameLen, end)
+}
+
+// skipData discards a payload nobody will read and returns its connection
+// window at once.
+func (c *conn) skipData(n, frameLen int) error {
+	if _, err := c.br.Discard(n); err != nil {
+		return fmt.Errorf("hbone: read: %w", err)
+	}
+	c.consumed(frameLen)
+	return nil
+}
+
+// fillStream moves dataLen payload bytes into s's buffer. The network read
+// happens outside s.mu, so the stream's reader keeps draining older data
+// meanwhile; s.filling keeps the tail chunk alive until the fill is done.
+func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) error {
+	s.mu.Lock()
+	if int64(frameLen) > s.recvWindow {
+		s.mu.Unlock()
+		if err := c.skipData(dataLen+padLen, frameLen); err != nil {
+			return err
+		}
+		c.streamError(s, http2.ErrCodeFlowControl)
+		return nil
+	}
+	s.recvWindow -= int64(frameLen)
+	// The pad length byte and padding are never buffered: their window goes
+	// back right away.
+	overhead := frameLen - dataLen
+	var dropped int // payload read but not kept: the stream was reset meanwhile
+	var rerr error
+	for dataLen > 0 {
+		if s.rerrNow != nil {
+			s.mu.Unlock()
+			_, rerr = c.br.Discard(dataLen)
+			dropped += dataLen
+			s.mu.Lock()
+			break
+		}
+		dst := s.rbuf.reserve(dataLen)
+		s.filling = true
+		s.mu.Unlock()
+		n, err := c.br.Read(dst)
+		s.mu.Lock()
+		s.filling = false
+		if s.rerrNow != nil {
+			s.rbuf.free()
+			dropped += n
+		} else if n > 0 {
+			s.rbuf.commit(n)
+			s.rcond.Signal()
+		}
+		dataLen -= n
+		if err != nil {
+			rerr = err
+			break
+		}
+	}
+	if rerr != nil {
+		if s.rbuf.size == 0 {
+			s.rbuf.free()
+		}
+		s.mu.Unlock()
+		c.consumed(dropped)
+		return fmt.Errorf("hbone: read: %w", rerr)
+	}
+	if end && s.rerrAfter == nil {
+		s.rerrAfter = io.EOF
+		s.rcond.Broadcast()
+	}
+	var inc int64
+	if overhead > 0 && s.rerrAfter == nil && s.rerrNow == nil {
+		s.unacked += int64(overhead)
+		if s.unacked >= c.streamAckThreshold {
+			inc, s.unacked = s.unacked, 0
+			s.recvWindow += inc
+		}
+	}
+	s.mu.Unlock()
+	if padLen > 0 {
+		if _, err := c.br.Discard(padLen); err != nil {
+			return fmt.Errorf("hbone: read: %w", err)
+		}
+	}
+	c.consumed(dropped + overhead)
+	if inc > 0 {
+		c.queueStreamWindowUpdate(s, inc)
+	}
+	return nil
+}
+
+func (c *conn) handleSettings(f *http2.SettingsFrame) error {
+	if f.IsAck() {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	maxFrame, tableSize := -1, -1
+	err := f.ForeachSetting(func(s http2.Setting) error {
+		if err := s.Valid(); err != nil {
+			var ce http2.ConnectionError
+			if errors.As(err, &ce) {
+				return connError(http2.ErrCode(ce), "invalid setting %v", s)
+			}
+			return connError(http2.ErrCodeProtocol, "invalid setting %v", s)
+		}
+		switch s.ID {
+		case http2.SettingHeaderTableSize:
+			tableSize = int(s.Val)
+		case http2.SettingEnablePush:
+			if c.client && s.Val != 0 {
+				return connError(http2.ErrCodeProtocol, "server sent SETTINGS_ENABLE_PUSH=%d", s.Val)
+			}
+		case http2.SettingMaxConcurrentStreams:
+			c.peerMaxStreams = s.Val
+		case http2.SettingInitialWindowSize:
+			delta := int64(s.Val) - c.peerInitialWindow
+			c.peerInitialWindow = int64(s.Val)
+			for _, st := range c.streams {
+				st.sendWindow += delta
+				if st.sendWindow > maxWindow {
+					return connError(http2.ErrCodeFlowControl, "SETTINGS_INITIAL_WINDOW_SIZE overflows stream %d's window", st.id)
+				}
+				if delta > 0 {
+					st.wcond.Broadcast()
+				}
+			}
+		case http2.SettingMaxFrameSize:
+			maxFrame = int(s.Val)
+		case http2.SettingMaxHeaderListSize:
+			c.peerMaxHeaderList = s.Val
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	// Applied together with queueing the ACK: frames queued before it were
+	// sized under the old settings, which the peer must still accept.
+	if maxFrame > 0 {
+		c.wPeerMaxFrame = maxFrame
+	}
+	if tableSize >= 0 {
+		c.enc.SetMaxDynamicTableSizeLimit(uint32(tableSize))
+	}
+	if c.wclosing {
+		return nil
+	}
+	if c.pendingLenLocked() > controlBacklogLimit {
+		return connError(http2.ErrCodeEnhanceYourCalm, "peer does not read its SETTINGS acknowledgements")
+	}
+	b := c.wbufLocked()
+	b = appendSettingsAck(b)
+	c.commitLocked(b)
+	return nil
+}
+
+func (c *conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
+	inc := int64(f.Increment)
+	c.mu.Lock()
+	if f.StreamID == 0 {
+		c.sendWindow += inc
+		if c.sendWindow > maxWindow {
+			c.mu.Unlock()
+			return connError(http2.ErrCodeFlowControl, "connection send window overflow")
+		}
+		if c.connWinWaiters > 0 {
+			c.connWinCond.Broadcast()
+		}
+		c.mu.Unlock()
+		return nil
+	}
+	s := c.streams[f.StreamID]
+	if s == nil {
+		idle := c.idleLocked(f.StreamID)
+		c.mu.Unlock()
+		if idle {
+			return connError(http2.ErrCodeProtocol, "WINDOW_UPDATE on idle stream %d", f.StreamID)
+		}
+		return nil
+	}
+	s.sendWindow += inc
+	if s.sendWindow > maxWindow {
+		c.mu.Unlock()
+		c.streamError(s, http2.ErrCodeFlowControl)
+		return nil
+	}
+	s.wcond.Signal()
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *conn) handlePing(f *http2.PingFrame) error {
+	if !f.IsAck() {
+		return c.queueControl(true, f.Data)
+	}
+	c.mu.Lock()
+	if c.pingOut && f.Data == c.pingData {
+		c.pingOut = false
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *conn) handleRSTStream(f *http2.RSTStreamFrame) error {
+	c.mu.Lock()
+	s := c.streams[f.StreamID]
+	if s == nil {
+		idle := c.idleLocked(f.StreamID)
+		c.mu.Unlock()
+		if idle {
+			return connError(http2.ErrCodeProtocol, "RST_STREAM on idle stream %d", f.StreamID)
+		}
+		return nil
+	}
+	err := &StreamError{Code: f.ErrCode}
+	graceful := f.ErrCode == http2.ErrCodeNo
+	c.resetLocked(s, f.ErrCode, err, false)
+	c.unlock()
+	if graceful {
+		// RFC 9113 section 8.1: NO_ERROR after a complete response must not
+		// discard it; deliver what arrived, then EOF (or the reset).
+		s.endRecv(err)
+	} else {
+		s.abortRecv(err)
+	}
+	return nil
+}
+
+func (c *conn) handleGoAway(f *http2.GoAwayFrame) error {
+	c.mu.Lock()
+	c.goAwayRecv = true
+	if f.ErrCode != http2.ErrCodeNo {
+		c.goAwayErr = &GoAwayError{LastStreamID: f.LastStreamID, Code: f.ErrCode, DebugData: string(f.DebugData())}
+		c.logf("hbone: %v sent GOAWAY %v (last stream %d): %q", c.nc.RemoteAddr(), f.ErrCode, f.LastStreamID, f.DebugData())
+	}
+	var refused []*Stream
+	if c.client {
+		// Streams above the last ID were not processed: safe to retry.
+		for id, s := range c.streams {
+			if id > f.LastStreamID {
+				c.resetLocked(s, http2.ErrCodeRefusedStream, ErrRefused, false)
+				refused = append(refused, s)
+			}
+		}
+	}
+	c.slotFreedLocked()
+	c.unlock()
+	for _, s := range refused {
+		s.abortRecv(ErrRefused)
+	}
+	return nil
+}

@@ -1,0 +1,333 @@
+package hbone
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// Handler serves one CONNECT request. It runs on its own goroutine per
+// stream; ctx is cancelled when the stream is finished (both directions
+// ended, reset, or closed) or its connection ends. The handler must call
+// req.Respond; if it returns without doing so, 503 is sent. After
+// Respond(200) the returned Stream belongs to the caller and outlives the
+// handler.
+type Handler func(ctx context.Context, req *ServerRequest)
+
+// ServerRequest is a CONNECT request received by a Server. Requests that are
+// not CONNECT or lack :authority are answered 400 without reaching the
+// Handler.
+type ServerRequest struct {
+	Method    string
+	Authority string
+	// Header holds the request's regular header fields, canonicalized.
+	Header http.Header
+	// Conn is the underlying connection (for TLS state and addresses).
+	Conn net.Conn
+
+	s         *Stream
+	responded atomic.Bool
+}
+
+// Respond sends the response HEADERS. Status 200 returns the tunnel stream;
+// any other status ends the stream (END_STREAM) and returns nil, nil. hdr
+// adds response headers (for example baggage).
+func (r *ServerRequest) Respond(status int, hdr http.Header) (*Stream, error) {
+	fields, err := responseFields(status, hdr)
+	if err != nil {
+		return nil, err
+	}
+	if !r.responded.CompareAndSwap(false, true) {
+		return nil, ErrAlreadyResponded
+	}
+	return r.s.c.respond(r.s, status, fields)
+}
+
+// StreamID returns the request's HTTP/2 stream identifier.
+func (r *ServerRequest) StreamID() uint32 { return r.s.id }
+
+func (c *conn) respond(s *Stream, status int, fields []hpack.HeaderField) (*Stream, error) {
+	c.mu.Lock()
+	if s.werr != nil {
+		err := s.werr
+		c.mu.Unlock()
+		return nil, err
+	}
+	if c.peerMaxHeaderList > 0 && headerListSize(fields) > c.peerMaxHeaderList {
+		c.resetLocked(s, http2.ErrCodeInternal, ErrStreamClosed, true)
+		c.unlock()
+		s.abortRecv(ErrStreamClosed)
+		return nil, errors.New("hbone: response headers exceed the peer's limit")
+	}
+	ok := status == http.StatusOK
+	c.wmu.Lock()
+	err := c.writeHeadersLocked(s.id, fields, !ok)
+	if err == nil && !ok {
+		s.endQueued = true
+	}
+	c.wmu.Unlock()
+	if err != nil {
+		c.mu.Unlock()
+		return nil, err
+	}
+	if ok {
+		c.mu.Unlock()
+		return s, nil
+	}
+	s.localClosed = true
+	if !s.remoteClosed {
+		// RFC 9113 section 8.1: the response is complete; ask the client to
+		// stop sending without an error.
+		c.resetLocked(s, http2.ErrCodeNo, ErrStreamClosed, true)
+	} else {
+		c.finishLocked(s)
+	}
+	c.unlock()
+	s.abortRecv(ErrStreamClosed)
+	return nil, nil
+}
+
+// Server accepts CONNECT streams on HTTP/2 connections.
+type Server struct {
+	cfg Config
+	h   Handler
+
+	mu           sync.Mutex // guards the following fields
+	conns        map[*conn]struct{}
+	shuttingDown bool
+	closed       bool
+	drained      chan struct{} // closed when conns empties during Shutdown
+
+	serving sync.WaitGroup // ServeConn calls in progress
+}
+
+// NewServer returns a server that passes CONNECT requests to h.
+func NewServer(cfg Config, h Handler) *Server {
+	return &Server{cfg: cfg.withDefaults(true), h: h, conns: make(map[*conn]struct{})}
+}
+
+// ServeConn serves HTTP/2 on conn until the connection ends, and returns
+// once its handlers have returned too. It validates the client preface,
+// owns conn and closes it. Cancelling ctx closes the connection abruptly.
+// It returns nil when the peer or a Shutdown ended the connection cleanly.
+func (srv *Server) ServeConn(ctx context.Context, nc net.Conn) error {
+	c := newConn(nc, srv.cfg, false)
+	c.srv = srv
+	c.ctx, c.cancel = context.WithCancel(ctx)
+	srv.mu.Lock()
+	if srv.shuttingDown {
+		srv.mu.Unlock()
+		c.cancel()
+		_ = nc.Close()
+		return ErrServerClosed
+	}
+	srv.conns[c] = struct{}{}
+	srv.serving.Add(1)
+	srv.mu.Unlock()
+	defer srv.serving.Done()
+
+	stop := context.AfterFunc(ctx, func() { c.shutdown(ctx.Err(), false, 0, "", false) })
+	c.start()
+	c.readLoop()
+	<-c.done
+	stop()
+	c.handlers.Wait()
+	c.cancel()
+
+	srv.mu.Lock()
+	delete(srv.conns, c)
+	if len(srv.conns) == 0 && srv.drained != nil {
+		close(srv.drained)
+		srv.drained = nil
+	}
+	srv.mu.Unlock()
+
+	c.mu.Lock()
+	err := c.closeErr
+	c.mu.Unlock()
+	if errors.Is(err, io.EOF) || errors.Is(err, errDrained) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown drains gracefully: GOAWAY on every connection, new streams are
+// refused, and in-flight streams may finish until ctx is done; then the
+// remaining connections are closed. New ServeConn calls fail.
+func (srv *Server) Shutdown(ctx context.Context) error {
+	srv.mu.Lock()
+	srv.shuttingDown = true
+	conns := make([]*conn, 0, len(srv.conns))
+	for c := range srv.conns {
+		conns = append(conns, c)
+	}
+	var drained chan struct{}
+	if len(srv.conns) > 0 {
+		if srv.drained == nil {
+			srv.drained = make(chan struct{})
+		}
+		drained = srv.drained
+	}
+	srv.mu.Unlock()
+	for _, c := range conns {
+		c.goAway()
+	}
+	if drained == nil {
+		return nil
+	}
+	select {
+	case <-drained:
+		return nil
+	case <-ctx.Done():
+		_ = srv.Close()
+		return ctx.Err()
+	}
+}
+
+// Close closes every connection abruptly and waits for ServeConn calls (and
+// so their handlers) to return. New ServeConn calls fail.
+func (srv *Server) Close() error {
+	srv.mu.Lock()
+	srv.shuttingDown = true
+	srv.closed = true
+	conns := make([]*conn, 0, len(srv.conns))
+	for c := range srv.conns {
+		conns = append(conns, c)
+	}
+	srv.mu.Unlock()
+	for _, c := range conns {
+		c.shutdown(ErrServerClosed, false, 0, "", false)
+	}
+	srv.serving.Wait()
+	return nil
+}
+
+// handleRequestHeaders opens a stream for a client's HEADERS, answers what
+// the Handler must not see, and starts the Handler.
+func (c *conn) handleRequestHeaders(f *http2.MetaHeadersFrame) error {
+	id := f.StreamID
+	if id%2 == 0 {
+		return connError(http2.ErrCodeProtocol, "client opened even stream %d", id)
+	}
+	c.mu.Lock()
+	if s := c.streams[id]; s != nil {
+		if s.remoteClosed || !f.StreamEnded() {
+			c.mu.Unlock()
+			c.streamError(s, http2.ErrCodeProtocol)
+			return nil
+		}
+		// Trailers end the request body; their fields are of no use.
+		s.remoteClosed = true
+		c.maybeFinishLocked(s)
+		c.unlock()
+		s.endRecv(io.EOF)
+		return nil
+	}
+	if id <= c.maxPeerID || c.closed {
+		// A closed stream; HEADERS may race with our RST_STREAM.
+		c.mu.Unlock()
+		return nil
+	}
+	c.maxPeerID = id
+	if c.goAwaySent || c.active >= int(c.cfg.MaxStreams) {
+		c.wmu.Lock()
+		c.queueRSTLocked(id, http2.ErrCodeRefusedStream)
+		c.wmu.Unlock()
+		c.mu.Unlock()
+		return nil
+	}
+	ended := f.StreamEnded()
+	if f.Truncated {
+		c.rejectLocked(id, http.StatusRequestHeaderFieldsTooLarge, ended)
+		c.mu.Unlock()
+		return nil
+	}
+	req, status, code := parseRequest(f)
+	if code != 0 {
+		c.wmu.Lock()
+		c.queueRSTLocked(id, code)
+		c.wmu.Unlock()
+		c.mu.Unlock()
+		return nil
+	}
+	if status != 0 {
+		c.rejectLocked(id, status, ended)
+		c.mu.Unlock()
+		return nil
+	}
+	s := c.newStream(id)
+	s.sendWindow = c.peerInitialWindow
+	s.remoteClosed = ended
+	ctx, cancel := context.WithCancel(c.ctx)
+	s.cancel = cancel
+	c.streams[id] = s
+	c.active++
+	c.mu.Unlock()
+	if ended {
+		s.endRecv(io.EOF)
+	}
+	req.s = s
+	req.Conn = c.nc
+	c.handlers.Add(1)
+	go c.serve(ctx, req)
+	return nil
+}
+
+// rejectLocked answers a request with status and ends its stream. c.mu held.
+func (c *conn) rejectLocked(id uint32, status int, ended bool) {
+	fields, _ := responseFields(status, nil)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.writeHeadersLocked(id, fields, true) == nil && !ended {
+		c.queueRSTLocked(id, http2.ErrCodeNo)
+	}
+}
+
+func (c *conn) serve(ctx context.Context, req *ServerRequest) {
+	defer c.handlers.Done()
+	c.srv.h(ctx, req)
+	if !req.responded.Load() {
+		c.logf("hbone: handler for CONNECT %s returned without responding; sent 503", req.Authority)
+		_, _ = req.Respond(http.StatusServiceUnavailable, nil)
+	}
+}
+
+// parseRequest validates a request's header section. A non-zero code means
+// the request is malformed (RST_STREAM); a non-zero status is answered
+// without calling the Handler.
+func parseRequest(f *http2.MetaHeadersFrame) (req *ServerRequest, status int, code http2.ErrCode) {
+	var method, authority string
+	var other bool // :scheme, :path or :protocol: not a plain CONNECT
+	for _, hf := range f.PseudoFields() {
+		switch hf.Name {
+		case ":method":
+			method = hf.Value
+		case ":authority":
+			authority = hf.Value
+		case ":status":
+			return nil, 0, http2.ErrCodeProtocol
+		default:
+			other = true
+		}
+	}
+	regular := f.RegularFields()
+	for _, hf := range regular {
+		if connectionSpecific(hf.Name) || hf.Name == "te" && hf.Value != "trailers" {
+			return nil, 0, http2.ErrCodeProtocol
+		}
+	}
+	switch {
+	case method == "":
+		return nil, 0, http2.ErrCodeProtocol
+	case method != http.MethodConnect, other, authority == "":
+		return nil, http.StatusBadRequest, 0
+	}
+	return &ServerRequest{Method: method, Authority: authority, Header: headerFromFields(regular)}, 0, 0
+}

@@ -1,0 +1,377 @@
+package hbone
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+var deadlineExceeded = os.ErrDeadlineExceeded
+
+// Stream is one CONNECT tunnel: a full-duplex byte stream. It is safe for one
+// reader and one writer concurrently, plus Close, Reset, CloseWrite and the
+// deadline setters from anywhere. It satisfies net.Conn.
+type Stream struct {
+	c  *conn
+	id uint32
+
+	// Guarded by c.mu.
+	sendWindow   int64
+	wcond        sync.Cond // the writer waits here for stream window
+	localClosed  bool      // END_STREAM or RST_STREAM sent (or decided)
+	remoteClosed bool      // END_STREAM or RST_STREAM received
+	reset        bool
+	finished     bool // retired from the connection
+	appClosed    bool
+	werr         error
+	respDone     chan struct{} // client: closed once the response or a failure is known
+	respClosed   bool
+	respErr      error
+	status       int
+	respHeader   http.Header
+	cancel       context.CancelFunc // server: cancels the handler's context
+
+	// Reader goroutine only.
+	gotResponse bool
+
+	// Guarded by c.wmu.
+	endQueued bool
+	rstQueued bool
+
+	wdeadlineHit atomic.Bool
+	wdmu         sync.Mutex // guards wdeadline and wtimer
+	wdeadline    time.Time
+	wtimer       *time.Timer
+
+	mu           sync.Mutex // guards the following fields
+	rcond        sync.Cond
+	rbuf         recvBuffer
+	filling      bool  // the reader goroutine writes into rbuf's tail outside mu
+	recvWindow   int64 // bytes the peer may still send on this stream
+	unacked      int64 // read bytes not yet returned by WINDOW_UPDATE
+	rerrNow      error // reset or closed: Read fails at once, buffered data is gone
+	rerrAfter    error // io.EOF or connection end: Read fails once the buffer is drained
+	rdeadline    time.Time
+	rdeadlineHit bool
+	rtimer       *time.Timer
+}
+
+// ID returns the HTTP/2 stream identifier.
+func (s *Stream) ID() uint32 { return s.id }
+
+// ResponseHeader returns the headers of the server's 200 response (for
+// example baggage) on a client stream, nil on a server stream.
+func (s *Stream) ResponseHeader() http.Header { return s.respHeader }
+
+// LocalAddr returns the local address of the underlying connection.
+func (s *Stream) LocalAddr() net.Addr { return s.c.nc.LocalAddr() }
+
+// RemoteAddr returns the remote address of the underlying connection.
+func (s *Stream) RemoteAddr() net.Addr { return s.c.nc.RemoteAddr() }
+
+// Read reads tunnelled bytes. It returns io.EOF after the peer's END_STREAM
+// and a *StreamError after the peer's RST_STREAM.
+func (s *Stream) Read(p []byte) (int, error) {
+	s.mu.Lock()
+	for {
+		if s.rerrNow != nil {
+			err := s.rerrNow
+			s.mu.Unlock()
+			return 0, err
+		}
+		if s.rdeadlineHit {
+			s.mu.Unlock()
+			return 0, deadlineExceeded
+		}
+		if s.rbuf.size > 0 {
+			break
+		}
+		if s.rerrAfter != nil {
+			err := s.rerrAfter
+			s.mu.Unlock()
+			return 0, err
+		}
+		if len(p) == 0 {
+			s.mu.Unlock()
+			return 0, nil
+		}
+		s.rcond.Wait()
+	}
+	n := s.rbuf.read(p, s.filling)
+	var inc int64
+	if s.rerrAfter == nil {
+		// Batch WINDOW_UPDATEs: return credit once half the window is read.
+		s.unacked += int64(n)
+		if s.unacked >= s.c.streamAckThreshold {
+			inc, s.unacked = s.unacked, 0
+			s.recvWindow += inc
+		}
+	}
+	s.mu.Unlock()
+	s.c.consumed(n)
+	if inc > 0 {
+		s.c.queueStreamWindowUpdate(s, inc)
+	}
+	return n, nil
+}
+
+// Write sends p as DATA, blocking while the stream or connection send window
+// is exhausted. Frames are at most the peer's SETTINGS_MAX_FRAME_SIZE. Write
+// returns once p is queued for the connection's writer; p may be reused.
+func (s *Stream) Write(p []byte) (int, error) {
+	c := s.c
+	n := 0
+	for len(p) > 0 {
+		c.mu.Lock()
+		for {
+			if err := s.writeErrLocked(); err != nil {
+				c.mu.Unlock()
+				return n, err
+			}
+			if s.sendWindow > 0 && c.sendWindow > 0 {
+				break
+			}
+			if s.sendWindow <= 0 {
+				s.wcond.Wait()
+			} else {
+				c.connWinWaiters++
+				c.connWinCond.Wait()
+				c.connWinWaiters--
+			}
+		}
+		m := int(min(int64(len(p)), s.sendWindow, c.sendWindow, writeBufSize))
+		s.sendWindow -= int64(m)
+		c.sendWindow -= int64(m)
+		c.mu.Unlock()
+
+		sent, err := c.sendData(s, p[:m])
+		n += sent
+		p = p[sent:]
+		if err != nil {
+			if unsent := int64(m - sent); unsent > 0 {
+				// Give back the credit so a retry after a deadline can use it.
+				c.mu.Lock()
+				s.sendWindow += unsent
+				c.sendWindow += unsent
+				if c.connWinWaiters > 0 {
+					c.connWinCond.Broadcast()
+				}
+				c.mu.Unlock()
+			}
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func (s *Stream) writeErrLocked() error {
+	switch {
+	case s.werr != nil:
+		return s.werr
+	case s.localClosed:
+		return ErrWriteAfterClose
+	case s.wdeadlineHit.Load():
+		return deadlineExceeded
+	}
+	return nil
+}
+
+// CloseWrite half-closes the stream: END_STREAM tells the peer no more data
+// follows (its Read returns io.EOF) while this side can still read.
+func (s *Stream) CloseWrite() error {
+	c := s.c
+	c.mu.Lock()
+	if s.werr != nil {
+		err := s.werr
+		c.mu.Unlock()
+		return err
+	}
+	if s.localClosed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.wmu.Lock()
+	if c.wclosing {
+		err := c.wErr
+		c.wmu.Unlock()
+		c.mu.Unlock()
+		return err
+	}
+	if !s.endQueued && !s.rstQueued {
+		s.endQueued = true
+		b := c.wbufLocked()
+		b = appendData(b, s.id, true, nil)
+		c.commitLocked(b)
+	}
+	c.wmu.Unlock()
+	s.localClosed = true
+	s.wcond.Broadcast()
+	c.maybeFinishLocked(s)
+	c.unlock()
+	return nil
+}
+
+// Reset aborts the stream with RST_STREAM(code); Read and Write fail with
+// ErrStreamClosed afterwards.
+func (s *Stream) Reset(code http2.ErrCode) error {
+	c := s.c
+	c.mu.Lock()
+	c.resetLocked(s, code, ErrStreamClosed, true)
+	c.unlock()
+	s.abortRecv(ErrStreamClosed)
+	return nil
+}
+
+// Close releases the stream. If both directions already ended cleanly
+// (END_STREAM sent and received) nothing is sent; otherwise the stream is
+// reset with CANCEL. Unread data is dropped. Close is idempotent.
+func (s *Stream) Close() error {
+	c := s.c
+	c.mu.Lock()
+	if s.appClosed {
+		c.mu.Unlock()
+		return nil
+	}
+	s.appClosed = true
+	clean := s.localClosed && s.remoteClosed
+	c.resetLocked(s, http2.ErrCodeCancel, ErrStreamClosed, !clean)
+	c.unlock()
+	s.abortRecv(ErrStreamClosed)
+	s.mu.Lock()
+	if s.rtimer != nil {
+		s.rtimer.Stop()
+	}
+	s.mu.Unlock()
+	s.wdmu.Lock()
+	if s.wtimer != nil {
+		s.wtimer.Stop()
+	}
+	s.wdmu.Unlock()
+	return nil
+}
+
+// abortRecv fails the read side at once with err and drops buffered data,
+// returning its connection window.
+func (s *Stream) abortRecv(err error) {
+	s.mu.Lock()
+	if s.rerrNow == nil {
+		s.rerrNow = err
+	}
+	n := s.rbuf.discard(s.filling)
+	s.rcond.Broadcast()
+	s.mu.Unlock()
+	s.c.consumed(n)
+}
+
+// endRecv ends the read side with err once buffered data has been read.
+func (s *Stream) endRecv(err error) {
+	s.mu.Lock()
+	if s.rerrAfter == nil {
+		s.rerrAfter = err
+	}
+	s.rcond.Broadcast()
+	s.mu.Unlock()
+}
+
+// SetDeadline sets the read and write deadlines.
+func (s *Stream) SetDeadline(t time.Time) error {
+	_ = s.SetReadDeadline(t)
+	return s.SetWriteDeadline(t)
+}
+
+// SetReadDeadline makes pending and future Reads fail with
+// os.ErrDeadlineExceeded after t; the zero time means no deadline.
+func (s *Stream) SetReadDeadline(t time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rdeadline = t
+	s.rdeadlineHit = false
+	if s.rtimer != nil {
+		s.rtimer.Stop()
+	}
+	if t.IsZero() {
+		return nil
+	}
+	d := time.Until(t)
+	if d <= 0 {
+		s.rdeadlineHit = true
+		s.rcond.Broadcast()
+		return nil
+	}
+	if s.rtimer == nil {
+		s.rtimer = time.AfterFunc(d, s.onReadDeadline)
+	} else {
+		s.rtimer.Reset(d)
+	}
+	return nil
+}
+
+func (s *Stream) onReadDeadline() {
+	s.mu.Lock()
+	if !s.rdeadline.IsZero() && !time.Now().Before(s.rdeadline) {
+		s.rdeadlineHit = true
+		s.rcond.Broadcast()
+	}
+	s.mu.Unlock()
+}
+
+// SetWriteDeadline makes pending and future Writes fail with
+// os.ErrDeadlineExceeded after t; the zero time means no deadline. A Write
+// that times out may have queued part of its data.
+func (s *Stream) SetWriteDeadline(t time.Time) error {
+	s.wdmu.Lock()
+	defer s.wdmu.Unlock()
+	s.wdeadline = t
+	s.wdeadlineHit.Store(false)
+	if s.wtimer != nil {
+		s.wtimer.Stop()
+	}
+	if t.IsZero() {
+		return nil
+	}
+	d := time.Until(t)
+	if d <= 0 {
+		s.wdeadlineHit.Store(true)
+		s.wakeWriter()
+		return nil
+	}
+	if s.wtimer == nil {
+		s.wtimer = time.AfterFunc(d, s.onWriteDeadline)
+	} else {
+		s.wtimer.Reset(d)
+	}
+	return nil
+}
+
+func (s *Stream) onWriteDeadline() {
+	s.wdmu.Lock()
+	hit := !s.wdeadline.IsZero() && !time.Now().Before(s.wdeadline)
+	if hit {
+		s.wdeadlineHit.Store(true)
+	}
+	s.wdmu.Unlock()
+	if hit {
+		s.wakeWriter()
+	}
+}
+
+// wakeWriter wakes the stream's writer wherever it waits so it sees a
+// deadline.
+func (s *Stream) wakeWriter() {
+	c := s.c
+	c.mu.Lock()
+	s.wcond.Broadcast()
+	c.connWinCond.Broadcast()
+	c.mu.Unlock()
+	c.wmu.Lock()
+	c.bufCond.Broadcast()
+	c.wmu.Unlock()
+}
+
+var _ net.Conn = (*Stream)(nil)

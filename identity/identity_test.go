@@ -1,0 +1,71 @@
+package identity
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    Identity
+		wantErr bool
+	}{
+		{name: "valid", in: "spiffe://cluster.local/ns/default/sa/web", want: Identity{"cluster.local", "default", "web"}},
+		{name: "other trust domain", in: "spiffe://example.org/ns/a/sa/b", want: Identity{"example.org", "a", "b"}},
+		{name: "no scheme", in: "cluster.local/ns/default/sa/web", wantErr: true},
+		{name: "http scheme", in: "http://cluster.local/ns/default/sa/web", wantErr: true},
+		{name: "too few segments", in: "spiffe://cluster.local/ns/default", wantErr: true},
+		{name: "too many segments", in: "spiffe://cluster.local/ns/default/sa/web/x", wantErr: true},
+		{name: "wrong keyword", in: "spiffe://cluster.local/namespace/default/sa/web", wantErr: true},
+		{name: "empty namespace", in: "spiffe://cluster.local/ns//sa/web", wantErr: true},
+		{name: "empty", in: "", wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Parse(tc.in)
+			if tc.wantErr {
+				if !errors.Is(err, ErrMalformed) {
+					t.Fatalf("Parse(%q) error = %v, want ErrMalformed", tc.in, err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("Parse(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+			}
+			if got.String() != tc.in {
+				t.Fatalf("round trip: %q != %q", got.String(), tc.in)
+			}
+		})
+	}
+}
+
+func TestNewDefaults(t *testing.T) {
+	id := New("", "ns1", "")
+	if id.String() != "spiffe://cluster.local/ns/ns1/sa/default" {
+		t.Fatalf("got %q", id)
+	}
+	if id.Principal() != "cluster.local/ns/ns1/sa/default" {
+		t.Fatalf("principal %q", id.Principal())
+	}
+	var zero Identity
+	if !zero.IsZero() || zero.String() != "" || zero.Principal() != "" {
+		t.Fatal("zero identity must format as empty")
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add("spiffe://cluster.local/ns/default/sa/web")
+	f.Add("spiffe:///ns//sa/")
+	f.Fuzz(func(t *testing.T, s string) {
+		id, err := Parse(s)
+		if err != nil {
+			return
+		}
+		again, err := Parse(id.String())
+		if err != nil || again != id {
+			t.Fatalf("round trip of %q failed: %+v %v", s, again, err)
+		}
+	})
+}

@@ -1,0 +1,305 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Mode is PROXY_MODE.
+type Mode string
+
+// Proxy modes.
+const (
+	ModeShared    Mode = "shared"
+	ModeDedicated Mode = "dedicated"
+)
+
+// Config is the daemon's whole configuration, parsed from ztunnel's
+// environment variables. Zero values are filled by ParseEnv with ztunnel's
+// defaults.
+type Config struct {
+	Mode Mode
+	// Workload is PROXY_WORKLOAD_INFO (namespace/name/service-account).
+	Workload struct{ Namespace, Name, ServiceAccount string }
+
+	LocalXDSPath string // LOCAL_XDS_PATH
+	LocalXDS     string // LOCAL_XDS (inline YAML)
+	XDSAddress   string // XDS_ADDRESS ("" = no control plane)
+	CAAddress    string // CA_ADDRESS
+
+	FakeCA        bool   // FAKE_CA, or implied by a local config without CA_ADDRESS
+	BuiltinCACert string // BUILTIN_CA_CERT: PEM file of the built-in CA's root
+	BuiltinCAKey  string // BUILTIN_CA_KEY: PEM file of its key
+	SecretTTL     time.Duration
+
+	ClusterID   string
+	TrustDomain string
+	NodeName    string
+	Network     string
+	PacketMark  uint32 // 0 = unset
+	OrigSrc     *bool  // ENABLE_ORIG_SRC: nil = best effort
+	PortReuse   bool   // INPOD_PORT_REUSE
+
+	StreamWindow        uint32 // HTTP2_STREAM_WINDOW_SIZE
+	ConnectionWindow    uint32 // HTTP2_CONNECTION_WINDOW_SIZE
+	FrameSize           uint32 // HTTP2_FRAME_SIZE
+	PoolMaxStreams      int    // POOL_MAX_STREAMS_PER_CONNECTION
+	PoolUnusedRelease   time.Duration
+	TerminationDeadline time.Duration // CONNECTION_TERMINATION_DEADLINE (or the grace-period rule)
+
+	KeepAliveEnabled  bool
+	KeepAliveTime     time.Duration
+	KeepAliveInterval time.Duration
+	KeepAliveRetries  int
+
+	// AdminAddr, StatsAddr and ReadinessAddr are the ztunnel-pod listeners.
+	AdminAddr     string
+	ReadinessAddr string
+
+	LogLevel  string // RUST_LOG
+	LogFormat string // LOG_FORMAT: plain or json
+}
+
+// envError names the variable a problem came from.
+type envError struct {
+	name, value string
+	err         error
+}
+
+func (e *envError) Error() string {
+	return fmt.Sprintf("environment variable %s=%q: %v", e.name, e.value, e.err)
+}
+func (e *envError) Unwrap() error { return e.err }
+
+// env reads variables through a lookup function so tests need not touch
+// the process environment.
+type env struct {
+	lookup func(string) (string, bool)
+	errs   []error
+}
+
+func (e *env) str(name, def string) string {
+	if v, ok := e.lookup(name); ok {
+		return v
+	}
+	return def
+}
+
+func (e *env) fail(name, value string, err error) {
+	e.errs = append(e.errs, &envError{name: name, value: value, err: err})
+}
+
+func (e *env) boolean(name string, def bool) bool {
+	v, ok := e.lookup(name)
+	if !ok || v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		e.fail(name, v, errors.New("want true or false"))
+		return def
+	}
+	return b
+}
+
+func (e *env) optBool(name string) *bool {
+	v, ok := e.lookup(name)
+	if !ok || v == "" {
+		return nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		e.fail(name, v, errors.New("want true or false"))
+		return nil
+	}
+	return &b
+}
+
+func (e *env) uint(name string, def uint64, min, max uint64) uint64 {
+	v, ok := e.lookup(name)
+	if !ok || v == "" {
+		return def
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		e.fail(name, v, errors.New("want a non-negative integer"))
+		return def
+	}
+	if n < min || n > max {
+		e.fail(name, v, fmt.Errorf("want a value in [%d, %d]", min, max))
+		return def
+	}
+	return n
+}
+
+func (e *env) duration(name string, def time.Duration) time.Duration {
+	v, ok := e.lookup(name)
+	if !ok || v == "" {
+		return def
+	}
+	d, err := parseDuration(v)
+	if err != nil {
+		e.fail(name, v, err)
+		return def
+	}
+	return d
+}
+
+// parseDuration accepts Go durations ("1m30s") and the forms ztunnel's
+// duration_str takes for plain values ("5s", "10m", "1h", "500ms") and a bare
+// number of seconds.
+func parseDuration(s string) (time.Duration, error) {
+	if n, err := strconv.ParseUint(s, 10, 32); err == nil {
+		return time.Duration(n) * time.Second, nil
+	}
+	d, err := time.ParseDuration(strings.ReplaceAll(s, " ", ""))
+	if err != nil {
+		return 0, errors.New("want a duration such as 5s, 1m or 500ms")
+	}
+	if d < 0 {
+		return 0, errors.New("want a non-negative duration")
+	}
+	return d, nil
+}
+
+// ParseEnv reads the configuration from lookup (os.LookupEnv in the daemon).
+// Every malformed variable is reported, each naming the variable.
+func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
+	e := &env{lookup: lookup}
+	c := &Config{}
+
+	switch m := e.str("PROXY_MODE", string(ModeShared)); Mode(m) {
+	case ModeShared, ModeDedicated:
+		c.Mode = Mode(m)
+	default:
+		e.fail("PROXY_MODE", m, errors.New("want shared or dedicated"))
+	}
+	if info := e.str("PROXY_WORKLOAD_INFO", ""); info != "" {
+		parts := strings.Split(info, "/")
+		if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+			e.fail("PROXY_WORKLOAD_INFO", info, errors.New("want namespace/name/service-account"))
+		} else {
+			c.Workload.Namespace, c.Workload.Name, c.Workload.ServiceAccount = parts[0], parts[1], parts[2]
+		}
+	}
+	if c.Mode == ModeDedicated && c.Workload.Name == "" {
+		if _, set := lookup("PROXY_WORKLOAD_INFO"); !set {
+			e.fail("PROXY_WORKLOAD_INFO", "", errors.New("required when PROXY_MODE=dedicated"))
+		}
+	}
+
+	c.LocalXDSPath = e.str("LOCAL_XDS_PATH", "")
+	c.LocalXDS = e.str("LOCAL_XDS", "")
+	if c.LocalXDSPath != "" && c.LocalXDS != "" {
+		e.fail("LOCAL_XDS", "<inline>", errors.New("set LOCAL_XDS_PATH or LOCAL_XDS, not both"))
+	}
+	local := c.LocalXDSPath != "" || c.LocalXDS != ""
+	// Without a local config ztunnel talks to istiod by default; with one,
+	// only when asked to.
+	defXDS := ""
+	if !local {
+		defXDS = "https://istiod.istio-system.svc:15012"
+	}
+	c.XDSAddress = e.str("XDS_ADDRESS", defXDS)
+	c.CAAddress = e.str("CA_ADDRESS", "")
+	c.FakeCA = e.boolean("FAKE_CA", false)
+	if !c.FakeCA && c.CAAddress == "" && local {
+		c.FakeCA = true
+	}
+	c.BuiltinCACert = e.str("BUILTIN_CA_CERT", "")
+	c.BuiltinCAKey = e.str("BUILTIN_CA_KEY", "")
+	if (c.BuiltinCACert == "") != (c.BuiltinCAKey == "") {
+		e.fail("BUILTIN_CA_KEY", c.BuiltinCAKey, errors.New("BUILTIN_CA_CERT and BUILTIN_CA_KEY go together"))
+	}
+	c.SecretTTL = e.duration("SECRET_TTL", 24*time.Hour)
+
+	c.ClusterID = e.str("CLUSTER_ID", "Kubernetes")
+	if v, ok := lookup("ISTIO_META_CLUSTER_ID"); ok && v != "" {
+		c.ClusterID = v
+	}
+	c.TrustDomain = e.str("TRUST_DOMAIN", "cluster.local")
+	if c.TrustDomain == "" || strings.ContainsAny(c.TrustDomain, "/ ") {
+		e.fail("TRUST_DOMAIN", c.TrustDomain, errors.New("want a trust domain such as cluster.local"))
+	}
+	c.NodeName = e.str("NODE_NAME", "")
+	c.Network = e.str("NETWORK", "")
+	defMark := uint64(0)
+	if c.Mode == ModeShared {
+		defMark = 1337
+	}
+	c.PacketMark = uint32(e.uint("PACKET_MARK", defMark, 0, math.MaxUint32))
+	c.OrigSrc = e.optBool("ENABLE_ORIG_SRC")
+	c.PortReuse = e.boolean("INPOD_PORT_REUSE", true)
+
+	c.StreamWindow = uint32(e.uint("HTTP2_STREAM_WINDOW_SIZE", 4<<20, 1, math.MaxInt32))
+	c.ConnectionWindow = uint32(e.uint("HTTP2_CONNECTION_WINDOW_SIZE", 16<<20, 1, math.MaxInt32))
+	c.FrameSize = uint32(e.uint("HTTP2_FRAME_SIZE", 1<<20, 16384, 1<<24-1))
+	c.PoolMaxStreams = int(e.uint("POOL_MAX_STREAMS_PER_CONNECTION", 100, 1, math.MaxUint16))
+	c.PoolUnusedRelease = e.duration("POOL_UNUSED_RELEASE_TIMEOUT", 5*time.Minute)
+
+	c.TerminationDeadline = 5 * time.Second
+	if _, ok := lookup("CONNECTION_TERMINATION_DEADLINE"); ok {
+		c.TerminationDeadline = e.duration("CONNECTION_TERMINATION_DEADLINE", 5*time.Second)
+	} else if v, ok := lookup("TERMINATION_GRACE_PERIOD_SECONDS"); ok && v != "" {
+		grace := e.uint("TERMINATION_GRACE_PERIOD_SECONDS", 0, 0, math.MaxUint32)
+		c.TerminationDeadline = graceDeadline(time.Duration(grace) * time.Second)
+	}
+
+	c.KeepAliveEnabled = e.boolean("KEEPALIVE_ENABLED", true)
+	c.KeepAliveTime = e.duration("KEEPALIVE_TIME", 180*time.Second)
+	c.KeepAliveInterval = e.duration("KEEPALIVE_INTERVAL", 180*time.Second)
+	c.KeepAliveRetries = int(e.uint("KEEPALIVE_RETRIES", 9, 1, 255))
+
+	c.AdminAddr = e.str("ZTUNNEL_ADMIN_ADDR", "localhost:15000")
+	c.ReadinessAddr = e.str("ZTUNNEL_READINESS_ADDR", "[::]:15021")
+	if err := checkAdminAddr(c.AdminAddr); err != nil {
+		e.fail("ZTUNNEL_ADMIN_ADDR", c.AdminAddr, err)
+	}
+
+	c.LogLevel = e.str("RUST_LOG", "info")
+	c.LogFormat = e.str("LOG_FORMAT", "plain")
+	if c.LogFormat != "plain" && c.LogFormat != "json" {
+		e.fail("LOG_FORMAT", c.LogFormat, errors.New("want plain or json"))
+	}
+	if _, err := parseLogLevel(c.LogLevel); err != nil {
+		e.fail("RUST_LOG", c.LogLevel, err)
+	}
+	if len(e.errs) > 0 {
+		return nil, errors.Join(e.errs...)
+	}
+	return c, nil
+}
+
+// graceDeadline is ztunnel's rule: with a pod grace period, leave 5s of it
+// for the rest of shutdown when it is long enough, else 1s; at least 1s.
+func graceDeadline(grace time.Duration) time.Duration {
+	var d time.Duration
+	if grace > 10*time.Second {
+		d = grace - 5*time.Second
+	} else {
+		d = grace - time.Second
+	}
+	return max(d, time.Second)
+}
+
+// checkAdminAddr keeps the admin server off the network: its host must be
+// a loopback address or "localhost".
+func checkAdminAddr(addr string) error {
+	host, _, err := splitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if host == "localhost" {
+		return nil
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || !ip.IsLoopback() {
+		return errors.New("the admin server must listen on a loopback address")
+	}
+	return nil
+}

@@ -1,0 +1,134 @@
+package app
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func lookupFrom(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestParseEnvDefaults(t *testing.T) {
+	c, err := ParseEnv(lookupFrom(map[string]string{
+		"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "ns1/pod1/sa1", "LOCAL_XDS_PATH": "/x.yaml",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Mode != ModeDedicated || c.Workload.Namespace != "ns1" || c.Workload.Name != "pod1" || c.Workload.ServiceAccount != "sa1" {
+		t.Fatalf("mode/workload: %+v", c)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"FakeCA implied by local config", c.FakeCA, true},
+		{"no xDS with a local config", c.XDSAddress, ""},
+		{"cluster", c.ClusterID, "Kubernetes"},
+		{"trust domain", c.TrustDomain, "cluster.local"},
+		{"mark unset in dedicated", c.PacketMark, uint32(0)},
+		{"stream window", c.StreamWindow, uint32(4 << 20)},
+		{"connection window", c.ConnectionWindow, uint32(16 << 20)},
+		{"frame size", c.FrameSize, uint32(1 << 20)},
+		{"pool streams", c.PoolMaxStreams, 100},
+		{"pool idle", c.PoolUnusedRelease, 5 * time.Minute},
+		{"termination deadline", c.TerminationDeadline, 5 * time.Second},
+		{"admin", c.AdminAddr, "localhost:15000"},
+		{"secret ttl", c.SecretTTL, 24 * time.Hour},
+	}
+	for _, ch := range checks {
+		if ch.got != ch.want {
+			t.Errorf("%s: got %v, want %v", ch.name, ch.got, ch.want)
+		}
+	}
+}
+
+func TestParseEnvSharedDefaults(t *testing.T) {
+	c, err := ParseEnv(lookupFrom(map[string]string{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Mode != ModeShared || c.PacketMark != 1337 || c.XDSAddress == "" || c.FakeCA {
+		t.Fatalf("shared defaults wrong: %+v", c)
+	}
+}
+
+func TestParseEnvOverrides(t *testing.T) {
+	c, err := ParseEnv(lookupFrom(map[string]string{
+		"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "a/b/c", "LOCAL_XDS": "workloads: []",
+		"CLUSTER_ID": "c1", "ISTIO_META_CLUSTER_ID": "c2", "TRUST_DOMAIN": "example.org",
+		"NODE_NAME": "node-a", "NETWORK": "net1", "PACKET_MARK": "99",
+		"HTTP2_STREAM_WINDOW_SIZE": "65535", "HTTP2_CONNECTION_WINDOW_SIZE": "1048576", "HTTP2_FRAME_SIZE": "16384",
+		"CONNECTION_TERMINATION_DEADLINE": "30s", "ENABLE_ORIG_SRC": "false",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ClusterID != "c2" || c.TrustDomain != "example.org" || c.NodeName != "node-a" || c.Network != "net1" ||
+		c.PacketMark != 99 || c.StreamWindow != 65535 || c.ConnectionWindow != 1<<20 || c.FrameSize != 16384 ||
+		c.TerminationDeadline != 30*time.Second || c.OrigSrc == nil || *c.OrigSrc {
+		t.Fatalf("overrides not applied: %+v", c)
+	}
+}
+
+func TestTerminationGracePeriodRule(t *testing.T) {
+	tests := []struct {
+		grace string
+		want  time.Duration
+	}{
+		{"30", 25 * time.Second}, {"10", 9 * time.Second}, {"1", time.Second}, {"0", time.Second},
+	}
+	for _, tc := range tests {
+		c, err := ParseEnv(lookupFrom(map[string]string{"TERMINATION_GRACE_PERIOD_SECONDS": tc.grace}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.TerminationDeadline != tc.want {
+			t.Errorf("grace %s: deadline %v, want %v", tc.grace, c.TerminationDeadline, tc.want)
+		}
+	}
+}
+
+func TestParseEnvErrorsNameTheVariable(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"bad mode", map[string]string{"PROXY_MODE": "sidecar"}, "PROXY_MODE"},
+		{"dedicated without workload", map[string]string{"PROXY_MODE": "dedicated"}, "PROXY_WORKLOAD_INFO"},
+		{"bad workload info", map[string]string{"PROXY_WORKLOAD_INFO": "a/b"}, "PROXY_WORKLOAD_INFO"},
+		{"both local configs", map[string]string{"LOCAL_XDS_PATH": "a", "LOCAL_XDS": "b"}, "LOCAL_XDS"},
+		{"bad bool", map[string]string{"FAKE_CA": "yes please"}, "FAKE_CA"},
+		{"bad mark", map[string]string{"PACKET_MARK": "-1"}, "PACKET_MARK"},
+		{"window zero", map[string]string{"HTTP2_STREAM_WINDOW_SIZE": "0"}, "HTTP2_STREAM_WINDOW_SIZE"},
+		{"window too big", map[string]string{"HTTP2_CONNECTION_WINDOW_SIZE": "4294967295"}, "HTTP2_CONNECTION_WINDOW_SIZE"},
+		{"frame too small", map[string]string{"HTTP2_FRAME_SIZE": "100"}, "HTTP2_FRAME_SIZE"},
+		{"bad duration", map[string]string{"CONNECTION_TERMINATION_DEADLINE": "soon"}, "CONNECTION_TERMINATION_DEADLINE"},
+		{"bad log format", map[string]string{"LOG_FORMAT": "xml"}, "LOG_FORMAT"},
+		{"bad log level", map[string]string{"RUST_LOG": "loud"}, "RUST_LOG"},
+		{"admin off host", map[string]string{"ZTUNNEL_ADMIN_ADDR": "0.0.0.0:15000"}, "ZTUNNEL_ADMIN_ADDR"},
+		{"CA key without cert", map[string]string{"BUILTIN_CA_KEY": "k.pem"}, "BUILTIN_CA_KEY"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseEnv(lookupFrom(tc.env))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v does not name %s", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseLogLevel(t *testing.T) {
+	for _, ok := range []string{"info", "debug", "warn,access=debug", "hbone=trace,error", "off"} {
+		if _, err := parseLogLevel(ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	if _, err := parseLogLevel("access=shout"); err == nil {
+		t.Error("bad scoped level accepted")
+	}
+}

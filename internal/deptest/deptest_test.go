@@ -1,0 +1,124 @@
+package deptest
+
+import (
+	"bytes"
+	"encoding/json"
+	"go/parser"
+	"go/token"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/ztunnel-go/ztunnel"
+
+// allowed lists, for each package of ours, the packages of ours it may import
+// (directly). Packages not listed may import nothing of ours. Test files are
+// exempt (they may use test kits).
+var allowed = map[string][]string{
+	"cmd/ztunnel":       {"internal/app"},
+	"cmd/zlab":          {"internal/netnslab", "internal/labrun", "identity", "mtls", "mtls/caclient", "state", "state/xdsconv"},
+	"internal/app":      {"admin", "engine", "engine/bufpool", "hbone", "identity", "mtls", "mtls/caclient", "proxy", "state", "state/xdsconv"},
+	"internal/labrun":   {"internal/netnslab", "identity", "mtls", "mtls/caclient", "state", "state/xdsconv", "hbone"},
+	"proxy":             {"engine", "engine/bufpool", "hbone", "identity", "mtls", "state"},
+	"admin":             {"state", "mtls", "identity"},
+	"hbone":             {"engine/bufpool"},
+	"state/xdsconv":     {"state", "identity"},
+	"mtls/caclient":     {"mtls", "identity"},
+	"mtls/tlstest":      {"mtls", "mtls/caclient", "identity"},
+	"mtls":              {"identity"},
+	"engine":            {"engine/bufpool"},
+	"state":             {"identity"},
+	"e2e":               {"internal/labrun", "internal/netnslab", "hbone", "identity", "mtls", "mtls/tlstest"},
+	"internal/netnslab": {},
+	"engine/bufpool":    {},
+	"identity":          {},
+	"internal/deptest":  {},
+}
+
+// forbiddenExternal bans heavy or wrong-layer dependencies from the lower
+// packages: the data plane must not pull in gRPC/protobuf, and state stays
+// free of serialization formats.
+var forbiddenExternal = map[string][]string{
+	"engine":         {"crypto/tls", "google.golang.org/grpc", "google.golang.org/protobuf"},
+	"engine/bufpool": {"crypto/tls", "google.golang.org/grpc"},
+	"state":          {"google.golang.org/protobuf", "go.yaml.in/yaml/v3", "google.golang.org/grpc"},
+	"identity":       {"crypto/tls", "google.golang.org/grpc"},
+	"hbone":          {"google.golang.org/grpc"},
+}
+
+type pkg struct {
+	ImportPath string
+	Dir        string
+	Imports    []string
+	GoFiles    []string
+}
+
+func listPackages(t *testing.T) []pkg {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-json", module+"/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for dec.More() {
+		var p pkg
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+func TestImportLayering(t *testing.T) {
+	for _, p := range listPackages(t) {
+		rel := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
+		if rel == "internal/tools" {
+			continue
+		}
+		allow, known := allowed[rel]
+		if !known {
+			t.Errorf("package %s has no row in the layering table (internal/deptest); add one and to ARCHITECTURE.md", rel)
+			continue
+		}
+		for _, imp := range p.Imports {
+			if strings.HasPrefix(imp, module+"/") {
+				dep := strings.TrimPrefix(imp, module+"/")
+				ok := false
+				for _, a := range allow {
+					ok = ok || a == dep
+				}
+				if !ok {
+					t.Errorf("%s imports %s, which its layer does not allow", rel, dep)
+				}
+				continue
+			}
+			for _, bad := range forbiddenExternal[rel] {
+				if imp == bad || strings.HasPrefix(imp, bad+"/") {
+					t.Errorf("%s imports %s, which is forbidden in that layer", rel, imp)
+				}
+			}
+		}
+	}
+}
+
+func TestEveryPackageHasOneDoc(t *testing.T) {
+	for _, p := range listPackages(t) {
+		docs := 0
+		for _, f := range p.GoFiles {
+			file, err := parser.ParseFile(token.NewFileSet(), filepath.Join(p.Dir, f), nil, parser.PackageClauseOnly|parser.ParseComments)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if file.Doc != nil && strings.TrimSpace(file.Doc.Text()) != "" {
+				docs++
+			}
+		}
+		if docs != 1 {
+			t.Errorf("package %s has %d package doc comments, want exactly 1", p.ImportPath, docs)
+		}
+	}
+}

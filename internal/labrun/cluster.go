@@ -1,0 +1,147 @@
+package labrun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/mtls/caclient"
+	"github.com/ztunnel-go/ztunnel/state"
+	"github.com/ztunnel-go/ztunnel/state/xdsconv"
+)
+
+// ClusterOptions describe a lab cluster beyond its config file.
+type ClusterOptions struct {
+	// Binary is the ztunnel executable to run in meshed pods.
+	Binary string
+	// Dir receives the CA files and the config; it must exist.
+	Dir string
+	// ExtraPods adds pods that are in no config (unknown destinations):
+	// node name -> pod names, created after the configured ones.
+	ExtraPods map[string][]string
+	// DaemonEnv adds environment variables to every daemon.
+	DaemonEnv []string
+	// LogLevel is every daemon's RUST_LOG.
+	LogLevel string
+}
+
+// Cluster is a lab built from a ztunnel local config: one pod per workload
+// on the workload's node, with capture rules and a daemon in every HBONE
+// workload's pod.
+type Cluster struct {
+	Lab         *netnslab.Lab
+	CA          *caclient.BuiltinCA
+	TrustDomain string
+	ConfigPath  string
+	Snapshot    *state.Snapshot
+	Pods        map[string]*netnslab.Pod
+	Daemons     map[string]*Daemon
+}
+
+// StartCluster builds the topology config describes inside lab and starts the
+// daemons. The config's workload IPs must be the ones the lab assigns: pods
+// are created in file order per node, node N's pods get 10.244.N.2, .3, ...
+func StartCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o ClusterOptions) (*Cluster, error) {
+	lc, err := xdsconv.ParseLocalConfig(config)
+	if err != nil {
+		return nil, err
+	}
+	snap, err := lc.Snapshot()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{
+		Lab: lab, Snapshot: snap, TrustDomain: identity.DefaultTrustDomain,
+		Pods: map[string]*netnslab.Pod{}, Daemons: map[string]*Daemon{},
+	}
+	if c.CA, err = caclient.NewBuiltinCA(c.TrustDomain); err != nil {
+		return nil, err
+	}
+	caCert, caKey := filepath.Join(o.Dir, "ca-cert.pem"), filepath.Join(o.Dir, "ca-key.pem")
+	c.ConfigPath = filepath.Join(o.Dir, "config.yaml")
+	for path, data := range map[string][]byte{caCert: c.CA.RootPEM(), caKey: c.CA.KeyPEM(), c.ConfigPath: config} {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			return nil, err
+		}
+	}
+
+	nodes := map[string]*netnslab.Node{}
+	node := func(name string) (*netnslab.Node, error) {
+		if n, ok := nodes[name]; ok {
+			return n, nil
+		}
+		n, err := lab.AddNode(name)
+		if err != nil {
+			return nil, err
+		}
+		nodes[name] = n
+		return n, nil
+	}
+	// Workloads in file order: the snapshot sorts, the raw config keeps order.
+	for _, w := range lc.Workloads {
+		if w.Node == "" {
+			return nil, fmt.Errorf("labrun: workload %s needs a node", w.UID)
+		}
+		n, err := node(w.Node)
+		if err != nil {
+			return nil, err
+		}
+		p, err := n.AddPod(w.Name)
+		if err != nil {
+			return nil, err
+		}
+		if len(w.Addresses) == 0 || w.Addresses[0] != p.IP {
+			return nil, fmt.Errorf("labrun: config gives workload %s the address %v, but the lab assigned %s (pods are numbered in file order per node, from 10.244.<node>.2)", w.Name, w.Addresses, p.IP)
+		}
+		c.Pods[w.Name] = p
+	}
+	for nodeName, pods := range o.ExtraPods {
+		n, err := node(nodeName)
+		if err != nil {
+			return nil, err
+		}
+		for _, name := range pods {
+			p, err := n.AddPod(name)
+			if err != nil {
+				return nil, err
+			}
+			c.Pods[name] = p
+		}
+	}
+	for _, w := range lc.Workloads {
+		if w.Protocol != state.ProtocolHBONE {
+			continue
+		}
+		p := c.Pods[w.Name]
+		if err := p.InstallCapture(); err != nil {
+			c.Close()
+			return nil, err
+		}
+		id := w.Identity()
+		d, err := StartDaemon(ctx, p, DaemonOptions{
+			Binary: o.Binary, ConfigPath: c.ConfigPath, CACert: caCert, CAKey: caKey,
+			Workload: w.Namespace + "/" + w.Name + "/" + id.ServiceAccount, Env: o.DaemonEnv, LogLevel: o.LogLevel,
+		})
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		c.Daemons[w.Name] = d
+	}
+	return c, nil
+}
+
+// Close stops every daemon (the lab itself belongs to the caller).
+func (c *Cluster) Close() error {
+	var errs []error
+	for _, d := range c.Daemons {
+		if err := d.Stop(); err != nil {
+			errs = append(errs, fmt.Errorf("daemon %s: %w", d.Pod.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,196 @@
+package labrun
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+)
+
+// DaemonOptions start one daemon.
+type DaemonOptions struct {
+	// Binary is the ztunnel executable.
+	Binary string
+	// ConfigPath is the LOCAL_XDS_PATH file.
+	ConfigPath string
+	// CACert and CAKey are the shared built-in CA's PEM files.
+	CACert, CAKey string
+	// Workload is "namespace/name/service-account" (PROXY_WORKLOAD_INFO).
+	Workload string
+	// Env adds or overrides environment variables.
+	Env []string
+	// LogLevel is RUST_LOG (default "info").
+	LogLevel string
+}
+
+// Daemon is one running ztunnel-go process inside a pod's namespace.
+type Daemon struct {
+	Pod *netnslab.Pod
+	cmd *exec.Cmd
+
+	mu  sync.Mutex // guards log
+	log bytes.Buffer
+
+	exited chan struct{}
+	err    error
+}
+
+// StartDaemon runs the daemon in pod's namespace in dedicated mode with the
+// capture mark, and waits until /healthz/ready answers 200.
+func StartDaemon(ctx context.Context, pod *netnslab.Pod, o DaemonOptions) (*Daemon, error) {
+	level := o.LogLevel
+	if level == "" {
+		level = "info"
+	}
+	d := &Daemon{Pod: pod, exited: make(chan struct{})}
+	// The process outlives ctx on purpose: Stop ends it.
+	cmd := pod.Command(context.WithoutCancel(ctx), o.Binary, "proxy", "ztunnel")
+	cmd.Env = append(os.Environ(),
+		"PROXY_MODE=dedicated",
+		"PROXY_WORKLOAD_INFO="+o.Workload,
+		"LOCAL_XDS_PATH="+o.ConfigPath,
+		"BUILTIN_CA_CERT="+o.CACert,
+		"BUILTIN_CA_KEY="+o.CAKey,
+		"PACKET_MARK=1337",
+		"RUST_LOG="+level,
+		"CONNECTION_TERMINATION_DEADLINE=2s",
+	)
+	cmd.Env = append(cmd.Env, o.Env...)
+	pr, pw := io.Pipe()
+	cmd.Stdout = pw
+	cmd.Stderr = pw
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("labrun: start daemon in %s: %w", pod.Name, err)
+	}
+	d.cmd = cmd
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			d.mu.Lock()
+			d.log.Write(sc.Bytes())
+			d.log.WriteByte('\n')
+			d.mu.Unlock()
+		}
+	}()
+	go func() {
+		d.err = cmd.Wait()
+		pw.Close()
+		close(d.exited)
+	}()
+	if err := d.waitReady(ctx, 20*time.Second); err != nil {
+		d.Stop()
+		return nil, fmt.Errorf("labrun: daemon in %s not ready: %w\n%s", pod.Name, err, d.Log())
+	}
+	return d, nil
+}
+
+// Get fetches url from inside the daemon's namespace (for the admin and
+// readiness endpoints on loopback).
+func (d *Daemon) Get(ctx context.Context, url string) (int, []byte, error) {
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return d.Pod.Dial(ctx, network, addr)
+		},
+		DisableKeepAlives: true,
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, body, err
+}
+
+func (d *Daemon) waitReady(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last error
+	for {
+		select {
+		case <-d.exited:
+			return fmt.Errorf("daemon exited: %v", d.err)
+		default:
+		}
+		code, body, err := d.Get(ctx, "http://127.0.0.1:15021/healthz/ready")
+		if err == nil && code == http.StatusOK {
+			return nil
+		}
+		if err == nil {
+			err = fmt.Errorf("status %d: %s", code, strings.TrimSpace(string(body)))
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), last)
+		case <-d.exited:
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Log returns everything the daemon has written so far.
+func (d *Daemon) Log() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.log.String()
+}
+
+// WaitLog waits until the daemon's log holds a line containing every one of
+// parts, and returns that line.
+func (d *Daemon) WaitLog(ctx context.Context, parts ...string) (string, error) {
+	for {
+		for _, line := range strings.Split(d.Log(), "\n") {
+			ok := true
+			for _, p := range parts {
+				if !strings.Contains(line, p) {
+					ok = false
+					break
+				}
+			}
+			if ok && line != "" {
+				return line, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("no log line with %q in daemon %s: %w", parts, d.Pod.Name, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Stop sends SIGTERM (graceful drain) and waits for the exit, killing the
+// process if it takes longer than 10s. It returns the exit error, if any.
+func (d *Daemon) Stop() error {
+	if d.cmd.Process == nil {
+		return nil
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(10 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+		return errors.New("labrun: daemon did not exit within 10s of SIGTERM")
+	}
+	return d.err
+}

@@ -1,0 +1,145 @@
+package netnslab
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+// The numbers of Istio's in-pod capture (scripts/ztunnel-redirect-inpod.sh in ztunnel,
+// cni/pkg/iptables in Istio).
+const (
+	// OutboundPort receives the pod's captured outbound TCP.
+	OutboundPort = 15001
+	// InboundPlaintextPort receives captured inbound TCP to any port but InboundHBONEPort.
+	InboundPlaintextPort = 15006
+	// InboundHBONEPort is exempt from inbound capture: the proxy listens on it directly.
+	InboundHBONEPort = 15008
+	// DNSPort receives captured DNS when CaptureOptions.RedirectDNS is set.
+	DNSPort = 15053
+	// PacketMark (1337) is the SO_MARK of the proxy's own sockets; marked packets
+	// bypass capture. MarkMask selects the bits the rules compare.
+	PacketMark = 0x539
+	// ConnMark is set on connections the proxy opened towards the pod's app, and
+	// restored onto the app's replies so they route back via OrigSrcTable.
+	ConnMark = 0x111
+	// MarkMask is the mask of every mark comparison.
+	MarkMask = 0xfff
+	// OrigSrcTable is the routing table that delivers ConnMark-ed replies locally
+	// (to the proxy's IP_TRANSPARENT socket); OrigSrcRulePref is its ip rule priority.
+	OrigSrcTable    = 100
+	OrigSrcRulePref = 32764
+)
+
+// ProbeSNATAddr is the address kubelet probes are SNATed from; it is never captured.
+var ProbeSNATAddr = netip.MustParseAddr("169.254.7.127")
+
+// ErrCaptureInstalled is returned by InstallCaptureWith when the pod already has
+// capture rules installed with different options.
+var ErrCaptureInstalled = errors.New("netnslab: capture already installed with other options")
+
+// CaptureOptions selects variants of the in-pod rules. The zero value is what
+// InstallCapture installs.
+type CaptureOptions struct {
+	// RedirectDNS adds the DNS rules: UDP to port 53 (not out lo) and TCP to port 53
+	// (not to 127.0.0.1) are redirected to DNSPort. Off by default until the DNS
+	// proxy exists.
+	RedirectDNS bool
+	// IPTablesRestore is the iptables-restore binary to use. Empty means
+	// "iptables-restore" (the system's default backend, nft or legacy).
+	IPTablesRestore string
+}
+
+// InstallCapture installs in the pod's namespace the capture rules Istio's CNI
+// installs for in-pod (ambient) mode; see CaptureRules for the exact set. A second
+// call with the same options is a no-op.
+func (p *Pod) InstallCapture() error { return p.InstallCaptureWith(CaptureOptions{}) }
+
+// InstallCaptureWith is InstallCapture with options.
+func (p *Pod) InstallCaptureWith(opts CaptureOptions) error {
+	l := p.lab
+	if l == nil {
+		return ErrNotInLab
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lock == nil {
+		return ErrClosed
+	}
+	if p.Captured {
+		if p.capture != opts {
+			return fmt.Errorf("%w: pod %s", ErrCaptureInstalled, p.Name)
+		}
+		return nil
+	}
+	restore := opts.IPTablesRestore
+	if restore == "" {
+		restore = "iptables-restore"
+	}
+	// The namespace is ours and fresh, but --noflush keeps whatever else a test
+	// may have installed before.
+	if err := run(l.logf, CaptureRules(opts), "ip", "netns", "exec", p.NetNS, restore, "--noflush", "--wait", "10"); err != nil {
+		return err
+	}
+	if err := ipBatch(l.logf, p.NetNS, CaptureRoutes()...); err != nil {
+		return err
+	}
+	p.Captured, p.capture = true, opts
+	return nil
+}
+
+// CaptureRules returns the iptables-restore input (IPv4) that InstallCaptureWith
+// applies with --noflush.
+//
+// mangle: PREROUTING marks connections whose packets carry PacketMark (the proxy's
+// own connections to the app, looping through lo) with ConnMark; OUTPUT restores
+// ConnMark onto the packet mark, so the app's replies to a spoofed (original) source
+// are routed by OrigSrcTable back to the proxy's transparent socket.
+//
+// nat: inbound TCP to any port but InboundHBONEPort goes to InboundPlaintextPort;
+// outbound TCP goes to OutboundPort; exempt are ProbeSNATAddr, packets with
+// PacketMark, replies with ConnMark, destination 127.0.0.1, and anything else out lo
+// (the pod talking to itself).
+func CaptureRules(opts CaptureOptions) string {
+	mark := fmt.Sprintf("0x%x/0x%x", PacketMark, MarkMask)
+	conn := fmt.Sprintf("0x%x/0x%x", ConnMark, MarkMask)
+	probe := ProbeSNATAddr.String() + "/32"
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	w("*mangle")
+	w(":ISTIO_OUTPUT - [0:0]")
+	w(":ISTIO_PRERT - [0:0]")
+	w("-A PREROUTING -j ISTIO_PRERT")
+	w("-A OUTPUT -j ISTIO_OUTPUT")
+	w("-A ISTIO_PRERT -m mark --mark %s -j CONNMARK --set-xmark %s", mark, conn)
+	w("-A ISTIO_OUTPUT -m connmark --mark %s -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff", conn)
+	w("COMMIT")
+	w("*nat")
+	w(":ISTIO_OUTPUT - [0:0]")
+	w(":ISTIO_PRERT - [0:0]")
+	w("-A PREROUTING -j ISTIO_PRERT")
+	w("-A OUTPUT -j ISTIO_OUTPUT")
+	w("-A ISTIO_PRERT -s %s -p tcp -m tcp -j ACCEPT", probe)
+	w("-A ISTIO_PRERT ! -d 127.0.0.1/32 -p tcp -m tcp ! --dport %d -m mark ! --mark %s -j REDIRECT --to-ports %d", InboundHBONEPort, mark, InboundPlaintextPort)
+	w("-A ISTIO_OUTPUT -d %s -p tcp -m tcp -j ACCEPT", probe)
+	if opts.RedirectDNS {
+		w("-A ISTIO_OUTPUT ! -o lo -p udp -m mark ! --mark %s -m udp --dport 53 -j REDIRECT --to-ports %d", mark, DNSPort)
+		w("-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m tcp --dport 53 -m mark ! --mark %s -j REDIRECT --to-ports %d", mark, DNSPort)
+	}
+	w("-A ISTIO_OUTPUT -p tcp -m mark --mark %s -j ACCEPT", conn)
+	w("-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -o lo -j ACCEPT")
+	w("-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark %s -j REDIRECT --to-ports %d", mark, OutboundPort)
+	w("COMMIT")
+	return b.String()
+}
+
+// CaptureRoutes returns the `ip` commands (run inside the pod) that deliver
+// ConnMark-ed packets locally: the half of original-source support that iptables
+// cannot do.
+func CaptureRoutes() []string {
+	return []string{
+		fmt.Sprintf("route add local 0.0.0.0/0 dev lo table %d", OrigSrcTable),
+		fmt.Sprintf("rule add fwmark 0x%x/0x%x pref %d lookup %d", ConnMark, MarkMask, OrigSrcRulePref, OrigSrcTable),
+	}
+}

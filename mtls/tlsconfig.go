@@ -1,0 +1,168 @@
+package mtls
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+
+	"github.com/ztunnel-go/ztunnel/identity"
+)
+
+// alpnH2 is HBONE's only application protocol: HTTP/2 with prior knowledge.
+const alpnH2 = "h2"
+
+// Known difference from ztunnel: it offers only the AES-GCM TLS 1.3 suites
+// (no ChaCha20-Poly1305). Go's crypto/tls does not let a program choose TLS 1.3
+// cipher suites, so ours also offers and accepts TLS_CHACHA20_POLY1305_SHA256.
+// Against ztunnel peers it is never chosen, since they do not offer it; between
+// two of ours it is chosen only when one side lacks AES hardware.
+
+// baseConfig returns the settings both sides share: TLS 1.3 only, ALPN h2,
+// and no session resumption (ztunnel neither issues nor uses tickets, so every
+// connection re-authenticates against the current certificates and roots).
+func baseConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion:             tls.VersionTLS13,
+		MaxVersion:             tls.VersionTLS13,
+		NextProtos:             []string{alpnH2},
+		SessionTicketsDisabled: true,
+	}
+}
+
+// ServerConfig returns the HBONE server's config. cert is called once per
+// handshake and returns the current certificate of the pod that owns the
+// listener, so a rotated certificate takes effect on the next handshake.
+//
+// A client certificate is required; it must chain to the Roots of the
+// certificate cert returned and carry a SPIFFE URI SAN in the same trust
+// domain as that certificate's Identity. A handshake that fails the chain
+// check fails with a *tls.CertificateVerificationError wrapping the x509
+// error; one that fails the trust-domain check with an error wrapping
+// ErrTrustDomain.
+func ServerConfig(cert func() (*WorkloadCert, error)) *tls.Config {
+	// The last per-certificate config, reused while the certificate is
+	// unchanged so that a handshake does not build a config each time.
+	var last atomic.Pointer[serverConfigFor]
+	cfg := baseConfig()
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		c, err := cert()
+		if err != nil {
+			return nil, fmt.Errorf("mtls: no server certificate: %w", err)
+		}
+		if c == nil {
+			return nil, errors.New("mtls: no server certificate")
+		}
+		if l := last.Load(); l != nil && l.cert == c {
+			return l.cfg, nil
+		}
+		l := &serverConfigFor{cert: c, cfg: serverConfigWith(c)}
+		last.Store(l)
+		return l.cfg, nil
+	}
+	return cfg
+}
+
+// serverConfigFor pairs a certificate with the config built for it.
+type serverConfigFor struct {
+	cert *WorkloadCert
+	cfg  *tls.Config
+}
+
+// serverConfigWith builds the config of handshakes served with c.
+func serverConfigWith(c *WorkloadCert) *tls.Config {
+	cfg := baseConfig()
+	cfg.Certificates = []tls.Certificate{c.Certificate}
+	cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	cfg.ClientCAs = c.Roots
+	td := c.Identity.TrustDomain
+	// crypto/tls has verified the chain (and client-auth usage) by the time
+	// this runs; what is left is ztunnel's trust-domain rule. Aliases are not
+	// supported, as in ztunnel.
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return fmt.Errorf("%w: no client certificate", ErrNoIdentity)
+		}
+		ids := identities(cs.PeerCertificates[0])
+		for _, id := range ids {
+			if id.TrustDomain == td {
+				return nil
+			}
+		}
+		if len(ids) == 0 {
+			return fmt.Errorf("%w: client certificate has no spiffe identity, want trust domain %q", ErrTrustDomain, td)
+		}
+		return fmt.Errorf("%w: client identities %v, want trust domain %q", ErrTrustDomain, ids, td)
+	}
+	return cfg
+}
+
+// ClientConfig returns the config for dialing an HBONE peer as cert's
+// identity. cert must not be nil. The server's chain must verify against
+// cert.Roots and its leaf must carry a URI SAN equal to one of expectedSANs
+// (SPIFFE URIs such as "spiffe://cluster.local/ns/a/sa/b"); DNS SANs are
+// ignored. An empty expectedSANs accepts no server. A server that fails the
+// identity check fails the handshake with an error wrapping
+// ErrIdentityMismatch; one that fails the chain check with an error wrapping
+// the x509 error.
+//
+// Our certificate is sent whatever CAs the server names in its request, so
+// that a server mid-way through a root rotation can still decide for itself.
+func ClientConfig(cert *WorkloadCert, expectedSANs []string) *tls.Config {
+	cfg := baseConfig()
+	own := cert.Certificate
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		return &own, nil
+	}
+	// No SNI is sent (ztunnel sends none, and the peer is found by address,
+	// not by name), and crypto/tls refuses to verify a server without a
+	// ServerName. So its own verification is switched off here and the
+	// complete check (chain to cert.Roots, then the SAN match) is done in
+	// VerifyConnection, which runs on every handshake, resumed or not.
+	cfg.InsecureSkipVerify = true
+	roots := cert.Roots
+	want := slices.Clone(expectedSANs)
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return fmt.Errorf("%w: server sent no certificate", ErrNoIdentity)
+		}
+		leaf := cs.PeerCertificates[0]
+		inters := x509.NewCertPool()
+		for _, c := range cs.PeerCertificates[1:] {
+			inters.AddCert(c)
+		}
+		if _, err := leaf.Verify(x509.VerifyOptions{
+			Roots:         roots,
+			Intermediates: inters,
+			KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		}); err != nil {
+			return fmt.Errorf("mtls: verifying server certificate: %w", err)
+		}
+		for _, u := range leaf.URIs {
+			if slices.Contains(want, u.String()) {
+				return nil
+			}
+		}
+		return fmt.Errorf("%w: server URI SANs %v, want one of %v", ErrIdentityMismatch, leaf.URIs, want)
+	}
+	return cfg
+}
+
+// PeerIdentity returns the first SPIFFE identity in the peer's leaf
+// certificate. It is meaningful only for connections whose handshake
+// completed under ServerConfig or ClientConfig, which fail every handshake
+// whose peer does not verify (on the client side crypto/tls leaves
+// VerifiedChains empty because the check is ours, so the leaf is read from
+// PeerCertificates).
+func PeerIdentity(cs tls.ConnectionState) (identity.Identity, error) {
+	if !cs.HandshakeComplete || len(cs.PeerCertificates) == 0 {
+		return identity.Identity{}, fmt.Errorf("%w: no verified peer certificate", ErrNoIdentity)
+	}
+	ids := identities(cs.PeerCertificates[0])
+	if len(ids) == 0 {
+		return identity.Identity{}, ErrNoIdentity
+	}
+	return ids[0], nil
+}

@@ -1,0 +1,4 @@
+// Package tlstest is a test kit for code that uses mtls: a built-in CA per
+// test and workload certificates issued through the real caclient path
+// (key, CSR, signing, mtls.ParseChain). Only tests import it.
+package tlstest

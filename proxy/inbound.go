@@ -1,0 +1,165 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/engine"
+	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/mtls"
+	"github.com/ztunnel-go/ztunnel/state"
+)
+
+// handshakeTimeout bounds the TLS handshake on 15008, so a peer that
+// connects and sends nothing cannot hold a goroutine forever.
+const handshakeTimeout = 10 * time.Second
+
+// handleHBONE terminates mTLS on 15008 and serves HTTP/2 CONNECT streams.
+func (p *Proxy) handleHBONE(c *net.TCPConn) {
+	conn := tls.Server(c, mtls.ServerConfig(p.serverCert))
+	hctx, cancel := context.WithTimeout(p.ctx, handshakeTimeout)
+	err := conn.HandshakeContext(hctx)
+	cancel()
+	if err != nil {
+		p.log.Warn("connection failed", "scope", "access", "direction", "inbound",
+			"src.addr", addrPortOf(c.RemoteAddr()).String(), "error", fmt.Sprintf("tls handshake: %v", err))
+		c.Close()
+		return
+	}
+	if err := p.hbsrv.ServeConn(p.ctx, conn); err != nil && !errors.Is(err, net.ErrClosed) {
+		p.log.Debug("hbone connection ended", "src.addr", addrPortOf(c.RemoteAddr()).String(), "error", err)
+	}
+	conn.Close()
+}
+
+// serverCert returns the certificate of the workload this proxy serves.
+func (p *Proxy) serverCert() (*mtls.WorkloadCert, error) {
+	w, _, err := p.localWorkload(p.ctx)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+	defer cancel()
+	return p.cfg.Certs.Get(ctx, p.identityOf(w))
+}
+
+// inboundError carries the HTTP status an inbound failure answers with.
+type inboundError struct {
+	status int
+	err    error
+}
+
+func (e *inboundError) Error() string { return e.err.Error() }
+func (e *inboundError) Unwrap() error { return e.err }
+
+func inboundErr(status int, format string, args ...any) error {
+	return &inboundError{status: status, err: fmt.Errorf(format, args...)}
+}
+
+// serveHBONE handles one CONNECT stream: validate, authorize, dial the app,
+// answer 200 and relay.
+func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
+	log := newAccessLog("inbound")
+	src := addrPortOf(req.Conn.RemoteAddr())
+	log.add("src.addr", src.String())
+	log.add("dst.hbone_addr", req.Authority)
+
+	app, w, err := p.inboundUpstream(ctx, req, src, log)
+	if err != nil {
+		status := http.StatusServiceUnavailable
+		var ie *inboundError
+		if errors.As(err, &ie) {
+			status = ie.status
+		}
+		log.failed(p.log, err)
+		if _, rerr := req.Respond(status, nil); rerr != nil {
+			p.log.Debug("respond failed", "error", rerr)
+		}
+		return
+	}
+	_ = w
+	s, err := req.Respond(http.StatusOK, nil)
+	if err != nil {
+		app.Close()
+		log.failed(p.log, err)
+		return
+	}
+	var counters engine.Counters
+	res := engine.Relay(streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app}, &counters)
+	log.complete(p.log, counters.AToB.Load(), counters.BToA.Load(), res.Err)
+}
+
+func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, src netip.AddrPort, log *accessLog) (*net.TCPConn, *state.Workload, error) {
+	target, err := netip.ParseAddrPort(req.Authority)
+	if err != nil {
+		return nil, nil, inboundErr(http.StatusBadRequest, "invalid authority %q: want ip:port", req.Authority)
+	}
+	target = netip.AddrPortFrom(target.Addr().Unmap(), target.Port())
+	log.add("dst.addr", target.String())
+	tlsConn, ok := req.Conn.(*tls.Conn)
+	if !ok {
+		return nil, nil, inboundErr(http.StatusBadRequest, "connection is not mutual TLS")
+	}
+	peer, err := mtls.PeerIdentity(tlsConn.ConnectionState())
+	if err != nil {
+		return nil, nil, inboundErr(http.StatusUnauthorized, "peer identity: %w", err)
+	}
+	log.add("src.identity", peer.String())
+
+	w, snap, err := p.localWorkload(ctx)
+	if err != nil {
+		return nil, nil, inboundErr(http.StatusServiceUnavailable, "%w", err)
+	}
+	log.add("dst.workload", w.Name)
+	log.add("dst.namespace", w.Namespace)
+	log.add("dst.identity", p.identityOf(w).String())
+	if sw := snap.WorkloadByAddr(p.cfg.Network, src.Addr()); sw != nil {
+		log.add("src.workload", sw.Name)
+		log.add("src.namespace", sw.Namespace)
+	}
+
+	// validate_destination: the tunnel must be addressed to the IP it
+	// arrived on, so a peer cannot use this pod as a relay to elsewhere.
+	local := addrPortOf(req.Conn.LocalAddr())
+	if target.Addr() != local.Addr() {
+		return nil, nil, inboundErr(http.StatusBadRequest, "ip mismatch: authority %s, connection to %s", target.Addr(), local.Addr())
+	}
+	if p.isIllegalPort(target.Port()) {
+		return nil, nil, inboundErr(http.StatusBadRequest, "illegal target port %d", target.Port())
+	}
+	dec := snap.Authorize(state.Conn{Src: src, Dst: target, SrcIdentity: peer, DstWorkload: w})
+	if !dec.Allowed {
+		return nil, nil, inboundErr(http.StatusUnauthorized, "connection rejected by policy: %s", dec.Reason)
+	}
+	app, err := p.dialApp(ctx, src.Addr(), target)
+	if err != nil {
+		return nil, nil, inboundErr(http.StatusServiceUnavailable, "connect to %s: %w", target, err)
+	}
+	return app, w, nil
+}
+
+// dialApp connects to the local app, presenting the original client's IP as
+// the source when original-source spoofing is possible.
+func (p *Proxy) dialApp(ctx context.Context, src netip.Addr, dst netip.AddrPort) (*net.TCPConn, error) {
+	if p.origSrc && src.IsValid() && src.Is4() == dst.Addr().Is4() {
+		d := p.dialer
+		d.Options.Transparent = true
+		c, err := d.Dial(ctx, src, dst)
+		if err == nil {
+			return c, nil
+		}
+		if p.cfg.OrigSrc != nil {
+			return nil, fmt.Errorf("original source %s: %w", src, err)
+		}
+		// Best effort: fall back to our own address (no NET_ADMIN, or no
+		// routing for spoofed replies).
+		p.log.Debug("original source unavailable, dialing without it", "error", err)
+	}
+	return p.dialer.Dial(ctx, netip.Addr{}, dst)
+}

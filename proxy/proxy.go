@@ -1,0 +1,345 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/engine"
+	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/mtls"
+	"github.com/ztunnel-go/ztunnel/state"
+)
+
+// Ports of the listeners a proxy opens in its pod's network namespace.
+const (
+	OutboundPort     = 15001
+	InboundPlainPort = 15006
+	InboundHBONEPort = 15008
+)
+
+// WorkloadRef names the workload a proxy serves (PROXY_WORKLOAD_INFO in
+// dedicated mode, the ZDS workload info in shared mode).
+type WorkloadRef struct {
+	Namespace, Name, ServiceAccount string
+}
+
+func (r WorkloadRef) String() string { return r.Namespace + "/" + r.Name }
+
+// Config configures one proxy instance: the listeners and decisions for one
+// workload.
+type Config struct {
+	// Workload is the workload this proxy serves.
+	Workload WorkloadRef
+	// TrustDomain is the trust domain of the served workload's identity when
+	// the workload record does not say (default cluster.local).
+	TrustDomain string
+	// Network is this node's network (NETWORK).
+	Network string
+	// State is the published workload/service/policy snapshot.
+	State *state.Store
+	// Certs supplies workload certificates.
+	Certs *mtls.Store
+	// Pool carries outbound HBONE streams. Shared between proxies of a node
+	// is fine: keys include the source identity and IP.
+	Pool *hbone.Pool
+	// HBONE tunes the inbound HTTP/2 server.
+	HBONE hbone.Config
+	// Socket options for every socket made for this workload (PACKET_MARK,
+	// keepalive). Listeners additionally get SO_REUSEPORT when ReusePort.
+	Socket engine.SocketOptions
+	// ReusePort sets SO_REUSEPORT on the listeners (INPOD_PORT_REUSE).
+	ReusePort bool
+	// OrigSrc controls original-source spoofing towards the local app:
+	// nil = best effort, else forced on or off (ENABLE_ORIG_SRC).
+	OrigSrc *bool
+	// BindHost is the listener host; "" means "[::]" (dual stack).
+	BindHost string
+	// Ports override the listener ports (0 = the standard ones); tests use it.
+	OutboundPort, InboundPlainPort, InboundHBONEPort int
+	// LocalWorkloadWait bounds how long a connection waits for this proxy's
+	// own workload to appear in the snapshot (ztunnel: 5s).
+	LocalWorkloadWait time.Duration
+	// Control, when set, runs socket creation (listen and dial) in the
+	// workload's network namespace.
+	Control func(fn func() error) error
+	// Logger receives access logs and errors; nil discards.
+	Logger *slog.Logger
+}
+
+// Proxy serves one workload: outbound, inbound HBONE and inbound plaintext.
+type Proxy struct {
+	cfg    Config
+	log    *slog.Logger
+	hbsrv  *hbone.Server
+	dialer engine.Dialer
+
+	origSrc bool
+	info    state.WorkloadInfo
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // accept loops and connection goroutines
+
+	mu        sync.Mutex // guards the following fields
+	listeners []*net.TCPListener
+	conns     map[net.Conn]struct{}
+	closed    bool
+}
+
+// New validates cfg and returns a proxy that has not opened anything yet.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.State == nil || cfg.Certs == nil || cfg.Pool == nil {
+		return nil, errors.New("proxy: State, Certs and Pool are required")
+	}
+	if cfg.Workload.Namespace == "" || cfg.Workload.Name == "" {
+		return nil, errors.New("proxy: workload namespace and name are required")
+	}
+	if cfg.LocalWorkloadWait == 0 {
+		cfg.LocalWorkloadWait = 5 * time.Second
+	}
+	if cfg.BindHost == "" {
+		cfg.BindHost = "::"
+	}
+	if cfg.OutboundPort == 0 {
+		cfg.OutboundPort = OutboundPort
+	}
+	if cfg.InboundPlainPort == 0 {
+		cfg.InboundPlainPort = InboundPlainPort
+	}
+	if cfg.InboundHBONEPort == 0 {
+		cfg.InboundHBONEPort = InboundHBONEPort
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	p := &Proxy{cfg: cfg, log: log, conns: make(map[net.Conn]struct{})}
+	p.info = state.WorkloadInfo{Namespace: cfg.Workload.Namespace, Name: cfg.Workload.Name, ServiceAccount: cfg.Workload.ServiceAccount}
+	p.dialer = engine.Dialer{Options: cfg.Socket}
+	if cfg.Control != nil {
+		p.dialer.Control = func(dial func() (net.Conn, error)) (c net.Conn, err error) {
+			cerr := cfg.Control(func() error { c, err = dial(); return nil })
+			if cerr != nil {
+				return nil, cerr
+			}
+			return c, err
+		}
+	}
+	hcfg := cfg.HBONE
+	if hcfg.Logf == nil {
+		hcfg.Logf = func(format string, args ...any) { log.Debug(fmt.Sprintf(format, args...), "scope", "hbone") }
+	}
+	p.hbsrv = hbone.NewServer(hcfg, p.serveHBONE)
+	return p, nil
+}
+
+// Start opens the three listeners and starts serving. Listener errors (a
+// port in use, a missing capability) are returned before anything runs.
+func (p *Proxy) Start(ctx context.Context) error {
+	p.ctx, p.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	lopts := p.cfg.Socket
+	lopts.ReusePort = p.cfg.ReusePort
+	// Transparent listeners are not needed for REDIRECT capture; original
+	// source spoofing is a property of the sockets we dial.
+	lopts.Transparent = false
+	p.origSrc = p.cfg.OrigSrc == nil || *p.cfg.OrigSrc
+
+	type spec struct {
+		port  int
+		serve func(*net.TCPConn)
+	}
+	specs := []spec{
+		{p.cfg.OutboundPort, p.handleOutbound},
+		{p.cfg.InboundPlainPort, p.handlePassthrough},
+		{p.cfg.InboundHBONEPort, p.handleHBONE},
+	}
+	var lns []*net.TCPListener
+	for _, s := range specs {
+		addr := net.JoinHostPort(p.cfg.BindHost, fmt.Sprint(s.port))
+		var ln *net.TCPListener
+		listen := func() error {
+			var err error
+			ln, err = engine.Listen(ctx, addr, lopts)
+			return err
+		}
+		var err error
+		if p.cfg.Control != nil {
+			err = p.cfg.Control(listen)
+		} else {
+			err = listen()
+		}
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return fmt.Errorf("proxy %s: %w", p.cfg.Workload, err)
+		}
+		lns = append(lns, ln)
+	}
+	p.mu.Lock()
+	p.listeners = lns
+	p.mu.Unlock()
+	for i, s := range specs {
+		p.wg.Add(1)
+		go p.acceptLoop(lns[i], s.serve)
+	}
+	p.log.Info("proxy started", "workload", p.cfg.Workload.String(),
+		"outbound", lns[0].Addr().String(), "inbound_plaintext", lns[1].Addr().String(), "inbound_hbone", lns[2].Addr().String())
+	return nil
+}
+
+// Addrs returns the listener addresses (outbound, inbound plaintext, inbound HBONE).
+func (p *Proxy) Addrs() []net.Addr {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []net.Addr
+	for _, l := range p.listeners {
+		out = append(out, l.Addr())
+	}
+	return out
+}
+
+func (p *Proxy) acceptLoop(ln *net.TCPListener, serve func(*net.TCPConn)) {
+	defer p.wg.Done()
+	var backoff time.Duration
+	for {
+		c, err := ln.AcceptTCP()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Transient (EMFILE and friends): back off and keep serving.
+			backoff = min(max(backoff*2, 5*time.Millisecond), time.Second)
+			p.log.Warn("accept failed", "addr", ln.Addr().String(), "error", err)
+			select {
+			case <-time.After(backoff):
+				continue
+			case <-p.ctx.Done():
+				return
+			}
+		}
+		backoff = 0
+		if !p.track(c) {
+			c.Close()
+			return
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer p.untrack(c)
+			_ = engine.Accepted(c, p.cfg.Socket)
+			serve(c)
+		}()
+	}
+}
+
+func (p *Proxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *Proxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+}
+
+// Drain stops accepting at once, asks HBONE peers to go away (GOAWAY), lets
+// open connections finish until ctx is done, then closes the rest. It returns
+// once every goroutine the proxy started has ended.
+func (p *Proxy) Drain(ctx context.Context) {
+	p.mu.Lock()
+	p.closed = true
+	lns := p.listeners
+	p.listeners = nil
+	p.mu.Unlock()
+	for _, l := range lns {
+		l.Close()
+	}
+	if p.cancel == nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	_ = p.hbsrv.Shutdown(ctx)
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	p.cancel()
+	p.hbsrv.Close()
+	p.mu.Lock()
+	for c := range p.conns {
+		engine.TCPEndpoint{TCPConn: c.(*net.TCPConn)}.Abort()
+	}
+	p.mu.Unlock()
+	<-done
+}
+
+// Close is Drain with no grace period.
+func (p *Proxy) Close() {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p.Drain(ctx)
+}
+
+// localWorkload finds the workload this proxy serves, waiting up to
+// LocalWorkloadWait for it to appear (ztunnel's 5s wait for xDS).
+func (p *Proxy) localWorkload(ctx context.Context) (*state.Workload, *state.Snapshot, error) {
+	deadline := time.NewTimer(p.cfg.LocalWorkloadWait)
+	defer deadline.Stop()
+	for {
+		changed := p.cfg.State.Changed()
+		snap := p.cfg.State.Load()
+		if w := snap.FindWorkload(p.info); w != nil {
+			return w, snap, nil
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return nil, nil, fmt.Errorf("failed to fetch information about local workload %s", p.cfg.Workload)
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+	}
+}
+
+// identityOf returns the identity the proxy's workload presents.
+func (p *Proxy) identityOf(w *state.Workload) identity.Identity {
+	id := w.Identity()
+	if w.TrustDomain == "" && p.cfg.TrustDomain != "" {
+		id.TrustDomain = p.cfg.TrustDomain
+	}
+	return id
+}
+
+func addrPortOf(a net.Addr) netip.AddrPort {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		ap := ta.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	ap, _ := netip.ParseAddrPort(a.String())
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+// isIllegalPort reports whether port is one of the proxy's own listener
+// ports, which must never be a connection's final target (self-call loops).
+func (p *Proxy) isIllegalPort(port uint16) bool {
+	switch int(port) {
+	case p.cfg.OutboundPort, p.cfg.InboundPlainPort, p.cfg.InboundHBONEPort:
+		return true
+	}
+	return false
+}

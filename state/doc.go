@@ -1,0 +1,14 @@
+// Package state holds the proxy's view of the mesh: an immutable Snapshot of
+// workloads, services and authorization policies, the lookups the data path
+// needs (by address, by VIP, by key), endpoint selection, and ztunnel's L4
+// authorization (RBAC) semantics.
+//
+// A Snapshot never changes once built. One writer builds the next snapshot off
+// the hot path and publishes it through a Store; readers Load the current one
+// once per connection and never lock.
+//
+// The package imports only the standard library and identity, so that every
+// part of the daemon can depend on it: proxy, dns, admin, and state/xdsconv,
+// which is the only place where external formats (xDS protos, the local YAML)
+// become state values.
+package state

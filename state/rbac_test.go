@@ -1,0 +1,449 @@
+package state
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ztunnel-go/ztunnel/identity"
+)
+
+// The destination of every RBAC case: ns1/dst on 10.0.0.2, target port 8080.
+func rbacDst(policyKeys ...string) *Workload {
+	return &Workload{
+		UID: "cluster1//v1/Pod/ns1/dst", Name: "dst", Namespace: "ns1", ServiceAccount: "dst",
+		Addresses:             []netip.Addr{netip.MustParseAddr("10.0.0.2")},
+		Protocol:              ProtocolHBONE,
+		AuthorizationPolicies: policyKeys,
+		Capacity:              1,
+	}
+}
+
+var clientID = identity.Identity{TrustDomain: "cluster.local", Namespace: "client", ServiceAccount: "sleep"}
+
+// mtls is a connection from client/sleep at 10.0.0.1 to 10.0.0.2:8080.
+func mtls() Conn {
+	return Conn{
+		Src:         netip.MustParseAddrPort("10.0.0.1:34567"),
+		Dst:         netip.MustParseAddrPort("10.0.0.2:8080"),
+		SrcIdentity: clientID,
+	}
+}
+
+// plaintext is the same connection without an identity.
+func plaintext() Conn { c := mtls(); c.SrcIdentity = identity.Identity{}; return c }
+
+func pol(action Action, scope Scope, ns, name string, rules ...[][]Match) *Policy {
+	if rules == nil {
+		rules = [][][]Match{}
+	}
+	return &Policy{Name: name, Namespace: ns, Scope: scope, Action: action, Rules: rules}
+}
+
+// allowNS and denyNS build NAMESPACE policies in ns1 with one rule of one clause.
+func allowNS(name string, matches ...Match) *Policy {
+	return pol(ActionAllow, ScopeNamespace, "ns1", name, [][]Match{matches})
+}
+func denyNS(name string, matches ...Match) *Policy {
+	return pol(ActionDeny, ScopeNamespace, "ns1", name, [][]Match{matches})
+}
+func dryRun(p *Policy) *Policy { p.DryRun = true; return p }
+
+func exact(v string) StringMatch  { return StringMatch{Kind: MatchExact, Value: v} }
+func prefix(v string) StringMatch { return StringMatch{Kind: MatchPrefix, Value: v} }
+func suffix(v string) StringMatch { return StringMatch{Kind: MatchSuffix, Value: v} }
+
+var presence = StringMatch{Kind: MatchPresence}
+
+func cidrs(s ...string) []netip.Prefix {
+	out := make([]netip.Prefix, len(s))
+	for i, c := range s {
+		out[i] = netip.MustParsePrefix(c)
+	}
+	return out
+}
+
+var (
+	port8080   = Match{DestinationPorts: []uint16{8080}}
+	port9090   = Match{DestinationPorts: []uint16{9090}}
+	nsClient   = Match{Namespaces: []StringMatch{exact("client")}}
+	nsOther    = Match{Namespaces: []StringMatch{exact("other")}}
+	strictDeny = Match{NotPrincipals: []StringMatch{presence}}
+)
+
+var (
+	allowed        = Decision{Allowed: true, Reason: ReasonNoAllow}
+	notAllowed     = Decision{Reason: ReasonNoAllowMatched}
+	allowedBy      = func(key string) Decision { return Decision{Allowed: true, Reason: "allowed by: " + key} }
+	deniedBy       = func(key string) Decision { return Decision{Policy: key, Reason: "explicitly denied by: " + key} }
+	noWorkloadDeny = Decision{Reason: ReasonNoWorkload}
+)
+
+func TestAuthorize(t *testing.T) {
+	tests := []struct {
+		name     string
+		policies []*Policy
+		listed   []string // the destination's AuthorizationPolicies
+		conn     Conn     // DstWorkload is filled in
+		noDst    bool
+		want     Decision
+	}{
+		// Policy selection.
+		{name: "no policies allow", conn: mtls(), want: allowed},
+		{name: "global policy applies", conn: mtls(),
+			policies: []*Policy{pol(ActionAllow, ScopeGlobal, "istio-system", "g", [][]Match{{nsOther}})}, want: notAllowed},
+		{name: "namespace policy applies in its namespace", conn: mtls(),
+			policies: []*Policy{allowNS("p", nsOther)}, want: notAllowed},
+		{name: "namespace policy of another namespace is ignored", conn: mtls(),
+			policies: []*Policy{pol(ActionAllow, ScopeNamespace, "ns2", "p", [][]Match{{nsOther}})}, want: allowed},
+		{name: "workload selector policy applies when listed", conn: mtls(), listed: []string{"ns1/sel"},
+			policies: []*Policy{pol(ActionAllow, ScopeWorkloadSelector, "ns1", "sel", [][]Match{{nsOther}})}, want: notAllowed},
+		{name: "workload selector policy not listed is ignored", conn: mtls(),
+			policies: []*Policy{pol(ActionAllow, ScopeWorkloadSelector, "ns1", "sel", [][]Match{{nsOther}})}, want: allowed},
+		{name: "listed key is found whatever its namespace", conn: mtls(), listed: []string{"other/sel"},
+			policies: []*Policy{pol(ActionDeny, ScopeWorkloadSelector, "other", "sel", [][]Match{{nsClient}})}, want: deniedBy("other/sel")},
+		{name: "listed but missing key is skipped", conn: mtls(), listed: []string{"ns1/missing", "ns1/sel"},
+			policies: []*Policy{pol(ActionAllow, ScopeWorkloadSelector, "ns1", "sel", [][]Match{{nsClient}})}, want: allowedBy("ns1/sel")},
+		{name: "a missing key alone means no allow policies", conn: mtls(), listed: []string{"ns1/missing"},
+			policies: []*Policy{pol(ActionAllow, ScopeNamespace, "ns2", "elsewhere", [][]Match{{nsOther}})}, want: allowed},
+		{name: "nil destination workload is denied", conn: mtls(), noDst: true, want: noWorkloadDeny},
+
+		// Evaluation order.
+		{name: "deny beats allow", conn: mtls(),
+			policies: []*Policy{allowNS("a", nsClient), denyNS("d", nsClient)}, want: deniedBy("ns1/d")},
+		{name: "deny not matching then allow matching allows", conn: mtls(),
+			policies: []*Policy{allowNS("a", nsClient), denyNS("d", nsOther)}, want: allowedBy("ns1/a")},
+		{name: "dry-run deny is ignored", conn: mtls(),
+			policies: []*Policy{dryRun(denyNS("d", nsClient))}, want: allowed},
+		{name: "dry-run allow is not an allow policy", conn: mtls(),
+			policies: []*Policy{dryRun(allowNS("a", nsOther))}, want: allowed},
+		{name: "dry-run allow matching does not rescue", conn: mtls(),
+			policies: []*Policy{allowNS("a", nsOther), dryRun(allowNS("b", nsClient))}, want: notAllowed},
+		{name: "no allow policies allows", conn: mtls(),
+			policies: []*Policy{denyNS("d", nsOther)}, want: allowed},
+		{name: "allow policies none matched denies", conn: mtls(),
+			policies: []*Policy{allowNS("a", nsOther), allowNS("b", port9090)}, want: notAllowed},
+		{name: "any allow matching allows", conn: mtls(),
+			policies: []*Policy{allowNS("a", nsOther), allowNS("b", port8080)}, want: allowedBy("ns1/b")},
+		{name: "global deny applies with namespace allow", conn: mtls(),
+			policies: []*Policy{allowNS("a", nsClient), pol(ActionDeny, ScopeGlobal, "istio-system", "g", [][]Match{{port8080}})},
+			want:     deniedBy("istio-system/g")},
+
+		// Match algebra.
+		{name: "rules are ORed", conn: mtls(),
+			policies: []*Policy{pol(ActionAllow, ScopeNamespace, "ns1", "p", [][]Match{{nsOther}}, [][]Match{{port8080}})}, want: allowedBy("ns1/p")},
+		{name: "clauses are ANDed", conn: mtls(),
+			policies: []*Policy{pol(ActionAllow, ScopeNamespace, "ns1", "p", [][]Match{{nsClient}, {port9090}})}, want: notAllowed},
+		{name: "clauses all matching match", conn: mtls(),
+			policies: []*Policy{pol(ActionAllow, ScopeNamespace, "ns1", "p", [][]Match{{nsClient}, {port8080}})}, want: allowedBy("ns1/p")},
+		{name: "empty clause is true", conn: mtls(),
+			policies: []*Policy{pol(ActionAllow, ScopeNamespace, "ns1", "p", [][]Match{{}, {port8080}})}, want: allowedBy("ns1/p")},
+		{name: "rule without clauses matches everything", conn: plaintext(),
+			policies: []*Policy{pol(ActionDeny, ScopeNamespace, "ns1", "p", [][]Match{})}, want: deniedBy("ns1/p")},
+		{name: "matches in a clause are ORed", conn: mtls(),
+			policies: []*Policy{allowNS("p", nsOther, port8080)}, want: allowedBy("ns1/p")},
+		{name: "match with no fields never matches", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{})}, want: notAllowed},
+		{name: "match with no fields in deny is a no-op", conn: mtls(),
+			policies: []*Policy{denyNS("p", Match{})}, want: allowed},
+		{name: "empty match is skipped, sibling still counts", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{}, port8080)}, want: allowedBy("ns1/p")},
+		{name: "fields are ANDed", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{DestinationPorts: []uint16{8080}, Namespaces: []StringMatch{exact("other")}})}, want: notAllowed},
+		{name: "fields all matching match", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{DestinationPorts: []uint16{8080}, Namespaces: []StringMatch{exact("client")}})}, want: allowedBy("ns1/p")},
+		{name: "values are ORed", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{DestinationPorts: []uint16{80, 8080}})}, want: allowedBy("ns1/p")},
+		{name: "not field fails if any value matches", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{NotDestinationPorts: []uint16{80, 8080}})}, want: notAllowed},
+		{name: "not field passes if no value matches", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{NotDestinationPorts: []uint16{80, 9090}})}, want: allowedBy("ns1/p")},
+		{name: "positive and negative of one field both apply", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{Namespaces: []StringMatch{prefix("cl")}, NotNamespaces: []StringMatch{exact("client")}})}, want: notAllowed},
+
+		// Policies without rules.
+		{name: "allow without rules denies all", conn: mtls(),
+			policies: []*Policy{pol(ActionAllow, ScopeNamespace, "ns1", "p")}, want: notAllowed},
+		{name: "deny without rules is a no-op", conn: mtls(),
+			policies: []*Policy{pol(ActionDeny, ScopeNamespace, "ns1", "p")}, want: allowed},
+
+		// Principals: td/ns/N/sa/S without spiffe://.
+		{name: "principal exact", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{Principals: []StringMatch{exact("cluster.local/ns/client/sa/sleep")}})}, want: allowedBy("ns1/p")},
+		{name: "principal exact with scheme does not match", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{Principals: []StringMatch{exact("spiffe://cluster.local/ns/client/sa/sleep")}})}, want: notAllowed},
+		{name: "principal exact other sa", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{Principals: []StringMatch{exact("cluster.local/ns/client/sa/other")}})}, want: notAllowed},
+		{name: "principal prefix", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{Principals: []StringMatch{prefix("cluster.local/ns/client/")}})}, want: allowedBy("ns1/p")},
+		{name: "principal prefix mismatch", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{Principals: []StringMatch{prefix("cluster.local/ns/clients/")}})}, want: notAllowed},
+		{name: "principal suffix", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{Principals: []StringMatch{suffix("/sa/sleep")}})}, want: allowedBy("ns1/p")},
+		{name: "principal suffix mismatch", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{Principals: []StringMatch{suffix("/sa/sleepy")}})}, want: notAllowed},
+		{name: "principal presence", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{Principals: []StringMatch{presence}})}, want: allowedBy("ns1/p")},
+
+		// Namespaces: the source identity's namespace.
+		{name: "namespace exact", conn: mtls(),
+			policies: []*Policy{allowNS("p", nsClient)}, want: allowedBy("ns1/p")},
+		{name: "namespace prefix", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{Namespaces: []StringMatch{prefix("cli")}})}, want: allowedBy("ns1/p")},
+		{name: "namespace suffix", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{Namespaces: []StringMatch{suffix("ent")}})}, want: allowedBy("ns1/p")},
+		{name: "namespace presence", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{Namespaces: []StringMatch{presence}})}, want: allowedBy("ns1/p")},
+
+		// No identity.
+		{name: "no identity fails principal presence", conn: plaintext(),
+			policies: []*Policy{allowNS("p", Match{Principals: []StringMatch{presence}})}, want: notAllowed},
+		{name: "no identity fails even an empty principal prefix", conn: plaintext(),
+			policies: []*Policy{allowNS("p", Match{Principals: []StringMatch{prefix("")}})}, want: notAllowed},
+		{name: "STRICT not_principals presence denies plaintext", conn: plaintext(),
+			policies: []*Policy{pol(ActionDeny, ScopeGlobal, "istio-system", "istio_converted_static_strict", [][]Match{{strictDeny}})},
+			want:     deniedBy("istio-system/istio_converted_static_strict")},
+		{name: "STRICT not_principals presence allows mTLS", conn: mtls(),
+			policies: []*Policy{pol(ActionDeny, ScopeGlobal, "istio-system", "istio_converted_static_strict", [][]Match{{strictDeny}})}, want: allowed},
+		{name: "STRICT with permissive port allows plaintext to that port", conn: func() Conn {
+			c := plaintext()
+			c.Dst = netip.MustParseAddrPort("10.0.0.2:9090")
+			return c
+		}(),
+			policies: []*Policy{denyNS("strict", Match{NotPrincipals: []StringMatch{presence}, NotDestinationPorts: []uint16{9090}})}, want: allowed},
+		{name: "STRICT with permissive port denies plaintext to other ports", conn: plaintext(),
+			policies: []*Policy{denyNS("strict", Match{NotPrincipals: []StringMatch{presence}, NotDestinationPorts: []uint16{9090}})}, want: deniedBy("ns1/strict")},
+		{name: "no identity has the empty namespace", conn: plaintext(),
+			policies: []*Policy{allowNS("p", Match{Namespaces: []StringMatch{exact("")}})}, want: allowedBy("ns1/p")},
+		{name: "no identity fails namespace presence", conn: plaintext(),
+			policies: []*Policy{allowNS("p", Match{Namespaces: []StringMatch{presence}})}, want: notAllowed},
+		{name: "no identity fails service accounts", conn: plaintext(),
+			policies: []*Policy{allowNS("p", Match{ServiceAccounts: []ServiceAccountMatch{{"", ""}}})}, want: notAllowed},
+		{name: "no identity passes not service accounts", conn: plaintext(),
+			policies: []*Policy{allowNS("p", Match{NotServiceAccounts: []ServiceAccountMatch{{"", ""}}})}, want: allowedBy("ns1/p")},
+
+		// Service accounts: the exact (namespace, service account) pair.
+		{name: "service account pair matches", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{ServiceAccounts: []ServiceAccountMatch{{"client", "sleep"}}})}, want: allowedBy("ns1/p")},
+		{name: "service account namespace mismatch", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{ServiceAccounts: []ServiceAccountMatch{{"other", "sleep"}}})}, want: notAllowed},
+		{name: "service account name mismatch", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{ServiceAccounts: []ServiceAccountMatch{{"client", "other"}}})}, want: notAllowed},
+		{name: "service account ignores trust domain", conn: func() Conn {
+			c := mtls()
+			c.SrcIdentity.TrustDomain = "example.org"
+			return c
+		}(),
+			policies: []*Policy{allowNS("p", Match{ServiceAccounts: []ServiceAccountMatch{{"client", "sleep"}}})}, want: allowedBy("ns1/p")},
+		{name: "not service accounts denies the pair", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{NotServiceAccounts: []ServiceAccountMatch{{"client", "sleep"}}})}, want: notAllowed},
+
+		// Addresses.
+		{name: "source CIDR contains", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{SourceIPs: cidrs("10.0.0.0/24")})}, want: allowedBy("ns1/p")},
+		{name: "source CIDR does not contain", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{SourceIPs: cidrs("10.1.0.0/16")})}, want: notAllowed},
+		{name: "source host prefix", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{SourceIPs: cidrs("10.0.0.1/32")})}, want: allowedBy("ns1/p")},
+		{name: "not source CIDR", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{NotSourceIPs: cidrs("10.0.0.0/8")})}, want: notAllowed},
+		{name: "destination CIDR contains", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{DestinationIPs: cidrs("10.0.0.2/32")})}, want: allowedBy("ns1/p")},
+		{name: "destination CIDR does not contain", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{DestinationIPs: cidrs("10.0.0.3/32")})}, want: notAllowed},
+		{name: "not destination CIDR", conn: mtls(),
+			policies: []*Policy{denyNS("p", Match{NotDestinationIPs: cidrs("10.0.0.2/32")})}, want: allowed},
+		{name: "IPv6 prefix does not contain IPv4", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{SourceIPs: cidrs("::/0")})}, want: notAllowed},
+		{name: "IPv4-mapped source is matched as IPv4", conn: func() Conn {
+			c := mtls()
+			c.Src = netip.MustParseAddrPort("[::ffff:10.0.0.1]:34567")
+			return c
+		}(),
+			policies: []*Policy{allowNS("p", Match{SourceIPs: cidrs("10.0.0.0/24")})}, want: allowedBy("ns1/p")},
+		{name: "CIDR with host bits still matches its network", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{SourceIPs: cidrs("10.0.0.77/24")})}, want: allowedBy("ns1/p")},
+
+		// Ports: compared with the resolved target port.
+		{name: "destination port is the target port", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{DestinationPorts: []uint16{80}})}, want: notAllowed},
+		{name: "destination port is never 15008", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{DestinationPorts: []uint16{15008}})}, want: notAllowed},
+		{name: "destination port matches target", conn: mtls(),
+			policies: []*Policy{denyNS("p", Match{DestinationPorts: []uint16{8080}})}, want: deniedBy("ns1/p")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := rbacDst(tc.listed...)
+			s, err := NewSnapshot([]*Workload{dst}, nil, tc.policies)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := tc.conn
+			if !tc.noDst {
+				c.DstWorkload = dst
+			}
+			if got := s.Authorize(c); got != tc.want {
+				t.Errorf("Authorize = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestAuthorizeMissingKeyWarns(t *testing.T) {
+	s, err := NewSnapshot([]*Workload{rbacDst("ns1/missing")}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := s.Warnings()
+	if len(w) != 1 || !strings.Contains(w[0], `"ns1/missing"`) {
+		t.Fatalf("warnings = %q", w)
+	}
+}
+
+func TestDryRunMatches(t *testing.T) {
+	dst := rbacDst("ns1/sel")
+	policies := []*Policy{
+		dryRun(allowNS("allow-match", nsClient)),
+		dryRun(allowNS("allow-nomatch", nsOther)),
+		dryRun(denyNS("deny-match", port8080)),
+		denyNS("enforced-deny", port9090),
+		dryRun(pol(ActionDeny, ScopeWorkloadSelector, "ns1", "sel", [][]Match{{nsClient}})),
+		dryRun(pol(ActionDeny, ScopeNamespace, "ns2", "other-ns", [][]Match{{nsClient}})),
+	}
+	s, err := NewSnapshot([]*Workload{dst}, nil, policies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mtls()
+	c.DstWorkload = dst
+	var keys []string
+	for _, p := range s.DryRunMatches(c) {
+		keys = append(keys, p.Key())
+	}
+	want := []string{"ns1/deny-match", "ns1/sel", "ns1/allow-match"}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("DryRunMatches = %q, want %q", keys, want)
+	}
+	if d := s.Authorize(c); d != allowed {
+		t.Fatalf("dry-run policies changed the decision: %+v", d)
+	}
+}
+
+// TestPrincipalPieces checks the piecewise principal comparison against the
+// obvious one on the joined string.
+func TestPrincipalPieces(t *testing.T) {
+	id := identity.Identity{TrustDomain: "td", Namespace: "ns", ServiceAccount: "sa"}
+	full := id.Principal() // td/ns/ns/sa/sa
+	var values []string
+	for i := 0; i <= len(full); i++ {
+		values = append(values, full[:i], full[i:], full[:i]+"x", "x"+full[i:])
+	}
+	values = append(values, "", full, full+"/", "spiffe://"+full)
+	for _, v := range values {
+		for _, kind := range []MatchKind{MatchExact, MatchPrefix, MatchSuffix, MatchPresence} {
+			sm := StringMatch{Kind: kind, Value: v}
+			if got, want := principalMatches(sm, &id), sm.matches(full); got != want {
+				t.Errorf("%v %q: got %v, want %v", kind, v, got, want)
+			}
+		}
+	}
+}
+
+func FuzzPrincipalMatch(f *testing.F) {
+	f.Add("cluster.local", "ns", "sa", uint8(0), "cluster.local/ns/ns/sa/sa")
+	f.Add("td", "a", "b", uint8(1), "td/ns/")
+	f.Add("td", "a", "b", uint8(2), "/sa/b")
+	f.Fuzz(func(t *testing.T, td, ns, sa string, kind uint8, v string) {
+		id := identity.Identity{TrustDomain: td, Namespace: ns, ServiceAccount: sa}
+		sm := StringMatch{Kind: MatchKind(kind % 4), Value: v}
+		want := !id.IsZero() && sm.matches(id.Principal())
+		if got := principalMatches(sm, &id); got != want {
+			t.Fatalf("%v %q on %q: got %v, want %v", sm.Kind, v, id.Principal(), got, want)
+		}
+	})
+}
+
+// fivePolicies is the shape a typical workload sees: a STRICT mesh policy, a
+// namespace ALLOW with a few principals, a port DENY, a selector ALLOW and a
+// dry-run policy.
+func fivePolicies() (*Workload, []*Policy) {
+	dst := rbacDst("ns1/sel")
+	return dst, []*Policy{
+		pol(ActionDeny, ScopeGlobal, "istio-system", "istio_converted_static_strict", [][]Match{{strictDeny}}),
+		allowNS("allow-frontends", Match{Principals: []StringMatch{
+			exact("cluster.local/ns/web/sa/frontend"), prefix("cluster.local/ns/batch/"), exact("cluster.local/ns/client/sa/sleep"),
+		}}),
+		denyNS("deny-admin-port", Match{DestinationPorts: []uint16{9000, 9001}}),
+		pol(ActionAllow, ScopeWorkloadSelector, "ns1", "sel", [][]Match{{Match{SourceIPs: cidrs("192.168.0.0/16")}}}),
+		dryRun(denyNS("dry", Match{Namespaces: []StringMatch{exact("legacy")}})),
+	}
+}
+
+func TestAuthorizeNoAllocs(t *testing.T) {
+	dst, policies := fivePolicies()
+	s, err := NewSnapshot([]*Workload{dst}, nil, policies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mtls()
+	c.DstWorkload = dst
+	if d := s.Authorize(c); d != allowedBy("ns1/allow-frontends") {
+		t.Fatalf("decision %+v", d)
+	}
+	for _, c := range []Conn{c, func() Conn { p := plaintext(); p.DstWorkload = dst; return p }()} {
+		if n := testing.AllocsPerRun(100, func() { s.Authorize(c) }); n != 0 {
+			t.Errorf("Authorize allocates %v times", n)
+		}
+		if n := testing.AllocsPerRun(100, func() { s.DryRunMatches(c) }); n != 0 {
+			t.Errorf("DryRunMatches allocates %v times", n)
+		}
+	}
+}
+
+func BenchmarkAuthorize(b *testing.B) {
+	dst, policies := fivePolicies()
+	s, err := NewSnapshot([]*Workload{dst}, nil, policies)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, bc := range []struct {
+		name string
+		conn Conn
+	}{
+		{"allowed", mtls()},
+		{"denied-plaintext", plaintext()},
+		{"not-allowed", func() Conn {
+			c := mtls()
+			c.SrcIdentity.Namespace = "stranger"
+			return c
+		}()},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			c := bc.conn
+			c.DstWorkload = dst
+			b.ReportAllocs()
+			for b.Loop() {
+				s.Authorize(c)
+			}
+		})
+	}
+}
+
+func ExampleSnapshot_Authorize() {
+	dst := &Workload{UID: "uid1", Name: "db", Namespace: "prod", Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.9")}}
+	strict := &Policy{
+		Name: "strict", Namespace: "istio-system", Scope: ScopeGlobal, Action: ActionDeny,
+		Rules: [][][]Match{{{{NotPrincipals: []StringMatch{{Kind: MatchPresence}}}}}},
+	}
+	s, _ := NewSnapshot([]*Workload{dst}, nil, []*Policy{strict})
+	d := s.Authorize(Conn{
+		Src:         netip.MustParseAddrPort("10.0.0.1:40000"),
+		Dst:         netip.MustParseAddrPort("10.0.0.9:5432"),
+		DstWorkload: dst,
+	})
+	fmt.Println(d.Allowed, d.Reason)
+	// Output: false explicitly denied by: istio-system/strict
+}

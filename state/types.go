@@ -1,0 +1,393 @@
+package state
+
+import (
+	"net/netip"
+	"strconv"
+
+	"github.com/ztunnel-go/ztunnel/identity"
+)
+
+// Protocol is the tunnel protocol a workload accepts inbound traffic with
+// (istio.workload.TunnelProtocol; LEGACY_ISTIO_MTLS is rejected at conversion).
+type Protocol uint8
+
+const (
+	// ProtocolTCP is plain TCP to the workload's port (NONE on the wire).
+	ProtocolTCP Protocol = iota
+	// ProtocolHBONE is HTTP/2 CONNECT over mTLS to the workload's port 15008.
+	ProtocolHBONE
+)
+
+// String returns the name ztunnel uses in its config and config dump.
+func (p Protocol) String() string {
+	switch p {
+	case ProtocolTCP:
+		return "TCP"
+	case ProtocolHBONE:
+		return "HBONE"
+	}
+	return "Protocol(" + strconv.Itoa(int(p)) + ")"
+}
+
+// HealthStatus is a workload's health as the control plane reports it.
+type HealthStatus uint8
+
+const (
+	// Healthy workloads receive service traffic.
+	Healthy HealthStatus = iota
+	// Unhealthy workloads are left out of service endpoints unless the
+	// service's load balancer health policy is AllowAll.
+	Unhealthy
+)
+
+// String returns "Healthy" or "Unhealthy".
+func (h HealthStatus) String() string {
+	switch h {
+	case Healthy:
+		return "Healthy"
+	case Unhealthy:
+		return "Unhealthy"
+	}
+	return "HealthStatus(" + strconv.Itoa(int(h)) + ")"
+}
+
+// NetworkMode says whether a workload shares its node's network namespace.
+type NetworkMode uint8
+
+const (
+	// NetworkModeStandard is a workload with its own addresses.
+	NetworkModeStandard NetworkMode = iota
+	// NetworkModeHostNetwork is a workload that uses its node's addresses;
+	// such workloads are not indexed by address, since the address names the
+	// node rather than the workload.
+	NetworkModeHostNetwork
+)
+
+// String returns "Standard" or "HostNetwork".
+func (m NetworkMode) String() string {
+	switch m {
+	case NetworkModeStandard:
+		return "Standard"
+	case NetworkModeHostNetwork:
+		return "HostNetwork"
+	}
+	return "NetworkMode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// NetworkAddress is an IP address qualified by the network it is reachable
+// on; the same IP on two networks names two different things.
+type NetworkAddress struct {
+	Network string
+	Addr    netip.Addr
+}
+
+// String returns "network/ip", the form used in config and xDS keys.
+func (a NetworkAddress) String() string { return a.Network + "/" + a.Addr.String() }
+
+// NetworkPrefix is a CIDR qualified by its network (a service's CIDR VIP).
+type NetworkPrefix struct {
+	Network string
+	Prefix  netip.Prefix
+}
+
+// String returns "network/cidr".
+func (p NetworkPrefix) String() string { return p.Network + "/" + p.Prefix.String() }
+
+// NamespacedHostname names a service: its namespace and hostname.
+type NamespacedHostname struct {
+	Namespace, Hostname string
+}
+
+// String returns "namespace/hostname", the service key.
+func (n NamespacedHostname) String() string { return n.Namespace + "/" + n.Hostname }
+
+// GatewayAddress locates a waypoint or network gateway: exactly one of
+// Hostname (a service) or Address is set. It is parsed and kept; routing
+// through waypoints and gateways is a later step.
+type GatewayAddress struct {
+	Hostname      *NamespacedHostname
+	Address       *NetworkAddress
+	HBONEMTLSPort uint16
+}
+
+// Destination returns the gateway's destination in ztunnel's config-dump form:
+// "network/ip" for an address, "namespace/hostname" for a hostname.
+func (g *GatewayAddress) Destination() string {
+	switch {
+	case g.Address != nil:
+		return g.Address.String()
+	case g.Hostname != nil:
+		return g.Hostname.String()
+	}
+	return ""
+}
+
+// AppTunnelProtocol is how traffic is handed to a workload that terminates
+// tunnels itself (istio.workload.ApplicationTunnel.Protocol).
+type AppTunnelProtocol uint8
+
+const (
+	// AppTunnelNone sends plain bytes.
+	AppTunnelNone AppTunnelProtocol = iota
+	// AppTunnelProxy prefixes the stream with a PROXY protocol v2 header.
+	AppTunnelProxy
+)
+
+// String returns "NONE" or "PROXY", ztunnel's spelling.
+func (p AppTunnelProtocol) String() string {
+	switch p {
+	case AppTunnelNone:
+		return "NONE"
+	case AppTunnelProxy:
+		return "PROXY"
+	}
+	return "AppTunnelProtocol(" + strconv.Itoa(int(p)) + ")"
+}
+
+// ApplicationTunnel describes a workload that accepts tunneled traffic itself.
+type ApplicationTunnel struct {
+	Protocol AppTunnelProtocol
+	// Port receives the tunnel; 0 means the connection's own target port.
+	Port uint16
+}
+
+// Locality places a workload for locality-aware load balancing.
+type Locality struct {
+	Region, Zone, Subzone string
+}
+
+// Workload is one addressable workload (pod, VM, ...). Values reachable from a
+// Snapshot are shared and must not be modified.
+type Workload struct {
+	UID            string
+	Name           string
+	Namespace      string
+	ServiceAccount string // "" means "default" (see Identity)
+	TrustDomain    string // "" means identity.DefaultTrustDomain
+	Network        string
+	Node           string
+	ClusterID      string
+
+	WorkloadName      string
+	WorkloadType      string // lower-case kind, e.g. "deployment", "pod"
+	CanonicalName     string
+	CanonicalRevision string
+	// Hostname is set for workloads that have a DNS name instead of addresses.
+	Hostname string
+
+	Addresses   []netip.Addr
+	Protocol    Protocol
+	Status      HealthStatus
+	NetworkMode NetworkMode
+
+	Waypoint          *GatewayAddress
+	NetworkGateway    *GatewayAddress
+	NativeTunnel      bool
+	ApplicationTunnel *ApplicationTunnel
+
+	// AuthorizationPolicies lists "namespace/name" keys of the
+	// WORKLOAD_SELECTOR policies that select this workload.
+	AuthorizationPolicies []string
+
+	// Services maps "namespace/hostname" service keys to this workload's port
+	// map for that service: service port -> target port.
+	Services map[string]map[uint16]uint16
+
+	// Capacity is the workload's load-balancing weight. Converters fill 1
+	// when the source leaves it unset; 0 means the workload never receives
+	// service traffic.
+	Capacity uint32
+	Locality Locality
+}
+
+// Identity returns the workload's SPIFFE identity, filling Istio's defaults
+// for an empty trust domain (cluster.local) and service account (default).
+func (w *Workload) Identity() identity.Identity {
+	return identity.New(w.TrustDomain, w.Namespace, w.ServiceAccount)
+}
+
+// IPFamilies restricts which address families of a service's endpoints are
+// used (istio.workload.IPFamilies).
+type IPFamilies uint8
+
+const (
+	// IPFamiliesAutomatic applies no restriction.
+	IPFamiliesAutomatic IPFamilies = iota
+	// IPFamiliesIPv4 uses IPv4 endpoint addresses only.
+	IPFamiliesIPv4
+	// IPFamiliesIPv6 uses IPv6 endpoint addresses only.
+	IPFamiliesIPv6
+	// IPFamiliesDual uses both families.
+	IPFamiliesDual
+)
+
+// String returns ztunnel's spelling: "IPv4", "IPv6", "Dual", or "" for automatic.
+func (f IPFamilies) String() string {
+	switch f {
+	case IPFamiliesAutomatic:
+		return ""
+	case IPFamiliesIPv4:
+		return "IPv4"
+	case IPFamiliesIPv6:
+		return "IPv6"
+	case IPFamiliesDual:
+		return "Dual"
+	}
+	return "IPFamilies(" + strconv.Itoa(int(f)) + ")"
+}
+
+// Visibility controls which client namespaces may resolve and route to a service.
+type Visibility uint8
+
+const (
+	// VisibilityPublic services are visible to every client.
+	VisibilityPublic Visibility = iota
+	// VisibilityNamespace services are visible only within their namespace.
+	VisibilityNamespace
+)
+
+// String returns "Public" or "Namespace".
+func (v Visibility) String() string {
+	switch v {
+	case VisibilityPublic:
+		return "Public"
+	case VisibilityNamespace:
+		return "Namespace"
+	}
+	return "Visibility(" + strconv.Itoa(int(v)) + ")"
+}
+
+// LBScope is one locality dimension a load balancer ranks endpoints by.
+type LBScope uint8
+
+const (
+	LBScopeRegion  LBScope = iota // same Locality.Region
+	LBScopeZone                   // same Locality.Zone
+	LBScopeSubzone                // same Locality.Subzone
+	LBScopeNode                   // same Workload.Node
+	LBScopeCluster                // same Workload.ClusterID
+	LBScopeNetwork                // same Workload.Network
+)
+
+// String returns ztunnel's spelling ("Region", "Zone", ...).
+func (s LBScope) String() string {
+	switch s {
+	case LBScopeRegion:
+		return "Region"
+	case LBScopeZone:
+		return "Zone"
+	case LBScopeSubzone:
+		return "Subzone"
+	case LBScopeNode:
+		return "Node"
+	case LBScopeCluster:
+		return "Cluster"
+	case LBScopeNetwork:
+		return "Network"
+	}
+	return "LBScope(" + strconv.Itoa(int(s)) + ")"
+}
+
+// LBMode selects how routing preferences constrain endpoint choice.
+type LBMode uint8
+
+const (
+	// LBModeStandard ignores routing preferences.
+	LBModeStandard LBMode = iota
+	// LBModeStrict uses only endpoints that match every routing preference.
+	LBModeStrict
+	// LBModeFailover prefers the endpoints that match the most leading
+	// routing preferences.
+	LBModeFailover
+	// LBModePassthrough skips endpoint selection: traffic goes to the
+	// original destination address.
+	LBModePassthrough
+)
+
+// String returns ztunnel's spelling ("Standard", "Strict", ...).
+func (m LBMode) String() string {
+	switch m {
+	case LBModeStandard:
+		return "Standard"
+	case LBModeStrict:
+		return "Strict"
+	case LBModeFailover:
+		return "Failover"
+	case LBModePassthrough:
+		return "Passthrough"
+	}
+	return "LBMode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// LBHealthPolicy says whether unhealthy workloads stay service endpoints.
+type LBHealthPolicy uint8
+
+const (
+	// LBOnlyHealthy drops unhealthy workloads from the endpoints.
+	LBOnlyHealthy LBHealthPolicy = iota
+	// LBAllowAll keeps every workload, healthy or not.
+	LBAllowAll
+)
+
+// String returns "OnlyHealthy" or "AllowAll".
+func (p LBHealthPolicy) String() string {
+	switch p {
+	case LBOnlyHealthy:
+		return "OnlyHealthy"
+	case LBAllowAll:
+		return "AllowAll"
+	}
+	return "LBHealthPolicy(" + strconv.Itoa(int(p)) + ")"
+}
+
+// LoadBalancer is a service's endpoint-selection configuration.
+type LoadBalancer struct {
+	RoutingPreferences []LBScope
+	Mode               LBMode
+	HealthPolicy       LBHealthPolicy
+}
+
+// WeightedWaypoint is one waypoint candidate with its selection weight.
+type WeightedWaypoint struct {
+	Destination GatewayAddress
+	Weight      uint32
+}
+
+// Service is a named set of endpoints with virtual addresses. Its endpoints are
+// not stored here: a Snapshot derives them from the workloads' Services maps.
+// Values reachable from a Snapshot are shared and must not be modified.
+type Service struct {
+	Name      string
+	Namespace string
+	Hostname  string
+
+	VIPs []NetworkAddress
+	// CIDRVIPs are VIP ranges, matched by longest prefix when no exact VIP matches.
+	CIDRVIPs []NetworkPrefix
+
+	// Ports maps service port -> target port. A target port of 0 means "no
+	// service-wide target": each endpoint's own port map must then name the
+	// port, and endpoints that do not are skipped for that service port.
+	Ports map[uint16]uint16
+
+	SubjectAltNames []string
+
+	Waypoint          *GatewayAddress
+	WeightedWaypoints []WeightedWaypoint
+	LoadBalancer      *LoadBalancer // nil = standard, only healthy endpoints
+	IPFamilies        IPFamilies
+	Canonical         bool
+	Visibility        Visibility
+}
+
+// Key returns the service's key, "namespace/hostname".
+func (s *Service) Key() string { return s.Namespace + "/" + s.Hostname }
+
+// VisibleTo reports whether a client in namespace ns may use the service.
+func (s *Service) VisibleTo(ns string) bool {
+	return s.Visibility != VisibilityNamespace || s.Namespace == ns
+}
+
+func (s *Service) includes(w *Workload) bool {
+	return w.Status == Healthy || (s.LoadBalancer != nil && s.LoadBalancer.HealthPolicy == LBAllowAll)
+}
