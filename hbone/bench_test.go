@@ -1,0 +1,205 @@
+package hbone
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"testing"
+
+	"golang.org/x/net/http2"
+)
+
+// discardHandler reads a stream to EOF, then half-closes.
+func discardHandler(_ context.Context, req *ServerRequest) {
+	s, err := req.Respond(http.StatusOK, nil)
+	if err != nil {
+		return
+	}
+	go func() {
+		defer s.Close()
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := s.Read(buf); err != nil {
+				break
+			}
+		}
+		_ = s.CloseWrite()
+	}()
+}
+
+// BenchmarkStreamThroughput measures one stream, one direction, in 64 KiB
+// writes, over loopback: our client and server over TCP and TLS, and as
+// references on the same run x/net/http2 CONNECT over TLS and raw TLS.
+func BenchmarkStreamThroughput(b *testing.B) {
+	const size = 64 << 10
+	for _, useTLS := range []bool{false, true} {
+		name := "hbone-tcp"
+		if useTLS {
+			name = "hbone-tls"
+		}
+		b.Run(name, func(b *testing.B) {
+			ts := startServer(b, Config{}, discardHandler, useTLS)
+			cc := ts.client(b, Config{})
+			s, err := cc.Connect(testContext(b), &Request{Authority: "10.0.0.1:80"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			buf := make([]byte, size)
+			b.SetBytes(size)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := s.Write(buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+			_ = s.CloseWrite()
+			_, _ = io.Copy(io.Discard, s) // wait for the server to see it all
+		})
+	}
+	b.Run("xnet-tls", func(b *testing.B) {
+		serverTLS, clientTLS := testTLS(b)
+		addr, stop := startXNetServer(b, serverTLS)
+		defer stop()
+		tr := &http2.Transport{TLSClientConfig: clientTLS}
+		defer tr.CloseIdleConnections()
+		pr, pw := io.Pipe()
+		req := &http.Request{Method: http.MethodConnect, URL: &url.URL{Scheme: "https", Host: addr}, Host: "10.0.0.1:80", Header: http.Header{}, Body: pr}
+		resp, err := tr.RoundTrip(req.WithContext(testContext(b)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer resp.Body.Close()
+		buf := make([]byte, size)
+		b.SetBytes(size)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := pw.Write(buf); err != nil {
+				b.Fatal(err)
+			}
+		}
+		_ = pw.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+	})
+	b.Run("raw-tls", func(b *testing.B) {
+		serverTLS, clientTLS := testTLS(b)
+		ln, err := tls.Listen("tcp", "127.0.0.1:0", serverTLS)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer ln.Close()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer nc.Close()
+			_, _ = io.CopyBuffer(io.Discard, nc, make([]byte, 64<<10))
+		}()
+		nc, err := tls.Dial("tcp", ln.Addr().String(), clientTLS)
+		if err != nil {
+			b.Fatal(err)
+		}
+		buf := make([]byte, size)
+		b.SetBytes(size)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := nc.Write(buf); err != nil {
+				b.Fatal(err)
+			}
+		}
+		_ = nc.Close()
+		<-done
+	})
+}
+
+// startXNetServer serves xnetDiscard with x/net/http2's Server over TLS.
+func startXNetServer(b *testing.B, cfg *tls.Config) (addr string, stop func()) {
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h2 := &http2.Server{}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Go(func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, nc)
+			mu.Unlock()
+			wg.Go(func() {
+				if err := nc.(*tls.Conn).HandshakeContext(context.Background()); err != nil {
+					return
+				}
+				h2.ServeConn(nc, &http2.ServeConnOpts{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					w.WriteHeader(http.StatusOK)
+					_ = http.NewResponseController(w).Flush()
+					_, _ = io.CopyBuffer(io.Discard, r.Body, make([]byte, 64<<10))
+				})})
+			})
+		}
+	})
+	return ln.Addr().String(), func() {
+		_ = ln.Close()
+		mu.Lock()
+		for _, nc := range conns {
+			_ = nc.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	}
+}
+
+// BenchmarkRequestResponse measures a 1-byte ping-pong on one stream: the
+// added latency of a round trip through client and server.
+func BenchmarkRequestResponse(b *testing.B) {
+	ts := startServer(b, Config{}, echoHandler, false)
+	cc := ts.client(b, Config{})
+	s, err := cc.Connect(testContext(b), &Request{Authority: "10.0.0.1:80"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	buf := []byte{1}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(s, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	_ = s.CloseWrite()
+	_, _ = io.Copy(io.Discard, s)
+}
+
+// BenchmarkConnect measures opening and closing a stream on a pooled
+// connection.
+func BenchmarkConnect(b *testing.B) {
+	ts := startServer(b, Config{}, echoHandler, false)
+	cc := ts.client(b, Config{})
+	ctx := testContext(b)
+	req := &Request{Authority: "10.0.0.1:80"}
+	b.ReportAllocs()
+	for b.Loop() {
+		s, err := cc.Connect(ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = s.CloseWrite()
+		_, _ = io.Copy(io.Discard, s)
+		_ = s.Close()
+	}
+}
