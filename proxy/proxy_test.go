@@ -1,0 +1,203 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/mtls"
+	"github.com/ztunnel-go/ztunnel/mtls/caclient"
+	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
+	"github.com/ztunnel-go/ztunnel/state"
+	"github.com/ztunnel-go/ztunnel/state/xdsconv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// echoApp is the local application behind the proxy.
+func echoApp(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(c, c)
+				c.(*net.TCPConn).CloseWrite()
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+type inboundRig struct {
+	hbonePort int
+	ca        *caclient.BuiltinCA
+}
+
+// startInbound runs a proxy serving the workload "srv" at 127.0.0.1, with a
+// DENY policy on denyPort.
+func startInbound(t *testing.T, denyPort int) *inboundRig {
+	t.Helper()
+	cfg := fmt.Sprintf(`
+workloads:
+- uid: u-srv
+  name: srv
+  namespace: ns
+  serviceAccount: srv
+  workloadIps: ["127.0.0.1"]
+  protocol: HBONE
+  services: {}
+policies:
+- name: deny-port
+  namespace: ns
+  scope: Namespace
+  action: Deny
+  dryRun: false
+  rules:
+  - - - destinationPorts: [%d]
+`, denyPort)
+	snap, err := xdsconv.LocalSnapshot([]byte(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := tlstest.NewCA(t, "cluster.local")
+	certs := mtls.NewStore(mtls.StoreConfig{Source: caclient.New(caclient.Config{Signer: ca})})
+	pool := hbone.NewPool(hbone.PoolConfig{})
+	rig := &inboundRig{hbonePort: freePort(t), ca: ca}
+	p, err := New(Config{
+		Workload: WorkloadRef{Namespace: "ns", Name: "srv", ServiceAccount: "srv"},
+		State:    state.NewStore(snap), Certs: certs, Pool: pool,
+		BindHost: "127.0.0.1", OutboundPort: freePort(t), InboundPlainPort: freePort(t), InboundHBONEPort: rig.hbonePort,
+		OrigSrc: new(bool), // no spoofing on loopback
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Close()
+		pool.Close()
+		certs.Close()
+	})
+	return rig
+}
+
+// connect opens an HBONE stream to the rig as identity sa.
+func (r *inboundRig) connect(t *testing.T, sa, authority string) (*hbone.Stream, error) {
+	t.Helper()
+	cert := tlstest.Cert(t, r.ca, identity.New("", "ns", sa))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	raw, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", r.hbonePort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Client(raw, mtls.ClientConfig(cert, []string{"spiffe://cluster.local/ns/ns/sa/srv"}))
+	if err := tc.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		t.Fatal(err)
+	}
+	cc, err := hbone.NewClientConn(tc, hbone.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc.Connect(ctx, &hbone.Request{Authority: authority})
+}
+
+func TestInboundHBONE(t *testing.T) {
+	app := echoApp(t)
+	denied := echoApp(t)
+	rig := startInbound(t, denied)
+
+	t.Run("echo", func(t *testing.T) {
+		s, err := rig.connect(t, "client", fmt.Sprintf("127.0.0.1:%d", app))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		s.Write([]byte("hello through the tunnel"))
+		s.CloseWrite()
+		got, err := io.ReadAll(s)
+		if err != nil || string(got) != "hello through the tunnel" {
+			t.Fatalf("got %q, %v", got, err)
+		}
+	})
+
+	statusTests := []struct {
+		name      string
+		authority string
+		want      int
+	}{
+		{"denied by policy", fmt.Sprintf("127.0.0.1:%d", denied), 401},
+		{"unparsable authority", "example.com", 400},
+		{"authority ip mismatch", fmt.Sprintf("127.0.0.2:%d", app), 400},
+		{"illegal port", fmt.Sprintf("127.0.0.1:%d", rig.hbonePort), 400},
+		{"nothing listening", fmt.Sprintf("127.0.0.1:%d", freePort(t)), 503},
+	}
+	for _, tc := range statusTests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := rig.connect(t, "client", tc.authority)
+			var se *hbone.StatusError
+			if !errors.As(err, &se) || se.Code != tc.want {
+				t.Fatalf("CONNECT %s: %v, want status %d", tc.authority, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestInboundRejectsForeignTrustDomain(t *testing.T) {
+	rig := startInbound(t, 1)
+	other := tlstest.NewCA(t, "evil.example")
+	cert := tlstest.Cert(t, other, identity.New("evil.example", "ns", "client"))
+	raw, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", rig.hbonePort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	tc := tls.Client(raw, &tls.Config{
+		Certificates: []tls.Certificate{cert.Certificate}, InsecureSkipVerify: true,
+		MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"},
+	})
+	tc.SetDeadline(time.Now().Add(10 * time.Second))
+	err = tc.Handshake()
+	if err == nil {
+		// TLS 1.3 clients learn of a rejected certificate on the first read.
+		_, err = tc.Read(make([]byte, 1))
+	}
+	if err == nil {
+		t.Fatal("a client from another trust domain completed the handshake")
+	}
+}
