@@ -36,13 +36,12 @@ func discardHandler(_ context.Context, req *ServerRequest) {
 // references on the same run x/net/http2 CONNECT over TLS and raw TLS.
 func BenchmarkStreamThroughput(b *testing.B) {
 	const size = 64 << 10
-	for _, useTLS := range []bool{false, true} {
-		name := "hbone-tcp"
-		if useTLS {
-			name = "hbone-tls"
-		}
-		b.Run(name, func(b *testing.B) {
-			ts := startServer(b, Config{}, discardHandler, useTLS)
+	for _, tc := range []struct {
+		name       string
+		tls, batch bool
+	}{{"hbone-tcp", false, false}, {"hbone-tls", true, false}, {"hbone-tls-batched", true, true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			ts := startServerMode(b, Config{}, discardHandler, tc.tls, tc.batch)
 			cc := ts.client(b, Config{})
 			s, err := cc.Connect(testContext(b), &Request{Authority: "10.0.0.1:80"})
 			if err != nil {
@@ -161,9 +160,47 @@ func startXNetServer(b *testing.B, cfg *tls.Config) (addr string, stop func()) {
 	}
 }
 
-// BenchmarkRequestResponse measures a 1-byte ping-pong on one stream: the
-// added latency of a round trip through client and server.
+// BenchmarkRequestResponse measures a 1-byte ping-pong on one stream, the
+// latency of a round trip through client and server, next to the same over
+// plain loopback TCP.
 func BenchmarkRequestResponse(b *testing.B) {
+	b.Run("hbone-tcp", benchRequestResponse)
+	b.Run("raw-tcp", func(b *testing.B) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer ln.Close()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer nc.Close()
+			_, _ = io.Copy(nc, nc)
+		}()
+		nc, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		buf := []byte{1}
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := nc.Write(buf); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := io.ReadFull(nc, buf); err != nil {
+				b.Fatal(err)
+			}
+		}
+		_ = nc.Close()
+		<-done
+	})
+}
+
+func benchRequestResponse(b *testing.B) {
 	ts := startServer(b, Config{}, echoHandler, false)
 	cc := ts.client(b, Config{})
 	s, err := cc.Connect(testContext(b), &Request{Authority: "10.0.0.1:80"})
@@ -188,7 +225,20 @@ func BenchmarkRequestResponse(b *testing.B) {
 // BenchmarkConnect measures opening and closing a stream on a pooled
 // connection.
 func BenchmarkConnect(b *testing.B) {
-	ts := startServer(b, Config{}, echoHandler, false)
+	ts := startServer(b, Config{}, func(_ context.Context, req *ServerRequest) {
+		s, err := req.Respond(http.StatusOK, nil)
+		if err != nil {
+			return
+		}
+		_ = s.CloseWrite()
+		var buf [1]byte
+		for {
+			if _, err := s.Read(buf[:]); err != nil {
+				break
+			}
+		}
+		_ = s.Close()
+	}, false)
 	cc := ts.client(b, Config{})
 	ctx := testContext(b)
 	req := &Request{Authority: "10.0.0.1:80"}
@@ -199,7 +249,12 @@ func BenchmarkConnect(b *testing.B) {
 			b.Fatal(err)
 		}
 		_ = s.CloseWrite()
-		_, _ = io.Copy(io.Discard, s)
+		var buf [1]byte
+		for {
+			if _, err := s.Read(buf[:]); err != nil {
+				break
+			}
+		}
 		_ = s.Close()
 	}
 }

@@ -125,12 +125,16 @@ type frameBuf struct {
 	b []byte
 }
 
-// writeBufSize is the soft limit of bytes queued for the writer: streams wait
-// for space beyond it, control frames do not. The writer flushes the whole
-// buffer with one Write while the next one fills.
-const writeBufSize = 64 << 10
+// writeBufSize is the soft limit of bytes queued for the writer: streams
+// stop appending DATA beyond it, control frames do not. The writer flushes
+// the whole buffer with one Write while the next one fills. writeBufCap
+// leaves room to finish a frame rather than split it.
+const (
+	writeBufSize = 64 << 10
+	writeBufCap  = writeBufSize + 4<<10
+)
 
-var frameBufs = sync.Pool{New: func() any { return &frameBuf{b: make([]byte, 0, writeBufSize+4<<10)} }}
+var frameBufs = sync.Pool{New: func() any { return &frameBuf{b: make([]byte, 0, writeBufCap)} }}
 
 func getFrameBuf() *frameBuf { return frameBufs.Get().(*frameBuf) }
 

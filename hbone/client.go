@@ -164,7 +164,7 @@ func (cc *ClientConn) NumActiveStreams() int {
 // Close closes the connection abruptly: every stream fails. It waits for the
 // connection's goroutines to exit.
 func (cc *ClientConn) Close() error {
-	cc.c.shutdown(ErrConnClosed, false, 0, "", false)
+	cc.c.forceClose(ErrConnClosed)
 	<-cc.c.done
 	return nil
 }

@@ -24,6 +24,9 @@ const (
 	// closeFlushTimeout bounds the final flush (GOAWAY, pending frames) of a
 	// connection that closes gracefully or with a protocol error.
 	closeFlushTimeout = 2 * time.Second
+	// lingerTimeout is how long such a connection, once flushed and
+	// half-closed, waits for the peer to close before closing itself.
+	lingerTimeout = time.Second
 	// controlBacklogLimit is the queued byte count beyond which a peer that
 	// keeps provoking control frames (PING, SETTINGS) without reading our
 	// writes is cut off.
@@ -56,10 +59,11 @@ func (r *netReader) Read(p []byte) (int, error) {
 // Lock order: mu before wmu, mu before Stream.mu. Stream.mu and wmu are
 // leaves: nothing is locked while holding them.
 type conn struct {
-	nc     net.Conn
-	cfg    Config
-	client bool
-	logf   func(format string, args ...any)
+	nc      net.Conn
+	batcher Batcher // nil unless the transport can gather writes
+	cfg     Config
+	client  bool
+	logf    func(format string, args ...any)
 
 	// Reader goroutine only.
 	nr          netReader
@@ -116,15 +120,21 @@ type conn struct {
 	enc           *hpack.Encoder
 	hbuf          bytes.Buffer
 
-	closeNC sync.Once
-	exits   atomic.Int32
-	done    chan struct{} // closed when both goroutines have exited
+	closeNC  sync.Once
+	linger   atomic.Bool   // close gracefully: flush, half-close, wait for the peer
+	readDone chan struct{} // closed when the reader has stopped reading
+	exits    atomic.Int32  // reader, writer and shutdown, when finished
+	done     chan struct{} // closed when all three are
 
 	// Server side.
 	srv      *Server
 	ctx      context.Context
 	cancel   context.CancelFunc
 	handlers sync.WaitGroup
+	// running counts handler goroutines: streams reset right after opening
+	// free their slot at once while their handlers may still run ("rapid
+	// reset"), so handlers are capped on their own.
+	running atomic.Int64
 }
 
 func newConn(nc net.Conn, cfg Config, client bool) *conn {
@@ -141,8 +151,10 @@ func newConn(nc net.Conn, cfg Config, client bool) *conn {
 		peerInitialWindow:  initialWindow,
 		peerMaxStreams:     math.MaxUint32,
 		wPeerMaxFrame:      minMaxFrameSize,
+		readDone:           make(chan struct{}),
 		done:               make(chan struct{}),
 	}
+	c.batcher = batcherOf(nc)
 	c.nr.nc = nc
 	c.br = bufio.NewReaderSize(&c.nr, readBufSize)
 	c.fr = http2.NewFramer(io.Discard, c.br)
@@ -192,12 +204,16 @@ func (c *conn) start() {
 // readLoop runs the reader until the connection ends.
 func (c *conn) readLoop() {
 	err := c.readFrames()
+	close(c.readDone)
 	c.closeWith(err)
 	c.exit()
 }
 
+// exit is called once by the reader, once by the writer and once by the
+// shutdown that ended the connection; the last one closes done, so Done
+// implies that teardown (including the onClose hook) has completed.
 func (c *conn) exit() {
-	if c.exits.Add(1) == 2 {
+	if c.exits.Add(1) == 3 {
 		close(c.done)
 	}
 }
@@ -263,7 +279,7 @@ func (c *conn) writeLoop() {
 			c.bufCond.Signal()
 		}
 		c.wmu.Unlock()
-		_, err = c.nc.Write(out.b)
+		err = c.write(out.b)
 		c.wmu.Lock()
 		out.b = out.b[:0]
 		c.spare = out
@@ -277,9 +293,42 @@ func (c *conn) writeLoop() {
 		c.bufCond.Broadcast()
 	}
 	c.wmu.Unlock()
+	if err == nil && c.linger.Load() {
+		c.lingerClose()
+	}
 	c.closeConn()
 	if err != nil {
 		c.closeWith(fmt.Errorf("hbone: write: %w", err))
+	}
+}
+
+// write sends one batch, gathered into one syscall if the transport can.
+func (c *conn) write(b []byte) error {
+	if c.batcher == nil {
+		_, err := c.nc.Write(b)
+		return err
+	}
+	c.batcher.BeginBatch()
+	_, err := c.nc.Write(b)
+	if berr := c.batcher.EndBatch(); err == nil {
+		err = berr
+	}
+	return err
+}
+
+// lingerClose half-closes a flushed connection and waits a little for the
+// peer to close its side: closing at once, with peer bytes unread, makes
+// the kernel reset the connection, and a reset can destroy the frames we
+// just sent (GOAWAY above all) before the peer reads them.
+func (c *conn) lingerClose() {
+	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	t := time.NewTimer(lingerTimeout)
+	defer t.Stop()
+	select {
+	case <-c.readDone:
+	case <-t.C:
 	}
 }
 
@@ -342,7 +391,7 @@ func (c *conn) sendData(s *Stream, p []byte) (sent int, err error) {
 	defer func() {
 		// Pass the wakeup on while there is room, so waiters are woken one
 		// at a time instead of in a herd.
-		if c.bufWaiters > 0 && writeBufSize-c.pendingLenLocked() >= minDataFrag+frameHeaderLen {
+		if c.bufWaiters > 0 && c.pendingLenLocked() < writeBufSize {
 			c.bufCond.Signal()
 		}
 		c.wmu.Unlock()
@@ -358,15 +407,19 @@ func (c *conn) sendData(s *Stream, p []byte) (sent int, err error) {
 		case s.wdeadlineHit.Load():
 			return sent, deadlineExceeded
 		}
-		used := c.pendingLenLocked()
-		space := writeBufSize - used - frameHeaderLen
-		if used > 0 && space < min(len(p), minDataFrag) {
-			c.bufWaiters++
-			c.bufCond.Wait()
-			c.bufWaiters--
-			continue
+		k := min(len(p), c.wPeerMaxFrame)
+		if used := c.pendingLenLocked(); used > 0 {
+			// Append whole frames up to the soft limit; split one only to
+			// fill worthwhile room.
+			room := writeBufCap - used - frameHeaderLen
+			if used >= writeBufSize || room < min(k, minDataFrag) {
+				c.bufWaiters++
+				c.bufCond.Wait()
+				c.bufWaiters--
+				continue
+			}
+			k = min(k, room)
 		}
-		k := min(len(p), c.wPeerMaxFrame, max(space, minDataFrag))
 		b := c.wbufLocked()
 		b = appendData(b, s.id, false, p[:k])
 		c.commitLocked(b)
@@ -634,6 +687,7 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 	if goAway || graceful {
 		// The writer flushes and closes; do not let a peer that stopped
 		// reading hold it forever.
+		c.linger.Store(true)
 		_ = c.nc.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
 	} else {
 		c.closeConn()
@@ -644,6 +698,14 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 	if onClose != nil {
 		onClose()
 	}
+	c.exit()
+}
+
+// forceClose closes the connection now, cutting short a graceful close in
+// progress.
+func (c *conn) forceClose(cause error) {
+	c.shutdown(cause, false, 0, "", false)
+	c.closeConn()
 }
 
 // goAway starts a graceful drain: GOAWAY(NO_ERROR) with the last stream this

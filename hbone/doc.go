@@ -20,7 +20,17 @@
 //
 // TLS, identities and policy are not this package's business: it receives a
 // net.Conn (in production a *tls.Conn that negotiated ALPN "h2") and hands
-// CONNECT requests to a [Handler].
+// CONNECT requests to a [Handler]. crypto/tls writes each 16 KiB record
+// with its own syscall; building the TLS connection on [NewBatchConn] lets
+// the writer send a whole batch of records with one.
+//
+// # Errors
+//
+// Connect returns a [*StatusError] for a non-200 answer. Stream reads and
+// writes return io.EOF after the peer's END_STREAM, a [*StreamError] after a
+// reset, [ErrStreamClosed] after a local Close or Reset, and an error
+// matching [ErrConnClosed] (wrapping a [*GoAwayError], a [*ConnError] or a
+// network error) when the connection ends.
 //
 // Importers: the proxy, the load generator and tests. This package imports
 // nothing of the project.

@@ -57,6 +57,7 @@ type StatusError struct {
 	Code int
 }
 
+// Error reports the status code.
 func (e *StatusError) Error() string {
 	return fmt.Sprintf("hbone: CONNECT refused with status %d", e.Code)
 }
@@ -71,6 +72,7 @@ type StreamError struct {
 	Local bool
 }
 
+// Error reports the reset code and which side reset.
 func (e *StreamError) Error() string {
 	if e.Local {
 		return "hbone: stream reset locally: " + e.Code.String()
@@ -91,6 +93,7 @@ type GoAwayError struct {
 	DebugData    string
 }
 
+// Error reports the GOAWAY code and debug data.
 func (e *GoAwayError) Error() string {
 	if e.DebugData != "" {
 		return fmt.Sprintf("hbone: peer sent GOAWAY %v: %q", e.Code, e.DebugData)
@@ -105,6 +108,7 @@ type ConnError struct {
 	Reason string
 }
 
+// Error reports the code sent in GOAWAY and the reason.
 func (e *ConnError) Error() string {
 	return fmt.Sprintf("hbone: protocol error %v: %s", e.Code, e.Reason)
 }

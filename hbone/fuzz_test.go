@@ -31,7 +31,9 @@ func fuzzSeeds() [][]byte {
 		fn(fr, block)
 		seeds = append(seeds, buf.Bytes())
 	}
-	connect := func(kv ...string) []string { return append([]string{":method", "CONNECT", ":authority", "10.0.0.1:80"}, kv...) }
+	connect := func(kv ...string) []string {
+		return append([]string{":method", "CONNECT", ":authority", "10.0.0.1:80"}, kv...)
+	}
 	build(func(fr *http2.Framer, block func(...string) []byte) {
 		_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 20})
 		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block(connect("baggage", "a=b")...), EndHeaders: true})
@@ -101,7 +103,67 @@ func FuzzServerConn(f *testing.F) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("ServeConn did not return after the peer closed")
 		}
-		<-drained
+		select {
+		case <-drained:
+		case <-time.After(10 * time.Second):
+			t.Fatal("server output did not end")
+		}
 		_ = srv.Close()
+	})
+}
+
+// FuzzClientConn feeds arbitrary bytes, after a valid SETTINGS frame, from a
+// server into a client connection with a CONNECT outstanding: it must
+// neither panic nor hang, and must end every goroutine.
+func FuzzClientConn(f *testing.F) {
+	var hbuf bytes.Buffer
+	enc := hpack.NewEncoder(&hbuf)
+	for _, kv := range [][2]string{{":status", "200"}, {"baggage", "k8s.cluster.name=c"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+	}
+	var buf bytes.Buffer
+	fr := http2.NewFramer(&buf, nil)
+	_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hbuf.Bytes(), EndHeaders: true})
+	_ = fr.WriteData(1, false, []byte("banner"))
+	_ = fr.WriteWindowUpdate(1, 1000)
+	_ = fr.WritePing(false, [8]byte{})
+	_ = fr.WriteData(1, true, nil)
+	_ = fr.WriteGoAway(1, http2.ErrCodeNo, nil)
+	f.Add(buf.Bytes())
+	f.Add([]byte{0, 0, 4, 8, 0, 0, 0, 0, 1, 0, 0, 0, 1}) // WINDOW_UPDATE on stream 1
+	f.Fuzz(func(t *testing.T, data []byte) {
+		a, b := net.Pipe()
+		cc, err := NewClientConn(a, Config{PingInterval: -1, StreamWindow: 65535, ConnWindow: 65535, MaxFrameSize: 16384})
+		if err != nil {
+			t.Fatal(err)
+		}
+		drained := make(chan struct{})
+		go func() {
+			_, _ = io.Copy(io.Discard, b)
+			close(drained)
+		}()
+		connected := make(chan struct{})
+		go func() {
+			defer close(connected)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			s, err := cc.Connect(ctx, &Request{Authority: "10.0.0.1:80"})
+			if err == nil {
+				_, _ = io.Copy(io.Discard, s)
+				_ = s.Close()
+			}
+		}()
+		_ = b.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		_, _ = b.Write([]byte{0, 0, 0, 4, 0, 0, 0, 0, 0}) // empty SETTINGS
+		_, _ = b.Write(data)
+		_ = b.Close()
+		for what, ch := range map[string]<-chan struct{}{"connection": cc.Done(), "Connect": connected, "drain": drained} {
+			select {
+			case <-ch:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s did not end after the peer closed", what)
+			}
+		}
+		_ = cc.Close()
 	})
 }

@@ -52,11 +52,11 @@ func echoRoundTrip(t testing.TB, s *Stream, seed uint64, n int64, writeSize int)
 
 func TestEchoLarge(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		tls  bool
-	}{{"tcp", false}, {"tls", true}} {
+		name       string
+		tls, batch bool
+	}{{"tcp", false, false}, {"tls", true, false}, {"tls batched", true, true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			ts := startServer(t, Config{}, echoHandler, tc.tls)
+			ts := startServerMode(t, Config{}, echoHandler, tc.tls, tc.batch)
 			cc := ts.client(t, Config{})
 			s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
 			if err != nil {

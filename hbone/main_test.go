@@ -90,6 +90,7 @@ type testServer struct {
 	*Server
 	addr      string
 	tlsClient *tls.Config // nil for plain TCP
+	batch     bool        // TLS over NewBatchConn
 	serveErrs chan error
 }
 
@@ -97,11 +98,18 @@ type testServer struct {
 // everything and waits for every goroutine.
 func startServer(t testing.TB, cfg Config, h Handler, useTLS bool) *testServer {
 	t.Helper()
+	return startServerMode(t, cfg, h, useTLS, false)
+}
+
+// startServerMode is startServer with, if batch, TLS on both sides layered
+// over NewBatchConn.
+func startServerMode(t testing.TB, cfg Config, h Handler, useTLS, batch bool) *testServer {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := &testServer{Server: NewServer(cfg, h), addr: ln.Addr().String(), serveErrs: make(chan error, 100)}
+	ts := &testServer{Server: NewServer(cfg, h), addr: ln.Addr().String(), serveErrs: make(chan error, 100), batch: batch}
 	var serverTLS *tls.Config
 	if useTLS {
 		serverTLS, ts.tlsClient = testTLS(t)
@@ -115,7 +123,11 @@ func startServer(t testing.TB, cfg Config, h Handler, useTLS bool) *testServer {
 			}
 			wg.Go(func() {
 				if serverTLS != nil {
-					tc := tls.Server(nc, serverTLS)
+					raw := nc
+					if batch {
+						raw = NewBatchConn(nc)
+					}
+					tc := tls.Server(raw, serverTLS)
 					if err := tc.HandshakeContext(context.Background()); err != nil {
 						_ = nc.Close()
 						return
@@ -145,7 +157,11 @@ func (ts *testServer) dial(ctx context.Context) (net.Conn, error) {
 	if err != nil || ts.tlsClient == nil {
 		return nc, err
 	}
-	tc := tls.Client(nc, ts.tlsClient)
+	raw := nc
+	if ts.batch {
+		raw = NewBatchConn(nc)
+	}
+	tc := tls.Client(raw, ts.tlsClient)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		_ = nc.Close()
 		return nil, err

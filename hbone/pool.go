@@ -149,7 +149,17 @@ func (p *Pool) get(ctx context.Context, key string, dial func(ctx context.Contex
 			return nil, ErrPoolClosed
 		}
 		k.conns = append(k.conns, cc)
-		// Loop: take a slot on it like everyone else.
+		// Take the first slot of our own dial; if even that fails the
+		// connection died at once, and dialing again would only loop.
+		ok := cc.tryReserve()
+		p.mu.Unlock()
+		if !ok {
+			if err := cc.Err(); err != nil {
+				return nil, err
+			}
+			return nil, ErrGoingAway
+		}
+		return cc, nil
 	}
 }
 

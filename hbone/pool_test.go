@@ -303,4 +303,3 @@ func TestPoolStatusError(t *testing.T) {
 		t.Fatalf("%d dials, want 1: a non-200 must not poison the connection", n)
 	}
 }
-

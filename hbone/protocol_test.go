@@ -236,6 +236,11 @@ func TestServerConnErrors(t *testing.T) {
 			code: http2.ErrCodeFlowControl,
 		},
 		{
+			name: "zero window increment on idle stream",
+			run:  func(p *rawPeer) { _ = p.fr.WriteRawFrame(http2.FrameWindowUpdate, 0, 11, []byte{0, 0, 0, 0}) },
+			code: http2.ErrCodeProtocol,
+		},
+		{
 			name: "zero connection window increment",
 			run:  func(p *rawPeer) { _ = p.fr.WriteRawFrame(http2.FrameWindowUpdate, 0, 0, []byte{0, 0, 0, 0}) },
 			code: http2.ErrCodeProtocol,
@@ -310,6 +315,23 @@ func TestServerConnErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRapidReset: streams reset right after opening free their slot, but
+// their handlers are still capped.
+func TestRapidReset(t *testing.T) {
+	release := make(chan struct{})
+	ts := startServer(t, Config{MaxStreams: 2}, func(context.Context, *ServerRequest) {
+		<-release // a handler slow to notice the reset
+	}, false)
+	defer close(release)
+	p := dialRaw(t, ts)
+	for id := uint32(1); id <= 7; id += 2 {
+		p.connect(id, "a:1")
+		_ = p.fr.WriteRSTStream(id, http2.ErrCodeCancel)
+	}
+	p.connect(9, "a:1")
+	p.expectRST(9, http2.ErrCodeRefusedStream)
 }
 
 func TestFirstFrameNotSettings(t *testing.T) {

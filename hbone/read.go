@@ -87,8 +87,12 @@ func (c *conn) rejectStream(id uint32, code http2.ErrCode, headers bool) error {
 	c.mu.Lock()
 	s := c.streams[id]
 	if s == nil {
-		if headers && !c.client && id%2 == 1 && id > c.maxPeerID {
+		switch {
+		case headers && !c.client && id%2 == 1 && id > c.maxPeerID:
 			c.maxPeerID = id // the malformed request opened (and closes) it
+		case !headers && c.idleLocked(id):
+			c.mu.Unlock()
+			return connError(http2.ErrCodeProtocol, "frame on idle stream %d", id)
 		}
 		c.wmu.Lock()
 		c.queueRSTLocked(id, code)

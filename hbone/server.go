@@ -133,7 +133,7 @@ func (srv *Server) ServeConn(ctx context.Context, nc net.Conn) error {
 	srv.mu.Unlock()
 	defer srv.serving.Done()
 
-	stop := context.AfterFunc(ctx, func() { c.shutdown(ctx.Err(), false, 0, "", false) })
+	stop := context.AfterFunc(ctx, func() { c.forceClose(ctx.Err()) })
 	c.start()
 	c.readLoop()
 	<-c.done
@@ -203,7 +203,7 @@ func (srv *Server) Close() error {
 	}
 	srv.mu.Unlock()
 	for _, c := range conns {
-		c.shutdown(ErrServerClosed, false, 0, "", false)
+		c.forceClose(ErrServerClosed)
 	}
 	srv.serving.Wait()
 	return nil
@@ -236,7 +236,7 @@ func (c *conn) handleRequestHeaders(f *http2.MetaHeadersFrame) error {
 		return nil
 	}
 	c.maxPeerID = id
-	if c.goAwaySent || c.active >= int(c.cfg.MaxStreams) {
+	if c.goAwaySent || c.active >= int(c.cfg.MaxStreams) || c.running.Load() >= 2*int64(c.cfg.MaxStreams) {
 		c.wmu.Lock()
 		c.queueRSTLocked(id, http2.ErrCodeRefusedStream)
 		c.wmu.Unlock()
@@ -276,6 +276,7 @@ func (c *conn) handleRequestHeaders(f *http2.MetaHeadersFrame) error {
 	req.s = s
 	req.Conn = c.nc
 	c.handlers.Add(1)
+	c.running.Add(1)
 	go c.serve(ctx, req)
 	return nil
 }
@@ -292,6 +293,7 @@ func (c *conn) rejectLocked(id uint32, status int, ended bool) {
 
 func (c *conn) serve(ctx context.Context, req *ServerRequest) {
 	defer c.handlers.Done()
+	defer c.running.Add(-1)
 	c.srv.h(ctx, req)
 	if !req.responded.Load() {
 		c.logf("hbone: handler for CONNECT %s returned without responding; sent 503", req.Authority)

@@ -22,7 +22,7 @@ const handshakeTimeout = 10 * time.Second
 
 // handleHBONE terminates mTLS on 15008 and serves HTTP/2 CONNECT streams.
 func (p *Proxy) handleHBONE(c *net.TCPConn) {
-	conn := tls.Server(c, mtls.ServerConfig(p.serverCert))
+	conn := tls.Server(hbone.NewBatchConn(c), mtls.ServerConfig(p.serverCert))
 	hctx, cancel := context.WithTimeout(p.ctx, handshakeTimeout)
 	err := conn.HandshakeContext(hctx)
 	cancel()

@@ -169,7 +169,8 @@ func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client n
 		}
 		// The pool may outlive this cert; the TLS config pins the one in force
 		// when the connection was made, which is what rotation needs.
-		conn := tls.Client(tc, mtls.ClientConfig(cert, r.sans))
+		// NewBatchConn turns the writer's batch of TLS records into one syscall.
+		conn := tls.Client(hbone.NewBatchConn(tc), mtls.ClientConfig(cert, r.sans))
 		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		if err := conn.HandshakeContext(hctx); err != nil {
