@@ -1,6 +1,10 @@
 // Package admin serves the daemon's operator endpoints in ztunnel's shapes:
-// the admin API on localhost:15000 (/config_dump, /quitquitquit, pprof) and
-// readiness on 15021 (/healthz/ready).
+// the admin API on localhost:15000 (/config_dump, /logging, /quitquitquit,
+// pprof), the metrics server on 15020 (/metrics, /stats/prometheus, from
+// any Prometheus Gatherer, gzip when asked) and readiness on 15021
+// (/healthz/ready).
 //
-// Imported by cmd (through internal/app); imports state and mtls.
+// Imported by cmd (through internal/app); imports state and mtls. The log
+// filter and the metrics come in through interfaces (LogLevels,
+// prometheus.Gatherer), so it needs neither internal/logging nor metrics.
 package admin

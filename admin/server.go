@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"runtime"
 	"sync"
 	"time"
@@ -36,6 +35,8 @@ type Config struct {
 	Version BuildInfo
 	// Quit is called by POST /quitquitquit to start a graceful shutdown.
 	Quit func()
+	// Logging is the live log filter of /logging; nil answers 500 there.
+	Logging LogLevels
 	// Logger receives errors.
 	Logger *slog.Logger
 }
@@ -55,11 +56,8 @@ func NewServer(cfg Config) *Server {
 	s.mux.HandleFunc("/", s.index)
 	s.mux.HandleFunc("/config_dump", s.configDump)
 	s.mux.HandleFunc("/quitquitquit", s.quit)
-	s.mux.HandleFunc("/debug/pprof/", pprof.Index)
-	s.mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	s.mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	s.mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	s.mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	s.mux.HandleFunc("/logging", s.logging)
+	s.routePprof()
 	return s
 }
 
@@ -84,8 +82,14 @@ func fromLoopback(remote string) bool {
 
 var endpoints = []struct{ path, help string }{
 	{"/config_dump", "dump the current workloads, services, policies and certificates"},
+	{"/logging", "show the log filter; POST ?level=<level> or ?level=<scope>=<level>,... changes it, ?reset restores it"},
 	{"/quitquitquit", "POST: drain connections and exit"},
-	{"/debug/pprof/", "Go profiles: CPU, heap, goroutine, mutex, block, trace"},
+	{"/debug/pprof/", "Go profiles: index of heap, goroutine, allocs, threadcreate, mutex, block"},
+	{"/debug/pprof/profile", "CPU profile; seconds (1-300, default 10)"},
+	{"/debug/pprof/heap", "heap profile"},
+	{"/debug/pprof/goroutine?debug=2", "goroutine stacks"},
+	{"/debug/pprof/trace", "execution trace; seconds (default 1)"},
+	{"/debug/pprof/contention", "mutex and block profiling state; POST ?activate=true|false"},
 }
 
 func (s *Server) index(w http.ResponseWriter, r *http.Request) {
@@ -126,9 +130,14 @@ func (s *Server) Dump() ConfigDump {
 
 func (s *Server) configDump(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
+	body, done := compressed(w, r)
+	enc := json.NewEncoder(body)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(s.Dump()); err != nil {
+	err := enc.Encode(s.Dump())
+	if derr := done(); err == nil {
+		err = derr
+	}
+	if err != nil {
 		s.cfg.Logger.Debug("config dump write failed", "error", err)
 	}
 }

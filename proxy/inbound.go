@@ -12,6 +12,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/state"
 )
@@ -23,12 +24,14 @@ const handshakeTimeout = 10 * time.Second
 // handleHBONE terminates mTLS on 15008 and serves HTTP/2 CONNECT streams.
 func (p *Proxy) handleHBONE(c *net.TCPConn) {
 	conn := tls.Server(hbone.NewBatchConn(c), mtls.ServerConfig(p.serverCert))
+	p.cfg.Metrics.SocketOpened(metrics.ReporterDestination)
+	defer p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
 	hctx, cancel := context.WithTimeout(p.ctx, handshakeTimeout)
 	err := conn.HandshakeContext(hctx)
 	cancel()
 	if err != nil {
-		p.log.Warn("connection failed", "scope", "access", "direction", "inbound",
-			"src.addr", addrPortOf(c.RemoteAddr()).String(), "error", fmt.Sprintf("tls handshake: %v", err))
+		ci := newConnInfo(dirInbound, addrPortOf(c.RemoteAddr()))
+		p.failed(ci, fmt.Errorf("tls handshake: %w", err))
 		c.Close()
 		return
 	}
@@ -65,83 +68,83 @@ func inboundErr(status int, format string, args ...any) error {
 // serveHBONE handles one CONNECT stream: validate, authorize, dial the app,
 // answer 200 and relay.
 func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
-	log := newAccessLog("inbound")
-	src := addrPortOf(req.Conn.RemoteAddr())
-	log.add("src.addr", src.String())
-	log.add("dst.hbone_addr", req.Authority)
-
-	app, w, err := p.inboundUpstream(ctx, req, src, log)
+	ci := newConnInfo(dirInbound, addrPortOf(req.Conn.RemoteAddr()))
+	ci.hboneAddr = req.Authority
+	ci.mtls = true
+	app, err := p.inboundUpstream(ctx, req, ci)
 	if err != nil {
 		status := http.StatusServiceUnavailable
 		var ie *inboundError
 		if errors.As(err, &ie) {
 			status = ie.status
 		}
-		log.failed(p.log, err)
+		if ci.metric != nil || ci.dstWorkload != nil {
+			flags := metrics.FlagConnect
+			if status == http.StatusUnauthorized {
+				flags = metrics.FlagDeny
+			}
+			p.complete(ci, flags, err)
+		} else {
+			p.failed(ci, err)
+		}
 		if _, rerr := req.Respond(status, nil); rerr != nil {
 			p.log.Debug("respond failed", "error", rerr)
 		}
 		return
 	}
-	_ = w
 	s, err := req.Respond(http.StatusOK, nil)
 	if err != nil {
 		app.Close()
-		log.failed(p.log, err)
+		p.complete(ci, metrics.FlagConnect, err)
 		return
 	}
-	var counters engine.Counters
-	res := engine.Relay(streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app}, &counters)
-	log.complete(p.log, counters.AToB.Load(), counters.BToA.Load(), res.Err)
+	res := engine.Relay(streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app}, &ci.counters)
+	p.complete(ci, metrics.FlagNone, relayErr(res))
 }
 
-func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, src netip.AddrPort, log *accessLog) (*net.TCPConn, *state.Workload, error) {
+func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, error) {
 	target, err := netip.ParseAddrPort(req.Authority)
 	if err != nil {
-		return nil, nil, inboundErr(http.StatusBadRequest, "invalid authority %q: want ip:port", req.Authority)
+		return nil, inboundErr(http.StatusBadRequest, "invalid authority %q: want ip:port", req.Authority)
 	}
 	target = netip.AddrPortFrom(target.Addr().Unmap(), target.Port())
-	log.add("dst.addr", target.String())
+	ci.dst = target
 	tlsConn, ok := req.Conn.(*tls.Conn)
 	if !ok {
-		return nil, nil, inboundErr(http.StatusBadRequest, "connection is not mutual TLS")
+		return nil, inboundErr(http.StatusBadRequest, "connection is not mutual TLS")
 	}
 	peer, err := mtls.PeerIdentity(tlsConn.ConnectionState())
 	if err != nil {
-		return nil, nil, inboundErr(http.StatusUnauthorized, "peer identity: %w", err)
+		return nil, inboundErr(http.StatusUnauthorized, "peer identity: %w", err)
 	}
-	log.add("src.identity", peer.String())
+	ci.srcIdentity = peer
 
 	w, snap, err := p.localWorkload(ctx)
 	if err != nil {
-		return nil, nil, inboundErr(http.StatusServiceUnavailable, "%w", err)
+		return nil, inboundErr(http.StatusServiceUnavailable, "%w", err)
 	}
-	log.add("dst.workload", w.Name)
-	log.add("dst.namespace", w.Namespace)
-	log.add("dst.identity", p.identityOf(w).String())
-	if sw := snap.WorkloadByAddr(p.cfg.Network, src.Addr()); sw != nil {
-		log.add("src.workload", sw.Name)
-		log.add("src.namespace", sw.Namespace)
-	}
+	ci.dstWorkload, ci.dstIdentity = w, p.identityOf(w)
+	ci.srcWorkload = snap.WorkloadByAddr(p.cfg.Network, ci.src.Addr())
 
 	// validate_destination: the tunnel must be addressed to the IP it
 	// arrived on, so a peer cannot use this pod as a relay to elsewhere.
 	local := addrPortOf(req.Conn.LocalAddr())
 	if target.Addr() != local.Addr() {
-		return nil, nil, inboundErr(http.StatusBadRequest, "ip mismatch: authority %s, connection to %s", target.Addr(), local.Addr())
+		return nil, inboundErr(http.StatusBadRequest, "ip mismatch: authority %s, connection to %s", target.Addr(), local.Addr())
 	}
 	if p.isIllegalPort(target.Port()) {
-		return nil, nil, inboundErr(http.StatusBadRequest, "illegal target port %d", target.Port())
+		return nil, inboundErr(http.StatusBadRequest, "illegal target port %d", target.Port())
 	}
-	dec := snap.Authorize(state.Conn{Src: src, Dst: target, SrcIdentity: peer, DstWorkload: w})
+	p.open(ci)
+	dec := snap.Authorize(state.Conn{Src: ci.src, Dst: target, SrcIdentity: peer, DstWorkload: w})
 	if !dec.Allowed {
-		return nil, nil, inboundErr(http.StatusUnauthorized, "connection rejected by policy: %s", dec.Reason)
+		return nil, inboundErr(http.StatusUnauthorized, "connection rejected by policy: %s", dec.Reason)
 	}
-	app, err := p.dialApp(ctx, src.Addr(), target)
+	app, err := p.dialApp(ctx, ci.src.Addr(), target)
 	if err != nil {
-		return nil, nil, inboundErr(http.StatusServiceUnavailable, "connect to %s: %w", target, err)
+		return nil, inboundErr(http.StatusServiceUnavailable, "connect to %s: %w", target, err)
 	}
-	return app, w, nil
+	return app, nil
 }
 
 // dialApp connects to the local app, presenting the original client's IP as

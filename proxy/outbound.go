@@ -14,6 +14,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/state"
 )
@@ -29,67 +30,64 @@ type outboundRoute struct {
 }
 
 func (p *Proxy) handleOutbound(c *net.TCPConn) {
-	log := newAccessLog("outbound")
-	src := addrPortOf(c.RemoteAddr())
-	log.add("src.addr", src.String())
+	p.cfg.Metrics.SocketOpened(metrics.ReporterSource)
+	defer p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
+	ci := newConnInfo(dirOutbound, addrPortOf(c.RemoteAddr()))
+	abort := func(err error) {
+		p.failed(ci, err)
+		engine.TCPEndpoint{TCPConn: c}.Abort()
+	}
 	origDst, err := engine.OriginalDst(c)
 	if err != nil {
-		log.failed(p.log, err)
-		engine.TCPEndpoint{TCPConn: c}.Abort()
+		abort(err)
 		return
 	}
-	log.add("dst.addr", origDst.String())
+	ci.dst = origDst
 	if origDst.Addr().IsLoopback() && p.isIllegalPort(origDst.Port()) {
-		log.failed(p.log, fmt.Errorf("self call to illegal port %d refused", origDst.Port()))
-		engine.TCPEndpoint{TCPConn: c}.Abort()
+		abort(fmt.Errorf("self call to illegal port %d refused", origDst.Port()))
 		return
 	}
 	ctx := p.ctx
 	srcW, snap, err := p.localWorkload(ctx)
 	if err != nil {
-		log.failed(p.log, err)
-		engine.TCPEndpoint{TCPConn: c}.Abort()
+		abort(err)
 		return
 	}
-	log.add("src.workload", srcW.Name)
-	log.add("src.namespace", srcW.Namespace)
 	route, err := p.routeOutbound(snap, srcW, origDst)
 	if err != nil {
-		log.failed(p.log, err)
-		engine.TCPEndpoint{TCPConn: c}.Abort()
+		abort(err)
 		return
 	}
+	ci.srcWorkload = srcW
+	ci.dstWorkload, ci.service = route.workload, route.service
 	if route.workload != nil {
-		log.add("dst.workload", route.workload.Name)
-		log.add("dst.namespace", route.workload.Namespace)
-		log.add("dst.identity", p.identityOf(route.workload).String())
+		ci.dstIdentity = p.identityOf(route.workload)
 	}
-	if route.service != nil {
-		log.add("dst.service", route.service.Hostname)
-	}
-
 	var upstream engine.Endpoint
 	if route.hbone {
-		log.add("dst.hbone_addr", route.authority)
-		s, err := p.connectHBONE(ctx, srcW, src, route)
+		ci.mtls = true
+		ci.srcIdentity = p.identityOf(srcW)
+		ci.hboneAddr = route.authority
+		p.open(ci)
+		s, flags, err := p.connectHBONE(ctx, srcW, ci.src, route)
 		if err != nil {
-			log.failed(p.log, err)
+			p.complete(ci, flags, err)
 			engine.TCPEndpoint{TCPConn: c}.Abort()
 			return
 		}
 		upstream = streamEndpoint{s}
 	} else {
+		p.open(ci)
 		up, err := p.dialer.Dial(ctx, netip.Addr{}, route.dst)
 		if err != nil {
-			log.failed(p.log, fmt.Errorf("connect to %s: %w", route.dst, err))
+			p.complete(ci, metrics.FlagConnect, fmt.Errorf("connect to %s: %w", route.dst, err))
 			engine.TCPEndpoint{TCPConn: c}.Abort()
 			return
 		}
 		upstream = engine.TCPEndpoint{TCPConn: up}
 	}
-	var counters engine.Counters
-	res := engine.Relay(engine.TCPEndpoint{TCPConn: c}, upstream, &counters)
-	log.complete(p.log, counters.AToB.Load(), counters.BToA.Load(), res.Err)
+	res := engine.Relay(engine.TCPEndpoint{TCPConn: c}, upstream, &ci.counters)
+	p.complete(ci, metrics.FlagNone, relayErr(res))
 }
 
 // routeOutbound decides where an outbound connection goes: a service VIP is
@@ -151,11 +149,12 @@ func pickIP(w *state.Workload, want netip.Addr) (netip.Addr, bool) {
 }
 
 // connectHBONE opens (or reuses) a tunnel to the route's peer and sends CONNECT.
-func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client netip.AddrPort, r outboundRoute) (*hbone.Stream, error) {
+// The response flags say which step failed, for the metrics.
+func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client netip.AddrPort, r outboundRoute) (*hbone.Stream, metrics.ResponseFlags, error) {
 	srcID := p.identityOf(srcW)
 	cert, err := p.cfg.Certs.Get(ctx, srcID)
 	if err != nil {
-		return nil, fmt.Errorf("certificate for %s: %w", srcID, err)
+		return nil, metrics.FlagIdentityError, fmt.Errorf("certificate for %s: %w", srcID, err)
 	}
 	var srcIP netip.Addr
 	if len(srcW.Addresses) > 0 {
@@ -165,7 +164,7 @@ func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client n
 	dial := func(ctx context.Context) (net.Conn, error) {
 		tc, err := p.dialer.Dial(ctx, netip.Addr{}, r.dst)
 		if err != nil {
-			return nil, fmt.Errorf("connect to %s (maybe a NetworkPolicy is blocking HBONE port 15008): %w", r.dst, err)
+			return nil, &dialError{metrics.FlagNetworkPolicy, fmt.Errorf("connect to %s (maybe a NetworkPolicy is blocking HBONE port 15008): %w", r.dst, err)}
 		}
 		// The pool may outlive this cert; the TLS config pins the one in force
 		// when the connection was made, which is what rotation needs.
@@ -175,7 +174,7 @@ func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client n
 		defer cancel()
 		if err := conn.HandshakeContext(hctx); err != nil {
 			tc.Close()
-			return nil, fmt.Errorf("tls handshake with %s: %w", r.dst, err)
+			return nil, &dialError{metrics.FlagTLSFailure, fmt.Errorf("tls handshake with %s: %w", r.dst, err)}
 		}
 		return conn, nil
 	}
@@ -184,10 +183,27 @@ func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client n
 	s, err := p.cfg.Pool.Connect(ctx, key, dial, &hbone.Request{Authority: r.authority, Header: hdr})
 	if err != nil {
 		var se *hbone.StatusError
-		if errors.As(err, &se) {
-			return nil, fmt.Errorf("upstream refused CONNECT %s: %w", r.authority, err)
+		var de *dialError
+		switch {
+		case errors.As(err, &se):
+			flags := metrics.FlagConnect
+			if se.Code == 401 {
+				flags = metrics.FlagDeny
+			}
+			return nil, flags, fmt.Errorf("upstream refused CONNECT %s: %w", r.authority, err)
+		case errors.As(err, &de):
+			return nil, de.flags, err
 		}
-		return nil, err
+		return nil, metrics.FlagH2HandshakeFailure, err
 	}
-	return s, nil
+	return s, metrics.FlagNone, nil
 }
+
+// dialError marks which step of opening a tunnel connection failed.
+type dialError struct {
+	flags metrics.ResponseFlags
+	err   error
+}
+
+func (e *dialError) Error() string { return e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }

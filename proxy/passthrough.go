@@ -5,17 +5,18 @@ import (
 	"net"
 
 	"github.com/ztunnel-go/ztunnel/engine"
+	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
 // handlePassthrough serves plaintext captured into the pod (15006): policy
 // with no peer identity (so STRICT mTLS refuses it), then plain TCP to the app.
 func (p *Proxy) handlePassthrough(c *net.TCPConn) {
-	log := newAccessLog("inbound")
-	src := addrPortOf(c.RemoteAddr())
-	log.add("src.addr", src.String())
+	p.cfg.Metrics.SocketOpened(metrics.ReporterDestination)
+	defer p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
+	ci := newConnInfo(dirInbound, addrPortOf(c.RemoteAddr()))
 	abort := func(err error) {
-		log.failed(p.log, err)
+		p.failed(ci, err)
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 	}
 	dst, err := engine.OriginalDst(c)
@@ -23,7 +24,7 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) {
 		abort(err)
 		return
 	}
-	log.add("dst.addr", dst.String())
+	ci.dst = dst
 	if p.isIllegalPort(dst.Port()) {
 		abort(fmt.Errorf("illegal target port %d", dst.Port()))
 		return
@@ -33,23 +34,21 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) {
 		abort(err)
 		return
 	}
-	log.add("dst.workload", w.Name)
-	log.add("dst.namespace", w.Namespace)
-	if sw := snap.WorkloadByAddr(p.cfg.Network, src.Addr()); sw != nil {
-		log.add("src.workload", sw.Name)
-		log.add("src.namespace", sw.Namespace)
-	}
-	dec := snap.Authorize(state.Conn{Src: src, Dst: dst, DstWorkload: w})
+	ci.dstWorkload, ci.dstIdentity = w, p.identityOf(w)
+	ci.srcWorkload = snap.WorkloadByAddr(p.cfg.Network, ci.src.Addr())
+	p.open(ci)
+	dec := snap.Authorize(state.Conn{Src: ci.src, Dst: dst, DstWorkload: w})
 	if !dec.Allowed {
-		abort(fmt.Errorf("connection rejected by policy: %s", dec.Reason))
+		p.complete(ci, metrics.FlagDeny, fmt.Errorf("connection rejected by policy: %s", dec.Reason))
+		engine.TCPEndpoint{TCPConn: c}.Abort()
 		return
 	}
-	app, err := p.dialApp(p.ctx, src.Addr(), dst)
+	app, err := p.dialApp(p.ctx, ci.src.Addr(), dst)
 	if err != nil {
-		abort(fmt.Errorf("connect to %s: %w", dst, err))
+		p.complete(ci, metrics.FlagConnect, fmt.Errorf("connect to %s: %w", dst, err))
+		engine.TCPEndpoint{TCPConn: c}.Abort()
 		return
 	}
-	var counters engine.Counters
-	res := engine.Relay(engine.TCPEndpoint{TCPConn: c}, engine.TCPEndpoint{TCPConn: app}, &counters)
-	log.complete(p.log, counters.AToB.Load(), counters.BToA.Load(), res.Err)
+	res := engine.Relay(engine.TCPEndpoint{TCPConn: c}, engine.TCPEndpoint{TCPConn: app}, &ci.counters)
+	p.complete(ci, metrics.FlagNone, relayErr(res))
 }

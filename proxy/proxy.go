@@ -13,6 +13,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/state"
 )
@@ -69,14 +70,17 @@ type Config struct {
 	// Control, when set, runs socket creation (listen and dial) in the
 	// workload's network namespace.
 	Control func(fn func() error) error
-	// Logger receives access logs and errors; nil discards.
+	// Logger receives access logs (scope "access") and errors; nil discards.
 	Logger *slog.Logger
+	// Metrics counts connections and bytes; nil counts nothing.
+	Metrics *metrics.Metrics
 }
 
 // Proxy serves one workload: outbound, inbound HBONE and inbound plaintext.
 type Proxy struct {
 	cfg    Config
 	log    *slog.Logger
+	access *slog.Logger // log.With("scope", "access"), made once
 	hbsrv  *hbone.Server
 	dialer engine.Dialer
 
@@ -120,7 +124,7 @@ func New(cfg Config) (*Proxy, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{cfg: cfg, log: log, conns: make(map[net.Conn]struct{})}
+	p := &Proxy{cfg: cfg, log: log, access: log.With("scope", "access"), conns: make(map[net.Conn]struct{})}
 	p.info = state.WorkloadInfo{Namespace: cfg.Workload.Namespace, Name: cfg.Workload.Name, ServiceAccount: cfg.Workload.ServiceAccount}
 	p.dialer = engine.Dialer{Options: cfg.Socket}
 	if cfg.Control != nil {

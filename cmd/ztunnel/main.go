@@ -40,12 +40,19 @@ func run(args []string, stderr *os.File) int {
 		return 1
 	}
 	app.RaiseFileLimit()
-	log := app.NewLogger(stderr, cfg)
+	// ztunnel logs to stdout.
+	log, levels, err := app.NewLogger(os.Stdout, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "ztunnel: %v\n", err)
+		return 1
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	d, err := app.Start(ctx, cfg, log)
+	d, err := app.Start(ctx, cfg, log, levels)
 	if err != nil {
 		log.Error("failed to start", "error", err)
+		// Also on stderr: whoever reads the exit status reads stderr.
+		fmt.Fprintf(stderr, "ztunnel: failed to start: %v\n", err)
 		return 1
 	}
 	select {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"runtime/debug"
@@ -13,6 +14,8 @@ import (
 	"github.com/ztunnel-go/ztunnel/admin"
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/internal/logging"
+	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/proxy"
@@ -33,13 +36,14 @@ type Daemon struct {
 	pool      *hbone.Pool
 	proxies   []*proxy.Proxy
 	admin     *admin.HTTPServer
+	stats     *admin.HTTPServer
 	readiness *admin.HTTPServer
 	quit      chan struct{}
 }
 
 // Start builds and starts the daemon. Configuration errors are returned
 // before any listener opens.
-func Start(ctx context.Context, cfg *Config, log *slog.Logger) (*Daemon, error) {
+func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.Levels) (*Daemon, error) {
 	switch {
 	case cfg.Mode == ModeShared:
 		return nil, fmt.Errorf("%w: PROXY_MODE=shared needs the in-pod (ZDS) support, which this build does not have yet; set PROXY_MODE=dedicated", ErrUnsupported)
@@ -90,10 +94,16 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger) (*Daemon, error) 
 		d.Close()
 		return nil, err
 	}
+	m := metrics.New(metrics.Config{IstioVersion: cfg.IstioVersion})
+	if d.stats, err = admin.Serve(cfg.StatsAddr, admin.NewMetricsHandler(m.Gatherer(), log), log); err != nil {
+		d.Close()
+		return nil, err
+	}
 	adm := admin.NewServer(admin.Config{
 		State: store, Certs: certs, DaemonConfig: cfg, Version: buildInfo(), Logger: log,
 		StaticConfig: snap,
 		Quit:         d.requestQuit,
+		Logging:      levels,
 	})
 	if d.admin, err = admin.Serve(cfg.AdminAddr, adm, log); err != nil {
 		d.Close()
@@ -116,6 +126,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger) (*Daemon, error) 
 		ReusePort:   cfg.PortReuse,
 		OrigSrc:     cfg.OrigSrc,
 		Logger:      log,
+		Metrics:     m,
 	})
 	if err != nil {
 		d.Close()
@@ -210,6 +221,9 @@ func (d *Daemon) Close() {
 	if d.readiness != nil {
 		d.readiness.Shutdown(ctx)
 	}
+	if d.stats != nil {
+		d.stats.Shutdown(ctx)
+	}
 	if d.pool != nil {
 		d.pool.Close()
 	}
@@ -224,9 +238,14 @@ func Version() string {
 	return fmt.Sprintf("ztunnel-go version=%s revision=%s go=%s status=%s", bi.Version, bi.GitRevision, bi.GoVersion, bi.BuildStatus)
 }
 
-// NewLogger builds the daemon's logger from LOG_FORMAT and RUST_LOG.
-func NewLogger(w *os.File, cfg *Config) *slog.Logger {
-	return newLogger(w, cfg.LogFormat, cfg.LogLevel)
+// NewLogger builds the daemon's logger from LOG_FORMAT and RUST_LOG, and
+// the live per-scope levels the admin /logging endpoint changes.
+func NewLogger(w io.Writer, cfg *Config) (*slog.Logger, *logging.Levels, error) {
+	levels, err := logging.NewLevels(cfg.LogLevel)
+	if err != nil {
+		return nil, nil, fmt.Errorf("RUST_LOG: %w", err)
+	}
+	return logging.New(w, logging.Options{Format: cfg.LogFormat, Levels: levels}), levels, nil
 }
 
 // RaiseFileLimit lifts RLIMIT_NOFILE to its hard limit, as ztunnel does on

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/logging"
 )
 
 // Mode is PROXY_MODE.
@@ -59,7 +61,19 @@ type Config struct {
 
 	// AdminAddr, StatsAddr and ReadinessAddr are the ztunnel-pod listeners.
 	AdminAddr     string
+	StatsAddr     string
 	ReadinessAddr string
+
+	// The daemon's own pod (the chart's downward-API values): they name the
+	// xDS node and the daemon's identity.
+	PodName, PodNamespace, ServiceAccount string
+	InstanceIP                            string // INSTANCE_IP, default 1.1.1.1
+	// CPULimit and CPURequest are ZTUNNEL_CPU_LIMIT and
+	// ZTUNNEL_RESOURCE_CPU_REQUEST in cores (0 = unset). Go's runtime already
+	// sizes GOMAXPROCS from the cgroup limit; these are validated and shown.
+	CPULimit, CPURequest float64
+	// IstioVersion is ISTIO_META_ISTIO_VERSION, the istio_build tag.
+	IstioVersion string
 
 	LogLevel  string // RUST_LOG
 	LogFormat string // LOG_FORMAT: plain or json
@@ -255,7 +269,27 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	c.KeepAliveInterval = e.duration("KEEPALIVE_INTERVAL", 180*time.Second)
 	c.KeepAliveRetries = int(e.uint("KEEPALIVE_RETRIES", 9, 1, 255))
 
+	c.PodName = e.str("POD_NAME", "")
+	c.PodNamespace = e.str("POD_NAMESPACE", "")
+	c.ServiceAccount = e.str("SERVICE_ACCOUNT", "")
+	c.InstanceIP = e.str("INSTANCE_IP", "1.1.1.1")
+	if _, err := netip.ParseAddr(c.InstanceIP); err != nil {
+		e.fail("INSTANCE_IP", c.InstanceIP, errors.New("want an IP address"))
+	}
+	c.CPULimit = e.cpu("ZTUNNEL_CPU_LIMIT")
+	c.CPURequest = e.cpu("ZTUNNEL_RESOURCE_CPU_REQUEST")
+	c.IstioVersion = e.str("ISTIO_META_ISTIO_VERSION", "")
+	// Set by Istio's chart and ignored by ztunnel too.
+	_ = e.str("INPOD_ENABLED", "")
+	_ = e.str("RUST_BACKTRACE", "")
+	if v := e.str("CRL_PATH", ""); v != "" {
+		// Refuse rather than ignore: a revocation list silently not enforced
+		// would let revoked peers in.
+		e.fail("CRL_PATH", v, errors.New("certificate revocation lists are not supported yet; unset it"))
+	}
+
 	c.AdminAddr = e.str("ZTUNNEL_ADMIN_ADDR", "localhost:15000")
+	c.StatsAddr = e.str("ZTUNNEL_STATS_ADDR", "[::]:15020")
 	c.ReadinessAddr = e.str("ZTUNNEL_READINESS_ADDR", "[::]:15021")
 	if err := checkAdminAddr(c.AdminAddr); err != nil {
 		e.fail("ZTUNNEL_ADMIN_ADDR", c.AdminAddr, err)
@@ -266,13 +300,31 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	if c.LogFormat != "plain" && c.LogFormat != "json" {
 		e.fail("LOG_FORMAT", c.LogFormat, errors.New("want plain or json"))
 	}
-	if _, err := parseLogLevel(c.LogLevel); err != nil {
+	if _, err := logging.NewLevels(c.LogLevel); err != nil {
 		e.fail("RUST_LOG", c.LogLevel, err)
 	}
 	if len(e.errs) > 0 {
 		return nil, errors.Join(e.errs...)
 	}
 	return c, nil
+}
+
+// cpu parses a Kubernetes CPU quantity: "2", "1.5" or "500m".
+func (e *env) cpu(name string) float64 {
+	v, ok := e.lookup(name)
+	if !ok || v == "" {
+		return 0
+	}
+	num, milli := strings.CutSuffix(v, "m")
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || f < 0 {
+		e.fail(name, v, errors.New("want a CPU quantity such as 2, 1.5 or 500m"))
+		return 0
+	}
+	if milli {
+		f /= 1000
+	}
+	return f
 }
 
 // graceDeadline is ztunnel's rule: with a pod grace period, leave 5s of it

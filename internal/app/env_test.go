@@ -108,7 +108,7 @@ func TestParseEnvErrorsNameTheVariable(t *testing.T) {
 		{"frame too small", map[string]string{"HTTP2_FRAME_SIZE": "100"}, "HTTP2_FRAME_SIZE"},
 		{"bad duration", map[string]string{"CONNECTION_TERMINATION_DEADLINE": "soon"}, "CONNECTION_TERMINATION_DEADLINE"},
 		{"bad log format", map[string]string{"LOG_FORMAT": "xml"}, "LOG_FORMAT"},
-		{"bad log level", map[string]string{"RUST_LOG": "loud"}, "RUST_LOG"},
+		{"bad log level", map[string]string{"RUST_LOG": "access=loud"}, "RUST_LOG"},
 		{"admin off host", map[string]string{"ZTUNNEL_ADMIN_ADDR": "0.0.0.0:15000"}, "ZTUNNEL_ADMIN_ADDR"},
 		{"CA key without cert", map[string]string{"BUILTIN_CA_KEY": "k.pem"}, "BUILTIN_CA_KEY"},
 	}
@@ -124,11 +124,31 @@ func TestParseEnvErrorsNameTheVariable(t *testing.T) {
 
 func TestParseLogLevel(t *testing.T) {
 	for _, ok := range []string{"info", "debug", "warn,access=debug", "hbone=trace,error", "off"} {
-		if _, err := parseLogLevel(ok); err != nil {
+		if _, err := ParseEnv(lookupFrom(map[string]string{"RUST_LOG": ok})); err != nil {
 			t.Errorf("%q: %v", ok, err)
 		}
 	}
-	if _, err := parseLogLevel("access=shout"); err == nil {
+	if _, err := ParseEnv(lookupFrom(map[string]string{"RUST_LOG": "access=shout"})); err == nil {
 		t.Error("bad scoped level accepted")
+	}
+}
+
+func TestChartVariables(t *testing.T) {
+	c, err := ParseEnv(lookupFrom(map[string]string{
+		"POD_NAME": "ztunnel-abc", "POD_NAMESPACE": "istio-system", "SERVICE_ACCOUNT": "ztunnel",
+		"INSTANCE_IP": "10.0.0.9", "ZTUNNEL_CPU_LIMIT": "500m", "ZTUNNEL_RESOURCE_CPU_REQUEST": "2",
+		"INPOD_ENABLED": "true", "ISTIO_META_ISTIO_VERSION": "1.27.0",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.PodName != "ztunnel-abc" || c.PodNamespace != "istio-system" || c.ServiceAccount != "ztunnel" ||
+		c.InstanceIP != "10.0.0.9" || c.CPULimit != 0.5 || c.CPURequest != 2 || c.IstioVersion != "1.27.0" {
+		t.Fatalf("chart variables: %+v", c)
+	}
+	for name, v := range map[string]string{"INSTANCE_IP": "node-a", "ZTUNNEL_CPU_LIMIT": "lots", "CRL_PATH": "/etc/crl.pem"} {
+		if _, err := ParseEnv(lookupFrom(map[string]string{name: v})); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s=%s: error %v does not name it", name, v, err)
+		}
 	}
 }

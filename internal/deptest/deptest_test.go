@@ -19,9 +19,10 @@ const module = "github.com/ztunnel-go/ztunnel"
 var allowed = map[string][]string{
 	"cmd/ztunnel":       {"internal/app"},
 	"cmd/zlab":          {"internal/netnslab", "internal/labrun", "identity", "mtls", "mtls/caclient", "state", "state/xdsconv"},
-	"internal/app":      {"admin", "engine", "engine/bufpool", "hbone", "identity", "mtls", "mtls/caclient", "proxy", "state", "state/xdsconv"},
+	"internal/app":      {"admin", "engine", "engine/bufpool", "hbone", "identity", "internal/logging", "metrics", "mtls", "mtls/caclient", "proxy", "proxy/connmgr", "state", "state/xdsconv", "xdsclient"},
 	"internal/labrun":   {"internal/netnslab", "identity", "mtls", "mtls/caclient", "state", "state/xdsconv", "hbone"},
-	"proxy":             {"engine", "engine/bufpool", "hbone", "identity", "mtls", "state"},
+	"proxy":             {"engine", "engine/bufpool", "hbone", "identity", "metrics", "mtls", "proxy/connmgr", "state"},
+	"deploy":            {},
 	"admin":             {"state", "mtls", "identity"},
 	"hbone":             {"engine/bufpool"},
 	"hbone/hbonetest":   {"hbone"},

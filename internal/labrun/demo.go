@@ -131,7 +131,7 @@ func Demo(ctx context.Context, o DemoOptions, out io.Writer) (err error) {
 		return fail("direct baseline", fmt.Errorf("echoed %d of %d bytes: %v", len(got), len(payload), err))
 	}
 	directGbps := float64(2*len(payload)*8) / directElapsed.Seconds() / 1e9
-	line, err := c.Daemons["server"].WaitLog(ctx, "connection complete", "direction=inbound", "src.identity=")
+	line, err := c.Daemons["server"].WaitLog(ctx, "connection complete", `direction="inbound"`, "src.identity=")
 	if err != nil {
 		return fail("bulk transfer", err)
 	}
@@ -158,7 +158,7 @@ func Demo(ctx context.Context, o DemoOptions, out io.Writer) (err error) {
 	if rtErr == nil || len(got) != 0 {
 		return fail("policy", fmt.Errorf("the intruder got %q (err %v); want the connection refused", got, rtErr))
 	}
-	line, err = c.Daemons["server"].WaitLog(ctx, "connection failed", "rejected by policy")
+	line, err = c.Daemons["server"].WaitLog(ctx, "connection complete", "rejected by policy")
 	if err != nil {
 		return fail("policy", err)
 	}
@@ -214,9 +214,9 @@ func demoRoundTrip(ctx context.Context, pod *netnslab.Pod, dst netip.AddrPort, p
 }
 
 func trimLog(line string) string {
-	// Drop the timestamp the text handler puts first; keep it on one line.
-	if i := strings.Index(line, "level="); i >= 0 {
-		line = line[i:]
+	// Drop the timestamp the plain format puts first.
+	if _, rest, ok := strings.Cut(line, "\t"); ok {
+		line = strings.ReplaceAll(rest, "\t", " ")
 	}
 	if len(line) > 240 {
 		line = line[:240] + "..."

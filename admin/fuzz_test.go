@@ -1,0 +1,17 @@
+package admin
+
+import (
+	"net/http"
+	"testing"
+)
+
+// FuzzAcceptsGzip: the metrics server listens on every address, so its
+// Accept-Encoding parsing reads anyone's bytes.
+func FuzzAcceptsGzip(f *testing.F) {
+	for _, s := range []string{"gzip", "br, gzip;q=0.5", "gzip;q=0", "*;q=0.1", "gzip;q=", ";;,,", "gzip; q = 1 ; x=y"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		acceptsGzip(http.Header{"Accept-Encoding": []string{v}})
+	})
+}

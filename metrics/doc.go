@@ -1,0 +1,15 @@
+// Package metrics holds the daemon's Prometheus metric families under
+// Istio's names, types and label sets (istio_tcp_*, istio_xds_*, istio_dns_*,
+// workload_manager_*, istio_build, process_*), so that Kiali, Istio's
+// dashboards and existing alerts work unchanged when the binary is swapped.
+//
+// The traffic families are fed without a lock or a label lookup per read:
+// a connection registers its byte counters once, at open (ConnOpened), and
+// a scrape sums the counters of open connections with the totals of closed
+// ones. Everything else is a plain client_golang vector.
+//
+// A leaf: it imports only the Prometheus client and the standard library.
+// Imported by internal/app (which serves Gatherer on 15020 through admin)
+// and by the packages that record: proxy, and later the xDS client, the DNS
+// proxy and the in-pod manager.
+package metrics
