@@ -113,7 +113,13 @@ var downward = map[string]string{
 var optionalChartEnv = map[string]string{
 	"LOG_FORMAT": "json",
 	"NETWORK":    "network1",
-	"CRL_PATH":   "/var/run/secrets/istio/crl/ca-crl.pem",
+}
+
+// refusedChartEnv are chart variables the daemon knows but refuses for now,
+// naming them, rather than run without the feature they ask for (CRL_PATH
+// comes with peerCaCrl.enabled: revocation must never be silently skipped).
+var refusedChartEnv = map[string]string{
+	"CRL_PATH": "/var/run/secrets/istio/crl/ca-crl.pem",
 }
 
 // notReadYet lists chart variables internal/app does not read yet (see the
@@ -254,6 +260,17 @@ func TestDaemonSetEnvIsKnown(t *testing.T) {
 	// ztunnel's rule: leave 5s of a grace period over 10s for the rest.
 	if want := time.Duration(grace-5) * time.Second; cfg.TerminationDeadline != want {
 		t.Errorf("drain deadline %v, want %v", cfg.TerminationDeadline, want)
+	}
+
+	for name, v := range refusedChartEnv {
+		with := map[string]string{name: v}
+		for k, v := range env {
+			with[k] = v
+		}
+		_, err := app.ParseEnv(func(k string) (string, bool) { v, ok := with[k]; return v, ok })
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: the daemon should refuse it by name until it is supported; got %v", name, err)
+		}
 	}
 
 	// The variables the chart sets only for some values.
