@@ -101,13 +101,22 @@ func StartDaemon(ctx context.Context, pod *netnslab.Pod, o DaemonOptions) (*Daem
 // Get fetches url from inside the daemon's namespace (for the admin and
 // readiness endpoints on loopback).
 func (d *Daemon) Get(ctx context.Context, url string) (int, []byte, error) {
+	return d.do(ctx, http.MethodGet, url)
+}
+
+// Post sends an empty POST to url from inside the daemon's namespace.
+func (d *Daemon) Post(ctx context.Context, url string) (int, []byte, error) {
+	return d.do(ctx, http.MethodPost, url)
+}
+
+func (d *Daemon) do(ctx context.Context, method, url string) (int, []byte, error) {
 	client := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			return d.Pod.Dial(ctx, network, addr)
 		},
 		DisableKeepAlives: true,
 	}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req, err := http.NewRequestWithContext(ctx, method, url, nil)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -175,6 +184,19 @@ func (d *Daemon) WaitLog(ctx context.Context, parts ...string) (string, error) {
 			return "", fmt.Errorf("no log line with %q in daemon %s: %w", parts, d.Pod.Name, ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+}
+
+// Signal sends sig to the daemon without waiting.
+func (d *Daemon) Signal(sig os.Signal) error { return d.cmd.Process.Signal(sig) }
+
+// Wait waits for the daemon to exit (or ctx) and returns its exit error.
+func (d *Daemon) Wait(ctx context.Context) error {
+	select {
+	case <-d.exited:
+		return d.err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
