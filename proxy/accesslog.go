@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -40,6 +41,32 @@ type connInfo struct {
 
 	counters engine.Counters
 	metric   *metrics.Conn // nil until opened
+
+	// policyClosed holds the reason when a policy change closed the
+	// connection (set by the connection manager's goroutine).
+	policyClosed atomic.Pointer[string]
+}
+
+// trackPolicy registers an authorized inbound connection with the
+// connection manager; a later policy that denies it aborts both ends. The
+// returned function untracks it.
+func (p *Proxy) trackPolicy(ci *connInfo, snap *state.Snapshot, c state.Conn, ends ...engine.Endpoint) func() {
+	t := p.cfg.Conns.Track(snap, c, func(reason string) {
+		ci.policyClosed.Store(&reason)
+		for _, e := range ends {
+			_ = e.Abort()
+		}
+	})
+	return t.Untrack
+}
+
+// relayOutcome turns a relay's result into flags and the logged error,
+// reporting a policy-change close as a DENY.
+func (ci *connInfo) relayOutcome(r engine.Result) (metrics.ResponseFlags, error) {
+	if reason := ci.policyClosed.Load(); reason != nil {
+		return metrics.FlagDeny, errors.New(*reason)
+	}
+	return metrics.FlagNone, relayErr(r)
 }
 
 func newConnInfo(direction string, src netip.AddrPort) *connInfo {

@@ -71,7 +71,7 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 	ci := newConnInfo(dirInbound, addrPortOf(req.Conn.RemoteAddr()))
 	ci.hboneAddr = req.Authority
 	ci.mtls = true
-	app, err := p.inboundUpstream(ctx, req, ci)
+	app, authorized, err := p.inboundUpstream(ctx, req, ci)
 	if err != nil {
 		status := http.StatusServiceUnavailable
 		var ie *inboundError
@@ -98,30 +98,46 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 		p.complete(ci, metrics.FlagConnect, err)
 		return
 	}
-	res := engine.Relay(streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app}, &ci.counters)
-	p.complete(ci, metrics.FlagNone, relayErr(res))
+	down, up := streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app}
+	untrack := p.trackPolicy(ci, authorized.snap, authorized.conn, down, up)
+	res := engine.Relay(down, up, &ci.counters)
+	untrack()
+	flags, rerr := ci.relayOutcome(res)
+	p.complete(ci, flags, rerr)
 }
 
-func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, error) {
+// authorization is what an inbound connection was allowed with, for the
+// connection manager's later re-checks.
+type authorization struct {
+	snap *state.Snapshot
+	conn state.Conn
+}
+
+func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, authorization, error) {
+	app, snap, c, err := p.inboundAuthorize(ctx, req, ci)
+	return app, authorization{snap, c}, err
+}
+
+func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, *state.Snapshot, state.Conn, error) {
 	target, err := netip.ParseAddrPort(req.Authority)
 	if err != nil {
-		return nil, inboundErr(http.StatusBadRequest, "invalid authority %q: want ip:port", req.Authority)
+		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "invalid authority %q: want ip:port", req.Authority)
 	}
 	target = netip.AddrPortFrom(target.Addr().Unmap(), target.Port())
 	ci.dst = target
 	tlsConn, ok := req.Conn.(*tls.Conn)
 	if !ok {
-		return nil, inboundErr(http.StatusBadRequest, "connection is not mutual TLS")
+		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "connection is not mutual TLS")
 	}
 	peer, err := mtls.PeerIdentity(tlsConn.ConnectionState())
 	if err != nil {
-		return nil, inboundErr(http.StatusUnauthorized, "peer identity: %w", err)
+		return nil, nil, state.Conn{}, inboundErr(http.StatusUnauthorized, "peer identity: %w", err)
 	}
 	ci.srcIdentity = peer
 
 	w, snap, err := p.localWorkload(ctx)
 	if err != nil {
-		return nil, inboundErr(http.StatusServiceUnavailable, "%w", err)
+		return nil, nil, state.Conn{}, inboundErr(http.StatusServiceUnavailable, "%w", err)
 	}
 	ci.dstWorkload, ci.dstIdentity = w, p.identityOf(w)
 	ci.srcWorkload = snap.WorkloadByAddr(p.cfg.Network, ci.src.Addr())
@@ -130,21 +146,22 @@ func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, c
 	// arrived on, so a peer cannot use this pod as a relay to elsewhere.
 	local := addrPortOf(req.Conn.LocalAddr())
 	if target.Addr() != local.Addr() {
-		return nil, inboundErr(http.StatusBadRequest, "ip mismatch: authority %s, connection to %s", target.Addr(), local.Addr())
+		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "ip mismatch: authority %s, connection to %s", target.Addr(), local.Addr())
 	}
 	if p.isIllegalPort(target.Port()) {
-		return nil, inboundErr(http.StatusBadRequest, "illegal target port %d", target.Port())
+		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "illegal target port %d", target.Port())
 	}
 	p.open(ci)
-	dec := snap.Authorize(state.Conn{Src: ci.src, Dst: target, SrcIdentity: peer, DstWorkload: w})
+	conn := state.Conn{Src: ci.src, Dst: target, SrcIdentity: peer, DstWorkload: w}
+	dec := snap.Authorize(conn)
 	if !dec.Allowed {
-		return nil, inboundErr(http.StatusUnauthorized, "connection rejected by policy: %s", dec.Reason)
+		return nil, nil, state.Conn{}, inboundErr(http.StatusUnauthorized, "connection rejected by policy: %s", dec.Reason)
 	}
 	app, err := p.dialApp(ctx, ci.src.Addr(), target)
 	if err != nil {
-		return nil, inboundErr(http.StatusServiceUnavailable, "connect to %s: %w", target, err)
+		return nil, nil, state.Conn{}, inboundErr(http.StatusServiceUnavailable, "connect to %s: %w", target, err)
 	}
-	return app, nil
+	return app, snap, conn, nil
 }
 
 // dialApp connects to the local app, presenting the original client's IP as

@@ -37,7 +37,8 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) {
 	ci.dstWorkload, ci.dstIdentity = w, p.identityOf(w)
 	ci.srcWorkload = snap.WorkloadByAddr(p.cfg.Network, ci.src.Addr())
 	p.open(ci)
-	dec := snap.Authorize(state.Conn{Src: ci.src, Dst: dst, DstWorkload: w})
+	conn := state.Conn{Src: ci.src, Dst: dst, DstWorkload: w}
+	dec := snap.Authorize(conn)
 	if !dec.Allowed {
 		p.complete(ci, metrics.FlagDeny, fmt.Errorf("connection rejected by policy: %s", dec.Reason))
 		engine.TCPEndpoint{TCPConn: c}.Abort()
@@ -49,6 +50,10 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) {
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 		return
 	}
-	res := engine.Relay(engine.TCPEndpoint{TCPConn: c}, engine.TCPEndpoint{TCPConn: app}, &ci.counters)
-	p.complete(ci, metrics.FlagNone, relayErr(res))
+	down, up := engine.TCPEndpoint{TCPConn: c}, engine.TCPEndpoint{TCPConn: app}
+	untrack := p.trackPolicy(ci, snap, conn, down, up)
+	res := engine.Relay(down, up, &ci.counters)
+	untrack()
+	flags, rerr := ci.relayOutcome(res)
+	p.complete(ci, flags, rerr)
 }

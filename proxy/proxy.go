@@ -15,6 +15,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
+	"github.com/ztunnel-go/ztunnel/proxy/connmgr"
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
@@ -74,6 +75,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics counts connections and bytes; nil counts nothing.
 	Metrics *metrics.Metrics
+	// Conns tracks authorized inbound connections so a policy change can
+	// close the ones it now denies; nil tracks nothing.
+	Conns *connmgr.Manager
 }
 
 // Proxy serves one workload: outbound, inbound HBONE and inbound plaintext.

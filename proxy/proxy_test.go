@@ -17,6 +17,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
+	"github.com/ztunnel-go/ztunnel/proxy/connmgr"
 	"github.com/ztunnel-go/ztunnel/state"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
@@ -62,6 +63,7 @@ func echoApp(t *testing.T) int {
 type inboundRig struct {
 	hbonePort int
 	ca        *caclient.BuiltinCA
+	store     *state.Store
 }
 
 // startInbound runs a proxy serving the workload "srv" at 127.0.0.1, with a
@@ -93,10 +95,15 @@ policies:
 	ca := tlstest.NewCA(t, "cluster.local")
 	certs := mtls.NewStore(mtls.StoreConfig{Source: caclient.New(caclient.Config{Signer: ca})})
 	pool := hbone.NewPool(hbone.PoolConfig{})
-	rig := &inboundRig{hbonePort: freePort(t), ca: ca}
+	rig := &inboundRig{hbonePort: freePort(t), ca: ca, store: state.NewStore(snap)}
+	conns := connmgr.New(connmgr.Config{Store: rig.store})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); conns.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
 	p, err := New(Config{
 		Workload: WorkloadRef{Namespace: "ns", Name: "srv", ServiceAccount: "srv"},
-		State:    state.NewStore(snap), Certs: certs, Pool: pool,
+		State:    rig.store, Certs: certs, Pool: pool, Conns: conns,
 		BindHost: "127.0.0.1", OutboundPort: freePort(t), InboundPlainPort: freePort(t), InboundHBONEPort: rig.hbonePort,
 		OrigSrc: new(bool), // no spoofing on loopback
 	})
@@ -199,5 +206,55 @@ func TestInboundRejectsForeignTrustDomain(t *testing.T) {
 	}
 	if err == nil {
 		t.Fatal("a client from another trust domain completed the handshake")
+	}
+}
+
+// TestPolicyChangeClosesOpenConnections pushes a policy while two tunnels
+// are open: the one it denies is reset, the one it still allows goes on.
+func TestPolicyChangeClosesOpenConnections(t *testing.T) {
+	app := echoApp(t)
+	rig := startInbound(t, 1)
+	authority := fmt.Sprintf("127.0.0.1:%d", app)
+	open := func(sa string) *hbone.Stream {
+		s, err := rig.connect(t, sa, authority)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := s.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(s, make([]byte, 4)); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	good, bad := open("good"), open("bad")
+	defer good.Close()
+	defer bad.Close()
+
+	// Push: DENY the "bad" service account (keep the rig's port DENY).
+	old := rig.store.Load()
+	deny := &state.Policy{
+		Name: "deny-bad", Namespace: "ns", Scope: state.ScopeNamespace, Action: state.ActionDeny,
+		Rules: [][][]state.Match{{{{Principals: []state.StringMatch{{Kind: state.MatchSuffix, Value: "/sa/bad"}}}}}},
+	}
+	next, err := state.NewSnapshot(old.Workloads(), old.Services(), append(append([]*state.Policy(nil), old.Policies()...), deny))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rig.store.Publish(next)
+
+	_, err = io.ReadAll(bad)
+	var se *hbone.StreamError
+	if !errors.As(err, &se) {
+		t.Fatalf("denied tunnel read: %v, want a stream reset", err)
+	}
+	if _, err := good.Write([]byte("pong")); err != nil {
+		t.Fatalf("allowed tunnel after the push: %v", err)
+	}
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(good, buf); err != nil || string(buf) != "pong" {
+		t.Fatalf("allowed tunnel after the push: %q, %v", buf, err)
 	}
 }

@@ -3,6 +3,13 @@
 // needs (by address, by VIP, by key), endpoint selection, and ztunnel's L4
 // authorization (RBAC) semantics.
 //
+// NewSnapshot compiles the policies into a table indexed by scope, namespace,
+// key and destination port, so that Authorize visits only the policies of
+// the destination's scopes (of a long list, only those that can match the
+// destination port) and allocates nothing. A snapshot's PolicyGeneration tells a
+// policy change from a workload-only update (Snapshot.WithWorkloads keeps
+// it), which is what the connection manager re-checks open connections on.
+//
 // A Snapshot never changes once built. One writer builds the next snapshot off
 // the hot path and publishes it through a Store; readers Load the current one
 // once per connection and never lock.

@@ -43,156 +43,318 @@ type Decision struct {
 // Authorize decides whether c may reach its destination workload, with
 // ztunnel's semantics:
 //
-//  1. The policies considered are the GLOBAL ones, the NAMESPACE ones of the
-//     destination workload's namespace, and those whose keys the workload
-//     lists in AuthorizationPolicies (keys missing from the snapshot are
-//     skipped; see Warnings).
+//  1. The policies considered are the NAMESPACE ones of the destination
+//     workload's namespace, the GLOBAL ones, and those whose keys the
+//     workload lists in AuthorizationPolicies (keys missing from the snapshot
+//     are skipped; see Warnings).
 //  2. Dry-run policies never take part.
 //  3. If any DENY policy matches, the connection is denied.
 //  4. If there is no ALLOW policy, it is allowed.
 //  5. If any ALLOW policy matches, it is allowed; otherwise it is denied.
 //
-// A nil DstWorkload is denied. Authorize does not allocate.
+// When several policies match, the Decision names the first in the order of
+// step 1, each group sorted by key (the listed ones in the workload's order).
+// Addresses are compared as ztunnel sees them: IPv4-mapped IPv6 as IPv4, and
+// without an IPv6 zone.
+//
+// A nil DstWorkload is denied. Authorize reads only the compiled policy
+// table (the workload's namespace and listed keys select the parts of it to
+// visit) and does not allocate.
 func (s *Snapshot) Authorize(c Conn) Decision {
 	w := c.DstWorkload
 	if w == nil {
 		return Decision{Reason: ReasonNoWorkload}
 	}
-	if !s.hasPolicies {
+	t := s.pol
+	if t.gen == 0 {
 		return Decision{Allowed: true, Reason: ReasonNoAllow}
 	}
-	c.Src = netip.AddrPortFrom(c.Src.Addr().Unmap(), c.Src.Port())
-	c.Dst = netip.AddrPortFrom(c.Dst.Addr().Unmap(), c.Dst.Port())
-
-	ns, global := s.polByNS[w.Namespace], s.polGlobal
-	for _, list := range [2][]*policyEntry{ns, global} {
-		for _, e := range list {
-			if !e.p.DryRun && e.p.Action == ActionDeny && policyMatches(e.p, &c) {
-				return Decision{Policy: e.key, Reason: e.denyReason}
-			}
-		}
-	}
-	for _, k := range w.AuthorizationPolicies {
-		if e := s.polByKey[k]; e != nil && !e.p.DryRun && e.p.Action == ActionDeny && policyMatches(e.p, &c) {
-			return Decision{Policy: e.key, Reason: e.denyReason}
-		}
+	ec := newEvalConn(&c)
+	var nsv *policyView
+	if len(t.byNS) > 0 {
+		nsv = t.byNS[w.Namespace]
 	}
 
-	anyAllow := false
-	for _, list := range [2][]*policyEntry{ns, global} {
-		for _, e := range list {
-			if !e.p.DryRun && e.p.Action == ActionAllow {
-				anyAllow = true
-				if policyMatches(e.p, &c) {
-					return Decision{Allowed: true, Reason: e.allowReason}
-				}
-			}
+	if nsv != nil {
+		if cp := nsv.deny.first(&ec); cp != nil {
+			return Decision{Policy: cp.key, Reason: cp.denyReason}
 		}
 	}
+	if cp := t.global.deny.first(&ec); cp != nil {
+		return Decision{Policy: cp.key, Reason: cp.denyReason}
+	}
+	// The listed ALLOW policies are evaluated after every DENY; remember the
+	// first few so that their keys are looked up once.
+	var (
+		listed      [4]*compiledPolicy
+		nListed     int
+		listedAllow bool
+	)
 	for _, k := range w.AuthorizationPolicies {
-		if e := s.polByKey[k]; e != nil && !e.p.DryRun && e.p.Action == ActionAllow {
-			anyAllow = true
-			if policyMatches(e.p, &c) {
-				return Decision{Allowed: true, Reason: e.allowReason}
+		cp := t.byKey[k]
+		if cp == nil || !cp.enforced {
+			continue
+		}
+		if cp.p.Action == ActionAllow {
+			listedAllow = true
+			if nListed < len(listed) {
+				listed[nListed] = cp
+			}
+			nListed++
+		} else if cp.matches(&ec) {
+			return Decision{Policy: cp.key, Reason: cp.denyReason}
+		}
+	}
+
+	if nsv != nil {
+		if cp := nsv.allow.first(&ec); cp != nil {
+			return Decision{Allowed: true, Reason: cp.allowReason}
+		}
+	}
+	if cp := t.global.allow.first(&ec); cp != nil {
+		return Decision{Allowed: true, Reason: cp.allowReason}
+	}
+	if nListed <= len(listed) {
+		for _, cp := range listed[:nListed] {
+			if cp.matches(&ec) {
+				return Decision{Allowed: true, Reason: cp.allowReason}
+			}
+		}
+	} else {
+		for _, k := range w.AuthorizationPolicies {
+			if cp := t.byKey[k]; cp != nil && cp.enforced && cp.p.Action == ActionAllow && cp.matches(&ec) {
+				return Decision{Allowed: true, Reason: cp.allowReason}
 			}
 		}
 	}
-	if !anyAllow {
+	if !listedAllow && !t.global.hasAllow && (nsv == nil || !nsv.hasAllow) {
 		return Decision{Allowed: true, Reason: ReasonNoAllow}
 	}
 	return Decision{Reason: ReasonNoAllowMatched}
 }
 
 // DryRunMatches returns the dry-run policies considered for c's destination
-// workload that match c, DENY policies first, for logging. It returns nil
-// without allocating when none matches.
+// workload that match c, DENY policies first, each group in Authorize's
+// order, for logging. It returns nil without allocating when none matches.
 func (s *Snapshot) DryRunMatches(c Conn) []*Policy {
 	w := c.DstWorkload
-	if w == nil || !s.hasPolicies {
+	t := s.pol
+	if w == nil || t.gen == 0 {
 		return nil
 	}
-	c.Src = netip.AddrPortFrom(c.Src.Addr().Unmap(), c.Src.Port())
-	c.Dst = netip.AddrPortFrom(c.Dst.Addr().Unmap(), c.Dst.Port())
+	ec := newEvalConn(&c)
+	var nsv *policyView
+	if len(t.byNS) > 0 {
+		nsv = t.byNS[w.Namespace]
+	}
 	var out []*Policy
 	for _, action := range [2]Action{ActionDeny, ActionAllow} {
-		consider := func(e *policyEntry) {
-			if e != nil && e.p.DryRun && e.p.Action == action && !slices.Contains(out, e.p) && policyMatches(e.p, &c) {
-				out = append(out, e.p)
-			}
+		if nsv != nil {
+			out = nsv.dryList(action).appendMatches(&ec, out)
 		}
-		for _, e := range s.polByNS[w.Namespace] {
-			consider(e)
-		}
-		for _, e := range s.polGlobal {
-			consider(e)
-		}
+		out = t.global.dryList(action).appendMatches(&ec, out)
 		for _, k := range w.AuthorizationPolicies {
-			consider(s.polByKey[k])
+			if cp := t.byKey[k]; cp != nil && !cp.enforced && cp.p.Action == action && !slices.Contains(out, cp.p) && cp.matches(&ec) {
+				out = append(out, cp.p)
+			}
 		}
 	}
 	return out
 }
 
-// policyMatches reports whether any rule of p matches c. A policy without
-// rules never matches; a rule without clauses always does.
-func policyMatches(p *Policy, c *Conn) bool {
-	for _, rule := range p.Rules {
-		if ruleMatches(rule, c) {
+func (v *policyView) dryList(a Action) *policyList {
+	if a == ActionDeny {
+		return &v.dryDeny
+	}
+	return &v.dryAllow
+}
+
+// evalConn is a connection in the form compiled policies compare against,
+// computed once per evaluation.
+type evalConn struct {
+	src, dst addr
+	port     uint16
+	id       *identity.Identity
+	hasID    bool
+}
+
+func newEvalConn(c *Conn) evalConn {
+	return evalConn{
+		src:   toAddr(c.Src.Addr()),
+		dst:   toAddr(c.Dst.Addr()),
+		port:  c.Dst.Port(),
+		id:    &c.SrcIdentity,
+		hasID: !c.SrcIdentity.IsZero(),
+	}
+}
+
+// first returns the first policy of l that matches ec, or nil.
+func (l *policyList) first(ec *evalConn) *compiledPolicy {
+	if l.byPort == nil {
+		for _, cp := range l.any {
+			if cp.matches(ec) {
+				return cp
+			}
+		}
+		return nil
+	}
+	a, b := l.any, l.byPort[ec.port]
+	for len(a) > 0 || len(b) > 0 {
+		var cp *compiledPolicy
+		cp, a, b = mergeNext(a, b)
+		if cp.matchesRules(ec) {
+			return cp
+		}
+	}
+	return nil
+}
+
+// appendMatches appends to out the policies of l that match ec, in order.
+func (l *policyList) appendMatches(ec *evalConn, out []*Policy) []*Policy {
+	if l.byPort == nil {
+		for _, cp := range l.any {
+			if cp.matches(ec) {
+				out = append(out, cp.p)
+			}
+		}
+		return out
+	}
+	a, b := l.any, l.byPort[ec.port]
+	for len(a) > 0 || len(b) > 0 {
+		var cp *compiledPolicy
+		cp, a, b = mergeNext(a, b)
+		if cp.matchesRules(ec) {
+			out = append(out, cp.p)
+		}
+	}
+	return out
+}
+
+// mergeNext takes the policy with the lower position from the heads of a
+// and b, at least one of which is not empty. It merges an indexed list's
+// any-port policies with those of one port back into list order.
+func mergeNext(a, b []*compiledPolicy) (*compiledPolicy, []*compiledPolicy, []*compiledPolicy) {
+	if len(b) == 0 || len(a) > 0 && a[0].pos < b[0].pos {
+		return a[0], a[1:], b
+	}
+	return b[0], a, b[1:]
+}
+
+// matches reports whether cp matches ec.
+func (cp *compiledPolicy) matches(ec *evalConn) bool {
+	return cp.portOK(ec.port) && cp.matchesRules(ec)
+}
+
+// matchesRules reports whether cp matches ec, its port filter having
+// passed: the address guards first, then the rules (OR-ed; a rule's clauses
+// AND-ed; a clause's matches OR-ed).
+func (cp *compiledPolicy) matchesRules(ec *evalConn) bool {
+	if cp.always {
+		return true
+	}
+	if cp.dst != nil && !anyPrefix(cp.dst, &ec.dst) || cp.src != nil && !anyPrefix(cp.src, &ec.src) {
+		return false
+	}
+	ar := cp.ar
+	for _, r := range cp.rules {
+		ok := true
+		for _, cl := range ar.clauses[r.lo:r.hi] {
+			if !ar.clauseMatches(cl, ec) {
+				ok = false
+				break
+			}
+		}
+		if ok {
 			return true
 		}
 	}
 	return false
 }
 
-// ruleMatches ANDs the clauses; within a clause the matches are OR-ed. An
-// empty clause is true; a clause whose matches are all empty is false.
-func ruleMatches(rule [][]Match, c *Conn) bool {
-	for _, clause := range rule {
-		if len(clause) == 0 {
-			continue
+func (ar *arena) clauseMatches(cl span, ec *evalConn) bool {
+	for _, m := range ar.matches[cl.lo:cl.hi] {
+		if ar.matchMatches(m, ec) {
+			return true
 		}
-		ok := false
-		for i := range clause {
-			if matchMatches(&clause[i], c) {
-				ok = true
-				break
-			}
+	}
+	return false
+}
+
+// matchMatches ANDs the checks of a match: each field passes when one of
+// its values matches, or, for a not_* field, when none does.
+func (ar *arena) matchMatches(m span, ec *evalConn) bool {
+	for _, ck := range ar.checks[m.lo:m.hi] {
+		var hit bool
+		switch ck.kind {
+		case ckPort1:
+			hit = uint32(ec.port) == ck.a
+		case ckPorts:
+			hit = slices.Contains(ar.ports[ck.a:ck.b], ec.port)
+		case ckDst4:
+			hit = ec.dst.is4 && uint32(ec.dst.lo)&ck.b == ck.a
+		case ckSrc4:
+			hit = ec.src.is4 && uint32(ec.src.lo)&ck.b == ck.a
+		case ckDst:
+			hit = anyPrefix(ar.pfx[ck.a:ck.b], &ec.dst)
+		case ckSrc:
+			hit = anyPrefix(ar.pfx[ck.a:ck.b], &ec.src)
+		case ckSA:
+			hit = saMatches(ar.sas[ck.a:ck.b], ec)
+		case ckNS:
+			hit = nsMatches(ar.strs[ck.a:ck.b], ec.id.Namespace)
+		case ckPrincipal:
+			hit = principalsMatch(ar.strs[ck.a:ck.b], ec)
 		}
-		if !ok {
+		if hit == ck.neg {
 			return false
 		}
 	}
 	return true
 }
 
-// matchMatches ANDs the fields of m: each field's positive list, when set,
-// needs one value to match; its negative list, when set, needs none to match.
-func matchMatches(m *Match, c *Conn) bool {
-	if m.IsEmpty() {
-		return false
+func anyPrefix(ps []pfx, a *addr) bool {
+	for i := range ps {
+		if ps[i].contains(a) {
+			return true
+		}
 	}
-	id := &c.SrcIdentity
-	dstIP, srcIP, dstPort := c.Dst.Addr(), c.Src.Addr(), c.Dst.Port()
-	return field(m.DestinationIPs, m.NotDestinationIPs, func(p netip.Prefix) bool { return p.Contains(dstIP) }) &&
-		field(m.SourceIPs, m.NotSourceIPs, func(p netip.Prefix) bool { return p.Contains(srcIP) }) &&
-		field(m.DestinationPorts, m.NotDestinationPorts, func(p uint16) bool { return p == dstPort }) &&
-		field(m.ServiceAccounts, m.NotServiceAccounts, func(sa ServiceAccountMatch) bool {
-			// No identity never matches a service account.
-			return !id.IsZero() && sa.Namespace == id.Namespace && sa.ServiceAccount == id.ServiceAccount
-		}) &&
-		field(m.Principals, m.NotPrincipals, func(sm StringMatch) bool { return principalMatches(sm, id) }) &&
-		field(m.Namespaces, m.NotNamespaces, func(sm StringMatch) bool {
-			// No identity is the empty namespace.
-			return sm.matches(id.Namespace)
-		})
+	return false
 }
 
-// field evaluates one field type of a Match.
-func field[T any](pos, neg []T, match func(T) bool) bool {
-	if len(pos) > 0 && !slices.ContainsFunc(pos, match) {
+// saMatches reports whether the source identity is one of sas. No identity
+// matches no service account.
+func saMatches(sas []ServiceAccountMatch, ec *evalConn) bool {
+	if !ec.hasID {
 		return false
 	}
-	return len(neg) == 0 || !slices.ContainsFunc(neg, match)
+	for _, sa := range sas {
+		if sa.Namespace == ec.id.Namespace && sa.ServiceAccount == ec.id.ServiceAccount {
+			return true
+		}
+	}
+	return false
+}
+
+// nsMatches matches the source namespace; no identity is the empty one.
+func nsMatches(sms []StringMatch, ns string) bool {
+	for _, sm := range sms {
+		if sm.matches(ns) {
+			return true
+		}
+	}
+	return false
+}
+
+func principalsMatch(sms []StringMatch, ec *evalConn) bool {
+	if !ec.hasID {
+		return false // see principalMatches
+	}
+	for _, sm := range sms {
+		if principalOf(sm, ec.id) {
+			return true
+		}
+	}
+	return false
 }
 
 func (sm StringMatch) matches(s string) bool {
@@ -215,30 +377,51 @@ func (sm StringMatch) matches(s string) bool {
 // ztunnel strips "spiffe://" from the empty string, fails, and reports no
 // match, which is what makes not_principals: [presence] deny plaintext.
 func principalMatches(sm StringMatch, id *identity.Identity) bool {
-	if id.IsZero() {
-		return false
-	}
-	parts := [5]string{id.TrustDomain, "/ns/", id.Namespace, "/sa/", id.ServiceAccount}
+	return !id.IsZero() && principalOf(sm, id)
+}
+
+// principalOf is principalMatches for an identity known not to be zero.
+func principalOf(sm StringMatch, id *identity.Identity) bool {
+	v := sm.Value
 	switch sm.Kind {
 	case MatchExact:
-		n := 0
-		for _, p := range parts {
-			n += len(p)
+		td, ns, sa := id.TrustDomain, id.Namespace, id.ServiceAccount
+		if len(v) != len(td)+len(ns)+len(sa)+8 {
+			return false
 		}
-		return n == len(sm.Value) && partsHavePrefix(parts[:], sm.Value)
+		i := len(td)
+		j := i + 4 + len(ns)
+		return v[:i] == td && v[i:i+4] == "/ns/" && v[i+4:j] == ns && v[j:j+4] == "/sa/" && v[j+4:] == sa
 	case MatchPrefix:
-		return partsHavePrefix(parts[:], sm.Value)
+		return principalHasPrefix(id, v)
 	case MatchSuffix:
-		return partsHaveSuffix(parts[:], sm.Value)
+		return principalHasSuffix(id, v)
 	case MatchPresence:
 		return true // "/ns/" alone makes the principal non-empty
 	}
 	return false
 }
 
-// partsHavePrefix reports whether strings.Join(parts, "") starts with v.
-func partsHavePrefix(parts []string, v string) bool {
-	for _, p := range parts {
+// principalPiece returns the i-th of the five pieces a principal is the
+// concatenation of: td, "/ns/", ns, "/sa/", sa.
+func principalPiece(id *identity.Identity, i int) string {
+	switch i {
+	case 0:
+		return id.TrustDomain
+	case 1:
+		return "/ns/"
+	case 2:
+		return id.Namespace
+	case 3:
+		return "/sa/"
+	}
+	return id.ServiceAccount
+}
+
+// principalHasPrefix reports whether id's principal starts with v.
+func principalHasPrefix(id *identity.Identity, v string) bool {
+	for i := range 5 {
+		p := principalPiece(id, i)
 		if len(v) <= len(p) {
 			return p[:len(v)] == v
 		}
@@ -250,10 +433,10 @@ func partsHavePrefix(parts []string, v string) bool {
 	return v == ""
 }
 
-// partsHaveSuffix reports whether strings.Join(parts, "") ends with v.
-func partsHaveSuffix(parts []string, v string) bool {
-	for i := len(parts) - 1; i >= 0; i-- {
-		p := parts[i]
+// principalHasSuffix reports whether id's principal ends with v.
+func principalHasSuffix(id *identity.Identity, v string) bool {
+	for i := 4; i >= 0; i-- {
+		p := principalPiece(id, i)
 		if len(v) <= len(p) {
 			return p[len(p)-len(v):] == v
 		}

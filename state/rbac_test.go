@@ -1,6 +1,7 @@
 package state
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -72,6 +73,42 @@ var (
 	nsOther    = Match{Namespaces: []StringMatch{exact("other")}}
 	strictDeny = Match{NotPrincipals: []StringMatch{presence}}
 )
+
+func mtlsTo(port uint16) Conn {
+	c := mtls()
+	c.Dst = netip.AddrPortFrom(c.Dst.Addr(), port)
+	return c
+}
+
+func plaintextTo(port uint16) Conn { c := mtlsTo(port); c.SrcIdentity = identity.Identity{}; return c }
+
+// paStrictPermissivePort is what istiod sends for a workload PeerAuthentication
+// in STRICT mode with port 9090 PERMISSIVE: one rule, two clauses.
+func paStrictPermissivePort() *Policy {
+	return pol(ActionDeny, ScopeWorkloadSelector, "ns1", "converted_peer_authentication_pa",
+		[][]Match{{strictDeny}, {{NotDestinationPorts: []uint16{9090}}}})
+}
+
+// paStrictPorts is what istiod sends for a PERMISSIVE (or unset) workload
+// PeerAuthentication with STRICT ports: one rule per port.
+func paStrictPorts(ports ...uint16) *Policy {
+	var rules [][][]Match
+	for _, port := range ports {
+		rules = append(rules, [][]Match{{{DestinationPorts: []uint16{port}, NotPrincipals: []StringMatch{presence}}}})
+	}
+	return pol(ActionDeny, ScopeWorkloadSelector, "ns1", "pa", rules...)
+}
+
+// manyPortPolicies returns n GLOBAL DENY policies, one per port from
+// 8080-n/2: enough for the list to be indexed by port.
+func manyPortPolicies(n int, around uint16) []*Policy {
+	var out []*Policy
+	for i := range n {
+		port := around - uint16(n/2) + uint16(i)
+		out = append(out, pol(ActionDeny, ScopeGlobal, "istio-system", fmt.Sprintf("port-%d", port), [][]Match{{{DestinationPorts: []uint16{port}}}}))
+	}
+	return out
+}
 
 var (
 	allowed        = Decision{Allowed: true, Reason: ReasonNoAllow}
@@ -266,6 +303,102 @@ func TestAuthorize(t *testing.T) {
 		{name: "CIDR with host bits still matches its network", conn: mtls(),
 			policies: []*Policy{allowNS("p", Match{SourceIPs: cidrs("10.0.0.77/24")})}, want: allowedBy("ns1/p")},
 
+		// PeerAuthentication as istiod converts it (istio/istio
+		// pilot/pkg/serviceregistry/kube/controller/ambient/testdata/peer-authn-*.yaml):
+		// STRICT with a PERMISSIVE port is one rule of two clauses.
+		{name: "PA STRICT+PERMISSIVE port (istiod shape) refuses plaintext", conn: plaintext(), listed: []string{"ns1/converted_peer_authentication_pa"},
+			policies: []*Policy{paStrictPermissivePort()}, want: deniedBy("ns1/converted_peer_authentication_pa")},
+		{name: "PA STRICT+PERMISSIVE port (istiod shape) allows mTLS", conn: mtls(), listed: []string{"ns1/converted_peer_authentication_pa"},
+			policies: []*Policy{paStrictPermissivePort()}, want: allowed},
+		{name: "PA STRICT+PERMISSIVE port (istiod shape) allows plaintext to the excepted port", conn: plaintextTo(9090), listed: []string{"ns1/converted_peer_authentication_pa"},
+			policies: []*Policy{paStrictPermissivePort()}, want: allowed},
+		{name: "PA STRICT+PERMISSIVE port (istiod shape) allows mTLS to the excepted port", conn: mtlsTo(9090), listed: []string{"ns1/converted_peer_authentication_pa"},
+			policies: []*Policy{paStrictPermissivePort()}, want: allowed},
+		{name: "PA STRICT+PERMISSIVE port is not applied unless listed", conn: plaintext(),
+			policies: []*Policy{paStrictPermissivePort()}, want: allowed},
+		{name: "PA port-level STRICT refuses plaintext to that port", conn: plaintextTo(9090), listed: []string{"ns1/pa"},
+			policies: []*Policy{paStrictPorts(9090)}, want: deniedBy("ns1/pa")},
+		{name: "PA port-level STRICT allows plaintext to other ports", conn: plaintext(), listed: []string{"ns1/pa"},
+			policies: []*Policy{paStrictPorts(9090)}, want: allowed},
+		{name: "PA port-level STRICT on two ports (one rule each) refuses the second", conn: plaintextTo(9090), listed: []string{"ns1/pa"},
+			policies: []*Policy{paStrictPorts(8081, 9090)}, want: deniedBy("ns1/pa")},
+		{name: "PA port-level STRICT on two ports allows mTLS to them", conn: mtlsTo(9090), listed: []string{"ns1/pa"},
+			policies: []*Policy{paStrictPorts(8081, 9090)}, want: allowed},
+		{name: "PA mesh STRICT with a user ALLOW: plaintext is denied before allow", conn: plaintext(),
+			policies: []*Policy{
+				pol(ActionDeny, ScopeGlobal, "istio-system", "istio_converted_static_strict", [][]Match{{strictDeny}}),
+				allowNS("anyone", Match{NotNamespaces: []StringMatch{exact("nobody")}}),
+			},
+			want: deniedBy("istio-system/istio_converted_static_strict")},
+
+		// Which policy a decision names when several match.
+		{name: "namespace deny is named before global deny", conn: mtls(),
+			policies: []*Policy{pol(ActionDeny, ScopeGlobal, "a", "g", [][]Match{{port8080}}), denyNS("z", port8080)}, want: deniedBy("ns1/z")},
+		{name: "global deny is named before listed deny", conn: mtls(), listed: []string{"a/sel"},
+			policies: []*Policy{pol(ActionDeny, ScopeWorkloadSelector, "a", "sel", [][]Match{{port8080}}), pol(ActionDeny, ScopeGlobal, "z", "g", [][]Match{{port8080}})},
+			want:     deniedBy("z/g")},
+		{name: "policies of one scope are named in key order", conn: mtls(),
+			policies: []*Policy{allowNS("b", port8080), allowNS("a", nsClient), allowNS("c", port8080)}, want: allowedBy("ns1/a")},
+		{name: "listed policies are named in listed order", conn: mtls(), listed: []string{"ns1/y", "ns1/x"},
+			policies: []*Policy{pol(ActionAllow, ScopeWorkloadSelector, "ns1", "x", [][]Match{{port8080}}), pol(ActionAllow, ScopeWorkloadSelector, "ns1", "y", [][]Match{{nsClient}})},
+			want:     allowedBy("ns1/y")},
+		{name: "many policies on ports: the matching one among them", conn: mtls(),
+			policies: manyPortPolicies(20, 8080), want: deniedBy("istio-system/port-8080")},
+		{name: "many policies on ports: none on the connection's port", conn: mtlsTo(7070),
+			policies: manyPortPolicies(20, 8080), want: allowed},
+
+		// More selection edge cases.
+		{name: "listed key of a namespace policy elsewhere still applies", conn: mtls(), listed: []string{"ns2/p"},
+			policies: []*Policy{pol(ActionDeny, ScopeNamespace, "ns2", "p", [][]Match{{nsClient}})}, want: deniedBy("ns2/p")},
+		{name: "listed key twice is harmless", conn: mtls(), listed: []string{"ns1/sel", "ns1/sel"},
+			policies: []*Policy{pol(ActionAllow, ScopeWorkloadSelector, "ns1", "sel", [][]Match{{nsOther}})}, want: notAllowed},
+		{name: "listed allow without rules makes allow policies exist", conn: mtls(), listed: []string{"ns1/sel"},
+			policies: []*Policy{pol(ActionAllow, ScopeWorkloadSelector, "ns1", "sel")}, want: notAllowed},
+		{name: "listed dry-run allow is not an allow policy", conn: mtls(), listed: []string{"ns1/sel"},
+			policies: []*Policy{dryRun(pol(ActionAllow, ScopeWorkloadSelector, "ns1", "sel", [][]Match{{nsOther}}))}, want: allowed},
+		{name: "listed dry-run deny is ignored", conn: mtls(), listed: []string{"ns1/sel"},
+			policies: []*Policy{dryRun(pol(ActionDeny, ScopeWorkloadSelector, "ns1", "sel", [][]Match{{nsClient}}))}, want: allowed},
+		{name: "clause of only empty matches never matches", conn: mtls(),
+			policies: []*Policy{pol(ActionAllow, ScopeNamespace, "ns1", "p", [][]Match{{Match{}, Match{}}})}, want: notAllowed},
+		{name: "one dead rule does not hide a live one", conn: mtls(),
+			policies: []*Policy{pol(ActionAllow, ScopeNamespace, "ns1", "p", [][]Match{{Match{}}, {port9090}}, [][]Match{{nsClient}})}, want: allowedBy("ns1/p")},
+		{name: "port condition in one clause, identity in another", conn: mtls(),
+			policies: []*Policy{pol(ActionDeny, ScopeNamespace, "ns1", "p", [][]Match{{port9090, nsClient}, {port8080}})}, want: deniedBy("ns1/p")},
+
+		// More address edge cases.
+		{name: "IPv4 prefix does not contain IPv6", conn: func() Conn {
+			c := mtls()
+			c.Src = netip.MustParseAddrPort("[2001:db8::1]:34567")
+			return c
+		}(),
+			policies: []*Policy{allowNS("p", Match{SourceIPs: cidrs("0.0.0.0/0")})}, want: notAllowed},
+		{name: "IPv4-mapped destination is matched as IPv4", conn: func() Conn {
+			c := mtls()
+			c.Dst = netip.MustParseAddrPort("[::ffff:10.0.0.2]:8080")
+			return c
+		}(),
+			policies: []*Policy{allowNS("p", Match{DestinationIPs: cidrs("10.0.0.2/32")})}, want: allowedBy("ns1/p")},
+		{name: "IPv4-mapped IPv6 prefix matches no IPv4 address", conn: mtls(),
+			policies: []*Policy{allowNS("p", Match{SourceIPs: cidrs("::ffff:10.0.0.0/104")})}, want: notAllowed},
+		{name: "zoned IPv6 source matches its prefix", conn: func() Conn {
+			c := mtls()
+			c.Src = netip.MustParseAddrPort("[fe80::1%eth0]:34567")
+			return c
+		}(),
+			policies: []*Policy{allowNS("p", Match{SourceIPs: cidrs("fe80::/10")})}, want: allowedBy("ns1/p")},
+		{name: "IPv6 /64 boundary", conn: func() Conn {
+			c := mtls()
+			c.Src = netip.MustParseAddrPort("[2001:db8:0:1::1]:34567")
+			return c
+		}(),
+			policies: []*Policy{allowNS("p", Match{SourceIPs: cidrs("2001:db8::/64")})}, want: notAllowed},
+		{name: "missing source address matches no prefix", conn: func() Conn {
+			c := mtls()
+			c.Src = netip.AddrPort{}
+			return c
+		}(),
+			policies: []*Policy{denyNS("p", Match{NotSourceIPs: cidrs("0.0.0.0/0", "::/0")})}, want: deniedBy("ns1/p")},
+
 		// Ports: compared with the resolved target port.
 		{name: "destination port is the target port", conn: mtls(),
 			policies: []*Policy{allowNS("p", Match{DestinationPorts: []uint16{80}})}, want: notAllowed},
@@ -287,6 +420,9 @@ func TestAuthorize(t *testing.T) {
 			}
 			if got := s.Authorize(c); got != tc.want {
 				t.Errorf("Authorize = %+v, want %+v", got, tc.want)
+			}
+			if got := refAuthorize(tc.policies, c); got != tc.want {
+				t.Errorf("reference = %+v, want %+v", got, tc.want)
 			}
 		})
 	}
@@ -403,6 +539,31 @@ func TestAuthorizeNoAllocs(t *testing.T) {
 	}
 }
 
+// TestAuthorizeNoAllocsIndexed covers the other paths: port-indexed lists
+// and more listed ALLOW policies than Authorize remembers.
+func TestAuthorizeNoAllocsIndexed(t *testing.T) {
+	policies := manyPortPolicies(20, 8080)
+	var listed []string
+	for i := range 6 {
+		name := fmt.Sprintf("sel%d", i)
+		policies = append(policies, pol(ActionAllow, ScopeWorkloadSelector, "ns1", name, [][]Match{{nsOther}}))
+		listed = append(listed, "ns1/"+name)
+	}
+	dst := rbacDst(listed...)
+	s, err := NewSnapshot([]*Workload{dst}, nil, policies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mtlsTo(7070)
+	c.DstWorkload = dst
+	if d := s.Authorize(c); d != notAllowed {
+		t.Fatalf("decision %+v", d)
+	}
+	if n := testing.AllocsPerRun(100, func() { s.Authorize(c) }); n != 0 {
+		t.Errorf("Authorize allocates %v times", n)
+	}
+}
+
 func BenchmarkAuthorize(b *testing.B) {
 	dst, policies := fivePolicies()
 	s, err := NewSnapshot([]*Workload{dst}, nil, policies)
@@ -446,4 +607,73 @@ func ExampleSnapshot_Authorize() {
 	})
 	fmt.Println(d.Allowed, d.Reason)
 	// Output: false explicitly denied by: istio-system/strict
+}
+
+func TestPolicyGeneration(t *testing.T) {
+	dst := rbacDst("ns1/sel")
+	policies := func() []*Policy {
+		return []*Policy{
+			pol(ActionDeny, ScopeWorkloadSelector, "ns1", "sel", [][]Match{{nsClient}}),
+			allowNS("a", nsOther),
+		}
+	}
+	if g := Empty().PolicyGeneration(); g != 0 {
+		t.Fatalf("empty snapshot generation %d, want 0", g)
+	}
+	if g := mustSnapshot(t, []*Workload{dst}, nil, nil).PolicyGeneration(); g != 0 {
+		t.Fatalf("snapshot without policies has generation %d, want 0", g)
+	}
+	a := mustSnapshot(t, []*Workload{dst}, nil, policies())
+	b := mustSnapshot(t, []*Workload{dst}, nil, policies())
+	if a.PolicyGeneration() == 0 || b.PolicyGeneration() <= a.PolicyGeneration() {
+		t.Fatalf("generations %d then %d: each NewSnapshot with policies needs a new, larger one", a.PolicyGeneration(), b.PolicyGeneration())
+	}
+
+	// The same Policy values again, in another order: the same table.
+	same := slices.Clone(b.Policies())
+	slices.Reverse(same)
+	if c := mustSnapshot(t, []*Workload{dst}, nil, same); c.PolicyGeneration() != b.PolicyGeneration() {
+		t.Fatalf("the same policies got generation %d, want %d", c.PolicyGeneration(), b.PolicyGeneration())
+	}
+	if c := mustSnapshot(t, []*Workload{dst}, nil, append(same, allowNS("more", nsClient))); c.PolicyGeneration() <= b.PolicyGeneration() {
+		t.Fatal("one more policy kept the generation")
+	}
+	if c := mustSnapshot(t, []*Workload{dst}, nil, same[:0]); c.PolicyGeneration() != 0 {
+		t.Fatal("no policies must be generation 0")
+	}
+	// As many values, one of them twice, are validated (and refused), not
+	// taken for the same set.
+	if _, err := NewSnapshot([]*Workload{dst}, nil, []*Policy{same[0], same[0]}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a repeated policy was accepted: %v", err)
+	}
+	if _, err := NewSnapshot([]*Workload{dst}, nil, []*Policy{same[0], nil}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a nil policy was accepted: %v", err)
+	}
+
+	// A workload-only rebuild keeps the generation and the policies.
+	other := rbacDst("ns1/sel", "ns1/missing")
+	other.UID, other.Addresses = "other", addrs("10.0.0.3")
+	d, err := a.WithWorkloads([]*Workload{dst, other}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.PolicyGeneration() != a.PolicyGeneration() || !slices.Equal(d.Policies(), a.Policies()) {
+		t.Fatal("WithWorkloads changed the policies")
+	}
+	if d.WorkloadByUID("other") == nil || len(d.Workloads()) != 2 {
+		t.Fatal("WithWorkloads did not take the new workloads")
+	}
+	if w := d.Warnings(); len(w) != 1 || !strings.Contains(w[0], `"ns1/missing"`) {
+		t.Fatalf("WithWorkloads warnings = %q", w)
+	}
+	c := mtls()
+	c.DstWorkload = other
+	if got := d.Authorize(c); got != deniedBy("ns1/sel") {
+		t.Fatalf("derived snapshot: %+v", got)
+	}
+
+	// It validates like NewSnapshot.
+	if _, err := a.WithWorkloads([]*Workload{dst, dst}, nil); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("duplicate workloads: err = %v", err)
+	}
 }

@@ -30,7 +30,6 @@ type Endpoint struct {
 type Snapshot struct {
 	workloads []*Workload // sorted by UID
 	services  []*Service  // sorted by key
-	policies  []*Policy   // sorted by key
 
 	byUID  map[string]*Workload
 	byAddr map[NetworkAddress]*Workload
@@ -42,10 +41,9 @@ type Snapshot struct {
 	cidrVIPs  []cidrVIP
 	endpoints map[NamespacedHostname][]Endpoint
 
-	polByKey    map[string]*policyEntry
-	polGlobal   []*policyEntry            // sorted by key
-	polByNS     map[string][]*policyEntry // sorted by key
-	hasPolicies bool
+	// pol is the compiled policy table, shared with the snapshots derived
+	// by WithWorkloads.
+	pol *policyTable
 
 	warnings []string
 }
@@ -57,23 +55,16 @@ type cidrVIP struct {
 	svc    *Service
 }
 
-// policyEntry carries per-policy strings computed once, so that Authorize
-// does not build them per connection.
-type policyEntry struct {
-	p           *Policy
-	key         string
-	denyReason  string
-	allowReason string
-}
-
 // Empty returns a snapshot with no workloads, services or policies.
 func Empty() *Snapshot {
 	s, _ := NewSnapshot(nil, nil, nil)
 	return s
 }
 
-// NewSnapshot validates the given values and indexes them. It takes ownership:
-// callers must not modify the values afterwards. Service endpoints are derived
+// NewSnapshot validates the given values and indexes them, compiling the
+// policies into a table with a new PolicyGeneration (or generation 0 when
+// there are none). It takes ownership: callers must not modify the values
+// afterwards. Service endpoints are derived
 // from the workloads' Services maps; unhealthy workloads are left out unless
 // the service's health policy is LBAllowAll.
 //
@@ -83,7 +74,63 @@ func Empty() *Snapshot {
 // or malformed values. All problems found (up to a limit) are joined in the
 // error, each wrapping ErrInvalid.
 func NewSnapshot(workloads []*Workload, services []*Service, policies []*Policy) (*Snapshot, error) {
-	b := builder{s: &Snapshot{
+	b := newBuilder(workloads, services)
+	b.addServices(services)
+	b.addWorkloads(workloads)
+	pol := reusableTable(policies)
+	if pol == nil {
+		valid := b.checkPolicies(policies)
+		if len(b.errs) == 0 {
+			pol = compilePolicies(valid)
+		}
+	}
+	if len(b.errs) > 0 {
+		return nil, errors.Join(b.errs...)
+	}
+	b.s.pol = pol
+	b.finish()
+	return b.s, nil
+}
+
+// WithWorkloads returns a snapshot with the given workloads and services and
+// s's policies, validated and indexed as NewSnapshot does. The new snapshot
+// shares s's compiled policy table, so it has the same PolicyGeneration and
+// costs nothing to compile. A converter uses it for an update that carries no
+// policy (an Address push in xDS), so that watchers of policy changes, such
+// as the connection manager, are not woken for nothing.
+func (s *Snapshot) WithWorkloads(workloads []*Workload, services []*Service) (*Snapshot, error) {
+	b := newBuilder(workloads, services)
+	b.addServices(services)
+	b.addWorkloads(workloads)
+	if len(b.errs) > 0 {
+		return nil, errors.Join(b.errs...)
+	}
+	b.s.pol = s.pol
+	b.finish()
+	return b.s, nil
+}
+
+// PolicyGeneration identifies the snapshot's policy set, so that a watcher
+// can tell a policy change from a workload-only update in O(1).
+//
+// The contract: snapshots with the same generation have the same policies
+// and make the same Authorize decision for the same Conn. WithWorkloads
+// carries the generation over, and every snapshot without policies has
+// generation 0. NewSnapshot given exactly the same *Policy values as the
+// previous NewSnapshot with policies (in any order) reuses its compiled
+// table and generation; otherwise it compiles a table with a new
+// generation, larger than any before it, even for policies equal to an
+// earlier snapshot's. So a different generation means the policies may have
+// changed, not that they did.
+//
+// A converter therefore builds with WithWorkloads when an update carries no
+// policy (an Address push), or keeps its Policy values from one update to
+// the next, and open connections are re-checked only on Authorization
+// pushes, as in ztunnel.
+func (s *Snapshot) PolicyGeneration() uint64 { return s.pol.gen }
+
+func newBuilder(workloads []*Workload, services []*Service) *builder {
+	return &builder{s: &Snapshot{
 		byUID:     make(map[string]*Workload, len(workloads)),
 		byAddr:    make(map[NetworkAddress]*Workload, len(workloads)),
 		byInfo:    make(map[nsName][]*Workload, len(workloads)),
@@ -91,17 +138,8 @@ func NewSnapshot(workloads []*Workload, services []*Service, policies []*Policy)
 		svcByVIP:  make(map[NetworkAddress][]*Service, len(services)),
 		svcByHost: make(map[string][]*Service, len(services)),
 		endpoints: make(map[NamespacedHostname][]Endpoint, len(services)),
-		polByKey:  make(map[string]*policyEntry, len(policies)),
-		polByNS:   make(map[string][]*policyEntry),
+		pol:       emptyTable,
 	}}
-	b.addServices(services)
-	b.addWorkloads(workloads)
-	b.addPolicies(policies)
-	if len(b.errs) > 0 {
-		return nil, errors.Join(b.errs...)
-	}
-	b.finish()
-	return b.s, nil
 }
 
 type builder struct {
@@ -262,24 +300,27 @@ func (b *builder) addWorkloads(workloads []*Workload) {
 	}
 }
 
-func (b *builder) addPolicies(policies []*Policy) {
-	s := b.s
-	entries := make([]*policyEntry, 0, len(policies))
+// checkPolicies validates policies and returns the valid ones in a new
+// slice. Errors are recorded on b.
+func (b *builder) checkPolicies(policies []*Policy) []*Policy {
+	valid := make([]*Policy, 0, len(policies))
+	seen := make(map[string]struct{}, len(policies))
 	for i, p := range policies {
 		if p == nil {
 			b.fail("policy %d is nil", i)
 			continue
 		}
-		key := p.Key()
-		what := subject{"policy", key}
 		if p.Name == "" {
 			b.fail("policy %d: name is empty", i)
 			continue
 		}
-		if _, dup := s.polByKey[key]; dup {
+		key := p.Key()
+		what := subject{"policy", key}
+		if _, dup := seen[key]; dup {
 			b.fail("%s: duplicate policy key", what)
 			continue
 		}
+		seen[key] = struct{}{}
 		if p.Scope > ScopeWorkloadSelector {
 			b.fail("%s: invalid scope %d", what, p.Scope)
 		}
@@ -291,27 +332,9 @@ func (b *builder) addPolicies(policies []*Policy) {
 			b.fail("%s: namespace-scoped policy has no namespace", what)
 		}
 		b.checkRules(what, p.Rules)
-		e := &policyEntry{
-			p:           p,
-			key:         key,
-			denyReason:  "explicitly denied by: " + key,
-			allowReason: "allowed by: " + key,
-		}
-		s.polByKey[key] = e
-		entries = append(entries, e)
+		valid = append(valid, p)
 	}
-	slices.SortFunc(entries, func(a, b *policyEntry) int { return cmp.Compare(a.key, b.key) })
-	s.policies = make([]*Policy, len(entries))
-	for i, e := range entries {
-		s.policies[i] = e.p
-		switch e.p.Scope {
-		case ScopeGlobal:
-			s.polGlobal = append(s.polGlobal, e)
-		case ScopeNamespace:
-			s.polByNS[e.p.Namespace] = append(s.polByNS[e.p.Namespace], e)
-		}
-	}
-	s.hasPolicies = len(entries) > 0
+	return valid
 }
 
 func (b *builder) checkRules(what subject, rules [][][]Match) {
@@ -365,7 +388,7 @@ func (b *builder) finish() {
 	s := b.s
 	for _, w := range s.workloads {
 		for _, k := range w.AuthorizationPolicies {
-			if s.polByKey[k] == nil {
+			if s.pol.byKey[k] == nil {
 				s.warnings = append(s.warnings, fmt.Sprintf("workload %q lists unknown authorization policy %q; skipping it", w.UID, k))
 			}
 		}
@@ -416,7 +439,7 @@ func (s *Snapshot) Workloads() []*Workload { return s.workloads }
 func (s *Snapshot) Services() []*Service { return s.services }
 
 // Policies returns every policy, sorted by key.
-func (s *Snapshot) Policies() []*Policy { return s.policies }
+func (s *Snapshot) Policies() []*Policy { return s.pol.policies }
 
 // Warnings returns problems that did not prevent building the snapshot, such
 // as a workload listing a policy key the snapshot lacks. Callers log them once

@@ -19,6 +19,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/proxy"
+	"github.com/ztunnel-go/ztunnel/proxy/connmgr"
 	"github.com/ztunnel-go/ztunnel/state"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
@@ -39,6 +40,8 @@ type Daemon struct {
 	stats     *admin.HTTPServer
 	readiness *admin.HTTPServer
 	quit      chan struct{}
+	stopConns context.CancelFunc // ends the connection manager
+	connsDone chan struct{}
 }
 
 // Start builds and starts the daemon. Configuration errors are returned
@@ -110,6 +113,16 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		return nil, err
 	}
 
+	// The connection manager re-checks open inbound connections when an
+	// Authorization push changes the policies, and closes the denied ones.
+	conns := connmgr.New(connmgr.Config{Store: store, Logf: func(f string, a ...any) {
+		log.Info(fmt.Sprintf(f, a...), "scope", "access")
+	}})
+	var cmCtx context.Context
+	cmCtx, d.stopConns = context.WithCancel(context.Background())
+	d.connsDone = make(chan struct{})
+	go func() { defer close(d.connsDone); conns.Run(cmCtx) }()
+
 	sock := engine.SocketOptions{Mark: cfg.PacketMark}
 	if cfg.KeepAliveEnabled {
 		sock.KeepAlive = engine.KeepAlive{Idle: cfg.KeepAliveTime, Interval: cfg.KeepAliveInterval, Count: cfg.KeepAliveRetries}
@@ -127,6 +140,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		OrigSrc:     cfg.OrigSrc,
 		Logger:      log,
 		Metrics:     m,
+		Conns:       conns,
 	})
 	if err != nil {
 		d.Close()
@@ -223,6 +237,10 @@ func (d *Daemon) Close() {
 	}
 	if d.stats != nil {
 		d.stats.Shutdown(ctx)
+	}
+	if d.stopConns != nil {
+		d.stopConns()
+		<-d.connsDone
 	}
 	if d.pool != nil {
 		d.pool.Close()
