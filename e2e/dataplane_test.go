@@ -27,8 +27,8 @@ import (
 )
 
 // labConfig is the mesh of the data-path tests. Node node-a holds client
-// (HBONE) and plain (a TCP-protocol workload, no daemon); node-b holds server
-// and locked (HBONE). The pod "outsider" on node-b is in no config.
+// (HBONE), plain (a TCP-protocol workload, no daemon) and strict (HBONE, with
+// STRICT mTLS); node-b holds server and locked (HBONE). The pod "outsider" on node-b is in no config.
 const labConfig = `
 workloads:
 - uid: cluster1//v1/Pod/default/client
@@ -47,6 +47,15 @@ workloads:
   protocol: TCP
   node: node-a
   services: {}
+- uid: cluster1//v1/Pod/default/strict
+  name: strict
+  namespace: default
+  serviceAccount: strict
+  workloadIps: ["10.244.0.4"]
+  protocol: HBONE
+  node: node-a
+  services: {}
+  authorizationPolicies: ["default/strict-mtls"]
 - uid: cluster1//v1/Pod/default/server
   name: server
   namespace: default
@@ -65,6 +74,16 @@ workloads:
   services: {}
   authorizationPolicies: ["default/only-client"]
 policies:
+# PeerAuthentication STRICT as istiod converts it: deny any peer without an
+# mTLS identity.
+- name: strict-mtls
+  namespace: default
+  scope: WorkloadSelector
+  action: Deny
+  dryRun: false
+  rules:
+  - - - notPrincipals:
+        - Presence: []
 - name: deny-9999
   namespace: default
   scope: Namespace
@@ -112,7 +131,7 @@ func startDataplane(t *testing.T) *dataplane {
 	for _, pe := range []struct {
 		pod  string
 		port uint16
-	}{{"server", 8080}, {"server", 9999}, {"plain", 8080}, {"outsider", 8080}, {"locked", 8080}} {
+	}{{"server", 8080}, {"server", 9999}, {"plain", 8080}, {"outsider", 8080}, {"locked", 8080}, {"strict", 8080}} {
 		s, err := labrun.StartEcho(c.Pods[pe.pod], pe.port)
 		if err != nil {
 			t.Fatal(err)
@@ -342,6 +361,19 @@ func TestDataPath(t *testing.T) {
 
 	t.Run("allow policy refuses plaintext", func(t *testing.T) {
 		dp.expectRefused(t, "outsider", "locked", 8080)
+	})
+
+	t.Run("STRICT mTLS refuses plaintext and admits HBONE", func(t *testing.T) {
+		dp.expectRefused(t, "outsider", "strict", 8080)
+		if _, err := dp.cluster.Daemons["strict"].WaitLog(logCtx(), "connection complete", "default/strict-mtls"); err != nil {
+			t.Fatal(err)
+		}
+		c := dp.dial(t, "client", "strict", 8080)
+		defer c.Close()
+		got, err := roundTrip(c, []byte("over mTLS"))
+		if err != nil || string(got) != "over mTLS" {
+			t.Fatalf("HBONE into a STRICT pod: %q, %v", got, err)
+		}
 	})
 
 	t.Run("allow policy refuses another identity", func(t *testing.T) {
