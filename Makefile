@@ -42,6 +42,11 @@ tools: ## Install golangci-lint from the Go module proxy
 generate: ## Regenerate generated code (go generate)
 	$(GO) generate ./...
 
+.PHONY: generate-check
+generate-check: generate ## Fail if generated code (api/) is stale
+	@git diff --exit-code -- api/ || { echo "generated code is stale: run make generate"; exit 1; }
+	@out=$$(git status --porcelain -- api/); if [ -n "$$out" ]; then echo "uncommitted generated files:"; echo "$$out"; exit 1; fi
+
 .PHONY: run
 run: build ## Run the daemon on its embedded default: examples/localhost.yaml, built-in CA, no control plane
 	PROXY_MODE=dedicated PROXY_WORKLOAD_INFO=default/local/default LOCAL_XDS_PATH=examples/localhost.yaml \

@@ -6,10 +6,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"runtime/debug"
+	"sync"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/ztunnel-go/ztunnel/admin"
 	"github.com/ztunnel-go/ztunnel/engine"
@@ -22,6 +26,8 @@ import (
 	"github.com/ztunnel-go/ztunnel/proxy/connmgr"
 	"github.com/ztunnel-go/ztunnel/state"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
+	"github.com/ztunnel-go/ztunnel/xdsclient"
+	"github.com/ztunnel-go/ztunnel/xdsclient/controlplane"
 )
 
 // ErrUnsupported marks configurations this build cannot serve yet; the
@@ -40,59 +46,100 @@ type Daemon struct {
 	stats     *admin.HTTPServer
 	readiness *admin.HTTPServer
 	quit      chan struct{}
-	stopConns context.CancelFunc // ends the connection manager
-	connsDone chan struct{}
+	// bg is the context of the daemon's background goroutines (xDS client,
+	// connection manager); stopBG ends it and bgWG waits for them.
+	bg          context.Context
+	stopBG      context.CancelFunc
+	bgWG        sync.WaitGroup
+	closeSigner func()
 }
 
 // Start builds and starts the daemon. Configuration errors are returned
 // before any listener opens.
 func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.Levels) (*Daemon, error) {
-	switch {
-	case cfg.Mode == ModeShared:
+	if cfg.Mode == ModeShared {
 		return nil, fmt.Errorf("%w: PROXY_MODE=shared needs the in-pod (ZDS) support, which this build does not have yet; set PROXY_MODE=dedicated", ErrUnsupported)
-	case cfg.LocalXDSPath == "" && cfg.LocalXDS == "":
-		return nil, fmt.Errorf("%w: no LOCAL_XDS_PATH or LOCAL_XDS; the xDS client (XDS_ADDRESS) is not in this build yet", ErrUnsupported)
-	case cfg.XDSAddress != "":
-		return nil, fmt.Errorf("%w: XDS_ADDRESS=%s: the xDS client is not in this build yet; unset it to use the local config alone", ErrUnsupported, cfg.XDSAddress)
-	case !cfg.FakeCA:
-		return nil, fmt.Errorf("%w: CA_ADDRESS=%s: the Istio CA client is not in this build yet; set FAKE_CA=true", ErrUnsupported, cfg.CAAddress)
 	}
-
-	data := []byte(cfg.LocalXDS)
-	if cfg.LocalXDSPath != "" {
-		var err error
-		if data, err = os.ReadFile(cfg.LocalXDSPath); err != nil {
-			return nil, fmt.Errorf("LOCAL_XDS_PATH: %w", err)
+	local := cfg.LocalXDSPath != "" || cfg.LocalXDS != ""
+	if !local && cfg.XDSAddress == "" {
+		return nil, errors.New("no configuration source: set XDS_ADDRESS, LOCAL_XDS_PATH or LOCAL_XDS")
+	}
+	var (
+		lc   *xdsconv.LocalConfig
+		snap *state.Snapshot
+		err  error
+	)
+	if local {
+		data := []byte(cfg.LocalXDS)
+		if cfg.LocalXDSPath != "" {
+			if data, err = os.ReadFile(cfg.LocalXDSPath); err != nil {
+				return nil, fmt.Errorf("LOCAL_XDS_PATH: %w", err)
+			}
+		}
+		if lc, err = xdsconv.ParseLocalConfig(data); err != nil {
+			return nil, err
+		}
+		if snap, err = lc.Snapshot(); err != nil {
+			return nil, err
 		}
 	}
-	lc, err := xdsconv.ParseLocalConfig(data)
-	if err != nil {
-		return nil, err
-	}
-	snap, err := lc.Snapshot()
-	if err != nil {
-		return nil, err
-	}
-	store := state.NewStore(snap)
+	d := &Daemon{cfg: cfg, log: log, quit: make(chan struct{})}
+	d.bg, d.stopBG = context.WithCancel(context.WithoutCancel(ctx))
 
-	ca, err := builtinCA(cfg)
+	// Workloads, services and policies: the local config alone, or xDS
+	// (combined with the local config when both are set).
+	var xc *xdsclient.Client
+	if cfg.XDSAddress != "" {
+		d.store = state.NewStore(nil)
+		xs, err := xdsconv.NewXDSState(d.store, lc, func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...), "scope", "xds") })
+		if err != nil {
+			return nil, err
+		}
+		if xc, err = newXDSClient(cfg, log); err != nil {
+			return nil, err
+		}
+		xs.Register(xc)
+	} else {
+		d.store = state.NewStore(snap)
+	}
+
+	signer, err := newSigner(cfg)
 	if err != nil {
 		return nil, err
 	}
-	certs := mtls.NewStore(mtls.StoreConfig{
-		Source: caclient.New(caclient.Config{Signer: ca, TTL: cfg.SecretTTL}),
+	d.closeSigner = signer.close
+	d.certs = mtls.NewStore(mtls.StoreConfig{
+		Source: caclient.New(caclient.Config{Signer: signer.Signer, TTL: cfg.SecretTTL}),
 		Logf:   func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...), "scope", "identity") },
 	})
+	store, certs := d.store, d.certs
 
 	h2 := hbone.Config{
 		StreamWindow: cfg.StreamWindow, ConnWindow: cfg.ConnectionWindow, MaxFrameSize: cfg.FrameSize,
 	}
 	poolCfg := hbone.PoolConfig{Config: h2, MaxStreamsPerConn: cfg.PoolMaxStreams, IdleTimeout: cfg.PoolUnusedRelease}
 	poolCfg.Config.Logf = func(f string, a ...any) { log.Debug(fmt.Sprintf(f, a...), "scope", "hbone") }
-	d := &Daemon{cfg: cfg, log: log, store: store, certs: certs, pool: hbone.NewPool(poolCfg), quit: make(chan struct{})}
+	d.pool = hbone.NewPool(poolCfg)
 
 	ready := admin.NewReadiness()
 	proxyDone := ready.Register("proxy")
+	if xc != nil {
+		// Not ready until both resource types are warm and ACKed.
+		stateDone := ready.Register("state manager")
+		d.bgWG.Go(func() {
+			if err := xc.Run(d.bg); err != nil && !errors.Is(err, context.Canceled) {
+				log.Error("xds client stopped", "error", err, "scope", "xds")
+			}
+		})
+		d.bgWG.Go(func() {
+			select {
+			case <-xc.Synced():
+				stateDone()
+				log.Info("xds synced", "scope", "xds")
+			case <-d.bg.Done():
+			}
+		})
+	}
 	if d.readiness, err = admin.Serve(cfg.ReadinessAddr, ready, log); err != nil {
 		d.Close()
 		return nil, err
@@ -104,7 +151,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	}
 	adm := admin.NewServer(admin.Config{
 		State: store, Certs: certs, DaemonConfig: cfg, Version: buildInfo(), Logger: log,
-		StaticConfig: snap,
+		StaticConfig: snap, // nil without a local config
 		Quit:         d.requestQuit,
 		Logging:      levels,
 	})
@@ -118,10 +165,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	conns := connmgr.New(connmgr.Config{Store: store, Logf: func(f string, a ...any) {
 		log.Info(fmt.Sprintf(f, a...), "scope", "access")
 	}})
-	var cmCtx context.Context
-	cmCtx, d.stopConns = context.WithCancel(context.Background())
-	d.connsDone = make(chan struct{})
-	go func() { defer close(d.connsDone); conns.Run(cmCtx) }()
+	d.bgWG.Go(func() { conns.Run(d.bg) })
 
 	sock := engine.SocketOptions{Mark: cfg.PacketMark}
 	if cfg.KeepAliveEnabled {
@@ -152,10 +196,95 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	}
 	d.proxies = append(d.proxies, p)
 	proxyDone()
-	log.Info("ztunnel-go ready", "mode", string(cfg.Mode), "workload", cfg.Workload.Namespace+"/"+cfg.Workload.Name,
-		"workloads", len(snap.Workloads()), "services", len(snap.Services()), "policies", len(snap.Policies()),
+	log.Info("ztunnel-go started", "mode", string(cfg.Mode), "workload", cfg.Workload.Namespace+"/"+cfg.Workload.Name,
+		"workloads", len(store.Load().Workloads()), "services", len(store.Load().Services()), "policies", len(store.Load().Policies()),
+		"xds", cfg.XDSAddress,
 		"admin", d.admin.Addr().String(), "readiness", d.readiness.Addr().String())
 	return d, nil
+}
+
+// signer is where workload certificates come from, with its cleanup.
+type signer struct {
+	caclient.Signer
+	close func()
+}
+
+// newSigner returns the built-in CA (FAKE_CA, or a local config without
+// CA_ADDRESS) or the Istio CA client.
+func newSigner(cfg *Config) (signer, error) {
+	if cfg.FakeCA {
+		ca, err := builtinCA(cfg)
+		return signer{ca, func() {}}, err
+	}
+	token, tokenPath := authToken(cfg.AuthToken)
+	headers, err := controlplane.HeadersFromEnv(os.Environ(), "CA_HEADER_")
+	if err != nil {
+		return signer{}, err
+	}
+	ca, err := caclient.NewIstioCA(caclient.IstioCAConfig{
+		Address: cfg.CAAddress, RootCA: cfg.CARootCA, AltHostname: cfg.AltCAHostname,
+		Token: token, TokenPath: tokenPath, ClusterID: cfg.ClusterID, Headers: headers,
+		DialOptions: markedDialer(cfg),
+	})
+	if err != nil {
+		return signer{}, fmt.Errorf("CA_ADDRESS=%s: %w", cfg.CAAddress, err)
+	}
+	return signer{ca, func() { ca.Close() }}, nil
+}
+
+// authToken interprets AUTH_TOKEN as ztunnel does: a file when one exists at
+// that path, else a static token; unset means the projected token file when
+// it exists, else no token.
+func authToken(v string) (token, path string) {
+	if v == "" {
+		if _, err := os.Stat(defaultTokenPath); err == nil {
+			return "", defaultTokenPath
+		}
+		return "", ""
+	}
+	if _, err := os.Stat(v); err == nil {
+		return "", v
+	}
+	return v, ""
+}
+
+// newXDSClient builds the delta-ADS client from XDS_* and the node identity.
+func newXDSClient(cfg *Config, log *slog.Logger) (*xdsclient.Client, error) {
+	token, tokenPath := authToken(cfg.AuthToken)
+	headers, err := controlplane.HeadersFromEnv(os.Environ(), "XDS_HEADER_")
+	if err != nil {
+		return nil, err
+	}
+	meta := map[string]string{}
+	info := xdsclient.NodeInfoFromEnv(os.Environ(), meta)
+	info.InstanceIP, info.PodName, info.PodNamespace, info.NodeName = cfg.InstanceIP, cfg.PodName, cfg.PodNamespace, cfg.NodeName
+	node, errs := xdsclient.NewNode(info)
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("xds node metadata: %w", errors.Join(errs...))
+	}
+	var onDemand []string
+	if cfg.XDSOnDemand {
+		onDemand = []string{xdsconv.AddressType}
+	}
+	return xdsclient.New(xdsclient.Config{
+		Address: cfg.XDSAddress, RootCA: cfg.XDSRootCA, AltHostname: cfg.AltXDSHostname,
+		Token: token, TokenPath: tokenPath, ClusterID: cfg.ClusterID, Headers: headers,
+		Node: node, OnDemandTypes: onDemand, DialOptions: markedDialer(cfg),
+		Logf: func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...), "scope", "xds") },
+	}), nil
+}
+
+// markedDialer makes control-plane connections carry PACKET_MARK, so that a
+// daemon inside a captured namespace (dedicated mode in a pod) reaches istiod
+// directly instead of through its own capture rules.
+func markedDialer(cfg *Config) []grpc.DialOption {
+	if cfg.PacketMark == 0 {
+		return nil
+	}
+	d := &net.Dialer{Timeout: 5 * time.Second, Control: engine.SocketOptions{Mark: cfg.PacketMark}.DialControl()}
+	return []grpc.DialOption{grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		return d.DialContext(ctx, "tcp", addr)
+	})}
 }
 
 func builtinCA(cfg *Config) (*caclient.BuiltinCA, error) {
@@ -238,9 +367,12 @@ func (d *Daemon) Close() {
 	if d.stats != nil {
 		d.stats.Shutdown(ctx)
 	}
-	if d.stopConns != nil {
-		d.stopConns()
-		<-d.connsDone
+	if d.stopBG != nil {
+		d.stopBG()
+		d.bgWG.Wait()
+	}
+	if d.closeSigner != nil {
+		d.closeSigner()
 	}
 	if d.pool != nil {
 		d.pool.Close()

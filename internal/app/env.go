@@ -33,6 +33,16 @@ type Config struct {
 	LocalXDS     string // LOCAL_XDS (inline YAML)
 	XDSAddress   string // XDS_ADDRESS ("" = no control plane)
 	CAAddress    string // CA_ADDRESS
+	// XDSRootCA and CARootCA verify istiod: a PEM file, "SYSTEM" or inline PEM.
+	XDSRootCA, CARootCA string
+	// AltXDSHostname and AltCAHostname are accepted in istiod's certificate
+	// besides the address's host.
+	AltXDSHostname, AltCAHostname string
+	// AuthToken is AUTH_TOKEN: a token file (re-read on every call) or a
+	// static token; "" uses the projected token file when it exists.
+	AuthToken string
+	// XDSOnDemand is XDS_ON_DEMAND: Address resources fetched when needed.
+	XDSOnDemand bool
 
 	FakeCA        bool   // FAKE_CA, or implied by a local config without CA_ADDRESS
 	BuiltinCACert string // BUILTIN_CA_CERT: PEM file of the built-in CA's root
@@ -219,8 +229,14 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	if !local {
 		defXDS = "https://istiod.istio-system.svc:15012"
 	}
-	c.XDSAddress = e.str("XDS_ADDRESS", defXDS)
-	c.CAAddress = e.str("CA_ADDRESS", "")
+	c.XDSAddress = withScheme(e.str("XDS_ADDRESS", defXDS))
+	c.CAAddress = withScheme(e.str("CA_ADDRESS", defXDS))
+	c.XDSRootCA = e.str("XDS_ROOT_CA", defaultRootCA)
+	c.CARootCA = e.str("CA_ROOT_CA", defaultRootCA)
+	c.AltXDSHostname = e.str("ALT_XDS_HOSTNAME", "")
+	c.AltCAHostname = e.str("ALT_CA_HOSTNAME", "")
+	c.AuthToken = e.str("AUTH_TOKEN", "")
+	c.XDSOnDemand = e.boolean("XDS_ON_DEMAND", false)
 	c.FakeCA = e.boolean("FAKE_CA", false)
 	if !c.FakeCA && c.CAAddress == "" && local {
 		c.FakeCA = true
@@ -307,6 +323,20 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 		return nil, errors.Join(e.errs...)
 	}
 	return c, nil
+}
+
+// defaultRootCA is where the chart mounts istiod's root certificate.
+const defaultRootCA = "./var/run/secrets/istio/root-cert.pem"
+
+// defaultTokenPath is where the chart projects the daemon's JWT.
+const defaultTokenPath = "./var/run/secrets/tokens/istio-token"
+
+// withScheme adds https:// to an address without a scheme, as ztunnel does.
+func withScheme(addr string) string {
+	if addr == "" || strings.Contains(addr, "://") {
+		return addr
+	}
+	return "https://" + addr
 }
 
 // cpu parses a Kubernetes CPU quantity: "2", "1.5" or "500m".

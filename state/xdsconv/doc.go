@@ -1,9 +1,18 @@
-// Package xdsconv is the only bridge from external formats to package state:
-// it turns ztunnel's local config YAML (LOCAL_XDS_PATH / LOCAL_XDS) into state
-// values, checking every field against ztunnel's schema with errors that name
-// the line and the field. The xDS resource converter (istio.workload.Address,
-// istio.security.Authorization) will live here too.
+// Package xdsconv is the only bridge from external formats to package state.
+// It has one job, turning configuration into state values and snapshots, fed
+// from two sources:
 //
-// Only the daemon's control plane (cmd/ztunnel and the xDS client wiring)
-// imports it; the data path sees nothing but state.
+//   - ztunnel's local config YAML (LOCAL_XDS_PATH / LOCAL_XDS): ParseLocalConfig
+//     checks every field against ztunnel's schema with errors that name the
+//     line and the field;
+//   - istiod's xDS resources (istio.workload.Address and
+//     istio.security.Authorization): ConvertAddress and ConvertAuthorization
+//     validate and convert them, and XDSState keeps the converted set (on top
+//     of an optional local config), builds the next snapshot after every push
+//     and publishes it to a state.Store. Its handlers plug into xdsclient.
+//
+// It imports state, identity, the generated protos (api/workloadapi,
+// api/securityapi) and xdsclient (for the handler types only). Only the
+// daemon's control plane wiring and test kits import it; the data path sees
+// nothing but state.
 package xdsconv

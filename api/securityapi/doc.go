@@ -1,0 +1,6 @@
+// Package securityapi holds the Go types of the Istio L4 authorization API
+// (istio.security.Authorization), generated from proto/authorization.proto by
+// `make generate`; only this doc file is written by hand.
+//
+// Only state/xdsconv and test kits import it.
+package securityapi

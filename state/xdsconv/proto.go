@@ -1,0 +1,429 @@
+package xdsconv
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/ztunnel-go/ztunnel/api/securityapi"
+	"github.com/ztunnel-go/ztunnel/api/workloadapi"
+	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/state"
+)
+
+// The xDS type URLs of the two resource types ztunnel subscribes to.
+const (
+	AddressType       = "type.googleapis.com/istio.workload.Address"
+	AuthorizationType = "type.googleapis.com/istio.security.Authorization"
+)
+
+var (
+	// ErrInvalidResource is wrapped by every conversion error: the resource
+	// is rejected (NACKed) and the previous version, if any, stays.
+	ErrInvalidResource = errors.New("xdsconv: invalid resource")
+	// ErrLegacyIstioMTLS marks a workload whose tunnel protocol is
+	// LEGACY_ISTIO_MTLS, which ztunnel cannot send and rejects. It wraps
+	// ErrInvalidResource.
+	ErrLegacyIstioMTLS = fmt.Errorf("%w: unsupported tunnel protocol: legacy istio mtls", ErrInvalidResource)
+)
+
+// Defaults ztunnel fills in for empty workload fields.
+const (
+	defaultServiceAccount = "default"
+	defaultClusterID      = "Kubernetes"
+)
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidResource}, args...)...)
+}
+
+// ConvertAddress converts an Address resource: exactly one of the results is
+// non-nil on success.
+func ConvertAddress(a *workloadapi.Address) (*state.Workload, *state.Service, error) {
+	switch t := a.GetType().(type) {
+	case *workloadapi.Address_Workload:
+		w, err := ConvertWorkload(t.Workload)
+		return w, nil, err
+	case *workloadapi.Address_Service:
+		s, err := ConvertService(t.Service)
+		return nil, s, err
+	}
+	return nil, nil, invalid("unknown address type")
+}
+
+// ConvertWorkload converts a Workload as ztunnel does: empty trust domain,
+// service account and cluster ID become cluster.local, default and
+// Kubernetes; an absent capacity becomes 1; ports wider than 16 bits are
+// truncated. Unknown enum values, addresses that are not 4 or 16 bytes,
+// gateways without a destination, service keys that are not
+// namespace/hostname and LEGACY_ISTIO_MTLS are rejected; so is an empty uid,
+// which a snapshot cannot hold.
+func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
+	if x.GetUid() == "" {
+		return nil, invalid("workload %s/%s: uid is empty", x.GetNamespace(), x.GetName())
+	}
+	w := &state.Workload{
+		UID:                   x.GetUid(),
+		Name:                  x.GetName(),
+		Namespace:             x.GetNamespace(),
+		ServiceAccount:        orDefault(x.GetServiceAccount(), defaultServiceAccount),
+		TrustDomain:           orDefault(x.GetTrustDomain(), identity.DefaultTrustDomain),
+		Network:               x.GetNetwork(),
+		Node:                  x.GetNode(),
+		ClusterID:             orDefault(x.GetClusterId(), defaultClusterID),
+		WorkloadName:          x.GetWorkloadName(),
+		WorkloadType:          workloadType(x.GetWorkloadType()),
+		CanonicalName:         x.GetCanonicalName(),
+		CanonicalRevision:     x.GetCanonicalRevision(),
+		Hostname:              x.GetHostname(),
+		NativeTunnel:          x.GetNativeTunnel(),
+		AuthorizationPolicies: x.GetAuthorizationPolicies(),
+		Capacity:              1,
+	}
+	if c := x.GetCapacity(); c != nil {
+		w.Capacity = c.GetValue()
+	}
+	if l := x.GetLocality(); l != nil {
+		w.Locality = state.Locality{Region: l.GetRegion(), Zone: l.GetZone(), Subzone: l.GetSubzone()}
+	}
+	switch x.GetTunnelProtocol() {
+	case workloadapi.TunnelProtocol_NONE:
+		w.Protocol = state.ProtocolTCP
+	case workloadapi.TunnelProtocol_HBONE:
+		w.Protocol = state.ProtocolHBONE
+	case workloadapi.TunnelProtocol_LEGACY_ISTIO_MTLS:
+		return nil, ErrLegacyIstioMTLS
+	default:
+		return nil, invalid("unknown tunnel protocol %d", x.GetTunnelProtocol())
+	}
+	switch x.GetStatus() {
+	case workloadapi.WorkloadStatus_HEALTHY:
+		w.Status = state.Healthy
+	case workloadapi.WorkloadStatus_UNHEALTHY:
+		w.Status = state.Unhealthy
+	default:
+		return nil, invalid("unknown workload status %d", x.GetStatus())
+	}
+	switch x.GetNetworkMode() {
+	case workloadapi.NetworkMode_STANDARD:
+		w.NetworkMode = state.NetworkModeStandard
+	case workloadapi.NetworkMode_HOST_NETWORK:
+		w.NetworkMode = state.NetworkModeHostNetwork
+	default:
+		return nil, invalid("unknown network mode %d", x.GetNetworkMode())
+	}
+	if len(x.GetAddresses()) > 0 {
+		w.Addresses = make([]netip.Addr, len(x.GetAddresses()))
+		for i, b := range x.GetAddresses() {
+			ip, err := bytesToIP(b)
+			if err != nil {
+				return nil, err
+			}
+			w.Addresses[i] = ip
+		}
+	}
+	var err error
+	if w.Waypoint, err = gatewayAddress(x.GetWaypoint(), "waypoint"); err != nil {
+		return nil, err
+	}
+	if w.NetworkGateway, err = gatewayAddress(x.GetNetworkGateway(), "network gateway"); err != nil {
+		return nil, err
+	}
+	if t := x.GetApplicationTunnel(); t != nil {
+		at := &state.ApplicationTunnel{Port: uint16(t.GetPort())}
+		switch t.GetProtocol() {
+		case workloadapi.ApplicationTunnel_NONE:
+			at.Protocol = state.AppTunnelNone
+		case workloadapi.ApplicationTunnel_PROXY:
+			at.Protocol = state.AppTunnelProxy
+		default:
+			return nil, invalid("unknown application tunnel protocol %d", t.GetProtocol())
+		}
+		w.ApplicationTunnel = at
+	}
+	w.Services = make(map[string]map[uint16]uint16, len(x.GetServices()))
+	for key, pl := range x.GetServices() {
+		if !strings.Contains(key, "/") {
+			return nil, invalid("service key %q is not namespace/hostname", key)
+		}
+		w.Services[key] = protoPortMap(pl.GetPorts())
+	}
+	return w, nil
+}
+
+// ConvertService converts a Service as ztunnel does: an address with a
+// prefix length other than the host length becomes a CIDR VIP (the length
+// truncated to 8 bits, then checked); an unknown visibility means PUBLIC.
+// Unknown enum values (other than visibility), unspecified routing
+// preferences, bad addresses and gateways without a destination are
+// rejected, and so is an empty hostname, which a snapshot cannot hold.
+func ConvertService(x *workloadapi.Service) (*state.Service, error) {
+	if x.GetHostname() == "" {
+		return nil, invalid("service %s/%s: hostname is empty", x.GetNamespace(), x.GetName())
+	}
+	s := &state.Service{
+		Name:            x.GetName(),
+		Namespace:       x.GetNamespace(),
+		Hostname:        x.GetHostname(),
+		Ports:           protoPortMap(x.GetPorts()),
+		SubjectAltNames: x.GetSubjectAltNames(),
+		Canonical:       x.GetCanonical(),
+	}
+	for _, a := range x.GetAddresses() {
+		ip, err := bytesToIP(a.GetAddress())
+		if err != nil {
+			return nil, err
+		}
+		if a.Length != nil && int(a.GetLength()) != ip.BitLen() {
+			bits := int(uint8(a.GetLength()))
+			if bits > ip.BitLen() {
+				return nil, invalid("prefix length %d is too long for %s", a.GetLength(), ip)
+			}
+			s.CIDRVIPs = append(s.CIDRVIPs, state.NetworkPrefix{Network: a.GetNetwork(), Prefix: netip.PrefixFrom(ip, bits)})
+			continue
+		}
+		s.VIPs = append(s.VIPs, state.NetworkAddress{Network: a.GetNetwork(), Addr: ip})
+	}
+	var err error
+	if s.Waypoint, err = gatewayAddress(x.GetWaypoint(), "waypoint"); err != nil {
+		return nil, err
+	}
+	for i, ww := range x.GetWeightedWaypoints() {
+		if ww.GetDestination() == nil {
+			return nil, invalid("weighted waypoint %d: no destination", i)
+		}
+		g, err := gatewayAddress(ww.GetDestination(), "weighted waypoint")
+		if err != nil {
+			return nil, err
+		}
+		s.WeightedWaypoints = append(s.WeightedWaypoints, state.WeightedWaypoint{Destination: *g, Weight: ww.GetWeight()})
+	}
+	if lb := x.GetLoadBalancing(); lb != nil {
+		out := &state.LoadBalancer{RoutingPreferences: make([]state.LBScope, 0, len(lb.GetRoutingPreference()))}
+		for _, sc := range lb.GetRoutingPreference() {
+			if sc < workloadapi.LoadBalancing_REGION || sc > workloadapi.LoadBalancing_NETWORK {
+				return nil, invalid("invalid routing preference %d", sc)
+			}
+			// REGION..NETWORK are 1..6 on the wire and 0..5 in state.
+			out.RoutingPreferences = append(out.RoutingPreferences, state.LBScope(sc-workloadapi.LoadBalancing_REGION))
+		}
+		switch lb.GetMode() {
+		case workloadapi.LoadBalancing_UNSPECIFIED_MODE:
+			out.Mode = state.LBModeStandard
+		case workloadapi.LoadBalancing_STRICT:
+			out.Mode = state.LBModeStrict
+		case workloadapi.LoadBalancing_FAILOVER:
+			out.Mode = state.LBModeFailover
+		case workloadapi.LoadBalancing_PASSTHROUGH:
+			out.Mode = state.LBModePassthrough
+		default:
+			return nil, invalid("unknown load balancing mode %d", lb.GetMode())
+		}
+		switch lb.GetHealthPolicy() {
+		case workloadapi.LoadBalancing_ONLY_HEALTHY:
+			out.HealthPolicy = state.LBOnlyHealthy
+		case workloadapi.LoadBalancing_ALLOW_ALL:
+			out.HealthPolicy = state.LBAllowAll
+		default:
+			return nil, invalid("unknown health policy %d", lb.GetHealthPolicy())
+		}
+		s.LoadBalancer = out
+	}
+	switch x.GetIpFamilies() {
+	case workloadapi.IPFamilies_AUTOMATIC:
+		s.IPFamilies = state.IPFamiliesAutomatic
+	case workloadapi.IPFamilies_IPV4_ONLY:
+		s.IPFamilies = state.IPFamiliesIPv4
+	case workloadapi.IPFamilies_IPV6_ONLY:
+		s.IPFamilies = state.IPFamiliesIPv6
+	case workloadapi.IPFamilies_DUAL:
+		s.IPFamilies = state.IPFamiliesDual
+	default:
+		return nil, invalid("unknown ip families %d", x.GetIpFamilies())
+	}
+	if x.GetVisibility() == workloadapi.Service_NAMESPACE {
+		s.Visibility = state.VisibilityNamespace
+	}
+	return s, nil
+}
+
+// ConvertAuthorization converts an Authorization as ztunnel does: string
+// matches with no variant and addresses that are not a valid CIDR are
+// dropped from their match (a match left with nothing never matches); ports
+// are truncated to 16 bits. Unknown scopes and actions are rejected, and so
+// are an empty name and a namespace-scoped policy without a namespace, which
+// a snapshot cannot hold.
+func ConvertAuthorization(x *securityapi.Authorization) (*state.Policy, error) {
+	p := &state.Policy{
+		Name:      x.GetName(),
+		Namespace: x.GetNamespace(),
+		DryRun:    x.GetDryRun(),
+		Rules:     make([][][]state.Match, 0, len(x.GetRules())),
+	}
+	if p.Name == "" {
+		return nil, invalid("policy in namespace %q: name is empty", p.Namespace)
+	}
+	switch x.GetScope() {
+	case securityapi.Scope_GLOBAL:
+		p.Scope = state.ScopeGlobal
+	case securityapi.Scope_NAMESPACE:
+		p.Scope = state.ScopeNamespace
+		if p.Namespace == "" {
+			return nil, invalid("namespace-scoped policy %q has no namespace", p.Name)
+		}
+	case securityapi.Scope_WORKLOAD_SELECTOR:
+		p.Scope = state.ScopeWorkloadSelector
+	default:
+		return nil, invalid("unknown scope %d", x.GetScope())
+	}
+	switch x.GetAction() {
+	case securityapi.Action_ALLOW:
+		p.Action = state.ActionAllow
+	case securityapi.Action_DENY:
+		p.Action = state.ActionDeny
+	default:
+		return nil, invalid("unknown action %d", x.GetAction())
+	}
+	for _, r := range x.GetRules() {
+		rule := make([][]state.Match, 0, len(r.GetClauses()))
+		for _, c := range r.GetClauses() {
+			clause := make([]state.Match, 0, len(c.GetMatches()))
+			for _, m := range c.GetMatches() {
+				clause = append(clause, convertMatch(m))
+			}
+			rule = append(rule, clause)
+		}
+		p.Rules = append(p.Rules, rule)
+	}
+	return p, nil
+}
+
+func convertMatch(m *securityapi.Match) state.Match {
+	return state.Match{
+		Namespaces:          protoStringMatches(m.GetNamespaces()),
+		NotNamespaces:       protoStringMatches(m.GetNotNamespaces()),
+		Principals:          protoStringMatches(m.GetPrincipals()),
+		NotPrincipals:       protoStringMatches(m.GetNotPrincipals()),
+		ServiceAccounts:     serviceAccountMatches(m.GetServiceAccounts()),
+		NotServiceAccounts:  serviceAccountMatches(m.GetNotServiceAccounts()),
+		SourceIPs:           prefixes(m.GetSourceIps()),
+		NotSourceIPs:        prefixes(m.GetNotSourceIps()),
+		DestinationIPs:      prefixes(m.GetDestinationIps()),
+		NotDestinationIPs:   prefixes(m.GetNotDestinationIps()),
+		DestinationPorts:    ports16(m.GetDestinationPorts()),
+		NotDestinationPorts: ports16(m.GetNotDestinationPorts()),
+	}
+}
+
+func protoStringMatches(in []*securityapi.StringMatch) []state.StringMatch {
+	var out []state.StringMatch
+	for _, sm := range in {
+		switch v := sm.GetMatchType().(type) {
+		case *securityapi.StringMatch_Exact:
+			out = append(out, state.StringMatch{Kind: state.MatchExact, Value: v.Exact})
+		case *securityapi.StringMatch_Prefix:
+			out = append(out, state.StringMatch{Kind: state.MatchPrefix, Value: v.Prefix})
+		case *securityapi.StringMatch_Suffix:
+			out = append(out, state.StringMatch{Kind: state.MatchSuffix, Value: v.Suffix})
+		case *securityapi.StringMatch_Presence:
+			out = append(out, state.StringMatch{Kind: state.MatchPresence})
+		}
+	}
+	return out
+}
+
+func serviceAccountMatches(in []*securityapi.ServiceAccountMatch) []state.ServiceAccountMatch {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make([]state.ServiceAccountMatch, len(in))
+	for i, sa := range in {
+		out[i] = state.ServiceAccountMatch{Namespace: sa.GetNamespace(), ServiceAccount: sa.GetServiceAccount()}
+	}
+	return out
+}
+
+func prefixes(in []*securityapi.Address) []netip.Prefix {
+	var out []netip.Prefix
+	for _, a := range in {
+		ip, err := bytesToIP(a.GetAddress())
+		if err != nil {
+			continue
+		}
+		bits := int(uint8(a.GetLength()))
+		if bits > ip.BitLen() {
+			continue
+		}
+		out = append(out, netip.PrefixFrom(ip, bits))
+	}
+	return out
+}
+
+func ports16(in []uint32) []uint16 {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make([]uint16, len(in))
+	for i, p := range in {
+		out[i] = uint16(p)
+	}
+	return out
+}
+
+// protoPortMap turns ports into service port -> target port; a repeated service
+// port keeps its last target, as ztunnel's map does.
+func protoPortMap(ports []*workloadapi.Port) map[uint16]uint16 {
+	m := make(map[uint16]uint16, len(ports))
+	for _, p := range ports {
+		m[uint16(p.GetServicePort())] = uint16(p.GetTargetPort())
+	}
+	return m
+}
+
+func bytesToIP(b []byte) (netip.Addr, error) {
+	switch len(b) {
+	case 4:
+		return netip.AddrFrom4([4]byte(b)), nil
+	case 16:
+		return netip.AddrFrom16([16]byte(b)), nil
+	}
+	return netip.Addr{}, invalid("address of %d bytes, want 4 or 16", len(b))
+}
+
+func gatewayAddress(g *workloadapi.GatewayAddress, what string) (*state.GatewayAddress, error) {
+	if g == nil {
+		return nil, nil
+	}
+	out := &state.GatewayAddress{HBONEMTLSPort: uint16(g.GetHboneMtlsPort())}
+	switch d := g.GetDestination().(type) {
+	case *workloadapi.GatewayAddress_Address:
+		ip, err := bytesToIP(d.Address.GetAddress())
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		out.Address = &state.NetworkAddress{Network: d.Address.GetNetwork(), Addr: ip}
+	case *workloadapi.GatewayAddress_Hostname:
+		out.Hostname = &state.NamespacedHostname{Namespace: d.Hostname.GetNamespace(), Hostname: d.Hostname.GetHostname()}
+	default:
+		return nil, invalid("%s: no destination", what)
+	}
+	return out, nil
+}
+
+// workloadType returns the lower-case kind name ztunnel reports; unknown
+// values read as the proto default, deployment.
+func workloadType(t workloadapi.WorkloadType) string {
+	name, ok := workloadapi.WorkloadType_name[int32(t)]
+	if !ok {
+		name = workloadapi.WorkloadType_DEPLOYMENT.String()
+	}
+	return strings.ToLower(name)
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}

@@ -1,0 +1,531 @@
+package xdsclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/ztunnel-go/ztunnel/xdsclient/controlplane"
+)
+
+var (
+	// ErrNotOnDemand is returned by Lookup for a type URL that is not
+	// subscribed on demand.
+	ErrNotOnDemand = errors.New("xdsclient: type is not subscribed on demand")
+	// ErrStopped is returned by Lookup once Run has returned.
+	ErrStopped = errors.New("xdsclient: client stopped")
+)
+
+// Reconnection timing, as in ztunnel: connection failures and unexpected gRPC
+// errors back off from 10ms doubling to 15s; streams that end cleanly
+// reconnect at once.
+const (
+	initialBackoff = 10 * time.Millisecond
+	maxBackoff     = 15 * time.Second
+)
+
+// maxRecvMsgSize bounds one response, as ztunnel does (200 MiB).
+const maxRecvMsgSize = 200 << 20
+
+// demandQueue is how many on-demand lookups may wait for the stream.
+const demandQueue = 100
+
+// Config configures a Client. Address is required; other zero values are
+// documented per field.
+type Config struct {
+	// Address is istiod's xDS URL (XDS_ADDRESS), e.g.
+	// "https://istiod.istio-system.svc:15012"; https:// is assumed when the
+	// scheme is missing.
+	Address string
+	// RootCA verifies istiod (XDS_ROOT_CA): a PEM file path (re-read when
+	// it changes), "SYSTEM", or inline PEM. Empty means the system roots.
+	RootCA string
+	// AltHostname is accepted as istiod's name when the address's host does
+	// not match its certificate (ALT_XDS_HOSTNAME). Empty: none.
+	AltHostname string
+	// TokenPath is the JWT file sent as "authorization: Bearer", re-read for
+	// every stream (AUTH_TOKEN when it names a file). Token is a static JWT
+	// used when TokenPath is empty. With neither, no auth headers are sent.
+	TokenPath, Token string
+	// ClusterID goes in the clusterid header next to the token.
+	ClusterID string
+	// Headers are extra gRPC metadata for the stream (XDS_HEADER_*).
+	Headers map[string]string
+	// Node is sent in the first request of each type. Build it with NewNode.
+	// Nil sends an empty node.
+	Node *corev3.Node
+	// OnDemandTypes lists the registered type URLs that are subscribed on
+	// demand (XDS_ON_DEMAND: the Address type): their initial request asks
+	// for nothing, Lookup asks for single names, and Synced does not wait
+	// for them. Empty: every type is a wildcard subscription.
+	OnDemandTypes []string
+	// Logf receives connection events and NACKs. Nil discards them.
+	Logf func(format string, args ...any)
+	// DialOptions are added to the gRPC connection's options.
+	DialOptions []grpc.DialOption
+}
+
+// Resource is one resource of a response: its name, the version the server
+// gave it, and its raw value.
+type Resource struct {
+	Name    string
+	Version string
+	// Value is the resource. Never nil: the client rejects resources that
+	// arrive without one before calling the handler.
+	Value *anypb.Any
+}
+
+// Update is one response's changes to one type: resources added or changed,
+// and names removed.
+type Update struct {
+	TypeURL   string
+	Resources []Resource
+	Removed   []string
+}
+
+// Rejection says why one resource of an update was not applied.
+type Rejection struct {
+	Name string
+	Err  error
+}
+
+// Error returns "<name>: <reason>", the form that goes into a NACK.
+func (r Rejection) Error() string { return r.Name + ": " + r.Err.Error() }
+
+// Unwrap returns the reason.
+func (r Rejection) Unwrap() error { return r.Err }
+
+// Handler applies updates of one type URL. Handle is called from the client's
+// goroutine, one update at a time, in stream order. It applies every valid
+// resource and removal and returns one Rejection per resource it refused
+// (nil when all were applied); the client then ACKs, or NACKs naming the
+// rejected ones. A rejected resource keeps whatever the handler held before.
+//
+// Handle must return only once the update is visible to readers: on-demand
+// lookups are woken right after it returns.
+type Handler interface {
+	Handle(u *Update) []Rejection
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(u *Update) []Rejection
+
+// Handle calls f(u).
+func (f HandlerFunc) Handle(u *Update) []Rejection { return f(u) }
+
+// Client is a delta ADS client. Create it with New, Register a Handler per
+// type URL, then call Run.
+type Client struct {
+	cfg      Config
+	logf     func(string, ...any)
+	node     *corev3.Node
+	onDemand map[string]bool
+
+	handlers map[string]Handler
+	types    []string // registration order, the order of initial requests
+
+	started atomic.Bool
+	demands chan demand
+	synced  chan struct{}
+	stopped chan struct{}
+
+	// The following fields are owned by the Run goroutine.
+	// known holds, per type, the version of every resource accepted (or
+	// demanded and not yet received, with version ""), for
+	// initial_resource_versions on reconnect.
+	known map[string]map[string]string
+	// pending holds the on-demand lookups waiting for a response that
+	// mentions their resource.
+	pending map[resourceKey][]chan struct{}
+	// expect holds the types whose first ACK Synced still waits for.
+	expect map[string]bool
+}
+
+type resourceKey struct{ typeURL, name string }
+
+type demand struct {
+	key  resourceKey
+	done chan struct{}
+}
+
+// New returns a client for cfg.
+func New(cfg Config) *Client {
+	c := &Client{
+		cfg:      cfg,
+		logf:     cfg.Logf,
+		node:     cfg.Node,
+		onDemand: map[string]bool{},
+		handlers: map[string]Handler{},
+		demands:  make(chan demand, demandQueue),
+		synced:   make(chan struct{}),
+		stopped:  make(chan struct{}),
+		known:    map[string]map[string]string{},
+		pending:  map[resourceKey][]chan struct{}{},
+		expect:   map[string]bool{},
+	}
+	if c.logf == nil {
+		c.logf = func(string, ...any) {}
+	}
+	if c.node == nil {
+		c.node = &corev3.Node{}
+	}
+	for _, t := range cfg.OnDemandTypes {
+		c.onDemand[t] = true
+	}
+	return c
+}
+
+// Register sets the handler for typeURL and subscribes to it. It must be
+// called before Run; it panics afterwards or for a type registered twice.
+func (c *Client) Register(typeURL string, h Handler) {
+	if c.started.Load() {
+		panic("xdsclient: Register after Run")
+	}
+	if _, dup := c.handlers[typeURL]; dup {
+		panic("xdsclient: type " + typeURL + " registered twice")
+	}
+	c.handlers[typeURL] = h
+	c.types = append(c.types, typeURL)
+}
+
+// Synced returns a channel closed once the first response of every
+// registered type that is not on demand has been applied and ACKed (a NACKed
+// first response does not count). It stays closed across reconnections.
+func (c *Client) Synced() <-chan struct{} { return c.synced }
+
+// Lookup asks the server for one resource of an on-demand type and waits
+// until a response mentions it (as an update or a removal) and its handler
+// has run, or ctx ends. The caller then reads the result from wherever the
+// handler put it. While the client is disconnected the request waits for the
+// next stream.
+func (c *Client) Lookup(ctx context.Context, typeURL, name string) error {
+	if !c.onDemand[typeURL] || c.handlers[typeURL] == nil {
+		return fmt.Errorf("%w: %s", ErrNotOnDemand, typeURL)
+	}
+	d := demand{key: resourceKey{typeURL, name}, done: make(chan struct{})}
+	select {
+	case c.demands <- d:
+	case <-c.stopped:
+		return ErrStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-d.done:
+		return nil
+	case <-c.stopped:
+		return ErrStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Run connects to the server and keeps the subscription alive until ctx is
+// done, reconnecting with backoff. It returns ctx's error, or an error at
+// once if the configuration is unusable or Run was already called.
+func (c *Client) Run(ctx context.Context) error {
+	if !c.started.CompareAndSwap(false, true) {
+		return errors.New("xdsclient: Run called twice")
+	}
+	defer close(c.stopped)
+	if len(c.types) == 0 {
+		return errors.New("xdsclient: no handler registered")
+	}
+	for _, t := range c.types {
+		if !c.onDemand[t] {
+			c.expect[t] = true
+		}
+	}
+	for t := range c.onDemand {
+		if c.handlers[t] == nil {
+			return fmt.Errorf("xdsclient: on-demand type %s has no handler", t)
+		}
+	}
+	if len(c.expect) == 0 {
+		close(c.synced)
+	}
+	cpCfg := controlplane.Config{
+		Address: c.cfg.Address, RootCA: c.cfg.RootCA, AltHostname: c.cfg.AltHostname,
+		TokenPath: c.cfg.TokenPath, Token: c.cfg.Token, ClusterID: c.cfg.ClusterID, Headers: c.cfg.Headers,
+	}
+	// Check the address and roots once, so that a bad configuration fails
+	// Run instead of retrying forever.
+	cc, err := c.dial(cpCfg)
+	if err != nil {
+		return err
+	}
+	_ = cc.Close()
+
+	backoff := initialBackoff
+	for attempt := 1; ; attempt++ {
+		err := c.runStream(ctx, cpCfg, attempt)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var delay time.Duration
+		delay, backoff = retryDelay(err, backoff)
+		if err == nil {
+			c.logf("xds: stream %d ended, reconnecting", attempt)
+		} else {
+			c.logf("xds: stream %d: %v; reconnecting in %v", attempt, err, delay)
+		}
+		if delay == 0 {
+			continue
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func (c *Client) dial(cfg controlplane.Config) (*grpc.ClientConn, error) {
+	opts := append([]grpc.DialOption{
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgSize)),
+	}, c.cfg.DialOptions...)
+	cc, err := controlplane.Dial(cfg, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("xdsclient: %w", err)
+	}
+	return cc, nil
+}
+
+// connError is a failure to establish the stream.
+type connError struct{ err error }
+
+func (e *connError) Error() string { return "connecting: " + e.err.Error() }
+func (e *connError) Unwrap() error { return e.err }
+
+// retryDelay returns how long to wait after a stream ended with err, and the
+// backoff to carry to the next failure, following ztunnel: connection
+// failures and unexpected gRPC statuses double the backoff (capped); statuses
+// that mean "the server went away" (Unknown, Canceled, DeadlineExceeded,
+// Unavailable with "transport is closing" or "received prior goaway") wait
+// the initial backoff; a clean end or any other error reconnects at once.
+func retryDelay(err error, backoff time.Duration) (delay, next time.Duration) {
+	if err == nil {
+		return 0, initialBackoff
+	}
+	var ce *connError
+	if errors.As(err, &ce) {
+		next = min(maxBackoff, 2*backoff)
+		return next, next
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return 0, initialBackoff
+	}
+	switch {
+	case st.Code() == codes.Unknown, st.Code() == codes.Canceled, st.Code() == codes.DeadlineExceeded,
+		st.Code() == codes.Unavailable && (strings.Contains(st.Message(), "transport is closing") ||
+			strings.Contains(st.Message(), "received prior goaway")):
+		return initialBackoff, initialBackoff
+	}
+	next = min(maxBackoff, 2*backoff)
+	return next, next
+}
+
+// runStream runs one ADS stream until it ends. It returns nil when the server
+// ended it cleanly.
+func (c *Client) runStream(ctx context.Context, cpCfg controlplane.Config, attempt int) error {
+	cc, err := c.dial(cpCfg)
+	if err != nil {
+		return &connError{err}
+	}
+	defer cc.Close()
+
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(sctx)
+	if err != nil {
+		return &connError{err}
+	}
+
+	// The reader goroutine is owned by this call: it ends when the stream
+	// fails or sctx is cancelled, and is waited for before returning.
+	responses := make(chan *discoveryv3.DeltaDiscoveryResponse)
+	recvErr := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case responses <- r:
+			case <-sctx.Done():
+				return
+			}
+		}
+	})
+	defer wg.Wait()
+	defer cancel()
+
+	// After a failed Send the stream's real status comes from Recv.
+	sendFailed := func(err error) error {
+		if errors.Is(err, io.EOF) {
+			select {
+			case err = <-recvErr:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return streamEnd(err)
+	}
+	for _, t := range c.types {
+		req := c.initialRequest(t)
+		if err := stream.Send(req); err != nil {
+			return sendFailed(err)
+		}
+	}
+	c.logf("xds: stream %d established to %s", attempt, c.cfg.Address)
+
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-recvErr:
+			return streamEnd(err)
+		case d := <-c.demands:
+			c.pending[d.key] = append(c.pending[d.key], d.done)
+			if _, ok := c.known[d.key.typeURL][d.key.name]; !ok {
+				c.knownFor(d.key.typeURL)[d.key.name] = "" // re-asked for on reconnect
+			}
+			if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{
+				TypeUrl:                d.key.typeURL,
+				ResourceNamesSubscribe: []string{d.key.name},
+			}); err != nil {
+				return sendFailed(err)
+			}
+		case r := <-responses:
+			ack, ok := c.handle(r)
+			if err := stream.Send(ack); err != nil {
+				return sendFailed(err)
+			}
+			if ok && c.expect[r.TypeUrl] {
+				delete(c.expect, r.TypeUrl)
+				if len(c.expect) == 0 {
+					close(c.synced)
+					c.logf("xds: synced")
+				}
+			}
+		}
+	}
+}
+
+// streamEnd maps a Recv error to runStream's result: nil for a clean end.
+func streamEnd(err error) error {
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
+}
+
+func (c *Client) knownFor(typeURL string) map[string]string {
+	m := c.known[typeURL]
+	if m == nil {
+		m = map[string]string{}
+		c.known[typeURL] = m
+	}
+	return m
+}
+
+// initialRequest is the first request of a stream for typeURL: the node, the
+// subscription (wildcard, or nothing for an on-demand type: "*" subscribed
+// and unsubscribed at once, as ztunnel does) and every version held.
+func (c *Client) initialRequest(typeURL string) *discoveryv3.DeltaDiscoveryRequest {
+	req := &discoveryv3.DeltaDiscoveryRequest{Node: c.node, TypeUrl: typeURL}
+	if c.onDemand[typeURL] {
+		req.ResourceNamesSubscribe = []string{"*"}
+		req.ResourceNamesUnsubscribe = []string{"*"}
+	}
+	if known := c.known[typeURL]; len(known) > 0 {
+		req.InitialResourceVersions = make(map[string]string, len(known))
+		for k, v := range known {
+			req.InitialResourceVersions[k] = v
+		}
+	}
+	return req
+}
+
+// handle applies one response and returns the ACK or NACK for it, and
+// whether it is an ACK.
+func (c *Client) handle(r *discoveryv3.DeltaDiscoveryResponse) (*discoveryv3.DeltaDiscoveryRequest, bool) {
+	reply := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: r.TypeUrl, ResponseNonce: r.Nonce}
+	h := c.handlers[r.TypeUrl]
+	if h == nil {
+		// As ztunnel: log and ACK a type nobody asked for.
+		c.logf("xds: response for unknown type %s (nonce %s); acknowledging", r.TypeUrl, r.Nonce)
+		return reply, true
+	}
+
+	u := &Update{TypeURL: r.TypeUrl, Resources: make([]Resource, 0, len(r.Resources)), Removed: r.RemovedResources}
+	var missing []Rejection
+	for _, res := range r.Resources {
+		if res.GetResource() == nil {
+			missing = append(missing, Rejection{Name: res.GetName(), Err: errors.New("xds payload without resource")})
+			continue
+		}
+		u.Resources = append(u.Resources, Resource{Name: res.Name, Version: res.Version, Value: res.Resource})
+	}
+	rejected := append(h.Handle(u), missing...)
+
+	// Bookkeeping after the handler, so that woken lookups see its result.
+	// Rejected resources are not recorded as held: on reconnect the server
+	// must send them again.
+	var rejectedNames map[string]bool
+	if len(rejected) > 0 {
+		rejectedNames = make(map[string]bool, len(rejected))
+		for _, rj := range rejected {
+			rejectedNames[rj.Name] = true
+		}
+	}
+	known := c.knownFor(r.TypeUrl)
+	for _, name := range r.RemovedResources {
+		delete(known, name)
+		c.notify(resourceKey{r.TypeUrl, name})
+	}
+	for _, res := range r.Resources {
+		c.notify(resourceKey{r.TypeUrl, res.GetName()})
+		if !rejectedNames[res.GetName()] {
+			known[res.GetName()] = res.GetVersion()
+		}
+	}
+
+	if len(rejected) == 0 {
+		return reply, true
+	}
+	msgs := make([]string, len(rejected))
+	for i, rj := range rejected {
+		msgs[i] = rj.Error()
+	}
+	detail := strings.Join(msgs, "; ")
+	c.logf("xds: rejecting %d resource(s) of %s (nonce %s): %s", len(rejected), r.TypeUrl, r.Nonce, detail)
+	reply.ErrorDetail = &rpcstatus.Status{Message: detail}
+	return reply, false
+}
+
+func (c *Client) notify(k resourceKey) {
+	for _, ch := range c.pending[k] {
+		close(ch)
+	}
+	delete(c.pending, k)
+}
