@@ -39,6 +39,9 @@ type Config struct {
 	Logging LogLevels
 	// Logger receives errors.
 	Logger *slog.Logger
+	// WorkloadState returns the in-pod (shared mode) pods for
+	// "workloadState"; nil omits the key.
+	WorkloadState func() map[string]WorkloadStateDump
 }
 
 // Server is the admin HTTP server (localhost only).
@@ -120,6 +123,9 @@ func (s *Server) Dump() ConfigDump {
 		d.Version.GoVersion = runtime.Version()
 	}
 	d.Workloads, d.Services, d.Policies = dumpSnapshot(snap)
+	if s.cfg.WorkloadState != nil {
+		d.WorkloadState = s.cfg.WorkloadState()
+	}
 	if s.cfg.Certs != nil {
 		for _, c := range s.cfg.Certs.Certificates() {
 			d.Certificates = append(d.Certificates, dumpCert(c))

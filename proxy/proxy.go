@@ -269,7 +269,6 @@ func (p *Proxy) untrack(c net.Conn) {
 // once every goroutine the proxy started has ended.
 func (p *Proxy) Drain(ctx context.Context) {
 	p.mu.Lock()
-	p.closed = true
 	lns := p.listeners
 	p.listeners = nil
 	p.mu.Unlock()
@@ -289,6 +288,7 @@ func (p *Proxy) Drain(ctx context.Context) {
 	p.cancel()
 	p.hbsrv.Close()
 	p.mu.Lock()
+	p.closed = true
 	for c := range p.conns {
 		engine.TCPEndpoint{TCPConn: c.(*net.TCPConn)}.Abort()
 	}

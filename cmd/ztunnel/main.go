@@ -60,6 +60,10 @@ func run(args []string, stderr *os.File) int {
 		log.Info("received shutdown signal, draining", "deadline", cfg.TerminationDeadline.String())
 	case <-d.QuitRequested():
 		log.Info("quit requested, draining", "deadline", cfg.TerminationDeadline.String())
+	case <-d.Failed():
+		log.Error("fatal error, draining and exiting", "error", d.Err())
+		d.Drain()
+		return 1
 	}
 	d.Drain()
 	return 0

@@ -46,7 +46,8 @@ func TestBadConfigurationExitsNonZero(t *testing.T) {
 		{"unknown field in config", []string{"ztunnel", "proxy"}, map[string]string{
 			"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "ns/a/sa", "LOCAL_XDS_PATH": bad,
 		}, "line 7"},
-		{"shared mode not built yet", []string{"ztunnel"}, map[string]string{"LOCAL_XDS": "workloads: []"}, "PROXY_MODE=shared"},
+		{"shared mode without a packet mark", []string{"ztunnel"}, map[string]string{"LOCAL_XDS": "workloads: []", "PACKET_MARK": "0",
+			"ZTUNNEL_READINESS_ADDR": "127.0.0.1:0", "ZTUNNEL_ADMIN_ADDR": "127.0.0.1:0", "ZTUNNEL_STATS_ADDR": "127.0.0.1:0"}, "PACKET_MARK=0"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

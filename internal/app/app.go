@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/admin"
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/inpod"
 	"github.com/ztunnel-go/ztunnel/internal/logging"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
@@ -52,14 +54,14 @@ type Daemon struct {
 	stopBG      context.CancelFunc
 	bgWG        sync.WaitGroup
 	closeSigner func()
+	// inpod is shared mode's workload manager, set once Start has made it
+	// (the admin server may ask for its state before).
+	inpod atomic.Pointer[inpod.Manager]
 }
 
 // Start builds and starts the daemon. Configuration errors are returned
 // before any listener opens.
 func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.Levels) (*Daemon, error) {
-	if cfg.Mode == ModeShared {
-		return nil, fmt.Errorf("%w: PROXY_MODE=shared needs the in-pod (ZDS) support, which this build does not have yet; set PROXY_MODE=dedicated", ErrUnsupported)
-	}
 	local := cfg.LocalXDSPath != "" || cfg.LocalXDS != ""
 	if !local && cfg.XDSAddress == "" {
 		return nil, errors.New("no configuration source: set XDS_ADDRESS, LOCAL_XDS_PATH or LOCAL_XDS")
@@ -109,7 +111,8 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	}
 	d.closeSigner = signer.close
 	d.certs = mtls.NewStore(mtls.StoreConfig{
-		Source: caclient.New(caclient.Config{Signer: signer.Signer, TTL: cfg.SecretTTL}),
+		// Shared mode asks for each pod's identity, not the daemon's own.
+		Source: caclient.New(caclient.Config{Signer: signer.Signer, TTL: cfg.SecretTTL, Impersonate: cfg.Mode == ModeShared}),
 		Logf:   func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...), "scope", "identity") },
 	})
 	store, certs := d.store, d.certs
@@ -149,12 +152,16 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		d.Close()
 		return nil, err
 	}
-	adm := admin.NewServer(admin.Config{
+	admCfg := admin.Config{
 		State: store, Certs: certs, DaemonConfig: cfg, Version: buildInfo(), Logger: log,
 		StaticConfig: snap, // nil without a local config
 		Quit:         d.requestQuit,
 		Logging:      levels,
-	})
+	}
+	if cfg.Mode == ModeShared {
+		admCfg.WorkloadState = func() map[string]admin.WorkloadStateDump { return workloadStateDump(d.inpod.Load()) }
+	}
+	adm := admin.NewServer(admCfg)
 	if d.admin, err = admin.Serve(cfg.AdminAddr, adm, log); err != nil {
 		d.Close()
 		return nil, err
@@ -171,30 +178,43 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	if cfg.KeepAliveEnabled {
 		sock.KeepAlive = engine.KeepAlive{Idle: cfg.KeepAliveTime, Interval: cfg.KeepAliveInterval, Count: cfg.KeepAliveRetries}
 	}
-	p, err := proxy.New(proxy.Config{
-		Workload:    proxy.WorkloadRef{Namespace: cfg.Workload.Namespace, Name: cfg.Workload.Name, ServiceAccount: cfg.Workload.ServiceAccount},
-		TrustDomain: cfg.TrustDomain,
-		Network:     cfg.Network,
-		State:       store,
-		Certs:       certs,
-		Pool:        d.pool,
-		HBONE:       h2,
-		Socket:      sock,
-		ReusePort:   cfg.PortReuse,
-		OrigSrc:     cfg.OrigSrc,
-		Logger:      log,
-		Metrics:     m,
-		Conns:       conns,
-	})
-	if err != nil {
-		d.Close()
-		return nil, err
+	newProxy := func(w proxy.WorkloadRef, control func(fn func() error) error) (*proxy.Proxy, error) {
+		return proxy.New(proxy.Config{
+			Workload:    w,
+			TrustDomain: cfg.TrustDomain,
+			Network:     cfg.Network,
+			State:       store,
+			Certs:       certs,
+			Pool:        d.pool,
+			HBONE:       h2,
+			Socket:      sock,
+			ReusePort:   cfg.PortReuse,
+			OrigSrc:     cfg.OrigSrc,
+			Control:     control,
+			Logger:      log,
+			Metrics:     m,
+			Conns:       conns,
+		})
 	}
-	if err := p.Start(ctx); err != nil {
-		d.Close()
-		return nil, err
+	if cfg.Mode == ModeShared {
+		mgr, err := startShared(ctx, cfg, sharedDeps{Log: log, Ready: ready, Metrics: m, UDS: cfg.InpodUDS, NewProxy: newProxy})
+		if err != nil {
+			d.Close()
+			return nil, err
+		}
+		d.inpod.Store(mgr)
+	} else {
+		p, err := newProxy(proxy.WorkloadRef{Namespace: cfg.Workload.Namespace, Name: cfg.Workload.Name, ServiceAccount: cfg.Workload.ServiceAccount}, nil)
+		if err != nil {
+			d.Close()
+			return nil, err
+		}
+		if err := p.Start(ctx); err != nil {
+			d.Close()
+			return nil, err
+		}
+		d.proxies = append(d.proxies, p)
 	}
-	d.proxies = append(d.proxies, p)
 	proxyDone()
 	log.Info("ztunnel-go started", "mode", string(cfg.Mode), "workload", cfg.Workload.Namespace+"/"+cfg.Workload.Name,
 		"workloads", len(store.Load().Workloads()), "services", len(store.Load().Services()), "policies", len(store.Load().Policies()),
@@ -335,6 +355,24 @@ func (d *Daemon) requestQuit() {
 	}
 }
 
+// Failed is closed when the daemon must stop and exit 1: in shared mode, a
+// ZDS protocol error (ztunnel exits on it). Err says why. Nil (never
+// closed) in dedicated mode.
+func (d *Daemon) Failed() <-chan struct{} {
+	if m := d.inpod.Load(); m != nil {
+		return m.Done()
+	}
+	return nil
+}
+
+// Err is the reason Failed was closed.
+func (d *Daemon) Err() error {
+	if m := d.inpod.Load(); m != nil {
+		return m.Err()
+	}
+	return nil
+}
+
 // QuitRequested is closed when /quitquitquit asks the daemon to exit.
 func (d *Daemon) QuitRequested() <-chan struct{} { return d.quit }
 
@@ -344,6 +382,9 @@ func (d *Daemon) Drain() {
 	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.TerminationDeadline)
 	defer cancel()
 	start := time.Now()
+	if m := d.inpod.Load(); m != nil {
+		m.Drain(ctx) // every pod's proxy, in parallel
+	}
 	for _, p := range d.proxies {
 		p.Drain(ctx)
 	}
@@ -353,6 +394,9 @@ func (d *Daemon) Drain() {
 
 // Close stops everything without a grace period.
 func (d *Daemon) Close() {
+	if m := d.inpod.Load(); m != nil {
+		m.Close()
+	}
 	for _, p := range d.proxies {
 		p.Close()
 	}

@@ -56,6 +56,7 @@ type Config struct {
 	PacketMark  uint32 // 0 = unset
 	OrigSrc     *bool  // ENABLE_ORIG_SRC: nil = best effort
 	PortReuse   bool   // INPOD_PORT_REUSE
+	InpodUDS    string // INPOD_UDS: the CNI agent's ZDS socket (shared mode)
 
 	StreamWindow        uint32 // HTTP2_STREAM_WINDOW_SIZE
 	ConnectionWindow    uint32 // HTTP2_CONNECTION_WINDOW_SIZE
@@ -265,6 +266,7 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	c.PacketMark = uint32(e.uint("PACKET_MARK", defMark, 0, math.MaxUint32))
 	c.OrigSrc = e.optBool("ENABLE_ORIG_SRC")
 	c.PortReuse = e.boolean("INPOD_PORT_REUSE", true)
+	c.InpodUDS = e.str("INPOD_UDS", "/var/run/ztunnel/ztunnel.sock")
 
 	c.StreamWindow = uint32(e.uint("HTTP2_STREAM_WINDOW_SIZE", 4<<20, 1, math.MaxInt32))
 	c.ConnectionWindow = uint32(e.uint("HTTP2_CONNECTION_WINDOW_SIZE", 16<<20, 1, math.MaxInt32))

@@ -71,9 +71,9 @@ func Demo(ctx context.Context, o DemoOptions, out io.Writer) (err error) {
 	defer os.RemoveAll(dir)
 
 	step := func(format string, args ...any) { fmt.Fprintf(out, "==> "+format+"\n", args...) }
-	step("building the lab from %s and starting one ztunnel per pod", o.ConfigPath)
+	step("building the lab from %s and starting one ztunnel per node (shared mode: a fake CNI agent hands it each pod's netns)", o.ConfigPath)
 	// Two pods outside the mesh give the direct baseline for the transfer.
-	c, err := StartCluster(ctx, lab, config, ClusterOptions{
+	c, err := StartSharedCluster(ctx, lab, config, SharedOptions{
 		Binary: o.Binary, Dir: dir,
 		ExtraPods: map[string][]string{"node-a": {"direct-a"}, "node-b": {"direct-b"}},
 	})
@@ -85,8 +85,7 @@ func Demo(ctx context.Context, o DemoOptions, out io.Writer) (err error) {
 	fmt.Fprintln(tw, "    POD\tNODE\tIP\tIDENTITY\tZTUNNEL")
 	for _, w := range c.Snapshot.Workloads() {
 		p := c.Pods[w.Name]
-		_, running := c.Daemons[w.Name]
-		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%v\n", w.Name, w.Node, p.IP, w.Identity(), running)
+		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\n", w.Name, w.Node, p.IP, w.Identity(), c.Daemons[w.Node].Pod.Name)
 	}
 	tw.Flush()
 
@@ -131,7 +130,7 @@ func Demo(ctx context.Context, o DemoOptions, out io.Writer) (err error) {
 		return fail("direct baseline", fmt.Errorf("echoed %d of %d bytes: %v", len(got), len(payload), err))
 	}
 	directGbps := float64(2*len(payload)*8) / directElapsed.Seconds() / 1e9
-	line, err := c.Daemons["server"].WaitLog(ctx, "connection complete", `direction="inbound"`, "src.identity=")
+	line, err := c.Daemons[c.Pods["server"].Node.Name].WaitLog(ctx, "connection complete", `direction="inbound"`, "src.identity=")
 	if err != nil {
 		return fail("bulk transfer", err)
 	}
@@ -158,7 +157,7 @@ func Demo(ctx context.Context, o DemoOptions, out io.Writer) (err error) {
 	if rtErr == nil || len(got) != 0 {
 		return fail("policy", fmt.Errorf("the intruder got %q (err %v); want the connection refused", got, rtErr))
 	}
-	line, err = c.Daemons["server"].WaitLog(ctx, "connection complete", "rejected by policy")
+	line, err = c.Daemons[c.Pods["server"].Node.Name].WaitLog(ctx, "connection complete", "rejected by policy")
 	if err != nil {
 		return fail("policy", err)
 	}

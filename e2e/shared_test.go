@@ -1,0 +1,525 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/labrun"
+	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+)
+
+// sharedConfig is the mesh of the shared-mode tests: client and late on
+// node-a, server on node-b, all HBONE. The server refuses peers without an
+// mTLS identity, so reaching it proves the tunnel. late exists from the
+// start but joins the mesh only when a test adds it.
+const sharedConfig = `
+workloads:
+- uid: cluster1//v1/Pod/default/client
+  name: client
+  namespace: default
+  serviceAccount: client
+  workloadIps: ["10.244.0.2"]
+  protocol: HBONE
+  node: node-a
+  services: {}
+- uid: cluster1//v1/Pod/default/late
+  name: late
+  namespace: default
+  serviceAccount: late
+  workloadIps: ["10.244.0.3"]
+  protocol: HBONE
+  node: node-a
+  services: {}
+- uid: cluster1//v1/Pod/default/server
+  name: server
+  namespace: default
+  serviceAccount: server
+  workloadIps: ["10.244.1.2"]
+  protocol: HBONE
+  node: node-b
+  services: {}
+  authorizationPolicies: ["default/strict-mtls"]
+policies:
+- name: strict-mtls
+  namespace: default
+  scope: WorkloadSelector
+  action: Deny
+  dryRun: false
+  rules:
+  - - - notPrincipals:
+        - Presence: []
+`
+
+type sharedLab struct {
+	c       *labrun.SharedCluster
+	srvAddr netip.AddrPort
+}
+
+func startShared(t *testing.T) *sharedLab {
+	t.Helper()
+	lab := netnslab.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := labrun.StartSharedCluster(ctx, lab, []byte(sharedConfig), labrun.SharedOptions{
+		Binary: ztunnelBin, Dir: t.TempDir(), Later: []string{"late"},
+	})
+	skipUnwired(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("stopping daemons: %v", err)
+		}
+		if t.Failed() {
+			for _, d := range c.AllDaemons() {
+				t.Logf("daemon %s log:\n%s", d.Pod.Name, d.Log())
+			}
+		}
+	})
+	s, err := labrun.StartEcho(c.Pods["server"], 8080)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return &sharedLab{c: c, srvAddr: s.Addr}
+}
+
+// skipUnwired skips while the daemon still refuses PROXY_MODE=shared (the
+// in-pod package exists before the daemon's wiring does).
+func skipUnwired(t testing.TB, err error) {
+	t.Helper()
+	if err != nil && strings.Contains(err.Error(), "PROXY_MODE=shared needs the in-pod") {
+		t.Skip("the daemon does not run PROXY_MODE=shared yet")
+	}
+}
+
+// echoRound writes msg on c and reads it back, leaving c open.
+func echoRound(c net.Conn, msg string) error {
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	defer c.SetDeadline(time.Time{})
+	if _, err := c.Write([]byte(msg)); err != nil {
+		return err
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		return err
+	}
+	if string(got) != msg {
+		return fmt.Errorf("echo %q, want %q", got, msg)
+	}
+	return nil
+}
+
+// echoOnce opens a connection from pod to the server and checks one round
+// trip; the caller closes it.
+func (s *sharedLab) echoOnce(ctx context.Context, pod string) (net.Conn, error) {
+	return s.echoFrom(ctx, s.c.Pods[pod])
+}
+
+func (s *sharedLab) echoFrom(ctx context.Context, pod *netnslab.Pod) (net.Conn, error) {
+	c, err := pod.Dial(ctx, "tcp", s.srvAddr.String())
+	if err != nil {
+		return nil, err
+	}
+	if err := echoRound(c, "hello from "+pod.Name); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// workloadState fetches /config_dump's workloadState from d.
+func workloadState(ctx context.Context, t *testing.T, d *labrun.Daemon) map[string]struct {
+	Info  map[string]string `json:"info"`
+	State string            `json:"state"`
+} {
+	t.Helper()
+	code, body, err := d.Get(ctx, "http://127.0.0.1:15000/config_dump")
+	if err != nil || code != 200 {
+		t.Fatalf("config_dump: %d %v", code, err)
+	}
+	var dump struct {
+		WorkloadState map[string]struct {
+			Info  map[string]string `json:"info"`
+			State string            `json:"state"`
+		} `json:"workloadState"`
+	}
+	if err := json.Unmarshal(body, &dump); err != nil {
+		t.Fatal(err)
+	}
+	return dump.WorkloadState
+}
+
+// connLoad opens back-to-back connections from a pod to the server with
+// several workers and counts the attempts that failed.
+type connLoad struct {
+	ok, failed atomic.Int64
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	mu         sync.Mutex
+	errs       []string
+}
+
+func startConnLoad(ctx context.Context, s *sharedLab, podName string, workers int) *connLoad {
+	l := &connLoad{stop: make(chan struct{})}
+	pod := s.c.Pods[podName] // read once: the cluster's maps are not for concurrent use
+	for range workers {
+		l.wg.Go(func() {
+			for {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				c, err := s.echoFrom(ctx, pod)
+				if err != nil {
+					l.failed.Add(1)
+					l.mu.Lock()
+					if len(l.errs) < 5 {
+						l.errs = append(l.errs, err.Error())
+					}
+					l.mu.Unlock()
+					continue
+				}
+				c.Close()
+				l.ok.Add(1)
+			}
+		})
+	}
+	return l
+}
+
+func (l *connLoad) finish() (ok, failed int64, errs []string) {
+	close(l.stop)
+	l.wg.Wait()
+	return l.ok.Load(), l.failed.Load(), l.errs
+}
+
+// TestSharedMode runs one daemon per node in shared mode, fed by a fake CNI
+// agent per node: pods on two nodes talk through HBONE; a pod added while
+// traffic flows is captured; a deleted pod's listeners are gone and its
+// connections closed; the agent and the daemon restart and service resumes;
+// a malformed request is Nacked while the pods keep being served.
+func TestSharedMode(t *testing.T) {
+	s := startShared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := s.c
+
+	long, err := s.echoOnce(ctx, "client")
+	if err != nil {
+		t.Fatalf("client -> server through HBONE: %v", err)
+	}
+	defer long.Close()
+	// Not through the mesh (from the node itself): STRICT refuses it.
+	if nc, err := c.Lab.Nodes()[0].Dial(ctx, "tcp", s.srvAddr.String()); err == nil {
+		if got, err := roundTrip(nc.(*net.TCPConn), []byte("plain")); err == nil && string(got) == "plain" {
+			t.Fatal("a plaintext connection from outside the mesh reached the STRICT server")
+		}
+		nc.Close()
+	}
+	ws := workloadState(ctx, t, c.Daemons["node-a"])
+	if st := ws[c.UID("client")]; st.State != "Up" || st.Info["name"] != "client" || st.Info["serviceAccount"] != "client" {
+		t.Fatalf("node-a workloadState %+v, want client Up", ws)
+	}
+
+	t.Run("pod added while traffic flows", func(t *testing.T) {
+		// late is in its netns already, but not meshed: no capture, and
+		// the STRICT server refuses its plaintext.
+		if _, err := s.echoOnce(ctx, "late"); err == nil {
+			t.Fatal("late reached the STRICT server before joining the mesh")
+		}
+		load := startConnLoad(ctx, s, "client", 4)
+		time.Sleep(100 * time.Millisecond)
+		if err := c.AddToMesh("late"); err != nil {
+			t.Fatal(err)
+		}
+		lc, err := s.echoOnce(ctx, "late")
+		if err != nil {
+			t.Fatalf("late -> server once meshed: %v", err)
+		}
+		lc.Close()
+		time.Sleep(100 * time.Millisecond)
+		ok, failed, errs := load.finish()
+		t.Logf("adding a pod under load: %d connections, %d failed", ok+failed, failed)
+		if failed != 0 || ok == 0 {
+			t.Fatalf("load while adding a pod: %d ok, %d failed: %q", ok, failed, errs)
+		}
+	})
+
+	t.Run("pod deleted", func(t *testing.T) {
+		lc, err := s.echoOnce(ctx, "late")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lc.Close()
+		if err := c.RemoveFromMesh("late"); err != nil {
+			t.Fatal(err)
+		}
+		lc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := lc.Read(make([]byte, 1)); errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatal("the deleted pod's connection stayed open")
+		}
+		for _, port := range []int{15001, 15006, 15008} {
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				pc, err := c.Pods["late"].Dial(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", port))
+				if err != nil && errors.Is(err, syscall.ECONNREFUSED) {
+					break
+				}
+				if pc != nil {
+					pc.Close()
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the deleted pod still listens on %d", port)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		if _, ok := workloadState(ctx, t, c.Daemons["node-a"])[c.UID("late")]; ok {
+			t.Fatal("the deleted pod is still in workloadState")
+		}
+		if err := echoRound(long, "others unaffected"); err != nil {
+			t.Fatalf("client's connection after late's deletion: %v", err)
+		}
+	})
+
+	t.Run("malformed request", func(t *testing.T) {
+		agent := c.Agents["node-a"]
+		before := agent.Connections()
+		ack, err := agent.SendRaw([]byte{0xff, 0xff, 0xff})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ack == "" {
+			t.Fatal("a malformed request was Acked")
+		}
+		// The daemon reconnects and takes a new snapshot; the pods were
+		// served all along.
+		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer wcancel()
+		for agent.Connections() == before {
+			if wctx.Err() != nil {
+				t.Fatal("the daemon did not reconnect after its Nack")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := echoRound(long, "after the nack"); err != nil {
+			t.Fatalf("long-lived connection after a malformed request: %v", err)
+		}
+	})
+
+	t.Run("agent restart", func(t *testing.T) {
+		agent := c.Agents["node-a"]
+		before := agent.Connections()
+		agent.CloseConns()
+		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer wcancel()
+		if err := agent.WaitSnapshots(wctx, before+1); err != nil {
+			t.Fatal(err)
+		}
+		if err := echoRound(long, "after the agent restart"); err != nil {
+			t.Fatalf("long-lived connection across the agent restart: %v", err)
+		}
+		nc, err := s.echoOnce(ctx, "client")
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.Close()
+	})
+
+	t.Run("daemon restart", func(t *testing.T) {
+		if err := c.StopDaemon(c.Daemons["node-b"]); err != nil {
+			t.Fatalf("daemon exit: %v", err)
+		}
+		if _, err := s.echoOnce(ctx, "client"); err == nil {
+			t.Fatal("client reached the server with node-b's daemon stopped")
+		}
+		if _, err := c.StartDaemon(ctx, "node-b"); err != nil {
+			t.Fatal(err)
+		}
+		nc, err := s.echoOnce(ctx, "client")
+		if err != nil {
+			t.Fatalf("client -> server after node-b's daemon restarted: %v", err)
+		}
+		nc.Close()
+	})
+
+	if n := c.Agents["node-a"].Nacks(); len(n) != 1 || n[0].Request != "raw" {
+		t.Errorf("node-a Nacks %+v, want only the malformed request's", n)
+	}
+	if n := c.Agents["node-b"].Nacks(); len(n) != 0 {
+		t.Errorf("node-b Nacks %+v, want none", n)
+	}
+}
+
+// TestSharedProtocolErrorExits checks ztunnel's contract: a request that
+// breaks the ZDS protocol (Keep after the snapshot) is Nacked and the daemon
+// exits 1.
+func TestSharedProtocolErrorExits(t *testing.T) {
+	s := startShared(t)
+	d := s.c.Daemons["node-a"]
+	ack, err := s.c.Agents["node-a"].Keep(s.c.UID("client"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(ack, "protocol") {
+		t.Fatalf("Keep after the snapshot: response %q, want a protocol Nack", ack)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = d.Wait(ctx)
+	var ee interface{ ExitCode() int }
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("daemon exit %v, want status 1", err)
+	}
+	s.c.StopDaemon(d) // already exited: only marks it
+}
+
+// TestSharedUpgrade starts a second daemon on each node in turn while
+// connections are opened back to back, lets it take over the pods'
+// listeners through SO_REUSEPORT, then drains the old one; it counts the
+// connection attempts lost during the switches.
+func TestSharedUpgrade(t *testing.T) {
+	s := startShared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	long, err := s.echoOnce(ctx, "client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Close()
+	load := startConnLoad(ctx, s, "client", 8)
+	start := time.Now()
+	for _, node := range []string{"node-a", "node-b"} {
+		old := s.c.Daemons[node]
+		if _, err := s.c.StartDaemon(ctx, node); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond) // both serve for a while
+		if err := s.c.StopDaemon(old); err != nil {
+			t.Fatalf("old daemon on %s: %v", node, err)
+		}
+		time.Sleep(300 * time.Millisecond) // the new one alone
+	}
+	ok, failed, errs := load.finish()
+	t.Logf("upgrade of both nodes' daemons under load: %d connection attempts in %v, %d failed %q",
+		ok+failed, time.Since(start).Round(time.Millisecond), failed, errs)
+	if failed != 0 {
+		t.Errorf("%d of %d new connections lost during the upgrades", failed, ok+failed)
+	}
+	// A connection that lived through the old daemons was closed by their
+	// drain deadline (ztunnel behaves the same): show it.
+	if err := echoRound(long, "x"); err == nil {
+		t.Log("the long-lived connection survived both upgrades")
+	} else {
+		t.Logf("the long-lived connection ended with the old daemons' drain (as in ztunnel): %v", err)
+	}
+}
+
+// procStat reads a process's resident memory, descriptors and threads.
+func procStat(b testing.TB, pid int) (rss uint64, fds, threads int) {
+	b.Helper()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		if f := strings.Fields(v); len(f) > 0 {
+			n, _ := strconv.ParseUint(f[0], 10, 64)
+			switch k {
+			case "VmRSS":
+				rss = n << 10
+			case "Threads":
+				threads = int(n)
+			}
+		}
+	}
+	return rss, len(ents), threads
+}
+
+// BenchmarkSharedPods100 measures the daemon binary in shared mode with 100
+// pods on its node: the time to add them one by one (the CNI path: Add,
+// proxy up, Ack), the
+// time a restarted daemon takes to be ready with all of them in its
+// snapshot, and the resident memory, descriptors and threads each pod adds.
+// Run with -benchtime=1x (root).
+func BenchmarkSharedPods100(b *testing.B) {
+	const pods = 100
+	var cfg strings.Builder
+	cfg.WriteString("workloads:\n")
+	var names []string
+	for i := range pods {
+		name := fmt.Sprintf("pod-%03d", i)
+		names = append(names, name)
+		fmt.Fprintf(&cfg, "- uid: uid-%s\n  name: %s\n  namespace: default\n  serviceAccount: sa-%d\n  workloadIps: [\"10.244.0.%d\"]\n  protocol: HBONE\n  node: node-a\n  services: {}\n", name, name, i%10, i+2)
+	}
+	lab := netnslab.New(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c, err := labrun.StartSharedCluster(ctx, lab, []byte(cfg.String()), labrun.SharedOptions{
+		Binary: ztunnelBin, Dir: b.TempDir(), Later: names, LogLevel: "warn",
+	})
+	skipUnwired(b, err)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	for b.Loop() {
+		d := c.Daemons["node-a"]
+		time.Sleep(200 * time.Millisecond) // let the idle daemon settle
+		rss0, fds0, thr0 := procStat(b, d.PID())
+		for _, n := range names {
+			// The CNI's iptables-restore (a few ms a pod) is not the
+			// daemon's cost: install the rules first, time the Adds.
+			if err := c.Pods[n].InstallCapture(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		start := time.Now()
+		for _, n := range names {
+			if err := c.AddToMesh(n); err != nil {
+				b.Fatal(err)
+			}
+		}
+		meshAll := time.Since(start)
+		time.Sleep(200 * time.Millisecond)
+		rss1, fds1, thr1 := procStat(b, d.PID())
+
+		if err := c.StopDaemon(d); err != nil {
+			b.Fatal(err)
+		}
+		start = time.Now()
+		if _, err := c.StartDaemon(ctx, "node-a"); err != nil {
+			b.Fatal(err)
+		}
+		restartReady := time.Since(start)
+
+		b.ReportMetric(float64(meshAll.Microseconds())/pods, "µs/add")
+		b.ReportMetric(float64(restartReady.Milliseconds()), "ms-restart-to-ready")
+		b.ReportMetric(float64(int64(rss1)-int64(rss0))/pods, "rss-B/pod")
+		b.ReportMetric(float64(fds1-fds0)/pods, "fds/pod")
+		b.ReportMetric(float64(thr1-thr0), "threads-added")
+		b.Logf("daemon with 0 pods: rss %d KiB, %d fds, %d threads; with %d: rss %d KiB, %d fds, %d threads",
+			rss0>>10, fds0, thr0, pods, rss1>>10, fds1, thr1)
+	}
+}
