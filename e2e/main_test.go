@@ -7,6 +7,10 @@ import (
 	"path/filepath"
 	"testing"
 
+	// The daemon under test is built from these packages in TestMain; the
+	// import makes Go's test cache see changes to them, so an edit to the
+	// daemon re-runs the end-to-end tests.
+	_ "github.com/ztunnel-go/ztunnel/internal/app"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 )
 

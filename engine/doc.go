@@ -4,12 +4,34 @@
 // pod, and the relays that move bytes once the proxy has decided a route.
 //
 // Control in goroutines, data in the engine: the proxy decides a connection's
-// route in straight-line Go, then hands both ends to Relay and forgets them.
-// This first engine relays with one goroutine per direction (io.Copy, which
-// splices TCP to TCP); the event-loop backends (epoll, io_uring) replace that
-// behind the same Relay seam without the proxy changing.
+// route in straight-line Go, then hands both ends to an Engine and forgets
+// them. Between two TCP sockets an event-loop backend takes the sockets over
+// and moves bytes with splice(2) through pooled pipes: an idle relay then
+// holds no goroutine, no buffer and no pipe, only a few hundred bytes of
+// state in its loop. Every other pair (an HBONE stream on one side) is
+// relayed by two goroutines for now; stream.go is the seam through which the
+// loops will take those over.
 //
-// Imported by proxy, inpod and cmd; it imports no other package of this
-// module (no TLS, no HTTP/2: streams reach it through the small interfaces in
-// relay.go).
+// Backends, chosen by Config.Backend or, when that is empty, by the
+// ZTUNNEL_ENGINE environment variable:
+//
+//   - auto (default): the fastest the kernel allows, by measurement: epoll
+//     today (see autoOrder in engine.go), io_uring where epoll is missing;
+//   - epoll: event loops on epoll (engine/poll), one per core, each a
+//     goroutine parked in the runtime's netpoller when idle (or, with
+//     Config.LockOSThread, an OS thread blocked in epoll_wait);
+//   - uring: event loops on io_uring (engine/uring), one per core, each on
+//     a locked OS thread; refused kernels (seccomp, io_uring_disabled) make
+//     auto and ZTUNNEL_ENGINE=uring fall back to epoll;
+//   - std: a goroutine per direction with io.Copy, the portable baseline
+//     kept for comparison.
+//
+// Engine.Backend (and BackendName for the default engine) names the one in
+// use, for logs and /config_dump. The package-level Relay and Start use
+// Default, an engine built on first use from Config{}.
+//
+// Imported by proxy, inpod and cmd; it imports engine/poll, engine/splice,
+// engine/uring and engine/bufpool and nothing else of this module (no TLS,
+// no HTTP/2: streams reach it through the small interfaces in relay.go and
+// stream.go).
 package engine

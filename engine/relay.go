@@ -14,6 +14,11 @@ import (
 // Endpoint is one side of a relay: a byte stream that can half-close its
 // write side and be aborted. *net.TCPConn satisfies it through TCPEndpoint;
 // an HBONE stream through a small adapter in the proxy.
+//
+// A TCPEndpoint handed to an event-loop engine is taken over: the engine
+// duplicates its descriptor, closes the *net.TCPConn at once and from then on
+// owns the socket. Other endpoints are relayed by goroutines and closed when
+// the relay ends.
 type Endpoint interface {
 	io.ReadWriteCloser
 	// CloseWrite half-closes: the peer reads EOF, the other direction goes on.
@@ -26,8 +31,15 @@ type Endpoint interface {
 // TCPEndpoint adapts a TCP connection to Endpoint.
 type TCPEndpoint struct{ *net.TCPConn }
 
-// Abort closes with SO_LINGER 0, which makes the kernel send RST.
+// Abort closes with SO_LINGER 0, which makes the kernel send RST. For a
+// connection an event loop has taken over, it aborts that relay instead
+// (both peers get RST), so callers can keep resetting relayed connections
+// through the endpoints they handed over.
 func (t TCPEndpoint) Abort() error {
+	if s := handedOff.lookup(t.TCPConn); s != nil {
+		s.abort(ErrAborted)
+		return nil
+	}
 	_ = t.TCPConn.SetLinger(0)
 	return t.TCPConn.Close()
 }
@@ -44,7 +56,8 @@ type Counters struct {
 // Result reports how a relay ended.
 type Result struct {
 	// Err is the first error that ended a direction abnormally (a reset, a
-	// write failure); nil when both directions ended with a clean EOF.
+	// write failure, ErrIdleTimeout, ErrClosed, the cause given to
+	// Handle.Abort); nil when both directions ended with a clean EOF.
 	Err error
 }
 
@@ -52,47 +65,67 @@ type Result struct {
 // propagating half-close (EOF → CloseWrite) and resets (a read error on one
 // side aborts the other). It closes both endpoints before returning.
 //
-// The goroutine-per-direction relay is this package's portable backend; it
-// uses io.Copy, which splices between two TCP sockets, and pooled buffers
-// otherwise.
+// It runs on the default engine (see Default); the calling goroutine waits
+// for the end. Start is the form that holds no goroutine while the relay
+// lasts.
 func Relay(a, b Endpoint, counters *Counters) Result {
-	if counters == nil {
-		counters = new(Counters)
-	}
-	var (
-		wg       sync.WaitGroup
-		once     sync.Once
-		firstErr error
-	)
-	fail := func(err error) {
-		once.Do(func() {
-			firstErr = err
-			_ = a.Abort()
-			_ = b.Abort()
-		})
-	}
+	return Default().Relay(a, b, counters)
+}
+
+// Start hands a relay between a and b to the default engine and returns at
+// once; done (if not nil) receives the result on a goroutine of its own.
+func Start(a, b Endpoint, counters *Counters, done func(Result)) *Handle {
+	return Default().Start(a, b, counters, done)
+}
+
+// stdRelay is the portable backend: one goroutine per direction, io.Copy
+// (which splices between two TCP sockets) or pooled buffers otherwise. It
+// serves the "std" engine and every pair that is not TCP to TCP.
+type stdRelay struct {
+	a, b     Endpoint
+	once     sync.Once
+	firstErr error
+}
+
+// abort ends the relay from outside (Handle.Abort, Engine.Close).
+func (r *stdRelay) abort(cause error) { r.fail(cause) }
+
+func (r *stdRelay) fail(err error) {
+	r.once.Do(func() {
+		r.firstErr = err
+		_ = r.a.Abort()
+		_ = r.b.Abort()
+	})
+}
+
+// run relays until both directions end, using the calling goroutine for the
+// B→A direction and one more goroutine for A→B.
+func (r *stdRelay) run(counters *Counters) error {
+	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		pipe(b, a, &counters.AToB, fail)
+		r.pipe(r.b, r.a, &counters.AToB)
 	}()
-	pipe(a, b, &counters.BToA, fail)
+	r.pipe(r.a, r.b, &counters.BToA)
 	wg.Wait()
-	_ = a.Close()
-	_ = b.Close()
-	return Result{Err: firstErr}
+	_ = r.a.Close()
+	_ = r.b.Close()
+	// The once orders firstErr's write before this read.
+	r.once.Do(func() {})
+	return r.firstErr
 }
 
 // pipe copies src to dst. A clean EOF half-closes dst; any error aborts both.
-func pipe(dst, src Endpoint, n *atomic.Int64, fail func(error)) {
+func (r *stdRelay) pipe(dst, src Endpoint, n *atomic.Int64) {
 	err := copyCounting(dst, src, n)
 	if err == nil {
 		if cerr := dst.CloseWrite(); cerr != nil && !isClosed(cerr) {
-			fail(cerr)
+			r.fail(cerr)
 		}
 		return
 	}
-	fail(err)
+	r.fail(err)
 }
 
 func copyCounting(dst, src Endpoint, n *atomic.Int64) error {
@@ -100,8 +133,7 @@ func copyCounting(dst, src Endpoint, n *atomic.Int64) error {
 	// return value since the kernel moves the bytes.
 	if d, ok := dst.(TCPEndpoint); ok {
 		if s, ok := src.(TCPEndpoint); ok {
-			w, err := io.Copy(countingWriter{d.TCPConn, n}, s.TCPConn)
-			_ = w
+			_, err := io.Copy(countingWriter{d.TCPConn, n}, s.TCPConn)
 			return err
 		}
 	}

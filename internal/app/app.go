@@ -216,7 +216,8 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		d.proxies = append(d.proxies, p)
 	}
 	proxyDone()
-	log.Info("ztunnel-go started", "mode", string(cfg.Mode), "workload", cfg.Workload.Namespace+"/"+cfg.Workload.Name,
+	cfg.Engine = engine.BackendName()
+	log.Info("ztunnel-go started", "mode", string(cfg.Mode), "engine", cfg.Engine, "workload", cfg.Workload.Namespace+"/"+cfg.Workload.Name,
 		"workloads", len(store.Load().Workloads()), "services", len(store.Load().Services()), "policies", len(store.Load().Policies()),
 		"xds", cfg.XDSAddress,
 		"admin", d.admin.Addr().String(), "readiness", d.readiness.Addr().String())

@@ -86,6 +86,10 @@ type Config struct {
 	// IstioVersion is ISTIO_META_ISTIO_VERSION, the istio_build tag.
 	IstioVersion string
 
+	// Engine is ZTUNNEL_ENGINE: the relay backend (auto, std, epoll, uring);
+	// the engine package reads it, this validates it and shows the choice.
+	Engine string
+
 	LogLevel  string // RUST_LOG
 	LogFormat string // LOG_FORMAT: plain or json
 }
@@ -311,6 +315,12 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	c.ReadinessAddr = e.str("ZTUNNEL_READINESS_ADDR", "[::]:15021")
 	if err := checkAdminAddr(c.AdminAddr); err != nil {
 		e.fail("ZTUNNEL_ADMIN_ADDR", c.AdminAddr, err)
+	}
+
+	switch c.Engine = e.str("ZTUNNEL_ENGINE", "auto"); c.Engine {
+	case "", "auto", "std", "epoll", "uring":
+	default:
+		e.fail("ZTUNNEL_ENGINE", c.Engine, errors.New("want auto, std, epoll or uring"))
 	}
 
 	c.LogLevel = e.str("RUST_LOG", "info")

@@ -1,0 +1,5 @@
+//go:build assert
+
+package engine
+
+const assertions = true

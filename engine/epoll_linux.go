@@ -1,0 +1,401 @@
+package engine
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/engine/poll"
+	"github.com/ztunnel-go/ztunnel/engine/splice"
+)
+
+// epollBackend runs TCP⇄TCP relays in epoll event loops, one per core.
+//
+// Each loop is one goroutine that owns its poller, its relays and its pipe
+// pool; nothing it owns is touched by another goroutine. By default the
+// loop parks in the runtime's netpoller (on the epoll descriptor itself)
+// when it has nothing to do, so the Go scheduler wakes it as cheaply as any
+// goroutine blocked on a socket; with Config.LockOSThread it instead owns
+// an OS thread and blocks it in epoll_wait (measured slower on small
+// machines, where a thread returning from a blocking syscall waits for a
+// P and is handed one through the locked-thread path). Other goroutines
+// reach a loop only through its task queue (a mutex-guarded slice plus the
+// poller's coalescing eventfd wake-up).
+// Relays are assigned round-robin when handed over and stay on their loop.
+//
+// Sockets are registered once, edge-triggered for both directions
+// (EPOLLIN|EPOLLOUT|EPOLLRDHUP|EPOLLET): the loop keeps each socket's
+// readiness in the relay and clears it only when a splice says EAGAIN, so a
+// relay costs no epoll_ctl after its registration.
+//
+// A loop starts with its first relay and parks (its goroutine ends) after
+// Config.Linger with none, so an unused engine
+// holds no thread and tests see no leaked goroutine.
+type epollBackend struct {
+	e     *Engine
+	loops []*eloop
+	next  atomic.Uint32
+	wg    sync.WaitGroup // running loop goroutines
+}
+
+func newEpollBackend(e *Engine) (backend, error) {
+	b := &epollBackend{e: e}
+	for range e.cfg.Loops {
+		p, err := poll.Open()
+		if err != nil {
+			for _, l := range b.loops {
+				l.p.Close()
+			}
+			return nil, fmt.Errorf("engine: epoll: %w", err)
+		}
+		b.loops = append(b.loops, &eloop{
+			b:      b,
+			p:      p,
+			pipes:  splice.NewPool(splice.PoolConfig{PipeSize: e.cfg.PipeSize, MaxFree: e.cfg.MaxFreePipes}),
+			events: make([]poll.Event, 256),
+		})
+	}
+	return b, nil
+}
+
+func (b *epollBackend) relayTCP(fa, fb int, s *session) {
+	l := b.loops[int(b.next.Add(1))%len(b.loops)]
+	r := &tcpRelay{l: l, s: s, fd: [2]int{fa, fb}, slot: -1}
+	r.dir[0].count = &s.counters.AToB
+	r.dir[1].count = &s.counters.BToA
+	if !l.submit(task{op: opAdd, r: r}) {
+		abortFD(fa)
+		abortFD(fb)
+		s.finish(ErrClosed)
+		return
+	}
+	s.setOwner(r)
+}
+
+func (b *epollBackend) close() {
+	for _, l := range b.loops {
+		l.mu.Lock()
+		l.closed = true
+		if l.running {
+			l.tasks = append(l.tasks, task{op: opStop})
+			_ = l.p.Wake()
+		}
+		l.mu.Unlock()
+	}
+	b.wg.Wait()
+	for _, l := range b.loops {
+		l.pipes.Close()
+		l.nFree.Store(0)
+		l.p.Close()
+	}
+}
+
+func (b *epollBackend) stats(st *Stats) {
+	st.Loops = len(b.loops)
+	for _, l := range b.loops {
+		l.mu.Lock()
+		if l.running {
+			st.Running++
+		}
+		l.mu.Unlock()
+		st.LoopRelays += int(l.nRelays.Load())
+		st.PipesInUse += int(l.nInUse.Load())
+		st.PipesFree += int(l.nFree.Load())
+	}
+}
+
+type taskOp uint8
+
+const (
+	opAdd   taskOp = iota // register a new relay
+	opAbort               // abort a relay with err
+	opStop                // abort everything and end the loop
+)
+
+// task is work handed to a loop by another goroutine.
+type task struct {
+	op  taskOp
+	r   *tcpRelay
+	err error
+}
+
+// eloop is one epoll event loop.
+type eloop struct {
+	b *epollBackend
+	p *poll.Poller
+
+	mu      sync.Mutex // guards the following fields
+	tasks   []task
+	running bool // a goroutine runs (or is about to run) the loop
+	closed  bool // the engine is closing: refuse new tasks
+
+	// Owned by the loop goroutine.
+	spare      []task
+	slots      []*tcpRelay // indexed by the slot half of an event tag
+	free       []int32     // free slots
+	live       int
+	pipes      *splice.Pool
+	ready      []*tcpRelay // relays that stopped on their budget, not on EAGAIN
+	spareReady []*tcpRelay
+	idle       relayList // least recently active last; only with IdleTimeout
+	events     []poll.Event
+	now        time.Duration // monotonic, since base, at the last wake
+	base       time.Time
+	emptySince time.Duration
+
+	// Mirrors for Stats, written by the loop.
+	nRelays, nInUse, nFree atomic.Int32
+}
+
+// submit queues t for the loop, starting the loop if it is parked; false
+// means the engine is closing.
+func (l *eloop) submit(t task) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.tasks = append(l.tasks, t)
+	if !l.running {
+		l.running = true
+		l.b.wg.Add(1)
+		go l.run()
+		return true
+	}
+	// Under the lock, so the wake-up cannot reach a poller that close has
+	// already released.
+	_ = l.p.Wake()
+	return true
+}
+
+func (l *eloop) run() {
+	defer l.b.wg.Done()
+	wait := l.p.WaitPark
+	if l.b.e.cfg.LockOSThread {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		wait = l.p.Wait
+	}
+	if l.base.IsZero() {
+		l.base = time.Now()
+	}
+	l.now = time.Since(l.base)
+	l.emptySince = l.now
+	if l.drainTasks() {
+		return
+	}
+	for {
+		n, woken, err := wait(l.events, l.timeout())
+		l.now = time.Since(l.base)
+		if err != nil {
+			// The poller is broken; nothing more can run here.
+			l.b.e.logf("engine: loop stopped: %v", err)
+			l.stop(err)
+			return
+		}
+		for i := range n {
+			l.handle(l.events[i])
+		}
+		l.runReady()
+		if woken && l.drainTasks() {
+			return
+		}
+		l.expireIdle()
+		if l.live == 0 && len(l.ready) == 0 && n == 0 && !woken && l.now-l.emptySince >= l.b.e.cfg.Linger {
+			if l.park() {
+				return
+			}
+		}
+	}
+}
+
+// timeout is how long the next Wait may block.
+func (l *eloop) timeout() time.Duration {
+	if len(l.ready) > 0 {
+		return 0
+	}
+	if l.live == 0 {
+		if d := l.emptySince + l.b.e.cfg.Linger - l.now; d > 0 {
+			return d
+		}
+		return 0
+	}
+	if it := l.b.e.cfg.IdleTimeout; it > 0 && l.idle.tail != nil {
+		if d := l.idle.tail.lastActive + it - l.now; d > 0 {
+			return d
+		}
+		return 0
+	}
+	return -1
+}
+
+// park ends the loop goroutine if no task arrived meanwhile.
+func (l *eloop) park() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.tasks) > 0 {
+		return false
+	}
+	l.running = false
+	return true
+}
+
+// drainTasks runs the queued tasks; true means the loop has stopped.
+func (l *eloop) drainTasks() bool {
+	l.mu.Lock()
+	l.tasks, l.spare = l.spare[:0], l.tasks
+	l.mu.Unlock()
+	stop := false
+	for i, t := range l.spare {
+		switch t.op {
+		case opAdd:
+			l.add(t.r)
+		case opAbort:
+			if !t.r.closed {
+				t.r.end(t.err, true)
+			}
+		case opStop:
+			stop = true
+		}
+		l.spare[i] = task{}
+	}
+	if stop {
+		l.stop(ErrClosed)
+	}
+	return stop
+}
+
+// stop aborts every relay and ends the loop.
+func (l *eloop) stop(err error) {
+	for _, r := range l.slots {
+		if r != nil {
+			r.end(err, true)
+		}
+	}
+	l.ready = l.ready[:0]
+	l.mu.Lock()
+	l.running = false
+	// Relays queued after the stop would never run: refuse them.
+	rest := l.tasks
+	l.tasks = nil
+	l.closed = true
+	l.mu.Unlock()
+	for _, t := range rest {
+		if t.op == opAdd {
+			t.r.closed = true
+			abortFD(t.r.fd[0])
+			abortFD(t.r.fd[1])
+			t.r.s.finish(err)
+		}
+	}
+}
+
+func (l *eloop) add(r *tcpRelay) {
+	var slot int32
+	if n := len(l.free); n > 0 {
+		slot = l.free[n-1]
+		l.free = l.free[:n-1]
+	} else {
+		slot = int32(len(l.slots))
+		l.slots = append(l.slots, nil)
+	}
+	r.slot = slot
+	l.slots[slot] = r
+	l.live++
+	l.nRelays.Add(1)
+	if l.b.e.cfg.IdleTimeout > 0 {
+		r.lastActive = l.now
+		l.idle.pushFront(r)
+	}
+	const interest = poll.In | poll.Out | poll.RDHup | poll.ET
+	for side, fd := range r.fd {
+		if err := l.p.Add(fd, interest, uint64(slot)<<1|uint64(side)); err != nil {
+			r.end(err, true)
+			return
+		}
+	}
+}
+
+// release forgets a relay that has ended.
+func (l *eloop) release(r *tcpRelay) {
+	l.slots[r.slot] = nil
+	l.free = append(l.free, r.slot)
+	l.live--
+	l.nRelays.Add(-1)
+	if l.b.e.cfg.IdleTimeout > 0 {
+		l.idle.remove(r)
+	}
+	if l.live == 0 {
+		l.emptySince = l.now
+	}
+}
+
+func (l *eloop) handle(ev poll.Event) {
+	slot := int(ev.Tag >> 1)
+	if slot >= len(l.slots) {
+		return
+	}
+	r := l.slots[slot]
+	if r == nil {
+		return // ended earlier in this batch
+	}
+	side := int(ev.Tag & 1)
+	if ev.Events&poll.Err != 0 {
+		// A reset (or another hard error) ends the relay now, even when no
+		// byte is waiting to be moved on that side: RST travels on.
+		if err := sockError(r.fd[side]); err != nil {
+			r.end(r.opErr("connection", side, err), true)
+			return
+		}
+	}
+	if ev.Events&(poll.In|poll.RDHup|poll.Hup|poll.Err) != 0 {
+		r.rd[side] = true
+	}
+	if ev.Events&(poll.Out|poll.Hup|poll.Err) != 0 {
+		r.wr[side] = true
+	}
+	r.service()
+}
+
+// runReady gives another turn to relays that used up their budget.
+func (l *eloop) runReady() {
+	if len(l.ready) == 0 {
+		return
+	}
+	batch := l.ready
+	l.ready = l.spareReady[:0]
+	for i, r := range batch {
+		r.queued = false
+		r.service()
+		batch[i] = nil
+	}
+	l.spareReady = batch[:0]
+}
+
+func (l *eloop) expireIdle() {
+	it := l.b.e.cfg.IdleTimeout
+	if it <= 0 {
+		return
+	}
+	for r := l.idle.tail; r != nil && l.now-r.lastActive >= it; r = l.idle.tail {
+		r.end(ErrIdleTimeout, true)
+	}
+}
+
+func (l *eloop) getPipe() (*splice.Pipe, error) {
+	p, err := l.pipes.Get()
+	if err != nil {
+		return nil, err
+	}
+	l.nInUse.Store(int32(l.pipes.InUse()))
+	l.nFree.Store(int32(l.pipes.Free()))
+	return p, nil
+}
+
+func (l *eloop) putPipe(p *splice.Pipe) {
+	l.pipes.Put(p)
+	l.nInUse.Store(int32(l.pipes.InUse()))
+	l.nFree.Store(int32(l.pipes.Free()))
+}

@@ -1,0 +1,243 @@
+package engine
+
+import (
+	"errors"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// loopbackPair returns both ends of a fresh loopback TCP connection.
+func loopbackPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ln.AcceptTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	s.SetDeadline(time.Now().Add(20 * time.Second))
+	return c, s
+}
+
+func TestBackendChoice(t *testing.T) {
+	uringErr := probeUring()
+	auto := BackendEpoll
+	envUring := BackendUring
+	if uringErr != nil {
+		envUring = auto
+	}
+	tests := []struct {
+		name    string
+		backend string
+		env     string
+		want    string
+		wantErr bool
+	}{
+		{name: "zero config is auto", want: auto},
+		{name: "auto", backend: "auto", want: auto},
+		{name: "std", backend: "std", want: BackendStd},
+		{name: "epoll", backend: "epoll", want: BackendEpoll},
+		{name: "env std", env: "std", want: BackendStd},
+		{name: "env epoll", env: "epoll", want: BackendEpoll},
+		{name: "env auto", env: "auto", want: auto},
+		{name: "config wins over env", backend: "epoll", env: "std", want: BackendEpoll},
+		{name: "unknown config", backend: "kqueue", wantErr: true},
+		{name: "unknown env", env: "kqueue", wantErr: true},
+		// A refused io_uring named by the environment falls back to auto;
+		// named in Config it is an error.
+		{name: "env uring", env: "uring", want: envUring},
+		{name: "config uring", backend: "uring", want: BackendUring, wantErr: uringErr != nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(EnvBackend, tc.env)
+			e, err := New(Config{Backend: tc.backend})
+			if tc.wantErr {
+				if err == nil {
+					e.Close()
+					t.Fatalf("New succeeded with backend %q", e.Backend())
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if got := e.Backend(); got != tc.want {
+				t.Fatalf("Backend() = %q, want %q", got, tc.want)
+			}
+			if got := e.Stats().Backend; got != tc.want {
+				t.Fatalf("Stats().Backend = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestDefaultEngineNamesItsBackend(t *testing.T) {
+	if BackendName() == "" || BackendName() == BackendAuto || BackendName() != Default().Backend() {
+		t.Fatalf("BackendName() = %q", BackendName())
+	}
+}
+
+func TestIdleTimeoutResetsBothSides(t *testing.T) {
+	e, err := New(Config{Backend: BackendEpoll, IdleTimeout: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	client, a := loopbackPair(t)
+	b, server := loopbackPair(t)
+	done := make(chan Result, 1)
+	e.Start(TCPEndpoint{a}, TCPEndpoint{b}, nil, func(r Result) { done <- r })
+	// Nothing moves: the relay ends on its own.
+	if r := <-done; !errors.Is(r.Err, ErrIdleTimeout) {
+		t.Fatalf("result %v, want ErrIdleTimeout", r.Err)
+	}
+	for _, c := range []*net.TCPConn{client, server} {
+		if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("read %v, want ECONNRESET", err)
+		}
+	}
+}
+
+func TestLoopsParkWhenEmptyAndRestart(t *testing.T) {
+	e, err := New(Config{Backend: BackendEpoll, Loops: 1, Linger: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for round := range 3 {
+		client, a := loopbackPair(t)
+		b, server := loopbackPair(t)
+		res := make(chan Result, 1)
+		go func() { res <- e.Relay(TCPEndpoint{a}, TCPEndpoint{b}, nil) }()
+		client.Write([]byte("hi"))
+		client.CloseWrite()
+		server.CloseWrite()
+		if got, err := io.ReadAll(server); err != nil || string(got) != "hi" {
+			t.Fatalf("round %d: server read %q, %v", round, got, err)
+		}
+		if r := <-res; r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		// With no relay left the loop gives its thread back.
+		deadline := time.Now().Add(10 * time.Second)
+		for e.Stats().Running != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: loop still running with no relay", round)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+// wrapped hides the TCPEndpoint type, as a non-TCP endpoint would.
+type wrapped struct{ TCPEndpoint }
+
+func TestNonTCPEndpointsRelayWithGoroutines(t *testing.T) {
+	e, err := New(Config{Backend: BackendEpoll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	client, a := loopbackPair(t)
+	b, server := loopbackPair(t)
+	var c Counters
+	res := make(chan Result, 1)
+	go func() { res <- e.Relay(wrapped{TCPEndpoint{a}}, TCPEndpoint{b}, &c) }()
+	client.Write([]byte("through goroutines"))
+	client.CloseWrite()
+	if got, _ := io.ReadAll(server); string(got) != "through goroutines" {
+		t.Fatalf("server read %q", got)
+	}
+	if st := e.Stats(); st.LoopRelays != 0 || st.Relays != 1 {
+		t.Fatalf("stats %+v: want the relay outside the loops", st)
+	}
+	server.CloseWrite()
+	if r := <-res; r.Err != nil || c.AToB.Load() != 18 {
+		t.Fatalf("result %v, A→B %d", r.Err, c.AToB.Load())
+	}
+}
+
+func TestManyLoopsShareRelays(t *testing.T) {
+	e, err := New(Config{Backend: BackendEpoll, Loops: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	const n = 16
+	type pair struct{ client, server *net.TCPConn }
+	var pairs []pair
+	done := make(chan Result, n)
+	for range n {
+		client, a := loopbackPair(t)
+		b, server := loopbackPair(t)
+		e.Start(TCPEndpoint{a}, TCPEndpoint{b}, nil, func(r Result) { done <- r })
+		pairs = append(pairs, pair{client, server})
+	}
+	for _, p := range pairs {
+		p.client.Write([]byte("x"))
+		io.ReadFull(p.server, make([]byte, 1))
+	}
+	if st := e.Stats(); st.Loops != 4 || st.Running != 4 || st.LoopRelays != n {
+		t.Fatalf("stats %+v: want %d relays spread over 4 running loops", st, n)
+	}
+	for _, p := range pairs {
+		p.client.CloseWrite()
+		p.server.CloseWrite()
+	}
+	for range n {
+		if r := <-done; r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+}
+
+// TestRelayStepsDoNotAllocate checks the hot path: once a relay runs,
+// moving bytes allocates nothing (pipes come from the pool, events and
+// completions land in preallocated arrays).
+func TestRelayStepsDoNotAllocate(t *testing.T) {
+	for _, name := range []string{BackendEpoll, BackendUring} {
+		t.Run(name, func(t *testing.T) {
+			e, err := New(Config{Backend: name})
+			if err != nil {
+				t.Skipf("%s unavailable: %v", name, err)
+			}
+			defer e.Close()
+			client, a := loopbackPair(t)
+			b, server := loopbackPair(t)
+			done := make(chan Result, 1)
+			e.Start(TCPEndpoint{a}, TCPEndpoint{b}, nil, func(r Result) { done <- r })
+			one := make([]byte, 1)
+			roundTrip := func() {
+				client.Write(one)
+				io.ReadFull(server, one)
+				server.Write(one)
+				io.ReadFull(client, one)
+			}
+			for range 10 {
+				roundTrip() // warm the pipe pool and the loop's arrays
+			}
+			if avg := testing.AllocsPerRun(200, roundTrip); avg > 0.1 {
+				t.Fatalf("%.2f allocations per round trip through the relay", avg)
+			}
+			client.CloseWrite()
+			server.CloseWrite()
+			if r := <-done; r.Err != nil {
+				t.Fatal(r.Err)
+			}
+		})
+	}
+}

@@ -1,0 +1,5 @@
+//go:build assert
+
+package splice
+
+const assertions = true

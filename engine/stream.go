@@ -1,0 +1,68 @@
+package engine
+
+// This file is the seam for TCP⇄stream relays in the event loops (the
+// HBONE issue). Nothing in the engine drives a StreamEndpoint yet: Start and
+// Relay relay every pair that is not TCP to TCP with goroutines, through
+// the Endpoint methods. Once a stream type implements StreamEndpoint, the
+// loops can take TCP⇄stream pairs over without the proxy changing.
+//
+// How the loop will drive a TCP socket S and a stream T:
+//
+//   - S→T, gated by T's send window. The loop reads S only while
+//     T.WriteWindow() > 0, and at most that many bytes, into a pooled buffer
+//     whose size adapts to the flow (1 KiB, then 16 KiB, then 256 KiB after
+//     reads that fill the buffer, as ztunnel grows its buffers), then
+//     TryWrite copies them into the stream's send queue and the buffer goes
+//     back to the pool at once. With the window shut the loop stops reading
+//     S, so TCP flow control pushes back on the sender, and waits for Wake.
+//   - T→S, acknowledged by reading. On Wake the loop calls TryRead into a
+//     pooled buffer and writes to S; bytes S does not take stay in that
+//     buffer (the only buffer an idle-in-one-direction relay can hold) until
+//     S is writable. TryRead is what returns receive window to the peer
+//     (WINDOW_UPDATE), so a slow S slows the peer down.
+//   - FIN both ways: EOF on S becomes T.CloseWrite (END_STREAM); io.EOF from
+//     TryRead becomes shutdown(S, SHUT_WR).
+//   - RST both ways: an error on S becomes T.Abort (RST_STREAM); an error
+//     from TryRead/TryWrite (RST_STREAM, connection loss) resets S.
+//   - Counters move as bytes are written to their destination, as for
+//     TCP⇄TCP.
+//
+// An idle TCP⇄stream relay then holds no goroutine and no buffer: only the
+// loop's record, the socket and the stream's own state.
+
+// StreamEndpoint is an Endpoint an event loop can drive without a goroutine:
+// a multiplexed stream (an HBONE CONNECT stream) whose connection goroutines
+// own the framing, the receive buffer and the send window.
+//
+// TryRead, TryWrite, WriteWindow, CloseWrite and Abort are called from one
+// loop goroutine at a time; SetWaker once before the first of them and once
+// (with nil) after the last.
+type StreamEndpoint interface {
+	Endpoint
+	// SetWaker registers w, nil to remove it. The stream calls w.Wake from
+	// any goroutine, without blocking and possibly spuriously, whenever
+	// TryRead or TryWrite could make progress they could not make before:
+	// data, END_STREAM or RST_STREAM arrived, or the send window opened.
+	SetWaker(w Waker)
+	// TryRead copies received bytes into p without blocking. (0, nil) means
+	// none are buffered now: wait for Wake. It returns io.EOF after the
+	// peer's END_STREAM and another error after a reset or the
+	// connection's loss. Bytes read are the ones whose receive window the
+	// stream returns to the peer.
+	TryRead(p []byte) (int, error)
+	// TryWrite queues up to len(p) bytes as DATA within the current send
+	// window without blocking and returns how many it took; 0 with a nil
+	// error means the window is shut: wait for Wake. p may be reused once
+	// it returns.
+	TryWrite(p []byte) (int, error)
+	// WriteWindow reports how many bytes TryWrite would take now, so the
+	// loop never reads from the socket bytes it cannot forward.
+	WriteWindow() int
+}
+
+// Waker is how a stream tells its event loop to look at it again. Wake must
+// be cheap and non-blocking: the engine's implementation queues a task for
+// the owning loop and coalesces wake-ups.
+type Waker interface {
+	Wake()
+}

@@ -1,0 +1,233 @@
+package engine
+
+import (
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/engine/splice"
+	"golang.org/x/sys/unix"
+)
+
+// roundsPerTurn bounds the splice rounds one direction gets per turn, so a
+// bulk transfer cannot starve the other relays of its loop; a relay that
+// used its budget waits in the loop's ready list for its next turn.
+const roundsPerTurn = 4
+
+// tcpRelay is one TCP⇄TCP relay owned by an epoll loop. Side 0 is A, side 1
+// is B; direction d moves bytes from side d to side 1-d.
+type tcpRelay struct {
+	l    *eloop
+	s    *session
+	fd   [2]int
+	slot int32
+	// rd and wr are the sockets' readiness as last learnt: set by an edge,
+	// cleared by EAGAIN.
+	rd, wr [2]bool
+	dir    [2]direction
+	queued bool // in l.ready
+	closed bool
+
+	lastActive time.Duration // loop time of the last byte moved
+	prev, next *tcpRelay     // l.idle
+}
+
+// direction is one way of a relay.
+type direction struct {
+	pipe  *splice.Pipe // nil unless bytes are in flight
+	count *atomic.Int64
+	eof   bool // the source said end of stream
+	shut  bool // the destination's write side is shut
+}
+
+func (d *direction) finished() bool { return d.shut }
+
+// abort is Handle.Abort's way in: it runs on the caller's goroutine and
+// hands the work to the owning loop.
+func (r *tcpRelay) abort(cause error) {
+	r.l.submit(task{op: opAbort, r: r, err: cause})
+}
+
+// service moves whatever the sockets' readiness allows, then ends the relay
+// if both directions are done or one failed.
+func (r *tcpRelay) service() {
+	if r.closed {
+		return
+	}
+	more := false
+	for d := range 2 {
+		m, err := r.pump(d)
+		if err != nil {
+			r.end(err, true)
+			return
+		}
+		more = more || m
+	}
+	if assertions {
+		r.check()
+	}
+	if r.dir[0].finished() && r.dir[1].finished() {
+		r.end(nil, false)
+		return
+	}
+	if more && !r.queued {
+		r.queued = true
+		r.l.ready = append(r.l.ready, r)
+	}
+}
+
+// pump runs direction d until the sockets say EAGAIN (false) or its budget
+// is spent with work left (true).
+func (r *tcpRelay) pump(d int) (more bool, err error) {
+	dd := &r.dir[d]
+	src, dst := d, 1-d
+	for range roundsPerTurn {
+		moved := false
+		if p := dd.pipe; p != nil && p.Buffered > 0 && r.wr[dst] {
+			n, err := p.Out(r.fd[dst])
+			switch {
+			case err == unix.EAGAIN:
+				r.wr[dst] = false
+			case err != nil:
+				return false, r.opErr("write", dst, err)
+			case n > 0:
+				dd.count.Add(int64(n))
+				moved = true
+			}
+		}
+		if p := dd.pipe; p != nil && p.Buffered == 0 {
+			r.l.putPipe(p)
+			dd.pipe = nil
+		}
+		if !dd.eof && r.rd[src] {
+			p := dd.pipe
+			if p == nil {
+				if p, err = r.l.getPipe(); err != nil {
+					return false, err
+				}
+				dd.pipe = p
+			}
+			if p.Buffered < p.Size {
+				n, err := p.In(r.fd[src], p.Size)
+				switch {
+				case err == unix.EAGAIN:
+					// With an empty pipe EAGAIN means the socket is empty.
+					// With bytes in the pipe the pipe may be out of slots
+					// instead, so keep the readiness and retry once it
+					// drains.
+					if p.Buffered == 0 {
+						r.rd[src] = false
+					}
+				case err != nil:
+					return false, r.opErr("read", src, err)
+				case n == 0:
+					dd.eof = true
+					moved = true
+				default:
+					moved = true
+				}
+			}
+			if p.Buffered == 0 {
+				r.l.putPipe(p)
+				dd.pipe = nil
+			}
+		}
+		if dd.eof && dd.pipe == nil && !dd.shut {
+			dd.shut = true
+			if err := unix.Shutdown(r.fd[dst], unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
+				return false, r.opErr("shutdown", dst, err)
+			}
+		}
+		if !moved {
+			return false, nil
+		}
+		r.touch()
+	}
+	return true, nil
+}
+
+// check panics if the relay's bookkeeping is inconsistent (-tags assert).
+func (r *tcpRelay) check() {
+	for d := range r.dir {
+		dd := &r.dir[d]
+		if p := dd.pipe; p != nil && (p.Buffered < 0 || p.Buffered > p.Size) {
+			panic(fmt.Sprintf("engine: relay direction %d holds %d bytes in a %d-byte pipe", d, p.Buffered, p.Size))
+		}
+		if dd.shut && (!dd.eof || dd.pipe != nil) {
+			panic("engine: relay shut a destination with bytes still in flight")
+		}
+	}
+	if r.l.slots[r.slot] != r {
+		panic("engine: relay lost its slot")
+	}
+}
+
+// touch marks the relay active for the idle timeout.
+func (r *tcpRelay) touch() {
+	if r.l.b.e.cfg.IdleTimeout <= 0 || r.lastActive == r.l.now {
+		return
+	}
+	r.lastActive = r.l.now
+	r.l.idle.remove(r)
+	r.l.idle.pushFront(r)
+}
+
+// end closes both sockets (resetting them when abort is set), returns the
+// pipes and reports the result.
+func (r *tcpRelay) end(err error, abort bool) {
+	if r.closed || r.slot < 0 {
+		return
+	}
+	r.closed = true
+	for d := range r.dir {
+		if p := r.dir[d].pipe; p != nil {
+			r.l.putPipe(p) // closed rather than pooled when it holds bytes
+			r.dir[d].pipe = nil
+		}
+	}
+	for _, fd := range r.fd {
+		if abort {
+			abortFD(fd)
+		} else {
+			_ = unix.Close(fd)
+		}
+	}
+	if r.slot >= 0 {
+		r.l.release(r)
+	}
+	r.s.finish(err)
+}
+
+func (r *tcpRelay) opErr(op string, side int, err error) error {
+	return fmt.Errorf("engine: %s %s: %w", op, sideName[side], err)
+}
+
+var sideName = [2]string{"A", "B"}
+
+// relayList is an intrusive doubly-linked list of relays, most recently
+// active first.
+type relayList struct{ head, tail *tcpRelay }
+
+func (q *relayList) pushFront(r *tcpRelay) {
+	r.prev, r.next = nil, q.head
+	if q.head != nil {
+		q.head.prev = r
+	} else {
+		q.tail = r
+	}
+	q.head = r
+}
+
+func (q *relayList) remove(r *tcpRelay) {
+	if r.prev != nil {
+		r.prev.next = r.next
+	} else if q.head == r {
+		q.head = r.next
+	}
+	if r.next != nil {
+		r.next.prev = r.prev
+	} else if q.tail == r {
+		q.tail = r.prev
+	}
+	r.prev, r.next = nil, nil
+}

@@ -1,0 +1,476 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/engine/splice"
+	"github.com/ztunnel-go/ztunnel/engine/uring"
+	"golang.org/x/sys/unix"
+)
+
+// uringBackend runs TCP⇄TCP relays in io_uring event loops, one per core.
+//
+// Each loop owns a ring set up with SingleIssuer and DeferTaskrun on a
+// locked OS thread (the kernel requires one submitting thread, and runs
+// completion work only when that thread asks for completions), its relays
+// and its pipe pool. Other goroutines reach it through a task queue and an
+// eventfd on which the ring keeps a read armed: one write wakes the loop,
+// and at most one wake-up is pending at a time.
+//
+// A relay keeps a multishot POLLIN armed on each socket and moves bytes
+// with a pair of splices, socket→pipe hard-linked to pipe→socket, submitted
+// only once the poll has said the socket is readable: the kernel runs every
+// splice in an io-wq worker, and a splice from an empty socket would park
+// that worker until data came. So 10,000 idle relays hold 20,000 armed
+// polls and no worker. A POLLOUT is armed (one-shot) only when a
+// destination is full. Ending a relay cancels its requests (by descriptor)
+// before closing, and its slot, pipes and result wait for the last
+// completion.
+//
+// A loop creates its ring when it starts and closes it when it parks after
+// Config.Linger with no relay, so an unused engine holds no thread or ring.
+type uringBackend struct {
+	e     *Engine
+	loops []*uloop
+	next  atomic.Uint32
+	wg    sync.WaitGroup
+}
+
+// uringSetupFlags are the ring flags the loops use.
+const uringSetupFlags = uring.SetupSingleIssuer | uring.SetupDeferTaskrun | uring.SetupSubmitAll
+
+// probeUring says whether this kernel lets the loops run: it sets up a ring
+// the way they do and probes the operations they submit.
+func probeUring() error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	r, err := uring.New(uring.Config{Entries: 8, Flags: uringSetupFlags})
+	if err != nil {
+		return fmt.Errorf("engine: io_uring: %w", err)
+	}
+	defer r.Close()
+	if r.Features()&uring.FeatExtArg == 0 || r.Features()&uring.FeatNoDrop == 0 {
+		return errors.New("engine: io_uring: kernel lacks EXT_ARG or NODROP")
+	}
+	p, err := r.Probe()
+	if err != nil {
+		return fmt.Errorf("engine: io_uring: %w", err)
+	}
+	for _, op := range []uint8{uring.OpPollAdd, uring.OpSplice, uring.OpRead, uring.OpAsyncCancel} {
+		if !p.Supported(op) {
+			return fmt.Errorf("engine: io_uring: kernel lacks op %d", op)
+		}
+	}
+	return nil
+}
+
+func newUringBackend(e *Engine) (backend, error) {
+	if err := probeUring(); err != nil {
+		return nil, err
+	}
+	b := &uringBackend{e: e}
+	for range e.cfg.Loops {
+		// Blocking, so the ring arms a poll for the armed read rather than
+		// failing it with EAGAIN.
+		efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+		if err != nil {
+			for _, l := range b.loops {
+				unix.Close(l.efd)
+			}
+			return nil, fmt.Errorf("engine: eventfd: %w", err)
+		}
+		b.loops = append(b.loops, &uloop{
+			b:       b,
+			efd:     efd,
+			wakeBuf: make([]byte, 8),
+			pipes:   splice.NewPool(splice.PoolConfig{PipeSize: e.cfg.PipeSize, MaxFree: e.cfg.MaxFreePipes}),
+			cqes:    make([]uring.CQE, 512),
+		})
+	}
+	return b, nil
+}
+
+func (b *uringBackend) relayTCP(fa, fb int, s *session) {
+	l := b.loops[int(b.next.Add(1))%len(b.loops)]
+	r := &uRelay{l: l, s: s, fd: [2]int{fa, fb}, slot: -1}
+	r.dir[0].count = &s.counters.AToB
+	r.dir[1].count = &s.counters.BToA
+	if !l.submit(utask{op: opAdd, r: r}) {
+		abortFD(fa)
+		abortFD(fb)
+		s.finish(ErrClosed)
+		return
+	}
+	s.setOwner(r)
+}
+
+func (b *uringBackend) close() {
+	for _, l := range b.loops {
+		l.mu.Lock()
+		l.closed = true
+		if l.running {
+			l.tasks = append(l.tasks, utask{op: opStop})
+			l.wakeLocked()
+		}
+		l.mu.Unlock()
+	}
+	b.wg.Wait()
+	for _, l := range b.loops {
+		l.pipes.Close()
+		l.nFree.Store(0)
+		unix.Close(l.efd)
+	}
+}
+
+func (b *uringBackend) stats(st *Stats) {
+	st.Loops = len(b.loops)
+	for _, l := range b.loops {
+		l.mu.Lock()
+		if l.running {
+			st.Running++
+		}
+		l.mu.Unlock()
+		st.LoopRelays += int(l.nRelays.Load())
+		st.PipesInUse += int(l.nInUse.Load())
+		st.PipesFree += int(l.nFree.Load())
+	}
+}
+
+// utask is work handed to a uring loop by another goroutine.
+type utask struct {
+	op  taskOp
+	r   *uRelay
+	err error
+}
+
+// Completion kinds, in the low byte of an SQE's user data; the slot and a
+// generation fill the rest so a completion finds its relay.
+const (
+	kWake uint8 = iota + 1
+	kCancel
+	kPollIn  // + side
+	kPollIn1 //
+	kPollOut // + side
+	kPollOut1
+	kSpliceIn // + direction
+	kSpliceIn1
+	kSpliceOut // + direction
+	kSpliceOut1
+)
+
+func userData(kind uint8, slot int32, gen uint32) uint64 {
+	return uint64(kind) | uint64(uint32(slot))<<8 | uint64(gen&0xffffff)<<40
+}
+
+// uloop is one io_uring event loop.
+type uloop struct {
+	b       *uringBackend
+	efd     int
+	pending atomic.Uint32 // a wake-up is written and not yet consumed
+
+	mu      sync.Mutex // guards the following fields
+	tasks   []utask
+	running bool
+	closed  bool
+
+	// Owned by the loop goroutine.
+	ring       *uring.Ring
+	wakeBuf    []byte
+	woken      bool
+	stopping   bool
+	spare      []utask
+	slots      []*uRelay
+	gens       []uint32
+	free       []int32
+	live       int
+	pipes      *splice.Pool
+	cqes       []uring.CQE
+	idle       uRelayList
+	now        time.Duration
+	base       time.Time
+	emptySince time.Duration
+
+	nRelays, nInUse, nFree atomic.Int32
+}
+
+func (l *uloop) submit(t utask) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.tasks = append(l.tasks, t)
+	if !l.running {
+		l.running = true
+		l.b.wg.Add(1)
+		go l.run()
+		return true
+	}
+	l.wakeLocked()
+	return true
+}
+
+// wakeLocked writes the eventfd unless a wake-up is already pending; under
+// l.mu so it never races with close releasing the eventfd.
+func (l *uloop) wakeLocked() {
+	if l.pending.CompareAndSwap(0, 1) {
+		one := [8]byte{1}
+		_, _ = unix.Write(l.efd, one[:])
+	}
+}
+
+func (l *uloop) run() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer l.b.wg.Done()
+	if l.base.IsZero() {
+		l.base = time.Now()
+	}
+	l.now = time.Since(l.base)
+	l.emptySince = l.now
+	ring, err := uring.New(uring.Config{Entries: 1024, CQEntries: 8192, Flags: uringSetupFlags})
+	if err != nil {
+		l.b.e.logf("engine: io_uring loop cannot start: %v", err)
+		l.fail(err)
+		return
+	}
+	l.ring = ring
+	defer func() {
+		l.ring.Close()
+		l.ring = nil
+	}()
+	l.armWake()
+	l.drainTasks()
+	for {
+		if _, err := l.ring.SubmitAndWait(1, l.timeout()); err != nil && err != unix.EBUSY && err != unix.EAGAIN {
+			l.b.e.logf("engine: io_uring loop stopped: %v", err)
+			l.stopping = true
+		}
+		l.now = time.Since(l.base)
+		for {
+			n := l.ring.Reap(l.cqes)
+			for i := range n {
+				l.handle(&l.cqes[i])
+			}
+			if n < len(l.cqes) {
+				break
+			}
+		}
+		if l.woken {
+			l.woken = false
+			l.drainTasks()
+			l.armWake()
+		}
+		l.expireIdle()
+		if l.stopping && l.live == 0 {
+			l.finishStop()
+			return
+		}
+		if !l.stopping && l.live == 0 && l.now-l.emptySince >= l.b.e.cfg.Linger && l.park() {
+			return
+		}
+	}
+}
+
+// fail refuses everything queued when the loop cannot run at all.
+func (l *uloop) fail(err error) {
+	l.mu.Lock()
+	rest := l.tasks
+	l.tasks = nil
+	l.running = false
+	l.mu.Unlock()
+	for _, t := range rest {
+		if t.op == opAdd {
+			t.r.closing = true
+			abortFD(t.r.fd[0])
+			abortFD(t.r.fd[1])
+			t.r.s.finish(fmt.Errorf("engine: io_uring loop: %w", err))
+		}
+	}
+}
+
+func (l *uloop) timeout() time.Duration {
+	if l.stopping {
+		return 10 * time.Millisecond
+	}
+	if l.live == 0 {
+		if d := l.emptySince + l.b.e.cfg.Linger - l.now; d > 0 {
+			return d
+		}
+		return 0
+	}
+	if it := l.b.e.cfg.IdleTimeout; it > 0 && l.idle.tail != nil {
+		if d := l.idle.tail.lastActive + it - l.now; d > 0 {
+			return d
+		}
+		return 0
+	}
+	return -1
+}
+
+func (l *uloop) park() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.tasks) > 0 {
+		return false
+	}
+	l.running = false
+	return true
+}
+
+// finishStop ends the loop after a stop, refusing late tasks.
+func (l *uloop) finishStop() {
+	l.mu.Lock()
+	rest := l.tasks
+	l.tasks = nil
+	l.running = false
+	l.closed = true
+	l.mu.Unlock()
+	for _, t := range rest {
+		if t.op == opAdd {
+			t.r.closing = true
+			abortFD(t.r.fd[0])
+			abortFD(t.r.fd[1])
+			t.r.s.finish(ErrClosed)
+		}
+	}
+}
+
+// sqe returns a free submission entry, submitting what is queued when the
+// queue is full.
+func (l *uloop) sqe() *uring.SQE {
+	for {
+		if s := l.ring.GetSQE(); s != nil {
+			return s
+		}
+		if _, err := l.ring.Submit(); err != nil && err != unix.EBUSY && err != unix.EAGAIN {
+			panic(fmt.Sprintf("engine: io_uring submit: %v", err))
+		}
+	}
+}
+
+func (l *uloop) armWake() {
+	l.sqe().PrepRead(l.efd, l.wakeBuf, userData(kWake, 0, 0))
+}
+
+func (l *uloop) drainTasks() {
+	l.mu.Lock()
+	l.tasks, l.spare = l.spare[:0], l.tasks
+	l.mu.Unlock()
+	for i, t := range l.spare {
+		switch t.op {
+		case opAdd:
+			if l.stopping {
+				t.r.closing = true
+				abortFD(t.r.fd[0])
+				abortFD(t.r.fd[1])
+				t.r.s.finish(ErrClosed)
+			} else {
+				l.add(t.r)
+			}
+		case opAbort:
+			t.r.end(t.err, true)
+		case opStop:
+			l.stopping = true
+			for _, r := range l.slots {
+				if r != nil {
+					r.end(ErrClosed, true)
+				}
+			}
+		}
+		l.spare[i] = utask{}
+	}
+}
+
+func (l *uloop) add(r *uRelay) {
+	var slot int32
+	if n := len(l.free); n > 0 {
+		slot = l.free[n-1]
+		l.free = l.free[:n-1]
+	} else {
+		slot = int32(len(l.slots))
+		l.slots = append(l.slots, nil)
+		l.gens = append(l.gens, 0)
+	}
+	l.gens[slot]++
+	r.slot, r.gen = slot, l.gens[slot]
+	l.slots[slot] = r
+	l.live++
+	l.nRelays.Add(1)
+	if l.b.e.cfg.IdleTimeout > 0 {
+		r.lastActive = l.now
+		l.idle.pushFront(r)
+	}
+	// Sockets start writable; a full one says so with EAGAIN.
+	r.wr = [2]bool{true, true}
+	r.armIn(0)
+	r.armIn(1)
+}
+
+func (l *uloop) handle(c *uring.CQE) {
+	kind := uint8(c.UserData)
+	if kind == kWake {
+		l.pending.Store(0)
+		l.woken = true
+		return
+	}
+	if kind == kCancel {
+		return
+	}
+	slot := int32(uint32(c.UserData >> 8))
+	gen := uint32(c.UserData>>40) & 0xffffff
+	if int(slot) >= len(l.slots) {
+		return
+	}
+	r := l.slots[slot]
+	if r == nil || r.gen&0xffffff != gen {
+		return
+	}
+	r.complete(kind, c)
+}
+
+// release forgets a relay whose last request has completed.
+func (l *uloop) release(r *uRelay) {
+	l.slots[r.slot] = nil
+	l.free = append(l.free, r.slot)
+	l.live--
+	l.nRelays.Add(-1)
+	if l.b.e.cfg.IdleTimeout > 0 {
+		l.idle.remove(r)
+	}
+	if l.live == 0 {
+		l.emptySince = l.now
+	}
+}
+
+func (l *uloop) expireIdle() {
+	it := l.b.e.cfg.IdleTimeout
+	if it <= 0 {
+		return
+	}
+	for r := l.idle.tail; r != nil && l.now-r.lastActive >= it; r = l.idle.tail {
+		l.idle.remove(r) // ending takes a while: keep it out of the scan
+		r.end(ErrIdleTimeout, true)
+	}
+}
+
+func (l *uloop) getPipe() (*splice.Pipe, error) {
+	p, err := l.pipes.Get()
+	if err != nil {
+		return nil, err
+	}
+	l.nInUse.Store(int32(l.pipes.InUse()))
+	l.nFree.Store(int32(l.pipes.Free()))
+	return p, nil
+}
+
+func (l *uloop) putPipe(p *splice.Pipe) {
+	l.pipes.Put(p)
+	l.nInUse.Store(int32(l.pipes.InUse()))
+	l.nFree.Store(int32(l.pipes.Free()))
+}
