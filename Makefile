@@ -56,9 +56,29 @@ run: build ## Run the daemon on its embedded default: examples/localhost.yaml, b
 demo: build ## Build a lab of 2 nodes x 2 pods, send pod-to-pod traffic through HBONE, show a policy decision (root)
 	$(BIN)/zlab demo --ztunnel $(BIN)/ztunnel --config examples/demo.yaml
 
+.PHONY: bench-tools
+bench-tools: ## Build the daemon and the benchmark tools (zload, zpeer, zbench) into bin/
+	@mkdir -p $(BIN)
+	$(GO) build -trimpath -o $(BIN)/ztunnel ./cmd/ztunnel
+	$(GO) build -trimpath -o $(BIN)/zload ./cmd/zload
+	$(GO) build -trimpath -o $(BIN)/zpeer ./bench/cmd/zpeer
+	$(GO) build -trimpath -o $(BIN)/zbench ./bench/cmd/zbench
+
 .PHONY: bench
-bench: ## Run the micro-benchmarks once each (quick); BENCHTIME=2s for real figures
-	$(GO) test -run '^$$' -bench . -benchtime $${BENCHTIME:-1x} -benchmem ./...
+bench: bench-tools ## End-to-end benchmarks, report in bench/results/<date>-<host>/ (root, ~10 min; BENCHFLAGS=--help)
+	@command -v haproxy >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null 2>&1 || \
+		  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }; }; } || \
+		echo "haproxy is not installed: the report will mark its rows as skipped"
+	$(BIN)/zbench $(BENCHFLAGS)
+
+.PHONY: bench-quick
+bench-quick: bench-tools ## CI smoke run of the end-to-end benchmarks (root, about a minute; HAProxy optional)
+	$(BIN)/zbench --quick $(BENCHFLAGS)
+
+.PHONY: bench-micro
+bench-micro: ## Run every go test benchmark once (so none rots); BENCHTIME=2s for real figures
+	$(GO) test -run '^$$' -bench . -benchtime $${BENCHTIME:-1x} ./...
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10s)

@@ -6,5 +6,5 @@
 // readiness, and runs echo servers whose accepted peers can be inspected.
 // The end-to-end tests and the demo share it.
 //
-// Imported by e2e tests and cmd/zlab only.
+// Imported by e2e tests, cmd/zlab and the bench harness only.
 package labrun

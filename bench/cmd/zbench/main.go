@@ -1,0 +1,95 @@
+// Command zbench runs the end-to-end benchmarks (package bench/harness) and
+// writes the report (package bench/report): `make bench` for the full run,
+// `make bench-quick` for the CI smoke run. It must run as root: it builds
+// network namespaces.
+//
+//	zbench [--quick] [--out DIR] [--rounds N] [--duration D] [--backends std,epoll,uring]
+//
+// The binaries default to ztunnel, zload and zpeer next to zbench itself.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/bench/harness"
+	"github.com/ztunnel-go/ztunnel/bench/report"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:])
+	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "zbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	self, _ := os.Executable()
+	binDir := filepath.Dir(self)
+	fs := flag.NewFlagSet("zbench", flag.ContinueOnError)
+	var (
+		o        harness.Options
+		out      string
+		backends string
+		timeout  time.Duration
+	)
+	fs.BoolVar(&o.Quick, "quick", false, "CI smoke run: one short round, checks only that every path produced numbers")
+	fs.StringVar(&out, "out", "", "report directory (default bench/results/<date>-<host>; quick: a temporary directory)")
+	fs.IntVar(&o.Rounds, "rounds", 0, "rounds per measurement (default 3, quick 1)")
+	fs.DurationVar(&o.Duration, "duration", 0, "length of each measurement (default 2s, quick 500ms)")
+	fs.IntVar(&o.Streams, "streams", 0, "streams of the N-stream throughput (default 8, quick 4)")
+	fs.IntVar(&o.IdleConns, "idle-conns", 0, "idle connections to hold (default 2000, quick 100)")
+	fs.StringVar(&backends, "backends", "std", "daemon engine backends, comma-separated (ZTUNNEL_ENGINE)")
+	fs.StringVar(&o.DaemonLogLevel, "daemon-log-level", "", "daemons' RUST_LOG (default warn)")
+	fs.StringVar(&o.Ztunnel, "ztunnel", filepath.Join(binDir, "ztunnel"), "daemon binary")
+	fs.StringVar(&o.Zload, "zload", filepath.Join(binDir, "zload"), "load generator binary")
+	fs.StringVar(&o.Zpeer, "zpeer", filepath.Join(binDir, "zpeer"), "peer proxies binary")
+	fs.StringVar(&o.HAProxy, "haproxy", "", `haproxy binary (default: from PATH; "-" skips HAProxy)`)
+	fs.DurationVar(&timeout, "timeout", 30*time.Minute, "abort the whole run after this long")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	o.Backends = strings.Split(backends, ",")
+	if out == "" {
+		if o.Quick {
+			dir, err := os.MkdirTemp("", "zbench-quick-")
+			if err != nil {
+				return err
+			}
+			out = dir
+		} else {
+			host, _ := os.Hostname()
+			out = filepath.Join("bench", "results", time.Now().Format("2006-01-02")+"-"+host)
+		}
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	o.OutDir = out
+	o.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	run, err := harness.Run(ctx, o)
+	if run != nil && (err == nil || len(run.Samples) > 0) {
+		if werr := report.Write(out, run); werr != nil {
+			err = errors.Join(err, werr)
+		} else {
+			fmt.Fprintf(os.Stderr, "report: %s\n", filepath.Join(out, report.FileReport))
+		}
+	}
+	return err
+}

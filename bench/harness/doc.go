@@ -1,0 +1,18 @@
+// Package harness runs the end-to-end benchmarks: it builds a lab of network
+// namespaces (two nodes; a meshed client and server pod per engine backend,
+// each with its own daemon; a plain client and server pod for the direct
+// path and the peers), starts the load servers and the peer proxies (Go
+// io.Copy, HAProxy with and without splice, a mutual-TLS terminator, the
+// naive x/net/http2 HBONE pair), measures every path with cmd/zload in
+// interleaved rounds, samples the proxies' CPU and idle-connection cost
+// from /proc, takes CPU profiles from the daemons' pprof endpoints, and
+// returns a report.Run for package report to write.
+//
+// Every proxy runs where the daemon runs for the same path: client-side
+// proxies in the client's pod, reached over loopback as the capture
+// redirect reaches the daemon; server-side proxies in the server's pod.
+// Traffic never leaves the lab's namespaces.
+//
+// Importers: bench/cmd/zbench and its tests. It imports internal/netnslab,
+// internal/labrun, bench/load and bench/report.
+package harness

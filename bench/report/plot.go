@@ -1,0 +1,229 @@
+package report
+
+import (
+	"fmt"
+	"path/filepath"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// Plot files written by Write, relative to the report directory.
+const (
+	PlotThroughput = "throughput.png"
+	PlotLatency    = "latency.png"
+	PlotCPS        = "cps.png"
+	PlotIdle       = "idle-rss.png"
+)
+
+// colorIndex gives every config the same color on every plot.
+func colorIndex(r *Run, id string) int {
+	for i, c := range r.Configs {
+		if c.ID == id {
+			return i
+		}
+	}
+	return len(r.Configs)
+}
+
+// label is a config's name on a plot axis.
+func label(c Config) string {
+	if c.Direct {
+		return "direct"
+	}
+	return c.Group + ": " + c.Proxy
+}
+
+// writePlots draws every plot the run has data for and returns the files
+// written.
+func writePlots(dir string, r *Run, st *Stats) ([]string, error) {
+	var files []string
+	type plotFn func() (*plot.Plot, vg.Length, vg.Length, error)
+	for _, p := range []struct {
+		file string
+		fn   plotFn
+	}{
+		{PlotThroughput, func() (*plot.Plot, vg.Length, vg.Length, error) { return throughputPlot(r, st) }},
+		{PlotLatency, func() (*plot.Plot, vg.Length, vg.Length, error) { return latencyPlot(r, st) }},
+		{PlotCPS, func() (*plot.Plot, vg.Length, vg.Length, error) { return cpsPlot(r, st) }},
+		{PlotIdle, func() (*plot.Plot, vg.Length, vg.Length, error) { return idlePlot(r) }},
+	} {
+		pl, w, h, err := p.fn()
+		if err != nil {
+			return files, fmt.Errorf("report: %s: %w", p.file, err)
+		}
+		if pl == nil {
+			continue
+		}
+		if err := pl.Save(w, h, filepath.Join(dir, p.file)); err != nil {
+			return files, fmt.Errorf("report: %s: %w", p.file, err)
+		}
+		files = append(files, p.file)
+	}
+	return files, nil
+}
+
+// horizontalBars draws one horizontal bar per config for each series.
+func horizontalBars(title, xlabel string, configs []Config, series []string, value func(c Config, series int) float64) (*plot.Plot, vg.Length, vg.Length, error) {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = xlabel
+	n := len(configs)
+	// Top to bottom in report order: the Y axis grows upwards.
+	names := make([]string, n)
+	for i, c := range configs {
+		names[n-1-i] = label(c)
+	}
+	barW := vg.Points(14)
+	any := false
+	for s, name := range series {
+		vals := make(plotter.Values, n)
+		for i, c := range configs {
+			v := value(c, s)
+			vals[n-1-i] = v
+			any = any || v > 0
+		}
+		bc, err := plotter.NewBarChart(vals, barW)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		bc.Horizontal = true
+		bc.Color = plotutil.Color(s)
+		bc.LineStyle.Width = 0
+		bc.Offset = barW * vg.Length(float64(s)-float64(len(series)-1)/2)
+		p.Add(bc)
+		if len(series) > 1 {
+			p.Legend.Add(name, bc)
+		}
+	}
+	if !any {
+		return nil, 0, 0, nil
+	}
+	// Bottom right: the slowest paths are listed last, so that corner is
+	// free.
+	p.Legend.Top = false
+	p.X.Max *= 1.05
+	p.NominalY(names...)
+	p.Add(plotter.NewGrid())
+	h := vg.Points(float64(60 + n*int(len(series))*16 + n*6))
+	return p, 9 * vg.Inch, h, nil
+}
+
+func throughputPlot(r *Run, st *Stats) (*plot.Plot, vg.Length, vg.Length, error) {
+	series := []string{"1 stream", fmt.Sprintf("%d streams", r.Settings.Streams)}
+	return horizontalBars("Throughput (median of rounds)", "Gbit/s", r.Configs, series, func(c Config, s int) float64 {
+		m := MetricTput1
+		if s == 1 {
+			m = MetricTputN
+		}
+		return st.Get(c.ID, m, FieldGbps).Median
+	})
+}
+
+func cpsPlot(r *Run, st *Stats) (*plot.Plot, vg.Length, vg.Length, error) {
+	return horizontalBars("New connections per second (median of rounds)", "connections/s", r.Configs, []string{"cps"}, func(c Config, _ int) float64 {
+		return st.Get(c.ID, MetricCPS, FieldPerSecond).Median
+	})
+}
+
+func latencyPlot(r *Run, st *Stats) (*plot.Plot, vg.Length, vg.Length, error) {
+	if len(r.Settings.RRSizes) == 0 {
+		return nil, 0, 0, nil
+	}
+	size := r.Settings.RRSizes[0]
+	metric := RRMetric(size)
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("Request/response latency, %d B / %d B, closed loop (median of rounds)", size.Req, size.Resp)
+	p.Y.Label.Text = "µs (log scale)"
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	pcts := []struct {
+		name  string
+		field func(Sample) float64
+	}{{"p50", FieldP50}, {"p90", FieldP90}, {"p99", FieldP99}, {"p99.9", FieldP999}, {"max", FieldMax}}
+	names := make([]string, len(pcts))
+	for i, pc := range pcts {
+		names[i] = pc.name
+	}
+	any := false
+	maxY := 0.0
+	for i, c := range r.Configs {
+		pts := plotter.XYs{}
+		for x, pc := range pcts {
+			v := st.Get(c.ID, metric, pc.field).Median
+			if v > 0 {
+				pts = append(pts, plotter.XY{X: float64(x), Y: v})
+				maxY = max(maxY, v)
+			}
+		}
+		if len(pts) == 0 {
+			continue
+		}
+		any = true
+		l, s, err := plotter.NewLinePoints(pts)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		l.Color = plotutil.Color(i)
+		l.Dashes = plotutil.Dashes(i / 7)
+		s.Color = plotutil.Color(i)
+		s.Shape = plotutil.Shape(i)
+		p.Add(l, s)
+		p.Legend.Add(label(c), l, s)
+	}
+	if !any {
+		return nil, 0, 0, nil
+	}
+	p.NominalX(names...)
+	p.Legend.Top = true
+	p.Legend.Left = true
+	// Headroom above the lines for the legend (log scale).
+	p.Y.Max = maxY * 40
+	p.Add(plotter.NewGrid())
+	return p, 9 * vg.Inch, 7 * vg.Inch, nil
+}
+
+func idlePlot(r *Run) (*plot.Plot, vg.Length, vg.Length, error) {
+	if len(r.Idle) == 0 {
+		return nil, 0, 0, nil
+	}
+	p := plot.New()
+	p.Title.Text = "Proxy RSS growth with idle connections (all proxy processes of a path)"
+	p.X.Label.Text = "idle connections"
+	p.Y.Label.Text = "RSS above baseline, MiB"
+	byID := map[string]Config{}
+	for _, c := range r.Configs {
+		byID[c.ID] = c
+	}
+	maxY := 0.0
+	for _, id := range r.Idle {
+		if len(id.Points) == 0 {
+			continue
+		}
+		i := colorIndex(r, id.Config)
+		base := id.Points[0].RSSKiB
+		pts := make(plotter.XYs, len(id.Points))
+		for j, pt := range id.Points {
+			pts[j] = plotter.XY{X: float64(pt.Conns), Y: float64(pt.RSSKiB-base) / 1024}
+			maxY = max(maxY, pts[j].Y)
+		}
+		l, s, err := plotter.NewLinePoints(pts)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		l.Color = plotutil.Color(i)
+		l.Dashes = plotutil.Dashes(i / 7)
+		s.Color = plotutil.Color(i)
+		s.Shape = plotutil.Shape(i)
+		p.Add(l, s)
+		p.Legend.Add(label(byID[id.Config]), l, s)
+	}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	// Headroom above the lines for the legend.
+	p.Y.Max = maxY / 0.55
+	p.Add(plotter.NewGrid())
+	return p, 9 * vg.Inch, 7 * vg.Inch, nil
+}
