@@ -22,7 +22,7 @@ import (
 const handshakeTimeout = 10 * time.Second
 
 // handleHBONE terminates mTLS on 15008 and serves HTTP/2 CONNECT streams.
-func (p *Proxy) handleHBONE(c *net.TCPConn) {
+func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 	conn := tls.Server(hbone.NewBatchConn(c), mtls.ServerConfig(p.serverCert))
 	p.cfg.Metrics.SocketOpened(metrics.ReporterDestination)
 	defer p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
@@ -33,12 +33,13 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) {
 		ci := newConnInfo(dirInbound, addrPortOf(c.RemoteAddr()))
 		p.failed(ci, fmt.Errorf("tls handshake: %w", err))
 		c.Close()
-		return
+		return false
 	}
 	if err := p.hbsrv.ServeConn(p.ctx, conn); err != nil && !errors.Is(err, net.ErrClosed) {
 		p.log.Debug("hbone connection ended", "src.addr", addrPortOf(c.RemoteAddr()).String(), "error", err)
 	}
 	conn.Close()
+	return false
 }
 
 // serverCert returns the certificate of the workload this proxy serves.

@@ -29,9 +29,13 @@ type outboundRoute struct {
 	service   *state.Service
 }
 
-func (p *Proxy) handleOutbound(c *net.TCPConn) {
+func (p *Proxy) handleOutbound(c *net.TCPConn) (handedOff bool) {
 	p.cfg.Metrics.SocketOpened(metrics.ReporterSource)
-	defer p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
+	defer func() {
+		if !handedOff {
+			p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
+		}
+	}()
 	ci := newConnInfo(dirOutbound, addrPortOf(c.RemoteAddr()))
 	abort := func(err error) {
 		p.failed(ci, err)
@@ -84,10 +88,17 @@ func (p *Proxy) handleOutbound(c *net.TCPConn) {
 			engine.TCPEndpoint{TCPConn: c}.Abort()
 			return
 		}
-		upstream = engine.TCPEndpoint{TCPConn: up}
+		// TCP to TCP: the engine's event loop owns the relay from here.
+		engine.Start(engine.TCPEndpoint{TCPConn: c}, engine.TCPEndpoint{TCPConn: up}, &ci.counters, func(res engine.Result) {
+			p.complete(ci, metrics.FlagNone, relayErr(res))
+			p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
+			p.release(c)
+		})
+		return true
 	}
 	res := engine.Relay(engine.TCPEndpoint{TCPConn: c}, upstream, &ci.counters)
 	p.complete(ci, metrics.FlagNone, relayErr(res))
+	return false
 }
 
 // routeOutbound decides where an outbound connection goes: a service VIP is

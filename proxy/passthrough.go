@@ -11,9 +11,13 @@ import (
 
 // handlePassthrough serves plaintext captured into the pod (15006): policy
 // with no peer identity (so STRICT mTLS refuses it), then plain TCP to the app.
-func (p *Proxy) handlePassthrough(c *net.TCPConn) {
+func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 	p.cfg.Metrics.SocketOpened(metrics.ReporterDestination)
-	defer p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
+	defer func() {
+		if !handedOff {
+			p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
+		}
+	}()
 	ci := newConnInfo(dirInbound, addrPortOf(c.RemoteAddr()))
 	abort := func(err error) {
 		p.failed(ci, err)
@@ -52,8 +56,13 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) {
 	}
 	down, up := engine.TCPEndpoint{TCPConn: c}, engine.TCPEndpoint{TCPConn: app}
 	untrack := p.trackPolicy(ci, snap, conn, down, up)
-	res := engine.Relay(down, up, &ci.counters)
-	untrack()
-	flags, rerr := ci.relayOutcome(res)
-	p.complete(ci, flags, rerr)
+	// TCP to TCP: the engine's event loop owns the relay from here.
+	engine.Start(down, up, &ci.counters, func(res engine.Result) {
+		untrack()
+		flags, rerr := ci.relayOutcome(res)
+		p.complete(ci, flags, rerr)
+		p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
+		p.release(c)
+	})
+	return true
 }

@@ -161,7 +161,7 @@ func (p *Proxy) Start(ctx context.Context) error {
 
 	type spec struct {
 		port  int
-		serve func(*net.TCPConn)
+		serve func(*net.TCPConn) bool
 	}
 	specs := []spec{
 		{p.cfg.OutboundPort, p.handleOutbound},
@@ -214,7 +214,10 @@ func (p *Proxy) Addrs() []net.Addr {
 	return out
 }
 
-func (p *Proxy) acceptLoop(ln *net.TCPListener, serve func(*net.TCPConn)) {
+// A serve function returns true when it handed the connection to the
+// engine, whose completion callback then calls release; its goroutine ends
+// at once, so an idle relayed connection holds none.
+func (p *Proxy) acceptLoop(ln *net.TCPListener, serve func(*net.TCPConn) bool) {
 	defer p.wg.Done()
 	var backoff time.Duration
 	for {
@@ -240,10 +243,10 @@ func (p *Proxy) acceptLoop(ln *net.TCPListener, serve func(*net.TCPConn)) {
 		}
 		p.wg.Add(1)
 		go func() {
-			defer p.wg.Done()
-			defer p.untrack(c)
 			_ = engine.Accepted(c, p.cfg.Socket)
-			serve(c)
+			if !serve(c) {
+				p.release(c)
+			}
 		}()
 	}
 }
@@ -256,6 +259,12 @@ func (p *Proxy) track(c net.Conn) bool {
 	}
 	p.conns[c] = struct{}{}
 	return true
+}
+
+// release ends the proxy's ownership of an accepted connection.
+func (p *Proxy) release(c net.Conn) {
+	p.untrack(c)
+	p.wg.Done()
 }
 
 func (p *Proxy) untrack(c net.Conn) {
