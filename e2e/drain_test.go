@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -69,7 +70,7 @@ func TestDrain(t *testing.T) {
 	// The idle connection is closed at the deadline, not before.
 	_, err = io.ReadAll(idle)
 	closedAfter := time.Since(start)
-	if errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatal("the idle connection was never closed")
 	}
 	if closedAfter < 1500*time.Millisecond {

@@ -315,6 +315,11 @@ func (p *Proxy) Close() {
 // localWorkload finds the workload this proxy serves, waiting up to
 // LocalWorkloadWait for it to appear (ztunnel's 5s wait for xDS).
 func (p *Proxy) localWorkload(ctx context.Context) (*state.Workload, *state.Snapshot, error) {
+	// The common case, once per connection: the workload is known; no timer.
+	snap := p.cfg.State.Load()
+	if w := snap.FindWorkload(p.info); w != nil {
+		return w, snap, nil
+	}
 	deadline := time.NewTimer(p.cfg.LocalWorkloadWait)
 	defer deadline.Stop()
 	for {
