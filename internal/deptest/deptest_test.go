@@ -19,7 +19,7 @@ const module = "github.com/ztunnel-go/ztunnel"
 var allowed = map[string][]string{
 	"cmd/ztunnel":            {"internal/app"},
 	"cmd/zlab":               {"internal/netnslab", "internal/labrun", "identity", "mtls", "mtls/caclient", "state", "state/xdsconv"},
-	"internal/app":           {"admin", "engine", "engine/bufpool", "hbone", "identity", "inpod", "internal/logging", "metrics", "mtls", "mtls/caclient", "proxy", "proxy/connmgr", "state", "state/xdsconv", "xdsclient", "xdsclient/controlplane"},
+	"internal/app":           {"admin", "engine", "engine/bufpool", "hbone", "identity", "inpod", "internal/logging", "metrics", "mtls", "mtls/caclient", "dnsproxy", "proxy", "proxy/connmgr", "state", "state/xdsconv", "xdsclient", "xdsclient/controlplane"},
 	"internal/labrun":        {"internal/netnslab", "identity", "mtls", "mtls/caclient", "state", "state/xdsconv", "hbone", "inpod/zdstest"},
 	"inpod":                  {"api/zdsapi", "metrics"},
 	"cmd/zload":              {"bench/load"},
@@ -40,6 +40,7 @@ var allowed = map[string][]string{
 	"engine/splice":          {"engine/bufpool"},
 	"engine/enginetest":      {"engine", "engine/bufpool"},
 	"proxy/connmgr":          {"state", "identity"},
+	"dnsproxy":               {"state", "metrics"},
 	"metrics":                {},
 	"internal/logging":       {},
 	"state/xdsconv":          {"state", "identity", "api/workloadapi", "api/securityapi", "xdsclient"},
