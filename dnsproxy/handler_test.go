@@ -15,7 +15,7 @@ import (
 // from the client ns1/client with the default search domains.
 func TestLookup(t *testing.T) {
 	up := startUpstream(t, map[string]string{
-		"A www.bing.com.": "8.8.8.8",
+		"A www.bing.com.":                        "8.8.8.8",
 		"TXT productpage.ns1.svc.cluster.local.": `"from-upstream"`,
 	})
 	s := newServer(t, Config{Upstreams: []string{up.Addr}})
