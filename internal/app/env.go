@@ -86,6 +86,20 @@ type Config struct {
 	// IstioVersion is ISTIO_META_ISTIO_VERSION, the istio_build tag.
 	IstioVersion string
 
+	// DNSCapture is ISTIO_META_DNS_CAPTURE: run the DNS proxy for each
+	// workload. Unset enables it, as in current ztunnel (the pods' capture
+	// rules decide whether DNS reaches it); any value but "true" disables it.
+	DNSCapture bool
+	// DNSProxyAddrs are the DNS proxy's addresses in each workload's
+	// namespace: ISTIO_META_DNS_PROXY_ADDR, "localhost:PORT" (both
+	// loopbacks) or "IP:PORT"; default 127.0.0.1:15053 and [::1]:15053.
+	DNSProxyAddrs []string
+	// ClusterDomain is CLUSTER_DOMAIN, the DNS proxy's Kubernetes domain.
+	ClusterDomain string
+	// ResolvConf is ZTUNNEL_RESOLV_CONF (ours, not ztunnel's): the file the
+	// DNS proxy's upstream resolvers are read from, default /etc/resolv.conf.
+	ResolvConf string
+
 	// Engine is ZTUNNEL_ENGINE: the relay backend (auto, std, epoll, uring);
 	// the engine package reads it, this validates it and shows the choice.
 	Engine string
@@ -310,6 +324,25 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 		e.fail("CRL_PATH", v, errors.New("certificate revocation lists are not supported yet; unset it"))
 	}
 
+	c.DNSCapture = true
+	if v, ok := lookup("ISTIO_META_DNS_CAPTURE"); ok {
+		c.DNSCapture = strings.EqualFold(v, "true")
+	}
+	dnsAddr := e.str("ISTIO_META_DNS_PROXY_ADDR", "localhost:15053")
+	if addrs, err := parseDNSProxyAddr(dnsAddr); err != nil {
+		e.fail("ISTIO_META_DNS_PROXY_ADDR", dnsAddr, err)
+	} else {
+		c.DNSProxyAddrs = addrs
+	}
+	if c.DNSCapture && c.XDSOnDemand {
+		e.fail("XDS_ON_DEMAND", "true", errors.New("the DNS proxy does not support on-demand xDS (as in ztunnel); set ISTIO_META_DNS_CAPTURE=false to use it"))
+	}
+	c.ClusterDomain = e.str("CLUSTER_DOMAIN", "cluster.local")
+	if c.ClusterDomain == "" || strings.ContainsAny(c.ClusterDomain, "/: ") {
+		e.fail("CLUSTER_DOMAIN", c.ClusterDomain, errors.New("want a DNS domain such as cluster.local"))
+	}
+	c.ResolvConf = e.str("ZTUNNEL_RESOLV_CONF", "/etc/resolv.conf")
+
 	c.AdminAddr = e.str("ZTUNNEL_ADMIN_ADDR", "localhost:15000")
 	c.StatsAddr = e.str("ZTUNNEL_STATS_ADDR", "[::]:15020")
 	c.ReadinessAddr = e.str("ZTUNNEL_READINESS_ADDR", "[::]:15021")
@@ -396,4 +429,22 @@ func checkAdminAddr(addr string) error {
 		return errors.New("the admin server must listen on a loopback address")
 	}
 	return nil
+}
+
+// parseDNSProxyAddr reads DNS_PROXY_ADDR as ztunnel does: "localhost:PORT"
+// means both loopbacks, anything else must be one IP:PORT.
+func parseDNSProxyAddr(v string) ([]string, error) {
+	if port, ok := strings.CutPrefix(v, "localhost:"); ok {
+		n, err := strconv.ParseUint(port, 10, 16)
+		if err != nil {
+			return nil, errors.New("want localhost:PORT or IP:PORT")
+		}
+		p := strconv.FormatUint(n, 10)
+		return []string{"127.0.0.1:" + p, "[::1]:" + p}, nil
+	}
+	ap, err := netip.ParseAddrPort(v)
+	if err != nil || ap.Addr().Zone() != "" {
+		return nil, errors.New("want localhost:PORT or IP:PORT")
+	}
+	return []string{ap.String()}, nil
 }

@@ -152,3 +152,52 @@ func TestChartVariables(t *testing.T) {
 		}
 	}
 }
+
+func TestDNSEnv(t *testing.T) {
+	tests := []struct {
+		name    string
+		env     map[string]string
+		capture bool
+		addrs   []string
+		domain  string
+		resolv  string
+	}{
+		{"defaults: on, both loopbacks", map[string]string{}, true, []string{"127.0.0.1:15053", "[::1]:15053"}, "cluster.local", "/etc/resolv.conf"},
+		{"explicitly on", map[string]string{"ISTIO_META_DNS_CAPTURE": "TRUE"}, true, []string{"127.0.0.1:15053", "[::1]:15053"}, "cluster.local", "/etc/resolv.conf"},
+		{"anything but true is off", map[string]string{"ISTIO_META_DNS_CAPTURE": "yes"}, false, []string{"127.0.0.1:15053", "[::1]:15053"}, "cluster.local", "/etc/resolv.conf"},
+		{"off allows on-demand xDS", map[string]string{"ISTIO_META_DNS_CAPTURE": "false", "XDS_ON_DEMAND": "true"}, false, []string{"127.0.0.1:15053", "[::1]:15053"}, "cluster.local", "/etc/resolv.conf"},
+		{"localhost with another port", map[string]string{"ISTIO_META_DNS_PROXY_ADDR": "localhost:5353"}, true, []string{"127.0.0.1:5353", "[::1]:5353"}, "cluster.local", "/etc/resolv.conf"},
+		{"one address", map[string]string{"ISTIO_META_DNS_PROXY_ADDR": "[::1]:15053"}, true, []string{"[::1]:15053"}, "cluster.local", "/etc/resolv.conf"},
+		{"cluster domain and resolv.conf", map[string]string{"CLUSTER_DOMAIN": "corp.example", "ZTUNNEL_RESOLV_CONF": "/tmp/r"}, true, []string{"127.0.0.1:15053", "[::1]:15053"}, "corp.example", "/tmp/r"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := ParseEnv(lookupFrom(tc.env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.DNSCapture != tc.capture || strings.Join(c.DNSProxyAddrs, ",") != strings.Join(tc.addrs, ",") ||
+				c.ClusterDomain != tc.domain || c.ResolvConf != tc.resolv {
+				t.Fatalf("capture %v addrs %v domain %q resolv %q", c.DNSCapture, c.DNSProxyAddrs, c.ClusterDomain, c.ResolvConf)
+			}
+		})
+	}
+	for name, env := range map[string]map[string]string{
+		"ISTIO_META_DNS_PROXY_ADDR": {"ISTIO_META_DNS_PROXY_ADDR": "dns.local:53"},
+		"CLUSTER_DOMAIN":            {"CLUSTER_DOMAIN": "a b"},
+		"XDS_ON_DEMAND":             {"XDS_ON_DEMAND": "true"},
+	} {
+		t.Run("bad "+name, func(t *testing.T) {
+			if _, err := ParseEnv(lookupFrom(env)); err == nil || !strings.Contains(err.Error(), name) {
+				t.Fatalf("error %v does not name %s", err, name)
+			}
+		})
+	}
+	for _, bad := range []string{"localhost:http", "localhost:70000", "10.0.0.1", "[fe80::1%eth0]:53"} {
+		t.Run("bad address "+bad, func(t *testing.T) {
+			if _, err := ParseEnv(lookupFrom(map[string]string{"ISTIO_META_DNS_PROXY_ADDR": bad})); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+}
