@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
@@ -266,6 +267,47 @@ func TestRouteOutbound(t *testing.T) {
 				t.Errorf("DNS lookups %v, want one", res.asked)
 			}
 		})
+	}
+}
+
+// TestRouteOutboundDNSMetric checks that an on-demand lookup is counted in
+// istio_on_demand_dns_total with the source and the hostname.
+func TestRouteOutboundDNSMetric(t *testing.T) {
+	snap := routeMesh(t)
+	m := metrics.New(metrics.Config{})
+	res := &fakeResolver{answers: map[string][]netip.Addr{"vm.example.com": {netip.MustParseAddr("198.51.100.7")}}}
+	p := &Proxy{cfg: Config{Resolver: res, Metrics: m}}
+	src := snap.WorkloadByUID("client")
+	for range 2 {
+		if _, err := p.routeOutbound(context.Background(), snap, src, netip.MustParseAddrPort("10.0.0.1:4000"), netip.MustParseAddrPort("10.96.0.70:80")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Workload-addressed traffic needs no lookup.
+	if _, err := p.routeOutbound(context.Background(), snap, src, netip.MustParseAddrPort("10.0.0.1:4000"), netip.MustParseAddrPort("10.0.0.20:80")); err != nil {
+		t.Fatal(err)
+	}
+	families, err := m.Gatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got float64
+	for _, f := range families {
+		if f.GetName() != "istio_on_demand_dns_total" {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range mt.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["hostname"] == "vm.example.com" && labels["source_workload_namespace"] == "app" {
+				got += mt.GetCounter().GetValue()
+			}
+		}
+	}
+	if got != 2 {
+		t.Errorf("istio_on_demand_dns_total = %v, want 2", got)
 	}
 }
 
