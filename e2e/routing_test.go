@@ -300,6 +300,20 @@ func TestLocalityFailover(t *testing.T) {
 	ask := func() string {
 		return string(roundTripTo(t, c.Pods["client"], "10.96.0.10:80", nil))
 	}
+	// During the switch a connection may fail: the client's daemon can
+	// still pick the removed endpoint after that endpoint's own daemon has
+	// learnt it no longer exists.
+	try := func() (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := c.Pods["client"].Dial(ctx, "tcp", "10.96.0.10:80")
+		if err != nil {
+			return "", err
+		}
+		defer conn.Close()
+		got, err := roundTrip(conn.(*net.TCPConn), nil)
+		return string(got), err
+	}
 
 	const n = 20
 	for i := range n {
@@ -313,13 +327,14 @@ func TestLocalityFailover(t *testing.T) {
 	xds.Remove(xdsconv.AddressType, "u-near")
 	switched := false
 	for i := 0; i < 200 && !switched; i++ {
-		switch got := ask(); got {
-		case "far":
+		got, err := try()
+		switch {
+		case err == nil && got == "far":
 			switched = true
-		case "near":
-			time.Sleep(50 * time.Millisecond)
-		default:
+		case err == nil && got != "near":
 			t.Fatalf("served by %q", got)
+		default:
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	if !switched {
