@@ -143,12 +143,14 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	ci.dstWorkload, ci.dstIdentity = w, p.identityOf(w)
 	ci.srcWorkload = snap.WorkloadByAddr(p.cfg.Network, ci.src.Addr())
 
-	// validate_destination: the tunnel must be addressed to the IP it
-	// arrived on, so a peer cannot use this pod as a relay to elsewhere.
 	local := addrPortOf(req.Conn.LocalAddr())
-	if target.Addr() != local.Addr() {
-		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "ip mismatch: authority %s, connection to %s", target.Addr(), local.Addr())
+	if err := p.validateDestination(snap, w, target, local); err != nil {
+		return nil, nil, state.Conn{}, err
 	}
+	// The app is always this pod; the authority gives the port (and may
+	// name another IP in the exceptions validateDestination allows).
+	target = netip.AddrPortFrom(local.Addr(), target.Port())
+	ci.dst = target
 	if p.isIllegalPort(target.Port()) {
 		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "illegal target port %d", target.Port())
 	}

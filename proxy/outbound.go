@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -57,7 +56,7 @@ func (p *Proxy) handleOutbound(c *net.TCPConn) (handedOff bool) {
 		abort(err)
 		return
 	}
-	route, err := p.routeOutbound(snap, srcW, origDst)
+	route, err := p.routeOutbound(ctx, snap, srcW, ci.src, origDst)
 	if err != nil {
 		abort(err)
 		return
@@ -99,64 +98,6 @@ func (p *Proxy) handleOutbound(c *net.TCPConn) (handedOff bool) {
 	res := engine.Relay(engine.TCPEndpoint{TCPConn: c}, upstream, &ci.counters)
 	p.complete(ci, metrics.FlagNone, relayErr(res))
 	return false
-}
-
-// routeOutbound decides where an outbound connection goes: a service VIP is
-// load-balanced to an endpoint, a known workload IP goes to that workload by
-// its tunnel protocol, anything else passes through as plain TCP.
-func (p *Proxy) routeOutbound(snap *state.Snapshot, src *state.Workload, dst netip.AddrPort) (outboundRoute, error) {
-	network := p.cfg.Network
-	var (
-		w       *state.Workload
-		svc     *state.Service
-		tgtPort = dst.Port()
-	)
-	if svc = snap.ResolveVIP(network, dst.Addr(), src.Namespace); svc != nil {
-		ep, port, err := snap.PickEndpoint(src, svc, dst.Port(), rand.Uint64N)
-		if err != nil {
-			return outboundRoute{}, fmt.Errorf("service %s: %w", svc.Key(), err)
-		}
-		w, tgtPort = ep, port
-	} else if w = snap.WorkloadByAddr(network, dst.Addr()); w == nil {
-		// Unknown destination: passthrough, as ztunnel does.
-		return outboundRoute{dst: dst}, nil
-	}
-	ip, ok := pickIP(w, dst.Addr())
-	if !ok {
-		return outboundRoute{}, fmt.Errorf("workload %s has no address", w.UID)
-	}
-	r := outboundRoute{workload: w, service: svc}
-	if w.Protocol == state.ProtocolHBONE {
-		r.hbone = true
-		r.dst = netip.AddrPortFrom(ip, InboundHBONEPort)
-		r.authority = netip.AddrPortFrom(ip, tgtPort).String()
-		r.sans = append(r.sans, p.identityOf(w).String())
-		if svc != nil {
-			r.sans = append(r.sans, svc.SubjectAltNames...)
-		}
-		return r, nil
-	}
-	r.dst = netip.AddrPortFrom(ip, tgtPort)
-	return r, nil
-}
-
-// pickIP prefers the address the client asked for when it belongs to the
-// workload, else the first address of the same family, else the first.
-func pickIP(w *state.Workload, want netip.Addr) (netip.Addr, bool) {
-	if len(w.Addresses) == 0 {
-		return netip.Addr{}, false
-	}
-	for _, a := range w.Addresses {
-		if a == want {
-			return a, true
-		}
-	}
-	for _, a := range w.Addresses {
-		if a.Is4() == want.Is4() {
-			return a, true
-		}
-	}
-	return w.Addresses[0], true
 }
 
 // connectHBONE opens (or reuses) a tunnel to the route's peer and sends CONNECT.

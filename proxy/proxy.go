@@ -78,11 +78,19 @@ type Config struct {
 	// Conns tracks authorized inbound connections so a policy change can
 	// close the ones it now denies; nil tracks nothing.
 	Conns *connmgr.Manager
+	// PreferredServiceNamespace breaks ties between services sharing a VIP
+	// after the client's namespace and a canonical service
+	// (PREFERED_SERVICE_NAMESPACE); "" prefers none.
+	PreferredServiceNamespace string
+	// Resolver resolves hostname-only workloads on demand; nil means
+	// net.DefaultResolver.
+	Resolver Resolver
 }
 
 // Proxy serves one workload: outbound, inbound HBONE and inbound plaintext.
 type Proxy struct {
 	cfg    Config
+	rnd    func(n uint64) uint64 // load-balancing randomness; nil = math/rand/v2
 	log    *slog.Logger
 	access *slog.Logger // log.With("scope", "access"), made once
 	hbsrv  *hbone.Server
@@ -114,6 +122,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.BindHost == "" {
 		cfg.BindHost = "::"
+	}
+	if cfg.Resolver == nil {
+		cfg.Resolver = net.DefaultResolver
 	}
 	if cfg.OutboundPort == 0 {
 		cfg.OutboundPort = OutboundPort

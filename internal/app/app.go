@@ -196,6 +196,8 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			Logger:      log,
 			Metrics:     m,
 			Conns:       conns,
+
+			PreferredServiceNamespace: cfg.PreferredServiceNamespace,
 		})
 	}
 	var dnsf *dnsFactory

@@ -104,6 +104,10 @@ type Config struct {
 	// the engine package reads it, this validates it and shows the choice.
 	Engine string
 
+	// PreferredServiceNamespace is PREFERED_SERVICE_NAMESPACE (sic): the
+	// tiebreak namespace for services sharing a VIP.
+	PreferredServiceNamespace string
+
 	LogLevel  string // RUST_LOG
 	LogFormat string // LOG_FORMAT: plain or json
 }
@@ -277,6 +281,7 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	}
 	c.NodeName = e.str("NODE_NAME", "")
 	c.Network = e.str("NETWORK", "")
+	c.PreferredServiceNamespace = e.str("PREFERED_SERVICE_NAMESPACE", "")
 	defMark := uint64(0)
 	if c.Mode == ModeShared {
 		defMark = 1337

@@ -59,7 +59,7 @@ func TestParseEnvOverrides(t *testing.T) {
 	c, err := ParseEnv(lookupFrom(map[string]string{
 		"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "a/b/c", "LOCAL_XDS": "workloads: []",
 		"CLUSTER_ID": "c1", "ISTIO_META_CLUSTER_ID": "c2", "TRUST_DOMAIN": "example.org",
-		"NODE_NAME": "node-a", "NETWORK": "net1", "PACKET_MARK": "99",
+		"NODE_NAME": "node-a", "NETWORK": "net1", "PACKET_MARK": "99", "PREFERED_SERVICE_NAMESPACE": "istio-system",
 		"HTTP2_STREAM_WINDOW_SIZE": "65535", "HTTP2_CONNECTION_WINDOW_SIZE": "1048576", "HTTP2_FRAME_SIZE": "16384",
 		"CONNECTION_TERMINATION_DEADLINE": "30s", "ENABLE_ORIG_SRC": "false",
 	}))
@@ -68,7 +68,7 @@ func TestParseEnvOverrides(t *testing.T) {
 	}
 	if c.ClusterID != "c2" || c.TrustDomain != "example.org" || c.NodeName != "node-a" || c.Network != "net1" ||
 		c.PacketMark != 99 || c.StreamWindow != 65535 || c.ConnectionWindow != 1<<20 || c.FrameSize != 16384 ||
-		c.TerminationDeadline != 30*time.Second || c.OrigSrc == nil || *c.OrigSrc {
+		c.TerminationDeadline != 30*time.Second || c.OrigSrc == nil || *c.OrigSrc || c.PreferredServiceNamespace != "istio-system" {
 		t.Fatalf("overrides not applied: %+v", c)
 	}
 }
