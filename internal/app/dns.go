@@ -53,18 +53,19 @@ func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) er
 	}
 	dialer := &net.Dialer{Control: engine.SocketOptions{Mark: cfg.PacketMark}.DialControl()}
 	return dnsproxy.New(dnsproxy.Config{
-		State:         f.store,
-		Client:        state.WorkloadInfo{Namespace: w.Namespace, Name: w.Name, ServiceAccount: w.ServiceAccount},
-		Network:       cfg.Network,
-		Domain:        cfg.ClusterDomain,
-		SearchDomains: search,
-		Upstreams:     f.rc.Servers,
-		Addrs:         cfg.DNSProxyAddrs,
-		Control:       control,
-		ListenControl: listenControl(cfg.PacketMark, cfg.PortReuse),
-		Dial:          dialer.DialContext,
-		Metrics:       f.metrics,
-		Logger:        f.log,
+		State:              f.store,
+		Client:             state.WorkloadInfo{Namespace: w.Namespace, Name: w.Name, ServiceAccount: w.ServiceAccount},
+		Network:            cfg.Network,
+		Domain:             cfg.ClusterDomain,
+		PreferredNamespace: cfg.PreferredServiceNamespace,
+		SearchDomains:      search,
+		Upstreams:          f.rc.Servers,
+		Addrs:              cfg.DNSProxyAddrs,
+		Control:            control,
+		ListenControl:      listenControl(cfg.PacketMark, cfg.PortReuse),
+		Dial:               dialer.DialContext,
+		Metrics:            f.metrics,
+		Logger:             f.log,
 	})
 }
 
