@@ -194,6 +194,9 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			Logger:      log,
 			Metrics:     m,
 			Conns:       conns,
+
+			SOCKS5:          cfg.EnableSOCKS5,
+			DirectAppTunnel: !cfg.LocalhostAppTunnel,
 		})
 	}
 	if cfg.Mode == ModeShared {
