@@ -33,7 +33,7 @@ type logCapture struct {
 }
 
 func (h *logCapture) Enabled(context.Context, slog.Level) bool { return true }
-func (h *logCapture) WithGroup(string) slog.Handler             { return h }
+func (h *logCapture) WithGroup(string) slog.Handler            { return h }
 func (h *logCapture) WithAttrs(a []slog.Attr) slog.Handler {
 	return &logCapture{attrs: append(append([]slog.Attr(nil), h.attrs...), a...), ch: h.ch}
 }
