@@ -93,7 +93,7 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 		}
 		return
 	}
-	s, err := req.Respond(http.StatusOK, nil)
+	s, err := req.Respond(http.StatusOK, p.responseHeader(ci.dstWorkload))
 	if err != nil {
 		app.Close()
 		p.complete(ci, metrics.FlagConnect, err)
@@ -115,6 +115,10 @@ type authorization struct {
 }
 
 func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, authorization, error) {
+	p.inboundMeta(req, ci)
+	// dialApp finds the connection here to apply the workload's
+	// application tunnel (the PROXY header needs the peer's identity).
+	ctx = withInboundConn(ctx, ci)
 	app, snap, c, err := p.inboundAuthorize(ctx, req, ci)
 	return app, authorization{snap, c}, err
 }
@@ -170,6 +174,16 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 // dialApp connects to the local app, presenting the original client's IP as
 // the source when original-source spoofing is possible.
 func (p *Proxy) dialApp(ctx context.Context, src netip.Addr, dst netip.AddrPort) (*net.TCPConn, error) {
+	if ci := inboundConnOf(ctx); ci != nil && ci.dstWorkload != nil {
+		if t := ci.dstWorkload.ApplicationTunnel; t != nil && t.Protocol == state.AppTunnelProxy {
+			return p.dialAppTunnel(ctx, ci, dst, t.Port)
+		}
+	}
+	return p.dialAppDirect(ctx, src, dst)
+}
+
+// dialAppDirect connects to the app at dst.
+func (p *Proxy) dialAppDirect(ctx context.Context, src netip.Addr, dst netip.AddrPort) (*net.TCPConn, error) {
 	if p.origSrc && src.IsValid() && src.Is4() == dst.Addr().Is4() {
 		d := p.dialer
 		d.Options.Transparent = true

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/netip"
 	"strings"
 	"time"
@@ -28,22 +27,39 @@ type outboundRoute struct {
 	service   *state.Service
 }
 
-func (p *Proxy) handleOutbound(c *net.TCPConn) (handedOff bool) {
+// handleOutbound serves a connection captured on 15001: its destination is
+// the one the app dialed (SO_ORIGINAL_DST).
+func (p *Proxy) handleOutbound(c *net.TCPConn) bool {
 	p.cfg.Metrics.SocketOpened(metrics.ReporterSource)
+	ci := newConnInfo(dirOutbound, addrPortOf(c.RemoteAddr()))
+	origDst, err := engine.OriginalDst(c)
+	if err != nil {
+		p.abortOutbound(c, ci, err)
+		return false
+	}
+	return p.proxyOutbound(c, ci, origDst)
+}
+
+// abortOutbound ends an outbound connection that never got a route.
+func (p *Proxy) abortOutbound(c *net.TCPConn, ci *connInfo, err error) {
+	p.failed(ci, err)
+	engine.TCPEndpoint{TCPConn: c}.Abort()
+	p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
+}
+
+// proxyOutbound routes, connects and relays an outbound connection to
+// origDst, the destination the app asked for (captured or named over
+// SOCKS5). The caller counted the socket opened; it is counted closed here
+// or, once handed to the engine, when the relay ends.
+func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPort) (handedOff bool) {
 	defer func() {
 		if !handedOff {
 			p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
 		}
 	}()
-	ci := newConnInfo(dirOutbound, addrPortOf(c.RemoteAddr()))
 	abort := func(err error) {
 		p.failed(ci, err)
 		engine.TCPEndpoint{TCPConn: c}.Abort()
-	}
-	origDst, err := engine.OriginalDst(c)
-	if err != nil {
-		abort(err)
-		return
 	}
 	ci.dst = origDst
 	if origDst.Addr().IsLoopback() && p.isIllegalPort(origDst.Port()) {
@@ -130,8 +146,7 @@ func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client n
 		}
 		return conn, nil
 	}
-	hdr := http.Header{}
-	hdr.Set("Forwarded", fmt.Sprintf("for=%q", client.String()))
+	hdr := p.connectHeader(srcW, client)
 	s, err := p.cfg.Pool.Connect(ctx, key, dial, &hbone.Request{Authority: r.authority, Header: hdr})
 	if err != nil {
 		var se *hbone.StatusError

@@ -198,6 +198,8 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			Conns:       conns,
 
 			PreferredServiceNamespace: cfg.PreferredServiceNamespace,
+			SOCKS5:                    cfg.EnableSOCKS5,
+			DirectAppTunnel:           !cfg.LocalhostAppTunnel,
 		})
 	}
 	var dnsf *dnsFactory

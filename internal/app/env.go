@@ -57,6 +57,12 @@ type Config struct {
 	OrigSrc     *bool  // ENABLE_ORIG_SRC: nil = best effort
 	PortReuse   bool   // INPOD_PORT_REUSE
 	InpodUDS    string // INPOD_UDS: the CNI agent's ZDS socket (shared mode)
+	// EnableSOCKS5 is UNSTABLE_ENABLE_SOCKS5: a SOCKS5 listener on
+	// 127.0.0.1:15080 in each pod.
+	EnableSOCKS5 bool
+	// LocalhostAppTunnel is LOCALHOST_APP_TUNNEL: PROXY-protocol
+	// application tunnels are dialed over loopback (default true).
+	LocalhostAppTunnel bool
 
 	StreamWindow        uint32 // HTTP2_STREAM_WINDOW_SIZE
 	ConnectionWindow    uint32 // HTTP2_CONNECTION_WINDOW_SIZE
@@ -290,6 +296,8 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	c.OrigSrc = e.optBool("ENABLE_ORIG_SRC")
 	c.PortReuse = e.boolean("INPOD_PORT_REUSE", true)
 	c.InpodUDS = e.str("INPOD_UDS", "/var/run/ztunnel/ztunnel.sock")
+	c.EnableSOCKS5 = e.boolean("UNSTABLE_ENABLE_SOCKS5", false)
+	c.LocalhostAppTunnel = e.boolean("LOCALHOST_APP_TUNNEL", true)
 
 	c.StreamWindow = uint32(e.uint("HTTP2_STREAM_WINDOW_SIZE", 4<<20, 1, math.MaxInt32))
 	c.ConnectionWindow = uint32(e.uint("HTTP2_CONNECTION_WINDOW_SIZE", 16<<20, 1, math.MaxInt32))

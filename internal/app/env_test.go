@@ -37,6 +37,8 @@ func TestParseEnvDefaults(t *testing.T) {
 		{"termination deadline", c.TerminationDeadline, 5 * time.Second},
 		{"admin", c.AdminAddr, "localhost:15000"},
 		{"secret ttl", c.SecretTTL, 24 * time.Hour},
+		{"socks5 off", c.EnableSOCKS5, false},
+		{"app tunnel over loopback", c.LocalhostAppTunnel, true},
 	}
 	for _, ch := range checks {
 		if ch.got != ch.want {
@@ -70,6 +72,41 @@ func TestParseEnvOverrides(t *testing.T) {
 		c.PacketMark != 99 || c.StreamWindow != 65535 || c.ConnectionWindow != 1<<20 || c.FrameSize != 16384 ||
 		c.TerminationDeadline != 30*time.Second || c.OrigSrc == nil || *c.OrigSrc || c.PreferredServiceNamespace != "istio-system" {
 		t.Fatalf("overrides not applied: %+v", c)
+	}
+}
+
+func TestParseEnvSOCKS5AndAppTunnel(t *testing.T) {
+	tests := []struct {
+		name             string
+		env              map[string]string
+		socks, localhost bool
+		wantErr          bool
+	}{
+		{"defaults", map[string]string{}, false, true, false},
+		{"socks5 on", map[string]string{"UNSTABLE_ENABLE_SOCKS5": "true"}, true, true, false},
+		{"app tunnel direct", map[string]string{"LOCALHOST_APP_TUNNEL": "false"}, false, false, false},
+		{"bad socks5 value", map[string]string{"UNSTABLE_ENABLE_SOCKS5": "maybe"}, false, false, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env := map[string]string{"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "a/b/c", "LOCAL_XDS": "workloads: []"}
+			for k, v := range tc.env {
+				env[k] = v
+			}
+			c, err := ParseEnv(lookupFrom(env))
+			if tc.wantErr {
+				if err == nil {
+					t.Fatal("want an error")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.EnableSOCKS5 != tc.socks || c.LocalhostAppTunnel != tc.localhost {
+				t.Fatalf("socks5 %v, localhost app tunnel %v; want %v, %v", c.EnableSOCKS5, c.LocalhostAppTunnel, tc.socks, tc.localhost)
+			}
+		})
 	}
 }
 
