@@ -101,10 +101,12 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 	}
 	down, up := streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app}
 	untrack := p.trackPolicy(ci, authorized.snap, authorized.conn, down, up)
-	res := engine.Relay(down, up, &ci.counters)
-	untrack()
-	flags, rerr := ci.relayOutcome(res)
-	p.complete(ci, flags, rerr)
+	// The handler returns at once; the engine owns the relay.
+	engine.Start(down, up, &ci.counters, func(res engine.Result) {
+		untrack()
+		flags, rerr := ci.relayOutcome(res)
+		p.complete(ci, flags, rerr)
+	})
 }
 
 // authorization is what an inbound connection was allowed with, for the

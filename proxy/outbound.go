@@ -111,9 +111,14 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 		})
 		return true
 	}
-	res := engine.Relay(engine.TCPEndpoint{TCPConn: c}, upstream, &ci.counters)
-	p.complete(ci, metrics.FlagNone, relayErr(res))
-	return false
+	// TCP to HBONE stream: the engine's event loop owns the relay (the
+	// goroutine relay on backends without stream support).
+	engine.Start(engine.TCPEndpoint{TCPConn: c}, upstream, &ci.counters, func(res engine.Result) {
+		p.complete(ci, metrics.FlagNone, relayErr(res))
+		p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
+		p.release(c)
+	})
+	return true
 }
 
 // connectHBONE opens (or reuses) a tunnel to the route's peer and sends CONNECT.
