@@ -120,11 +120,10 @@ func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, c
 }
 
 func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, *state.Snapshot, state.Conn, error) {
-	target, err := netip.ParseAddrPort(req.Authority)
+	host, target, err := splitAuthority(req.Authority) // authority.go
 	if err != nil {
-		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "invalid authority %q: want ip:port", req.Authority)
+		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "%w", err)
 	}
-	target = netip.AddrPortFrom(target.Addr().Unmap(), target.Port())
 	ci.dst = target
 	tlsConn, ok := req.Conn.(*tls.Conn)
 	if !ok {
@@ -141,11 +140,18 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		return nil, nil, state.Conn{}, inboundErr(http.StatusServiceUnavailable, "%w", err)
 	}
 	ci.dstWorkload, ci.dstIdentity = w, p.identityOf(w)
-	ci.srcWorkload = snap.WorkloadByAddr(p.cfg.Network, ci.src.Addr())
+	ci.srcWorkload = p.inboundSource(snap, req, ci.src)
 
 	// validate_destination: the tunnel must be addressed to the IP it
 	// arrived on, so a peer cannot use this pod as a relay to elsewhere.
 	local := addrPortOf(req.Conn.LocalAddr())
+	if host != "" {
+		// A service hostname (double HBONE): service port -> target port.
+		if target, err = hostAuthorityTarget(snap, w, host, target.Port(), local.Addr()); err != nil {
+			return nil, nil, state.Conn{}, err
+		}
+		ci.dst = target
+	}
 	if target.Addr() != local.Addr() {
 		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "ip mismatch: authority %s, connection to %s", target.Addr(), local.Addr())
 	}

@@ -27,6 +27,7 @@ type outboundRoute struct {
 	sans      []string       // expected server identities
 	workload  *state.Workload
 	service   *state.Service
+	gateway   *doubleHBONE // endpoint on another network: the inner tunnel (gateway.go)
 }
 
 func (p *Proxy) handleOutbound(c *net.TCPConn) (handedOff bool) {
@@ -73,7 +74,11 @@ func (p *Proxy) handleOutbound(c *net.TCPConn) (handedOff bool) {
 		ci.srcIdentity = p.identityOf(srcW)
 		ci.hboneAddr = route.authority
 		p.open(ci)
-		s, flags, err := p.connectHBONE(ctx, srcW, ci.src, route)
+		connect := p.connectHBONE
+		if route.gateway != nil {
+			connect = p.connectDoubleHBONE
+		}
+		s, flags, err := connect(ctx, srcW, ci.src, route)
 		if err != nil {
 			p.complete(ci, flags, err)
 			engine.TCPEndpoint{TCPConn: c}.Abort()
@@ -120,6 +125,9 @@ func (p *Proxy) routeOutbound(snap *state.Snapshot, src *state.Workload, dst net
 	} else if w = snap.WorkloadByAddr(network, dst.Addr()); w == nil {
 		// Unknown destination: passthrough, as ztunnel does.
 		return outboundRoute{dst: dst}, nil
+	}
+	if w.Network != network && w.NetworkGateway != nil {
+		return p.routeViaGateway(snap, src, w, svc, dst)
 	}
 	ip, ok := pickIP(w, dst.Addr())
 	if !ok {
