@@ -194,6 +194,8 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			Logger:      log,
 			Metrics:     m,
 			Conns:       conns,
+
+			PoolInnerHBONE: cfg.PoolInnerHBONE,
 		})
 	}
 	if cfg.Mode == ModeShared {
