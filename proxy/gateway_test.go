@@ -209,7 +209,7 @@ type multiNetRig struct {
 
 // startMultiNet runs the destination's proxy (net-b), the E/W gateway and a
 // client proxy (net-a, not listening: the tests call its outbound steps).
-func startMultiNet(t *testing.T, poolInner bool) *multiNetRig {
+func startMultiNet(t testing.TB, poolInner bool) *multiNetRig {
 	t.Helper()
 	app := echoApp(t)
 	gwLn, err := net.Listen("tcp", "127.0.0.3:0")
@@ -271,7 +271,7 @@ func startMultiNet(t *testing.T, poolInner bool) *multiNetRig {
 }
 
 // route returns the client's route to the echo service VIP.
-func (r *multiNetRig) route(t *testing.T) outboundRoute {
+func (r *multiNetRig) route(t testing.TB) outboundRoute {
 	t.Helper()
 	route, err := r.client.routeOutbound(r.snap, r.srcW, netip.MustParseAddrPort("10.96.0.10:80"))
 	if err != nil {
@@ -283,7 +283,7 @@ func (r *multiNetRig) route(t *testing.T) outboundRoute {
 	return route
 }
 
-func (r *multiNetRig) connect(t *testing.T, route outboundRoute) (*hbone.Stream, metrics.ResponseFlags, error) {
+func (r *multiNetRig) connect(t testing.TB, route outboundRoute) (*hbone.Stream, metrics.ResponseFlags, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
