@@ -112,7 +112,7 @@ func hostAuthorityTarget(snap *state.Snapshot, w *state.Workload, host string, s
 func (p *Proxy) inboundSource(snap *state.Snapshot, req *hbone.ServerRequest, src netip.AddrPort) *state.Workload {
 	if n := req.Header.Get(headerForwardedNetwork); n != "" && n != p.cfg.Network {
 		p.access.Debug("connection from another network through its gateway",
-			"src.addr", src.String(), "src.network", n, "dst.hbone_addr", req.Authority)
+			"src.addr", src, "src.network", n, "dst.hbone_addr", req.Authority)
 		return nil
 	}
 	return snap.WorkloadByAddr(p.cfg.Network, src.Addr())
