@@ -63,16 +63,22 @@ services:
   ports: {80: 8080}
 `
 
-// TestMultiNetworkDoubleHBONE: a client on net-a reaches a service whose
-// endpoint is on net-b through the east-west gateway: outer HBONE to the
-// gateway, inner TLS + CONNECT to the server's daemon, which maps the
-// service port and sees x-forwarded-network.
-func TestMultiNetworkDoubleHBONE(t *testing.T) {
+// multiNetwork is the running lab of multiNetworkConfig.
+type multiNetwork struct {
+	cluster *labrun.Cluster
+	echo    *labrun.EchoServer
+	gw      *labrun.EWGateway
+}
+
+// startMultiNetwork runs the lab, the server's echo app and the gateway;
+// env adds variables to every daemon.
+func startMultiNetwork(t *testing.T, env ...string) *multiNetwork {
+	t.Helper()
 	lab := netnslab.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := labrun.StartCluster(ctx, lab, []byte(multiNetworkConfig), labrun.ClusterOptions{
-		Binary: ztunnelBin, Dir: t.TempDir(), LogLevel: "info,access=debug",
+		Binary: ztunnelBin, Dir: t.TempDir(), LogLevel: "info,access=debug", DaemonEnv: env,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -99,26 +105,66 @@ func TestMultiNetworkDoubleHBONE(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { gw.Close() })
+	return &multiNetwork{cluster: c, echo: echo, gw: gw}
+}
+
+// dialVIP connects from the client pod to the echo service's VIP.
+func (mn *multiNetwork) dialVIP(t *testing.T) *net.TCPConn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := mn.cluster.Pods["client"].Dial(ctx, "tcp", "10.96.0.10:80")
+	if err != nil {
+		t.Fatalf("dial the echo VIP: %v", err)
+	}
+	return conn.(*net.TCPConn)
+}
+
+// echoMany runs conns small echo connections, 8 at a time.
+func (mn *multiNetwork) echoMany(t *testing.T, conns int) {
+	t.Helper()
+	var g errgroup.Group
+	g.SetLimit(8)
+	for i := range conns {
+		g.Go(func() error {
+			conn := mn.dialVIP(t)
+			defer conn.Close()
+			var want bytes.Buffer
+			for j := range 50 {
+				fmt.Fprintf(&want, "conn %d line %d\n", i, j)
+			}
+			got, err := roundTrip(conn, want.Bytes())
+			if err != nil {
+				return fmt.Errorf("conn %d: %w", i, err)
+			}
+			if !bytes.Equal(got, want.Bytes()) {
+				return fmt.Errorf("conn %d: echo differs", i)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMultiNetworkDoubleHBONE: a client on net-a reaches a service whose
+// endpoint is on net-b through the east-west gateway: outer HBONE to the
+// gateway, inner TLS + CONNECT to the server's daemon, which maps the
+// service port and sees x-forwarded-network.
+func TestMultiNetworkDoubleHBONE(t *testing.T) {
+	mn := startMultiNetwork(t)
+	c, echo, gw := mn.cluster, mn.echo, mn.gw
 	logCtx := func() context.Context {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		t.Cleanup(cancel)
 		return ctx
 	}
-	dialVIP := func(t *testing.T) *net.TCPConn {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := c.Pods["client"].Dial(ctx, "tcp", "10.96.0.10:80")
-		if err != nil {
-			t.Fatalf("dial the echo VIP: %v", err)
-		}
-		return conn.(*net.TCPConn)
-	}
 
 	t.Run("large transfer through the gateway", func(t *testing.T) {
 		payload := make([]byte, 16<<20)
 		rand.Read(payload)
-		conn := dialVIP(t)
+		conn := mn.dialVIP(t)
 		defer conn.Close()
 		got, err := roundTrip(conn, payload)
 		if err != nil {
@@ -156,29 +202,7 @@ func TestMultiNetworkDoubleHBONE(t *testing.T) {
 	t.Run("many connections share one outer connection", func(t *testing.T) {
 		before := gw.Tunnels()
 		const conns = 24
-		var g errgroup.Group
-		g.SetLimit(8)
-		for i := range conns {
-			g.Go(func() error {
-				conn := dialVIP(t)
-				defer conn.Close()
-				var want bytes.Buffer
-				for j := range 50 {
-					fmt.Fprintf(&want, "conn %d line %d\n", i, j)
-				}
-				got, err := roundTrip(conn, want.Bytes())
-				if err != nil {
-					return fmt.Errorf("conn %d: %w", i, err)
-				}
-				if !bytes.Equal(got, want.Bytes()) {
-					return fmt.Errorf("conn %d: echo differs", i)
-				}
-				return nil
-			})
-		}
-		if err := g.Wait(); err != nil {
-			t.Fatal(err)
-		}
+		mn.echoMany(t, conns)
 		// ztunnel's behaviour: one inner tunnel per connection, all in one
 		// pooled outer connection to the gateway.
 		if got := gw.Tunnels() - before; got != conns {
@@ -188,4 +212,36 @@ func TestMultiNetworkDoubleHBONE(t *testing.T) {
 			t.Errorf("gateway accepted %d outer connections, want 1", got)
 		}
 	})
+}
+
+// TestMultiNetworkInnerPooling runs the daemons with
+// ZTUNNEL_POOL_INNER_HBONE=true: the connections to the remote service
+// share one inner tunnel (one CONNECT through the gateway) instead of one
+// each.
+func TestMultiNetworkInnerPooling(t *testing.T) {
+	mn := startMultiNetwork(t, "ZTUNNEL_POOL_INNER_HBONE=true")
+	const conns = 24
+	mn.echoMany(t, conns)
+	if got := mn.gw.Tunnels(); got != 1 {
+		t.Errorf("gateway spliced %d inner tunnels for %d connections, want 1 (pooled)", got, conns)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Each stream still carries its own x-forwarded-network and authority.
+	line, err := mn.cluster.Daemons["server"].WaitLog(ctx, "connection complete", `direction="inbound"`,
+		`dst.hbone_addr="echo.default.svc.cluster.local:80"`, `src.identity="spiffe://cluster.local/ns/default/sa/client"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(line, "src.workload=") {
+		t.Fatalf("server attributed a cross-network connection to a local workload: %s", line)
+	}
+	// The log arrives through a pipe: poll (the deadline is a hang guard).
+	for n := 0; n != conns; {
+		n = strings.Count(mn.cluster.Daemons["server"].Log(), `src.network="net-a"`)
+		if n > conns || ctx.Err() != nil {
+			t.Fatalf("server saw x-forwarded-network on %d streams, want %d", n, conns)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
