@@ -126,11 +126,10 @@ func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, c
 }
 
 func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, *state.Snapshot, state.Conn, error) {
-	target, err := netip.ParseAddrPort(req.Authority)
+	host, target, err := splitAuthority(req.Authority) // authority.go
 	if err != nil {
-		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "invalid authority %q: want ip:port", req.Authority)
+		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "%w", err)
 	}
-	target = netip.AddrPortFrom(target.Addr().Unmap(), target.Port())
 	ci.dst = target
 	tlsConn, ok := req.Conn.(*tls.Conn)
 	if !ok {
@@ -147,9 +146,16 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		return nil, nil, state.Conn{}, inboundErr(http.StatusServiceUnavailable, "%w", err)
 	}
 	ci.dstWorkload, ci.dstIdentity = w, p.identityOf(w)
-	ci.srcWorkload = snap.WorkloadByAddr(p.cfg.Network, ci.src.Addr())
+	ci.srcWorkload = p.inboundSource(snap, req, ci.src)
 
 	local := addrPortOf(req.Conn.LocalAddr())
+	if host != "" {
+		// A service hostname (double HBONE): service port -> target port.
+		if target, err = hostAuthorityTarget(snap, w, host, target.Port(), local.Addr()); err != nil {
+			return nil, nil, state.Conn{}, err
+		}
+		ci.dst = target
+	}
 	if err := p.validateDestination(snap, w, target, local); err != nil {
 		return nil, nil, state.Conn{}, err
 	}

@@ -25,6 +25,7 @@ type outboundRoute struct {
 	sans      []string       // expected server identities
 	workload  *state.Workload
 	service   *state.Service
+	gateway   *doubleHBONE // endpoint on another network: the inner tunnel (gateway.go)
 }
 
 // handleOutbound serves a connection captured on 15001: its destination is
@@ -88,7 +89,11 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 		ci.srcIdentity = p.identityOf(srcW)
 		ci.hboneAddr = route.authority
 		p.open(ci)
-		s, flags, err := p.connectHBONE(ctx, srcW, ci.src, route)
+		connect := p.connectHBONE
+		if route.gateway != nil {
+			connect = p.connectDoubleHBONE
+		}
+		s, flags, err := connect(ctx, srcW, ci.src, route)
 		if err != nil {
 			p.complete(ci, flags, err)
 			engine.TCPEndpoint{TCPConn: c}.Abort()

@@ -56,6 +56,14 @@ type Config struct {
 	Pool *hbone.Pool
 	// HBONE tunes the inbound HTTP/2 server.
 	HBONE hbone.Config
+	// PoolInnerHBONE pools the inner tunnel of double HBONE
+	// (ZTUNNEL_POOL_INNER_HBONE; ztunnel never does): inner connections to
+	// one destination through one gateway carry many streams instead of one
+	// TLS handshake each. Only used when the destination is a known HBONE
+	// workload, whose ztunnel treats every inner CONNECT on its own; the
+	// cost is that the gateway balances connections, not streams, so the
+	// streams of one inner connection all reach the endpoint it chose first.
+	PoolInnerHBONE bool
 	// Socket options for every socket made for this workload (PACKET_MARK,
 	// keepalive). Listeners additionally get SO_REUSEPORT when ReusePort.
 	Socket engine.SocketOptions

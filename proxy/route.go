@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -21,10 +20,6 @@ type Resolver interface {
 
 // dnsTimeout bounds one on-demand lookup of a workload hostname.
 const dnsTimeout = 10 * time.Second
-
-// errDoubleHBONE is what routing to a workload on another network returns
-// until double HBONE exists.
-var errDoubleHBONE = errors.New("double HBONE through a network gateway is not yet supported")
 
 // routeOutbound decides where an outbound connection from client (an app of
 // workload src) to dst goes, in ztunnel's order (build_request):
@@ -140,11 +135,11 @@ func (p *Proxy) routeWaypoint(ctx context.Context, snap *state.Snapshot, src *st
 // ResolveStandard; the gateway's SANs), and inside it a TLS + CONNECT per
 // connection verifying svc's SANs, both with the authority
 // svc.Hostname:dst.Port() and x-forwarded-network on the inner request.
-func (p *Proxy) routeViaNetworkGateway(_ context.Context, _ *state.Snapshot, _ *state.Workload, up state.Upstream, svc *state.Service, _ netip.AddrPort) (outboundRoute, error) {
+func (p *Proxy) routeViaNetworkGateway(_ context.Context, snap *state.Snapshot, src *state.Workload, up state.Upstream, svc *state.Service, dst netip.AddrPort) (outboundRoute, error) {
 	if up.Workload.NetworkGateway == nil {
 		return outboundRoute{}, fmt.Errorf("workload %s is on network %q, which has no network gateway", up.Workload.UID, up.Workload.Network)
 	}
-	return outboundRoute{}, fmt.Errorf("service %s: endpoint %s on network %q: %w", svc.Key(), up.Workload.UID, up.Workload.Network, errDoubleHBONE)
+	return p.routeViaGateway(snap, src, up.Workload, svc, dst) // gateway.go
 }
 
 // upstreamSANs returns the identities the next hop may present: the

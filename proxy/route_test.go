@@ -224,7 +224,7 @@ func TestRouteOutbound(t *testing.T) {
 			want: want{dst: "[2001:db8::7]:8080", workload: "vm-1", service: "app/ext.app.svc"}},
 		{name: "hostname-only endpoint resolved by DNS, v4", src: "client", dst: "10.96.0.70:80",
 			want: want{dst: "198.51.100.7:8080", workload: "vm-1", service: "app/ext.app.svc"}},
-		{name: "endpoint on another network needs double HBONE", src: "client", dst: "10.96.0.80:80", wantErr: errDoubleHBONE},
+		{name: "endpoint on another network behind an unknown network gateway", src: "client", dst: "10.96.0.80:80", wantErr: state.ErrUnknownGateway},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

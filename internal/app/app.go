@@ -200,6 +200,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			PreferredServiceNamespace: cfg.PreferredServiceNamespace,
 			SOCKS5:                    cfg.EnableSOCKS5,
 			DirectAppTunnel:           !cfg.LocalhostAppTunnel,
+			PoolInnerHBONE:            cfg.PoolInnerHBONE,
 		})
 	}
 	var dnsf *dnsFactory

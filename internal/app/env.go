@@ -71,6 +71,11 @@ type Config struct {
 	PoolUnusedRelease   time.Duration
 	TerminationDeadline time.Duration // CONNECTION_TERMINATION_DEADLINE (or the grace-period rule)
 
+	// PoolInnerHBONE is ZTUNNEL_POOL_INNER_HBONE (ztunnel-go only, default
+	// off): pool the inner tunnels of double HBONE, see
+	// proxy.Config.PoolInnerHBONE.
+	PoolInnerHBONE bool
+
 	KeepAliveEnabled  bool
 	KeepAliveTime     time.Duration
 	KeepAliveInterval time.Duration
@@ -304,6 +309,7 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	c.FrameSize = uint32(e.uint("HTTP2_FRAME_SIZE", 1<<20, 16384, 1<<24-1))
 	c.PoolMaxStreams = int(e.uint("POOL_MAX_STREAMS_PER_CONNECTION", 100, 1, math.MaxUint16))
 	c.PoolUnusedRelease = e.duration("POOL_UNUSED_RELEASE_TIMEOUT", 5*time.Minute)
+	c.PoolInnerHBONE = e.boolean("ZTUNNEL_POOL_INNER_HBONE", false)
 
 	c.TerminationDeadline = 5 * time.Second
 	if _, ok := lookup("CONNECTION_TERMINATION_DEADLINE"); ok {

@@ -34,6 +34,7 @@ func TestParseEnvDefaults(t *testing.T) {
 		{"frame size", c.FrameSize, uint32(1 << 20)},
 		{"pool streams", c.PoolMaxStreams, 100},
 		{"pool idle", c.PoolUnusedRelease, 5 * time.Minute},
+		{"inner HBONE not pooled", c.PoolInnerHBONE, false},
 		{"termination deadline", c.TerminationDeadline, 5 * time.Second},
 		{"admin", c.AdminAddr, "localhost:15000"},
 		{"secret ttl", c.SecretTTL, 24 * time.Hour},
@@ -63,14 +64,15 @@ func TestParseEnvOverrides(t *testing.T) {
 		"CLUSTER_ID": "c1", "ISTIO_META_CLUSTER_ID": "c2", "TRUST_DOMAIN": "example.org",
 		"NODE_NAME": "node-a", "NETWORK": "net1", "PACKET_MARK": "99", "PREFERED_SERVICE_NAMESPACE": "istio-system",
 		"HTTP2_STREAM_WINDOW_SIZE": "65535", "HTTP2_CONNECTION_WINDOW_SIZE": "1048576", "HTTP2_FRAME_SIZE": "16384",
-		"CONNECTION_TERMINATION_DEADLINE": "30s", "ENABLE_ORIG_SRC": "false",
+		"CONNECTION_TERMINATION_DEADLINE": "30s", "ENABLE_ORIG_SRC": "false", "ZTUNNEL_POOL_INNER_HBONE": "true",
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.ClusterID != "c2" || c.TrustDomain != "example.org" || c.NodeName != "node-a" || c.Network != "net1" ||
 		c.PacketMark != 99 || c.StreamWindow != 65535 || c.ConnectionWindow != 1<<20 || c.FrameSize != 16384 ||
-		c.TerminationDeadline != 30*time.Second || c.OrigSrc == nil || *c.OrigSrc || c.PreferredServiceNamespace != "istio-system" {
+		c.TerminationDeadline != 30*time.Second || c.OrigSrc == nil || *c.OrigSrc || c.PreferredServiceNamespace != "istio-system" ||
+		!c.PoolInnerHBONE {
 		t.Fatalf("overrides not applied: %+v", c)
 	}
 }
@@ -139,6 +141,7 @@ func TestParseEnvErrorsNameTheVariable(t *testing.T) {
 		{"bad workload info", map[string]string{"PROXY_WORKLOAD_INFO": "a/b"}, "PROXY_WORKLOAD_INFO"},
 		{"both local configs", map[string]string{"LOCAL_XDS_PATH": "a", "LOCAL_XDS": "b"}, "LOCAL_XDS"},
 		{"bad bool", map[string]string{"FAKE_CA": "yes please"}, "FAKE_CA"},
+		{"bad inner pooling bool", map[string]string{"ZTUNNEL_POOL_INNER_HBONE": "sometimes"}, "ZTUNNEL_POOL_INNER_HBONE"},
 		{"bad mark", map[string]string{"PACKET_MARK": "-1"}, "PACKET_MARK"},
 		{"window zero", map[string]string{"HTTP2_STREAM_WINDOW_SIZE": "0"}, "HTTP2_STREAM_WINDOW_SIZE"},
 		{"window too big", map[string]string{"HTTP2_CONNECTION_WINDOW_SIZE": "4294967295"}, "HTTP2_CONNECTION_WINDOW_SIZE"},

@@ -125,9 +125,14 @@ func StartCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o Clust
 			return nil, err
 		}
 		id := w.Identity()
+		env := o.DaemonEnv
+		if w.Network != "" {
+			// The daemon is on its workload's network (multi-network labs).
+			env = append([]string{"NETWORK=" + w.Network}, o.DaemonEnv...)
+		}
 		d, err := StartDaemon(ctx, p, DaemonOptions{
 			Binary: o.Binary, ConfigPath: c.ConfigPath, CACert: caCert, CAKey: caKey,
-			Workload: w.Namespace + "/" + w.Name + "/" + id.ServiceAccount, Env: o.DaemonEnv, LogLevel: o.LogLevel,
+			Workload: w.Namespace + "/" + w.Name + "/" + id.ServiceAccount, Env: env, LogLevel: o.LogLevel,
 		})
 		if err != nil {
 			c.Close()
