@@ -108,13 +108,25 @@ func (d *Daemon) CPUTime() (time.Duration, error) {
 	return time.Duration(utime+stime) * time.Second / ticks, nil
 }
 
-// SetNoFile changes the daemon's RLIMIT_NOFILE (soft and hard) while it
-// runs, as a tight container limit would: fault tests lower it to exhaust
-// descriptors, the soak raises it.
-func (d *Daemon) SetNoFile(limit uint64) error {
-	rl := unix.Rlimit{Cur: limit, Max: limit}
+// SetNoFile changes the daemon's soft RLIMIT_NOFILE while it runs, as a
+// tight container limit would: fault tests lower it to exhaust descriptors.
+// The hard limit stays, so RestoreNoFile can put back the limit it returns
+// without CAP_SYS_RESOURCE.
+func (d *Daemon) SetNoFile(limit uint64) (old unix.Rlimit, err error) {
+	if err := unix.Prlimit(d.PID(), unix.RLIMIT_NOFILE, nil, &old); err != nil {
+		return old, fmt.Errorf("labrun: reading the daemon's NOFILE limit: %w", err)
+	}
+	rl := unix.Rlimit{Cur: min(limit, old.Max), Max: old.Max}
 	if err := unix.Prlimit(d.PID(), unix.RLIMIT_NOFILE, &rl, nil); err != nil {
-		return fmt.Errorf("labrun: prlimit NOFILE=%d on the daemon: %w", limit, err)
+		return old, fmt.Errorf("labrun: prlimit NOFILE=%d on the daemon: %w", limit, err)
+	}
+	return old, nil
+}
+
+// RestoreNoFile puts back a limit SetNoFile returned.
+func (d *Daemon) RestoreNoFile(old unix.Rlimit) error {
+	if err := unix.Prlimit(d.PID(), unix.RLIMIT_NOFILE, &old, nil); err != nil {
+		return fmt.Errorf("labrun: restoring the daemon's NOFILE limit: %w", err)
 	}
 	return nil
 }
