@@ -82,7 +82,7 @@ bench-micro: ## Run every go test benchmark once (so none rots); BENCHTIME=2s fo
 
 .PHONY: soak
 soak: ## Load and soak: 10,000 connections through a node pair, 60s connection storm, a policy push a second, figures table (root, a few minutes)
-	ZTUNNEL_SOAK=1 $(GO) test -count=1 -v -timeout 30m -run '^TestLoad$$' ./e2e/ | grep -v '^=== RUN'
+	set -o pipefail; ZTUNNEL_SOAK=1 $(GO) test -count=1 -v -timeout 30m -run '^TestLoad$$' ./e2e/ | grep -v '^=== RUN'
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10s)

@@ -62,7 +62,10 @@ func runEchoHelper(addr string) int {
 		}
 		go func() {
 			defer c.Close()
-			if _, err := io.Copy(c, c); err == nil {
+			// A small buffer, and no splice: io.Copy between sockets would
+			// hold a pipe (two more descriptors) per blocked connection.
+			buf := make([]byte, 4096)
+			if _, err := io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{c}, buf); err == nil {
 				c.(*net.TCPConn).CloseWrite()
 				io.Copy(io.Discard, c)
 			}
@@ -389,7 +392,12 @@ func TestLoad(t *testing.T) {
 	for w := range 8 {
 		bg.Go(func() {
 			buf, got := make([]byte, 4096), make([]byte, 4096)
-			for i := w; ; i = (i + 8) % plan.conns {
+			// Worker w owns the connections w, w+8, w+16, ...: no two
+			// workers ever share one.
+			for i := w; ; i += 8 {
+				if i >= plan.conns {
+					i = w
+				}
 				select {
 				case <-stop:
 					return
@@ -402,25 +410,39 @@ func TestLoad(t *testing.T) {
 			}
 		})
 	}
+	var pushes atomic.Int64
+	bg.Go(func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			// A new namespace-wide policy generation each second: every
+			// daemon re-checks every open connection against it. It denies
+			// an identity nobody has, so the traffic must keep flowing.
+			n := pushes.Add(1)
+			xds.Set(xdsconv.AuthorizationType, "default/churn", fmt.Sprint(n), &securityapi.Authorization{
+				Name: "churn", Namespace: "default", Scope: securityapi.Scope_NAMESPACE, Action: securityapi.Action_DENY,
+				Rules: []*securityapi.Rule{{Clauses: []*securityapi.Clause{{Matches: []*securityapi.Match{{
+					Principals: []*securityapi.StringMatch{{MatchType: &securityapi.StringMatch_Exact{
+						Exact: fmt.Sprintf("cluster.local/ns/default/sa/nobody-%d", n)}}},
+				}}}}}},
+			})
+		}
+	})
 	peak := held
-	pushes := 0
 	stormStart := time.Now()
-	for tick := time.NewTicker(time.Second); time.Since(stormStart) < plan.stormFor; {
-		<-tick.C
-		pushes++
-		// A new namespace-wide policy generation each second: every daemon
-		// re-checks every open connection against it. It denies an identity
-		// nobody has, so the traffic must keep flowing.
-		xds.Set(xdsconv.AuthorizationType, "default/churn", fmt.Sprint(pushes), &securityapi.Authorization{
-			Name: "churn", Namespace: "default", Scope: securityapi.Scope_NAMESPACE, Action: securityapi.Action_DENY,
-			Rules: []*securityapi.Rule{{Clauses: []*securityapi.Clause{{Matches: []*securityapi.Match{{
-				Principals: []*securityapi.StringMatch{{MatchType: &securityapi.StringMatch_Exact{
-					Exact: fmt.Sprintf("cluster.local/ns/default/sa/nobody-%d", pushes)}}},
-			}}}}}},
-		})
+	for time.Since(stormStart) < plan.stormFor {
+		time.Sleep(time.Second)
 		for n, st := range sample() {
 			p := peak[n]
-			peak[n] = labrun.Stats{RSS: max(p.RSS, st.RSS), FDs: max(p.FDs, st.FDs), Threads: max(p.Threads, st.Threads), Goroutines: max(p.Goroutines, st.Goroutines)}
+			peak[n] = labrun.Stats{
+				RSS: max(p.RSS, st.RSS), FDs: max(p.FDs, st.FDs), Threads: max(p.Threads, st.Threads), Goroutines: max(p.Goroutines, st.Goroutines),
+				HeapInuse: max(p.HeapInuse, st.HeapInuse), StackInuse: max(p.StackInuse, st.StackInuse),
+			}
 		}
 	}
 	close(stop)
@@ -471,8 +493,9 @@ func TestLoad(t *testing.T) {
 		t.Errorf("closing the long-lived connections: %v", &closeErrs)
 	}
 
-	// 4. Back to the baseline: descriptors and goroutines (counts, with
-	// room for the pooled connections' and the runtime's own).
+	// 4. Back to the baseline: descriptors, goroutines and the live heap
+	// (with room for the runtime's own). RSS is only reported: the runtime
+	// hands freed pages back to the kernel at its own pace.
 	const fdSlack, goroutineSlack = 40, 80
 	back := func(s map[string]labrun.Stats) bool {
 		for _, n := range nodes {
@@ -487,12 +510,37 @@ func TestLoad(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		after = sample()
 	}
+	// Once more: buffers returned to a sync.Pool survive one collection
+	// (in its victim cache) and go with the second.
+	after = sample()
+	const heapSlack = 16 << 20
 	for _, n := range nodes {
 		if after[n].FDs > base[n].FDs+fdSlack {
 			t.Errorf("%s: %d descriptors after the load, baseline %d", n, after[n].FDs, base[n].FDs)
 		}
 		if after[n].Goroutines > base[n].Goroutines+goroutineSlack {
 			t.Errorf("%s: %d goroutines after the load, baseline %d", n, after[n].Goroutines, base[n].Goroutines)
+		}
+		if after[n].HeapInuse > base[n].HeapInuse+heapSlack {
+			t.Errorf("%s: %d MiB of heap in use after the load, baseline %d MiB", n, after[n].HeapInuse>>20, base[n].HeapInuse>>20)
+		}
+	}
+
+	// ZTUNNEL_SOAK_PROFILES=<dir> keeps the daemons' heap profiles of the
+	// "after" phase, to see what a run left behind.
+	if dir := os.Getenv("ZTUNNEL_SOAK_PROFILES"); dir != "" {
+		for _, n := range nodes {
+			code, body, err := daemons[n].Get(ctx, "http://127.0.0.1:15000/debug/pprof/heap?gc=1")
+			if err != nil || code != 200 {
+				t.Errorf("heap profile of %s: %d %v", n, code, err)
+				continue
+			}
+			if err := os.WriteFile(fmt.Sprintf("%s/heap-after-%s.pb.gz", dir, n), body, 0o644); err != nil {
+				t.Error(err)
+			}
+			if _, text, err := daemons[n].Get(ctx, "http://127.0.0.1:15000/debug/pprof/heap?gc=1&debug=1"); err == nil {
+				os.WriteFile(fmt.Sprintf("%s/heap-after-%s.txt", dir, n), text, 0o644)
+			}
 		}
 	}
 
@@ -502,18 +550,21 @@ func TestLoad(t *testing.T) {
 	fmt.Fprintf(&out, "load %q: %d concurrent connections held through node-a -> node-b (HBONE), %.1f MiB verified by checksum\n",
 		plan.name, plan.conns, float64(total.Load())/(1<<20))
 	fmt.Fprintf(&out, "storm: %d short connections in %v = %.0f conns/s sustained (asked %d/s, %d in flight at most), %d failed; %d policy pushes (one a second)\n",
-		stormOK.Load(), stormElapsed.Round(time.Millisecond), rate, plan.stormRate, plan.workers, stormErrs.n.Load(), pushes)
+		stormOK.Load(), stormElapsed.Round(time.Millisecond), rate, plan.stormRate, plan.workers, stormErrs.n.Load(), pushes.Load())
 	tw := tabwriter.NewWriter(&out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "daemon\tphase\tRSS MiB\tfds\tgoroutines\tthreads\tRSS B/conn\tgoroutines/conn\tfds/conn\t")
+	fmt.Fprintln(tw, "daemon\tphase\tRSS MiB\theap MiB\tstacks MiB\tfds\tgoroutines\tthreads\tRSS B/conn\theap B/conn\tgoroutines/conn\tfds/conn\t")
 	for _, n := range nodes {
+		b := base[n]
 		for _, ph := range []struct {
 			name string
 			s    labrun.Stats
-		}{{"before", base[n]}, {"held", held[n]}, {"peak", peak[n]}, {"after", after[n]}} {
-			per := func(a, b float64) string { return fmt.Sprintf("%.2f", (a-b)/float64(plan.conns)) }
-			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%d\t%d\t%d\t%.0f\t%s\t%s\t\n", n, ph.name, float64(ph.s.RSS)/(1<<20), ph.s.FDs, ph.s.Goroutines, ph.s.Threads,
-				(float64(ph.s.RSS)-float64(base[n].RSS))/float64(plan.conns),
-				per(float64(ph.s.Goroutines), float64(base[n].Goroutines)), per(float64(ph.s.FDs), float64(base[n].FDs)))
+		}{{"before", b}, {"held", held[n]}, {"peak", peak[n]}, {"after", after[n]}} {
+			per := func(a, b uint64) float64 { return (float64(a) - float64(b)) / float64(plan.conns) }
+			st := ph.s
+			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%.1f\t%.1f\t%d\t%d\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t\n", n, ph.name,
+				float64(st.RSS)/(1<<20), float64(st.HeapInuse)/(1<<20), float64(st.StackInuse)/(1<<20), st.FDs, st.Goroutines, st.Threads,
+				per(st.RSS, b.RSS), per(st.HeapInuse, b.HeapInuse),
+				per(uint64(st.Goroutines), uint64(b.Goroutines)), per(uint64(st.FDs), uint64(b.FDs)))
 		}
 	}
 	tw.Flush()

@@ -28,11 +28,16 @@ type Stats struct {
 	Threads int
 	// Goroutines is the count the daemon's pprof goroutine profile reports.
 	Goroutines int
+	// HeapInuse and StackInuse are the Go runtime's figures after a
+	// collection (the pprof heap profile with gc=1): the live memory, which
+	// RSS follows only as the runtime returns pages to the kernel.
+	HeapInuse, StackInuse uint64
 }
 
 // String formats the reading for logs.
 func (s Stats) String() string {
-	return fmt.Sprintf("rss %.1f MiB, %d fds, %d threads, %d goroutines", float64(s.RSS)/(1<<20), s.FDs, s.Threads, s.Goroutines)
+	return fmt.Sprintf("rss %.1f MiB (heap %.1f, stacks %.1f), %d fds, %d threads, %d goroutines",
+		float64(s.RSS)/(1<<20), float64(s.HeapInuse)/(1<<20), float64(s.StackInuse)/(1<<20), s.FDs, s.Threads, s.Goroutines)
 }
 
 // Stats reads the daemon's resident memory, descriptors and threads from
@@ -78,6 +83,28 @@ func (d *Daemon) Stats(ctx context.Context) (Stats, error) {
 	}
 	if s.Goroutines, err = strconv.Atoi(strings.TrimSpace(total)); err != nil {
 		return s, fmt.Errorf("labrun: goroutine profile total: %w", err)
+	}
+	code, body, err = d.Get(ctx, "http://127.0.0.1:15000/debug/pprof/heap?debug=1&gc=1")
+	if err != nil {
+		return s, err
+	}
+	if code != 200 {
+		return s, fmt.Errorf("labrun: heap profile: status %d", code)
+	}
+	// The runtime's MemStats close the text: "# HeapInuse = N", "# Stack = inuse / sys".
+	for line := range strings.SplitSeq(string(body), "\n") {
+		k, v, ok := strings.Cut(strings.TrimPrefix(line, "# "), " = ")
+		if !ok {
+			continue
+		}
+		v, _, _ = strings.Cut(v, " ")
+		n, _ := strconv.ParseUint(v, 10, 64)
+		switch k {
+		case "HeapInuse":
+			s.HeapInuse = n
+		case "Stack":
+			s.StackInuse = n
+		}
 	}
 	return s, nil
 }
