@@ -412,6 +412,35 @@ func TestDataFaults(t *testing.T) {
 		nc := waitDialEcho(t, client, echo.Addr, "through the new daemon")
 		nc.Close()
 	})
+
+	t.Run("server side daemon killed: the client's pool does not reuse the dead connection", func(t *testing.T) {
+		open := waitDialEcho(t, client, echo.Addr, "pooled")
+		defer open.Close()
+		old := c.Daemons["node-b"]
+		if err := old.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		c.StopDaemon(old)
+		open.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := open.Read(make([]byte, 1)); errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatal("a connection through the killed server-side daemon stayed open")
+		}
+		if _, err := c.StartDaemon(ctx, "node-b"); err != nil {
+			t.Fatal(err)
+		}
+		for _, port := range []uint16{15001, 15006, 15008} {
+			if n, err := labrun.Listeners(server.NS, port); err != nil || n != 1 {
+				t.Errorf("port %d in the server pod after the restart: %d listeners (want 1), %v", port, n, err)
+			}
+		}
+		// The first attempt must work: the client's daemon saw its pooled
+		// HBONE connection die with the old daemon.
+		nc, err := dialEcho(ctx, client, echo.Addr, "first try after the restart")
+		if err != nil {
+			t.Fatalf("first connection after node-b's daemon was replaced: %v", err)
+		}
+		nc.Close()
+	})
 }
 
 func must[T any](v T, err error) T {

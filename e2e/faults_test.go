@@ -249,7 +249,7 @@ func TestControlPlaneFaults(t *testing.T) {
 		defer cancel()
 		// The refresh fails and, once the certificate has expired, the
 		// daemon says so.
-		line, err := c.Daemons["client"].WaitLog(ctx, "certificate refresh failed", "has expired", "istiod is down")
+		line, err := c.Daemons["client"].WaitLog(ctx, "warn", "certificate refresh failed", "has expired", "istiod is down")
 		if err != nil {
 			t.Fatal(err)
 		}
