@@ -348,6 +348,50 @@ func TestDataFaults(t *testing.T) {
 		}
 	})
 
+	t.Run("descriptor exhaustion on the server side: refused with a clear error, recovery", func(t *testing.T) {
+		d := c.Daemons["node-b"]
+		warm := waitDialEcho(t, client, echo.Addr, "pool warm") // the HBONE connection exists before
+		defer warm.Close()
+		st, err := d.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old, err := d.SetNoFile(uint64(st.FDs + 8))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var held []net.Conn
+		refused := 0
+		for range 24 {
+			hc, err := dialEcho(ctx, client, echo.Addr, "server side exhausted?")
+			if err != nil {
+				refused++
+				continue
+			}
+			held = append(held, hc)
+		}
+		t.Logf("with node-b's descriptors exhausted: %d connections through, %d refused", len(held), refused)
+		line, lerr := d.WaitLog(ctx, "too many open files")
+		for _, h := range held {
+			h.Close()
+		}
+		if err := d.RestoreNoFile(old); err != nil {
+			t.Error(err)
+		}
+		if refused == 0 {
+			t.Fatal("every connection went through with node-b out of descriptors")
+		}
+		if lerr != nil {
+			t.Fatal(lerr)
+		}
+		t.Logf("node-b: %s", line)
+		nc := waitDialEcho(t, client, echo.Addr, "after node-b's descriptors came back")
+		nc.Close()
+		if err := echoRound(warm, "the pooled connection outlived the exhaustion"); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("pod namespace deleted under an open connection", func(t *testing.T) {
 		victim := c.Pods["victim"]
 		vc, err := dialEcho(ctx, victim, echo.Addr, "from the victim")
