@@ -80,6 +80,10 @@ bench-quick: bench-tools ## CI smoke run of the end-to-end benchmarks (root, abo
 bench-micro: ## Run every go test benchmark once (so none rots); BENCHTIME=2s for real figures
 	$(GO) test -run '^$$' -bench . -benchtime $${BENCHTIME:-1x} ./...
 
+.PHONY: soak
+soak: ## Load and soak: 10,000 connections through a node pair, 60s connection storm, a policy push a second, figures table (root, a few minutes)
+	set -o pipefail; ZTUNNEL_SOAK=1 $(GO) test -count=1 -v -timeout 30m -run '^TestLoad$$' ./e2e/ | grep -v '^=== RUN'
+
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10s)
 	@for pkg in $$($(GO) list ./...); do \

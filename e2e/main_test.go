@@ -22,6 +22,9 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	if addr := os.Getenv(echoHelperEnv); addr != "" {
+		return runEchoHelper(addr)
+	}
 	if netnslab.Missing() == "" {
 		dir, err := os.MkdirTemp("", "ztunnel-e2e-")
 		if err != nil {

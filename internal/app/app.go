@@ -115,7 +115,8 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	d.certs = mtls.NewStore(mtls.StoreConfig{
 		// Shared mode asks for each pod's identity, not the daemon's own.
 		Source: caclient.New(caclient.Config{Signer: signer.Signer, TTL: cfg.SecretTTL, Impersonate: cfg.Mode == ModeShared}),
-		Logf:   func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...), "scope", "identity") },
+		// The store logs only failed refreshes: warnings, as ztunnel's.
+		Logf: func(f string, a ...any) { log.Warn(fmt.Sprintf(f, a...), "scope", "identity") },
 	})
 	store, certs := d.store, d.certs
 

@@ -184,6 +184,29 @@ func (s *Server) Restart() {
 	s.serve(lis)
 }
 
+// Down stops serving, breaking every stream and refusing new connections,
+// as an istiod outage does; Up serves again. The resources are kept, and
+// Set and Update still change them meanwhile (a client sees the result
+// when it reconnects).
+func (s *Server) Down() {
+	s.mu.Lock()
+	gs := s.gs
+	s.mu.Unlock()
+	gs.Stop()
+	s.serveWG.Wait()
+}
+
+// Up serves again after Down on lis, which must be a listener on the old
+// address (opened in whatever network namespace the first one was). The
+// server owns it.
+func (s *Server) Up(lis net.Listener) {
+	s.t.Helper()
+	if lis.Addr().String() != s.addr {
+		s.t.Fatalf("xdstest: Up on %s, but clients know %s", lis.Addr(), s.addr)
+	}
+	s.serve(lis)
+}
+
 // CloseStreams ends every open stream cleanly (an OK status), as istiod does
 // when a connection reaches its maximum age.
 func (s *Server) CloseStreams() {
