@@ -244,8 +244,18 @@ func (c *conn) exit() {
 	}
 }
 
-func (c *conn) closeConn() {
-	c.closeNC.Do(func() { _ = c.nc.Close() })
+// closeConn closes the network connection, once. An abrupt close first
+// closes the transport under a TLS connection, so that closing does not
+// send a close_notify alert: to a peer that stopped reading, crypto/tls
+// blocks on that write for up to five seconds, holding the connection and
+// its goroutines.
+func (c *conn) closeConn(abrupt bool) {
+	c.closeNC.Do(func() {
+		if u, ok := c.nc.(interface{ NetConn() net.Conn }); ok && abrupt {
+			_ = u.NetConn().Close()
+		}
+		_ = c.nc.Close()
+	})
 }
 
 // ---- writing ----
@@ -322,7 +332,7 @@ func (c *conn) writeLoop() {
 	if err == nil && c.linger.Load() {
 		c.lingerClose()
 	}
-	c.closeConn()
+	c.closeConn(err != nil)
 	if err != nil {
 		c.closeWith(fmt.Errorf("hbone: write: %w", err))
 	}
@@ -759,7 +769,7 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 		c.linger.Store(true)
 		_ = c.nc.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
 	} else {
-		c.closeConn()
+		c.closeConn(true)
 	}
 	if c.cancel != nil {
 		c.cancel()
@@ -774,7 +784,7 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 // progress.
 func (c *conn) forceClose(cause error) {
 	c.shutdown(cause, false, 0, "", false)
-	c.closeConn()
+	c.closeConn(true)
 }
 
 // goAway starts a graceful drain: GOAWAY(NO_ERROR) with the last stream this

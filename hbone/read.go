@@ -39,6 +39,8 @@ func (c *conn) readFrames() error {
 		}
 		if fh.Type == http2.FrameData {
 			err = c.readData(fh)
+		} else if fh.Type == http2.FramePriority {
+			err = c.readPriority(fh)
 		} else {
 			if fh.Type == http2.FrameHeaders {
 				// The framer reads the whole block, CONTINUATIONs included.
@@ -144,6 +146,22 @@ func (c *conn) handleFrame(f http2.Frame) error {
 	}
 	// PRIORITY (deprecated by RFC 9113), PRIORITY_UPDATE and unknown frame
 	// types are ignored.
+	return nil
+}
+
+// readPriority skips a PRIORITY frame. RFC 9113 deprecates the signal but
+// keeps its framing rules (section 6.3): stream 0 is a connection error, a
+// length other than 5 a stream error (the framer would end the connection).
+func (c *conn) readPriority(fh http2.FrameHeader) error {
+	if fh.StreamID == 0 {
+		return connError(http2.ErrCodeProtocol, "PRIORITY on stream 0")
+	}
+	if _, err := c.br.Discard(int(fh.Length)); err != nil {
+		return fmt.Errorf("hbone: read: %w", err)
+	}
+	if fh.Length != 5 {
+		return c.rejectStream(fh.StreamID, http2.ErrCodeFrameSize, http2.FramePriority)
+	}
 	return nil
 }
 

@@ -222,8 +222,16 @@ func (c *conn) handleRequestHeaders(f *http2.MetaHeadersFrame) error {
 	c.mu.Lock()
 	if s := c.streams[id]; s != nil {
 		if s.remoteClosed || !f.StreamEnded() {
+			// RFC 9113 section 5.1: after the client's END_STREAM the
+			// stream is half-closed (remote), and HEADERS there is
+			// STREAM_CLOSED; trailers without END_STREAM are malformed
+			// (section 8.1).
+			code := http2.ErrCodeProtocol
+			if s.remoteClosed {
+				code = http2.ErrCodeStreamClosed
+			}
 			c.mu.Unlock()
-			c.streamError(s, http2.ErrCodeProtocol)
+			c.streamError(s, code)
 			return c.spendReset()
 		}
 		// Trailers end the request body; their fields are of no use.
