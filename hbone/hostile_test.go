@@ -605,6 +605,7 @@ func TestHostileStalls(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			wrote := make(chan int64, 1)
 			errc := make(chan error, 1)
+			started := make(chan struct{})
 			h := func(ctx context.Context, req *ServerRequest) {
 				if req.Authority != hostileAuthority {
 					echoHandler(ctx, req)
@@ -616,6 +617,7 @@ func TestHostileStalls(t *testing.T) {
 					return
 				}
 				defer s.Close()
+				close(started)
 				// A backend with endless data for the stalled client.
 				chunk := make([]byte, 64<<10)
 				var n int64
@@ -655,13 +657,20 @@ func TestHostileStalls(t *testing.T) {
 					}
 				}()
 				// Stall for a while: the healthy connection works meanwhile.
+				// (Closing before the server read the request would lose it.)
+				<-started
 				r.checkHealthy(t)
 				r.checkHealthy(t)
 				_ = p.nc.Close()
 			} else {
 				close(readDone)
 			}
-			err := <-errc
+			var err error
+			select {
+			case err = <-errc:
+			case <-testContext(t).Done():
+				t.Fatal("the stalled handler was never released")
+			}
 			<-readDone
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("stalled handler's Write: %v, want %v", err, tc.want)
