@@ -1,6 +1,9 @@
 package hbone
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Defaults, named after the ztunnel settings they mirror.
 const (
@@ -23,6 +26,15 @@ const (
 	DefaultPingInterval = 10 * time.Second
 	// DefaultPingTimeout is how long a PING may stay unacknowledged.
 	DefaultPingTimeout = 20 * time.Second
+	// DefaultMaxResetStreams is how many streams a peer may waste per
+	// DefaultResetWindow before a server cuts it off (see
+	// Config.MaxResetStreams).
+	DefaultMaxResetStreams = 1000
+	// DefaultResetWindow is the period over which MaxResetStreams refills.
+	DefaultResetWindow = 10 * time.Second
+	// DefaultMaxControlBacklog is how many bytes of frames provoked by the
+	// peer may wait unsent (see Config.MaxControlBacklog).
+	DefaultMaxControlBacklog = 256 << 10
 )
 
 // Protocol limits (RFC 9113).
@@ -60,6 +72,31 @@ type Config struct {
 	// PingTimeout closes the connection when a PING has not been acknowledged
 	// for this long. Default 20s.
 	PingTimeout time.Duration
+	// MaxHeaderBlockSize bounds the bytes one header block may take on the
+	// wire: its HEADERS frame and every CONTINUATION frame, frame headers
+	// included. MaxHeaderListSize alone does not stop a peer that streams an
+	// endless block (empty CONTINUATION frames decode to nothing); beyond
+	// this the connection ends with GOAWAY ENHANCE_YOUR_CALM. Default twice
+	// MaxHeaderListSize, at least 16 KiB.
+	MaxHeaderBlockSize uint32
+	// MaxResetStreams is how many streams a client may waste per
+	// ResetWindow on a server: streams it resets before they were answered
+	// (the HTTP/2 "rapid reset" attack, CVE-2023-44487), streams refused over
+	// the concurrency limit or rejected without reaching the Handler, and
+	// streams reset because the client broke a stream-level rule. Each costs
+	// the server work the client never pays for. The budget refills
+	// continuously at MaxResetStreams per ResetWindow; a client that
+	// exhausts it gets GOAWAY ENHANCE_YOUR_CALM. Streams reset after their
+	// response do not count (an application closing its connection with a
+	// reset is ordinary traffic). Default 1000; clients ignore it.
+	MaxResetStreams uint32
+	// ResetWindow is the refill period of MaxResetStreams. Default 10s.
+	ResetWindow time.Duration
+	// MaxControlBacklog bounds the bytes of frames the peer provokes (PING
+	// and SETTINGS acknowledgements, RST_STREAM, refusals) that may wait
+	// unsent because the peer does not read: beyond it the connection ends
+	// with GOAWAY ENHANCE_YOUR_CALM. Default 256 KiB.
+	MaxControlBacklog uint32
 	// Logf receives rare diagnostic messages (protocol errors, handler
 	// misbehaviour). Nil discards them.
 	Logf func(format string, args ...any)
@@ -97,6 +134,18 @@ func (cfg Config) withDefaults(server bool) Config {
 	}
 	if cfg.PingTimeout <= 0 {
 		cfg.PingTimeout = DefaultPingTimeout
+	}
+	if cfg.MaxHeaderBlockSize == 0 {
+		cfg.MaxHeaderBlockSize = uint32(min(max(2*uint64(cfg.MaxHeaderListSize), minMaxFrameSize), math.MaxUint32))
+	}
+	if cfg.MaxResetStreams == 0 {
+		cfg.MaxResetStreams = DefaultMaxResetStreams
+	}
+	if cfg.ResetWindow <= 0 {
+		cfg.ResetWindow = DefaultResetWindow
+	}
+	if cfg.MaxControlBacklog == 0 {
+		cfg.MaxControlBacklog = DefaultMaxControlBacklog
 	}
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}

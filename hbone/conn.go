@@ -27,10 +27,6 @@ const (
 	// lingerTimeout is how long such a connection, once flushed and
 	// half-closed, waits for the peer to close before closing itself.
 	lingerTimeout = time.Second
-	// controlBacklogLimit is the queued byte count beyond which a peer that
-	// keeps provoking control frames (PING, SETTINGS) without reading our
-	// writes is cut off.
-	controlBacklogLimit = 1 << 20
 	// minDataFrag: a DATA frame is not split to fill less write-buffer space
 	// than this.
 	minDataFrag = 1 << 10
@@ -51,6 +47,31 @@ func (r *netReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// blockReader is the framer's reader. While a header block is being read
+// (left >= 0) it lets at most left more bytes through, so a peer cannot make
+// the reader decode an endless run of CONTINUATION frames.
+type blockReader struct {
+	r        *bufio.Reader
+	left     int64 // bytes the current header block may still take; -1: no block
+	exceeded bool  // the budget ran out: the peer's block was too large
+}
+
+func (b *blockReader) Read(p []byte) (int, error) {
+	if b.left < 0 {
+		return b.r.Read(p)
+	}
+	if b.left == 0 {
+		b.exceeded = true
+		return 0, errHeaderBlockTooLarge
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
+
 // conn is one HTTP/2 connection, client or server side. Its reader goroutine
 // (readFrames) owns the framer and the receive path; its writer goroutine
 // (writeLoop) owns the network writes. Streams and the reader append frames
@@ -68,8 +89,11 @@ type conn struct {
 	// Reader goroutine only.
 	nr          netReader
 	br          *bufio.Reader
+	hr          blockReader // the framer reads through it
 	fr          *http2.Framer
 	gotSettings bool
+	resetTokens float64   // server: streams the peer may still waste (see Config.MaxResetStreams)
+	resetStamp  time.Time // when resetTokens was last refilled
 
 	// Receive-side connection flow control. Atomic because stream readers
 	// return credit from their own goroutines.
@@ -158,11 +182,13 @@ func newConn(nc net.Conn, cfg Config, client bool) *conn {
 	c.batcher = batcherOf(nc)
 	c.nr.nc = nc
 	c.br = bufio.NewReaderSize(&c.nr, readBufSize)
-	c.fr = http2.NewFramer(io.Discard, c.br)
+	c.hr = blockReader{r: c.br, left: -1}
+	c.fr = http2.NewFramer(io.Discard, &c.hr)
 	c.fr.SetMaxReadFrameSize(cfg.MaxFrameSize)
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	c.fr.MaxHeaderListSize = cfg.MaxHeaderListSize
 	c.recvConnAvail.Store(int64(cfg.ConnWindow))
+	c.resetTokens = float64(cfg.MaxResetStreams)
 	c.connWinCond.L = &c.mu
 	c.writerCond.L = &c.wmu
 	c.bufCond.L = &c.wmu
@@ -219,8 +245,18 @@ func (c *conn) exit() {
 	}
 }
 
-func (c *conn) closeConn() {
-	c.closeNC.Do(func() { _ = c.nc.Close() })
+// closeConn closes the network connection, once. An abrupt close first
+// closes the transport under a TLS connection, so that closing does not
+// send a close_notify alert: to a peer that stopped reading, crypto/tls
+// blocks on that write for up to five seconds, holding the connection and
+// its goroutines.
+func (c *conn) closeConn(abrupt bool) {
+	c.closeNC.Do(func() {
+		if u, ok := c.nc.(interface{ NetConn() net.Conn }); ok && abrupt {
+			_ = u.NetConn().Close()
+		}
+		_ = c.nc.Close()
+	})
 }
 
 // ---- writing ----
@@ -298,7 +334,7 @@ func (c *conn) writeLoop() {
 	if err == nil && c.linger.Load() {
 		c.lingerClose()
 	}
-	c.closeConn()
+	c.closeConn(err != nil)
 	if err != nil {
 		c.closeWith(fmt.Errorf("hbone: write: %w", err))
 	}
@@ -353,8 +389,8 @@ func (c *conn) queueControl(ping bool, data [8]byte) error {
 	if c.wclosing {
 		return nil
 	}
-	if c.pendingLenLocked() > controlBacklogLimit {
-		return connError(http2.ErrCodeEnhanceYourCalm, "peer does not read its control frame acknowledgements")
+	if err := c.backlogErrLocked(); err != nil {
+		return err
 	}
 	b := c.wbufLocked()
 	if ping {
@@ -363,6 +399,49 @@ func (c *conn) queueControl(ping bool, data [8]byte) error {
 		b = appendSettingsAck(b)
 	}
 	c.commitLocked(b)
+	return nil
+}
+
+// backlogErrLocked cuts off a peer that keeps provoking frames (PING and
+// SETTINGS acknowledgements, RST_STREAM, refusals) without reading them:
+// they would otherwise pile up in the write buffer without bound. c.wmu
+// held.
+func (c *conn) backlogErrLocked() error {
+	if n := c.pendingLenLocked(); n > int(c.cfg.MaxControlBacklog) {
+		return connError(http2.ErrCodeEnhanceYourCalm, "%d bytes of frames queued for a peer that does not read them", n)
+	}
+	return nil
+}
+
+// checkBacklog is backlogErrLocked for the reader, after a frame that may
+// have queued an answer.
+func (c *conn) checkBacklog() error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.wclosing {
+		return nil
+	}
+	return c.backlogErrLocked()
+}
+
+// spendReset charges one wasted stream (see Config.MaxResetStreams) to the
+// peer and ends the connection once its budget is gone. Server reader
+// goroutine only; clients do not count.
+func (c *conn) spendReset() error {
+	if c.client {
+		return nil
+	}
+	now := time.Now()
+	limit := float64(c.cfg.MaxResetStreams)
+	if !c.resetStamp.IsZero() {
+		refill := now.Sub(c.resetStamp).Seconds() / c.cfg.ResetWindow.Seconds() * limit
+		c.resetTokens = min(c.resetTokens+refill, limit)
+	}
+	c.resetStamp = now
+	c.resetTokens--
+	if c.resetTokens < 0 {
+		return connError(http2.ErrCodeEnhanceYourCalm, "more than %d streams reset, refused or rejected within %v", c.cfg.MaxResetStreams, c.cfg.ResetWindow)
+	}
 	return nil
 }
 
@@ -692,7 +771,7 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 		c.linger.Store(true)
 		_ = c.nc.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
 	} else {
-		c.closeConn()
+		c.closeConn(true)
 	}
 	if c.cancel != nil {
 		c.cancel()
@@ -707,7 +786,7 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 // progress.
 func (c *conn) forceClose(cause error) {
 	c.shutdown(cause, false, 0, "", false)
-	c.closeConn()
+	c.closeConn(true)
 }
 
 // goAway starts a graceful drain: GOAWAY(NO_ERROR) with the last stream this

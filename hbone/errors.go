@@ -45,6 +45,9 @@ var (
 	errIdle        = errors.New("hbone: idle connection released")
 	errDrained     = errors.New("hbone: connection drained")
 	errPingTimeout = errors.New("hbone: ping timeout")
+	// errHeaderBlockTooLarge is what the framer's reader returns once a
+	// header block exceeds Config.MaxHeaderBlockSize.
+	errHeaderBlockTooLarge = errors.New("hbone: header block too large")
 )
 
 type streamClosedError struct{}

@@ -39,12 +39,24 @@ func (c *conn) readFrames() error {
 		}
 		if fh.Type == http2.FrameData {
 			err = c.readData(fh)
+		} else if fh.Type == http2.FramePriority {
+			err = c.readPriority(fh)
 		} else {
+			if fh.Type == http2.FrameHeaders {
+				// The framer reads the whole block, CONTINUATIONs included.
+				c.hr.left = int64(c.cfg.MaxHeaderBlockSize) - frameHeaderLen
+			}
 			var f http2.Frame
-			if f, err = c.fr.ReadFrameForHeader(fh); err != nil {
+			f, err = c.fr.ReadFrameForHeader(fh)
+			c.hr.left = -1
+			if err != nil {
 				err = c.frameError(fh, err)
 			} else {
 				err = c.handleFrame(f)
+			}
+			if err == nil {
+				// Whatever the frame provoked must not pile up unread.
+				err = c.checkBacklog()
 			}
 		}
 		if err != nil {
@@ -58,6 +70,9 @@ func (c *conn) readFrames() error {
 func (c *conn) frameError(fh http2.FrameHeader, err error) error {
 	if c.nr.err != nil {
 		return fmt.Errorf("hbone: read: %w", c.nr.err)
+	}
+	if c.hr.exceeded {
+		return connError(http2.ErrCodeEnhanceYourCalm, "header block on stream %d exceeds %d bytes", fh.StreamID, c.cfg.MaxHeaderBlockSize)
 	}
 	if errors.Is(err, http2.ErrFrameTooLarge) {
 		return connError(http2.ErrCodeFrameSize, "%v frame of %d bytes exceeds %d", fh.Type, fh.Length, c.cfg.MaxFrameSize)
@@ -76,33 +91,36 @@ func (c *conn) frameError(fh http2.FrameHeader, err error) error {
 			// Rejected before HPACK decoding: the compression state is lost.
 			return connError(http2.ErrCodeProtocol, "malformed %v frame", fh.Type)
 		}
-		return c.rejectStream(se.StreamID, se.Code, fh.Type == http2.FrameHeaders)
+		return c.rejectStream(se.StreamID, se.Code, fh.Type)
 	}
 	return connError(http2.ErrCodeProtocol, "malformed %v frame: %v", fh.Type, err)
 }
 
 // rejectStream resets stream id after a stream-level error found by the
-// framer.
-func (c *conn) rejectStream(id uint32, code http2.ErrCode, headers bool) error {
+// framer in a frame of type t.
+func (c *conn) rejectStream(id uint32, code http2.ErrCode, t http2.FrameType) error {
 	c.mu.Lock()
 	s := c.streams[id]
 	if s == nil {
 		switch {
-		case headers && !c.client && id%2 == 1 && id > c.maxPeerID:
+		case t == http2.FrameHeaders && !c.client && id%2 == 1 && id > c.maxPeerID:
 			c.maxPeerID = id // the malformed request opened (and closes) it
-		case !headers && c.idleLocked(id):
+		case t != http2.FrameHeaders && t != http2.FramePriority && c.idleLocked(id):
+			// PRIORITY may name any stream, idle ones included (RFC 9113
+			// section 5.1); other frames on an idle stream break the
+			// connection.
 			c.mu.Unlock()
-			return connError(http2.ErrCodeProtocol, "frame on idle stream %d", id)
+			return connError(http2.ErrCodeProtocol, "%v frame on idle stream %d", t, id)
 		}
 		c.wmu.Lock()
 		c.queueRSTLocked(id, code)
 		c.wmu.Unlock()
 		c.mu.Unlock()
-		return nil
+		return c.spendReset()
 	}
 	c.mu.Unlock()
 	c.streamError(s, code)
-	return nil
+	return c.spendReset()
 }
 
 func (c *conn) handleFrame(f http2.Frame) error {
@@ -128,6 +146,22 @@ func (c *conn) handleFrame(f http2.Frame) error {
 	}
 	// PRIORITY (deprecated by RFC 9113), PRIORITY_UPDATE and unknown frame
 	// types are ignored.
+	return nil
+}
+
+// readPriority skips a PRIORITY frame. RFC 9113 deprecates the signal but
+// keeps its framing rules (section 6.3): stream 0 is a connection error, a
+// length other than 5 a stream error (the framer would end the connection).
+func (c *conn) readPriority(fh http2.FrameHeader) error {
+	if fh.StreamID == 0 {
+		return connError(http2.ErrCodeProtocol, "PRIORITY on stream 0")
+	}
+	if _, err := c.br.Discard(int(fh.Length)); err != nil {
+		return fmt.Errorf("hbone: read: %w", err)
+	}
+	if fh.Length != 5 {
+		return c.rejectStream(fh.StreamID, http2.ErrCodeFrameSize, http2.FramePriority)
+	}
 	return nil
 }
 
@@ -182,7 +216,7 @@ func (c *conn) readData(fh http2.FrameHeader) error {
 			return err
 		}
 		c.streamError(s, code)
-		return nil
+		return c.spendReset()
 	}
 	if end {
 		s.remoteClosed = true
@@ -213,7 +247,7 @@ func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) er
 			return err
 		}
 		c.streamError(s, http2.ErrCodeFlowControl)
-		return nil
+		return c.spendReset()
 	}
 	s.recvWindow -= int64(frameLen)
 	// The pad length byte and padding are never buffered: their window goes
@@ -343,8 +377,8 @@ func (c *conn) handleSettings(f *http2.SettingsFrame) error {
 	if c.wclosing {
 		return nil
 	}
-	if c.pendingLenLocked() > controlBacklogLimit {
-		return connError(http2.ErrCodeEnhanceYourCalm, "peer does not read its SETTINGS acknowledgements")
+	if err := c.backlogErrLocked(); err != nil {
+		return err
 	}
 	b := c.wbufLocked()
 	b = appendSettingsAck(b)
@@ -381,7 +415,7 @@ func (c *conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
 	if s.sendWindow > maxWindow {
 		c.mu.Unlock()
 		c.streamError(s, http2.ErrCodeFlowControl)
-		return nil
+		return c.spendReset()
 	}
 	s.wcond.Signal()
 	s.wake()
@@ -414,6 +448,9 @@ func (c *conn) handleRSTStream(f *http2.RSTStreamFrame) error {
 	}
 	err := &StreamError{Code: f.ErrCode}
 	graceful := f.ErrCode == http2.ErrCodeNo
+	// A server stream reset before its response is a request the client
+	// made the server work on for nothing: rapid reset when repeated.
+	early := !c.client && s.status == 0
 	c.resetLocked(s, f.ErrCode, err, false)
 	c.unlock()
 	if graceful {
@@ -422,6 +459,9 @@ func (c *conn) handleRSTStream(f *http2.RSTStreamFrame) error {
 		s.endRecv(err)
 	} else {
 		s.abortRecv(err)
+	}
+	if early {
+		return c.spendReset()
 	}
 	return nil
 }

@@ -77,6 +77,9 @@ func (c *conn) respond(s *Stream, status int, fields []hpack.HeaderField) (*Stre
 		c.mu.Unlock()
 		return nil, err
 	}
+	// On a server stream status is the answer sent; a reset by the client
+	// after it is no longer a wasted stream (Config.MaxResetStreams).
+	s.status = status
 	if ok {
 		c.mu.Unlock()
 		return s, nil
@@ -219,9 +222,17 @@ func (c *conn) handleRequestHeaders(f *http2.MetaHeadersFrame) error {
 	c.mu.Lock()
 	if s := c.streams[id]; s != nil {
 		if s.remoteClosed || !f.StreamEnded() {
+			// RFC 9113 section 5.1: after the client's END_STREAM the
+			// stream is half-closed (remote), and HEADERS there is
+			// STREAM_CLOSED; trailers without END_STREAM are malformed
+			// (section 8.1).
+			code := http2.ErrCodeProtocol
+			if s.remoteClosed {
+				code = http2.ErrCodeStreamClosed
+			}
 			c.mu.Unlock()
-			c.streamError(s, http2.ErrCodeProtocol)
-			return nil
+			c.streamError(s, code)
+			return c.spendReset()
 		}
 		// Trailers end the request body; their fields are of no use.
 		s.remoteClosed = true
@@ -230,24 +241,37 @@ func (c *conn) handleRequestHeaders(f *http2.MetaHeadersFrame) error {
 		s.endRecv(io.EOF)
 		return nil
 	}
-	if id <= c.maxPeerID || c.closed {
-		// A closed stream; HEADERS may race with our RST_STREAM.
+	if c.closed {
 		c.mu.Unlock()
 		return nil
 	}
+	if id <= c.maxPeerID {
+		c.mu.Unlock()
+		if f.StreamEnded() {
+			// Trailers on a stream we reset: they may have crossed our
+			// RST_STREAM, and RFC 9113 section 5.1 says to ignore them.
+			return nil
+		}
+		// Only trailers (which end the stream) may follow the request's
+		// HEADERS; anything else reuses a closed stream's identifier
+		// (RFC 9113 section 5.1.1).
+		return connError(http2.ErrCodeProtocol, "HEADERS on closed stream %d", id)
+	}
 	c.maxPeerID = id
 	if c.goAwaySent || c.active >= int(c.cfg.MaxStreams) || c.running.Load() >= 2*int64(c.cfg.MaxStreams) {
+		// RFC 9113 section 5.1.2: beyond the advertised limit, a stream
+		// error of type REFUSED_STREAM, so the client may retry it.
 		c.wmu.Lock()
 		c.queueRSTLocked(id, http2.ErrCodeRefusedStream)
 		c.wmu.Unlock()
 		c.mu.Unlock()
-		return nil
+		return c.spendReset()
 	}
 	ended := f.StreamEnded()
 	if f.Truncated {
 		c.rejectLocked(id, http.StatusRequestHeaderFieldsTooLarge, ended)
 		c.mu.Unlock()
-		return nil
+		return c.spendReset()
 	}
 	req, status, code := parseRequest(f)
 	if code != 0 {
@@ -255,12 +279,12 @@ func (c *conn) handleRequestHeaders(f *http2.MetaHeadersFrame) error {
 		c.queueRSTLocked(id, code)
 		c.wmu.Unlock()
 		c.mu.Unlock()
-		return nil
+		return c.spendReset()
 	}
 	if status != 0 {
 		c.rejectLocked(id, status, ended)
 		c.mu.Unlock()
-		return nil
+		return c.spendReset()
 	}
 	s := c.newStream(id)
 	s.sendWindow = c.peerInitialWindow

@@ -17,26 +17,87 @@ import (
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
-// handshakeTimeout bounds the TLS handshake on 15008, so a peer that
-// connects and sends nothing cannot hold a goroutine forever.
-const handshakeTimeout = 10 * time.Second
+// errPeerLimit refuses a connection on 15008 over a per-peer limit.
+var errPeerLimit = errors.New("proxy: per-peer limit on 15008 reached")
+
+// peerCount is what one source IP holds on 15008.
+type peerCount struct {
+	conns      int // handshaking or established
+	handshakes int // handshaking
+	refused    int // refused over a limit, for log throttling
+}
+
+// admitPeer counts a new 15008 connection from ip, or refuses it over a
+// per-peer limit. refused is the peer's refusal count when err is set.
+func (p *Proxy) admitPeer(ip netip.Addr) (refused int, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pc := p.peers[ip]
+	if pc == nil {
+		pc = &peerCount{}
+		p.peers[ip] = pc
+	}
+	switch {
+	case p.cfg.MaxHBONEConnsPerPeer > 0 && pc.conns >= p.cfg.MaxHBONEConnsPerPeer:
+		err = fmt.Errorf("%w: %d connections from %v", errPeerLimit, pc.conns, ip)
+	case p.cfg.MaxHBONEHandshakesPerPeer > 0 && pc.handshakes >= p.cfg.MaxHBONEHandshakesPerPeer:
+		err = fmt.Errorf("%w: %d TLS handshakes in progress from %v", errPeerLimit, pc.handshakes, ip)
+	}
+	if err != nil {
+		pc.refused++
+		return pc.refused, err
+	}
+	pc.conns++
+	pc.handshakes++
+	return 0, nil
+}
+
+// handshakeDone and peerDone undo admitPeer's counts.
+func (p *Proxy) handshakeDone(ip netip.Addr) {
+	p.mu.Lock()
+	p.peers[ip].handshakes--
+	p.mu.Unlock()
+}
+
+func (p *Proxy) peerDone(ip netip.Addr) {
+	p.mu.Lock()
+	pc := p.peers[ip]
+	if pc.conns--; pc.conns == 0 {
+		delete(p.peers, ip)
+	}
+	p.mu.Unlock()
+}
 
 // handleHBONE terminates mTLS on 15008 and serves HTTP/2 CONNECT streams.
 func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
+	src := addrPortOf(c.RemoteAddr())
+	ip := src.Addr()
+	if refused, err := p.admitPeer(ip); err != nil {
+		// A flood must not flood the log too: the 1st, 2nd, 4th, 8th...
+		// refusal of a peer is logged.
+		if refused&(refused-1) == 0 {
+			p.failed(newConnInfo(dirInbound, src), fmt.Errorf("%w (refused %d so far)", err, refused))
+		}
+		_ = c.SetLinger(0)
+		c.Close()
+		return false
+	}
+	defer p.peerDone(ip)
 	conn := tls.Server(hbone.NewBatchConn(c), mtls.ServerConfig(p.serverCert))
 	p.cfg.Metrics.SocketOpened(metrics.ReporterDestination)
 	defer p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
-	hctx, cancel := context.WithTimeout(p.ctx, handshakeTimeout)
+	hctx, cancel := context.WithTimeout(p.ctx, p.cfg.HandshakeTimeout)
 	err := conn.HandshakeContext(hctx)
 	cancel()
+	p.handshakeDone(ip)
 	if err != nil {
-		ci := newConnInfo(dirInbound, addrPortOf(c.RemoteAddr()))
+		ci := newConnInfo(dirInbound, src)
 		p.failed(ci, fmt.Errorf("tls handshake: %w", err))
 		c.Close()
 		return false
 	}
 	if err := p.hbsrv.ServeConn(p.ctx, conn); err != nil && !errors.Is(err, net.ErrClosed) {
-		p.log.Debug("hbone connection ended", "src.addr", addrPortOf(c.RemoteAddr()).String(), "error", err)
+		p.log.Debug("hbone connection ended", "src.addr", src.String(), "error", err)
 	}
 	conn.Close()
 	return false

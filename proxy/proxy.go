@@ -102,7 +102,27 @@ type Config struct {
 	// Resolver resolves hostname-only workloads on demand and SOCKS5 domain
 	// targets that are not service hostnames; nil means net.DefaultResolver.
 	Resolver Resolver
+	// HandshakeTimeout bounds the TLS handshake on 15008, so a peer that
+	// connects and sends nothing cannot hold a goroutine. Default 10s.
+	HandshakeTimeout time.Duration
+	// MaxHBONEHandshakesPerPeer bounds the TLS handshakes in progress on
+	// 15008 from one source IP; connections beyond it are closed at once.
+	// A legitimate peer dials one connection per pool key at a time.
+	// Default 128; negative means no limit.
+	MaxHBONEHandshakesPerPeer int
+	// MaxHBONEConnsPerPeer bounds the HBONE connections (handshaking or
+	// established) on 15008 from one source IP; connections beyond it are
+	// closed at once. A pooled peer needs one per 100 concurrent streams.
+	// Default 2048; negative means no limit.
+	MaxHBONEConnsPerPeer int
 }
+
+// Defaults of the 15008 limits.
+const (
+	DefaultHandshakeTimeout          = 10 * time.Second
+	DefaultMaxHBONEHandshakesPerPeer = 128
+	DefaultMaxHBONEConnsPerPeer      = 2048
+)
 
 // Proxy serves one workload: outbound, inbound HBONE and inbound plaintext.
 type Proxy struct {
@@ -125,6 +145,7 @@ type Proxy struct {
 	listeners []*net.TCPListener
 	conns     map[net.Conn]struct{}
 	closed    bool
+	peers     map[netip.Addr]*peerCount // 15008 connections per source IP
 }
 
 // New validates cfg and returns a proxy that has not opened anything yet.
@@ -156,11 +177,21 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.SOCKS5Port == 0 {
 		cfg.SOCKS5Port = SOCKS5Port
 	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if cfg.MaxHBONEHandshakesPerPeer == 0 {
+		cfg.MaxHBONEHandshakesPerPeer = DefaultMaxHBONEHandshakesPerPeer
+	}
+	if cfg.MaxHBONEConnsPerPeer == 0 {
+		cfg.MaxHBONEConnsPerPeer = DefaultMaxHBONEConnsPerPeer
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{cfg: cfg, log: log, access: log.With("scope", "access"), conns: make(map[net.Conn]struct{})}
+	p := &Proxy{cfg: cfg, log: log, access: log.With("scope", "access"), conns: make(map[net.Conn]struct{}),
+		peers: make(map[netip.Addr]*peerCount)}
 	p.info = state.WorkloadInfo{Namespace: cfg.Workload.Namespace, Name: cfg.Workload.Name, ServiceAccount: cfg.Workload.ServiceAccount}
 	p.dialer = engine.Dialer{Options: cfg.Socket}
 	if cfg.Control != nil {

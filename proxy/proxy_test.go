@@ -67,8 +67,8 @@ type inboundRig struct {
 }
 
 // startInbound runs a proxy serving the workload "srv" at 127.0.0.1, with a
-// DENY policy on denyPort.
-func startInbound(t *testing.T, denyPort int) *inboundRig {
+// DENY policy on denyPort; opts adjust its Config.
+func startInbound(t *testing.T, denyPort int, opts ...func(*Config)) *inboundRig {
 	t.Helper()
 	cfg := fmt.Sprintf(`
 workloads:
@@ -101,12 +101,16 @@ policies:
 	done := make(chan struct{})
 	go func() { defer close(done); conns.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	p, err := New(Config{
+	pcfg := Config{
 		Workload: WorkloadRef{Namespace: "ns", Name: "srv", ServiceAccount: "srv"},
 		State:    rig.store, Certs: certs, Pool: pool, Conns: conns,
 		BindHost: "127.0.0.1", OutboundPort: freePort(t), InboundPlainPort: freePort(t), InboundHBONEPort: rig.hbonePort,
 		OrigSrc: new(bool), // no spoofing on loopback
-	})
+	}
+	for _, o := range opts {
+		o(&pcfg)
+	}
+	p, err := New(pcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
