@@ -11,6 +11,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 )
 
 // fuzzSeeds are frame sequences a client might send after its preface.
@@ -71,7 +73,7 @@ func fuzzSeeds() [][]byte {
 // connection: it must neither panic nor hang, and must end every goroutine.
 func FuzzServerConn(f *testing.F) {
 	for _, s := range fuzzSeeds() {
-		f.Add(s)
+		fuzzseed.Add(f, s)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		srv := NewServer(Config{
@@ -129,8 +131,8 @@ func FuzzClientConn(f *testing.F) {
 	_ = fr.WritePing(false, [8]byte{})
 	_ = fr.WriteData(1, true, nil)
 	_ = fr.WriteGoAway(1, http2.ErrCodeNo, nil)
-	f.Add(buf.Bytes())
-	f.Add([]byte{0, 0, 4, 8, 0, 0, 0, 0, 1, 0, 0, 0, 1}) // WINDOW_UPDATE on stream 1
+	fuzzseed.Add(f, buf.Bytes())
+	fuzzseed.Add(f, []byte{0, 0, 4, 8, 0, 0, 0, 0, 1, 0, 0, 0, 1}) // WINDOW_UPDATE on stream 1
 	f.Fuzz(func(t *testing.T, data []byte) {
 		a, b := net.Pipe()
 		cc, err := NewClientConn(a, Config{PingInterval: -1, StreamWindow: 65535, ConnWindow: 65535, MaxFrameSize: 16384})

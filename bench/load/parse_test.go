@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"testing"
+
+	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 )
 
 func TestHeaderRoundTrip(t *testing.T) {
@@ -44,9 +46,9 @@ func TestParseHeaderRejects(t *testing.T) {
 func FuzzParseHeader(f *testing.F) {
 	for _, h := range []Header{{Op: OpSink}, {Op: OpRR, Req: 1, Resp: 1}} {
 		b := h.Marshal()
-		f.Add(b[:])
+		fuzzseed.Add(f, b[:])
 	}
-	f.Add([]byte("zld1E\x00\x00\x00"))
+	fuzzseed.Add(f, []byte("zld1E\x00\x00\x00"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := ParseHeader(b)
 		if err != nil {
@@ -105,7 +107,7 @@ func TestParseGoroutineCount(t *testing.T) {
 }
 
 func FuzzParseGoroutineCount(f *testing.F) {
-	f.Add([]byte("goroutine profile: total 17\n"))
+	fuzzseed.Add(f, []byte("goroutine profile: total 17\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if n, err := ParseGoroutineCount(b); err == nil && n < 0 {
 			t.Fatalf("negative count %d", n)
