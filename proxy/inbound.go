@@ -120,11 +120,10 @@ func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, c
 }
 
 func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, *state.Snapshot, state.Conn, error) {
-	target, err := netip.ParseAddrPort(req.Authority)
+	target, err := parseAuthority(req.Authority)
 	if err != nil {
-		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "invalid authority %q: want ip:port", req.Authority)
+		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "invalid authority %q: %w", req.Authority, err)
 	}
-	target = netip.AddrPortFrom(target.Addr().Unmap(), target.Port())
 	ci.dst = target
 	tlsConn, ok := req.Conn.(*tls.Conn)
 	if !ok {
@@ -163,6 +162,22 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		return nil, nil, state.Conn{}, inboundErr(http.StatusServiceUnavailable, "connect to %s: %w", target, err)
 	}
 	return app, snap, conn, nil
+}
+
+// parseAuthority reads a CONNECT authority the way ztunnel does: an IP
+// address and a port, nothing else (no name to resolve). An IPv4-mapped
+// IPv6 address is read as the IPv4 address, so that it compares equal to
+// the connection's local address. A zone is refused: it names an interface
+// of the sender, never a destination on this side of the tunnel.
+func parseAuthority(s string) (netip.AddrPort, error) {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return netip.AddrPort{}, errors.New("want ip:port")
+	}
+	if ap.Addr().Zone() != "" {
+		return netip.AddrPort{}, errors.New("want ip:port without a zone")
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
 }
 
 // dialApp connects to the local app, presenting the original client's IP as
