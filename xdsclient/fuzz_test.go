@@ -96,3 +96,33 @@ func FuzzHandleResponse(f *testing.F) {
 }
 
 var errFuzzRejected = errors.New("rejected by the fuzz handler")
+
+// FuzzNewNode builds the node from environments, one KEY=value per line
+// (ISTIO_METAJSON_* values are JSON documents). Whatever the environment
+// holds, the node must encode, or no request could ever be sent; a
+// METAJSON value is either in the metadata or reported as skipped.
+func FuzzNewNode(f *testing.F) {
+	for _, env := range []string{
+		"INSTANCE_IP=10.0.0.9\nPOD_NAME=ztunnel-abc\nPOD_NAMESPACE=istio-system\nNODE_NAME=node-1",
+		"ISTIO_METAJSON_LABELS={\"app\":\"ztunnel\",\"n\":1}\nISTIO_METAJSON_BAD={",
+		"ISTIO_METAJSON_X=[1,2,{\"a\":null}]\nISTIO_METAJSON_Y=\"s\"",
+	} {
+		fuzzseed.Add(f, env)
+	}
+	f.Fuzz(func(t *testing.T, env string) {
+		info := NodeInfoFromEnv(strings.Split(env, "\n"), map[string]string{"ISTIO_VERSION": "1.27.0"})
+		node, skipped := NewNode(info)
+		if _, err := proto.Marshal(node); err != nil {
+			t.Fatalf("node does not encode: %v", err)
+		}
+		if got := len(node.GetMetadata().GetFields()); got > 5+len(info.MetaJSON) {
+			t.Fatalf("%d metadata fields from %d documents", got, len(info.MetaJSON))
+		}
+		for k := range info.MetaJSON {
+			_, in := node.GetMetadata().GetFields()[k]
+			if !in && len(skipped) == 0 {
+				t.Fatalf("ISTIO_METAJSON_%s neither applied nor reported", k)
+			}
+		}
+	})
+}
