@@ -29,13 +29,15 @@ func TestParseHeaderRejects(t *testing.T) {
 		return b[:]
 	}
 	for name, b := range map[string][]byte{
-		"short":         good[:HeaderLen-1],
-		"magic":         mutate(func(b []byte) { b[0] = 'x' }),
-		"reserved":      mutate(func(b []byte) { b[6] = 1 }),
-		"op":            mutate(func(b []byte) { b[4] = 'Z' }),
-		"zero request":  mutate(func(b []byte) { copy(b[8:12], []byte{0, 0, 0, 0}) }),
-		"huge request":  mutate(func(b []byte) { copy(b[8:12], []byte{0xff, 0, 0, 0}) }),
-		"huge response": mutate(func(b []byte) { copy(b[12:16], []byte{0xff, 0, 0, 0}) }),
+		"short":           good[:HeaderLen-1],
+		"magic":           mutate(func(b []byte) { b[0] = 'x' }),
+		"reserved":        mutate(func(b []byte) { b[6] = 1 }),
+		"op":              mutate(func(b []byte) { b[4] = 'Z' }),
+		"zero request":    mutate(func(b []byte) { copy(b[8:12], []byte{0, 0, 0, 0}) }),
+		"huge request":    mutate(func(b []byte) { copy(b[8:12], []byte{0xff, 0, 0, 0}) }),
+		"huge response":   mutate(func(b []byte) { copy(b[12:16], []byte{0xff, 0, 0, 0}) }),
+		"sink with sizes": mutate(func(b []byte) { b[4] = byte(OpSink) }),
+		"echo with sizes": mutate(func(b []byte) { b[4], b[11] = byte(OpEcho), 0 }),
 	} {
 		if _, err := ParseHeader(b); !errors.Is(err, ErrBadHeader) {
 			t.Errorf("%s: %v, want ErrBadHeader", name, err)
