@@ -8,9 +8,11 @@
 // them. Between two TCP sockets an event-loop backend takes the sockets over
 // and moves bytes with splice(2) through pooled pipes: an idle relay then
 // holds no goroutine, no buffer and no pipe, only a few hundred bytes of
-// state in its loop. Every other pair (an HBONE stream on one side) is
-// relayed by two goroutines for now; stream.go is the seam through which the
-// loops will take those over.
+// state in its loop. A TCP socket paired with an HBONE stream (a
+// StreamEndpoint, see stream.go) is relayed by the epoll loops too: the
+// socket is polled, the stream wakes the loop, and an idle relay holds no
+// goroutine and no buffer. Other pairs, and streams on the std and uring
+// backends, are relayed by two goroutines.
 //
 // Backends, chosen by Config.Backend or, when that is empty, by the
 // ZTUNNEL_ENGINE environment variable:

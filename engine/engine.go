@@ -106,6 +106,51 @@ type backend interface {
 	stats(st *Stats)
 }
 
+// streamBackend is a backend that also runs TCP⇄stream relays in its loops
+// (epoll); the others leave them to the goroutine relay.
+type streamBackend interface {
+	// relayStream takes ownership of a connected, non-blocking TCP socket
+	// on side tcpSide (0 A, 1 B) and of st on the other side, and relays
+	// between them; it ends s exactly once.
+	relayStream(fd, tcpSide int, st StreamEndpoint, s *session)
+}
+
+// streamPair reports whether a and b are a TCP socket and a stream a
+// stream backend can take, and which side the socket is on.
+func (e *Engine) streamPair(a, b Endpoint) (TCPEndpoint, StreamEndpoint, int, bool) {
+	if _, ok := e.backend.(streamBackend); !ok {
+		return TCPEndpoint{}, nil, 0, false
+	}
+	if t, ok := a.(TCPEndpoint); ok {
+		if st, ok := b.(StreamEndpoint); ok {
+			return t, st, 0, true
+		}
+	}
+	if t, ok := b.(TCPEndpoint); ok {
+		if st, ok := a.(StreamEndpoint); ok {
+			return t, st, 1, true
+		}
+	}
+	return TCPEndpoint{}, nil, 0, false
+}
+
+// handOffStream takes the socket from its *net.TCPConn and gives it, with
+// the stream, to the backend.
+func (e *Engine) handOffStream(t TCPEndpoint, st StreamEndpoint, tcpSide int, s *session) {
+	s.tcp = [2]*net.TCPConn{t.TCPConn}
+	handedOff.add(t.TCPConn, s)
+	fd, err := detach(t.TCPConn)
+	if err != nil {
+		handedOff.remove(t.TCPConn)
+		_ = t.Abort()
+		_ = st.Abort()
+		_ = st.Close()
+		s.finish(fmt.Errorf("engine: take over socket: %w", err))
+		return
+	}
+	e.backend.(streamBackend).relayStream(fd, tcpSide, st, s)
+}
+
 // New starts an Engine. Its loops start with the first relay, so an Engine
 // with no relay holds no thread.
 func New(cfg Config) (*Engine, error) {
@@ -226,6 +271,15 @@ func (e *Engine) Relay(a, b Endpoint, counters *Counters) Result {
 	}
 	ta, okA := a.(TCPEndpoint)
 	tb, okB := b.(TCPEndpoint)
+	if t, st, side, ok := e.streamPair(a, b); ok {
+		ch := make(chan Result, 1)
+		s, ok := e.begin(counters, nil, ch)
+		if !ok {
+			return e.refuse(a, b, s)
+		}
+		e.handOffStream(t, st, side, s)
+		return <-ch
+	}
 	if e.backend == nil || !okA || !okB {
 		// The goroutine relay runs on the caller's goroutine: no handoff.
 		s, ok := e.begin(counters, nil, nil)
@@ -272,6 +326,10 @@ func (e *Engine) Start(a, b Endpoint, counters *Counters, done func(Result)) *Ha
 	tb, okB := b.(TCPEndpoint)
 	if e.backend != nil && okA && okB {
 		e.handOff(ta, tb, s)
+		return &Handle{s: s}
+	}
+	if t, st, side, ok := e.streamPair(a, b); ok {
+		e.handOffStream(t, st, side, s)
 		return &Handle{s: s}
 	}
 	r := &stdRelay{a: a, b: b}
@@ -459,6 +517,9 @@ type Stats struct {
 	// PipesInUse counts pipes holding in-flight data; PipesFree the empty
 	// pipes pooled for reuse.
 	PipesInUse, PipesFree int
+	// StreamBuffers counts the buffers TCP⇄stream relays hold for bytes in
+	// flight (none while idle).
+	StreamBuffers int
 }
 
 // Stats reports the engine's current load.

@@ -62,7 +62,8 @@ func newEpollBackend(e *Engine) (backend, error) {
 
 func (b *epollBackend) relayTCP(fa, fb int, s *session) {
 	l := b.loops[int(b.next.Add(1))%len(b.loops)]
-	r := &tcpRelay{l: l, s: s, fd: [2]int{fa, fb}, slot: -1}
+	r := &tcpRelay{l: l, s: s, fd: [2]int{fa, fb}}
+	r.init(r)
 	r.dir[0].count = &s.counters.AToB
 	r.dir[1].count = &s.counters.BToA
 	if !l.submit(task{op: opAdd, r: r}) {
@@ -103,6 +104,7 @@ func (b *epollBackend) stats(st *Stats) {
 		st.LoopRelays += int(l.nRelays.Load())
 		st.PipesInUse += int(l.nInUse.Load())
 		st.PipesFree += int(l.nFree.Load())
+		st.StreamBuffers += int(l.nBufs.Load())
 	}
 }
 
@@ -111,15 +113,50 @@ type taskOp uint8
 const (
 	opAdd   taskOp = iota // register a new relay
 	opAbort               // abort a relay with err
+	opWake                // a stream relay's stream may progress
 	opStop                // abort everything and end the loop
 )
 
 // task is work handed to a loop by another goroutine.
 type task struct {
 	op  taskOp
-	r   *tcpRelay
+	r   loopRelay
 	err error
 }
+
+// loopRelay is a relay an epoll loop owns: TCP⇄TCP (tcpRelay) or
+// TCP⇄stream (streamRelay).
+type loopRelay interface {
+	base() *relayBase
+	// fdOf returns the socket of side (0 A, 1 B), -1 for a stream side.
+	fdOf(side int) int
+	// event records readiness of side's socket and services the relay.
+	event(side int, ev poll.Event)
+	// service moves what the readiness allows.
+	service()
+	// end closes the relay (resetting its peers if abort) and reports err.
+	end(err error, abort bool)
+	// refuse ends a relay that never ran (the loop stopped first).
+	refuse(err error)
+}
+
+// relayBase is the loop's bookkeeping common to every loopRelay.
+type relayBase struct {
+	self   loopRelay
+	slot   int32
+	queued bool // in l.ready
+	closed bool
+
+	lastActive time.Duration // loop time of the last byte moved
+	prev, next *relayBase    // l.idle
+}
+
+func (b *relayBase) init(self loopRelay) {
+	b.self = self
+	b.slot = -1
+}
+
+func (b *relayBase) base() *relayBase { return b }
 
 // eloop is one epoll event loop.
 type eloop struct {
@@ -133,12 +170,12 @@ type eloop struct {
 
 	// Owned by the loop goroutine.
 	spare      []task
-	slots      []*tcpRelay // indexed by the slot half of an event tag
+	slots      []loopRelay // indexed by the slot half of an event tag
 	free       []int32     // free slots
 	live       int
 	pipes      *splice.Pool
-	ready      []*tcpRelay // relays that stopped on their budget, not on EAGAIN
-	spareReady []*tcpRelay
+	ready      []loopRelay // relays that stopped on their budget, not on EAGAIN
+	spareReady []loopRelay
 	idle       relayList // least recently active last; only with IdleTimeout
 	events     []poll.Event
 	now        time.Duration // monotonic, since base, at the last wake
@@ -147,6 +184,7 @@ type eloop struct {
 
 	// Mirrors for Stats, written by the loop.
 	nRelays, nInUse, nFree atomic.Int32
+	nBufs                  atomic.Int32 // buffers held by stream relays
 }
 
 // submit queues t for the loop, starting the loop if it is parked; false
@@ -253,9 +291,11 @@ func (l *eloop) drainTasks() bool {
 		case opAdd:
 			l.add(t.r)
 		case opAbort:
-			if !t.r.closed {
+			if !t.r.base().closed {
 				t.r.end(t.err, true)
 			}
+		case opWake:
+			t.r.(*streamRelay).woken()
 		case opStop:
 			stop = true
 		}
@@ -284,15 +324,13 @@ func (l *eloop) stop(err error) {
 	l.mu.Unlock()
 	for _, t := range rest {
 		if t.op == opAdd {
-			t.r.closed = true
-			abortFD(t.r.fd[0])
-			abortFD(t.r.fd[1])
-			t.r.s.finish(err)
+			t.r.refuse(err)
 		}
 	}
 }
 
-func (l *eloop) add(r *tcpRelay) {
+func (l *eloop) add(r loopRelay) {
+	b := r.base()
 	var slot int32
 	if n := len(l.free); n > 0 {
 		slot = l.free[n-1]
@@ -301,25 +339,34 @@ func (l *eloop) add(r *tcpRelay) {
 		slot = int32(len(l.slots))
 		l.slots = append(l.slots, nil)
 	}
-	r.slot = slot
+	b.slot = slot
 	l.slots[slot] = r
 	l.live++
 	l.nRelays.Add(1)
 	if l.b.e.cfg.IdleTimeout > 0 {
-		r.lastActive = l.now
-		l.idle.pushFront(r)
+		b.lastActive = l.now
+		l.idle.pushFront(b)
 	}
 	const interest = poll.In | poll.Out | poll.RDHup | poll.ET
-	for side, fd := range r.fd {
+	for side := range 2 {
+		fd := r.fdOf(side)
+		if fd < 0 {
+			continue
+		}
 		if err := l.p.Add(fd, interest, uint64(slot)<<1|uint64(side)); err != nil {
 			r.end(err, true)
 			return
 		}
 	}
+	if sr, ok := r.(*streamRelay); ok {
+		// The stream may hold data from before the handover; its wake-ups
+		// until now were ignored.
+		sr.service()
+	}
 }
 
 // release forgets a relay that has ended.
-func (l *eloop) release(r *tcpRelay) {
+func (l *eloop) release(r *relayBase) {
 	l.slots[r.slot] = nil
 	l.free = append(l.free, r.slot)
 	l.live--
@@ -341,7 +388,21 @@ func (l *eloop) handle(ev poll.Event) {
 	if r == nil {
 		return // ended earlier in this batch
 	}
-	side := int(ev.Tag & 1)
+	r.event(int(ev.Tag&1), ev)
+}
+
+// touch marks r active for the idle timeout.
+func (l *eloop) touch(r *relayBase) {
+	if l.b.e.cfg.IdleTimeout <= 0 || r.lastActive == l.now {
+		return
+	}
+	r.lastActive = l.now
+	l.idle.remove(r)
+	l.idle.pushFront(r)
+}
+
+// event records the readiness of side's socket and services the relay.
+func (r *tcpRelay) event(side int, ev poll.Event) {
 	if ev.Events&poll.Err != 0 {
 		// A reset (or another hard error) ends the relay now, even when no
 		// byte is waiting to be moved on that side: RST travels on.
@@ -367,7 +428,7 @@ func (l *eloop) runReady() {
 	batch := l.ready
 	l.ready = l.spareReady[:0]
 	for i, r := range batch {
-		r.queued = false
+		r.base().queued = false
 		r.service()
 		batch[i] = nil
 	}
@@ -380,7 +441,7 @@ func (l *eloop) expireIdle() {
 		return
 	}
 	for r := l.idle.tail; r != nil && l.now-r.lastActive >= it; r = l.idle.tail {
-		r.end(ErrIdleTimeout, true)
+		r.self.end(ErrIdleTimeout, true)
 	}
 }
 

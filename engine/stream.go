@@ -1,12 +1,12 @@
 package engine
 
 // This file is the seam for TCP⇄stream relays in the event loops (the
-// HBONE issue). Nothing in the engine drives a StreamEndpoint yet: Start and
-// Relay relay every pair that is not TCP to TCP with goroutines, through
-// the Endpoint methods. Once a stream type implements StreamEndpoint, the
-// loops can take TCP⇄stream pairs over without the proxy changing.
+// HBONE issue). Start and Relay hand a TCPEndpoint paired with a
+// StreamEndpoint to the epoll loops (streamrelay_linux.go); the std and
+// io_uring backends relay such pairs with goroutines through the Endpoint
+// methods.
 //
-// How the loop will drive a TCP socket S and a stream T:
+// How the loop drives a TCP socket S and a stream T:
 //
 //   - S→T, gated by T's send window. The loop reads S only while
 //     T.WriteWindow() > 0, and at most that many bytes, into a pooled buffer

@@ -3,7 +3,6 @@ package engine
 import (
 	"fmt"
 	"sync/atomic"
-	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine/splice"
 	"golang.org/x/sys/unix"
@@ -17,19 +16,24 @@ const roundsPerTurn = 4
 // tcpRelay is one TCP⇄TCP relay owned by an epoll loop. Side 0 is A, side 1
 // is B; direction d moves bytes from side d to side 1-d.
 type tcpRelay struct {
-	l    *eloop
-	s    *session
-	fd   [2]int
-	slot int32
+	relayBase
+	l  *eloop
+	s  *session
+	fd [2]int
 	// rd and wr are the sockets' readiness as last learnt: set by an edge,
 	// cleared by EAGAIN.
 	rd, wr [2]bool
 	dir    [2]direction
-	queued bool // in l.ready
-	closed bool
+}
 
-	lastActive time.Duration // loop time of the last byte moved
-	prev, next *tcpRelay     // l.idle
+func (r *tcpRelay) fdOf(side int) int { return r.fd[side] }
+
+// refuse ends a relay the loop never ran.
+func (r *tcpRelay) refuse(err error) {
+	r.closed = true
+	abortFD(r.fd[0])
+	abortFD(r.fd[1])
+	r.s.finish(err)
 }
 
 // direction is one way of a relay.
@@ -72,7 +76,7 @@ func (r *tcpRelay) service() {
 	}
 	if more && !r.queued {
 		r.queued = true
-		r.l.ready = append(r.l.ready, r)
+		r.l.ready = append(r.l.ready, loopRelay(r))
 	}
 }
 
@@ -141,7 +145,7 @@ func (r *tcpRelay) pump(d int) (more bool, err error) {
 		if !moved {
 			return false, nil
 		}
-		r.touch()
+		r.l.touch(&r.relayBase)
 	}
 	return true, nil
 }
@@ -157,19 +161,9 @@ func (r *tcpRelay) check() {
 			panic("engine: relay shut a destination with bytes still in flight")
 		}
 	}
-	if r.l.slots[r.slot] != r {
+	if r.l.slots[r.slot] != loopRelay(r) {
 		panic("engine: relay lost its slot")
 	}
-}
-
-// touch marks the relay active for the idle timeout.
-func (r *tcpRelay) touch() {
-	if r.l.b.e.cfg.IdleTimeout <= 0 || r.lastActive == r.l.now {
-		return
-	}
-	r.lastActive = r.l.now
-	r.l.idle.remove(r)
-	r.l.idle.pushFront(r)
 }
 
 // end closes both sockets (resetting them when abort is set), returns the
@@ -193,7 +187,7 @@ func (r *tcpRelay) end(err error, abort bool) {
 		}
 	}
 	if r.slot >= 0 {
-		r.l.release(r)
+		r.l.release(&r.relayBase)
 	}
 	r.s.finish(err)
 }
@@ -206,9 +200,9 @@ var sideName = [2]string{"A", "B"}
 
 // relayList is an intrusive doubly-linked list of relays, most recently
 // active first.
-type relayList struct{ head, tail *tcpRelay }
+type relayList struct{ head, tail *relayBase }
 
-func (q *relayList) pushFront(r *tcpRelay) {
+func (q *relayList) pushFront(r *relayBase) {
 	r.prev, r.next = nil, q.head
 	if q.head != nil {
 		q.head.prev = r
@@ -218,7 +212,7 @@ func (q *relayList) pushFront(r *tcpRelay) {
 	q.head = r
 }
 
-func (q *relayList) remove(r *tcpRelay) {
+func (q *relayList) remove(r *relayBase) {
 	if r.prev != nil {
 		r.prev.next = r.next
 	} else if q.head == r {

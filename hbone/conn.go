@@ -119,6 +119,7 @@ type conn struct {
 	wPeerMaxFrame int
 	enc           *hpack.Encoder
 	hbuf          bytes.Buffer
+	poll          pollWaiters // event-loop streams waiting for window or buffer room
 
 	closeNC  sync.Once
 	linger   atomic.Bool   // close gracefully: flush, half-close, wait for the peer
@@ -278,6 +279,7 @@ func (c *conn) writeLoop() {
 		if c.bufWaiters > 0 {
 			c.bufCond.Signal()
 		}
+		c.poll.wakeBuf()
 		c.wmu.Unlock()
 		err = c.write(out.b)
 		c.wmu.Lock()

@@ -241,6 +241,7 @@ func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) er
 		} else if n > 0 {
 			s.rbuf.commit(n)
 			s.rcond.Signal()
+			s.wake()
 		}
 		dataLen -= n
 		if err != nil {
@@ -259,6 +260,7 @@ func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) er
 	if end && s.rerrAfter == nil {
 		s.rerrAfter = io.EOF
 		s.rcond.Broadcast()
+		s.wake()
 	}
 	var inc int64
 	if overhead > 0 && s.rerrAfter == nil && s.rerrNow == nil {
@@ -315,6 +317,7 @@ func (c *conn) handleSettings(f *http2.SettingsFrame) error {
 				}
 				if delta > 0 {
 					st.wcond.Broadcast()
+					st.wake()
 				}
 			}
 		case http2.SettingMaxFrameSize:
@@ -361,6 +364,7 @@ func (c *conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
 		if c.connWinWaiters > 0 {
 			c.connWinCond.Broadcast()
 		}
+		c.poll.wakeWin()
 		c.mu.Unlock()
 		return nil
 	}
@@ -380,6 +384,7 @@ func (c *conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
 		return nil
 	}
 	s.wcond.Signal()
+	s.wake()
 	c.mu.Unlock()
 	return nil
 }

@@ -44,6 +44,14 @@ type Stream struct {
 	endQueued bool
 	rstQueued bool
 
+	// waker, if set, is told whenever TryRead or TryWrite may progress
+	// (stream_poll.go).
+	waker atomic.Pointer[Waker]
+	// Guarded by c.mu: queued in c.winWaiters.
+	inWinWait bool
+	// Guarded by c.wmu: queued in c.bufWaiters.
+	inBufWait bool
+
 	wdeadlineHit atomic.Bool
 	wdmu         sync.Mutex // guards wdeadline and wtimer
 	wdeadline    time.Time
@@ -103,6 +111,12 @@ func (s *Stream) Read(p []byte) (int, error) {
 		}
 		s.rcond.Wait()
 	}
+	return s.takeLocked(p), nil
+}
+
+// takeLocked moves buffered bytes into p, returns their window to the peer
+// (batched) and unlocks s.mu. s.mu held, s.rbuf.size > 0.
+func (s *Stream) takeLocked(p []byte) int {
 	n := s.rbuf.read(p, s.filling)
 	var inc int64
 	if s.rerrAfter == nil {
@@ -118,7 +132,7 @@ func (s *Stream) Read(p []byte) (int, error) {
 	if inc > 0 {
 		s.c.queueStreamWindowUpdate(s, inc)
 	}
-	return n, nil
+	return n
 }
 
 // Write sends p as DATA, blocking while the stream or connection send window
@@ -267,6 +281,7 @@ func (s *Stream) abortRecv(err error) {
 	s.rcond.Broadcast()
 	s.mu.Unlock()
 	s.c.consumed(n)
+	s.wake()
 }
 
 // endRecv ends the read side with err once buffered data has been read.
@@ -277,6 +292,7 @@ func (s *Stream) endRecv(err error) {
 	}
 	s.rcond.Broadcast()
 	s.mu.Unlock()
+	s.wake()
 }
 
 // SetDeadline sets the read and write deadlines.

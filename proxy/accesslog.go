@@ -38,6 +38,9 @@ type connInfo struct {
 	dstIdentity identity.Identity
 	service     *state.Service
 	mtls        bool
+	// srcBaggage describes the source when it came through a network
+	// gateway (from its baggage); it replaces srcWorkload in telemetry.
+	srcBaggage *state.Workload
 
 	counters engine.Counters
 	metric   *metrics.Conn // nil until opened
@@ -101,7 +104,12 @@ func (p *Proxy) open(ci *connInfo) {
 		l.SecurityPolicy = metrics.SecurityMutualTLS
 		l.SetPeerSource(&metrics.Peer{Identity: ci.srcIdentity.String()})
 	}
-	if ci.srcWorkload != nil {
+	if ci.srcBaggage != nil {
+		// The peer address is the gateway's; the source's own baggage says
+		// who it is, and mTLS proved its identity.
+		ci.srcWorkload = ci.srcBaggage
+		l.SetSource(metricsWorkload(ci.srcWorkload, ci.srcIdentity))
+	} else if ci.srcWorkload != nil {
 		l.SetSource(metricsWorkload(ci.srcWorkload, ci.srcWorkload.Identity()))
 	}
 	if ci.dstWorkload != nil {

@@ -1,11 +1,15 @@
 // Package proxy makes the per-connection decisions of the node proxy:
 // outbound (15001: where is this connection going, over HBONE or plain TCP),
 // inbound HBONE (15008: who is calling, may they, where to), and inbound
-// passthrough (15006: plaintext into a pod, policy without identity).
+// passthrough (15006: plaintext into a pod, policy without identity), and
+// the optional SOCKS5 listener (15080: the app names its destination, which
+// then takes the outbound path). Workloads with a PROXY application tunnel
+// get a PROXY v2 header in front of each inbound stream.
 //
 // Each decision runs once per connection in an ordinary goroutine and ends by
 // handing both sockets to engine.Relay. The proxy reads the workload/policy
 // snapshot once per connection and never locks on it.
 //
-// Imported by cmd and inpod; imports engine, hbone, mtls, state.
+// Imported by cmd and inpod; imports engine, hbone, mtls, state and its
+// protocol leaves proxy/socks5, proxy/proxyproto and proxy/meta.
 package proxy

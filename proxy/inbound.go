@@ -93,7 +93,7 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 		}
 		return
 	}
-	s, err := req.Respond(http.StatusOK, nil)
+	s, err := req.Respond(http.StatusOK, p.responseHeader(ci.dstWorkload))
 	if err != nil {
 		app.Close()
 		p.complete(ci, metrics.FlagConnect, err)
@@ -101,10 +101,12 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 	}
 	down, up := streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app}
 	untrack := p.trackPolicy(ci, authorized.snap, authorized.conn, down, up)
-	res := engine.Relay(down, up, &ci.counters)
-	untrack()
-	flags, rerr := ci.relayOutcome(res)
-	p.complete(ci, flags, rerr)
+	// The handler returns at once; the engine owns the relay.
+	engine.Start(down, up, &ci.counters, func(res engine.Result) {
+		untrack()
+		flags, rerr := ci.relayOutcome(res)
+		p.complete(ci, flags, rerr)
+	})
 }
 
 // authorization is what an inbound connection was allowed with, for the
@@ -115,14 +117,18 @@ type authorization struct {
 }
 
 func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, authorization, error) {
+	p.inboundMeta(req, ci)
+	// dialApp finds the connection here to apply the workload's
+	// application tunnel (the PROXY header needs the peer's identity).
+	ctx = withInboundConn(ctx, ci)
 	app, snap, c, err := p.inboundAuthorize(ctx, req, ci)
 	return app, authorization{snap, c}, err
 }
 
 func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, *state.Snapshot, state.Conn, error) {
-	target, err := parseAuthority(req.Authority)
+	host, target, err := splitAuthority(req.Authority) // authority.go
 	if err != nil {
-		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "invalid authority %q: %w", req.Authority, err)
+		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "%w", err)
 	}
 	ci.dst = target
 	tlsConn, ok := req.Conn.(*tls.Conn)
@@ -140,14 +146,23 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		return nil, nil, state.Conn{}, inboundErr(http.StatusServiceUnavailable, "%w", err)
 	}
 	ci.dstWorkload, ci.dstIdentity = w, p.identityOf(w)
-	ci.srcWorkload = snap.WorkloadByAddr(p.cfg.Network, ci.src.Addr())
+	ci.srcWorkload = p.inboundSource(snap, req, ci.src)
 
-	// validate_destination: the tunnel must be addressed to the IP it
-	// arrived on, so a peer cannot use this pod as a relay to elsewhere.
 	local := addrPortOf(req.Conn.LocalAddr())
-	if target.Addr() != local.Addr() {
-		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "ip mismatch: authority %s, connection to %s", target.Addr(), local.Addr())
+	if host != "" {
+		// A service hostname (double HBONE): service port -> target port.
+		if target, err = hostAuthorityTarget(snap, w, host, target.Port(), local.Addr()); err != nil {
+			return nil, nil, state.Conn{}, err
+		}
+		ci.dst = target
 	}
+	if err := p.validateDestination(snap, w, target, local); err != nil {
+		return nil, nil, state.Conn{}, err
+	}
+	// The app is always this pod; the authority gives the port (and may
+	// name another IP in the exceptions validateDestination allows).
+	target = netip.AddrPortFrom(local.Addr(), target.Port())
+	ci.dst = target
 	if p.isIllegalPort(target.Port()) {
 		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "illegal target port %d", target.Port())
 	}
@@ -164,25 +179,19 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	return app, snap, conn, nil
 }
 
-// parseAuthority reads a CONNECT authority the way ztunnel does: an IP
-// address and a port, nothing else (no name to resolve). An IPv4-mapped
-// IPv6 address is read as the IPv4 address, so that it compares equal to
-// the connection's local address. A zone is refused: it names an interface
-// of the sender, never a destination on this side of the tunnel.
-func parseAuthority(s string) (netip.AddrPort, error) {
-	ap, err := netip.ParseAddrPort(s)
-	if err != nil {
-		return netip.AddrPort{}, errors.New("want ip:port")
-	}
-	if ap.Addr().Zone() != "" {
-		return netip.AddrPort{}, errors.New("want ip:port without a zone")
-	}
-	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
-}
-
 // dialApp connects to the local app, presenting the original client's IP as
 // the source when original-source spoofing is possible.
 func (p *Proxy) dialApp(ctx context.Context, src netip.Addr, dst netip.AddrPort) (*net.TCPConn, error) {
+	if ci := inboundConnOf(ctx); ci != nil && ci.dstWorkload != nil {
+		if t := ci.dstWorkload.ApplicationTunnel; t != nil && t.Protocol == state.AppTunnelProxy {
+			return p.dialAppTunnel(ctx, ci, dst, t.Port)
+		}
+	}
+	return p.dialAppDirect(ctx, src, dst)
+}
+
+// dialAppDirect connects to the app at dst.
+func (p *Proxy) dialAppDirect(ctx context.Context, src netip.Addr, dst netip.AddrPort) (*net.TCPConn, error) {
 	if p.origSrc && src.IsValid() && src.Is4() == dst.Addr().Is4() {
 		d := p.dialer
 		d.Options.Transparent = true

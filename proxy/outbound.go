@@ -5,9 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
-	"net/http"
 	"net/netip"
 	"strings"
 	"time"
@@ -27,24 +25,42 @@ type outboundRoute struct {
 	sans      []string       // expected server identities
 	workload  *state.Workload
 	service   *state.Service
+	gateway   *doubleHBONE // endpoint on another network: the inner tunnel (gateway.go)
 }
 
-func (p *Proxy) handleOutbound(c *net.TCPConn) (handedOff bool) {
+// handleOutbound serves a connection captured on 15001: its destination is
+// the one the app dialed (SO_ORIGINAL_DST).
+func (p *Proxy) handleOutbound(c *net.TCPConn) bool {
 	p.cfg.Metrics.SocketOpened(metrics.ReporterSource)
+	ci := newConnInfo(dirOutbound, addrPortOf(c.RemoteAddr()))
+	origDst, err := engine.OriginalDst(c)
+	if err != nil {
+		p.abortOutbound(c, ci, err)
+		return false
+	}
+	return p.proxyOutbound(c, ci, origDst)
+}
+
+// abortOutbound ends an outbound connection that never got a route.
+func (p *Proxy) abortOutbound(c *net.TCPConn, ci *connInfo, err error) {
+	p.failed(ci, err)
+	engine.TCPEndpoint{TCPConn: c}.Abort()
+	p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
+}
+
+// proxyOutbound routes, connects and relays an outbound connection to
+// origDst, the destination the app asked for (captured or named over
+// SOCKS5). The caller counted the socket opened; it is counted closed here
+// or, once handed to the engine, when the relay ends.
+func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPort) (handedOff bool) {
 	defer func() {
 		if !handedOff {
 			p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
 		}
 	}()
-	ci := newConnInfo(dirOutbound, addrPortOf(c.RemoteAddr()))
 	abort := func(err error) {
 		p.failed(ci, err)
 		engine.TCPEndpoint{TCPConn: c}.Abort()
-	}
-	origDst, err := engine.OriginalDst(c)
-	if err != nil {
-		abort(err)
-		return
 	}
 	ci.dst = origDst
 	if origDst.Addr().IsLoopback() && p.isIllegalPort(origDst.Port()) {
@@ -57,7 +73,7 @@ func (p *Proxy) handleOutbound(c *net.TCPConn) (handedOff bool) {
 		abort(err)
 		return
 	}
-	route, err := p.routeOutbound(snap, srcW, origDst)
+	route, err := p.routeOutbound(ctx, snap, srcW, ci.src, origDst)
 	if err != nil {
 		abort(err)
 		return
@@ -73,7 +89,11 @@ func (p *Proxy) handleOutbound(c *net.TCPConn) (handedOff bool) {
 		ci.srcIdentity = p.identityOf(srcW)
 		ci.hboneAddr = route.authority
 		p.open(ci)
-		s, flags, err := p.connectHBONE(ctx, srcW, ci.src, route)
+		connect := p.connectHBONE
+		if route.gateway != nil {
+			connect = p.connectDoubleHBONE
+		}
+		s, flags, err := connect(ctx, srcW, ci.src, route)
 		if err != nil {
 			p.complete(ci, flags, err)
 			engine.TCPEndpoint{TCPConn: c}.Abort()
@@ -96,67 +116,14 @@ func (p *Proxy) handleOutbound(c *net.TCPConn) (handedOff bool) {
 		})
 		return true
 	}
-	res := engine.Relay(engine.TCPEndpoint{TCPConn: c}, upstream, &ci.counters)
-	p.complete(ci, metrics.FlagNone, relayErr(res))
-	return false
-}
-
-// routeOutbound decides where an outbound connection goes: a service VIP is
-// load-balanced to an endpoint, a known workload IP goes to that workload by
-// its tunnel protocol, anything else passes through as plain TCP.
-func (p *Proxy) routeOutbound(snap *state.Snapshot, src *state.Workload, dst netip.AddrPort) (outboundRoute, error) {
-	network := p.cfg.Network
-	var (
-		w       *state.Workload
-		svc     *state.Service
-		tgtPort = dst.Port()
-	)
-	if svc = snap.ResolveVIP(network, dst.Addr(), src.Namespace); svc != nil {
-		ep, port, err := snap.PickEndpoint(src, svc, dst.Port(), rand.Uint64N)
-		if err != nil {
-			return outboundRoute{}, fmt.Errorf("service %s: %w", svc.Key(), err)
-		}
-		w, tgtPort = ep, port
-	} else if w = snap.WorkloadByAddr(network, dst.Addr()); w == nil {
-		// Unknown destination: passthrough, as ztunnel does.
-		return outboundRoute{dst: dst}, nil
-	}
-	ip, ok := pickIP(w, dst.Addr())
-	if !ok {
-		return outboundRoute{}, fmt.Errorf("workload %s has no address", w.UID)
-	}
-	r := outboundRoute{workload: w, service: svc}
-	if w.Protocol == state.ProtocolHBONE {
-		r.hbone = true
-		r.dst = netip.AddrPortFrom(ip, InboundHBONEPort)
-		r.authority = netip.AddrPortFrom(ip, tgtPort).String()
-		r.sans = append(r.sans, p.identityOf(w).String())
-		if svc != nil {
-			r.sans = append(r.sans, svc.SubjectAltNames...)
-		}
-		return r, nil
-	}
-	r.dst = netip.AddrPortFrom(ip, tgtPort)
-	return r, nil
-}
-
-// pickIP prefers the address the client asked for when it belongs to the
-// workload, else the first address of the same family, else the first.
-func pickIP(w *state.Workload, want netip.Addr) (netip.Addr, bool) {
-	if len(w.Addresses) == 0 {
-		return netip.Addr{}, false
-	}
-	for _, a := range w.Addresses {
-		if a == want {
-			return a, true
-		}
-	}
-	for _, a := range w.Addresses {
-		if a.Is4() == want.Is4() {
-			return a, true
-		}
-	}
-	return w.Addresses[0], true
+	// TCP to HBONE stream: the engine's event loop owns the relay (the
+	// goroutine relay on backends without stream support).
+	engine.Start(engine.TCPEndpoint{TCPConn: c}, upstream, &ci.counters, func(res engine.Result) {
+		p.complete(ci, metrics.FlagNone, relayErr(res))
+		p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
+		p.release(c)
+	})
+	return true
 }
 
 // connectHBONE opens (or reuses) a tunnel to the route's peer and sends CONNECT.
@@ -189,8 +156,7 @@ func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client n
 		}
 		return conn, nil
 	}
-	hdr := http.Header{}
-	hdr.Set("Forwarded", fmt.Sprintf("for=%q", client.String()))
+	hdr := p.connectHeader(srcW, client)
 	s, err := p.cfg.Pool.Connect(ctx, key, dial, &hbone.Request{Authority: r.authority, Header: hdr})
 	if err != nil {
 		var se *hbone.StatusError

@@ -24,6 +24,9 @@ const (
 	OutboundPort     = 15001
 	InboundPlainPort = 15006
 	InboundHBONEPort = 15008
+	// SOCKS5Port is the optional SOCKS5 listener (UNSTABLE_ENABLE_SOCKS5),
+	// bound to 127.0.0.1 only, as ztunnel does.
+	SOCKS5Port = 15080
 )
 
 // WorkloadRef names the workload a proxy serves (PROXY_WORKLOAD_INFO in
@@ -53,6 +56,14 @@ type Config struct {
 	Pool *hbone.Pool
 	// HBONE tunes the inbound HTTP/2 server.
 	HBONE hbone.Config
+	// PoolInnerHBONE pools the inner tunnel of double HBONE
+	// (ZTUNNEL_POOL_INNER_HBONE; ztunnel never does): inner connections to
+	// one destination through one gateway carry many streams instead of one
+	// TLS handshake each. Only used when the destination is a known HBONE
+	// workload, whose ztunnel treats every inner CONNECT on its own; the
+	// cost is that the gateway balances connections, not streams, so the
+	// streams of one inner connection all reach the endpoint it chose first.
+	PoolInnerHBONE bool
 	// Socket options for every socket made for this workload (PACKET_MARK,
 	// keepalive). Listeners additionally get SO_REUSEPORT when ReusePort.
 	Socket engine.SocketOptions
@@ -64,7 +75,13 @@ type Config struct {
 	// BindHost is the listener host; "" means "[::]" (dual stack).
 	BindHost string
 	// Ports override the listener ports (0 = the standard ones); tests use it.
-	OutboundPort, InboundPlainPort, InboundHBONEPort int
+	OutboundPort, InboundPlainPort, InboundHBONEPort, SOCKS5Port int
+	// SOCKS5 opens the SOCKS5 listener on 127.0.0.1 (UNSTABLE_ENABLE_SOCKS5).
+	SOCKS5 bool
+	// DirectAppTunnel dials a workload's application tunnel (PROXY
+	// protocol) at its pod address rather than over loopback
+	// (LOCALHOST_APP_TUNNEL=false; the zero value is ztunnel's default).
+	DirectAppTunnel bool
 	// LocalWorkloadWait bounds how long a connection waits for this proxy's
 	// own workload to appear in the snapshot (ztunnel: 5s).
 	LocalWorkloadWait time.Duration
@@ -78,11 +95,19 @@ type Config struct {
 	// Conns tracks authorized inbound connections so a policy change can
 	// close the ones it now denies; nil tracks nothing.
 	Conns *connmgr.Manager
+	// PreferredServiceNamespace breaks ties between services sharing a VIP
+	// after the client's namespace and a canonical service
+	// (PREFERED_SERVICE_NAMESPACE); "" prefers none.
+	PreferredServiceNamespace string
+	// Resolver resolves hostname-only workloads on demand and SOCKS5 domain
+	// targets that are not service hostnames; nil means net.DefaultResolver.
+	Resolver Resolver
 }
 
 // Proxy serves one workload: outbound, inbound HBONE and inbound plaintext.
 type Proxy struct {
 	cfg    Config
+	rnd    func(n uint64) uint64 // load-balancing randomness; nil = math/rand/v2
 	log    *slog.Logger
 	access *slog.Logger // log.With("scope", "access"), made once
 	hbsrv  *hbone.Server
@@ -90,6 +115,7 @@ type Proxy struct {
 
 	origSrc bool
 	info    state.WorkloadInfo
+	baggage baggageCache // baggage of the served workload, for CONNECT and 200
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -115,6 +141,9 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.BindHost == "" {
 		cfg.BindHost = "::"
 	}
+	if cfg.Resolver == nil {
+		cfg.Resolver = net.DefaultResolver
+	}
 	if cfg.OutboundPort == 0 {
 		cfg.OutboundPort = OutboundPort
 	}
@@ -123,6 +152,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.InboundHBONEPort == 0 {
 		cfg.InboundHBONEPort = InboundHBONEPort
+	}
+	if cfg.SOCKS5Port == 0 {
+		cfg.SOCKS5Port = SOCKS5Port
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -160,17 +192,23 @@ func (p *Proxy) Start(ctx context.Context) error {
 	p.origSrc = p.cfg.OrigSrc == nil || *p.cfg.OrigSrc
 
 	type spec struct {
+		host  string
 		port  int
 		serve func(*net.TCPConn) bool
 	}
 	specs := []spec{
-		{p.cfg.OutboundPort, p.handleOutbound},
-		{p.cfg.InboundPlainPort, p.handlePassthrough},
-		{p.cfg.InboundHBONEPort, p.handleHBONE},
+		{p.cfg.BindHost, p.cfg.OutboundPort, p.handleOutbound},
+		{p.cfg.BindHost, p.cfg.InboundPlainPort, p.handlePassthrough},
+		{p.cfg.BindHost, p.cfg.InboundHBONEPort, p.handleHBONE},
+	}
+	if p.cfg.SOCKS5 {
+		// Loopback only: SOCKS5 has no authentication, so only the pod's own
+		// processes may use it.
+		specs = append(specs, spec{"127.0.0.1", p.cfg.SOCKS5Port, p.handleSOCKS5})
 	}
 	var lns []*net.TCPListener
 	for _, s := range specs {
-		addr := net.JoinHostPort(p.cfg.BindHost, fmt.Sprint(s.port))
+		addr := net.JoinHostPort(s.host, fmt.Sprint(s.port))
 		var ln *net.TCPListener
 		listen := func() error {
 			var err error
@@ -199,11 +237,13 @@ func (p *Proxy) Start(ctx context.Context) error {
 		go p.acceptLoop(lns[i], s.serve)
 	}
 	p.log.Info("proxy started", "workload", p.cfg.Workload.String(),
-		"outbound", lns[0].Addr().String(), "inbound_plaintext", lns[1].Addr().String(), "inbound_hbone", lns[2].Addr().String())
+		"outbound", lns[0].Addr().String(), "inbound_plaintext", lns[1].Addr().String(), "inbound_hbone", lns[2].Addr().String(),
+		"socks5", p.cfg.SOCKS5)
 	return nil
 }
 
-// Addrs returns the listener addresses (outbound, inbound plaintext, inbound HBONE).
+// Addrs returns the listener addresses (outbound, inbound plaintext, inbound
+// HBONE, then SOCKS5 when enabled).
 func (p *Proxy) Addrs() []net.Addr {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -363,5 +403,5 @@ func (p *Proxy) isIllegalPort(port uint16) bool {
 	case p.cfg.OutboundPort, p.cfg.InboundPlainPort, p.cfg.InboundHBONEPort:
 		return true
 	}
-	return false
+	return p.cfg.SOCKS5 && int(port) == p.cfg.SOCKS5Port
 }

@@ -3,6 +3,13 @@
 // needs (by address, by VIP, by key), endpoint selection, and ztunnel's L4
 // authorization (RBAC) semantics.
 //
+// Routing decisions that need only the snapshot live here, so they can be
+// tested without sockets: VIP ranking (client namespace, canonical, preferred
+// namespace, visibility, CIDR prefixes), load balancing (capacity weights,
+// health policy, STRICT and FAILOVER locality), target ports, waypoint and
+// network gateway resolution, the waypoint "sandwich" checks, and the choice
+// of a workload's address by family. The proxy package only applies them.
+//
 // NewSnapshot compiles the policies into a table indexed by scope, namespace,
 // key and destination port, so that Authorize visits only the policies of
 // the destination's scopes (of a long list, only those that can match the

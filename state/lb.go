@@ -10,15 +10,48 @@ import (
 // connection on the requested port (ztunnel's "no healthy upstream").
 var ErrNoHealthyUpstream = errors.New("state: no healthy upstream")
 
+// Resolution says what a service is being resolved for: the two differ in
+// which endpoints may serve a port the service does not list.
+type Resolution uint8
+
+const (
+	// ResolveStandard is a client addressing the service: the port must be
+	// one of the service's ports.
+	ResolveStandard Resolution = iota
+	// ResolveWaypoint is ztunnel finding a waypoint (or gateway) behind a
+	// service by its HBONE port: an endpoint with an application tunnel
+	// serves any port, since the tunnel carries the real target.
+	ResolveWaypoint
+)
+
+// Upstream is a chosen next hop: a workload, the port to reach it on, and
+// the service it was chosen from (nil when the workload was addressed
+// directly).
+type Upstream struct {
+	Workload *Workload
+	Port     uint16
+	Service  *Service
+}
+
 // PickEndpoint chooses the endpoint of svc that serves service port svcPort
 // for a client workload src, as ztunnel's standard resolution does, and
-// returns the endpoint's workload and the target port to dial.
+// returns the endpoint's workload and the target port to dial. It is
+// PickUpstream with ResolveStandard.
+func (s *Snapshot) PickEndpoint(src *Workload, svc *Service, svcPort uint16, rnd func(n uint64) uint64) (*Workload, uint16, error) {
+	up, err := s.PickUpstream(src, svc, svcPort, ResolveStandard, rnd)
+	return up.Workload, up.Port, err
+}
+
+// PickUpstream chooses the endpoint of svc that serves service port svcPort
+// for a client workload src, as ztunnel's load_balance does:
 //
-//   - The port must be one of svc.Ports.
+//   - With ResolveStandard the port must be one of svc.Ports; with
+//     ResolveWaypoint a port the service lacks is served only by endpoints
+//     with an application tunnel.
 //   - Endpoints whose workload has no address (and no hostname) are skipped
 //     unless they are on another network and have a network gateway.
-//   - If the service's target port for svcPort is 0, endpoints without their
-//     own mapping for svcPort are skipped.
+//   - With ResolveStandard, if the service's target port for svcPort is 0,
+//     endpoints without their own mapping for svcPort are skipped.
 //   - With a load balancer in a mode other than Standard, endpoints are ranked
 //     by how many leading routing preferences they share with src (a leading
 //     Network preference counts as all of them); Strict keeps only full
@@ -28,39 +61,40 @@ var ErrNoHealthyUpstream = errors.New("state: no healthy upstream")
 //     math/rand/v2.Uint64N.
 //
 // The target port is the endpoint's own mapping for svcPort, else the
-// service's target port. (ztunnel's third fallback, svcPort for workloads
-// with an application tunnel, only applies when resolving waypoints.) A nil src stands for a client on the default network ("") with
-// no locality. Errors wrap ErrNoHealthyUpstream.
-func (s *Snapshot) PickEndpoint(src *Workload, svc *Service, svcPort uint16, rnd func(n uint64) uint64) (*Workload, uint16, error) {
-	svcTarget, ok := svc.Ports[svcPort]
-	if !ok {
-		return nil, 0, fmt.Errorf("%w: service %s has no port %d", ErrNoHealthyUpstream, svc.Key(), svcPort)
+// service's target port, else (for an endpoint with an application tunnel
+// on a port of its own) svcPort itself; otherwise there is no upstream.
+// Unhealthy workloads are not endpoints unless the service's health policy
+// is LBAllowAll (the snapshot filters them when it is built). A nil src
+// stands for a client on the default network ("") with no locality. Errors
+// wrap ErrNoHealthyUpstream.
+func (s *Snapshot) PickUpstream(src *Workload, svc *Service, svcPort uint16, mode Resolution, rnd func(n uint64) uint64) (Upstream, error) {
+	svcTarget, hasPort := svc.Ports[svcPort]
+	if !hasPort && mode == ResolveStandard {
+		return Upstream{}, fmt.Errorf("%w: service %s has no port %d", ErrNoHealthyUpstream, svc.Key(), svcPort)
 	}
 	if src == nil {
 		src = &Workload{}
 	}
+	f := endpointFilter{src: src, svcPort: svcPort, svcTarget: svcTarget, hasPort: hasPort, mode: mode, lb: svc.LoadBalancer}
+	f.ranked = f.lb != nil && f.lb.Mode != LBModeStandard
 	eps := s.endpoints[NamespacedHostname{svc.Namespace, svc.Hostname}]
-	lb := svc.LoadBalancer
-	ranked := lb != nil && lb.Mode != LBModeStandard
 
 	// Pass 1: the best rank among eligible endpoints.
 	best := -1
 	for i := range eps {
-		if r := endpointRank(src, &eps[i], svcTarget, svcPort, lb, ranked); r > best {
-			best = r
-		}
+		best = max(best, f.rank(&eps[i]))
 	}
 	// Pass 2: total weight at that rank. Pass 3: the weighted pick.
 	var total uint64
 	if best >= 0 {
 		for i := range eps {
-			if endpointRank(src, &eps[i], svcTarget, svcPort, lb, ranked) == best {
+			if f.rank(&eps[i]) == best {
 				total += uint64(eps[i].Workload.Capacity)
 			}
 		}
 	}
 	if total == 0 {
-		return nil, 0, fmt.Errorf("%w: service %s has no usable endpoint for port %d", ErrNoHealthyUpstream, svc.Key(), svcPort)
+		return Upstream{}, fmt.Errorf("%w: service %s has no usable endpoint for port %d", ErrNoHealthyUpstream, svc.Key(), svcPort)
 	}
 	if rnd == nil {
 		rnd = rand.Uint64N
@@ -68,7 +102,7 @@ func (s *Snapshot) PickEndpoint(src *Workload, svc *Service, svcPort uint16, rnd
 	r := rnd(total)
 	var ep *Endpoint
 	for i := range eps {
-		if endpointRank(src, &eps[i], svcTarget, svcPort, lb, ranked) != best {
+		if f.rank(&eps[i]) != best {
 			continue
 		}
 		c := uint64(eps[i].Workload.Capacity)
@@ -79,19 +113,39 @@ func (s *Snapshot) PickEndpoint(src *Workload, svc *Service, svcPort uint16, rnd
 		r -= c
 	}
 	if ep == nil { // rnd returned a value out of range
-		return nil, 0, fmt.Errorf("%w: random source returned a value out of range", ErrNoHealthyUpstream)
+		return Upstream{}, fmt.Errorf("%w: random source returned a value out of range", ErrNoHealthyUpstream)
 	}
 
-	if p, ok := ep.Ports[svcPort]; ok {
-		return ep.Workload, p, nil
+	up := Upstream{Workload: ep.Workload, Service: svc}
+	switch p, ok := ep.Ports[svcPort]; {
+	case ok:
+		up.Port = p
+	case svcTarget > 0:
+		up.Port = svcTarget
+	case ep.Workload.ApplicationTunnel != nil && ep.Workload.ApplicationTunnel.Port != 0:
+		// The tunnel carries the real target; ztunnel on the far side
+		// resolves it.
+		up.Port = svcPort
+	default:
+		return Upstream{}, fmt.Errorf("%w: service %s: endpoint %s has no target for port %d", ErrNoHealthyUpstream, svc.Key(), ep.Workload.UID, svcPort)
 	}
-	return ep.Workload, svcTarget, nil // non-zero: endpointRank checked
+	return up, nil
 }
 
-// endpointRank returns -1 if ep cannot serve the port, else its locality rank
+// endpointFilter holds what ranking one service's endpoints needs.
+type endpointFilter struct {
+	src                *Workload
+	svcPort, svcTarget uint16
+	hasPort            bool
+	mode               Resolution
+	lb                 *LoadBalancer
+	ranked             bool
+}
+
+// rank returns -1 if ep cannot serve the port, else its locality rank
 // (always 0 when the service does not rank endpoints).
-func endpointRank(src *Workload, ep *Endpoint, svcTarget, svcPort uint16, lb *LoadBalancer, ranked bool) int {
-	w := ep.Workload
+func (f *endpointFilter) rank(ep *Endpoint) int {
+	w, src := ep.Workload, f.src
 	if len(w.Addresses) == 0 && w.Hostname == "" {
 		// Reachable only through a network gateway, which is never used
 		// within one network.
@@ -99,15 +153,22 @@ func endpointRank(src *Workload, ep *Endpoint, svcTarget, svcPort uint16, lb *Lo
 			return -1
 		}
 	}
-	if svcTarget == 0 {
-		if _, ok := ep.Ports[svcPort]; !ok {
+	switch f.mode {
+	case ResolveStandard:
+		if f.svcTarget == 0 {
+			if _, ok := ep.Ports[f.svcPort]; !ok {
+				return -1
+			}
+		}
+	case ResolveWaypoint:
+		if !f.hasPort && w.ApplicationTunnel == nil {
 			return -1
 		}
 	}
-	if !ranked {
+	if !f.ranked {
 		return 0
 	}
-	prefs := lb.RoutingPreferences
+	prefs := f.lb.RoutingPreferences
 	networkFirst := len(prefs) > 0 && prefs[0] == LBScopeNetwork
 	rank, adjust := 0, 0
 	for _, scope := range prefs {
@@ -137,7 +198,7 @@ func endpointRank(src *Workload, ep *Endpoint, svcTarget, svcPort uint16, lb *Lo
 		}
 		rank++
 	}
-	if lb.Mode == LBModeStrict && rank != len(prefs) {
+	if f.lb.Mode == LBModeStrict && rank != len(prefs) {
 		return -1
 	}
 	return rank + adjust

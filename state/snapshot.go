@@ -34,6 +34,9 @@ type Snapshot struct {
 	byUID  map[string]*Workload
 	byAddr map[NetworkAddress]*Workload
 	byInfo map[nsName][]*Workload // sorted by UID
+	// byHost indexes hostname-only workloads by namespace and hostname
+	// (the lowest UID wins a tie).
+	byHost map[NamespacedHostname]*Workload
 
 	svcByKey  map[NamespacedHostname]*Service
 	svcByVIP  map[NetworkAddress][]*Service // sorted by key
@@ -134,6 +137,7 @@ func newBuilder(workloads []*Workload, services []*Service) *builder {
 		byUID:     make(map[string]*Workload, len(workloads)),
 		byAddr:    make(map[NetworkAddress]*Workload, len(workloads)),
 		byInfo:    make(map[nsName][]*Workload, len(workloads)),
+		byHost:    make(map[NamespacedHostname]*Workload),
 		svcByKey:  make(map[NamespacedHostname]*Service, len(services)),
 		svcByVIP:  make(map[NetworkAddress][]*Service, len(services)),
 		svcByHost: make(map[string][]*Service, len(services)),
@@ -280,6 +284,11 @@ func (b *builder) addWorkloads(workloads []*Workload) {
 		}
 		ni := nsName{w.Namespace, w.Name}
 		s.byInfo[ni] = append(s.byInfo[ni], w)
+		if w.Hostname != "" {
+			if nh := (NamespacedHostname{w.Namespace, w.Hostname}); s.byHost[nh] == nil {
+				s.byHost[nh] = w
+			}
+		}
 
 		for _, k := range sortedKeys(w.Services) {
 			ns, host, ok := strings.Cut(k, "/")
@@ -472,7 +481,7 @@ func (s *Snapshot) ServicesByHostname(host string) []*Service { return s.svcByHo
 // When several services share the VIP, a canonical one wins, then the first
 // by key. Clients that know their namespace use ResolveVIP instead.
 func (s *Snapshot) ServiceByVIP(network string, ip netip.Addr) *Service {
-	return bestService(s.svcByVIP[NetworkAddress{network, ip.Unmap()}], "", false)
+	return bestService(s.svcByVIP[NetworkAddress{network, ip.Unmap()}], "", "", false)
 }
 
 // ResolveVIP returns the service a client in namespace clientNS reaches by
@@ -481,8 +490,22 @@ func (s *Snapshot) ServiceByVIP(network string, ip netip.Addr) *Service {
 // one, then the first by key; without an exact match, CIDR VIPs are ranked by
 // (in the client's namespace, prefix length, canonical).
 func (s *Snapshot) ResolveVIP(network string, ip netip.Addr, clientNS string) *Service {
+	return s.resolveVIP(network, ip, clientNS, "", true)
+}
+
+// ResolveVIPPreferring is ResolveVIP with a tiebreak namespace
+// (PREFERED_SERVICE_NAMESPACE): among exact VIP matches, after the client's
+// namespace and a canonical service, a service in preferredNS wins over the
+// first by key. "" prefers nothing.
+func (s *Snapshot) ResolveVIPPreferring(network string, ip netip.Addr, clientNS, preferredNS string) *Service {
+	return s.resolveVIP(network, ip, clientNS, preferredNS, true)
+}
+
+// resolveVIP implements the VIP lookups; without useNS there is no client:
+// visibility is not checked and no namespace is preferred.
+func (s *Snapshot) resolveVIP(network string, ip netip.Addr, clientNS, preferredNS string, useNS bool) *Service {
 	ip = ip.Unmap()
-	if svc := bestService(s.svcByVIP[NetworkAddress{network, ip}], clientNS, true); svc != nil {
+	if svc := bestService(s.svcByVIP[NetworkAddress{network, ip}], clientNS, preferredNS, useNS); svc != nil {
 		return svc
 	}
 	var (
@@ -490,10 +513,10 @@ func (s *Snapshot) ResolveVIP(network string, ip netip.Addr, clientNS string) *S
 		bestRank [3]int
 	)
 	for _, c := range s.cidrVIPs {
-		if c.prefix.Network != network || !c.prefix.Prefix.Contains(ip) || !c.svc.VisibleTo(clientNS) {
+		if c.prefix.Network != network || !c.prefix.Prefix.Contains(ip) || (useNS && !c.svc.VisibleTo(clientNS)) {
 			continue
 		}
-		rank := [3]int{b2i(c.svc.Namespace == clientNS), c.prefix.Prefix.Bits(), b2i(c.svc.Canonical)}
+		rank := [3]int{b2i(useNS && c.svc.Namespace == clientNS), c.prefix.Prefix.Bits(), b2i(c.svc.Canonical)}
 		if best == nil || slices.Compare(rank[:], bestRank[:]) > 0 {
 			best, bestRank = c.svc, rank
 		}
@@ -501,8 +524,11 @@ func (s *Snapshot) ResolveVIP(network string, ip netip.Addr, clientNS string) *S
 	return best
 }
 
-func bestService(list []*Service, clientNS string, useNS bool) *Service {
-	var first, canonical *Service
+// bestService ranks services sharing a VIP or hostname as ztunnel does: one
+// in the client's namespace, then a canonical one, then one in preferredNS,
+// then the first (by key). Without useNS, visibility is not checked.
+func bestService(list []*Service, clientNS, preferredNS string, useNS bool) *Service {
+	var first, canonical, preferred *Service
 	for _, svc := range list {
 		if useNS {
 			if !svc.VisibleTo(clientNS) {
@@ -518,9 +544,15 @@ func bestService(list []*Service, clientNS string, useNS bool) *Service {
 		if canonical == nil && svc.Canonical {
 			canonical = svc
 		}
+		if preferred == nil && preferredNS != "" && svc.Namespace == preferredNS {
+			preferred = svc
+		}
 	}
-	if canonical != nil {
+	switch {
+	case canonical != nil:
 		return canonical
+	case preferred != nil:
+		return preferred
 	}
 	return first
 }

@@ -31,16 +31,16 @@ const hang = 20 * time.Second
 func Run(t *testing.T, rig Rig) {
 	tests := []struct {
 		name string
-		fn   func(t *testing.T, e *engine.Engine)
+		fn   func(t *testing.T, e *engine.Engine, k kit)
 	}{
 		{"Echo", testEcho},
 		{"BlockingRelay", testBlockingRelay},
 		{"LargeTransferBothWays", testLarge},
 		{"ManyConcurrent", testMany},
-		{"HalfCloseFromA", func(t *testing.T, e *engine.Engine) { testHalfClose(t, e, true) }},
-		{"HalfCloseFromB", func(t *testing.T, e *engine.Engine) { testHalfClose(t, e, false) }},
-		{"ResetFromA", func(t *testing.T, e *engine.Engine) { testReset(t, e, true) }},
-		{"ResetFromB", func(t *testing.T, e *engine.Engine) { testReset(t, e, false) }},
+		{"HalfCloseFromA", func(t *testing.T, e *engine.Engine, k kit) { testHalfClose(t, e, k, true) }},
+		{"HalfCloseFromB", func(t *testing.T, e *engine.Engine, k kit) { testHalfClose(t, e, k, false) }},
+		{"ResetFromA", func(t *testing.T, e *engine.Engine, k kit) { testReset(t, e, k, true) }},
+		{"ResetFromB", func(t *testing.T, e *engine.Engine, k kit) { testReset(t, e, k, false) }},
 		{"SlowReaderDoesNotStallOthers", testSlowReader},
 		{"PeerVanishes", testPeerVanishes},
 		{"CountersMoveDuringTransfer", testCountersMove},
@@ -51,13 +51,55 @@ func Run(t *testing.T, rig Rig) {
 		{"CloseAbortsAndRefuses", testClose},
 		{"IdleHoldsNothing", testIdleHoldsNothing},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			e := rig.New(t)
-			defer e.Close()
-			tc.fn(t, e)
+	// Every scenario runs with TCP on both sides and with a stream (see
+	// Stream) on the B side: the TCP⇄stream relays.
+	for _, k := range []kit{{}, {stream: true}} {
+		t.Run(k.name(), func(t *testing.T) {
+			for _, tc := range tests {
+				t.Run(tc.name, func(t *testing.T) {
+					e := rig.New(t)
+					defer e.Close()
+					tc.fn(t, e, k)
+				})
+			}
 		})
 	}
+}
+
+// kit builds the relays of one variant of the suite.
+type kit struct {
+	stream bool // the B side is a Stream rather than a TCP socket
+}
+
+func (k kit) name() string {
+	if k.stream {
+		return "TCPToStream"
+	}
+	return "TCPToTCP"
+}
+
+// ends returns a relay's endpoints and the connections of the peers behind
+// them: client talks to a, server sits behind b.
+func (k kit) ends(t testing.TB) (client *net.TCPConn, a, b engine.Endpoint, server *net.TCPConn) {
+	client, ca := tcpPair(t)
+	cb, server := tcpPair(t)
+	a = engine.TCPEndpoint{TCPConn: ca}
+	if k.stream {
+		b = NewStream(cb)
+	} else {
+		b = engine.TCPEndpoint{TCPConn: cb}
+	}
+	return client, a, b, server
+}
+
+func (k kit) pair(t testing.TB, e *engine.Engine) *Pair {
+	if !k.stream {
+		return NewPair(t, e)
+	}
+	client, a, b, server := k.ends(t)
+	p := &Pair{Client: client, Server: server, Counters: new(engine.Counters), Done: make(chan engine.Result, 1)}
+	p.Handle = e.Start(a, b, p.Counters, func(r engine.Result) { p.Done <- r })
+	return p
 }
 
 // Pair is one relay under test: Client talks to the relay's A side, Server
@@ -172,19 +214,18 @@ func roundTrip(t testing.TB, p *Pair, size int64, seed uint64) {
 	}
 }
 
-func testEcho(t *testing.T, e *engine.Engine) {
+func testEcho(t *testing.T, e *engine.Engine, k kit) {
 	for i, size := range []int64{0, 1, 1000, 65536 + 3, 1 << 20} {
-		roundTrip(t, NewPair(t, e), size, uint64(i))
+		roundTrip(t, k.pair(t, e), size, uint64(i))
 	}
 }
 
-func testBlockingRelay(t *testing.T, e *engine.Engine) {
-	client, a := tcpPair(t)
-	b, server := tcpPair(t)
+func testBlockingRelay(t *testing.T, e *engine.Engine, k kit) {
+	client, a, b, server := k.ends(t)
 	deadline(client, server)
 	var c engine.Counters
 	res := make(chan engine.Result, 1)
-	go func() { res <- e.Relay(engine.TCPEndpoint{TCPConn: a}, engine.TCPEndpoint{TCPConn: b}, &c) }()
+	go func() { res <- e.Relay(a, b, &c) }()
 	go echo(server)
 	client.Write([]byte("ping"))
 	client.CloseWrite()
@@ -197,12 +238,12 @@ func testBlockingRelay(t *testing.T, e *engine.Engine) {
 	}
 }
 
-func testLarge(t *testing.T, e *engine.Engine) {
+func testLarge(t *testing.T, e *engine.Engine, k kit) {
 	size := int64(64 << 20)
 	if testing.Short() {
 		size = 8 << 20
 	}
-	p := NewPair(t, e)
+	p := k.pair(t, e)
 	deadline(p.Client, p.Server)
 	// Independent streams each way, at the same time.
 	check := func(name string, w, r *net.TCPConn, seed uint64, errs chan<- error) {
@@ -242,14 +283,14 @@ func testLarge(t *testing.T, e *engine.Engine) {
 	}
 }
 
-func testMany(t *testing.T, e *engine.Engine) {
+func testMany(t *testing.T, e *engine.Engine, k kit) {
 	n := 200
 	if testing.Short() {
 		n = 50
 	}
 	pairs := make([]*Pair, n)
 	for i := range pairs {
-		pairs[i] = NewPair(t, e)
+		pairs[i] = k.pair(t, e)
 	}
 	var wg sync.WaitGroup
 	for i, p := range pairs {
@@ -262,8 +303,8 @@ func testMany(t *testing.T, e *engine.Engine) {
 	wg.Wait()
 }
 
-func testHalfClose(t *testing.T, e *engine.Engine, fromA bool) {
-	p := NewPair(t, e)
+func testHalfClose(t *testing.T, e *engine.Engine, k kit, fromA bool) {
+	p := k.pair(t, e)
 	deadline(p.Client, p.Server)
 	first, second := p.Client, p.Server
 	if !fromA {
@@ -296,8 +337,8 @@ func abort(c *net.TCPConn) {
 	c.Close()
 }
 
-func testReset(t *testing.T, e *engine.Engine, fromA bool) {
-	p := NewPair(t, e)
+func testReset(t *testing.T, e *engine.Engine, k kit, fromA bool) {
+	p := k.pair(t, e)
 	deadline(p.Client, p.Server)
 	resetter, other := p.Client, p.Server
 	if !fromA {
@@ -318,8 +359,8 @@ func testReset(t *testing.T, e *engine.Engine, fromA bool) {
 	}
 }
 
-func testSlowReader(t *testing.T, e *engine.Engine) {
-	slow := NewPair(t, e)
+func testSlowReader(t *testing.T, e *engine.Engine, k kit) {
+	slow := k.pair(t, e)
 	deadline(slow.Client, slow.Server)
 	const size = 16 << 20
 	// The client pushes far more than the socket buffers hold while the
@@ -334,7 +375,7 @@ func testSlowReader(t *testing.T, e *engine.Engine) {
 	}()
 	// Meanwhile other relays on the same engine keep moving.
 	for i := range 4 {
-		roundTrip(t, NewPair(t, e), 256<<10, uint64(200+i))
+		roundTrip(t, k.pair(t, e), 256<<10, uint64(200+i))
 	}
 	// Now read slowly, in small pieces.
 	want, _, _ := digest(stream(7, size))
@@ -367,8 +408,8 @@ func testSlowReader(t *testing.T, e *engine.Engine) {
 	}
 }
 
-func testPeerVanishes(t *testing.T, e *engine.Engine) {
-	p := NewPair(t, e)
+func testPeerVanishes(t *testing.T, e *engine.Engine, k kit) {
+	p := k.pair(t, e)
 	deadline(p.Client, p.Server)
 	p.Client.Write([]byte("hello"))
 	if _, err := io.ReadFull(p.Server, make([]byte, 5)); err != nil {
@@ -392,8 +433,8 @@ func testPeerVanishes(t *testing.T, e *engine.Engine) {
 	}
 }
 
-func testCountersMove(t *testing.T, e *engine.Engine) {
-	p := NewPair(t, e)
+func testCountersMove(t *testing.T, e *engine.Engine, k kit) {
+	p := k.pair(t, e)
 	deadline(p.Client, p.Server)
 	// A multiple of the std relay's counting step (it counts each 4 MiB
 	// splice when it completes).
@@ -431,8 +472,8 @@ func testCountersMove(t *testing.T, e *engine.Engine) {
 	}
 }
 
-func testHandleAbort(t *testing.T, e *engine.Engine) {
-	p := NewPair(t, e)
+func testHandleAbort(t *testing.T, e *engine.Engine, k kit) {
+	p := k.pair(t, e)
 	deadline(p.Client, p.Server)
 	p.Client.Write([]byte("x"))
 	if _, err := io.ReadFull(p.Server, make([]byte, 1)); err != nil {
@@ -456,13 +497,11 @@ func testHandleAbort(t *testing.T, e *engine.Engine) {
 
 // testEndpointAbort resets a relayed connection through the endpoint
 // handed to the engine, as the proxy does when a policy change denies it.
-func testEndpointAbort(t *testing.T, e *engine.Engine) {
-	client, a := tcpPair(t)
-	b, server := tcpPair(t)
+func testEndpointAbort(t *testing.T, e *engine.Engine, k kit) {
+	client, ea, b, server := k.ends(t)
 	deadline(client, server)
 	done := make(chan engine.Result, 1)
-	ea := engine.TCPEndpoint{TCPConn: a}
-	e.Start(ea, engine.TCPEndpoint{TCPConn: b}, nil, func(r engine.Result) { done <- r })
+	e.Start(ea, b, nil, func(r engine.Result) { done <- r })
 	client.Write([]byte("x"))
 	if _, err := io.ReadFull(server, make([]byte, 1)); err != nil {
 		t.Fatal(err)
@@ -483,8 +522,8 @@ func testEndpointAbort(t *testing.T, e *engine.Engine) {
 	}
 }
 
-func testDrainWaits(t *testing.T, e *engine.Engine) {
-	pairs := []*Pair{NewPair(t, e), NewPair(t, e), NewPair(t, e)}
+func testDrainWaits(t *testing.T, e *engine.Engine, k kit) {
+	pairs := []*Pair{k.pair(t, e), k.pair(t, e), k.pair(t, e)}
 	drained := make(chan error, 1)
 	go func() { drained <- e.Drain(context.Background()) }()
 	// The relays finish on their own; Drain returns after the last.
@@ -501,8 +540,8 @@ func testDrainWaits(t *testing.T, e *engine.Engine) {
 	}
 }
 
-func testDrainDeadline(t *testing.T, e *engine.Engine) {
-	p := NewPair(t, e)
+func testDrainDeadline(t *testing.T, e *engine.Engine, k kit) {
+	p := k.pair(t, e)
 	deadline(p.Client, p.Server)
 	p.Client.Write([]byte("x"))
 	if _, err := io.ReadFull(p.Server, make([]byte, 1)); err != nil {
@@ -521,8 +560,8 @@ func testDrainDeadline(t *testing.T, e *engine.Engine) {
 	}
 }
 
-func testClose(t *testing.T, e *engine.Engine) {
-	p := NewPair(t, e)
+func testClose(t *testing.T, e *engine.Engine, k kit) {
+	p := k.pair(t, e)
 	deadline(p.Client, p.Server)
 	p.Client.Write([]byte("x"))
 	if _, err := io.ReadFull(p.Server, make([]byte, 1)); err != nil {
@@ -538,7 +577,7 @@ func testClose(t *testing.T, e *engine.Engine) {
 		t.Fatalf("server read %v, want ECONNRESET", err)
 	}
 	// A relay handed to a closed engine is refused and both peers reset.
-	late := NewPair(t, e)
+	late := k.pair(t, e)
 	deadline(late.Client, late.Server)
 	if res := late.Result(t); !errors.Is(res.Err, engine.ErrClosed) {
 		t.Fatalf("late relay: %v, want ErrClosed", res.Err)
@@ -553,15 +592,18 @@ func testClose(t *testing.T, e *engine.Engine) {
 
 // testIdleHoldsNothing checks the event-loop promise: once its bytes have
 // moved, an idle relay holds no goroutine and no pipe.
-func testIdleHoldsNothing(t *testing.T, e *engine.Engine) {
+func testIdleHoldsNothing(t *testing.T, e *engine.Engine, k kit) {
 	if e.Backend() == engine.BackendStd {
 		t.Skip("the std backend holds two goroutines per relay by design")
+	}
+	if k.stream && e.Backend() != engine.BackendEpoll {
+		t.Skipf("the %s backend relays streams with goroutines", e.Backend())
 	}
 	const n = 100
 	before := runtime.NumGoroutine()
 	pairs := make([]*Pair, n)
 	for i := range pairs {
-		p := NewPair(t, e)
+		p := k.pair(t, e)
 		pairs[i] = p
 		deadline(p.Client, p.Server)
 		p.Client.Write([]byte("ping"))
@@ -581,8 +623,16 @@ func testIdleHoldsNothing(t *testing.T, e *engine.Engine) {
 	if st.LoopRelays != n {
 		t.Fatalf("stats: %d relays in loops, want %d", st.LoopRelays, n)
 	}
-	// At most the loops themselves were added.
-	if grown := runtime.NumGoroutine() - before; grown > st.Loops {
+	if st.StreamBuffers != 0 {
+		t.Fatalf("%d buffers held by idle stream relays", st.StreamBuffers)
+	}
+	// At most the loops themselves were added (and the test Streams' own
+	// two goroutines each, which stand for the HBONE connection's).
+	own := 0
+	if k.stream && e.Backend() == engine.BackendEpoll {
+		own = 2 * n
+	}
+	if grown := runtime.NumGoroutine() - before - own; grown > st.Loops {
 		t.Fatalf("%d idle relays added %d goroutines (loops: %d)", n, grown, st.Loops)
 	}
 	for _, p := range pairs {

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ztunnel-go/ztunnel/admin"
+	"github.com/ztunnel-go/ztunnel/dnsproxy"
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/inpod"
@@ -44,6 +45,7 @@ type Daemon struct {
 	certs     *mtls.Store
 	pool      *hbone.Pool
 	proxies   []*proxy.Proxy
+	dns       []*dnsproxy.Server // dedicated mode's DNS proxy
 	admin     *admin.HTTPServer
 	stats     *admin.HTTPServer
 	readiness *admin.HTTPServer
@@ -194,10 +196,23 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			Logger:      log,
 			Metrics:     m,
 			Conns:       conns,
+
+			PreferredServiceNamespace: cfg.PreferredServiceNamespace,
+			SOCKS5:                    cfg.EnableSOCKS5,
+			DirectAppTunnel:           !cfg.LocalhostAppTunnel,
+			PoolInnerHBONE:            cfg.PoolInnerHBONE,
 		})
 	}
+	var dnsf *dnsFactory
+	if cfg.DNSCapture {
+		dnsf = newDNSFactory(cfg, store, m, log)
+	}
 	if cfg.Mode == ModeShared {
-		mgr, err := startShared(ctx, cfg, sharedDeps{Log: log, Ready: ready, Metrics: m, UDS: cfg.InpodUDS, NewProxy: newProxy})
+		deps := sharedDeps{Log: log, Ready: ready, Metrics: m, UDS: cfg.InpodUDS, NewProxy: newProxy}
+		if dnsf != nil {
+			deps.NewDNS = dnsf.build
+		}
+		mgr, err := startShared(ctx, cfg, deps)
 		if err != nil {
 			d.Close()
 			return nil, err
@@ -214,6 +229,17 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			return nil, err
 		}
 		d.proxies = append(d.proxies, p)
+		if dnsf != nil {
+			srv, err := dnsf.build(proxy.WorkloadRef{Namespace: cfg.Workload.Namespace, Name: cfg.Workload.Name, ServiceAccount: cfg.Workload.ServiceAccount}, nil)
+			if err == nil {
+				err = srv.Start(ctx)
+			}
+			if err != nil {
+				d.Close()
+				return nil, err
+			}
+			d.dns = append(d.dns, srv)
+		}
 	}
 	proxyDone()
 	cfg.Engine = engine.BackendName()
@@ -386,6 +412,9 @@ func (d *Daemon) Drain() {
 	if m := d.inpod.Load(); m != nil {
 		m.Drain(ctx) // every pod's proxy, in parallel
 	}
+	for _, s := range d.dns {
+		s.Drain(ctx)
+	}
 	for _, p := range d.proxies {
 		p.Drain(ctx)
 	}
@@ -397,6 +426,9 @@ func (d *Daemon) Drain() {
 func (d *Daemon) Close() {
 	if m := d.inpod.Load(); m != nil {
 		m.Close()
+	}
+	for _, s := range d.dns {
+		s.Close()
 	}
 	for _, p := range d.proxies {
 		p.Close()

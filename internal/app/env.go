@@ -57,6 +57,12 @@ type Config struct {
 	OrigSrc     *bool  // ENABLE_ORIG_SRC: nil = best effort
 	PortReuse   bool   // INPOD_PORT_REUSE
 	InpodUDS    string // INPOD_UDS: the CNI agent's ZDS socket (shared mode)
+	// EnableSOCKS5 is UNSTABLE_ENABLE_SOCKS5: a SOCKS5 listener on
+	// 127.0.0.1:15080 in each pod.
+	EnableSOCKS5 bool
+	// LocalhostAppTunnel is LOCALHOST_APP_TUNNEL: PROXY-protocol
+	// application tunnels are dialed over loopback (default true).
+	LocalhostAppTunnel bool
 
 	StreamWindow        uint32 // HTTP2_STREAM_WINDOW_SIZE
 	ConnectionWindow    uint32 // HTTP2_CONNECTION_WINDOW_SIZE
@@ -64,6 +70,11 @@ type Config struct {
 	PoolMaxStreams      int    // POOL_MAX_STREAMS_PER_CONNECTION
 	PoolUnusedRelease   time.Duration
 	TerminationDeadline time.Duration // CONNECTION_TERMINATION_DEADLINE (or the grace-period rule)
+
+	// PoolInnerHBONE is ZTUNNEL_POOL_INNER_HBONE (ztunnel-go only, default
+	// off): pool the inner tunnels of double HBONE, see
+	// proxy.Config.PoolInnerHBONE.
+	PoolInnerHBONE bool
 
 	KeepAliveEnabled  bool
 	KeepAliveTime     time.Duration
@@ -86,9 +97,27 @@ type Config struct {
 	// IstioVersion is ISTIO_META_ISTIO_VERSION, the istio_build tag.
 	IstioVersion string
 
+	// DNSCapture is ISTIO_META_DNS_CAPTURE: run the DNS proxy for each
+	// workload. Unset enables it, as in current ztunnel (the pods' capture
+	// rules decide whether DNS reaches it); any value but "true" disables it.
+	DNSCapture bool
+	// DNSProxyAddrs are the DNS proxy's addresses in each workload's
+	// namespace: ISTIO_META_DNS_PROXY_ADDR, "localhost:PORT" (both
+	// loopbacks) or "IP:PORT"; default 127.0.0.1:15053 and [::1]:15053.
+	DNSProxyAddrs []string
+	// ClusterDomain is CLUSTER_DOMAIN, the DNS proxy's Kubernetes domain.
+	ClusterDomain string
+	// ResolvConf is ZTUNNEL_RESOLV_CONF (ours, not ztunnel's): the file the
+	// DNS proxy's upstream resolvers are read from, default /etc/resolv.conf.
+	ResolvConf string
+
 	// Engine is ZTUNNEL_ENGINE: the relay backend (auto, std, epoll, uring);
 	// the engine package reads it, this validates it and shows the choice.
 	Engine string
+
+	// PreferredServiceNamespace is PREFERED_SERVICE_NAMESPACE (sic): the
+	// tiebreak namespace for services sharing a VIP.
+	PreferredServiceNamespace string
 
 	LogLevel  string // RUST_LOG
 	LogFormat string // LOG_FORMAT: plain or json
@@ -263,6 +292,7 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	}
 	c.NodeName = e.str("NODE_NAME", "")
 	c.Network = e.str("NETWORK", "")
+	c.PreferredServiceNamespace = e.str("PREFERED_SERVICE_NAMESPACE", "")
 	defMark := uint64(0)
 	if c.Mode == ModeShared {
 		defMark = 1337
@@ -271,12 +301,15 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	c.OrigSrc = e.optBool("ENABLE_ORIG_SRC")
 	c.PortReuse = e.boolean("INPOD_PORT_REUSE", true)
 	c.InpodUDS = e.str("INPOD_UDS", "/var/run/ztunnel/ztunnel.sock")
+	c.EnableSOCKS5 = e.boolean("UNSTABLE_ENABLE_SOCKS5", false)
+	c.LocalhostAppTunnel = e.boolean("LOCALHOST_APP_TUNNEL", true)
 
 	c.StreamWindow = uint32(e.uint("HTTP2_STREAM_WINDOW_SIZE", 4<<20, 1, math.MaxInt32))
 	c.ConnectionWindow = uint32(e.uint("HTTP2_CONNECTION_WINDOW_SIZE", 16<<20, 1, math.MaxInt32))
 	c.FrameSize = uint32(e.uint("HTTP2_FRAME_SIZE", 1<<20, 16384, 1<<24-1))
 	c.PoolMaxStreams = int(e.uint("POOL_MAX_STREAMS_PER_CONNECTION", 100, 1, math.MaxUint16))
 	c.PoolUnusedRelease = e.duration("POOL_UNUSED_RELEASE_TIMEOUT", 5*time.Minute)
+	c.PoolInnerHBONE = e.boolean("ZTUNNEL_POOL_INNER_HBONE", false)
 
 	c.TerminationDeadline = 5 * time.Second
 	if _, ok := lookup("CONNECTION_TERMINATION_DEADLINE"); ok {
@@ -309,6 +342,25 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 		// would let revoked peers in.
 		e.fail("CRL_PATH", v, errors.New("certificate revocation lists are not supported yet; unset it"))
 	}
+
+	c.DNSCapture = true
+	if v, ok := lookup("ISTIO_META_DNS_CAPTURE"); ok {
+		c.DNSCapture = strings.EqualFold(v, "true")
+	}
+	dnsAddr := e.str("ISTIO_META_DNS_PROXY_ADDR", "localhost:15053")
+	if addrs, err := parseDNSProxyAddr(dnsAddr); err != nil {
+		e.fail("ISTIO_META_DNS_PROXY_ADDR", dnsAddr, err)
+	} else {
+		c.DNSProxyAddrs = addrs
+	}
+	if c.DNSCapture && c.XDSOnDemand {
+		e.fail("XDS_ON_DEMAND", "true", errors.New("the DNS proxy does not support on-demand xDS (as in ztunnel); set ISTIO_META_DNS_CAPTURE=false to use it"))
+	}
+	c.ClusterDomain = e.str("CLUSTER_DOMAIN", "cluster.local")
+	if c.ClusterDomain == "" || strings.ContainsAny(c.ClusterDomain, "/: ") {
+		e.fail("CLUSTER_DOMAIN", c.ClusterDomain, errors.New("want a DNS domain such as cluster.local"))
+	}
+	c.ResolvConf = e.str("ZTUNNEL_RESOLV_CONF", "/etc/resolv.conf")
 
 	c.AdminAddr = e.str("ZTUNNEL_ADMIN_ADDR", "localhost:15000")
 	c.StatsAddr = e.str("ZTUNNEL_STATS_ADDR", "[::]:15020")
@@ -398,4 +450,22 @@ func checkAdminAddr(addr string) error {
 		return errors.New("the admin server must listen on a loopback address")
 	}
 	return nil
+}
+
+// parseDNSProxyAddr reads DNS_PROXY_ADDR as ztunnel does: "localhost:PORT"
+// means both loopbacks, anything else must be one IP:PORT.
+func parseDNSProxyAddr(v string) ([]string, error) {
+	if port, ok := strings.CutPrefix(v, "localhost:"); ok {
+		n, err := strconv.ParseUint(port, 10, 16)
+		if err != nil {
+			return nil, errors.New("want localhost:PORT or IP:PORT")
+		}
+		p := strconv.FormatUint(n, 10)
+		return []string{"127.0.0.1:" + p, "[::1]:" + p}, nil
+	}
+	ap, err := netip.ParseAddrPort(v)
+	if err != nil || ap.Addr().Zone() != "" {
+		return nil, errors.New("want localhost:PORT or IP:PORT")
+	}
+	return []string{ap.String()}, nil
 }

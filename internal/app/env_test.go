@@ -34,9 +34,12 @@ func TestParseEnvDefaults(t *testing.T) {
 		{"frame size", c.FrameSize, uint32(1 << 20)},
 		{"pool streams", c.PoolMaxStreams, 100},
 		{"pool idle", c.PoolUnusedRelease, 5 * time.Minute},
+		{"inner HBONE not pooled", c.PoolInnerHBONE, false},
 		{"termination deadline", c.TerminationDeadline, 5 * time.Second},
 		{"admin", c.AdminAddr, "localhost:15000"},
 		{"secret ttl", c.SecretTTL, 24 * time.Hour},
+		{"socks5 off", c.EnableSOCKS5, false},
+		{"app tunnel over loopback", c.LocalhostAppTunnel, true},
 	}
 	for _, ch := range checks {
 		if ch.got != ch.want {
@@ -59,17 +62,53 @@ func TestParseEnvOverrides(t *testing.T) {
 	c, err := ParseEnv(lookupFrom(map[string]string{
 		"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "a/b/c", "LOCAL_XDS": "workloads: []",
 		"CLUSTER_ID": "c1", "ISTIO_META_CLUSTER_ID": "c2", "TRUST_DOMAIN": "example.org",
-		"NODE_NAME": "node-a", "NETWORK": "net1", "PACKET_MARK": "99",
+		"NODE_NAME": "node-a", "NETWORK": "net1", "PACKET_MARK": "99", "PREFERED_SERVICE_NAMESPACE": "istio-system",
 		"HTTP2_STREAM_WINDOW_SIZE": "65535", "HTTP2_CONNECTION_WINDOW_SIZE": "1048576", "HTTP2_FRAME_SIZE": "16384",
-		"CONNECTION_TERMINATION_DEADLINE": "30s", "ENABLE_ORIG_SRC": "false",
+		"CONNECTION_TERMINATION_DEADLINE": "30s", "ENABLE_ORIG_SRC": "false", "ZTUNNEL_POOL_INNER_HBONE": "true",
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.ClusterID != "c2" || c.TrustDomain != "example.org" || c.NodeName != "node-a" || c.Network != "net1" ||
 		c.PacketMark != 99 || c.StreamWindow != 65535 || c.ConnectionWindow != 1<<20 || c.FrameSize != 16384 ||
-		c.TerminationDeadline != 30*time.Second || c.OrigSrc == nil || *c.OrigSrc {
+		c.TerminationDeadline != 30*time.Second || c.OrigSrc == nil || *c.OrigSrc || c.PreferredServiceNamespace != "istio-system" ||
+		!c.PoolInnerHBONE {
 		t.Fatalf("overrides not applied: %+v", c)
+	}
+}
+
+func TestParseEnvSOCKS5AndAppTunnel(t *testing.T) {
+	tests := []struct {
+		name             string
+		env              map[string]string
+		socks, localhost bool
+		wantErr          bool
+	}{
+		{"defaults", map[string]string{}, false, true, false},
+		{"socks5 on", map[string]string{"UNSTABLE_ENABLE_SOCKS5": "true"}, true, true, false},
+		{"app tunnel direct", map[string]string{"LOCALHOST_APP_TUNNEL": "false"}, false, false, false},
+		{"bad socks5 value", map[string]string{"UNSTABLE_ENABLE_SOCKS5": "maybe"}, false, false, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env := map[string]string{"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "a/b/c", "LOCAL_XDS": "workloads: []"}
+			for k, v := range tc.env {
+				env[k] = v
+			}
+			c, err := ParseEnv(lookupFrom(env))
+			if tc.wantErr {
+				if err == nil {
+					t.Fatal("want an error")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.EnableSOCKS5 != tc.socks || c.LocalhostAppTunnel != tc.localhost {
+				t.Fatalf("socks5 %v, localhost app tunnel %v; want %v, %v", c.EnableSOCKS5, c.LocalhostAppTunnel, tc.socks, tc.localhost)
+			}
+		})
 	}
 }
 
@@ -102,6 +141,7 @@ func TestParseEnvErrorsNameTheVariable(t *testing.T) {
 		{"bad workload info", map[string]string{"PROXY_WORKLOAD_INFO": "a/b"}, "PROXY_WORKLOAD_INFO"},
 		{"both local configs", map[string]string{"LOCAL_XDS_PATH": "a", "LOCAL_XDS": "b"}, "LOCAL_XDS"},
 		{"bad bool", map[string]string{"FAKE_CA": "yes please"}, "FAKE_CA"},
+		{"bad inner pooling bool", map[string]string{"ZTUNNEL_POOL_INNER_HBONE": "sometimes"}, "ZTUNNEL_POOL_INNER_HBONE"},
 		{"bad mark", map[string]string{"PACKET_MARK": "-1"}, "PACKET_MARK"},
 		{"window zero", map[string]string{"HTTP2_STREAM_WINDOW_SIZE": "0"}, "HTTP2_STREAM_WINDOW_SIZE"},
 		{"window too big", map[string]string{"HTTP2_CONNECTION_WINDOW_SIZE": "4294967295"}, "HTTP2_CONNECTION_WINDOW_SIZE"},
@@ -152,5 +192,54 @@ func TestChartVariables(t *testing.T) {
 		if _, err := ParseEnv(lookupFrom(map[string]string{name: v})); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s=%s: error %v does not name it", name, v, err)
 		}
+	}
+}
+
+func TestDNSEnv(t *testing.T) {
+	tests := []struct {
+		name    string
+		env     map[string]string
+		capture bool
+		addrs   []string
+		domain  string
+		resolv  string
+	}{
+		{"defaults: on, both loopbacks", map[string]string{}, true, []string{"127.0.0.1:15053", "[::1]:15053"}, "cluster.local", "/etc/resolv.conf"},
+		{"explicitly on", map[string]string{"ISTIO_META_DNS_CAPTURE": "TRUE"}, true, []string{"127.0.0.1:15053", "[::1]:15053"}, "cluster.local", "/etc/resolv.conf"},
+		{"anything but true is off", map[string]string{"ISTIO_META_DNS_CAPTURE": "yes"}, false, []string{"127.0.0.1:15053", "[::1]:15053"}, "cluster.local", "/etc/resolv.conf"},
+		{"off allows on-demand xDS", map[string]string{"ISTIO_META_DNS_CAPTURE": "false", "XDS_ON_DEMAND": "true"}, false, []string{"127.0.0.1:15053", "[::1]:15053"}, "cluster.local", "/etc/resolv.conf"},
+		{"localhost with another port", map[string]string{"ISTIO_META_DNS_PROXY_ADDR": "localhost:5353"}, true, []string{"127.0.0.1:5353", "[::1]:5353"}, "cluster.local", "/etc/resolv.conf"},
+		{"one address", map[string]string{"ISTIO_META_DNS_PROXY_ADDR": "[::1]:15053"}, true, []string{"[::1]:15053"}, "cluster.local", "/etc/resolv.conf"},
+		{"cluster domain and resolv.conf", map[string]string{"CLUSTER_DOMAIN": "corp.example", "ZTUNNEL_RESOLV_CONF": "/tmp/r"}, true, []string{"127.0.0.1:15053", "[::1]:15053"}, "corp.example", "/tmp/r"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := ParseEnv(lookupFrom(tc.env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.DNSCapture != tc.capture || strings.Join(c.DNSProxyAddrs, ",") != strings.Join(tc.addrs, ",") ||
+				c.ClusterDomain != tc.domain || c.ResolvConf != tc.resolv {
+				t.Fatalf("capture %v addrs %v domain %q resolv %q", c.DNSCapture, c.DNSProxyAddrs, c.ClusterDomain, c.ResolvConf)
+			}
+		})
+	}
+	for name, env := range map[string]map[string]string{
+		"ISTIO_META_DNS_PROXY_ADDR": {"ISTIO_META_DNS_PROXY_ADDR": "dns.local:53"},
+		"CLUSTER_DOMAIN":            {"CLUSTER_DOMAIN": "a b"},
+		"XDS_ON_DEMAND":             {"XDS_ON_DEMAND": "true"},
+	} {
+		t.Run("bad "+name, func(t *testing.T) {
+			if _, err := ParseEnv(lookupFrom(env)); err == nil || !strings.Contains(err.Error(), name) {
+				t.Fatalf("error %v does not name %s", err, name)
+			}
+		})
+	}
+	for _, bad := range []string{"localhost:http", "localhost:70000", "10.0.0.1", "[fe80::1%eth0]:53"} {
+		t.Run("bad address "+bad, func(t *testing.T) {
+			if _, err := ParseEnv(lookupFrom(map[string]string{"ISTIO_META_DNS_PROXY_ADDR": bad})); err == nil {
+				t.Fatal("accepted")
+			}
+		})
 	}
 }

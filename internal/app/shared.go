@@ -7,6 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/ztunnel-go/ztunnel/admin"
+	"github.com/ztunnel-go/ztunnel/dnsproxy"
 	"github.com/ztunnel-go/ztunnel/inpod"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/proxy"
@@ -26,6 +27,9 @@ type sharedDeps struct {
 	// proxy's Socket options must carry PACKET_MARK, and ReusePort
 	// INPOD_PORT_REUSE.
 	NewProxy func(w proxy.WorkloadRef, control func(fn func() error) error) (*proxy.Proxy, error)
+	// NewDNS, when set (ISTIO_META_DNS_CAPTURE), builds the pod's DNS proxy
+	// with the same control function; it runs and stops with the proxy.
+	NewDNS func(w proxy.WorkloadRef, control func(fn func() error) error) (*dnsproxy.Server, error)
 }
 
 // startShared runs the in-pod mode: the ZDS client and one proxy per pod.
@@ -60,7 +64,15 @@ func startShared(ctx context.Context, cfg *Config, deps sharedDeps) (*inpod.Mana
 			if p == nil { // not a nil *proxy.Proxy inside a non-nil interface
 				return nil, errors.New("shared mode: no proxy built")
 			}
-			return p, nil
+			if deps.NewDNS == nil {
+				return p, nil
+			}
+			w := proxy.WorkloadRef{Namespace: pod.Namespace, Name: pod.Name, ServiceAccount: pod.ServiceAccount}
+			dns, err := deps.NewDNS(w, pod.Netns.Run)
+			if err != nil {
+				return nil, err
+			}
+			return &withDNS{proxy: p, dns: dns}, nil
 		},
 		Ready:   ready,
 		Metrics: deps.Metrics,

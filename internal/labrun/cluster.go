@@ -27,6 +27,9 @@ type ClusterOptions struct {
 	DaemonEnv []string
 	// LogLevel is every daemon's RUST_LOG.
 	LogLevel string
+	// Capture selects variants of the meshed pods' capture rules (such as
+	// RedirectDNS, for the DNS proxy).
+	Capture netnslab.CaptureOptions
 }
 
 // Cluster is a lab built from a ztunnel local config: one pod per workload
@@ -117,14 +120,19 @@ func StartCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o Clust
 			continue
 		}
 		p := c.Pods[w.Name]
-		if err := p.InstallCapture(); err != nil {
+		if err := p.InstallCaptureWith(o.Capture); err != nil {
 			c.Close()
 			return nil, err
 		}
 		id := w.Identity()
+		env := o.DaemonEnv
+		if w.Network != "" {
+			// The daemon is on its workload's network (multi-network labs).
+			env = append([]string{"NETWORK=" + w.Network}, o.DaemonEnv...)
+		}
 		d, err := StartDaemon(ctx, p, DaemonOptions{
 			Binary: o.Binary, ConfigPath: c.ConfigPath, CACert: caCert, CAKey: caKey,
-			Workload: w.Namespace + "/" + w.Name + "/" + id.ServiceAccount, Env: o.DaemonEnv, LogLevel: o.LogLevel,
+			Workload: w.Namespace + "/" + w.Name + "/" + id.ServiceAccount, Env: env, LogLevel: o.LogLevel,
 		})
 		if err != nil {
 			c.Close()

@@ -6,5 +6,6 @@
 // readiness, and runs echo servers whose accepted peers can be inspected.
 // The end-to-end tests and the demo share it.
 //
-// Imported by e2e tests, cmd/zlab and the bench harness only.
+// Imported by e2e tests, cmd/zlab and the bench harness, and by the proxy
+// tests for its east-west gateway.
 package labrun

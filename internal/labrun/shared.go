@@ -33,6 +33,9 @@ type SharedOptions struct {
 	DaemonEnv []string
 	// LogLevel is every daemon's RUST_LOG.
 	LogLevel string
+	// Capture selects variants of the meshed pods' capture rules (such as
+	// RedirectDNS, for the DNS proxy).
+	Capture netnslab.CaptureOptions
 }
 
 // SharedCluster is a lab in Istio's default layout: one daemon per node in
@@ -187,7 +190,7 @@ func (c *SharedCluster) mesh(name string) error {
 	if p == nil || w == nil {
 		return fmt.Errorf("labrun: no workload %q", name)
 	}
-	if err := p.InstallCapture(); err != nil {
+	if err := p.InstallCaptureWith(c.opts.Capture); err != nil {
 		return err
 	}
 	ack, err := c.Agents[p.Node.Name].Add(zdstest.Pod{

@@ -43,8 +43,9 @@ var ErrCaptureInstalled = errors.New("netnslab: capture already installed with o
 // InstallCapture installs.
 type CaptureOptions struct {
 	// RedirectDNS adds the DNS rules: UDP to port 53 (not out lo) and TCP to port 53
-	// (not to 127.0.0.1) are redirected to DNSPort. Off by default until the DNS
-	// proxy exists.
+	// (not to 127.0.0.1) are redirected to DNSPort, as istio-cni does when DNS
+	// capture is on; packets with PacketMark (the proxy's own forwarded queries)
+	// are exempt. Off by default.
 	RedirectDNS bool
 	// IPTablesRestore is the iptables-restore binary to use. Empty means
 	// "iptables-restore" (the system's default backend, nft or legacy).

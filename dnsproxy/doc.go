@@ -1,0 +1,29 @@
+// Package dnsproxy is ztunnel's DNS proxy (port 15053): a small DNS server,
+// one per proxied workload and inside its network namespace, that answers
+// A and AAAA questions for the mesh's services from the current state
+// snapshot and forwards everything else to the node's resolvers.
+//
+// A name is looked up as ztunnel does: the question itself, its Kubernetes
+// expansions for the client's namespace (svc, svc.ns, svc.ns.svc), the
+// same after stripping each of the client's search domains, and for each of
+// those every wildcard (*.example.com) from the most specific up. Only
+// services visible to the client's namespace count; a service in the
+// client's namespace wins, then a canonical one. Services with VIPs answer
+// with the VIPs on the client's network; Kubernetes headless services
+// (no VIP, hostname under svc.<domain>) answer with their endpoints'
+// addresses, and <pod>.<service>.<ns>.svc.<domain> with that pod's. A name
+// found only after stripping a search domain gets a CNAME to the stripped
+// name. Answers have a TTL of 30 s and come in random order; a known name
+// without an address of the asked family gets an empty NOERROR.
+//
+// Unknown names and other question types go to the upstream resolvers
+// (resolv.conf's, read by the caller with ReadResolvConf) over sockets made
+// by the caller's Dial inside Config.Control, so that in shared mode they
+// leave from the pod's namespace with the proxy's mark. Work is bounded: a
+// cap on requests in flight and on TCP connections, request and response
+// size limits, and timeouts on every upstream exchange and TCP read.
+// Undecodable queries are answered FORMERR (or dropped when not even the
+// header is there); the server keeps serving.
+//
+// Imports state and metrics; imported by internal/app.
+package dnsproxy

@@ -1,0 +1,247 @@
+package enginetest
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+
+	"github.com/ztunnel-go/ztunnel/engine"
+)
+
+// Stream is an engine.StreamEndpoint carried over a TCP connection: it
+// stands in for an HBONE stream, so that the suite runs every scenario
+// through the TCP⇄stream relays too, without depending on hbone. Its send
+// and receive windows are small (Window bytes), so relays meet shut windows
+// often. Two goroutines of its own move bytes between the connection and its
+// buffers.
+type Stream struct {
+	c *net.TCPConn
+
+	mu       sync.Mutex // guards the following fields
+	cond     sync.Cond
+	rbuf     []byte // received, unread: at most Window bytes
+	rerr     error  // reported once rbuf is drained (io.EOF, or a reset)
+	sq       []byte // queued for sending: at most Window bytes
+	werr     error  // a failed write or a reset: writing fails from now on
+	wclosed  bool   // CloseWrite was called
+	closed   bool   // Close or Abort was called
+	aborted  bool
+	waker    engine.Waker
+	sendDone bool // the writer has ended
+}
+
+// Window is the stream's flow-control window in each direction.
+const Window = 64 << 10
+
+// NewStream starts a Stream over c, which it owns from now on.
+func NewStream(c *net.TCPConn) *Stream {
+	s := &Stream{c: c}
+	s.cond.L = &s.mu
+	go s.receive()
+	go s.send()
+	return s
+}
+
+func (s *Stream) wakeLocked() {
+	s.cond.Broadcast()
+	if s.waker != nil {
+		s.waker.Wake()
+	}
+}
+
+func (s *Stream) receive() {
+	buf := make([]byte, 16<<10)
+	for {
+		s.mu.Lock()
+		for len(s.rbuf) >= Window && !s.closed {
+			s.cond.Wait()
+		}
+		if s.closed {
+			s.mu.Unlock()
+			return
+		}
+		room := min(Window-len(s.rbuf), len(buf))
+		s.mu.Unlock()
+		n, err := s.c.Read(buf[:room])
+		s.mu.Lock()
+		s.rbuf = append(s.rbuf, buf[:n]...)
+		if err != nil && s.rerr == nil {
+			s.rerr = err
+			if err != io.EOF && s.werr == nil {
+				s.werr = err // a reset ends both directions
+			}
+		}
+		s.wakeLocked()
+		s.mu.Unlock()
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (s *Stream) send() {
+	out := make([]byte, 0, Window)
+	shut := false
+	for {
+		s.mu.Lock()
+		for len(s.sq) == 0 && !s.closed && s.werr == nil && (!s.wclosed || shut) {
+			s.cond.Wait()
+		}
+		if s.aborted || s.werr != nil || (len(s.sq) == 0 && s.closed) {
+			s.sendDone = true
+			aborted := s.aborted
+			s.mu.Unlock()
+			if !aborted {
+				_ = s.c.Close()
+			}
+			return
+		}
+		if len(s.sq) == 0 {
+			s.mu.Unlock()
+			_ = s.c.CloseWrite()
+			shut = true
+			continue
+		}
+		out = append(out[:0], s.sq...)
+		s.sq = s.sq[:0]
+		s.mu.Unlock()
+		_, err := s.c.Write(out)
+		s.mu.Lock()
+		if err != nil && s.werr == nil {
+			s.werr = err
+		}
+		s.wakeLocked() // the window reopened, or writing failed
+		s.mu.Unlock()
+	}
+}
+
+// SetWaker implements engine.StreamEndpoint.
+func (s *Stream) SetWaker(w engine.Waker) {
+	s.mu.Lock()
+	s.waker = w
+	s.mu.Unlock()
+}
+
+// TryRead implements engine.StreamEndpoint.
+func (s *Stream) TryRead(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, net.ErrClosed
+	}
+	if len(s.rbuf) == 0 {
+		return 0, s.rerr
+	}
+	n := copy(p, s.rbuf)
+	s.rbuf = s.rbuf[:copy(s.rbuf, s.rbuf[n:])]
+	s.cond.Broadcast() // the receive window reopened
+	return n, nil
+}
+
+// TryWrite implements engine.StreamEndpoint.
+func (s *Stream) TryWrite(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.writeErrLocked(); err != nil {
+		return 0, err
+	}
+	n := min(len(p), Window-len(s.sq))
+	s.sq = append(s.sq, p[:n]...)
+	if n > 0 {
+		s.cond.Broadcast()
+	}
+	return n, nil
+}
+
+func (s *Stream) writeErrLocked() error {
+	switch {
+	case s.werr != nil:
+		return s.werr
+	case s.closed:
+		return net.ErrClosed
+	case s.wclosed:
+		return errors.New("enginetest: write after CloseWrite")
+	}
+	return nil
+}
+
+// WriteWindow implements engine.StreamEndpoint.
+func (s *Stream) WriteWindow() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.writeErrLocked() != nil {
+		return 0
+	}
+	return Window - len(s.sq)
+}
+
+// Read is the blocking form, for the goroutine relay.
+func (s *Stream) Read(p []byte) (int, error) {
+	s.mu.Lock()
+	for len(s.rbuf) == 0 && s.rerr == nil && !s.closed {
+		s.cond.Wait()
+	}
+	s.mu.Unlock()
+	return s.TryRead(p)
+}
+
+// Write is the blocking form, for the goroutine relay.
+func (s *Stream) Write(p []byte) (int, error) {
+	total := 0
+	for len(p) > 0 {
+		s.mu.Lock()
+		for s.writeErrLocked() == nil && len(s.sq) >= Window {
+			s.cond.Wait()
+		}
+		s.mu.Unlock()
+		n, err := s.TryWrite(p)
+		total += n
+		p = p[n:]
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// CloseWrite sends the end of the stream once the queued bytes are out.
+func (s *Stream) CloseWrite() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.werr != nil {
+		return s.werr
+	}
+	s.wclosed = true
+	s.cond.Broadcast()
+	return nil
+}
+
+// Abort resets the connection at once.
+func (s *Stream) Abort() error {
+	s.mu.Lock()
+	if s.aborted {
+		s.mu.Unlock()
+		return nil
+	}
+	s.aborted, s.closed = true, true
+	if s.werr == nil {
+		s.werr = net.ErrClosed
+	}
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	_ = s.c.SetLinger(0)
+	return s.c.Close()
+}
+
+// Close ends the stream: queued bytes still go out, then the connection
+// closes. It does not wait.
+func (s *Stream) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	return nil
+}
+
+var _ engine.StreamEndpoint = (*Stream)(nil)

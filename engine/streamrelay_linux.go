@@ -1,0 +1,315 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+
+	"github.com/ztunnel-go/ztunnel/engine/bufpool"
+	"github.com/ztunnel-go/ztunnel/engine/poll"
+	"golang.org/x/sys/unix"
+)
+
+// Buffer sizes of a TCP⇄stream relay: each direction starts small and
+// grows after a read that filled its buffer, as ztunnel's relay grows its
+// buffers, so request/response traffic stays in small buffers and bulk
+// transfers get large ones. A buffer is held only while it has bytes in
+// flight.
+var streamBufSizes = [...]int{1 << 10, 16 << 10, 256 << 10}
+
+// streamRelay is one TCP⇄stream relay owned by an epoll loop (see
+// stream.go for the contract). The TCP socket is registered with the
+// loop's poller; the stream tells the loop through Wake (a task on the
+// loop's queue, at most one pending) that it may progress.
+type streamRelay struct {
+	relayBase
+	l       *eloop
+	s       *session
+	fd      int
+	st      StreamEndpoint
+	tcpSide int  // the side (0 A, 1 B) the socket is on
+	rd, wr  bool // the socket's readiness as last learnt
+	up      sdir // socket → stream
+	down    sdir // stream → socket
+	woke    atomic.Bool
+}
+
+// sdir is one direction of a streamRelay.
+type sdir struct {
+	buf    *[]byte // nil unless bytes are in flight
+	off, n int     // bytes in flight: (*buf)[off:n]
+	class  uint8   // index into streamBufSizes
+	count  *atomic.Int64
+	eof    bool // the source ended
+	shut   bool // the destination was told (CloseWrite, SHUT_WR)
+}
+
+func (d *sdir) pending() bool { return d.buf != nil && d.off < d.n }
+
+func (d *sdir) take(l *eloop) []byte {
+	l.nBufs.Add(1)
+	d.buf = bufpool.Get(streamBufSizes[d.class])
+	return (*d.buf)[:streamBufSizes[d.class]]
+}
+
+func (d *sdir) release(l *eloop) {
+	if d.buf != nil {
+		l.nBufs.Add(-1)
+		bufpool.Put(d.buf)
+		d.buf, d.off, d.n = nil, 0, 0
+	}
+}
+
+// filled notes a read of n bytes into a buffer of the current class and
+// grows the class when the read filled it.
+func (d *sdir) filled(n int) {
+	d.off, d.n = 0, n
+	if n == streamBufSizes[d.class] && int(d.class) < len(streamBufSizes)-1 {
+		d.class++
+	}
+}
+
+func (b *epollBackend) relayStream(fd, tcpSide int, st StreamEndpoint, s *session) {
+	l := b.loops[int(b.next.Add(1))%len(b.loops)]
+	r := &streamRelay{l: l, s: s, fd: fd, st: st, tcpSide: tcpSide}
+	r.init(r)
+	if tcpSide == 0 {
+		r.up.count, r.down.count = &s.counters.AToB, &s.counters.BToA
+	} else {
+		r.up.count, r.down.count = &s.counters.BToA, &s.counters.AToB
+	}
+	// The waker is set first: a wake-up queued before the relay is added
+	// finds it unregistered and is dropped, and add services it anyway.
+	st.SetWaker(r)
+	if !l.submit(task{op: opAdd, r: r}) {
+		r.refuse(ErrClosed)
+		return
+	}
+	s.setOwner(r)
+}
+
+// Wake is the stream's signal, from any goroutine: queue one look at the
+// relay on its loop.
+func (r *streamRelay) Wake() {
+	if r.woke.CompareAndSwap(false, true) {
+		r.l.submit(task{op: opWake, r: r})
+	}
+}
+
+// woken runs the wake-up on the loop.
+func (r *streamRelay) woken() {
+	r.woke.Store(false)
+	if r.slot >= 0 {
+		r.service()
+	}
+}
+
+func (r *streamRelay) abort(cause error) {
+	r.l.submit(task{op: opAbort, r: r, err: cause})
+}
+
+func (r *streamRelay) fdOf(side int) int {
+	if side == r.tcpSide {
+		return r.fd
+	}
+	return -1
+}
+
+func (r *streamRelay) refuse(err error) {
+	r.closed = true
+	r.st.SetWaker(nil)
+	abortFD(r.fd)
+	_ = r.st.Abort()
+	_ = r.st.Close()
+	r.s.finish(err)
+}
+
+func (r *streamRelay) event(_ int, ev poll.Event) {
+	if ev.Events&poll.Err != 0 {
+		if err := sockError(r.fd); err != nil {
+			r.end(r.opErr("connection", err), true)
+			return
+		}
+	}
+	if ev.Events&(poll.In|poll.RDHup|poll.Hup|poll.Err) != 0 {
+		r.rd = true
+	}
+	if ev.Events&(poll.Out|poll.Hup|poll.Err) != 0 {
+		r.wr = true
+	}
+	r.service()
+}
+
+func (r *streamRelay) service() {
+	if r.closed {
+		return
+	}
+	moreUp, err := r.pumpUp()
+	if err != nil {
+		r.end(err, true)
+		return
+	}
+	moreDown, err := r.pumpDown()
+	if err != nil {
+		r.end(err, true)
+		return
+	}
+	if r.up.shut && r.down.shut {
+		r.end(nil, false)
+		return
+	}
+	if (moreUp || moreDown) && !r.queued {
+		r.queued = true
+		r.l.ready = append(r.l.ready, loopRelay(r))
+	}
+}
+
+// pumpUp moves socket → stream: it reads the socket only while the stream
+// can take what it reads, so a shut window leaves the bytes in the socket
+// and TCP flow control pushes back on the sender.
+func (r *streamRelay) pumpUp() (more bool, err error) {
+	d := &r.up
+	for range roundsPerTurn {
+		moved := false
+		if d.pending() {
+			k, err := r.st.TryWrite((*d.buf)[d.off:d.n])
+			if err != nil {
+				return false, r.streamErr("write", err)
+			}
+			if k > 0 {
+				d.off += k
+				d.count.Add(int64(k))
+				moved = true
+			}
+			if d.off < d.n {
+				return false, nil // the stream wakes us when it can take more
+			}
+			d.release(r.l)
+		}
+		if !d.eof && r.rd {
+			w := r.st.WriteWindow()
+			if w == 0 {
+				if _, err := r.st.TryWrite(nil); err != nil {
+					return false, r.streamErr("write", err)
+				}
+				return false, nil // window shut: wait for Wake
+			}
+			p := d.take(r.l)
+			n, err := unix.Read(r.fd, p[:min(w, len(p))])
+			switch {
+			case err == unix.EAGAIN:
+				r.rd = false
+				d.release(r.l)
+			case err != nil:
+				d.release(r.l)
+				return false, r.opErr("read", err)
+			case n == 0:
+				d.eof = true
+				d.release(r.l)
+				moved = true
+			default:
+				d.filled(n)
+				moved = true
+			}
+		}
+		if d.eof && !d.pending() && !d.shut {
+			d.shut = true
+			if err := r.st.CloseWrite(); err != nil {
+				return false, r.streamErr("close write", err)
+			}
+		}
+		if !moved {
+			return false, nil
+		}
+		r.l.touch(&r.relayBase)
+	}
+	return true, nil
+}
+
+// pumpDown moves stream → socket: it takes bytes from the stream (which
+// returns their window to the peer) only once the previous ones are in the
+// socket, so a slow reader slows the peer down.
+func (r *streamRelay) pumpDown() (more bool, err error) {
+	d := &r.down
+	for range roundsPerTurn {
+		moved := false
+		if d.pending() && r.wr {
+			k, err := unix.Write(r.fd, (*d.buf)[d.off:d.n])
+			switch {
+			case err == unix.EAGAIN:
+				r.wr = false
+			case err != nil:
+				return false, r.opErr("write", err)
+			case k > 0:
+				d.off += k
+				d.count.Add(int64(k))
+				moved = true
+			}
+			if d.off == d.n {
+				d.release(r.l)
+			}
+		}
+		if !d.eof && d.buf == nil {
+			p := d.take(r.l)
+			n, err := r.st.TryRead(p)
+			switch {
+			case err == io.EOF:
+				d.eof = true
+				d.release(r.l)
+				moved = true
+			case err != nil:
+				d.release(r.l)
+				return false, r.streamErr("read", err)
+			case n == 0:
+				d.release(r.l) // nothing buffered: wait for Wake
+			default:
+				d.filled(n)
+				moved = true
+			}
+		}
+		if d.eof && !d.pending() && !d.shut {
+			d.shut = true
+			if err := unix.Shutdown(r.fd, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
+				return false, r.opErr("shutdown", err)
+			}
+		}
+		if !moved {
+			return false, nil
+		}
+		r.l.touch(&r.relayBase)
+	}
+	return true, nil
+}
+
+// end closes the socket and the stream (resetting both if abort), returns
+// the buffers and reports the result.
+func (r *streamRelay) end(err error, abort bool) {
+	if r.closed || r.slot < 0 {
+		return
+	}
+	r.closed = true
+	r.up.release(r.l)
+	r.down.release(r.l)
+	r.st.SetWaker(nil)
+	if abort {
+		abortFD(r.fd)
+		_ = r.st.Abort()
+	} else {
+		_ = unix.Close(r.fd)
+	}
+	_ = r.st.Close()
+	r.l.release(&r.relayBase)
+	r.s.finish(err)
+}
+
+func (r *streamRelay) opErr(op string, err error) error {
+	return fmt.Errorf("engine: %s %s: %w", op, sideName[r.tcpSide], err)
+}
+
+func (r *streamRelay) streamErr(op string, err error) error {
+	if errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	return fmt.Errorf("engine: stream %s %s: %w", op, sideName[1-r.tcpSide], err)
+}

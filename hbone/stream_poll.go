@@ -1,0 +1,194 @@
+package hbone
+
+import (
+	"math"
+	"sync"
+)
+
+// This file lets an event loop drive a Stream without a goroutine (the
+// engine's StreamEndpoint): non-blocking TryRead and TryWrite, the send
+// window the loop may fill, and a Waker the connection's goroutines call
+// when either may progress. The blocking Read and Write stay as they are;
+// a stream is driven one way or the other, not both.
+
+// Waker is told that a stream's TryRead or TryWrite may make progress. Wake
+// must not block; it may be called from any goroutine, with the connection's
+// locks held, and spuriously.
+type Waker interface {
+	Wake()
+}
+
+// SetWaker registers w (nil removes it). From then on w.Wake is called when
+// data, END_STREAM or a reset arrives, when the send window opens and when
+// the connection's write buffer drains after TryWrite or WriteWindow found
+// it full.
+func (s *Stream) SetWaker(w Waker) {
+	if w == nil {
+		s.waker.Store(nil)
+		return
+	}
+	s.waker.Store(&w)
+}
+
+func (s *Stream) wake() {
+	if w := s.waker.Load(); w != nil {
+		(*w).Wake()
+	}
+}
+
+// TryRead is Read without blocking: (0, nil) means no data is buffered now
+// (wait for Wake). Bytes read return their window to the peer as Read does.
+func (s *Stream) TryRead(p []byte) (int, error) {
+	s.mu.Lock()
+	if s.rerrNow != nil {
+		err := s.rerrNow
+		s.mu.Unlock()
+		return 0, err
+	}
+	if s.rbuf.size == 0 || len(p) == 0 {
+		err := s.rerrAfter
+		if s.rbuf.size > 0 {
+			err = nil
+		}
+		s.mu.Unlock()
+		return 0, err
+	}
+	return s.takeLocked(p), nil
+}
+
+// TryWrite queues as much of p as the stream and connection send windows
+// and the connection's write buffer allow, without blocking, and returns
+// how much it took; p may be reused at once. (0, nil) means none fits now
+// (wait for Wake). An empty p reports only whether writing has failed:
+// a reset, a local close or the connection's end.
+func (s *Stream) TryWrite(p []byte) (int, error) {
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := s.writeErrLocked(); err != nil {
+		return 0, err
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	switch {
+	case c.wclosing:
+		return 0, c.wErr
+	case s.rstQueued:
+		return 0, ErrStreamClosed
+	case s.endQueued:
+		return 0, ErrWriteAfterClose
+	case len(p) == 0:
+		return 0, nil
+	}
+	m := s.windowLocked(len(p))
+	if m == 0 {
+		return 0, nil
+	}
+	s.sendWindow -= int64(m)
+	c.sendWindow -= int64(m)
+	b := c.wbufLocked()
+	for off := 0; off < m; {
+		k := min(m-off, c.wPeerMaxFrame)
+		b = appendData(b, s.id, false, p[off:off+k])
+		off += k
+	}
+	c.commitLocked(b)
+	return m, nil
+}
+
+// WriteWindow reports how many bytes TryWrite would take now, so that a
+// loop reads from its socket no more than it can forward. When it is 0 a
+// Wake follows once it may not be.
+func (s *Stream) WriteWindow() int {
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return s.windowLocked(math.MaxInt32)
+}
+
+// windowLocked returns min(want, the stream's and the connection's send
+// windows, the write buffer's room) and, when that is 0, makes sure a Wake
+// follows: a WINDOW_UPDATE for the stream wakes it directly; the connection
+// window and the write buffer keep lists of the streams waiting for them.
+// c.mu and c.wmu held.
+func (s *Stream) windowLocked(want int) int {
+	c := s.c
+	room := writeBufSize - c.pendingLenLocked()
+	if room < minDataFrag && c.pendingLenLocked() > 0 {
+		room = 0 // wait for the flush rather than cut tiny frames
+	}
+	w := min(int64(want), s.sendWindow, c.sendWindow, int64(room))
+	if w > 0 {
+		return int(w)
+	}
+	switch {
+	case s.sendWindow <= 0:
+		// The stream's WINDOW_UPDATE (or a SETTINGS change) wakes it.
+	case c.sendWindow <= 0:
+		c.poll.wait(s, true)
+	default:
+		c.poll.wait(s, false)
+	}
+	return 0
+}
+
+// pollWaiters lists the event-loop-driven streams waiting for the
+// connection's send window or for room in its write buffer.
+type pollWaiters struct {
+	mu       sync.Mutex // a leaf: guards the following fields and Stream.inWinWait/inBufWait
+	win, buf []*Stream
+	spare    []*Stream
+}
+
+func (w *pollWaiters) wait(s *Stream, window bool) {
+	w.mu.Lock()
+	if window && !s.inWinWait {
+		s.inWinWait = true
+		w.win = append(w.win, s)
+	} else if !window && !s.inBufWait {
+		s.inBufWait = true
+		w.buf = append(w.buf, s)
+	}
+	w.mu.Unlock()
+}
+
+// wakeWin wakes the streams waiting for connection window; called when a
+// connection-level WINDOW_UPDATE arrives.
+func (w *pollWaiters) wakeWin() { w.wakeAll(true) }
+
+// wakeBuf wakes the streams waiting for write-buffer room; called when the
+// writer takes the buffer to flush it.
+func (w *pollWaiters) wakeBuf() { w.wakeAll(false) }
+
+func (w *pollWaiters) wakeAll(window bool) {
+	w.mu.Lock()
+	list := &w.buf
+	if window {
+		list = &w.win
+	}
+	if len(*list) == 0 {
+		w.mu.Unlock()
+		return
+	}
+	ws := *list
+	*list, w.spare = w.spare[:0], nil
+	for _, s := range ws {
+		if window {
+			s.inWinWait = false
+		} else {
+			s.inBufWait = false
+		}
+	}
+	w.mu.Unlock()
+	for i, s := range ws {
+		s.wake()
+		ws[i] = nil
+	}
+	w.mu.Lock()
+	if w.spare == nil {
+		w.spare = ws[:0]
+	}
+	w.mu.Unlock()
+}

@@ -1,0 +1,128 @@
+package app
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ztunnel-go/ztunnel/dnsproxy"
+	"github.com/ztunnel-go/ztunnel/engine"
+	"github.com/ztunnel-go/ztunnel/metrics"
+	"github.com/ztunnel-go/ztunnel/proxy"
+	"github.com/ztunnel-go/ztunnel/state"
+)
+
+// dnsFactory builds the DNS proxy of one workload (ISTIO_META_DNS_CAPTURE).
+// The upstream resolvers come from the daemon's resolv.conf, read once at
+// start as ztunnel does.
+type dnsFactory struct {
+	cfg     *Config
+	store   *state.Store
+	metrics *metrics.Metrics
+	log     *slog.Logger
+	rc      dnsproxy.ResolvConf
+}
+
+// newDNSFactory reads the resolv.conf. An unreadable one is logged, not
+// fatal: local names are still answered and forwarded ones get SERVFAIL.
+func newDNSFactory(cfg *Config, store *state.Store, m *metrics.Metrics, log *slog.Logger) *dnsFactory {
+	rc, err := dnsproxy.ReadResolvConf(cfg.ResolvConf)
+	if err != nil {
+		log.Warn("DNS proxy has no upstream resolvers", "error", err, "scope", "dns")
+	} else if len(rc.Servers) == 0 {
+		log.Warn("DNS proxy has no upstream resolvers: no nameserver in "+cfg.ResolvConf, "scope", "dns")
+	}
+	return &dnsFactory{cfg: cfg, store: store, metrics: m, log: log, rc: rc}
+}
+
+// build returns the (unstarted) DNS proxy of w. control runs socket
+// creation in the pod's namespace (shared mode); nil in dedicated mode,
+// where the daemon already runs in it. Its sockets carry PACKET_MARK, so
+// the pod's DNS capture does not send the forwarded queries back to it.
+func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) error) (*dnsproxy.Server, error) {
+	cfg := f.cfg
+	var search []string
+	if control == nil {
+		// Dedicated mode serves the workload whose resolv.conf this is:
+		// its search list is the client's (ztunnel's static search).
+		search = append([]string{}, f.rc.Search...)
+	}
+	dialer := &net.Dialer{Control: engine.SocketOptions{Mark: cfg.PacketMark}.DialControl()}
+	return dnsproxy.New(dnsproxy.Config{
+		State:              f.store,
+		Client:             state.WorkloadInfo{Namespace: w.Namespace, Name: w.Name, ServiceAccount: w.ServiceAccount},
+		Network:            cfg.Network,
+		Domain:             cfg.ClusterDomain,
+		PreferredNamespace: cfg.PreferredServiceNamespace,
+		SearchDomains:      search,
+		Upstreams:          f.rc.Servers,
+		Addrs:              cfg.DNSProxyAddrs,
+		Control:            control,
+		ListenControl:      listenControl(cfg.PacketMark, cfg.PortReuse),
+		Dial:               dialer.DialContext,
+		Metrics:            f.metrics,
+		Logger:             f.log,
+	})
+}
+
+// listenControl marks the DNS proxy's listening sockets and, with
+// INPOD_PORT_REUSE, lets a new daemon bind the same ports during an
+// upgrade (UDP and TCP alike).
+func listenControl(mark uint32, reusePort bool) func(network, address string, c syscall.RawConn) error {
+	markCtl := engine.SocketOptions{Mark: mark}.DialControl()
+	return func(network, address string, c syscall.RawConn) error {
+		if err := markCtl(network, address, c); err != nil {
+			return err
+		}
+		if !reusePort {
+			return nil
+		}
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}
+}
+
+// withDNS is a pod's proxy together with its DNS proxy, driven as one by
+// the in-pod manager.
+type withDNS struct {
+	proxy *proxy.Proxy
+	dns   *dnsproxy.Server
+}
+
+// Start starts the proxy, then the DNS proxy; if the latter fails the pod
+// is not up, and both are closed so the manager's retry starts afresh.
+func (p *withDNS) Start(ctx context.Context) error {
+	if err := p.proxy.Start(ctx); err != nil {
+		p.dns.Close()
+		return err
+	}
+	if err := p.dns.Start(ctx); err != nil {
+		p.proxy.Close()
+		p.dns.Close()
+		return err
+	}
+	return nil
+}
+
+// Drain drains both at once.
+func (p *withDNS) Drain(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { p.dns.Drain(ctx) })
+	p.proxy.Drain(ctx)
+	wg.Wait()
+}
+
+// Close closes both.
+func (p *withDNS) Close() {
+	p.proxy.Close()
+	p.dns.Close()
+}

@@ -1,0 +1,70 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/proxy/proxyproto"
+)
+
+// inboundConnKey marks the context of an inbound HBONE request with its
+// connInfo. The authorization step dials the app through dialApp; the
+// context lets dialApp apply the workload's application tunnel without the
+// authorization step knowing about tunnels.
+type inboundConnKey struct{}
+
+func withInboundConn(ctx context.Context, ci *connInfo) context.Context {
+	return context.WithValue(ctx, inboundConnKey{}, ci)
+}
+
+func inboundConnOf(ctx context.Context) *connInfo {
+	ci, _ := ctx.Value(inboundConnKey{}).(*connInfo)
+	return ci
+}
+
+// appTunnelWriteTimeout bounds writing the PROXY header to a fresh
+// connection (it fits in the socket buffer, so only a stuck app waits).
+const appTunnelWriteTimeout = 10 * time.Second
+
+// dialAppTunnel connects to a workload that terminates tunnels itself
+// (application_tunnel protocol PROXY): to the tunnel port (the target port
+// when 0), over loopback unless DirectAppTunnel, and writes a PROXY v2
+// header naming the client, the original target and, in TLV 0xD0, the
+// client's SPIFFE ID.
+func (p *Proxy) dialAppTunnel(ctx context.Context, ci *connInfo, target netip.AddrPort, port uint16) (*net.TCPConn, error) {
+	if port == 0 {
+		port = target.Port()
+	}
+	var (
+		c   *net.TCPConn
+		err error
+	)
+	if p.cfg.DirectAppTunnel {
+		c, err = p.dialAppDirect(ctx, ci.src.Addr(), netip.AddrPortFrom(target.Addr(), port))
+	} else {
+		// Over loopback the source cannot be the client's; the header says who it is.
+		lo := netip.IPv6Loopback()
+		if target.Addr().Is4() {
+			lo = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+		}
+		c, err = p.dialer.Dial(ctx, netip.Addr{}, netip.AddrPortFrom(lo, port))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("application tunnel: %w", err)
+	}
+	h := proxyproto.Header{Command: proxyproto.Proxy, Src: ci.src, Dst: target}
+	if ci.srcIdentity != (identity.Identity{}) {
+		h.TLVs = []proxyproto.TLV{{Type: proxyproto.TypeSPIFFEID, Value: []byte(ci.srcIdentity.String())}}
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(appTunnelWriteTimeout))
+	if _, err := h.WriteTo(c); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("application tunnel: write PROXY header: %w", err)
+	}
+	_ = c.SetWriteDeadline(time.Time{})
+	return c, nil
+}

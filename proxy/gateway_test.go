@@ -1,0 +1,539 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/internal/labrun"
+	"github.com/ztunnel-go/ztunnel/metrics"
+	"github.com/ztunnel-go/ztunnel/mtls"
+	"github.com/ztunnel-go/ztunnel/mtls/caclient"
+	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
+	"github.com/ztunnel-go/ztunnel/state"
+	"github.com/ztunnel-go/ztunnel/state/xdsconv"
+)
+
+// routingConfig has a client on net-a and services whose endpoints sit on
+// net-b behind gateways of every kind.
+const routingConfig = `
+workloads:
+- {uid: client, name: client, namespace: ns, serviceAccount: client, workloadIps: ["10.0.0.2"], network: net-a, protocol: HBONE, services: {}}
+- {uid: local, name: local, namespace: ns, serviceAccount: local, workloadIps: ["10.0.0.3"], network: net-a, protocol: HBONE,
+   services: {"ns/local.ns.svc.cluster.local": {80: 8080}}}
+- {uid: remote, name: remote, namespace: ns, serviceAccount: remote, workloadIps: ["10.1.0.2"], network: net-b, protocol: HBONE,
+   networkGateway: {destination: "net-b/192.0.2.10", hboneMtlsPort: 15008},
+   services: {"ns/echo.ns.svc.cluster.local": {80: 8080}}}
+- {uid: remote-by-host, name: remote-by-host, namespace: ns, serviceAccount: remote, workloadIps: [], network: net-b, protocol: HBONE,
+   networkGateway: {destination: "istio-system/eastwest.istio-system.svc.cluster.local", hboneMtlsPort: 15443},
+   services: {"ns/byhost.ns.svc.cluster.local": {80: 8080}}}
+- {uid: remote-by-vip, name: remote-by-vip, namespace: ns, serviceAccount: remote, workloadIps: ["10.1.0.4"], network: net-b, protocol: HBONE,
+   networkGateway: {destination: "net-b/192.0.2.30", hboneMtlsPort: 0},
+   services: {"ns/byvip.ns.svc.cluster.local": {80: 8080}}}
+- {uid: remote-lost, name: remote-lost, namespace: ns, serviceAccount: remote, workloadIps: ["10.1.0.5"], network: net-b, protocol: HBONE,
+   networkGateway: {destination: "net-b/192.0.2.99", hboneMtlsPort: 15008},
+   services: {"ns/lost.ns.svc.cluster.local": {80: 8080}}}
+- {uid: remote-tcp, name: remote-tcp, namespace: ns, serviceAccount: remote, workloadIps: ["10.1.0.6"], network: net-b, protocol: TCP,
+   networkGateway: {destination: "net-b/192.0.2.10", hboneMtlsPort: 15008},
+   services: {"ns/plain.ns.svc.cluster.local": {80: 8080}}}
+- {uid: gw, name: gw, namespace: istio-system, serviceAccount: gw, workloadIps: ["192.0.2.10"], network: net-b, protocol: TCP, services: {}}
+- {uid: ew, name: ew, namespace: istio-system, serviceAccount: eastwest, workloadIps: ["192.0.2.20"], network: net-b, protocol: TCP,
+   services: {"istio-system/eastwest.istio-system.svc.cluster.local": {15443: 15443}}}
+services:
+- {name: local, namespace: ns, hostname: local.ns.svc.cluster.local, vips: ["net-a/10.96.0.1"], ports: {80: 8080}}
+- {name: echo, namespace: ns, hostname: echo.ns.svc.cluster.local, vips: ["net-a/10.96.0.2"], ports: {80: 8080},
+   subjectAltNames: ["spiffe://cluster.local/ns/ns/sa/echo-alt"]}
+- {name: byhost, namespace: ns, hostname: byhost.ns.svc.cluster.local, vips: ["net-a/10.96.0.3"], ports: {80: 8080}}
+- {name: byvip, namespace: ns, hostname: byvip.ns.svc.cluster.local, vips: ["net-a/10.96.0.4"], ports: {80: 8080}}
+- {name: lost, namespace: ns, hostname: lost.ns.svc.cluster.local, vips: ["net-a/10.96.0.5"], ports: {80: 8080}}
+- {name: plain, namespace: ns, hostname: plain.ns.svc.cluster.local, vips: ["net-a/10.96.0.6"], ports: {80: 8080}}
+- {name: eastwest, namespace: istio-system, hostname: eastwest.istio-system.svc.cluster.local, vips: ["net-b/192.0.2.30"],
+   ports: {15443: 15443}, subjectAltNames: ["spiffe://cluster.local/ns/istio-system/sa/eastwest-alt"]}
+`
+
+func TestRouteViaGateway(t *testing.T) {
+	snap, err := xdsconv.LocalSnapshot([]byte(routingConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := snap.WorkloadByUID("client")
+	const (
+		remoteID = "spiffe://cluster.local/ns/ns/sa/remote"
+		ewID     = "spiffe://cluster.local/ns/istio-system/sa/eastwest"
+		ewSAN    = "spiffe://cluster.local/ns/istio-system/sa/eastwest-alt"
+	)
+	tests := []struct {
+		name      string
+		dst       string
+		poolInner bool
+		wantErr   string
+		direct    bool     // no gateway: an ordinary route
+		gw        string   // outer tunnel peer
+		gwSANs    []string // identities the gateway must present
+		innerSANs []string
+		wantPool  bool
+	}{
+		{name: "gateway by workload address", dst: "10.96.0.2:80", gw: "192.0.2.10:15008",
+			gwSANs:    []string{"spiffe://cluster.local/ns/istio-system/sa/gw"},
+			innerSANs: []string{remoteID, "spiffe://cluster.local/ns/ns/sa/echo-alt"}},
+		{name: "gateway by service hostname", dst: "10.96.0.3:80", gw: "192.0.2.20:15443",
+			gwSANs: []string{ewID, ewSAN}, innerSANs: []string{remoteID}},
+		{name: "gateway by service VIP, default port", dst: "10.96.0.4:80", gw: "192.0.2.20:15008",
+			gwSANs: []string{ewID, ewSAN}, innerSANs: []string{remoteID}},
+		{name: "inner pooling for a ztunnel destination", dst: "10.96.0.2:80", poolInner: true, wantPool: true, gw: "192.0.2.10:15008",
+			gwSANs:    []string{"spiffe://cluster.local/ns/istio-system/sa/gw"},
+			innerSANs: []string{remoteID, "spiffe://cluster.local/ns/ns/sa/echo-alt"}},
+		{name: "no inner pooling for a non-HBONE destination", dst: "10.96.0.6:80", poolInner: true, gw: "192.0.2.10:15008",
+			gwSANs: []string{"spiffe://cluster.local/ns/istio-system/sa/gw"}, innerSANs: []string{remoteID}},
+		{name: "unknown gateway", dst: "10.96.0.5:80", wantErr: "network gateway net-b/192.0.2.99 is unknown"},
+		{name: "same network goes direct", dst: "10.96.0.1:80", direct: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &Proxy{cfg: Config{Network: "net-a", PoolInnerHBONE: tc.poolInner}}
+			r, err := p.routeOutbound(context.Background(), snap, src, netip.AddrPort{}, netip.MustParseAddrPort(tc.dst))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.direct {
+				if r.gateway != nil {
+					t.Fatalf("same-network endpoint routed through a gateway: %+v", r)
+				}
+				return
+			}
+			if r.gateway == nil || !r.hbone {
+				t.Fatalf("route %+v: want double HBONE", r)
+			}
+			wantAuth := r.service.Hostname + ":80"
+			if r.dst.String() != tc.gw || r.authority != wantAuth || r.gateway.authority != wantAuth {
+				t.Errorf("outer %s %q, inner %q; want %s %q", r.dst, r.authority, r.gateway.authority, tc.gw, wantAuth)
+			}
+			if !slices.Equal(r.sans, tc.gwSANs) || !slices.Equal(r.gateway.sans, tc.innerSANs) {
+				t.Errorf("gateway SANs %v (want %v), inner SANs %v (want %v)", r.sans, tc.gwSANs, r.gateway.sans, tc.innerSANs)
+			}
+			if r.gateway.pool != tc.wantPool {
+				t.Errorf("inner pooling %v, want %v", r.gateway.pool, tc.wantPool)
+			}
+			if tc.wantPool && !strings.Contains(r.gateway.poolKey, "spiffe://cluster.local/ns/ns/sa/client") {
+				t.Errorf("pool key %q lacks the source identity", r.gateway.poolKey)
+			}
+		})
+	}
+	t.Run("workload address without a service", func(t *testing.T) {
+		p := &Proxy{cfg: Config{Network: "net-a"}}
+		_, err := p.routeViaGateway(snap, src, snap.WorkloadByUID("remote"), nil, netip.MustParseAddrPort("10.1.0.2:8080"))
+		if err == nil || !strings.Contains(err.Error(), "needs a service address") {
+			t.Fatalf("error %v, want the service-address explanation", err)
+		}
+	})
+}
+
+// multiNetConfig: client on net-a (127.0.0.2), srv on net-b (127.0.0.1)
+// behind the gateway workload at 127.0.0.3.
+const multiNetConfig = `
+workloads:
+- {uid: client, name: client, namespace: ns, serviceAccount: client, workloadIps: ["127.0.0.2"], network: net-a, protocol: HBONE, services: {}}
+- uid: srv
+  name: srv
+  namespace: ns
+  serviceAccount: srv
+  workloadIps: ["127.0.0.1"]
+  network: net-b
+  protocol: HBONE
+  networkGateway: {destination: "net-b/127.0.0.3", hboneMtlsPort: %d}
+  services:
+    ns/echo.ns.svc.cluster.local: {80: %d, 81: 0}
+    ns/nowhere.ns.svc.cluster.local: {}
+- {uid: gw, name: ew-gateway, namespace: istio-system, serviceAccount: ew-gateway, workloadIps: ["127.0.0.3"], network: net-b, protocol: TCP, services: {}}
+services:
+- {name: echo, namespace: ns, hostname: echo.ns.svc.cluster.local, vips: ["net-a/10.96.0.10", "net-b/10.96.0.10"], ports: {80: 9, 81: 0}}
+- {name: nowhere, namespace: ns, hostname: nowhere.ns.svc.cluster.local, vips: [], ports: {80: 0}}
+- {name: other, namespace: ns, hostname: other.ns.svc.cluster.local, vips: [], ports: {80: 8080}}
+`
+
+// syncBuffer is a log sink read while the proxy writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) lines(substrs ...string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for l := range strings.Lines(s.b.String()) {
+		ok := true
+		for _, sub := range substrs {
+			ok = ok && strings.Contains(l, sub)
+		}
+		if ok {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+type multiNetRig struct {
+	snap   *state.Snapshot
+	srcW   *state.Workload
+	client *Proxy
+	gw     *labrun.EWGateway
+	dstLog *syncBuffer
+}
+
+// startMultiNet runs the destination's proxy (net-b), the E/W gateway and a
+// client proxy (net-a, not listening: the tests call its outbound steps).
+func startMultiNet(t testing.TB, poolInner bool) *multiNetRig {
+	t.Helper()
+	app := echoApp(t)
+	gwLn, err := net.Listen("tcp", "127.0.0.3:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwPort := gwLn.Addr().(*net.TCPAddr).Port
+	dstPort := freePort(t)
+	snap, err := xdsconv.LocalSnapshot(fmt.Appendf(nil, multiNetConfig, gwPort, app))
+	if err != nil {
+		gwLn.Close()
+		t.Fatal(err)
+	}
+	store := state.NewStore(snap)
+	ca := tlstest.NewCA(t, "cluster.local")
+	certs := mtls.NewStore(mtls.StoreConfig{Source: caclient.New(caclient.Config{Signer: ca})})
+	dstPool, clientPool := hbone.NewPool(hbone.PoolConfig{}), hbone.NewPool(hbone.PoolConfig{})
+	rig := &multiNetRig{snap: snap, srcW: snap.WorkloadByUID("client"), dstLog: &syncBuffer{}}
+	dst, err := New(Config{
+		Workload: WorkloadRef{Namespace: "ns", Name: "srv", ServiceAccount: "srv"}, Network: "net-b",
+		State: store, Certs: certs, Pool: dstPool,
+		BindHost: "127.0.0.1", OutboundPort: freePort(t), InboundPlainPort: freePort(t), InboundHBONEPort: dstPort,
+		OrigSrc: new(bool),
+		Logger:  slog.New(slog.NewTextHandler(rig.dstLog, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	if err != nil {
+		gwLn.Close()
+		t.Fatal(err)
+	}
+	if err := dst.Start(context.Background()); err != nil {
+		gwLn.Close()
+		t.Fatal(err)
+	}
+	dstHBONE := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(dstPort))
+	rig.gw = labrun.ServeEWGateway(gwLn, labrun.EWGatewayOptions{
+		Cert: tlstest.Cert(t, ca, identity.New("", "istio-system", "ew-gateway")),
+		Routes: map[string]netip.AddrPort{
+			"echo.ns.svc.cluster.local:80":    dstHBONE,
+			"echo.ns.svc.cluster.local:81":    dstHBONE,
+			"other.ns.svc.cluster.local:80":   dstHBONE,
+			"nowhere.ns.svc.cluster.local:80": dstHBONE,
+		},
+	})
+	rig.client, err = New(Config{
+		Workload: WorkloadRef{Namespace: "ns", Name: "client", ServiceAccount: "client"}, Network: "net-a",
+		State: store, Certs: certs, Pool: clientPool, PoolInnerHBONE: poolInner,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		clientPool.Close()
+		rig.gw.Close()
+		dst.Close()
+		dstPool.Close()
+		certs.Close()
+	})
+	return rig
+}
+
+// route returns the client's route to the echo service VIP.
+func (r *multiNetRig) route(t testing.TB) outboundRoute {
+	t.Helper()
+	route, err := r.client.routeOutbound(context.Background(), r.snap, r.srcW, netip.AddrPort{}, netip.MustParseAddrPort("10.96.0.10:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if route.gateway == nil {
+		t.Fatalf("route %+v does not go through the gateway", route)
+	}
+	return route
+}
+
+func (r *multiNetRig) connect(t testing.TB, route outboundRoute) (*hbone.Stream, metrics.ResponseFlags, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return r.client.connectDoubleHBONE(ctx, r.srcW, netip.MustParseAddrPort("127.0.0.2:40000"), route)
+}
+
+// checksumEcho sends n random bytes through s and compares the echo's hash.
+func checksumEcho(t *testing.T, s *hbone.Stream, n int) {
+	t.Helper()
+	s.SetDeadline(time.Now().Add(30 * time.Second))
+	payload := make([]byte, n)
+	rand.Read(payload)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := s.Write(payload)
+		if err == nil {
+			err = s.CloseWrite()
+		}
+		errc <- err
+	}()
+	got, err := io.ReadAll(s)
+	if werr := <-errc; err == nil {
+		err = werr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sha256.Sum256(got) != sha256.Sum256(payload) {
+		t.Fatalf("echo of %d bytes came back as %d different bytes", n, len(got))
+	}
+}
+
+// waitLines polls the log for count lines with all substrs (hang guard only).
+func waitLines(t *testing.T, log *syncBuffer, count int, substrs ...string) []string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if l := log.lines(substrs...); len(l) >= count {
+			return l
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("log lacks %d lines with %q:\n%s", count, substrs, strings.Join(log.lines(), ""))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestDoubleHBONE sends connections through the gateway to the destination
+// proxy, without and with inner pooling, and checks what each hop saw.
+func TestDoubleHBONE(t *testing.T) {
+	const conns = 5
+	tests := []struct {
+		name        string
+		poolInner   bool
+		wantTunnels int64 // CONNECTs the gateway spliced = inner connections
+	}{
+		{"one inner connection per connection", false, conns},
+		{"pooled inner connection", true, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rig := startMultiNet(t, tc.poolInner)
+			route := rig.route(t)
+			for i := range conns {
+				s, flags, err := rig.connect(t, route)
+				if err != nil {
+					t.Fatalf("connection %d: %v (flags %v)", i, err, flags)
+				}
+				checksumEcho(t, s, 256<<10+i)
+				s.Close()
+			}
+			if got := rig.gw.Conns(); got != 1 {
+				t.Errorf("gateway accepted %d outer connections, want 1 (pooled)", got)
+			}
+			if got := rig.gw.Tunnels(); got != tc.wantTunnels {
+				t.Errorf("gateway spliced %d tunnels, want %d", got, tc.wantTunnels)
+			}
+			// The destination mapped service port 80 to the endpoint's
+			// port, saw the client's identity, and did not take the
+			// gateway's address for the client's workload.
+			done := waitLines(t, rig.dstLog, conns, "connection complete", "dst.hbone_addr=echo.ns.svc.cluster.local:80")
+			for _, l := range done {
+				if !strings.Contains(l, "src.identity=spiffe://cluster.local/ns/ns/sa/client") || strings.Contains(l, "src.workload=") ||
+					strings.Contains(l, "level=ERROR") {
+					t.Errorf("destination access log: %s", l)
+				}
+			}
+			waitLines(t, rig.dstLog, conns, "connection from another network", "src.network=net-a")
+		})
+	}
+}
+
+// TestDoubleHBONEFailures: each hop's refusal surfaces as an error with the
+// right response flags, and the rig keeps serving afterwards.
+func TestDoubleHBONEFailures(t *testing.T) {
+	rig := startMultiNet(t, false)
+	withAuthority := func(a string) func(*outboundRoute) {
+		return func(r *outboundRoute) {
+			g := *r.gateway
+			g.authority = a
+			r.authority, r.gateway = a, &g
+		}
+	}
+	tests := []struct {
+		name      string
+		edit      func(*outboundRoute)
+		wantFlags metrics.ResponseFlags
+		wantErr   string
+	}{
+		{"gateway presents another identity", func(r *outboundRoute) {
+			r.sans = []string{"spiffe://cluster.local/ns/istio-system/sa/other"}
+		}, metrics.FlagTLSFailure, "network gateway"},
+		{"destination presents another identity", func(r *outboundRoute) {
+			g := *r.gateway
+			g.sans = []string{"spiffe://cluster.local/ns/ns/sa/other"}
+			r.gateway = &g
+		}, metrics.FlagTLSFailure, "inner tls handshake"},
+		{"gateway does not know the service", withAuthority("unknown.ns.svc.cluster.local:80"), metrics.FlagConnect, "404"},
+		{"destination is not an endpoint of the service", withAuthority("other.ns.svc.cluster.local:80"), metrics.FlagConnect, "400"},
+		{"service port without a target port", withAuthority("echo.ns.svc.cluster.local:81"), metrics.FlagConnect, "503"},
+		{"endpoint listed without the port", withAuthority("nowhere.ns.svc.cluster.local:80"), metrics.FlagConnect, "503"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			route := rig.route(t)
+			tc.edit(&route)
+			s, flags, err := rig.connect(t, route)
+			if err == nil {
+				s.Close()
+				t.Fatal("connected")
+			}
+			if flags != tc.wantFlags || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("error %v (flags %v), want %q with flags %v", err, flags, tc.wantErr, tc.wantFlags)
+			}
+		})
+	}
+	s, _, err := rig.connect(t, rig.route(t))
+	if err != nil {
+		t.Fatalf("after the failures: %v", err)
+	}
+	checksumEcho(t, s, 1<<10)
+	s.Close()
+}
+
+func TestSplitAuthority(t *testing.T) {
+	tests := []struct {
+		name      string
+		in        string
+		wantHost  string
+		wantAddr  string // "" for a hostname
+		wantPort  uint16
+		wantError bool
+	}{
+		{name: "ipv4", in: "10.0.0.1:8080", wantAddr: "10.0.0.1", wantPort: 8080},
+		{name: "ipv6", in: "[fd00::1]:80", wantAddr: "fd00::1", wantPort: 80},
+		{name: "mapped ipv4 is unmapped", in: "[::ffff:10.0.0.1]:80", wantAddr: "10.0.0.1", wantPort: 80},
+		{name: "service hostname", in: "echo.ns.svc.cluster.local:80", wantHost: "echo.ns.svc.cluster.local", wantPort: 80},
+		{name: "short hostname", in: "echo:9090", wantHost: "echo", wantPort: 9090},
+		{name: "no port", in: "echo.ns.svc.cluster.local", wantError: true},
+		{name: "port zero", in: "10.0.0.1:0", wantError: true},
+		{name: "port too big", in: "10.0.0.1:65536", wantError: true},
+		{name: "signed port", in: "echo:+80", wantError: true},
+		{name: "leading zero port", in: "echo:080", wantError: true},
+		{name: "empty host", in: ":80", wantError: true},
+		{name: "zoned address", in: "[fe80::1%eth0]:80", wantError: true},
+		{name: "underscore", in: "ec_ho:80", wantError: true},
+		{name: "empty label", in: "echo..ns:80", wantError: true},
+		{name: "label ends with dash", in: "echo-.ns:80", wantError: true},
+		{name: "label starts with dash", in: "-echo:80", wantError: true},
+		{name: "label too long", in: strings.Repeat("a", 64) + ":80", wantError: true},
+		{name: "name too long", in: strings.Repeat("a.", 127) + "a:80", wantError: true},
+		{name: "path", in: "echo/x:80", wantError: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			host, target, err := splitAuthority(tc.in)
+			if tc.wantError {
+				if err == nil {
+					t.Fatalf("splitAuthority(%q) = %q, %v; want an error", tc.in, host, target)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var wantAddr netip.Addr
+			if tc.wantAddr != "" {
+				wantAddr = netip.MustParseAddr(tc.wantAddr)
+			}
+			if host != tc.wantHost || target.Addr() != wantAddr || target.Port() != tc.wantPort {
+				t.Fatalf("splitAuthority(%q) = %q, %v", tc.in, host, target)
+			}
+		})
+	}
+}
+
+func FuzzSplitAuthority(f *testing.F) {
+	for _, s := range []string{"10.0.0.1:80", "[fd00::1]:443", "echo.ns.svc.cluster.local:80", "a:1", ":80", "x:0", "[::1%lo]:1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		host, target, err := splitAuthority(in)
+		if err != nil {
+			return
+		}
+		if target.Port() == 0 {
+			t.Fatalf("%q: accepted port 0", in)
+		}
+		if (host == "") == !target.Addr().IsValid() {
+			t.Fatalf("%q: host %q with address %v", in, host, target.Addr())
+		}
+		if host != "" && (!validHostname(host) || strings.ContainsAny(host, ":/[]% ")) {
+			t.Fatalf("%q: accepted host %q", in, host)
+		}
+	})
+}
+
+func TestHostAuthorityTarget(t *testing.T) {
+	snap, err := xdsconv.LocalSnapshot(fmt.Appendf(nil, multiNetConfig, 15008, 7070))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := snap.WorkloadByUID("srv")
+	local := netip.MustParseAddr("127.0.0.1")
+	tests := []struct {
+		name       string
+		host       string
+		port       uint16
+		want       string
+		wantStatus int
+	}{
+		{name: "endpoint port wins over the service's", host: "echo.ns.svc.cluster.local", port: 80, want: "127.0.0.1:7070"},
+		{name: "neither maps the port", host: "echo.ns.svc.cluster.local", port: 81, wantStatus: 503},
+		{name: "port the service lacks", host: "echo.ns.svc.cluster.local", port: 82, wantStatus: 503},
+		{name: "not an endpoint", host: "other.ns.svc.cluster.local", port: 80, wantStatus: 400},
+		{name: "unknown hostname", host: "missing.ns.svc.cluster.local", port: 80, wantStatus: 400},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := hostAuthorityTarget(snap, w, tc.host, tc.port, local)
+			if tc.wantStatus != 0 {
+				var ie *inboundError
+				if !errors.As(err, &ie) || ie.status != tc.wantStatus {
+					t.Fatalf("got %v, %v; want status %d", got, err, tc.wantStatus)
+				}
+				return
+			}
+			if err != nil || got.String() != tc.want {
+				t.Fatalf("got %v, %v; want %s", got, err, tc.want)
+			}
+		})
+	}
+}
