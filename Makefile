@@ -4,6 +4,8 @@ GO ?= go
 BIN := bin
 GOTESTFLAGS ?=
 TEST_TIMEOUT ?= 20m
+FUZZTIME ?= 10s
+FUZZPARALLEL ?=
 GOLANGCI_LINT_VERSION := v2.15.0
 
 .DEFAULT_GOAL := help
@@ -85,11 +87,12 @@ soak: ## Load and soak: 10,000 connections through a node pair, 60s connection s
 	set -o pipefail; ZTUNNEL_SOAK=1 $(GO) test -count=1 -v -timeout 30m -run '^TestLoad$$' ./e2e/ | grep -v '^=== RUN'
 
 .PHONY: fuzz
-fuzz: ## Run each fuzz target for FUZZTIME (default 10s)
-	@for pkg in $$($(GO) list ./...); do \
-		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
-			echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $${FUZZTIME:-10s} $$pkg || exit 1; \
-		done; done
+fuzz: ## Run each fuzz target for FUZZTIME (default 10s), then print executions per target
+	scripts/fuzz.sh $(FUZZTIME) $(FUZZPARALLEL)
+
+.PHONY: fuzz-quick
+fuzz-quick: ## CI smoke run of every fuzz target (2s each; a few minutes with compilation)
+	scripts/fuzz.sh 2s $(FUZZPARALLEL)
 
 .PHONY: clean
 clean: ## Remove build outputs and any leftover lab namespaces

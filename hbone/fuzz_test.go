@@ -6,11 +6,15 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 )
 
 // fuzzSeeds are frame sequences a client might send after its preface.
@@ -71,7 +75,7 @@ func fuzzSeeds() [][]byte {
 // connection: it must neither panic nor hang, and must end every goroutine.
 func FuzzServerConn(f *testing.F) {
 	for _, s := range fuzzSeeds() {
-		f.Add(s)
+		fuzzseed.Add(f, s)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		srv := NewServer(Config{
@@ -129,8 +133,8 @@ func FuzzClientConn(f *testing.F) {
 	_ = fr.WritePing(false, [8]byte{})
 	_ = fr.WriteData(1, true, nil)
 	_ = fr.WriteGoAway(1, http2.ErrCodeNo, nil)
-	f.Add(buf.Bytes())
-	f.Add([]byte{0, 0, 4, 8, 0, 0, 0, 0, 1, 0, 0, 0, 1}) // WINDOW_UPDATE on stream 1
+	fuzzseed.Add(f, buf.Bytes())
+	fuzzseed.Add(f, []byte{0, 0, 4, 8, 0, 0, 0, 0, 1, 0, 0, 0, 1}) // WINDOW_UPDATE on stream 1
 	f.Fuzz(func(t *testing.T, data []byte) {
 		a, b := net.Pipe()
 		cc, err := NewClientConn(a, Config{PingInterval: -1, StreamWindow: 65535, ConnWindow: 65535, MaxFrameSize: 16384})
@@ -165,5 +169,100 @@ func FuzzClientConn(f *testing.F) {
 			}
 		}
 		_ = cc.Close()
+	})
+}
+
+// readMeta encodes fields as one HEADERS frame on stream 1 and reads it back
+// the way a server connection does (HPACK decoding, header list limit,
+// x/net's field validation). A nil frame means the framer refused it.
+func readMeta(t *testing.T, fields []hpack.HeaderField) *http2.MetaHeadersFrame {
+	t.Helper()
+	var hbuf, buf bytes.Buffer
+	enc := hpack.NewEncoder(&hbuf)
+	for _, hf := range fields {
+		if err := enc.WriteField(hf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := http2.NewFramer(&buf, nil)
+	w.AllowIllegalWrites = true
+	if err := w.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hbuf.Bytes(), EndHeaders: true}); err != nil {
+		t.Fatal(err)
+	}
+	r := http2.NewFramer(io.Discard, &buf)
+	r.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	r.MaxHeaderListSize = DefaultServerMaxHeaderList
+	r.SetMaxReadFrameSize(1 << 24)
+	fr, err := r.ReadFrame()
+	if err != nil {
+		return nil
+	}
+	mh, ok := fr.(*http2.MetaHeadersFrame)
+	if !ok {
+		t.Fatalf("read %T, want headers", fr)
+	}
+	return mh
+}
+
+// FuzzParseRequest feeds CONNECT header sections, one "name: value" field
+// per line, through HPACK and the framer into parseRequest. A request it
+// accepts is a CONNECT with an authority and no connection-specific or
+// pseudo field in its header, and it survives the client's encoding
+// (requestFields) unchanged: what one side accepts the other can send.
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range []string{
+		":method: CONNECT\n:authority: 10.0.0.1:8080\nbaggage: k8s.namespace.name=ns\nforwarded: for=10.0.0.2\ntraceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		":method: CONNECT\n:authority: [fd00::1]:80",
+		":method: GET\n:scheme: https\n:path: /\n:authority: a",
+		":method: CONNECT\n:authority: 10.0.0.1:80\nconnection: close",
+		":method: CONNECT\n:authority: 10.0.0.1:80\nte: trailers\nhost: x",
+		":status: 200",
+		":method: CONNECT\n:protocol: websocket\n:authority: 10.0.0.1:80",
+		"baggage: a=b\n:method: CONNECT\n:authority: 10.0.0.1:80",
+	} {
+		fuzzseed.Add(f, s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		var fields []hpack.HeaderField
+		for line := range strings.SplitSeq(text, "\n") {
+			name, value, _ := strings.Cut(line, ": ")
+			fields = append(fields, hpack.HeaderField{Name: name, Value: value})
+		}
+		mh := readMeta(t, fields)
+		if mh == nil {
+			return
+		}
+		req, status, code := parseRequest(mh)
+		if req == nil {
+			if (status == 0) == (code == 0) {
+				t.Fatalf("rejected with status %d and code %v: want exactly one", status, code)
+			}
+			return
+		}
+		if status != 0 || code != 0 {
+			t.Fatalf("accepted with status %d, code %v", status, code)
+		}
+		if req.Method != http.MethodConnect || req.Authority == "" {
+			t.Fatalf("accepted %q %q", req.Method, req.Authority)
+		}
+		for k := range req.Header {
+			if strings.HasPrefix(k, ":") || connectionSpecific(strings.ToLower(k)) {
+				t.Fatalf("header field %q passed", k)
+			}
+		}
+		sent, err := requestFields(&Request{Authority: req.Authority, Header: req.Header})
+		if err != nil {
+			t.Fatalf("client cannot send an accepted request (%q): %v", req.Authority, err)
+		}
+		mh = readMeta(t, sent)
+		if mh == nil {
+			t.Fatalf("framer refused re-encoded request %v", sent)
+		}
+		again, _, _ := parseRequest(mh)
+		want := req.Header.Clone()
+		want.Del("Host")
+		if again == nil || again.Authority != req.Authority || !reflect.DeepEqual(again.Header, want) {
+			t.Fatalf("round trip of %q %v gave %+v", req.Authority, req.Header, again)
+		}
 	})
 }

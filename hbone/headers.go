@@ -53,11 +53,18 @@ func lowerASCII(s string) string {
 	return s
 }
 
+// validAuthority reports whether s can be a CONNECT :authority: host:port
+// in the characters RFC 3986 allows there (no space, no slash). Client and
+// server apply the same rule, so what one side sends the other accepts.
+func validAuthority(s string) bool {
+	return s != "" && httpguts.ValidHostHeader(s)
+}
+
 func requestFields(req *Request) ([]hpack.HeaderField, error) {
 	if req == nil || req.Authority == "" {
 		return nil, fmt.Errorf("hbone: request without authority")
 	}
-	if !httpguts.ValidHeaderFieldValue(req.Authority) || strings.ContainsAny(req.Authority, " /") {
+	if !validAuthority(req.Authority) {
 		return nil, fmt.Errorf("hbone: invalid authority %q", req.Authority)
 	}
 	fields := make([]hpack.HeaderField, 0, 2+len(req.Header))

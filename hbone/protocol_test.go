@@ -37,6 +37,10 @@ func TestServerAutoResponses(t *testing.T) {
 		{"POST", []string{":method", "POST", ":scheme", "https", ":path", "/x", ":authority", "a:1"}, "400"},
 		{"empty authority", []string{":method", "CONNECT", ":authority", ""}, "400"},
 		{"missing authority", []string{":method", "CONNECT"}, "400"},
+		// Found by FuzzParseRequest: the client refused to send these but
+		// the server passed them to its handler.
+		{"authority with space", []string{":method", "CONNECT", ":authority", " 0"}, "400"},
+		{"authority with slash", []string{":method", "CONNECT", ":authority", "10.0.0.1:80/x"}, "400"},
 		{"extended CONNECT", []string{":method", "CONNECT", ":protocol", "websocket", ":scheme", "https", ":path", "/", ":authority", "a:1"}, "400"},
 		{"CONNECT with path", []string{":method", "CONNECT", ":authority", "a:1", ":path", "/"}, "400"},
 		{"header list too large", []string{":method", "CONNECT", ":authority", "a:1",

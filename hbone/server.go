@@ -352,7 +352,7 @@ func parseRequest(f *http2.MetaHeadersFrame) (req *ServerRequest, status int, co
 	switch {
 	case method == "":
 		return nil, 0, http2.ErrCodeProtocol
-	case method != http.MethodConnect, other, authority == "":
+	case method != http.MethodConnect, other, !validAuthority(authority):
 		return nil, http.StatusBadRequest, 0
 	}
 	return &ServerRequest{Method: method, Authority: authority, Header: headerFromFields(regular)}, 0, 0

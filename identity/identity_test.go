@@ -3,6 +3,8 @@ package identity
 import (
 	"errors"
 	"testing"
+
+	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 )
 
 func TestParse(t *testing.T) {
@@ -56,8 +58,8 @@ func TestNewDefaults(t *testing.T) {
 }
 
 func FuzzParse(f *testing.F) {
-	f.Add("spiffe://cluster.local/ns/default/sa/web")
-	f.Add("spiffe:///ns//sa/")
+	fuzzseed.Add(f, "spiffe://cluster.local/ns/default/sa/web")
+	fuzzseed.Add(f, "spiffe:///ns//sa/")
 	f.Fuzz(func(t *testing.T, s string) {
 		id, err := Parse(s)
 		if err != nil {

@@ -92,6 +92,12 @@ func parseRights(oob []byte) ([]int, error) {
 		if m.Header.Level != unix.SOL_SOCKET || m.Header.Type != unix.SCM_RIGHTS {
 			continue // credentials and the like: nothing to release
 		}
+		if len(m.Data)%4 != 0 {
+			// x/sys/unix.ParseUnixRights indexes past its slice on such a
+			// payload (found by FuzzParseRights). The kernel never sends
+			// one; refuse it rather than trust that.
+			return fds, fmt.Errorf("inpod: SCM_RIGHTS payload of %d bytes", len(m.Data))
+		}
 		got, err := unix.ParseUnixRights(&m)
 		if err != nil {
 			return fds, fmt.Errorf("inpod: SCM_RIGHTS: %w", err)

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ztunnel-go/ztunnel/api/zdsapi"
+	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 )
 
 func marshal(t testing.TB, m proto.Message) []byte {
@@ -118,11 +119,11 @@ func FuzzDecodeRequest(f *testing.F) {
 	for _, m := range []proto.Message{addReq("uid-1"), keepReq("uid-2"), delReq("uid-3"), snapReq(),
 		&zdsapi.WorkloadRequest{Payload: &zdsapi.WorkloadRequest_Add{Add: &zdsapi.AddWorkload{Uid: "x"}}}} {
 		b, _ := proto.Marshal(m)
-		f.Add(b, uint8(1), uint8(0))
-		f.Add(b, uint8(0), uint8(0))
-		f.Add(b[:len(b)/2], uint8(1), uint8(0))
+		fuzzseed.Add(f, b, uint8(1), uint8(0))
+		fuzzseed.Add(f, b, uint8(0), uint8(0))
+		fuzzseed.Add(f, b[:len(b)/2], uint8(1), uint8(0))
 	}
-	f.Add([]byte{0xff}, uint8(2), uint8(3))
+	fuzzseed.Add(f, []byte{0xff}, uint8(2), uint8(3))
 	f.Fuzz(func(t *testing.T, data []byte, nfds, flagBits uint8) {
 		var fds []int
 		for range nfds % 3 {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 	"github.com/ztunnel-go/ztunnel/mtls"
 )
 
@@ -142,10 +143,10 @@ func FuzzParseChain(f *testing.F) {
 	key := newKey(f)
 	leaf := root.leaf(f, key, leafOpts{uris: []string{id.String()}})
 	leafInter := inter.leaf(f, key, leafOpts{uris: []string{id.String()}})
-	f.Add([]byte(leaf), []byte(nil), []byte(root.pem), uint8(2))
-	f.Add([]byte(leafInter), []byte(inter.pem), []byte(root.pem), uint8(3))
-	f.Add([]byte(leaf), []byte("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n"), []byte(root.pem+root.pem), uint8(3))
-	f.Add([]byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"), []byte{}, []byte{0xff}, uint8(1))
+	fuzzseed.Add(f, []byte(leaf), []byte(nil), []byte(root.pem), uint8(2))
+	fuzzseed.Add(f, []byte(leafInter), []byte(inter.pem), []byte(root.pem), uint8(3))
+	fuzzseed.Add(f, []byte(leaf), []byte("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n"), []byte(root.pem+root.pem), uint8(3))
+	fuzzseed.Add(f, []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"), []byte{}, []byte{0xff}, uint8(1))
 	f.Fuzz(func(t *testing.T, a, b, c []byte, n uint8) {
 		var chain []string
 		switch n % 4 {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 )
 
 // TestAuthorizeMatchesReference generates random policy sets and random
@@ -95,8 +96,8 @@ func compareWithReference(t *testing.T, r *rand.Rand) {
 // FuzzAuthorizeMatchesReference runs the comparison on policy sets and
 // connections generated from fuzzed seeds.
 func FuzzAuthorizeMatchesReference(f *testing.F) {
-	f.Add(uint64(1), uint64(2), uint8(8))
-	f.Add(uint64(7), uint64(2026), uint8(1))
+	fuzzseed.Add(f, uint64(1), uint64(2), uint8(8))
+	fuzzseed.Add(f, uint64(7), uint64(2026), uint8(1))
 	f.Fuzz(func(t *testing.T, seed1, seed2 uint64, min uint8) {
 		defer func(saved int) { indexMin = saved }(indexMin)
 		indexMin = 1 + int(min%16)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 )
 
 // The destination of every RBAC case: ns1/dst on 10.0.0.2, target port 8080.
@@ -489,9 +490,9 @@ func TestPrincipalPieces(t *testing.T) {
 }
 
 func FuzzPrincipalMatch(f *testing.F) {
-	f.Add("cluster.local", "ns", "sa", uint8(0), "cluster.local/ns/ns/sa/sa")
-	f.Add("td", "a", "b", uint8(1), "td/ns/")
-	f.Add("td", "a", "b", uint8(2), "/sa/b")
+	fuzzseed.Add(f, "cluster.local", "ns", "sa", uint8(0), "cluster.local/ns/ns/sa/sa")
+	fuzzseed.Add(f, "td", "a", "b", uint8(1), "td/ns/")
+	fuzzseed.Add(f, "td", "a", "b", uint8(2), "/sa/b")
 	f.Fuzz(func(t *testing.T, td, ns, sa string, kind uint8, v string) {
 		id := identity.Identity{TrustDomain: td, Namespace: ns, ServiceAccount: sa}
 		sm := StringMatch{Kind: MatchKind(kind % 4), Value: v}

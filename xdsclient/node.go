@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -62,19 +63,31 @@ func NodeInfoFromEnv(environ []string, proxyMetadata map[string]string) NodeInfo
 // NAMESPACE, INSTANCE_IPS and NODE_NAME, overridden by the proxy metadata,
 // overridden in turn by the ISTIO_METAJSON_* values. A MetaJSON value that is
 // not valid JSON is left out and reported in skipped, as ztunnel logs and
-// skips it.
+// skips it. So is any name or value that is not UTF-8 (ztunnel cannot read
+// such a variable either): protobuf refuses to encode it, and one such field
+// would fail every request of the stream (found by FuzzNewNode).
 func NewNode(info NodeInfo) (node *corev3.Node, skipped []error) {
-	fields := map[string]*structpb.Value{
-		"NAME":         structpb.NewStringValue(info.PodName),
-		"NAMESPACE":    structpb.NewStringValue(info.PodNamespace),
-		"INSTANCE_IPS": structpb.NewStringValue(info.InstanceIP),
-		"NODE_NAME":    structpb.NewStringValue(info.NodeName),
-	}
-	for k, v := range info.ProxyMetadata {
+	fields := map[string]*structpb.Value{}
+	set := func(what, k, v string) {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			skipped = append(skipped, fmt.Errorf("xdsclient: %s %q: not UTF-8", what, k))
+			return
+		}
 		fields[k] = structpb.NewStringValue(v)
+	}
+	set("metadata", "NAME", info.PodName)
+	set("metadata", "NAMESPACE", info.PodNamespace)
+	set("metadata", "INSTANCE_IPS", info.InstanceIP)
+	set("metadata", "NODE_NAME", info.NodeName)
+	for k, v := range info.ProxyMetadata {
+		set("proxy metadata", k, v)
 	}
 	for _, k := range slices.Sorted(maps.Keys(info.MetaJSON)) {
 		var doc any
+		if !utf8.ValidString(k) {
+			skipped = append(skipped, fmt.Errorf("xdsclient: ISTIO_METAJSON_%q: not UTF-8", k))
+			continue
+		}
 		if err := json.Unmarshal([]byte(info.MetaJSON[k]), &doc); err != nil {
 			skipped = append(skipped, fmt.Errorf("xdsclient: ISTIO_METAJSON_%s: %w", k, err))
 			continue
@@ -87,8 +100,9 @@ func NewNode(info NodeInfo) (node *corev3.Node, skipped []error) {
 		fields[k] = v
 	}
 	ns := info.PodNamespace
+	id := "ztunnel~" + info.InstanceIP + "~" + info.PodName + "." + ns + "~" + ns + ".svc.cluster.local"
 	return &corev3.Node{
-		Id:       "ztunnel~" + info.InstanceIP + "~" + info.PodName + "." + ns + "~" + ns + ".svc.cluster.local",
+		Id:       strings.ToValidUTF8(id, "\uFFFD"),
 		Metadata: &structpb.Struct{Fields: fields},
 	}, skipped
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"testing"
+
+	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 )
 
 func TestHeaderRoundTrip(t *testing.T) {
@@ -27,13 +29,15 @@ func TestParseHeaderRejects(t *testing.T) {
 		return b[:]
 	}
 	for name, b := range map[string][]byte{
-		"short":         good[:HeaderLen-1],
-		"magic":         mutate(func(b []byte) { b[0] = 'x' }),
-		"reserved":      mutate(func(b []byte) { b[6] = 1 }),
-		"op":            mutate(func(b []byte) { b[4] = 'Z' }),
-		"zero request":  mutate(func(b []byte) { copy(b[8:12], []byte{0, 0, 0, 0}) }),
-		"huge request":  mutate(func(b []byte) { copy(b[8:12], []byte{0xff, 0, 0, 0}) }),
-		"huge response": mutate(func(b []byte) { copy(b[12:16], []byte{0xff, 0, 0, 0}) }),
+		"short":           good[:HeaderLen-1],
+		"magic":           mutate(func(b []byte) { b[0] = 'x' }),
+		"reserved":        mutate(func(b []byte) { b[6] = 1 }),
+		"op":              mutate(func(b []byte) { b[4] = 'Z' }),
+		"zero request":    mutate(func(b []byte) { copy(b[8:12], []byte{0, 0, 0, 0}) }),
+		"huge request":    mutate(func(b []byte) { copy(b[8:12], []byte{0xff, 0, 0, 0}) }),
+		"huge response":   mutate(func(b []byte) { copy(b[12:16], []byte{0xff, 0, 0, 0}) }),
+		"sink with sizes": mutate(func(b []byte) { b[4] = byte(OpSink) }),
+		"echo with sizes": mutate(func(b []byte) { b[4], b[11] = byte(OpEcho), 0 }),
 	} {
 		if _, err := ParseHeader(b); !errors.Is(err, ErrBadHeader) {
 			t.Errorf("%s: %v, want ErrBadHeader", name, err)
@@ -44,9 +48,9 @@ func TestParseHeaderRejects(t *testing.T) {
 func FuzzParseHeader(f *testing.F) {
 	for _, h := range []Header{{Op: OpSink}, {Op: OpRR, Req: 1, Resp: 1}} {
 		b := h.Marshal()
-		f.Add(b[:])
+		fuzzseed.Add(f, b[:])
 	}
-	f.Add([]byte("zld1E\x00\x00\x00"))
+	fuzzseed.Add(f, []byte("zld1E\x00\x00\x00"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := ParseHeader(b)
 		if err != nil {
@@ -105,7 +109,7 @@ func TestParseGoroutineCount(t *testing.T) {
 }
 
 func FuzzParseGoroutineCount(f *testing.F) {
-	f.Add([]byte("goroutine profile: total 17\n"))
+	fuzzseed.Add(f, []byte("goroutine profile: total 17\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if n, err := ParseGoroutineCount(b); err == nil && n < 0 {
 			t.Fatalf("negative count %d", n)

@@ -70,6 +70,10 @@ func ParseHeader(b []byte) (Header, error) {
 	h := Header{Op: Op(b[4]), Req: binary.BigEndian.Uint32(b[8:12]), Resp: binary.BigEndian.Uint32(b[12:16])}
 	switch h.Op {
 	case OpEcho, OpSink:
+		// No sizes: a header has one encoding (found by FuzzParseHeader).
+		if h.Req != 0 || h.Resp != 0 {
+			return Header{}, fmt.Errorf("%w: sizes %d/%d on op %q, want none", ErrBadHeader, h.Req, h.Resp, b[4])
+		}
 	case OpRR, OpOnce:
 		if h.Req == 0 || h.Req > MaxMessage || h.Resp > MaxMessage {
 			return Header{}, fmt.Errorf("%w: sizes %d/%d outside 1..%d", ErrBadHeader, h.Req, h.Resp, MaxMessage)

@@ -411,7 +411,9 @@ func (e *env) cpu(name string) float64 {
 	}
 	num, milli := strings.CutSuffix(v, "m")
 	f, err := strconv.ParseFloat(num, 64)
-	if err != nil || f < 0 {
+	// NaN and infinities parse as floats but are no quantity (found by
+	// FuzzParseEnv).
+	if err != nil || !(f >= 0) || math.IsInf(f, 0) {
 		e.fail(name, v, errors.New("want a CPU quantity such as 2, 1.5 or 500m"))
 		return 0
 	}

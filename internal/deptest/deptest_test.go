@@ -66,6 +66,7 @@ var allowed = map[string][]string{
 	"engine/bufpool":         {},
 	"identity":               {},
 	"internal/deptest":       {},
+	"internal/fuzzseed":      {},
 }
 
 // forbiddenExternal bans heavy or wrong-layer dependencies from the lower

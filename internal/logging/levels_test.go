@@ -4,6 +4,8 @@ import (
 	"errors"
 	"log/slog"
 	"testing"
+
+	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 )
 
 func TestNewLevels(t *testing.T) {
@@ -112,7 +114,7 @@ func TestSetAndReset(t *testing.T) {
 // filter's printed form reads back as the same filter.
 func FuzzLevels(f *testing.F) {
 	for _, s := range []string{"info", "info,access=debug", "ztunnel::proxy:warn", "a=b=c", "::", ":", "x:", ",,,", "ztunnel=off,3"} {
-		f.Add(s)
+		fuzzseed.Add(f, s)
 	}
 	f.Fuzz(func(t *testing.T, spec string) {
 		l, err := NewLevels("info")

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 )
@@ -433,10 +434,10 @@ func FuzzSign(f *testing.F) {
 	ca := newCA(f, "cluster.local")
 	_, good := csrFor(nil, []string{id.String()}, nil)
 	_, two := csrFor(nil, []string{id.String(), "spiffe://cluster.local/ns/a/sa/b"}, nil)
-	f.Add(good)
-	f.Add(two)
-	f.Add([]byte("-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n"))
-	f.Add([]byte{})
+	fuzzseed.Add(f, good)
+	fuzzseed.Add(f, two)
+	fuzzseed.Add(f, []byte("-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n"))
+	fuzzseed.Add(f, []byte{})
 	f.Fuzz(func(t *testing.T, csr []byte) {
 		chain, err := ca.Sign(context.Background(), csr, time.Hour, identity.Identity{})
 		if err != nil {

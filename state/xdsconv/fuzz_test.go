@@ -11,6 +11,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/api/securityapi"
 	"github.com/ztunnel-go/ztunnel/api/workloadapi"
+	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 	"github.com/ztunnel-go/ztunnel/state"
 	"github.com/ztunnel-go/ztunnel/xdsclient"
 )
@@ -48,9 +49,9 @@ func FuzzAddress(f *testing.F) {
 		}}},
 	}
 	for _, m := range seeds {
-		f.Add(mustMarshal(f, m))
+		fuzzseed.Add(f, mustMarshal(f, m))
 	}
-	f.Add([]byte{})
+	fuzzseed.Add(f, []byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		a := &workloadapi.Address{}
 		if proto.Unmarshal(data, a) != nil {
@@ -85,7 +86,7 @@ func FuzzAuthorization(f *testing.F) {
 		&securityapi.Authorization{Name: "g"},
 	}
 	for _, m := range seeds {
-		f.Add(mustMarshal(f, m))
+		fuzzseed.Add(f, mustMarshal(f, m))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p := &securityapi.Authorization{}

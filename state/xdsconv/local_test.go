@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
@@ -410,11 +411,11 @@ func TestAliasBomb(t *testing.T) {
 
 func FuzzParseLocalConfig(f *testing.F) {
 	for _, name := range []string{"localhost.yaml", "example.yaml", "allfields.yaml"} {
-		f.Add(readFixture(f, name))
+		fuzzseed.Add(f, readFixture(f, name))
 	}
-	f.Add([]byte(goodWorkload))
-	f.Add([]byte("policies:\n- {name: p, namespace: ns, scope: Global, action: Allow, dryRun: false, rules: [[[{principals: [!Exact x, {Presence: []}]}]]]}\n"))
-	f.Add([]byte("a: &a [*a]\n"))
+	fuzzseed.Add(f, []byte(goodWorkload))
+	fuzzseed.Add(f, []byte("policies:\n- {name: p, namespace: ns, scope: Global, action: Allow, dryRun: false, rules: [[[{principals: [!Exact x, {Presence: []}]}]]]}\n"))
+	fuzzseed.Add(f, []byte("a: &a [*a]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := ParseLocalConfig(data)
 		if err != nil {

@@ -16,8 +16,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -135,11 +137,35 @@ func parseAddress(addr string) (hostport, host string, err error) {
 	if host == "" {
 		return "", "", fmt.Errorf("controlplane: address %q has no host", addr)
 	}
+	if !validHost(host) {
+		return "", "", fmt.Errorf("controlplane: address %q: host %q is neither an IP address nor a DNS name", addr, host)
+	}
 	port := u.Port()
 	if port == "" {
 		port = "443"
 	}
+	// url.Parse takes any digits as a port; refuse what no dial can use
+	// now rather than on every reconnect (found by FuzzParseAddress).
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return "", "", fmt.Errorf("controlplane: address %q: port %q, want 1-65535", addr, port)
+	}
 	return net.JoinHostPort(host, port), host, nil
+}
+
+// validHost reports whether host is an IP address or made of DNS name
+// characters; url.Parse lets through hosts such as "]" that no dial accepts
+// (found by FuzzParseAddress).
+func validHost(host string) bool {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	for i := range len(host) {
+		c := host[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // verifyServer checks the server's chain against the current roots and its
