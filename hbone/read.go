@@ -37,11 +37,12 @@ func (c *conn) readFrames() error {
 			}
 			c.gotSettings = true
 		}
-		if fh.Type == http2.FrameData {
+		switch fh.Type {
+		case http2.FrameData:
 			err = c.readData(fh)
-		} else if fh.Type == http2.FramePriority {
+		case http2.FramePriority:
 			err = c.readPriority(fh)
-		} else {
+		default:
 			if fh.Type == http2.FrameHeaders {
 				// The framer reads the whole block, CONTINUATIONs included.
 				c.hr.left = int64(c.cfg.MaxHeaderBlockSize) - frameHeaderLen
