@@ -52,8 +52,10 @@ type StreamEndpoint interface {
 	TryRead(p []byte) (int, error)
 	// TryWrite queues up to len(p) bytes as DATA within the current send
 	// window without blocking and returns how many it took; 0 with a nil
-	// error means the window is shut: wait for Wake. p may be reused once
-	// it returns.
+	// error means the window is shut: wait for Wake. Taking part of p owes
+	// no Wake (the window may have shrunk since WriteWindow): call again
+	// until it takes nothing before waiting. p may be reused once it
+	// returns.
 	TryWrite(p []byte) (int, error)
 	// WriteWindow reports how many bytes TryWrite would take now, so the
 	// loop never reads from the socket bytes it cannot forward.
