@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -55,27 +56,34 @@ func sink(_ context.Context, req *hbone.ServerRequest) {
 	}()
 }
 
-// TestHBONERelayUploads relays TCP clients to HBONE streams that share one
-// TLS connection, on several loops at once, so the streams compete for the
+// TestHBONERelay relays TCP clients to HBONE streams that share one TLS
+// connection, on several loops at once, so the streams compete for the
 // connection's send window and write buffer: TryWrite often takes less
-// than WriteWindow promised a moment before. Only uploads flow until each
-// client half-closes, so a relay that waited for a wake-up the stream
-// never owed it stalls here (the suite's hang deadline fails it).
-func TestHBONERelayUploads(t *testing.T) {
+// than WriteWindow promised a moment before. In the upload cases nothing
+// flows back until each client half-closes, so a relay that waits for a
+// wake-up the stream does not owe it stalls (and hangLimit fails it); the
+// echo case moves bytes both ways at once.
+func TestHBONERelay(t *testing.T) {
 	srvTLS, cliTLS := hbonetest.SelfSignedTLS(t)
 	tests := []struct {
 		name    string
 		server  hbone.Config // its windows are what the relays may send
+		echo    bool         // the server echoes rather than counts
 		streams int
 		size    int
 	}{
-		{"default windows", hbone.Config{}, 8, 1 << 20},
-		{"small connection window", hbone.Config{ConnWindow: 65535}, 8, 512 << 10},
-		{"small stream windows", hbone.Config{StreamWindow: 65535, ConnWindow: 1 << 20}, 8, 512 << 10},
+		{"upload default windows", hbone.Config{}, false, 8, 1 << 20},
+		{"upload small connection window", hbone.Config{ConnWindow: 65535}, false, 8, 512 << 10},
+		{"upload small stream windows", hbone.Config{StreamWindow: 65535, ConnWindow: 1 << 20}, false, 8, 512 << 10},
+		{"echo small connection window", hbone.Config{ConnWindow: 65535}, true, 8, 512 << 10},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := hbonetest.Start(t, tc.server, sink, srvTLS)
+			handler, check := hbone.Handler(sink), upload
+			if tc.echo {
+				handler, check = hbonetest.Echo, echoed
+			}
+			srv := hbonetest.Start(t, tc.server, handler, srvTLS)
 			ctx, cancel := context.WithTimeout(context.Background(), hangLimit)
 			defer cancel()
 			nc, err := srv.Dial(ctx, cliTLS)
@@ -103,8 +111,8 @@ func TestHBONERelayUploads(t *testing.T) {
 				var counters engine.Counters
 				e.Start(engine.TCPEndpoint{TCPConn: a}, hboneEndpoint{s}, &counters, func(r engine.Result) { done <- r })
 				wg.Go(func() {
-					if err := upload(client, uint64(i), tc.size); err != nil {
-						t.Errorf("stream %d: %v (relayed %d bytes up)", i, err, counters.AToB.Load())
+					if err := check(client, uint64(i), tc.size); err != nil {
+						t.Errorf("stream %d: %v (relayed %d bytes up, %d down)", i, err, counters.AToB.Load(), counters.BToA.Load())
 						return
 					}
 					if r := <-done; r.Err != nil {
@@ -121,31 +129,71 @@ func TestHBONERelayUploads(t *testing.T) {
 // relay never gets near it.
 const hangLimit = 20 * time.Second
 
-// upload sends size pseudo-random bytes in writes of random sizes, then
-// half-closes and checks the 8-byte count the sink answers with.
-func upload(c *net.TCPConn, seed uint64, size int) error {
-	_ = c.SetDeadline(time.Now().Add(hangLimit))
+// payload returns size pseudo-random bytes.
+func payload(seed uint64, size int) []byte {
 	rng := rand.New(rand.NewPCG(seed, 1))
-	buf := make([]byte, 64<<10)
-	for left := size; left > 0; {
-		k := min(left, 1+rng.IntN(len(buf)))
-		for i := range buf[:k] {
-			buf[i] = byte(rng.Uint32())
-		}
-		if _, err := c.Write(buf[:k]); err != nil {
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
+// send writes p to c in writes of random sizes, each within hangLimit, and
+// half-closes.
+func send(c *net.TCPConn, seed uint64, p []byte) error {
+	rng := rand.New(rand.NewPCG(seed, 2))
+	for len(p) > 0 {
+		k := min(len(p), 1+rng.IntN(64<<10))
+		_ = c.SetWriteDeadline(time.Now().Add(hangLimit))
+		if _, err := c.Write(p[:k]); err != nil {
 			return err
 		}
-		left -= k
+		p = p[k:]
 	}
-	if err := c.CloseWrite(); err != nil {
+	return c.CloseWrite()
+}
+
+// upload sends size bytes and checks the 8-byte count the sink answers
+// with.
+func upload(c *net.TCPConn, seed uint64, size int) error {
+	if err := send(c, seed, payload(seed, size)); err != nil {
 		return err
 	}
+	_ = c.SetReadDeadline(time.Now().Add(hangLimit))
 	got, err := io.ReadAll(c)
 	if err != nil {
 		return err
 	}
 	if len(got) != 8 || binary.BigEndian.Uint64(got) != uint64(size) {
 		return fmt.Errorf("sink counted %x, want %d bytes", got, size)
+	}
+	return nil
+}
+
+// echoed sends size bytes while it reads their echo back, and compares.
+func echoed(c *net.TCPConn, seed uint64, size int) error {
+	p := payload(seed, size)
+	werr := make(chan error, 1)
+	go func() { werr <- send(c, seed, p) }()
+	var got bytes.Buffer
+	buf := make([]byte, 32<<10)
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(hangLimit))
+		n, err := c.Read(buf)
+		got.Write(buf[:n])
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := <-werr; err != nil {
+		return err
+	}
+	if !bytes.Equal(got.Bytes(), p) {
+		return fmt.Errorf("echo of %d bytes differs from the %d sent", got.Len(), size)
 	}
 	return nil
 }
