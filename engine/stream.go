@@ -13,8 +13,10 @@ package engine
 //     whose size adapts to the flow (1 KiB, then 16 KiB, then 256 KiB after
 //     reads that fill the buffer, as ztunnel grows its buffers), then
 //     TryWrite copies them into the stream's send queue and the buffer goes
-//     back to the pool at once. With the window shut the loop stops reading
-//     S, so TCP flow control pushes back on the sender, and waits for Wake.
+//     back to the pool at once (if TryWrite takes only part, the loop calls
+//     it again: only one that takes nothing promises a Wake). With the
+//     window shut the loop stops reading S, so TCP flow control pushes back
+//     on the sender, and waits for Wake.
 //   - T→S, acknowledged by reading. On Wake the loop calls TryRead into a
 //     pooled buffer and writes to S; bytes S does not take stay in that
 //     buffer (the only buffer an idle-in-one-direction relay can hold) until
