@@ -13,8 +13,10 @@ package engine
 //     whose size adapts to the flow (1 KiB, then 16 KiB, then 256 KiB after
 //     reads that fill the buffer, as ztunnel grows its buffers), then
 //     TryWrite copies them into the stream's send queue and the buffer goes
-//     back to the pool at once. With the window shut the loop stops reading
-//     S, so TCP flow control pushes back on the sender, and waits for Wake.
+//     back to the pool at once (if TryWrite takes only part, the loop calls
+//     it again: only one that takes nothing promises a Wake). With the
+//     window shut the loop stops reading S, so TCP flow control pushes back
+//     on the sender, and waits for Wake.
 //   - T→S, acknowledged by reading. On Wake the loop calls TryRead into a
 //     pooled buffer and writes to S; bytes S does not take stay in that
 //     buffer (the only buffer an idle-in-one-direction relay can hold) until
@@ -52,8 +54,10 @@ type StreamEndpoint interface {
 	TryRead(p []byte) (int, error)
 	// TryWrite queues up to len(p) bytes as DATA within the current send
 	// window without blocking and returns how many it took; 0 with a nil
-	// error means the window is shut: wait for Wake. p may be reused once
-	// it returns.
+	// error means the window is shut: wait for Wake. Taking part of p owes
+	// no Wake (the window may have shrunk since WriteWindow): call again
+	// until it takes nothing before waiting. p may be reused once it
+	// returns.
 	TryWrite(p []byte) (int, error)
 	// WriteWindow reports how many bytes TryWrite would take now, so the
 	// loop never reads from the socket bytes it cannot forward.

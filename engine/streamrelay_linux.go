@@ -177,17 +177,20 @@ func (r *streamRelay) pumpUp() (more bool, err error) {
 			if err != nil {
 				return false, r.streamErr("write", err)
 			}
-			if k > 0 {
-				d.off += k
-				d.count.Add(int64(k))
-				moved = true
+			if k == 0 {
+				return false, nil // window shut: the stream owes us a Wake
 			}
-			if d.off < d.n {
-				return false, nil // the stream wakes us when it can take more
+			d.off += k
+			d.count.Add(int64(k))
+			moved = true
+			if d.off == d.n {
+				d.release(r.l)
 			}
-			d.release(r.l)
 		}
-		if !d.eof && r.rd {
+		// A partial take promises no Wake (the window may have shrunk since
+		// WriteWindow, or the stream takes at most so much per call): only
+		// a TryWrite that takes nothing does, so try again before waiting.
+		if !d.pending() && !d.eof && r.rd {
 			w := r.st.WriteWindow()
 			if w == 0 {
 				if _, err := r.st.TryWrite(nil); err != nil {

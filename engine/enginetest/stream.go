@@ -15,6 +15,13 @@ import (
 // and receive windows are small (Window bytes), so relays meet shut windows
 // often. Two goroutines of its own move bytes between the connection and its
 // buffers.
+//
+// It keeps to the letter of the wake-up contract, so that a relay relying on
+// more fails here rather than in production: it wakes its Waker for send
+// room only after a WriteWindow or TryWrite found the window shut (as an
+// HBONE stream does), and every other TryWrite takes only part of what
+// WriteWindow promised (as an HBONE stream does when other streams filled
+// the connection's window or write buffer meanwhile), which owes no Wake.
 type Stream struct {
 	c *net.TCPConn
 
@@ -29,6 +36,8 @@ type Stream struct {
 	aborted  bool
 	waker    engine.Waker
 	sendDone bool // the writer has ended
+	owed     bool // a shut send window was reported: Wake when it opens
+	short    bool // the next TryWrite takes only part of what fits
 }
 
 // Window is the stream's flow-control window in each direction.
@@ -110,8 +119,13 @@ func (s *Stream) send() {
 		s.mu.Lock()
 		if err != nil && s.werr == nil {
 			s.werr = err
+			s.owed = true // writing failed: TryWrite can tell
 		}
-		s.wakeLocked() // the window reopened, or writing failed
+		s.cond.Broadcast() // the window reopened, or writing failed
+		if s.owed {
+			s.owed = false
+			s.wakeLocked()
+		}
 		s.mu.Unlock()
 	}
 }
@@ -147,9 +161,18 @@ func (s *Stream) TryWrite(p []byte) (int, error) {
 		return 0, err
 	}
 	n := min(len(p), Window-len(s.sq))
+	if n > 1 {
+		s.short = !s.short
+		if s.short {
+			n -= n / 2
+		}
+	}
 	s.sq = append(s.sq, p[:n]...)
-	if n > 0 {
+	switch {
+	case n > 0:
 		s.cond.Broadcast()
+	case len(p) > 0:
+		s.owed = true
 	}
 	return n, nil
 }
@@ -173,7 +196,11 @@ func (s *Stream) WriteWindow() int {
 	if s.writeErrLocked() != nil {
 		return 0
 	}
-	return Window - len(s.sq)
+	n := Window - len(s.sq)
+	if n == 0 {
+		s.owed = true
+	}
+	return n
 }
 
 // Read is the blocking form, for the goroutine relay.
