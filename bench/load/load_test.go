@@ -230,18 +230,20 @@ func TestIdle(t *testing.T) {
 	defer ps.Close()
 	held := 0
 	res, err := load.Idle(context.Background(), load.IdleConfig{
-		Dialer: d, Count: 40, Steps: 4, Pids: []int{os.Getpid()},
+		Dialer: d, Count: 200, Steps: 4, Pids: []int{os.Getpid()},
 		GoroutineURLs: []string{ps.URL + "/debug/pprof/goroutine?debug=1"},
-		Settle:        time.Millisecond, Hold: time.Millisecond, OnHold: func(n int) { held = n },
+		// Sockets of earlier tests may still be closing: a longer settle and
+		// more connections keep them from skewing the per-connection slope.
+		Settle: 50 * time.Millisecond, Hold: time.Millisecond, OnHold: func(n int) { held = n },
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Connections != 40 || len(res.Samples) != 5 || held != 40 {
+	if res.Connections != 200 || len(res.Samples) != 5 || held != 200 {
 		t.Fatalf("idle: %d connections, %d samples, held %d", res.Connections, len(res.Samples), held)
 	}
 	for i, s := range res.Samples {
-		if s.Conns != 10*i || len(s.Procs) != 1 || len(s.Goroutines) != 1 {
+		if s.Conns != 50*i || len(s.Procs) != 1 || len(s.Goroutines) != 1 {
 			t.Fatalf("sample %d: %+v", i, s)
 		}
 	}
