@@ -314,7 +314,8 @@ func (p *Proxy) acceptLoop(ln *net.TCPListener, serve func(*net.TCPConn) bool) {
 		}
 		p.wg.Add(1)
 		go func() {
-			_ = engine.Accepted(c, p.cfg.Socket)
+			// No engine.Accepted: the listener's keepalive and TCP_NODELAY
+			// are already the accepted socket's (engine.Listen).
 			if !serve(c) {
 				p.release(c)
 			}
