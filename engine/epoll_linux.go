@@ -414,6 +414,9 @@ func (r *tcpRelay) event(side int, ev poll.Event) {
 	if ev.Events&(poll.In|poll.RDHup|poll.Hup|poll.Err) != 0 {
 		r.rd[side] = true
 	}
+	if ev.Events&(poll.RDHup|poll.Hup|poll.Err) != 0 {
+		r.hup[side] = true
+	}
 	if ev.Events&(poll.Out|poll.Hup|poll.Err) != 0 {
 		r.wr[side] = true
 	}

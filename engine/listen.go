@@ -9,8 +9,11 @@ import (
 )
 
 // Listen opens a TCP listener on addr with opts applied before bind, so that
-// SO_REUSEPORT and IP_TRANSPARENT take effect. Call it on the goroutine (and
-// OS thread) whose network namespace the listener must live in.
+// SO_REUSEPORT and IP_TRANSPARENT take effect. Keepalive is set on the
+// listener itself: Linux copies it to every accepted socket, as Go copies
+// TCP_NODELAY (on by default), so accepted connections need no further
+// setsockopt (see Accepted). Call it on the goroutine (and OS thread) whose
+// network namespace the listener must live in.
 func Listen(ctx context.Context, addr string, opts SocketOptions) (*net.TCPListener, error) {
 	lc := net.ListenConfig{Control: opts.control(true), KeepAlive: -1}
 	ln, err := lc.Listen(ctx, "tcp", addr)
@@ -54,16 +57,15 @@ func (d *Dialer) Dial(ctx context.Context, src netip.Addr, dst netip.AddrPort) (
 	if err != nil {
 		return nil, err
 	}
-	tc := c.(*net.TCPConn)
-	if err := d.Options.tuneConn(tc); err != nil {
-		tc.Close()
-		return nil, fmt.Errorf("engine: tune %s: %w", dst, err)
-	}
-	return tc, nil
+	// Keepalive was set before connect (Options' control function) and Go
+	// sets TCP_NODELAY on every TCP connection: nothing left to tune.
+	return c.(*net.TCPConn), nil
 }
 
-// Accepted applies the per-connection options (TCP_NODELAY, keepalive) to a
-// connection accepted from a listener made by Listen.
+// Accepted applies the per-connection options (TCP_NODELAY, keepalive) to an
+// accepted connection. A connection accepted from a listener made by Listen
+// with the same options already has them (copied from the listener), so the
+// proxy does not call it; it serves listeners made otherwise.
 func Accepted(c *net.TCPConn, opts SocketOptions) error {
 	return opts.tuneConn(c)
 }

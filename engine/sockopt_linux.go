@@ -69,6 +69,14 @@ func (o SocketOptions) apply(fd int, network string, listener bool) error {
 			return fmt.Errorf("engine: set SO_REUSEPORT: %w", err)
 		}
 	}
+	if o.KeepAlive.Idle > 0 {
+		// Before connect, or on the listener: Linux copies a listener's
+		// keepalive settings (and TCP_NODELAY) to every socket it accepts,
+		// so accepted and dialed sockets need no setsockopt of their own.
+		if err := setKeepAlive(fd, o.KeepAlive); err != nil {
+			return err
+		}
+	}
 	if o.Transparent {
 		v6 := network == "tcp6" || network == "tcp"
 		if err := unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_TRANSPARENT, 1); err != nil {
@@ -77,6 +85,33 @@ func (o SocketOptions) apply(fd int, network string, listener bool) error {
 		if v6 {
 			// Best effort: a v4-only socket refuses the v6 option.
 			_ = unix.SetsockoptInt(fd, unix.SOL_IPV6, unix.IPV6_TRANSPARENT, 1)
+		}
+	}
+	return nil
+}
+
+// setKeepAlive enables keepalive on fd with ka's timing; a zero Interval
+// or Count takes the defaults of net.KeepAliveConfig (15s, 9).
+func setKeepAlive(fd int, ka KeepAlive) error {
+	secs := func(d time.Duration) int { return int((d + time.Second - 1) / time.Second) }
+	interval, count := ka.Interval, ka.Count
+	if interval <= 0 {
+		interval = 15 * time.Second
+	}
+	if count <= 0 {
+		count = 9
+	}
+	for _, o := range []struct {
+		level, opt, v int
+		name          string
+	}{
+		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1, "SO_KEEPALIVE"},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, secs(ka.Idle), "TCP_KEEPIDLE"},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, secs(interval), "TCP_KEEPINTVL"},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, count, "TCP_KEEPCNT"},
+	} {
+		if err := unix.SetsockoptInt(fd, o.level, o.opt, o.v); err != nil {
+			return fmt.Errorf("engine: set %s: %w", o.name, err)
 		}
 	}
 	return nil

@@ -21,9 +21,13 @@ type tcpRelay struct {
 	s  *session
 	fd [2]int
 	// rd and wr are the sockets' readiness as last learnt: set by an edge,
-	// cleared by EAGAIN.
+	// cleared by EAGAIN (or, for rd, by a short read; see drained).
 	rd, wr [2]bool
-	dir    [2]direction
+	// hup is set once a side's events said end of stream, hang-up or
+	// error: a short read may then have stopped at the FIN, so only a
+	// splice that returns 0 or EAGAIN clears rd.
+	hup [2]bool
+	dir [2]direction
 }
 
 func (r *tcpRelay) fdOf(side int) int { return r.fd[side] }
@@ -112,6 +116,7 @@ func (r *tcpRelay) pump(d int) (more bool, err error) {
 				dd.pipe = p
 			}
 			if p.Buffered < p.Size {
+				before := p.Buffered
 				n, err := p.In(r.fd[src], p.Size)
 				switch {
 				case err == unix.EAGAIN:
@@ -129,6 +134,9 @@ func (r *tcpRelay) pump(d int) (more bool, err error) {
 					moved = true
 				default:
 					moved = true
+					if !r.hup[src] && drained(p, before, n) {
+						r.rd[src] = false
+					}
 				}
 			}
 			if p.Buffered == 0 {
@@ -148,6 +156,21 @@ func (r *tcpRelay) pump(d int) (more bool, err error) {
 		r.l.touch(&r.relayBase)
 	}
 	return true, nil
+}
+
+// drained reports whether a splice that moved n bytes into p, which held
+// before bytes, emptied the socket, so that the probe for EAGAIN can be
+// skipped: one splice fewer per message, which is a third of the splices of
+// request/response traffic. A non-blocking splice from a TCP socket reads
+// every queued segment in one pass unless the pipe runs out of room, and
+// every segment that arrives later raises a new edge, so a read shorter
+// than the pipe's free room means an empty socket. Running out of room
+// includes running out of slots (one per page fragment, each holding at
+// least one byte): that cannot have happened while the pipe holds fewer
+// bytes than it has slots. Bulk reads, which can fill the slots, keep
+// probing.
+func drained(p *splice.Pipe, before, n int) bool {
+	return n < p.Size-before && before+n < p.Slots()
 }
 
 // check panics if the relay's bookkeeping is inconsistent (-tags assert).

@@ -286,10 +286,18 @@ func (p *Proxy) Addrs() []net.Addr {
 }
 
 // A serve function returns true when it handed the connection to the
-// engine, whose completion callback then calls release; its goroutine ends
-// at once, so an idle relayed connection holds none.
+// engine, whose completion callback then calls release; its goroutine is
+// free again at once, so an idle relayed connection holds none.
+//
+// Connections are served by workers: goroutines that take the next
+// accepted connection when they finish one and end after workerIdle
+// without work, or when the listener closes. A worker's stack has already
+// grown to what routing and dialing need; a goroutine per connection paid
+// that growth (and its allocation) every time.
 func (p *Proxy) acceptLoop(ln *net.TCPListener, serve func(*net.TCPConn) bool) {
 	defer p.wg.Done()
+	work := make(chan *net.TCPConn)
+	defer close(work) // idle workers end
 	var backoff time.Duration
 	for {
 		c, err := ln.AcceptTCP()
@@ -312,13 +320,42 @@ func (p *Proxy) acceptLoop(ln *net.TCPListener, serve func(*net.TCPConn) bool) {
 			c.Close()
 			return
 		}
-		p.wg.Add(1)
-		go func() {
-			_ = engine.Accepted(c, p.cfg.Socket)
-			if !serve(c) {
-				p.release(c)
+		// No engine.Accepted: the listener's keepalive and TCP_NODELAY are
+		// already the accepted socket's (engine.Listen).
+		p.wg.Add(1) // the connection's; release ends it
+		select {
+		case work <- c: // an idle worker takes it
+		default:
+			p.wg.Add(1) // the worker's
+			go p.worker(c, work, serve)
+		}
+	}
+}
+
+// workerIdle is how long a connection worker waits for its next connection
+// before it ends.
+const workerIdle = 5 * time.Second
+
+// worker serves c, then the connections it is handed on work, until work
+// closes or none comes for workerIdle.
+func (p *Proxy) worker(c *net.TCPConn, work <-chan *net.TCPConn, serve func(*net.TCPConn) bool) {
+	defer p.wg.Done()
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		if !serve(c) {
+			p.release(c)
+		}
+		idle.Reset(workerIdle)
+		select {
+		case next, ok := <-work:
+			if !ok {
+				return
 			}
-		}()
+			c = next
+		case <-idle.C:
+			return
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package splice
 import (
 	"errors"
 	"fmt"
+	"os"
 
 	"golang.org/x/sys/unix"
 )
@@ -53,6 +54,13 @@ func NewPipe(size int) (*Pipe, error) {
 	p.Size = got
 	return p, nil
 }
+
+// Slots is how many buffers the pipe has room for: one per page of its
+// capacity. A splice from a socket takes one per page fragment, so a pipe
+// can run out of slots before it runs out of bytes.
+func (p *Pipe) Slots() int { return p.Size / pageSize }
+
+var pageSize = os.Getpagesize()
 
 // Close closes both ends.
 func (p *Pipe) Close() error {
