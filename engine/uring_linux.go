@@ -240,10 +240,9 @@ func (l *uloop) run() {
 		return
 	}
 	l.ring = ring
-	defer func() {
-		l.ring.Close()
-		l.ring = nil
-	}()
+	// Close this run's own ring: once park or finishStop has released the
+	// loop, a new run may already have installed its ring in l.ring.
+	defer ring.Close()
 	l.armWake()
 	l.drainTasks()
 	for {
