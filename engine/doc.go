@@ -19,9 +19,10 @@
 //
 //   - auto (default): the fastest the kernel allows, by measurement: epoll
 //     today (see autoOrder in engine.go), io_uring where epoll is missing;
-//   - epoll: event loops on epoll (engine/poll), one per core, each a
-//     goroutine parked in the runtime's netpoller when idle (or, with
-//     Config.LockOSThread, an OS thread blocked in epoll_wait);
+//   - epoll: event loops on epoll (engine/poll), one per core for TCP⇄TCP
+//     relays, each a goroutine blocked in epoll_wait, and one per core for
+//     TCP⇄stream relays, each parked in the runtime's netpoller when idle
+//     (with Config.LockOSThread, all on locked OS threads in epoll_wait);
 //   - uring: event loops on io_uring (engine/uring), one per core, each on
 //     a locked OS thread; refused kernels (seccomp, io_uring_disabled) make
 //     auto and ZTUNNEL_ENGINE=uring fall back to epoll;

@@ -53,6 +53,8 @@ type Config struct {
 	// refuses is an error from New.
 	Backend string
 	// Loops is the number of event loops; 0 means runtime.GOMAXPROCS(0).
+	// The epoll backend has this many for TCP⇄TCP relays and as many again
+	// for TCP⇄stream relays.
 	Loops int
 	// PipeSize is the capacity asked of each relay pipe; 0 means 1 MiB.
 	PipeSize int
@@ -69,8 +71,9 @@ type Config struct {
 	// 100ms.
 	Linger time.Duration
 	// LockOSThread runs each event loop on a locked OS thread blocked in
-	// epoll_wait instead of parking it in the runtime's netpoller (the
-	// default, faster when the Go scheduler is busy).
+	// epoll_wait. Without it the epoll backend's TCP⇄TCP loops block their
+	// goroutine in epoll_wait (thread not locked) and its TCP⇄stream loops
+	// park in the runtime's netpoller, each the faster way for its kind.
 	LockOSThread bool
 	// Logf, if set, receives the engine's rare notes (backend choice,
 	// fallbacks). Nil discards them.
@@ -507,9 +510,11 @@ func (e *Engine) Close() error {
 type Stats struct {
 	// Backend is Engine.Backend.
 	Backend string
-	// Loops is the number of event loops (0 for std) and Running how many
-	// hold a thread right now.
-	Loops, Running int
+	// Loops is the number of event loops for TCP⇄TCP relays (0 for std),
+	// StreamLoops the number for TCP⇄stream relays (epoll only; the other
+	// backends relay streams with goroutines) and Running how many loops of
+	// either kind run right now.
+	Loops, StreamLoops, Running int
 	// Relays counts relays started and not yet ended, on any path.
 	Relays int
 	// LoopRelays counts the relays held by event loops.

@@ -191,7 +191,7 @@ func TestManyLoopsShareRelays(t *testing.T) {
 		p.client.Write([]byte("x"))
 		io.ReadFull(p.server, make([]byte, 1))
 	}
-	if st := e.Stats(); st.Loops != 4 || st.Running != 4 || st.LoopRelays != n {
+	if st := e.Stats(); st.Loops != 4 || st.StreamLoops != 4 || st.Running != 4 || st.LoopRelays != n {
 		t.Fatalf("stats %+v: want %d relays spread over 4 running loops", st, n)
 	}
 	for _, p := range pairs {

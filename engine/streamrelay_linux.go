@@ -71,7 +71,7 @@ func (d *sdir) filled(n int) {
 }
 
 func (b *epollBackend) relayStream(fd, tcpSide int, st StreamEndpoint, s *session) {
-	l := b.loops[int(b.next.Add(1))%len(b.loops)]
+	l := b.strm[int(b.next.Add(1))%len(b.strm)]
 	r := &streamRelay{l: l, s: s, fd: fd, st: st, tcpSide: tcpSide}
 	r.init(r)
 	if tcpSide == 0 {
