@@ -49,11 +49,11 @@ type Poller struct {
 	// For WaitPark: the epoll descriptor as a pollable file, so the
 	// runtime's netpoller can park the waiting goroutine until the epoll
 	// instance has events.
-	file        *os.File
-	rc          syscall.RawConn
-	tryFn       func(fd uintptr) bool // p.try, bound once so parking does not allocate
-	tryN        int
-	tryErr      error
+	file   *os.File
+	rc     syscall.RawConn
+	tryFn  func(fd uintptr) bool // p.try, bound once so parking does not allocate
+	tryN   int
+	tryErr error
 	// parkWake is set once WaitPark made the descriptor pollable: from then
 	// on Wake readies the parked owner through the runtime (a read deadline
 	// in the past) instead of writing the eventfd, which the runtime would
