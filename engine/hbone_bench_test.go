@@ -6,6 +6,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"runtime/pprof"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -62,7 +65,7 @@ func newHBONERig(b *testing.B, backend string) *hboneRig {
 		b.Fatal(err)
 	}
 	bckAddr := r.bck.Addr().(*net.TCPAddr)
-	r.hs = hbone.NewServer(hbone.Config{}, func(_ context.Context, req *hbone.ServerRequest) {
+	r.hs = hbone.NewServer(hbone.Config{MaxStreams: 1 << 16}, func(_ context.Context, req *hbone.ServerRequest) {
 		up, err := net.DialTCP("tcp", nil, bckAddr)
 		if err != nil {
 			_, _ = req.Respond(http.StatusServiceUnavailable, nil)
@@ -103,7 +106,7 @@ func newHBONERig(b *testing.B, backend string) *hboneRig {
 	if err := tc.Handshake(); err != nil {
 		b.Fatal(err)
 	}
-	if r.cc, err = hbone.NewClientConn(tc, hbone.Config{}); err != nil {
+	if r.cc, err = hbone.NewClientConn(tc, hbone.Config{MaxStreams: 1 << 16}); err != nil {
 		b.Fatal(err)
 	}
 	return r
@@ -162,7 +165,16 @@ func BenchmarkHBONETwoHops(b *testing.B) {
 				for i := range conns {
 					conns[i] = rig.connect(b)
 					srv := conns[i].server
-					drain.Go(func() { _, _ = io.Copy(io.Discard, srv) })
+					drain.Go(func() {
+						// Large reads (io.Discard would read 8 KiB at a
+						// time), so the sink's syscalls do not dominate.
+						buf := make([]byte, 256<<10)
+						for {
+							if _, err := srv.Read(buf); err != nil {
+								return
+							}
+						}
+					})
 				}
 				buf := make([]byte, 128<<10)
 				b.SetBytes(int64(len(buf) * streams))
@@ -226,5 +238,48 @@ func BenchmarkHBONETwoHops(b *testing.B) {
 			}
 			b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N)/1e3, "cpu-us/op")
 		})
+	}
+}
+
+// BenchmarkHBONEIdleRelays holds IDLE_RELAYS (default 2000) idle two-hop
+// paths, each after a 1-byte exchange both ways, and reports their heap
+// per path: both engines' relays, both HBONE streams and the four sockets
+// the benchmark itself holds. With -memprofile and -memprofilerate 1 the
+// profile's inuse_space tells the allocation sites.
+func BenchmarkHBONEIdleRelays(b *testing.B) {
+	n := 2000
+	if v, err := strconv.Atoi(os.Getenv("IDLE_RELAYS")); err == nil && v > 0 {
+		n = v
+	}
+	raiseFDLimit(8*n + 1024)
+	for b.Loop() {
+		rig := newHBONERig(b, engine.BackendEpoll)
+		before := measure()
+		conns := make([]benchConn, n)
+		one := make([]byte, 1)
+		for i := range conns {
+			c := rig.connect(b)
+			conns[i] = c
+			c.client.Write(one)
+			io.ReadFull(c.server, one)
+			c.server.Write(one)
+			io.ReadFull(c.client, one)
+		}
+		after := measure()
+		if path := os.Getenv("IDLE_HEAP_PROFILE"); path != "" {
+			// The live heap while the paths are idle, by allocation site.
+			if f, err := os.Create(path); err == nil {
+				_ = pprof.Lookup("heap").WriteTo(f, 0)
+				f.Close()
+			}
+		}
+		per := func(x, y int64) float64 { return float64(y-x) / float64(n) }
+		b.ReportMetric(per(before.heap, after.heap), "heap-B/path")
+		b.ReportMetric(per(before.rss, after.rss), "rss-B/path")
+		b.ReportMetric(per(before.goroutines, after.goroutines), "goroutines/path")
+		for _, c := range conns {
+			c.close()
+		}
+		rig.close()
 	}
 }
