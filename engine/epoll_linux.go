@@ -160,8 +160,9 @@ func (b *relayBase) base() *relayBase { return b }
 
 // eloop is one epoll event loop.
 type eloop struct {
-	b *epollBackend
-	p *poll.Poller
+	b   *epollBackend
+	p   *poll.Poller
+	iov [][]byte // scratch for stream relays' writev (streamrelay_linux.go)
 
 	mu      sync.Mutex // guards the following fields
 	tasks   []task

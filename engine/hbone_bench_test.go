@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -155,9 +156,18 @@ func (r *hboneRig) connect(b *testing.B) benchConn {
 // (MB/s) and runs a 1-byte request/response (ns/op) through two engines
 // and one HBONE connection, for each relay backend.
 func BenchmarkHBONETwoHops(b *testing.B) {
-	for _, backend := range []string{engine.BackendStd, engine.BackendEpoll} {
+	// "epoll-copy" is epoll with the stream→socket direction copying
+	// through a relay buffer (TryRead) instead of writing from the
+	// stream's own buffer (Peek).
+	for _, variant := range []string{engine.BackendStd, engine.BackendEpoll, "epoll-copy"} {
+		backend := strings.TrimSuffix(variant, "-copy")
+		setup := func() func() {
+			engine.SetNoPeek(variant != backend)
+			return func() { engine.SetNoPeek(false) }
+		}
 		for _, streams := range []int{1, 8} {
-			b.Run(backend+"/tput"+map[int]string{1: "1", 8: "8"}[streams], func(b *testing.B) {
+			b.Run(variant+"/tput"+map[int]string{1: "1", 8: "8"}[streams], func(b *testing.B) {
+				defer setup()()
 				rig := newHBONERig(b, backend)
 				defer rig.close()
 				conns := make([]benchConn, streams)
@@ -211,7 +221,8 @@ func BenchmarkHBONETwoHops(b *testing.B) {
 				}
 			})
 		}
-		b.Run(backend+"/rr", func(b *testing.B) {
+		b.Run(variant+"/rr", func(b *testing.B) {
+			defer setup()()
 			rig := newHBONERig(b, backend)
 			defer rig.close()
 			c := rig.connect(b)

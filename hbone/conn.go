@@ -18,9 +18,11 @@ import (
 )
 
 const (
-	// readBufSize sizes the connection's bufio.Reader. DATA payloads larger
-	// than what it holds go straight from the connection into stream chunks.
-	readBufSize = 32 << 10
+	// readBufSize sizes the connection's bufio.Reader, which every
+	// connection holds for its life. DATA payloads larger than what it
+	// holds go straight from the connection into stream chunks, so a small
+	// one costs less idle memory and fewer double copies.
+	readBufSize = 4 << 10
 	// closeFlushTimeout bounds the final flush (GOAWAY, pending frames) of a
 	// connection that closes gracefully or with a protocol error.
 	closeFlushTimeout = 2 * time.Second
@@ -407,7 +409,9 @@ func (c *conn) queueControl(ping bool, data [8]byte) error {
 // they would otherwise pile up in the write buffer without bound. c.wmu
 // held.
 func (c *conn) backlogErrLocked() error {
-	if n := c.pendingLenLocked(); n > int(c.cfg.MaxControlBacklog) {
+	// Streams' DATA may legitimately fill writeBufCap of the buffer; only
+	// what lies beyond it was provoked by the peer.
+	if n := c.pendingLenLocked(); n > int(c.cfg.MaxControlBacklog)+writeBufCap {
 		return connError(http2.ErrCodeEnhanceYourCalm, "%d bytes of frames queued for a peer that does not read them", n)
 	}
 	return nil

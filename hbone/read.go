@@ -271,7 +271,9 @@ func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) er
 		s.mu.Lock()
 		s.filling = false
 		if s.rerrNow != nil {
-			s.rbuf.free()
+			if !s.peeking {
+				s.rbuf.free() // else the Consume that ends the Peek does
+			}
 			dropped += n
 		} else if n > 0 {
 			s.rbuf.commit(n)
@@ -285,7 +287,7 @@ func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) er
 		}
 	}
 	if rerr != nil {
-		if s.rbuf.size == 0 {
+		if s.rbuf.size == 0 && !s.peeking {
 			s.rbuf.free()
 		}
 		s.mu.Unlock()

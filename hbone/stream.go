@@ -61,6 +61,7 @@ type Stream struct {
 	rcond        sync.Cond
 	rbuf         recvBuffer
 	filling      bool  // the reader goroutine writes into rbuf's tail outside mu
+	peeking      bool  // a Peek's view of rbuf's head is in use until Consume
 	recvWindow   int64 // bytes the peer may still send on this stream
 	unacked      int64 // read bytes not yet returned by WINDOW_UPDATE
 	rerrNow      error // reset or closed: Read fails at once, buffered data is gone
@@ -118,6 +119,13 @@ func (s *Stream) Read(p []byte) (int, error) {
 // (batched) and unlocks s.mu. s.mu held, s.rbuf.size > 0.
 func (s *Stream) takeLocked(p []byte) int {
 	n := s.rbuf.read(p, s.filling)
+	s.ackLocked(n)
+	return n
+}
+
+// ackLocked returns the window of n bytes read (WINDOW_UPDATEs batched)
+// and unlocks s.mu. s.mu held.
+func (s *Stream) ackLocked(n int) {
 	var inc int64
 	if s.rerrAfter == nil {
 		// Batch WINDOW_UPDATEs: return credit once half the window is read.
@@ -132,7 +140,6 @@ func (s *Stream) takeLocked(p []byte) int {
 	if inc > 0 {
 		s.c.queueStreamWindowUpdate(s, inc)
 	}
-	return n
 }
 
 // Write sends p as DATA, blocking while the stream or connection send window
@@ -277,7 +284,7 @@ func (s *Stream) abortRecv(err error) {
 	if s.rerrNow == nil {
 		s.rerrNow = err
 	}
-	n := s.rbuf.discard(s.filling)
+	n := s.rbuf.discard(s.filling || s.peeking)
 	s.rcond.Broadcast()
 	s.mu.Unlock()
 	s.c.consumed(n)
