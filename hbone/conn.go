@@ -552,8 +552,6 @@ func (c *conn) queueStreamWindowUpdate(s *Stream, inc int64) {
 
 func (c *conn) newStream(id uint32) *Stream {
 	s := &Stream{c: c, id: id, recvWindow: int64(c.cfg.StreamWindow)}
-	s.wcond.L = &c.mu
-	s.rcond.L = &s.mu
 	return s
 }
 
@@ -673,7 +671,7 @@ func (c *conn) resetLocked(s *Stream, code http2.ErrCode, werr error, sendRST bo
 	if s.werr == nil {
 		s.werr = werr
 	}
-	s.wcond.Broadcast()
+	s.wakeWriterLocked()
 	if c.connWinWaiters > 0 {
 		c.connWinCond.Broadcast()
 	}
@@ -743,7 +741,7 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 		if s.werr == nil {
 			s.werr = serr
 		}
-		s.wcond.Broadcast()
+		s.wakeWriterLocked()
 		c.closeRespLocked(s, serr)
 		if s.cancel != nil {
 			s.cancel()
