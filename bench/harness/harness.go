@@ -306,7 +306,7 @@ func (b *bench) setup(ctx context.Context) error {
 	b.cluster, err = labrun.StartCluster(ctx, b.lab, labConfig(b.o.Backends), labrun.ClusterOptions{
 		Binary: b.o.Ztunnel, Dir: b.dir,
 		ExtraPods: map[string][]string{"node-a": {podClient, podCaptured}, "node-b": {podServer}},
-		DaemonEnv: []string{EngineEnv + "=" + b.o.Backends[0]},
+		DaemonEnv: []string{EngineEnv + "=" + b.o.variant(b.o.Backends[0]).Engine},
 		LogLevel:  b.o.DaemonLogLevel,
 	})
 	if err != nil {
