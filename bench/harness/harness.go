@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -44,6 +45,15 @@ type Options struct {
 	ProfileSeconds int
 	// Backends are the daemon's engine backends to compare (default "std").
 	Backends []string
+	// Variants give a backend name another engine, daemon binary or
+	// environment, so that two builds (or two settings) of the daemon are
+	// measured side by side in one run: "old" and "new" both on epoll, say.
+	// A backend without a variant is an engine name.
+	Variants map[string]Variant
+	// Paths, if set, keeps only the paths whose ID it matches (the direct
+	// path, which every ratio needs, is always kept): a quicker run when
+	// only some paths changed.
+	Paths *regexp.Regexp
 	// DaemonLogLevel is the daemons' RUST_LOG (default "warn": no access
 	// log line per connection, as the peers log nothing).
 	DaemonLogLevel string
@@ -127,6 +137,49 @@ func (o *Options) defaults() error {
 		o.HAProxy = ""
 	}
 	return nil
+}
+
+// Variant is how the daemons of one backend name run.
+type Variant struct {
+	Engine string   // ZTUNNEL_ENGINE (default: the backend name)
+	Binary string   // daemon binary (default: Options.Ztunnel)
+	Env    []string // more environment variables, NAME=value
+}
+
+// ParseVariant reads "engine[@binary][+NAME=value...]".
+func ParseVariant(s string) (Variant, error) {
+	var v Variant
+	parts := strings.Split(s, "+")
+	v.Engine = parts[0]
+	if e, bin, ok := strings.Cut(v.Engine, "@"); ok {
+		abs, err := filepath.Abs(bin)
+		if err != nil {
+			return v, err
+		}
+		if _, err := os.Stat(abs); err != nil {
+			return v, fmt.Errorf("harness: %w", err)
+		}
+		v.Engine, v.Binary = e, abs
+	}
+	for _, kv := range parts[1:] {
+		if !strings.Contains(kv, "=") {
+			return v, fmt.Errorf("harness: variant %q: %q is not NAME=value", s, kv)
+		}
+		v.Env = append(v.Env, kv)
+	}
+	return v, nil
+}
+
+// variant returns how the daemons of backend be run.
+func (o *Options) variant(be string) Variant {
+	v := o.Variants[be]
+	if v.Engine == "" {
+		v.Engine = be
+	}
+	if v.Binary == "" {
+		v.Binary = o.Ztunnel
+	}
+	return v
 }
 
 // Ports inside the lab's pods.
@@ -253,7 +306,7 @@ func (b *bench) setup(ctx context.Context) error {
 	b.cluster, err = labrun.StartCluster(ctx, b.lab, labConfig(b.o.Backends), labrun.ClusterOptions{
 		Binary: b.o.Ztunnel, Dir: b.dir,
 		ExtraPods: map[string][]string{"node-a": {podClient, podCaptured}, "node-b": {podServer}},
-		DaemonEnv: []string{EngineEnv + "=" + b.o.Backends[0]},
+		DaemonEnv: []string{EngineEnv + "=" + b.o.variant(b.o.Backends[0]).Engine},
 		LogLevel:  b.o.DaemonLogLevel,
 	})
 	if err != nil {
@@ -263,8 +316,13 @@ func (b *bench) setup(ctx context.Context) error {
 	if err := b.cluster.Pods[podCaptured].InstallCapture(); err != nil {
 		return err
 	}
-	// Every further backend: restart its two daemons with its engine.
-	for _, be := range b.o.Backends[1:] {
+	// Every further backend, and the first if it is a variant: restart its
+	// two daemons with its engine (binary, environment).
+	restart := b.o.Backends[1:]
+	if _, ok := b.o.Variants[b.o.Backends[0]]; ok {
+		restart = b.o.Backends
+	}
+	for _, be := range restart {
 		for _, pod := range []string{meshClient(be), meshServer(be)} {
 			if err := b.startDaemon(ctx, pod); err != nil {
 				return err

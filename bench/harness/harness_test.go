@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -198,5 +199,34 @@ func TestProcessPlumbing(t *testing.T) {
 	c.stop()
 	if !c.exited() {
 		t.Fatal("the child survived stop")
+	}
+}
+
+func TestParseVariant(t *testing.T) {
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, spec string
+		want       Variant
+		wantErr    bool
+	}{
+		{"engine only", "epoll", Variant{Engine: "epoll"}, false},
+		{"binary", "epoll@" + bin, Variant{Engine: "epoll", Binary: bin}, false},
+		{"environment", "std+GOGC=50+A=b=c", Variant{Engine: "std", Env: []string{"GOGC=50", "A=b=c"}}, false},
+		{"missing binary", "epoll@/nonexistent/ztunnel", Variant{}, true},
+		{"not an assignment", "epoll+GOGC", Variant{}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseVariant(tc.spec)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("ParseVariant(%q) error %v, want error %v", tc.spec, err, tc.wantErr)
+			}
+			if !tc.wantErr && !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("ParseVariant(%q) = %+v, want %+v", tc.spec, got, tc.want)
+			}
+		})
 	}
 }

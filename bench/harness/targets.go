@@ -24,6 +24,9 @@ type target struct {
 }
 
 func (b *bench) addTarget(t *target) {
+	if b.o.Paths != nil && !t.cfg.Direct && !b.o.Paths.MatchString(t.cfg.ID) {
+		return
+	}
 	for _, p := range t.procs {
 		t.cfg.Procs = append(t.cfg.Procs, p.name)
 	}
@@ -105,7 +108,7 @@ func (b *bench) daemonProc(pod string) (*proc, error) {
 		return d, nil
 	}
 	p := b.cluster.Pods[pod]
-	pid, err := findPid(p.NetNS, b.o.Ztunnel)
+	pid, err := findPid(p.NetNS, b.o.variant(b.backendOf(pod)).Binary)
 	if err != nil {
 		return nil, err
 	}
@@ -134,9 +137,10 @@ func (b *bench) startDaemon(ctx context.Context, pod string) error {
 			b.logf("stopping the daemon in %s: %v", pod, err)
 		}
 	}
+	v := b.o.variant(b.backendOf(pod))
 	d, err := labrun.StartDaemon(ctx, b.cluster.Pods[pod], labrun.DaemonOptions{
-		Binary: b.o.Ztunnel, ConfigPath: b.cluster.ConfigPath, CACert: b.caCert, CAKey: b.caKey,
-		Workload: namespaceName + "/" + pod + "/" + pod, Env: []string{EngineEnv + "=" + b.backendOf(pod)},
+		Binary: v.Binary, ConfigPath: b.cluster.ConfigPath, CACert: b.caCert, CAKey: b.caKey,
+		Workload: namespaceName + "/" + pod + "/" + pod, Env: append([]string{EngineEnv + "=" + v.Engine}, v.Env...),
 		LogLevel: b.o.DaemonLogLevel,
 	})
 	if err != nil {
@@ -144,7 +148,7 @@ func (b *bench) startDaemon(ctx context.Context, pod string) error {
 	}
 	b.cluster.Daemons[pod] = d
 	if p, ok := b.daemons[pod]; ok {
-		if p.pid, err = findPid(b.cluster.Pods[pod].NetNS, b.o.Ztunnel); err != nil {
+		if p.pid, err = findPid(b.cluster.Pods[pod].NetNS, v.Binary); err != nil {
 			return err
 		}
 	}

@@ -49,13 +49,20 @@ type Poller struct {
 	// For WaitPark: the epoll descriptor as a pollable file, so the
 	// runtime's netpoller can park the waiting goroutine until the epoll
 	// instance has events.
-	file        *os.File
-	rc          syscall.RawConn
-	tryFn       func(fd uintptr) bool // p.try, bound once so parking does not allocate
-	tryN        int
-	tryErr      error
-	hasDeadline bool
+	file   *os.File
+	rc     syscall.RawConn
+	tryFn  func(fd uintptr) bool // p.try, bound once so parking does not allocate
+	tryN   int
+	tryErr error
+	// parkWake is set once WaitPark made the descriptor pollable: from then
+	// on Wake readies the parked owner through the runtime (a read deadline
+	// in the past) instead of writing the eventfd, which the runtime would
+	// notice only at its next netpoll, late when every P is busy.
+	parkWake atomic.Bool
 }
+
+// longAgo is the read deadline Wake sets to unpark WaitPark at once.
+var longAgo = time.Unix(1, 0)
 
 // Open creates a Poller.
 func Open() (*Poller, error) {
@@ -95,6 +102,7 @@ func (p *Poller) pollable() error {
 	}
 	p.file, p.rc = f, rc
 	p.tryFn = p.try
+	p.parkWake.Store(true)
 	return nil
 }
 
@@ -204,20 +212,29 @@ func (p *Poller) WaitPark(events []Event, timeout time.Duration) (n int, woken b
 			return 0, false, p.waitErr(p.tryErr)
 		}
 		n, woken = p.collect(events, p.tryN)
-		return n, woken, nil
+		return n, p.consumeWake() || woken, nil
 	}
+	// The deadline is set on every wait: a Wake may have left one in the
+	// past. A Wake that came before it is seen in pending; one after it
+	// sets its own deadline, which unparks the read below.
 	if timeout > 0 {
-		p.hasDeadline = true
 		_ = p.file.SetReadDeadline(time.Now().Add(timeout))
-	} else if p.hasDeadline {
-		p.hasDeadline = false
+	} else {
 		_ = p.file.SetReadDeadline(time.Time{})
+	}
+	if p.pending.Load() != 0 {
+		p.try(uintptr(p.epfd))
+		if p.tryErr != nil {
+			return 0, false, p.waitErr(p.tryErr)
+		}
+		n, woken = p.collect(events, p.tryN)
+		return n, p.consumeWake() || woken, nil
 	}
 	p.tryN, p.tryErr = 0, nil
 	err = p.rc.Read(p.tryFn)
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return 0, false, nil
+			return 0, p.consumeWake(), nil
 		}
 		return 0, false, p.waitErr(err)
 	}
@@ -225,7 +242,13 @@ func (p *Poller) WaitPark(events []Event, timeout time.Duration) (n int, woken b
 		return 0, false, p.waitErr(p.tryErr)
 	}
 	n, woken = p.collect(events, p.tryN)
-	return n, woken, nil
+	return n, p.consumeWake() || woken, nil
+}
+
+// consumeWake clears a wake-up that Wake delivered through the read
+// deadline and reports whether there was one.
+func (p *Poller) consumeWake() bool {
+	return p.pending.Swap(0) != 0
 }
 
 // try polls without blocking (epoll_pwait with a zero timeout and no
@@ -261,6 +284,14 @@ func (p *Poller) waitErr(err error) error {
 // nothing.
 func (p *Poller) Wake() error {
 	if !p.pending.CompareAndSwap(0, 1) {
+		return nil
+	}
+	if p.parkWake.Load() {
+		// Readies the parked owner directly (or makes its next park return
+		// at once): no syscall, and no wait for the runtime's netpoll.
+		if err := p.file.SetReadDeadline(longAgo); err != nil && p.closed.Load() {
+			return ErrClosed
+		}
 		return nil
 	}
 	one := [8]byte{1}

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -45,6 +46,7 @@ func run(ctx context.Context, args []string) error {
 		o        harness.Options
 		out      string
 		backends string
+		paths    string
 		timeout  time.Duration
 	)
 	fs.BoolVar(&o.Quick, "quick", false, "CI smoke run: one short round, checks only that every path produced numbers")
@@ -53,7 +55,8 @@ func run(ctx context.Context, args []string) error {
 	fs.DurationVar(&o.Duration, "duration", 0, "length of each measurement (default 2s, quick 500ms)")
 	fs.IntVar(&o.Streams, "streams", 0, "streams of the N-stream throughput (default 8, quick 4)")
 	fs.IntVar(&o.IdleConns, "idle-conns", 0, "idle connections to hold (default 2000, quick 100)")
-	fs.StringVar(&backends, "backends", "std", "daemon engine backends, comma-separated (ZTUNNEL_ENGINE)")
+	fs.StringVar(&backends, "backends", "std", "daemon engine backends, comma-separated (ZTUNNEL_ENGINE); NAME=ENGINE[@BINARY][+VAR=value...] runs\nthe daemons of backend NAME with that engine, binary and environment (A/B runs: 'old=epoll@/tmp/ztunnel.old,new=epoll')")
+	fs.StringVar(&paths, "paths", "", "measure only the paths whose ID matches this regexp (e.g. 'hbone2/'; direct is always kept)")
 	fs.StringVar(&o.DaemonLogLevel, "daemon-log-level", "", "daemons' RUST_LOG (default warn)")
 	fs.StringVar(&o.Ztunnel, "ztunnel", filepath.Join(binDir, "ztunnel"), "daemon binary")
 	fs.StringVar(&o.Zload, "zload", filepath.Join(binDir, "zload"), "load generator binary")
@@ -63,7 +66,28 @@ func run(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	o.Backends = strings.Split(backends, ",")
+	o.Backends = nil
+	for _, be := range strings.Split(backends, ",") {
+		name, spec, ok := strings.Cut(be, "=")
+		if ok {
+			v, err := harness.ParseVariant(spec)
+			if err != nil {
+				return err
+			}
+			if o.Variants == nil {
+				o.Variants = map[string]harness.Variant{}
+			}
+			o.Variants[name] = v
+		}
+		o.Backends = append(o.Backends, name)
+	}
+	if paths != "" {
+		re, err := regexp.Compile(paths)
+		if err != nil {
+			return fmt.Errorf("--paths: %w", err)
+		}
+		o.Paths = re
+	}
 	if out == "" {
 		if o.Quick {
 			dir, err := os.MkdirTemp("", "zbench-quick-")
