@@ -177,7 +177,13 @@ func (ca *BuiltinCA) Sign(ctx context.Context, csrPEM []byte, ttl time.Duration,
 		ttl = DefaultTTL
 	}
 	now := time.Now()
+	// X.509 times hold whole seconds and the encoder truncates: round the expiry
+	// up so a short-lived certificate is never shorter than asked, which would
+	// put its half-life (the refresh point) up to a second early, even before now.
 	notAfter := now.Add(ttl)
+	if r := notAfter.Truncate(time.Second); r.Before(notAfter) {
+		notAfter = r.Add(time.Second)
+	}
 	if notAfter.After(ca.cert.NotAfter) {
 		notAfter = ca.cert.NotAfter
 	}
