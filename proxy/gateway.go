@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -46,14 +45,33 @@ type doubleHBONE struct {
 // routeViaGateway routes to w, an endpoint on another network with a
 // network gateway, by double HBONE. It needs the service the client
 // addressed: the gateway only understands service authorities.
-func (p *Proxy) routeViaGateway(snap *state.Snapshot, src, w *state.Workload, svc *state.Service, dst netip.AddrPort) (outboundRoute, error) {
+//
+// The gateway is resolved as ztunnel's fetch_network_gateway does, by
+// state.ResolveGateway in standard mode: a gateway service must list the
+// gateway's HBONE port among its ports, and the outer tunnel goes to the
+// chosen gateway workload on the port that maps to (its target port for
+// the HBONE port), verifying the workload's identity or the gateway
+// service's SANs. A gateway given by address is dialed on that address
+// (when it is the workload's); by hostname, on the workload address of the
+// original destination's family.
+func (p *Proxy) routeViaGateway(ctx context.Context, snap *state.Snapshot, src, w *state.Workload, svc *state.Service, dst netip.AddrPort) (outboundRoute, error) {
 	if svc == nil {
 		return outboundRoute{}, fmt.Errorf("workload %s is on network %q and reachable only through its network gateway, which needs a service address (svc-hostname:port); address a service of the workload instead", w.UID, w.Network)
 	}
-	gw, gwSANs, err := p.resolveGateway(snap, w.NetworkGateway, dst.Addr())
+	g := w.NetworkGateway
+	up, target, err := snap.ResolveGateway(g, src, dst.Addr(), state.ResolveStandard, p.rnd)
 	if err != nil {
-		return outboundRoute{}, fmt.Errorf("workload %s on network %q: %w", w.UID, w.Network, err)
+		return outboundRoute{}, fmt.Errorf("workload %s on network %q: network gateway %s: %w", w.UID, w.Network, g.Destination(), err)
 	}
+	fam := state.IPFamiliesAutomatic
+	if up.Service != nil {
+		fam = up.Service.IPFamilies
+	}
+	ip, err := p.selectIP(ctx, src, up.Workload, target, fam)
+	if err != nil {
+		return outboundRoute{}, fmt.Errorf("workload %s on network %q: network gateway %s: %w", w.UID, w.Network, g.Destination(), err)
+	}
+	gw := netip.AddrPortFrom(ip, up.Port)
 	authority := net.JoinHostPort(svc.Hostname, strconv.Itoa(int(dst.Port())))
 	final := append([]string{p.identityOf(w).String()}, svc.SubjectAltNames...)
 	inner := &doubleHBONE{
@@ -67,69 +85,9 @@ func (p *Proxy) routeViaGateway(snap *state.Snapshot, src, w *state.Workload, sv
 		inner.poolKey = strings.Join([]string{"inner", p.identityOf(src).String(), strings.Join(final, ","), gw.String(), svc.Key()}, "|")
 	}
 	return outboundRoute{
-		hbone: true, dst: gw, authority: authority, sans: gwSANs,
+		hbone: true, dst: gw, authority: authority, sans: p.upstreamSANs(up),
 		workload: w, service: svc, gateway: inner,
 	}, nil
-}
-
-// resolveGateway finds where a network gateway listens and which identities
-// it must present: a workload address is that workload; a service (by
-// hostname, or by VIP) is one of its endpoints, which may present the
-// endpoint's identity or one of the service's SANs. The port is the
-// gateway's HBONE mTLS port (15008 when unset).
-func (p *Proxy) resolveGateway(snap *state.Snapshot, g *state.GatewayAddress, want netip.Addr) (netip.AddrPort, []string, error) {
-	port := g.HBONEMTLSPort
-	if port == 0 {
-		port = InboundHBONEPort
-	}
-	switch {
-	case g.Address != nil:
-		a := *g.Address
-		if gw := snap.WorkloadByAddr(a.Network, a.Addr); gw != nil {
-			return netip.AddrPortFrom(a.Addr.Unmap(), port), []string{p.identityOf(gw).String()}, nil
-		}
-		if gsvc := snap.ServiceByVIP(a.Network, a.Addr); gsvc != nil {
-			return p.gatewayEndpoint(snap, gsvc, port, want)
-		}
-		return netip.AddrPort{}, nil, fmt.Errorf("network gateway %s is unknown (no workload or service has that address): %w", a, state.ErrUnknownGateway)
-	case g.Hostname != nil:
-		gsvc := snap.ServiceByKey(g.Hostname.String())
-		if gsvc == nil {
-			return netip.AddrPort{}, nil, fmt.Errorf("network gateway service %s is unknown: %w", g.Hostname, state.ErrUnknownGateway)
-		}
-		return p.gatewayEndpoint(snap, gsvc, port, want)
-	}
-	return netip.AddrPort{}, nil, errors.New("network gateway has no destination")
-}
-
-// gatewayEndpoint picks an endpoint of a gateway service, weighted by
-// capacity, among those with an address.
-func (p *Proxy) gatewayEndpoint(snap *state.Snapshot, gsvc *state.Service, port uint16, want netip.Addr) (netip.AddrPort, []string, error) {
-	eps := snap.Endpoints(gsvc)
-	var total uint64
-	for _, ep := range eps {
-		if len(ep.Workload.Addresses) > 0 {
-			total += uint64(ep.Workload.Capacity)
-		}
-	}
-	if total == 0 {
-		return netip.AddrPort{}, nil, fmt.Errorf("network gateway service %s: %w", gsvc.Key(), state.ErrNoHealthyUpstream)
-	}
-	r := rand.Uint64N(total)
-	for _, ep := range eps {
-		w := ep.Workload
-		if len(w.Addresses) == 0 {
-			continue
-		}
-		if c := uint64(w.Capacity); r >= c {
-			r -= c
-			continue
-		}
-		ip, _ := state.SelectAddress(w, want, gsvc.IPFamilies)
-		sans := append([]string{p.identityOf(w).String()}, gsvc.SubjectAltNames...)
-		return netip.AddrPortFrom(ip.Unmap(), port), sans, nil
-	}
-	return netip.AddrPort{}, nil, fmt.Errorf("network gateway service %s: %w", gsvc.Key(), state.ErrNoHealthyUpstream)
 }
 
 // connectDoubleHBONE opens the outer tunnel to the gateway and, inside it,

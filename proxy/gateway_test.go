@@ -50,9 +50,27 @@ workloads:
 - {uid: remote-tcp, name: remote-tcp, namespace: ns, serviceAccount: remote, workloadIps: ["10.1.0.6"], network: net-b, protocol: TCP,
    networkGateway: {destination: "net-b/192.0.2.10", hboneMtlsPort: 15008},
    services: {"ns/plain.ns.svc.cluster.local": {80: 8080}}}
+- {uid: remote-noport, name: remote-noport, namespace: ns, serviceAccount: remote, workloadIps: ["10.1.0.7"], network: net-b, protocol: HBONE,
+   networkGateway: {destination: "istio-system/eastwest.istio-system.svc.cluster.local", hboneMtlsPort: 15012},
+   services: {"ns/noport.ns.svc.cluster.local": {80: 8080}}}
+- {uid: remote-empty, name: remote-empty, namespace: ns, serviceAccount: remote, workloadIps: ["10.1.0.8"], network: net-b, protocol: HBONE,
+   networkGateway: {destination: "istio-system/empty-gw.istio-system.svc.cluster.local", hboneMtlsPort: 15008},
+   services: {"ns/empty.ns.svc.cluster.local": {80: 8080}}}
+- {uid: remote-mapped, name: remote-mapped, namespace: ns, serviceAccount: remote, workloadIps: ["10.1.0.9"], network: net-b, protocol: HBONE,
+   networkGateway: {destination: "istio-system/mapped-gw.istio-system.svc.cluster.local", hboneMtlsPort: 15009},
+   services: {"ns/mapped.ns.svc.cluster.local": {80: 8080}}}
+- {uid: remote-near, name: remote-near, namespace: ns, serviceAccount: remote, workloadIps: ["10.1.0.10"], network: net-b, protocol: HBONE,
+   networkGateway: {destination: "istio-system/near-gw.istio-system.svc.cluster.local", hboneMtlsPort: 15008},
+   services: {"ns/near.ns.svc.cluster.local": {80: 8080}}}
 - {uid: gw, name: gw, namespace: istio-system, serviceAccount: gw, workloadIps: ["192.0.2.10"], network: net-b, protocol: TCP, services: {}}
 - {uid: ew, name: ew, namespace: istio-system, serviceAccount: eastwest, workloadIps: ["192.0.2.20"], network: net-b, protocol: TCP,
-   services: {"istio-system/eastwest.istio-system.svc.cluster.local": {15443: 15443}}}
+   services: {"istio-system/eastwest.istio-system.svc.cluster.local": {15443: 15443, 15008: 15008}}}
+- {uid: ew-b, name: ew-b, namespace: istio-system, serviceAccount: eastwest, workloadIps: ["192.0.2.21"], network: net-b, protocol: TCP,
+   services: {"istio-system/eastwest.istio-system.svc.cluster.local": {15443: 15443, 15008: 15008}}}
+- {uid: mapped-gw, name: mapped-gw, namespace: istio-system, serviceAccount: mapped-gw, workloadIps: ["192.0.2.40"], network: net-b, protocol: TCP,
+   services: {"istio-system/mapped-gw.istio-system.svc.cluster.local": {15009: 15008}}}
+- {uid: near-gw, name: near-gw, namespace: istio-system, serviceAccount: near-gw, workloadIps: ["10.0.0.9"], network: net-a, protocol: TCP,
+   services: {"istio-system/near-gw.istio-system.svc.cluster.local": {15008: 15008}}}
 services:
 - {name: local, namespace: ns, hostname: local.ns.svc.cluster.local, vips: ["net-a/10.96.0.1"], ports: {80: 8080}}
 - {name: echo, namespace: ns, hostname: echo.ns.svc.cluster.local, vips: ["net-a/10.96.0.2"], ports: {80: 8080},
@@ -61,8 +79,15 @@ services:
 - {name: byvip, namespace: ns, hostname: byvip.ns.svc.cluster.local, vips: ["net-a/10.96.0.4"], ports: {80: 8080}}
 - {name: lost, namespace: ns, hostname: lost.ns.svc.cluster.local, vips: ["net-a/10.96.0.5"], ports: {80: 8080}}
 - {name: plain, namespace: ns, hostname: plain.ns.svc.cluster.local, vips: ["net-a/10.96.0.6"], ports: {80: 8080}}
+- {name: noport, namespace: ns, hostname: noport.ns.svc.cluster.local, vips: ["net-a/10.96.0.7"], ports: {80: 8080}}
+- {name: empty, namespace: ns, hostname: empty.ns.svc.cluster.local, vips: ["net-a/10.96.0.8"], ports: {80: 8080}}
+- {name: mapped, namespace: ns, hostname: mapped.ns.svc.cluster.local, vips: ["net-a/10.96.0.9"], ports: {80: 8080}}
+- {name: near, namespace: ns, hostname: near.ns.svc.cluster.local, vips: ["net-a/10.96.0.11"], ports: {80: 8080}}
 - {name: eastwest, namespace: istio-system, hostname: eastwest.istio-system.svc.cluster.local, vips: ["net-b/192.0.2.30"],
-   ports: {15443: 15443}, subjectAltNames: ["spiffe://cluster.local/ns/istio-system/sa/eastwest-alt"]}
+   ports: {15443: 15443, 15008: 15008}, subjectAltNames: ["spiffe://cluster.local/ns/istio-system/sa/eastwest-alt"]}
+- {name: empty-gw, namespace: istio-system, hostname: empty-gw.istio-system.svc.cluster.local, vips: [], ports: {15008: 15008}}
+- {name: mapped-gw, namespace: istio-system, hostname: mapped-gw.istio-system.svc.cluster.local, vips: [], ports: {15009: 15009}}
+- {name: near-gw, namespace: istio-system, hostname: near-gw.istio-system.svc.cluster.local, vips: [], ports: {15008: 15008}}
 `
 
 func TestRouteViaGateway(t *testing.T) {
@@ -80,7 +105,9 @@ func TestRouteViaGateway(t *testing.T) {
 		name      string
 		dst       string
 		poolInner bool
+		rnd       uint64 // the proxy's random source returns this modulo n
 		wantErr   string
+		wantIs    error
 		direct    bool     // no gateway: an ordinary route
 		gw        string   // outer tunnel peer
 		gwSANs    []string // identities the gateway must present
@@ -90,25 +117,38 @@ func TestRouteViaGateway(t *testing.T) {
 		{name: "gateway by workload address", dst: "10.96.0.2:80", gw: "192.0.2.10:15008",
 			gwSANs:    []string{"spiffe://cluster.local/ns/istio-system/sa/gw"},
 			innerSANs: []string{remoteID, "spiffe://cluster.local/ns/ns/sa/echo-alt"}},
-		{name: "gateway by service hostname", dst: "10.96.0.3:80", gw: "192.0.2.20:15443",
+		{name: "gateway by service hostname with the HBONE port", dst: "10.96.0.3:80", gw: "192.0.2.20:15443",
+			gwSANs: []string{ewID, ewSAN}, innerSANs: []string{remoteID}},
+		{name: "gateway service endpoint chosen by the proxy's random source", dst: "10.96.0.3:80", rnd: 1, gw: "192.0.2.21:15443",
 			gwSANs: []string{ewID, ewSAN}, innerSANs: []string{remoteID}},
 		{name: "gateway by service VIP, default port", dst: "10.96.0.4:80", gw: "192.0.2.20:15008",
 			gwSANs: []string{ewID, ewSAN}, innerSANs: []string{remoteID}},
+		{name: "gateway service maps the HBONE port to its target port", dst: "10.96.0.9:80", gw: "192.0.2.40:15008",
+			gwSANs: []string{"spiffe://cluster.local/ns/istio-system/sa/mapped-gw"}, innerSANs: []string{remoteID}},
+		{name: "gateway on the source's own network", dst: "10.96.0.11:80", gw: "10.0.0.9:15008",
+			gwSANs: []string{"spiffe://cluster.local/ns/istio-system/sa/near-gw"}, innerSANs: []string{remoteID}},
 		{name: "inner pooling for a ztunnel destination", dst: "10.96.0.2:80", poolInner: true, wantPool: true, gw: "192.0.2.10:15008",
 			gwSANs:    []string{"spiffe://cluster.local/ns/istio-system/sa/gw"},
 			innerSANs: []string{remoteID, "spiffe://cluster.local/ns/ns/sa/echo-alt"}},
 		{name: "no inner pooling for a non-HBONE destination", dst: "10.96.0.6:80", poolInner: true, gw: "192.0.2.10:15008",
 			gwSANs: []string{"spiffe://cluster.local/ns/istio-system/sa/gw"}, innerSANs: []string{remoteID}},
-		{name: "unknown gateway", dst: "10.96.0.5:80", wantErr: "network gateway net-b/192.0.2.99 is unknown"},
+		{name: "unknown gateway", dst: "10.96.0.5:80", wantIs: state.ErrUnknownGateway,
+			wantErr: "network gateway net-b/192.0.2.99: state: gateway not found"},
+		{name: "gateway by service hostname without the HBONE port", dst: "10.96.0.7:80", wantIs: state.ErrNoHealthyUpstream,
+			wantErr: "service istio-system/eastwest.istio-system.svc.cluster.local has no port 15012"},
+		{name: "gateway service with no healthy endpoint", dst: "10.96.0.8:80", wantIs: state.ErrNoHealthyUpstream,
+			wantErr: "network gateway istio-system/empty-gw.istio-system.svc.cluster.local: state: no healthy upstream"},
 		{name: "same network goes direct", dst: "10.96.0.1:80", direct: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := &Proxy{cfg: Config{Network: "net-a", PoolInnerHBONE: tc.poolInner}}
+			// Every pick of the route shares the random source: modulo
+			// n, picks among one candidate stay in range.
+			p := &Proxy{cfg: Config{Network: "net-a", PoolInnerHBONE: tc.poolInner}, rnd: func(n uint64) uint64 { return tc.rnd % n }}
 			r, err := p.routeOutbound(context.Background(), snap, src, netip.AddrPort{}, netip.MustParseAddrPort(tc.dst))
 			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, tc.wantIs) {
+					t.Fatalf("error %v, want %q wrapping %v", err, tc.wantErr, tc.wantIs)
 				}
 				return
 			}
@@ -141,7 +181,7 @@ func TestRouteViaGateway(t *testing.T) {
 	}
 	t.Run("workload address without a service", func(t *testing.T) {
 		p := &Proxy{cfg: Config{Network: "net-a"}}
-		_, err := p.routeViaGateway(snap, src, snap.WorkloadByUID("remote"), nil, netip.MustParseAddrPort("10.1.0.2:8080"))
+		_, err := p.routeViaGateway(context.Background(), snap, src, snap.WorkloadByUID("remote"), nil, netip.MustParseAddrPort("10.1.0.2:8080"))
 		if err == nil || !strings.Contains(err.Error(), "needs a service address") {
 			t.Fatalf("error %v, want the service-address explanation", err)
 		}

@@ -131,15 +131,19 @@ func (p *Proxy) routeWaypoint(ctx context.Context, snap *state.Snapshot, src *st
 // routeViaNetworkGateway is the branch for an upstream on another network:
 // up is the endpoint or waypoint chosen there and svc the service the
 // client addressed. ztunnel sends such traffic as double HBONE: an outer
-// pooled CONNECT to up.Workload's network gateway (state.ResolveGateway with
-// ResolveStandard; the gateway's SANs), and inside it a TLS + CONNECT per
-// connection verifying svc's SANs, both with the authority
-// svc.Hostname:dst.Port() and x-forwarded-network on the inner request.
-func (p *Proxy) routeViaNetworkGateway(_ context.Context, snap *state.Snapshot, src *state.Workload, up state.Upstream, svc *state.Service, dst netip.AddrPort) (outboundRoute, error) {
+// pooled CONNECT to up.Workload's network gateway, and inside it a TLS +
+// CONNECT per connection verifying the destination's identities, both with
+// the authority svc.Hostname:dst.Port() and x-forwarded-network on the
+// inner request. The gateway is resolved by state.ResolveGateway in
+// standard mode, as ztunnel's fetch_network_gateway: a gateway service
+// must list the gateway's HBONE port, and the outer tunnel verifies the
+// gateway workload's identity and its service's SANs (routeViaGateway,
+// gateway.go).
+func (p *Proxy) routeViaNetworkGateway(ctx context.Context, snap *state.Snapshot, src *state.Workload, up state.Upstream, svc *state.Service, dst netip.AddrPort) (outboundRoute, error) {
 	if up.Workload.NetworkGateway == nil {
 		return outboundRoute{}, fmt.Errorf("workload %s is on network %q, which has no network gateway", up.Workload.UID, up.Workload.Network)
 	}
-	return p.routeViaGateway(snap, src, up.Workload, svc, dst) // gateway.go
+	return p.routeViaGateway(ctx, snap, src, up.Workload, svc, dst) // gateway.go
 }
 
 // upstreamSANs returns the identities the next hop may present: the
