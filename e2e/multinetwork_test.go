@@ -21,9 +21,11 @@ import (
 
 // multiNetworkConfig puts the client on network net-a (node-a) and the
 // echo service's only endpoint on net-b (node-b), behind the east-west
-// gateway pod "eastwest" on net-b. Every daemon runs with NETWORK set to its
-// workload's network. (The lab's nodes can all route to each other; the
-// client's daemon goes through the gateway because the config says so.)
+// gateway pod "eastwest" on net-b, named by its address. Every daemon runs
+// with NETWORK set to its workload's network. (The lab's nodes can all
+// route to each other; the client's daemon goes through the gateway because
+// the config says so.) The gateway's service lists the HBONE port, which a
+// gateway named by hostname needs (multiNetworkByHostnameConfig).
 const multiNetworkConfig = `
 workloads:
 - uid: cluster-a//v1/Pod/default/client
@@ -54,14 +56,27 @@ workloads:
   network: net-b
   protocol: TCP
   node: node-b
-  services: {}
+  services:
+    istio-system/eastwest.istio-system.svc.cluster.local: {15008: 15008}
 services:
 - name: echo
   namespace: default
   hostname: echo.default.svc.cluster.local
   vips: ["net-a/10.96.0.10", "net-b/10.96.0.10"]
   ports: {80: 8080}
+- name: eastwest
+  namespace: istio-system
+  hostname: eastwest.istio-system.svc.cluster.local
+  vips: []
+  ports: {15008: 15008}
 `
+
+// multiNetworkByHostnameConfig is multiNetworkConfig with the server's
+// network gateway named by its service's hostname: the client's daemon
+// load-balances over the service's endpoints on the HBONE port.
+var multiNetworkByHostnameConfig = strings.Replace(multiNetworkConfig,
+	`networkGateway: {destination: "net-b/10.244.1.3", hboneMtlsPort: 15008}`,
+	`networkGateway: {destination: "istio-system/eastwest.istio-system.svc.cluster.local", hboneMtlsPort: 15008}`, 1)
 
 // multiNetwork is the running lab of multiNetworkConfig.
 type multiNetwork struct {
@@ -70,14 +85,15 @@ type multiNetwork struct {
 	gw      *labrun.EWGateway
 }
 
-// startMultiNetwork runs the lab, the server's echo app and the gateway;
-// env adds variables to every daemon.
-func startMultiNetwork(t *testing.T, env ...string) *multiNetwork {
+// startMultiNetwork runs the lab of config (multiNetworkConfig or a
+// variant), the server's echo app and the gateway; env adds variables to
+// every daemon.
+func startMultiNetwork(t *testing.T, config string, env ...string) *multiNetwork {
 	t.Helper()
 	lab := netnslab.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartCluster(ctx, lab, []byte(multiNetworkConfig), labrun.ClusterOptions{
+	c, err := labrun.StartCluster(ctx, lab, []byte(config), labrun.ClusterOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(), LogLevel: "info,access=debug", DaemonEnv: env,
 	})
 	if err != nil {
@@ -111,13 +127,23 @@ func startMultiNetwork(t *testing.T, env ...string) *multiNetwork {
 // dialVIP connects from the client pod to the echo service's VIP.
 func (mn *multiNetwork) dialVIP(t *testing.T) *net.TCPConn {
 	t.Helper()
+	conn, err := mn.tryDialVIP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// tryDialVIP is dialVIP for goroutines other than the test's, which must
+// not call t.Fatal.
+func (mn *multiNetwork) tryDialVIP() (*net.TCPConn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	conn, err := mn.cluster.Pods["client"].Dial(ctx, "tcp", "10.96.0.10:80")
 	if err != nil {
-		t.Fatalf("dial the echo VIP: %v", err)
+		return nil, fmt.Errorf("dial the echo VIP: %w", err)
 	}
-	return conn.(*net.TCPConn)
+	return conn.(*net.TCPConn), nil
 }
 
 // echoMany runs conns small echo connections, 8 at a time.
@@ -127,7 +153,10 @@ func (mn *multiNetwork) echoMany(t *testing.T, conns int) {
 	g.SetLimit(8)
 	for i := range conns {
 		g.Go(func() error {
-			conn := mn.dialVIP(t)
+			conn, err := mn.tryDialVIP()
+			if err != nil {
+				return fmt.Errorf("conn %d: %w", i, err)
+			}
 			defer conn.Close()
 			var want bytes.Buffer
 			for j := range 50 {
@@ -153,7 +182,7 @@ func (mn *multiNetwork) echoMany(t *testing.T, conns int) {
 // gateway, inner TLS + CONNECT to the server's daemon, which maps the
 // service port and sees x-forwarded-network.
 func TestMultiNetworkDoubleHBONE(t *testing.T) {
-	mn := startMultiNetwork(t)
+	mn := startMultiNetwork(t, multiNetworkConfig)
 	c, echo, gw := mn.cluster, mn.echo, mn.gw
 	logCtx := func() context.Context {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -219,7 +248,7 @@ func TestMultiNetworkDoubleHBONE(t *testing.T) {
 // share one inner tunnel (one CONNECT through the gateway) instead of one
 // each.
 func TestMultiNetworkInnerPooling(t *testing.T) {
-	mn := startMultiNetwork(t, "ZTUNNEL_POOL_INNER_HBONE=true")
+	mn := startMultiNetwork(t, multiNetworkConfig, "ZTUNNEL_POOL_INNER_HBONE=true")
 	const conns = 24
 	mn.echoMany(t, conns)
 	if got := mn.gw.Tunnels(); got != 1 {
@@ -243,5 +272,24 @@ func TestMultiNetworkInnerPooling(t *testing.T) {
 			t.Fatalf("server saw x-forwarded-network on %d streams, want %d", n, conns)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestMultiNetworkGatewayByHostname: the server's network gateway is named
+// by its service's hostname. The client's daemon resolves it through the
+// service (which lists the HBONE port) to the gateway pod, and the
+// connections go through it by double HBONE as with a gateway address.
+func TestMultiNetworkGatewayByHostname(t *testing.T) {
+	if strings.Contains(multiNetworkByHostnameConfig, `"net-b/10.244.1.3"`) {
+		t.Fatal("the hostname variant still names the gateway by address")
+	}
+	mn := startMultiNetwork(t, multiNetworkByHostnameConfig)
+	const conns = 4
+	mn.echoMany(t, conns)
+	if got := mn.gw.Tunnels(); got != conns {
+		t.Errorf("gateway spliced %d inner tunnels for %d connections", got, conns)
+	}
+	if !sawPeer(mn.echo, mn.cluster.Pods["eastwest"].IP) {
+		t.Fatalf("server app peers %v lack the gateway %s", mn.echo.Peers(), mn.cluster.Pods["eastwest"].IP)
 	}
 }
