@@ -39,13 +39,13 @@ type streamRelay struct {
 	pk      StreamPeeker // st, if it lends its buffer (T→S without a copy)
 	fl      StreamFiller // st, if the socket may be read into its buffer (S→T without a copy)
 	readFn  func([]byte) (int, error)
-	asked   int // the room the last readSock had
-	peeked  bool         // a Peek awaits its Consume
-	tcpSide int          // the side (0 A, 1 B) the socket is on
-	rd, wr  bool         // the socket's readiness as last learnt
-	hup     bool         // the peer's FIN (or an error) was signalled: read until EOF
-	up      sdir         // socket → stream
-	down    sdir         // stream → socket
+	asked   int  // the room the last readSock had
+	peeked  bool // a Peek awaits its Consume
+	tcpSide int  // the side (0 A, 1 B) the socket is on
+	rd, wr  bool // the socket's readiness as last learnt
+	hup     bool // the peer's FIN (or an error) was signalled: read until EOF
+	up      sdir // socket → stream
+	down    sdir // stream → socket
 	woke    atomic.Bool
 }
 
