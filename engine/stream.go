@@ -23,7 +23,8 @@ package engine
 //     S is writable. TryRead is what returns receive window to the peer
 //     (WINDOW_UPDATE), so a slow S slows the peer down. A StreamPeeker
 //     (an hbone.Stream) saves that copy and buffer: the loop writes to S
-//     from the view Peek returns and Consumes what S took.
+//     from the view Peek returns and Consumes what S took. The other way, a
+//     StreamFiller lets the loop read S straight into T's send buffer.
 //   - FIN both ways: EOF on S becomes T.CloseWrite (END_STREAM); io.EOF from
 //     TryRead becomes shutdown(S, SHUT_WR).
 //   - RST both ways: an error on S becomes T.Abort (RST_STREAM); an error
@@ -79,6 +80,18 @@ type StreamPeeker interface {
 	// Consume drops the first n bytes of the views (n may be 0) and ends
 	// them; the bytes count as read, as with TryRead.
 	Consume(n int)
+}
+
+// StreamFiller is a StreamEndpoint that lets the loop read the socket
+// straight into its send path (S→T without TryWrite's copy and without a
+// relay buffer for that direction).
+type StreamFiller interface {
+	// WriteFrom calls read once, with room for at most limit bytes in the
+	// stream's own send buffer, and queues what read returned. read is not
+	// called when nothing fits now; then (0, nil, nil) means wait for Wake,
+	// as a TryWrite that takes nothing. readErr is read's error (nothing
+	// queued); writeErr is the stream's, as TryWrite's. read must not block.
+	WriteFrom(limit int, read func(p []byte) (int, error)) (n int, readErr, writeErr error)
 }
 
 // Waker is how a stream tells its event loop to look at it again. Wake must

@@ -37,12 +37,15 @@ type streamRelay struct {
 	fd      int
 	st      StreamEndpoint
 	pk      StreamPeeker // st, if it lends its buffer (T→S without a copy)
-	peeked  bool         // a Peek awaits its Consume
-	tcpSide int          // the side (0 A, 1 B) the socket is on
-	rd, wr  bool         // the socket's readiness as last learnt
-	hup     bool         // the peer's FIN (or an error) was signalled: read until EOF
-	up      sdir         // socket → stream
-	down    sdir         // stream → socket
+	fl      StreamFiller // st, if the socket may be read into its buffer (S→T without a copy)
+	readFn  func([]byte) (int, error)
+	asked   int  // the room the last readSock had
+	peeked  bool // a Peek awaits its Consume
+	tcpSide int  // the side (0 A, 1 B) the socket is on
+	rd, wr  bool // the socket's readiness as last learnt
+	hup     bool // the peer's FIN (or an error) was signalled: read until EOF
+	up      sdir // socket → stream
+	down    sdir // stream → socket
 	woke    atomic.Bool
 }
 
@@ -86,6 +89,10 @@ func (b *epollBackend) relayStream(fd, tcpSide int, st StreamEndpoint, s *sessio
 	r := &streamRelay{l: l, s: s, fd: fd, st: st, tcpSide: tcpSide}
 	if pk, ok := st.(StreamPeeker); ok && !noPeek {
 		r.pk = pk
+	}
+	if fl, ok := st.(StreamFiller); ok && !noPeek {
+		r.fl = fl
+		r.readFn = r.readSock
 	}
 	r.init(r)
 	if tcpSide == 0 {
@@ -186,6 +193,9 @@ func (r *streamRelay) service() {
 // can take what it reads, so a shut window leaves the bytes in the socket
 // and TCP flow control pushes back on the sender.
 func (r *streamRelay) pumpUp() (more bool, err error) {
+	if r.fl != nil {
+		return r.pumpUpFill()
+	}
 	d := &r.up
 	for range roundsPerTurn {
 		moved := false
@@ -253,6 +263,67 @@ func (r *streamRelay) pumpUp() (more bool, err error) {
 		r.l.touch(&r.relayBase)
 	}
 	return true, nil
+}
+
+// pumpUpFill is pumpUp for a StreamFiller: the socket is read straight
+// into the stream's send buffer, so this direction holds no relay buffer
+// and its bytes are not copied on the way.
+func (r *streamRelay) pumpUpFill() (more bool, err error) {
+	d := &r.up
+	for range roundsPerTurn {
+		moved := false
+		if !d.eof && r.rd {
+			r.asked = 0
+			n, rerr, werr := r.fl.WriteFrom(streamBufSizes[d.class], r.readFn)
+			switch {
+			case werr != nil:
+				return false, r.streamErr("write", werr)
+			case rerr == io.EOF:
+				d.eof = true
+				moved = true
+			case rerr == unix.EAGAIN:
+				r.rd = false
+			case rerr != nil:
+				return false, r.opErr("read", rerr)
+			case n == 0:
+				return false, nil // window or buffer shut: the stream owes us a Wake
+			default:
+				if n < r.asked && !r.hup {
+					r.rd = false // drained: see pumpUp
+				}
+				if n == streamBufSizes[d.class] && int(d.class) < len(streamBufSizes)-1 {
+					d.class++
+				}
+				d.count.Add(int64(n))
+				moved = true
+			}
+		}
+		if d.eof && !d.shut {
+			d.shut = true
+			if err := r.st.CloseWrite(); err != nil {
+				return false, r.streamErr("close write", err)
+			}
+		}
+		if !moved {
+			return false, nil
+		}
+		r.l.touch(&r.relayBase)
+	}
+	return true, nil
+}
+
+// readSock is a StreamFiller's read: one non-blocking read of the socket,
+// io.EOF at its end.
+func (r *streamRelay) readSock(p []byte) (int, error) {
+	r.asked = len(p)
+	n, err := unix.Read(r.fd, p)
+	switch {
+	case err != nil:
+		return 0, err
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
 }
 
 // pumpDown moves stream → socket: it takes bytes from the stream (which

@@ -1,8 +1,11 @@
 package hbone
 
 import (
+	"fmt"
 	"math"
 	"sync"
+
+	"golang.org/x/net/http2"
 )
 
 // This file lets an event loop drive a Stream without a goroutine (the
@@ -233,4 +236,86 @@ func (w *pollWaiters) wakeAll(window bool) {
 		w.spare = ws[:0]
 	}
 	w.mu.Unlock()
+}
+
+// WriteFrom is TryWrite without the caller's buffer: it calls read once
+// with room for at most limit bytes inside the connection's write buffer,
+// right behind the header of the DATA frame that will carry them, so the
+// bytes read (from a socket, by an event loop) go to the wire with no copy
+// in between. read is not called when no byte fits now; then (0, nil, nil)
+// means wait for Wake, as with TryWrite. readErr is read's error (then n is
+// 0 and nothing is queued); writeErr is the stream's.
+//
+// read runs with the connection's write lock held: it must not block (a
+// non-blocking socket read) and must not call back into the connection.
+func (s *Stream) WriteFrom(limit int, read func(p []byte) (int, error)) (n int, readErr, writeErr error) {
+	c := s.c
+	c.mu.Lock()
+	if err := s.writeErrLocked(); err != nil {
+		c.mu.Unlock()
+		return 0, nil, err
+	}
+	c.wmu.Lock()
+	switch {
+	case c.wclosing:
+		err := c.wErr
+		c.wmu.Unlock()
+		c.mu.Unlock()
+		return 0, nil, err
+	case s.rstQueued:
+		c.wmu.Unlock()
+		c.mu.Unlock()
+		return 0, nil, ErrStreamClosed
+	case s.endQueued:
+		c.wmu.Unlock()
+		c.mu.Unlock()
+		return 0, nil, ErrWriteAfterClose
+	}
+	m := s.windowLocked(min(limit, c.wPeerMaxFrame)) // registers for a Wake when 0
+	b := c.wbufLocked()
+	if room := cap(b) - len(b) - frameHeaderLen; m > room {
+		// Only a buffer that is nearly full can be short of capacity (its
+		// soft limit leaves room for a frame): wait for the flush.
+		m = 0
+		c.poll.wait(s, false)
+	}
+	if m <= 0 {
+		c.wmu.Unlock()
+		c.mu.Unlock()
+		return 0, nil, nil
+	}
+	// The credit is taken before the read, so that c.mu need not be held
+	// across it (the reader goroutine takes c.mu for every frame it
+	// receives); what the read does not use is given back below.
+	s.sendWindow -= int64(m)
+	c.sendWindow -= int64(m)
+	c.mu.Unlock()
+
+	start := len(b)
+	frame := b[start : start+frameHeaderLen+m]
+	k, rerr := read(frame[frameHeaderLen:])
+	if k < 0 || k > m {
+		k, rerr = 0, fmt.Errorf("hbone: WriteFrom: read returned %d of at most %d bytes", k, m)
+	}
+	if k > 0 && rerr == nil {
+		appendFrameHeader(frame[:0], k, http2.FrameData, 0, s.id)
+		c.commitLocked(b[:start+frameHeaderLen+k])
+	} else {
+		k = 0
+	}
+	c.wmu.Unlock()
+	if unused := int64(m - k); unused > 0 {
+		c.mu.Lock()
+		s.sendWindow += unused
+		c.sendWindow += unused
+		wakeWin := c.sendWindow == unused // it was exhausted by this call
+		if wakeWin && c.connWinWaiters > 0 {
+			c.connWinCond.Broadcast()
+		}
+		c.mu.Unlock()
+		if wakeWin {
+			c.poll.wakeWin()
+		}
+	}
+	return k, rerr, nil
 }

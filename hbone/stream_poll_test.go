@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 
 	"golang.org/x/net/http2"
@@ -26,8 +27,10 @@ func (w chanWaker) Wake() {
 // random bytes out (within WriteWindow), then END_STREAM, while reading the
 // echo; it waits on the waker whenever neither side can progress. With
 // peek it reads through Peek and Consume, taking at most 24 KiB of each
-// view, as a socket that takes part of a write does.
-func pollEcho(t *testing.T, s *Stream, w chanWaker, seed uint64, n int64, peek bool) error {
+// view, as a socket that takes part of a write does; with fill it writes
+// through WriteFrom, reading the source straight into the stream's buffer
+// (at most 40 KiB at a time, as a socket read).
+func pollEcho(t *testing.T, s *Stream, w chanWaker, seed uint64, n int64, peek, fill bool) error {
 	src := randomReader(seed, n)
 	want, got := sha256.New(), sha256.New()
 	out := make([]byte, 0, 40<<10)
@@ -36,8 +39,35 @@ func pollEcho(t *testing.T, s *Stream, w chanWaker, seed uint64, n int64, peek b
 	srcDone, closed, eof := false, false, false
 	for !eof {
 		moved := false
+		if !closed && fill && !srcDone {
+			// Overrunning a send window would be the server's
+			// FLOW_CONTROL_ERROR, which fails the echo.
+			k, rerr, werr := s.WriteFrom(40<<10, func(p []byte) (int, error) {
+				if len(p) > 40<<10 {
+					return 0, fmt.Errorf("WriteFrom offered %d bytes, over its limit", len(p))
+				}
+				m, err := src.Read(p)
+				want.Write(p[:m])
+				if err == io.EOF {
+					srcDone = true
+					err = nil
+				}
+				if m == 0 && err == nil {
+					err = io.EOF
+				}
+				return m, err
+			})
+			switch {
+			case werr != nil:
+				return fmt.Errorf("WriteFrom: %v", werr)
+			case rerr != nil && rerr != io.EOF:
+				return rerr
+			}
+			sent += int64(k)
+			moved = moved || k > 0
+		}
 		if !closed {
-			if len(out) == 0 && !srcDone {
+			if len(out) == 0 && !srcDone && !fill {
 				if win := s.WriteWindow(); win > 0 {
 					m, err := src.Read(out[:min(win, cap(out))])
 					out = out[:m]
@@ -118,12 +148,12 @@ func TestStreamPoll(t *testing.T) {
 		{"small connection window", Config{StreamWindow: 1 << 20, ConnWindow: 65535}, 4, 2 << 20},
 		{"empty", Config{}, 1, 0},
 	} {
-		for _, peek := range []bool{false, true} {
-			name := tc.name + "/TryRead"
-			if peek {
-				name = tc.name + "/Peek"
-			}
-			t.Run(name, func(t *testing.T) {
+		for _, mode := range []struct {
+			name       string
+			peek, fill bool
+		}{{"TryRead", false, false}, {"Peek", true, false}, {"WriteFrom+Peek", true, true}} {
+			peek, fill := mode.peek, mode.fill
+			t.Run(tc.name+"/"+mode.name, func(t *testing.T) {
 				ts := startServer(t, tc.server, echoHandler, false)
 				cc := ts.client(t, Config{StreamWindow: 65535})
 				done := make(chan struct{})
@@ -139,7 +169,7 @@ func TestStreamPoll(t *testing.T) {
 						w := make(chanWaker, 1)
 						s.SetWaker(w)
 						defer s.SetWaker(nil)
-						if err := pollEcho(t, s, w, uint64(40+i), tc.n, peek); err != nil {
+						if err := pollEcho(t, s, w, uint64(40+i), tc.n, peek, fill); err != nil {
 							t.Error(err)
 						}
 					}()
@@ -243,5 +273,60 @@ func TestStreamPollReset(t *testing.T) {
 	}
 	if _, err := s.TryWrite(nil); err == nil {
 		t.Fatal("TryWrite(nil) reports no error after the connection ended")
+	}
+}
+
+// TestStreamWriteFromNothingRead: a read that takes nothing (EAGAIN, an
+// error, or more than it was offered) queues nothing and gives the send
+// window back, and WriteFrom fails as TryWrite does after CloseWrite.
+func TestStreamWriteFromNothingRead(t *testing.T) {
+	errAgain := errors.New("would block")
+	for _, tc := range []struct {
+		name    string
+		read    func(p []byte) (int, error)
+		wantErr string
+	}{
+		{"would block", func([]byte) (int, error) { return 0, errAgain }, "would block"},
+		{"zero without error", func([]byte) (int, error) { return 0, nil }, ""},
+		{"more than offered", func(p []byte) (int, error) { return len(p) + 1, nil }, "at most"},
+		{"negative", func([]byte) (int, error) { return -1, nil }, "at most"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startServer(t, Config{}, echoHandler, false)
+			cc := ts.client(t, Config{})
+			s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			before := s.WriteWindow()
+			n, rerr, werr := s.WriteFrom(1<<10, tc.read)
+			if n != 0 || werr != nil {
+				t.Fatalf("WriteFrom = %d, write error %v; want 0, nil", n, werr)
+			}
+			if (rerr == nil) != (tc.wantErr == "") || (rerr != nil && !strings.Contains(rerr.Error(), tc.wantErr)) {
+				t.Fatalf("read error %v, want %q", rerr, tc.wantErr)
+			}
+			if after := s.WriteWindow(); after != before {
+				t.Fatalf("send window %d after a read that took nothing, was %d", after, before)
+			}
+			// The stream still works: a real write echoes back.
+			if n, _, err := s.WriteFrom(1<<10, func(p []byte) (int, error) { return copy(p, "ping"), nil }); n != 4 || err != nil {
+				t.Fatalf("WriteFrom(ping) = %d, %v", n, err)
+			}
+			if err := s.CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(s)
+			if err != nil || string(got) != "ping" {
+				t.Fatalf("echo %q, %v", got, err)
+			}
+			if _, _, err := s.WriteFrom(1<<10, func(p []byte) (int, error) {
+				t.Error("read called after CloseWrite")
+				return 0, nil
+			}); !errors.Is(err, ErrWriteAfterClose) {
+				t.Fatalf("WriteFrom after CloseWrite: %v, want ErrWriteAfterClose", err)
+			}
+		})
 	}
 }

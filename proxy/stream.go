@@ -23,4 +23,11 @@ func (s streamEndpoint) SetWaker(w engine.Waker) {
 	s.Stream.SetWaker(w)
 }
 
-var _ engine.StreamEndpoint = streamEndpoint{}
+// The loops use the stream's copy-free paths both ways: the socket writes
+// from the stream's receive buffer (Peek) and reads into its send buffer
+// (WriteFrom).
+var (
+	_ engine.StreamEndpoint = streamEndpoint{}
+	_ engine.StreamPeeker   = streamEndpoint{}
+	_ engine.StreamFiller   = streamEndpoint{}
+)
