@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 )
 
 // Backend names, as Config.Backend, ZTUNNEL_ENGINE and Engine.Backend spell
@@ -140,11 +141,11 @@ func (e *Engine) streamPair(a, b Endpoint) (TCPEndpoint, StreamEndpoint, int, bo
 // handOffStream takes the socket from its *net.TCPConn and gives it, with
 // the stream, to the backend.
 func (e *Engine) handOffStream(t TCPEndpoint, st StreamEndpoint, tcpSide int, s *session) {
-	s.tcp = [2]*net.TCPConn{t.TCPConn}
-	handedOff.add(t.TCPConn, s)
+	s.tcp = [2]weak.Pointer[net.TCPConn]{weak.Make(t.TCPConn)}
+	handedOff.add(s.tcp[0], s)
 	fd, err := detach(t.TCPConn)
 	if err != nil {
-		handedOff.remove(t.TCPConn)
+		handedOff.remove(s.tcp[0])
 		_ = t.Abort()
 		_ = st.Abort()
 		_ = st.Close()
@@ -352,9 +353,9 @@ func (e *Engine) Start(a, b Endpoint, counters *Counters, done func(Result)) *Ha
 func (e *Engine) handOff(a, b TCPEndpoint, s *session) {
 	// Registered before the conns close, so an Abort racing with the
 	// handoff is not lost (session.abort keeps it for the owner).
-	s.tcp = [2]*net.TCPConn{a.TCPConn, b.TCPConn}
-	handedOff.add(a.TCPConn, s)
-	handedOff.add(b.TCPConn, s)
+	s.tcp = [2]weak.Pointer[net.TCPConn]{weak.Make(a.TCPConn), weak.Make(b.TCPConn)}
+	handedOff.add(s.tcp[0], s)
+	handedOff.add(s.tcp[1], s)
 	fa, err := detach(a.TCPConn)
 	if err != nil {
 		_ = a.Abort()
@@ -548,7 +549,7 @@ type session struct {
 	done     func(Result)
 	ch       chan Result
 	finished atomic.Bool
-	tcp      [2]*net.TCPConn // registered in handedOff while a loop owns them
+	tcp      [2]weak.Pointer[net.TCPConn] // registered in handedOff while a loop owns them
 
 	mu           sync.Mutex // guards the following fields
 	owner        aborter    // what runs the relay, once it runs
@@ -590,7 +591,7 @@ func (s *session) finish(err error) {
 		return
 	}
 	for _, c := range s.tcp {
-		if c != nil {
+		if c != (weak.Pointer[net.TCPConn]{}) {
 			handedOff.remove(c)
 		}
 	}
@@ -615,6 +616,9 @@ func (s *session) deliver(res Result) {
 // taken over to its relay's session. TCPEndpoint.Abort, which callers use
 // to reset a relayed connection from outside (a policy change), looks here
 // first: the conn itself is already closed and no longer owns the socket.
+// The keys are weak: a closed conn (its netFD and addresses, ~300 B) is not
+// kept alive for an idle relay's lifetime unless a caller still holds it,
+// and only a caller holding it can look it up.
 var handedOff = newConnRegistry()
 
 // connRegistry is a map sharded by key hash: plain maps cost about a
@@ -624,7 +628,7 @@ type connRegistry struct {
 	seed   maphash.Seed
 	shards [64]struct {
 		mu sync.Mutex // guards m
-		m  map[*net.TCPConn]*session
+		m  map[weak.Pointer[net.TCPConn]]*session
 		_  [40]byte // keep shards on separate cache lines
 	}
 }
@@ -632,30 +636,30 @@ type connRegistry struct {
 func newConnRegistry() *connRegistry {
 	r := &connRegistry{seed: maphash.MakeSeed()}
 	for i := range r.shards {
-		r.shards[i].m = make(map[*net.TCPConn]*session)
+		r.shards[i].m = make(map[weak.Pointer[net.TCPConn]]*session)
 	}
 	return r
 }
 
-func (r *connRegistry) shard(c *net.TCPConn) int {
+func (r *connRegistry) shard(c weak.Pointer[net.TCPConn]) int {
 	return int(maphash.Comparable(r.seed, c) % uint64(len(r.shards)))
 }
 
-func (r *connRegistry) add(c *net.TCPConn, s *session) {
+func (r *connRegistry) add(c weak.Pointer[net.TCPConn], s *session) {
 	sh := &r.shards[r.shard(c)]
 	sh.mu.Lock()
 	sh.m[c] = s
 	sh.mu.Unlock()
 }
 
-func (r *connRegistry) remove(c *net.TCPConn) {
+func (r *connRegistry) remove(c weak.Pointer[net.TCPConn]) {
 	sh := &r.shards[r.shard(c)]
 	sh.mu.Lock()
 	delete(sh.m, c)
 	sh.mu.Unlock()
 }
 
-func (r *connRegistry) lookup(c *net.TCPConn) *session {
+func (r *connRegistry) lookup(c weak.Pointer[net.TCPConn]) *session {
 	sh := &r.shards[r.shard(c)]
 	sh.mu.Lock()
 	s := sh.m[c]

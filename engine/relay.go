@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"weak"
 
 	"github.com/ztunnel-go/ztunnel/engine/bufpool"
 )
@@ -36,7 +37,7 @@ type TCPEndpoint struct{ *net.TCPConn }
 // (both peers get RST), so callers can keep resetting relayed connections
 // through the endpoints they handed over.
 func (t TCPEndpoint) Abort() error {
-	if s := handedOff.lookup(t.TCPConn); s != nil {
+	if s := handedOff.lookup(weak.Make(t.TCPConn)); s != nil {
 		s.abort(ErrAborted)
 		return nil
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -114,7 +115,8 @@ func (cc *ClientConn) connectReserved(ctx context.Context, req *Request) (*Strea
 	s := c.newStream(c.nextID)
 	c.nextID += 2
 	s.sendWindow = c.peerInitialWindow
-	s.respDone = make(chan struct{})
+	respDone := make(chan struct{}) // s.respDone is dropped once closed
+	s.respDone = respDone
 	c.streams[s.id] = s
 	c.active++
 	c.wmu.Lock()
@@ -130,7 +132,7 @@ func (cc *ClientConn) connectReserved(ctx context.Context, req *Request) (*Strea
 	c.mu.Unlock()
 
 	select {
-	case <-s.respDone:
+	case <-respDone:
 	case <-ctx.Done():
 		_ = s.Close()
 		return nil, ctx.Err()
@@ -244,7 +246,10 @@ func (c *conn) handleResponseHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	s.gotResponse = true
 	s.status = status
-	s.respHeader = headerFromFields(f.RegularFields())
+	if rf := f.RegularFields(); len(rf) > 0 {
+		// A copy: the frame's slice holds the pseudo-fields too.
+		s.respFields = slices.Clone(rf)
+	}
 	if f.StreamEnded() {
 		s.remoteClosed = true
 		c.maybeFinishLocked(s)

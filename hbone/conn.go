@@ -685,6 +685,7 @@ func (c *conn) closeRespLocked(s *Stream, err error) {
 		s.respClosed = true
 		s.respErr = err
 		close(s.respDone)
+		s.respDone = nil // Connect holds its own reference; an idle stream none
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 )
 
 var deadlineExceeded = os.ErrDeadlineExceeded
@@ -37,8 +38,8 @@ type Stream struct {
 	respClosed   bool
 	respErr      error
 	status       int
-	respHeader   http.Header
-	cancel       context.CancelFunc // server: cancels the handler's context
+	respFields   []hpack.HeaderField // client: the response's regular fields
+	cancel       context.CancelFunc  // server: cancels the handler's context while it runs
 
 	// Reader goroutine only.
 	gotResponse bool
@@ -90,8 +91,15 @@ func (s *Stream) wakeReaderLocked() {
 func (s *Stream) ID() uint32 { return s.id }
 
 // ResponseHeader returns the headers of the server's 200 response (for
-// example baggage) on a client stream, nil on a server stream.
-func (s *Stream) ResponseHeader() http.Header { return s.respHeader }
+// example baggage) on a client stream, nil on a server stream. The stream
+// keeps the fields, not a map (most tunnels never ask): each call builds a
+// new Header.
+func (s *Stream) ResponseHeader() http.Header {
+	if !s.c.client {
+		return nil
+	}
+	return headerFromFields(s.respFields)
+}
 
 // LocalAddr returns the local address of the underlying connection.
 func (s *Stream) LocalAddr() net.Addr { return s.c.nc.LocalAddr() }

@@ -14,6 +14,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/metrics"
+	"github.com/ztunnel-go/ztunnel/proxy/connmgr"
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
@@ -34,33 +35,67 @@ type connInfo struct {
 	hboneAddr   string
 	srcWorkload *state.Workload
 	srcIdentity identity.Identity // proven by mTLS; zero for plaintext
-	dstWorkload *state.Workload
-	dstIdentity identity.Identity
+	dstWorkload *state.Workload   // its identity is p.identityOf(dstWorkload)
 	service     *state.Service
 	mtls        bool
-	// srcBaggage describes the source when it came through a network
-	// gateway (from its baggage); it replaces srcWorkload in telemetry.
-	srcBaggage *state.Workload
+	// srcFromBaggage says srcWorkload comes from the baggage of a
+	// connection through a network gateway, whose identity is srcIdentity.
+	srcFromBaggage bool
 
 	counters engine.Counters
 	metric   *metrics.Conn // nil until opened
 
+	// relay is the engine's handle on the relay once it started, the one
+	// way to reset it from outside: nothing keeps the endpoints the engine
+	// took over. abortReq asks for that reset (a policy change, a drain),
+	// also before the relay started (see abortRelay and relayStarted).
+	relay    atomic.Pointer[engine.Handle]
+	abortReq atomic.Bool
+	// tracked is the connection manager's record of an authorized inbound
+	// connection (trackPolicy); nil otherwise.
+	tracked *connmgr.Tracked
 	// policyClosed holds the reason when a policy change closed the
 	// connection (set by the connection manager's goroutine).
 	policyClosed atomic.Pointer[string]
 }
 
 // trackPolicy registers an authorized inbound connection with the
-// connection manager; a later policy that denies it aborts both ends. The
-// returned function untracks it.
-func (p *Proxy) trackPolicy(ci *connInfo, snap *state.Snapshot, c state.Conn, ends ...engine.Endpoint) func() {
-	t := p.cfg.Conns.Track(snap, c, func(reason string) {
-		ci.policyClosed.Store(&reason)
-		for _, e := range ends {
-			_ = e.Abort()
-		}
+// connection manager; a later policy that denies it aborts its relay. The
+// relay's end calls ci.tracked.Untrack.
+func (p *Proxy) trackPolicy(ci *connInfo, snap *state.Snapshot, c state.Conn) {
+	ci.tracked = p.cfg.Conns.Track(snap, c, ci.policyClose)
+}
+
+// policyClose is the connection manager's close function: it records the
+// reason and resets the relay.
+func (ci *connInfo) policyClose(reason string) {
+	ci.policyClosed.Store(&reason)
+	ci.abortRelay()
+}
+
+// startRelay hands the relay between a and b to the engine; done runs when
+// it ends, after the connection is untracked.
+func (ci *connInfo) startRelay(a, b engine.Endpoint, done func(engine.Result)) {
+	h := engine.Start(a, b, &ci.counters, func(res engine.Result) {
+		ci.tracked.Untrack()
+		done(res)
 	})
-	return t.Untrack
+	// An abort asked for before the handle was stored is passed on here;
+	// one asked for after finds the handle (both atomics are sequentially
+	// consistent, so at least one side sees the other).
+	ci.relay.Store(h)
+	if ci.abortReq.Load() {
+		h.Abort(nil)
+	}
+}
+
+// abortRelay resets the connection's relay (RST to both peers), now or as
+// soon as it starts.
+func (ci *connInfo) abortRelay() {
+	ci.abortReq.Store(true)
+	if h := ci.relay.Load(); h != nil {
+		h.Abort(nil)
+	}
 }
 
 // relayOutcome turns a relay's result into flags and the logged error,
@@ -104,16 +139,17 @@ func (p *Proxy) open(ci *connInfo) {
 		l.SecurityPolicy = metrics.SecurityMutualTLS
 		l.SetPeerSource(&metrics.Peer{Identity: ci.srcIdentity.String()})
 	}
-	if ci.srcBaggage != nil {
+	if ci.srcWorkload != nil && ci.srcFromBaggage {
 		// The peer address is the gateway's; the source's own baggage says
 		// who it is, and mTLS proved its identity.
-		ci.srcWorkload = ci.srcBaggage
 		l.SetSource(metricsWorkload(ci.srcWorkload, ci.srcIdentity))
 	} else if ci.srcWorkload != nil {
 		l.SetSource(metricsWorkload(ci.srcWorkload, ci.srcWorkload.Identity()))
 	}
+	var dstID identity.Identity
 	if ci.dstWorkload != nil {
-		l.SetDestination(metricsWorkload(ci.dstWorkload, ci.dstIdentity))
+		dstID = p.identityOf(ci.dstWorkload)
+		l.SetDestination(metricsWorkload(ci.dstWorkload, dstID))
 	}
 	if ci.service != nil {
 		l.SetDestinationService(ci.service.Hostname, ci.service.Name, ci.service.Namespace)
@@ -121,12 +157,13 @@ func (p *Proxy) open(ci *connInfo) {
 	// A is always the downstream side of the relay.
 	ci.metric = p.cfg.Metrics.ConnOpened(&l, &ci.counters.AToB, &ci.counters.BToA)
 	if p.access.Enabled(context.Background(), slog.LevelDebug) {
-		p.access.LogAttrs(context.Background(), slog.LevelDebug, "connection opened", ci.attrs(false)...)
+		p.access.LogAttrs(context.Background(), slog.LevelDebug, "connection opened", ci.attrs(false, dstID)...)
 	}
 }
 
-// attrs lists the access-log fields in ztunnel's order.
-func (ci *connInfo) attrs(withBytes bool) []slog.Attr {
+// attrs lists the access-log fields in ztunnel's order; dstID is the
+// destination workload's identity.
+func (ci *connInfo) attrs(withBytes bool, dstID identity.Identity) []slog.Attr {
 	a := make([]slog.Attr, 0, 18)
 	add := func(k, v string) {
 		if v != "" {
@@ -152,7 +189,7 @@ func (ci *connInfo) attrs(withBytes bool) []slog.Attr {
 	if w := ci.dstWorkload; w != nil {
 		add("dst.workload", w.Name)
 		add("dst.namespace", w.Namespace)
-		add("dst.identity", ci.dstIdentity.String())
+		add("dst.identity", dstID.String())
 		add("dst.cluster", w.ClusterID)
 	}
 	a = append(a, slog.String("direction", ci.direction))
@@ -183,7 +220,11 @@ func (p *Proxy) complete(ci *connInfo, flags metrics.ResponseFlags, err error) {
 	if !p.access.Enabled(context.Background(), level) {
 		return
 	}
-	attrs := ci.attrs(true)
+	var dstID identity.Identity
+	if ci.dstWorkload != nil {
+		dstID = p.identityOf(ci.dstWorkload)
+	}
+	attrs := ci.attrs(true, dstID)
 	if err != nil {
 		attrs = append(attrs, slog.String("error", err.Error()))
 	}

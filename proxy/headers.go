@@ -89,7 +89,7 @@ func (p *Proxy) inboundMeta(req *hbone.ServerRequest, ci *connInfo) {
 	}
 	if nw := req.Header.Get("X-Forwarded-Network"); nw != "" && nw != p.cfg.Network {
 		if b, err := meta.ParseBaggage(joinValues(req.Header.Values("Baggage"))); err == nil && b != (meta.Baggage{}) {
-			ci.srcBaggage = workloadFromBaggage(b, nw)
+			ci.srcWorkload, ci.srcFromBaggage = workloadFromBaggage(b, nw), true
 		}
 	}
 }

@@ -160,11 +160,9 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 		p.complete(ci, metrics.FlagConnect, err)
 		return
 	}
-	down, up := streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app}
-	untrack := p.trackPolicy(ci, authorized.snap, authorized.conn, down, up)
+	p.trackPolicy(ci, authorized.snap, authorized.conn)
 	// The handler returns at once; the engine owns the relay.
-	engine.Start(down, up, &ci.counters, func(res engine.Result) {
-		untrack()
+	ci.startRelay(streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app}, func(res engine.Result) {
 		flags, rerr := ci.relayOutcome(res)
 		p.complete(ci, flags, rerr)
 	})
@@ -206,8 +204,10 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	if err != nil {
 		return nil, nil, state.Conn{}, inboundErr(http.StatusServiceUnavailable, "%w", err)
 	}
-	ci.dstWorkload, ci.dstIdentity = w, p.identityOf(w)
-	ci.srcWorkload = p.inboundSource(snap, req, ci.src)
+	ci.dstWorkload = w
+	if src := p.inboundSource(snap, req, ci.src); !ci.srcFromBaggage {
+		ci.srcWorkload = src
+	}
 
 	local := addrPortOf(req.Conn.LocalAddr())
 	if host != "" {

@@ -80,9 +80,6 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 	}
 	ci.srcWorkload = srcW
 	ci.dstWorkload, ci.service = route.workload, route.service
-	if route.workload != nil {
-		ci.dstIdentity = p.identityOf(route.workload)
-	}
 	var upstream engine.Endpoint
 	if route.hbone {
 		ci.mtls = true
@@ -108,20 +105,15 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 			engine.TCPEndpoint{TCPConn: c}.Abort()
 			return
 		}
-		// TCP to TCP: the engine's event loop owns the relay from here.
-		engine.Start(engine.TCPEndpoint{TCPConn: c}, engine.TCPEndpoint{TCPConn: up}, &ci.counters, func(res engine.Result) {
-			p.complete(ci, metrics.FlagNone, relayErr(res))
-			p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
-			p.release(c)
-		})
-		return true
+		upstream = engine.TCPEndpoint{TCPConn: up} // TCP to TCP
 	}
-	// TCP to HBONE stream: the engine's event loop owns the relay (the
+	// The engine's event loop owns the relay from here (for a stream, the
 	// goroutine relay on backends without stream support).
-	engine.Start(engine.TCPEndpoint{TCPConn: c}, upstream, &ci.counters, func(res engine.Result) {
+	p.relayed(c, ci)
+	ci.startRelay(engine.TCPEndpoint{TCPConn: c}, upstream, func(res engine.Result) {
 		p.complete(ci, metrics.FlagNone, relayErr(res))
 		p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
-		p.release(c)
+		p.release(ci)
 	})
 	return true
 }

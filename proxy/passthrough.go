@@ -38,7 +38,7 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 		abort(err)
 		return
 	}
-	ci.dstWorkload, ci.dstIdentity = w, p.identityOf(w)
+	ci.dstWorkload = w
 	ci.srcWorkload = snap.WorkloadByAddr(p.cfg.Network, ci.src.Addr())
 	p.open(ci)
 	conn := state.Conn{Src: ci.src, Dst: dst, DstWorkload: w}
@@ -54,15 +54,14 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 		return
 	}
-	down, up := engine.TCPEndpoint{TCPConn: c}, engine.TCPEndpoint{TCPConn: app}
-	untrack := p.trackPolicy(ci, snap, conn, down, up)
+	p.trackPolicy(ci, snap, conn)
 	// TCP to TCP: the engine's event loop owns the relay from here.
-	engine.Start(down, up, &ci.counters, func(res engine.Result) {
-		untrack()
+	p.relayed(c, ci)
+	ci.startRelay(engine.TCPEndpoint{TCPConn: c}, engine.TCPEndpoint{TCPConn: app}, func(res engine.Result) {
 		flags, rerr := ci.relayOutcome(res)
 		p.complete(ci, flags, rerr)
 		p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
-		p.release(c)
+		p.release(ci)
 	})
 	return true
 }

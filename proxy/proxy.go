@@ -143,7 +143,7 @@ type Proxy struct {
 
 	mu        sync.Mutex // guards the following fields
 	listeners []*net.TCPListener
-	conns     map[net.Conn]struct{}
+	conns     map[any]struct{} // accepted *net.TCPConns; their *connInfos once relayed
 	closed    bool
 	peers     map[netip.Addr]*peerCount // 15008 connections per source IP
 }
@@ -190,7 +190,7 @@ func New(cfg Config) (*Proxy, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{cfg: cfg, log: log, access: log.With("scope", "access"), conns: make(map[net.Conn]struct{}),
+	p := &Proxy{cfg: cfg, log: log, access: log.With("scope", "access"), conns: make(map[any]struct{}),
 		peers: make(map[netip.Addr]*peerCount)}
 	p.info = state.WorkloadInfo{Namespace: cfg.Workload.Namespace, Name: cfg.Workload.Name, ServiceAccount: cfg.Workload.ServiceAccount}
 	p.dialer = engine.Dialer{Options: cfg.Socket}
@@ -359,7 +359,7 @@ func (p *Proxy) worker(c *net.TCPConn, work <-chan *net.TCPConn, serve func(*net
 	}
 }
 
-func (p *Proxy) track(c net.Conn) bool {
+func (p *Proxy) track(c *net.TCPConn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -369,16 +369,23 @@ func (p *Proxy) track(c net.Conn) bool {
 	return true
 }
 
-// release ends the proxy's ownership of an accepted connection.
-func (p *Proxy) release(c net.Conn) {
-	p.untrack(c)
-	p.wg.Done()
-}
-
-func (p *Proxy) untrack(c net.Conn) {
+// relayed is called as accepted connection c is handed to the engine: from
+// then on its relay is tracked through ci (Drain resets it with
+// ci.abortRelay), and nothing keeps c, which the engine closes at once.
+func (p *Proxy) relayed(c *net.TCPConn, ci *connInfo) {
 	p.mu.Lock()
 	delete(p.conns, c)
+	p.conns[ci] = struct{}{}
 	p.mu.Unlock()
+}
+
+// release ends the proxy's ownership of an accepted connection: key is its
+// *net.TCPConn or, once relayed, its *connInfo.
+func (p *Proxy) release(key any) {
+	p.mu.Lock()
+	delete(p.conns, key)
+	p.mu.Unlock()
+	p.wg.Done()
 }
 
 // Drain stops accepting at once, asks HBONE peers to go away (GOAWAY), lets
@@ -406,8 +413,13 @@ func (p *Proxy) Drain(ctx context.Context) {
 	p.hbsrv.Close()
 	p.mu.Lock()
 	p.closed = true
-	for c := range p.conns {
-		engine.TCPEndpoint{TCPConn: c.(*net.TCPConn)}.Abort()
+	for key := range p.conns {
+		switch key := key.(type) {
+		case *net.TCPConn:
+			engine.TCPEndpoint{TCPConn: key}.Abort()
+		case *connInfo:
+			key.abortRelay()
+		}
 	}
 	p.mu.Unlock()
 	<-done

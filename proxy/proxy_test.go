@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -22,7 +23,12 @@ import (
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if role := os.Getenv(idleHelperEnv); role != "" {
+		os.Exit(runIdleHelper(role)) // BenchmarkIdleConnMemory's proxies
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func freePort(t testing.TB) int {
 	t.Helper()
