@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 )
 
@@ -143,6 +144,7 @@ func (c *Conn) appendRecordLocked(buf []byte, typ byte, content []byte) ([]byte,
 	}
 	start := len(buf)
 	clen := len(content) + 1 + tagLen
+	buf = slices.Grow(buf, headerLen+clen) // no-op for the pooled buffers
 	c.out.aad = [headerLen]byte{typeApplicationData, 3, 3, byte(clen >> 8), byte(clen)}
 	buf = append(buf, c.out.aad[:]...)
 	buf = append(buf, content...)
