@@ -393,3 +393,20 @@ func TestOneWritePerBatch(t *testing.T) {
 		})
 	}
 }
+
+// TestIdleHoldsNoBuffer: once everything sent has been read, neither end
+// holds a read buffer (write buffers are never held between Writes).
+func TestIdleHoldsNoBuffer(t *testing.T) {
+	cli, srv := pair(t, kindOurs, kindOurs, nil)
+	for _, n := range []int{1, 16385, 1 << 20} {
+		exchange(t, cli, srv, n)
+		for _, c := range []*Conn{cli.(*Conn), srv.(*Conn)} {
+			c.rmu.Lock()
+			held := c.rb != nil
+			c.rmu.Unlock()
+			if held {
+				t.Errorf("after %d bytes: an idle connection holds its read buffer", n)
+			}
+		}
+	}
+}
