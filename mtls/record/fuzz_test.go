@@ -49,7 +49,15 @@ func established(t testing.TB, raw net.Conn, id uint16, client bool) *Conn {
 	if !client {
 		cs, ss = ss, cs
 	}
-	c := &Conn{raw: raw, isClient: client}
+	return establishedWith(t, raw, s, ss, cs)
+}
+
+// establishedWith returns a Conn over raw whose handshake is deemed done,
+// reading with readSecret and writing with writeSecret.
+func establishedWith(t testing.TB, raw net.Conn, s suite, readSecret, writeSecret []byte) *Conn {
+	t.Helper()
+	c := &Conn{raw: raw}
+	ss, cs := bytes.Clone(readSecret), bytes.Clone(writeSecret)
 	if err := c.in.setSecret(s, ss); err != nil {
 		t.Fatal(err)
 	}
