@@ -59,6 +59,7 @@ var allowed = map[string][]string{
 	"xdsclient/xdstest":      {},
 	"mtls/tlstest":           {"mtls", "mtls/caclient", "identity"},
 	"mtls":                   {"identity"},
+	"mtls/record":            {},
 	"engine":                 {"engine/bufpool", "engine/poll", "engine/uring", "engine/splice"},
 	"state":                  {"identity"},
 	"e2e":                    {"internal/labrun", "internal/netnslab", "hbone", "identity", "mtls", "mtls/tlstest", "proxy/proxyproto", "proxy/socks5", "api/workloadapi", "api/securityapi", "mtls/caclient/catest", "state/xdsconv", "xdsclient/xdstest"},

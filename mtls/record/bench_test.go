@@ -1,0 +1,261 @@
+package record
+
+import (
+	"crypto/tls"
+	"io"
+	"net"
+	"testing"
+)
+
+const benchSize = 256 << 10
+
+// gatherConn imitates hbone.NewBatchConn: between begin and end, writes
+// accumulate and leave in one socket write.
+type gatherConn struct {
+	net.Conn
+	batching bool
+	buf      []byte
+}
+
+func (g *gatherConn) Write(p []byte) (int, error) {
+	if !g.batching {
+		return g.Conn.Write(p)
+	}
+	g.buf = append(g.buf, p...)
+	return len(p), nil
+}
+
+func (g *gatherConn) end() error {
+	g.batching = false
+	_, err := g.Conn.Write(g.buf)
+	g.buf = g.buf[:0]
+	return err
+}
+
+// BenchmarkWrite writes 256 KiB per op through each record layer to a
+// peer that discards the raw bytes.
+func BenchmarkWrite(b *testing.B) {
+	for _, tc := range []struct {
+		name   string
+		gather bool
+		ours   bool
+	}{
+		{"record", false, true},
+		{"tls", false, false},
+		{"tls+gather", true, false},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			ccfg, scfg := testConfigs(b)
+			cr, sr := tcpPair(b)
+			var cli endpoint
+			var g *gatherConn
+			switch {
+			case tc.ours:
+				cli = Client(cr, ccfg)
+			case tc.gather:
+				g = &gatherConn{Conn: cr}
+				cli = tls.Client(g, ccfg)
+			default:
+				cli = tls.Client(cr, ccfg)
+			}
+			handshakePair(b, cli, tls.Server(sr, scfg))
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				io.Copy(io.Discard, sr)
+			}()
+			p := make([]byte, benchSize)
+			b.SetBytes(benchSize)
+			b.ReportAllocs()
+			for b.Loop() {
+				if g != nil {
+					g.batching = true
+				}
+				if _, err := cli.Write(p); err != nil {
+					b.Fatal(err)
+				}
+				if g != nil {
+					if err := g.end(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.StopTimer()
+			cr.Close()
+			<-done
+		})
+	}
+}
+
+// BenchmarkRead reads 256 KiB per op through each record layer from a
+// crypto/tls peer that writes as fast as it can.
+func BenchmarkRead(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		ours bool
+	}{
+		{"record", true},
+		{"tls", false},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			ccfg, scfg := testConfigs(b)
+			cr, sr := tcpPair(b)
+			var cli endpoint = tls.Client(cr, ccfg)
+			if tc.ours {
+				cli = Client(cr, ccfg)
+			}
+			srv := tls.Server(&gatherConn{Conn: sr}, scfg)
+			handshakePair(b, cli, srv)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				p := make([]byte, benchSize)
+				for {
+					if _, err := srv.Write(p); err != nil {
+						return
+					}
+				}
+			}()
+			p := make([]byte, benchSize)
+			b.SetBytes(benchSize)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := io.ReadFull(cli, p); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			cr.Close()
+			sr.Close()
+			<-done
+		})
+	}
+}
+
+// memConn passes through to the socket until cut, then reads from src and
+// discards writes: the record layers above it then run without the
+// kernel, so the benchmarks below measure only their own work.
+type memConn struct {
+	net.Conn
+	cut bool
+	src []byte
+}
+
+func (m *memConn) Read(p []byte) (int, error) {
+	if !m.cut {
+		return m.Conn.Read(p)
+	}
+	if len(m.src) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, m.src)
+	m.src = m.src[n:]
+	return n, nil
+}
+
+func (m *memConn) Write(p []byte) (int, error) {
+	if !m.cut {
+		return m.Conn.Write(p)
+	}
+	return len(p), nil
+}
+
+// BenchmarkSealOnly is BenchmarkWrite without the socket: 256 KiB per op
+// through each record layer into a connection that drops the bytes.
+func BenchmarkSealOnly(b *testing.B) {
+	for _, tc := range []struct {
+		name   string
+		gather bool
+		ours   bool
+	}{
+		{"record", false, true},
+		{"tls", false, false},
+		{"tls+gather", true, false},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			ccfg, scfg := testConfigs(b)
+			cr, sr := tcpPair(b)
+			m := &memConn{Conn: cr}
+			var cli endpoint
+			var g *gatherConn
+			switch {
+			case tc.ours:
+				cli = Client(m, ccfg)
+			case tc.gather:
+				g = &gatherConn{Conn: m}
+				cli = tls.Client(g, ccfg)
+			default:
+				cli = tls.Client(m, ccfg)
+			}
+			handshakePair(b, cli, tls.Server(sr, scfg))
+			m.cut = true
+			p := make([]byte, benchSize)
+			b.SetBytes(benchSize)
+			b.ReportAllocs()
+			for b.Loop() {
+				if g != nil {
+					g.batching = true
+				}
+				if _, err := cli.Write(p); err != nil {
+					b.Fatal(err)
+				}
+				if g != nil {
+					if err := g.end(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkOpenOnly is BenchmarkRead without the socket: each op, 256 KiB
+// of records sealed with the session's keys (outside the timer) are read
+// through each record layer.
+func BenchmarkOpenOnly(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		ours bool
+	}{
+		{"record", true},
+		{"tls", false},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			ccfg, scfg := testConfigs(b)
+			kl := &keyLog{}
+			ccfg.KeyLogWriter = kl
+			cr, sr := tcpPair(b)
+			m := &memConn{Conn: cr}
+			var cli endpoint = tls.Client(m, ccfg)
+			if tc.ours {
+				cli = Client(m, ccfg)
+			}
+			handshakePair(b, cli, tls.Server(sr, scfg))
+			m.cut = true
+			s, ok := suiteByID(cli.(interface{ ConnectionState() tls.ConnectionState }).ConnectionState().CipherSuite)
+			if !ok {
+				b.Skip("suite not ours")
+			}
+			peer := establishedWith(b, m, s, kl.client, kl.server)
+			p := make([]byte, benchSize)
+			var stream []byte
+			b.SetBytes(benchSize)
+			b.ReportAllocs()
+			for b.Loop() {
+				b.StopTimer()
+				stream = stream[:0]
+				for i := 0; i < benchSize; i += maxPlaintext {
+					var err error
+					if stream, err = peer.appendRecordLocked(stream, typeApplicationData, p[i:i+maxPlaintext]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				m.src = stream
+				b.StartTimer()
+				if _, err := io.ReadFull(cli, p); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,18 @@
+// Package record is a TLS 1.3 connection whose handshake is crypto/tls's and
+// whose application data is protected here (RFC 8446 sections 5 and 7), so
+// that bytes move between the caller's buffers and the socket with as few
+// passes as possible: a Write seals all its records into one pooled buffer
+// and sends them with one write system call; a Read decrypts straight from
+// the socket buffer into the caller's slice when the record fits.
+//
+// Certificates, verification callbacks, ALPN and every handshake decision
+// stay with crypto/tls. The traffic secrets are learnt through a
+// per-connection tls.Config.KeyLogWriter and never leave the connection
+// (a KeyLogWriter the caller set still receives its lines). Connections whose
+// parameters the record layer does not cover (a cipher suite other than
+// AES-GCM, TLS 1.2, a server that would send session tickets, secrets not
+// logged) keep using the *tls.Conn for their data, behind the same API.
+//
+// It imports only the standard library. Packages that carry HBONE over TLS
+// may import it; it imports none of ours.
+package record

@@ -1,0 +1,210 @@
+package record
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+)
+
+const (
+	// writeBatch is how many full records one output buffer holds: a Write
+	// of up to writeBatch*maxPlaintext bytes (256 KiB) leaves in one write
+	// system call; a longer one in one per batch.
+	writeBatch = 16
+	// ctrlRecordLen bounds the wire size of an alert or KeyUpdate record.
+	ctrlRecordLen = 32
+	outBufSize    = writeBatch*sealedLen + 2*ctrlRecordLen
+)
+
+// rekeyAfter is how many records one write key protects before Write sends
+// a KeyUpdate on its own: AES-GCM's confidentiality margin (RFC 8446
+// section 5.5 allows about 2^24.5 full records). A variable so that tests
+// can lower it.
+var rekeyAfter uint64 = 1 << 24
+
+// outBufs holds the output buffers between Writes, so an idle connection
+// pins none.
+var outBufs = sync.Pool{New: func() any {
+	b := make([]byte, 0, outBufSize)
+	return &b
+}}
+
+// Write seals p into records of up to 16 KiB laid back to back in one
+// buffer and writes them with one call on the underlying connection (one
+// per 256 KiB). A failed or timed-out write fails every later Write.
+func (c *Conn) Write(p []byte) (int, error) {
+	own, err := c.ownRecords()
+	if err != nil {
+		return 0, err
+	}
+	if !own {
+		return c.tc.Write(p)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if err := c.writableLocked(); err != nil {
+		return 0, err
+	}
+	ob := outBufs.Get().(*[]byte)
+	defer putOut(ob)
+	written, queued := 0, 0
+	for {
+		buf := (*ob)[:0]
+		if c.pendingKeyUpdate.Swap(false) {
+			if buf, err = c.appendKeyUpdateLocked(buf, false); err != nil {
+				return written, err
+			}
+		}
+		for queued < len(p) && cap(buf)-len(buf) >= sealedLen+ctrlRecordLen {
+			if c.out.seq >= rekeyAfter {
+				if buf, err = c.appendKeyUpdateLocked(buf, false); err != nil {
+					return written, err
+				}
+			}
+			k := min(len(p)-queued, maxPlaintext)
+			if buf, err = c.appendRecordLocked(buf, typeApplicationData, p[queued:queued+k]); err != nil {
+				return written, err
+			}
+			queued += k
+		}
+		if err := c.flushLocked(buf); err != nil {
+			return written, err
+		}
+		written = queued
+		if written == len(p) {
+			return written, nil
+		}
+	}
+}
+
+func putOut(ob *[]byte) {
+	*ob = (*ob)[:0]
+	outBufs.Put(ob)
+}
+
+// KeyUpdate sends a KeyUpdate and moves the write keys on (RFC 8446
+// section 4.6.3). With requestPeer, the peer is asked to move its keys too.
+// It is unsupported when crypto/tls keeps the connection's data.
+func (c *Conn) KeyUpdate(requestPeer bool) error {
+	own, err := c.ownRecords()
+	if err != nil {
+		return err
+	}
+	if !own {
+		return fmt.Errorf("record: KeyUpdate on a connection crypto/tls protects: %w", errors.ErrUnsupported)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if err := c.writableLocked(); err != nil {
+		return err
+	}
+	ob := outBufs.Get().(*[]byte)
+	defer putOut(ob)
+	// Our KeyUpdate also answers one the peer requested.
+	c.pendingKeyUpdate.Store(false)
+	buf, err := c.appendKeyUpdateLocked((*ob)[:0], requestPeer)
+	if err != nil {
+		return err
+	}
+	return c.flushLocked(buf)
+}
+
+// writableLocked reports why nothing more may be written, if so. A read
+// side that failed with a protocol error sends its alert here and fails
+// the write side too.
+func (c *Conn) writableLocked() error {
+	if c.werr != nil {
+		return c.werr
+	}
+	if c.closeNotifySent {
+		return errShutdown
+	}
+	if c.closed.Load() {
+		return net.ErrClosed
+	}
+	if c.pendingAlert.Load() != 0 {
+		_ = c.sendAlertLocked(c.closingAlert())
+		return c.werr
+	}
+	return nil
+}
+
+// appendRecordLocked appends one protected record of content type typ
+// carrying content (at most maxPlaintext bytes). The content is copied
+// behind the header and sealed in place: the inner plaintext needs the type
+// byte after the content, which the caller's slice cannot take, and the
+// copy leaves the record in the L1 cache for the seal.
+func (c *Conn) appendRecordLocked(buf []byte, typ byte, content []byte) ([]byte, error) {
+	nonce, err := c.out.nextNonce()
+	if err != nil {
+		c.werr = err
+		return buf, err
+	}
+	start := len(buf)
+	clen := len(content) + 1 + tagLen
+	buf = slices.Grow(buf, headerLen+clen) // no-op for the pooled buffers
+	c.out.aad = [headerLen]byte{typeApplicationData, 3, 3, byte(clen >> 8), byte(clen)}
+	buf = append(buf, c.out.aad[:]...)
+	buf = append(buf, content...)
+	buf = append(buf, typ)
+	pt := buf[start+headerLen:]
+	sealed := c.out.aead.Seal(pt[:0], nonce, pt, c.out.aad[:])
+	return buf[:start+headerLen+len(sealed)], nil
+}
+
+// appendKeyUpdateLocked appends a KeyUpdate record and moves the write
+// keys on: the records after it in buf are sealed with the next keys.
+func (c *Conn) appendKeyUpdateLocked(buf []byte, requestPeer bool) ([]byte, error) {
+	req := byte(0)
+	if requestPeer {
+		req = 1
+	}
+	c.out.ctrl = [5]byte{hsKeyUpdate, 0, 0, 1, req}
+	buf, err := c.appendRecordLocked(buf, typeHandshake, c.out.ctrl[:5])
+	if err != nil {
+		return buf, err
+	}
+	if err := c.out.update(); err != nil {
+		c.werr = err
+		return buf, err
+	}
+	return buf, nil
+}
+
+// sendAlertLocked sends alert a: close_notify ends the write side, any
+// other alert fails it.
+func (c *Conn) sendAlertLocked(a alert) error {
+	level := byte(2) // fatal
+	if a == alertCloseNotify || a == alertUserCanceled {
+		level = 1 // warning
+	}
+	ob := outBufs.Get().(*[]byte)
+	defer putOut(ob)
+	c.out.ctrl = [5]byte{level, byte(a)}
+	buf, err := c.appendRecordLocked((*ob)[:0], typeAlert, c.out.ctrl[:2])
+	if err == nil {
+		err = c.flushLocked(buf)
+	}
+	if a == alertCloseNotify {
+		c.closeNotifySent = true
+	} else if c.werr == nil {
+		c.werr = errFailed
+	}
+	return err
+}
+
+// flushLocked writes buf, looping on short writes. Any error is final: a
+// record may have been cut.
+func (c *Conn) flushLocked(buf []byte) error {
+	for len(buf) > 0 {
+		n, err := c.raw.Write(buf)
+		buf = buf[n:]
+		if err != nil {
+			c.werr = err
+			return err
+		}
+	}
+	return nil
+}
