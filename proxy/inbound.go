@@ -14,6 +14,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
+	"github.com/ztunnel-go/ztunnel/mtls/record"
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
@@ -83,7 +84,7 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 		return false
 	}
 	defer p.peerDone(ip)
-	conn := tls.Server(hbone.NewBatchConn(c), mtls.ServerConfig(p.serverCert))
+	conn := record.Server(c, mtls.ServerConfig(p.serverCert))
 	p.cfg.Metrics.SocketOpened(metrics.ReporterDestination)
 	defer p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
 	hctx, cancel := context.WithTimeout(p.ctx, p.cfg.HandshakeTimeout)
@@ -190,7 +191,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "%w", err)
 	}
 	ci.dst = target
-	tlsConn, ok := req.Conn.(*tls.Conn)
+	tlsConn, ok := req.Conn.(interface{ ConnectionState() tls.ConnectionState })
 	if !ok {
 		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "connection is not mutual TLS")
 	}

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +13,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
+	"github.com/ztunnel-go/ztunnel/mtls/record"
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
@@ -138,8 +138,9 @@ func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client n
 		}
 		// The pool may outlive this cert; the TLS config pins the one in force
 		// when the connection was made, which is what rotation needs.
-		// NewBatchConn turns the writer's batch of TLS records into one syscall.
-		conn := tls.Client(hbone.NewBatchConn(tc), mtls.ClientConfig(cert, r.sans))
+		// crypto/tls runs the handshake; mtls/record then seals each batch of
+		// HBONE frames into records in one buffer and one syscall.
+		conn := record.Client(tc, mtls.ClientConfig(cert, r.sans))
 		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		if err := conn.HandshakeContext(hctx); err != nil {
