@@ -237,7 +237,9 @@ func cmpWorkloads(a, b *Workload) int { return cmpString(a.UID, b.UID) }
 func cmpEndpoints(a, b Endpoint) int { return cmpString(a.Workload.UID, b.Workload.UID) }
 
 // cmpServices orders services by key without building the keys.
-func cmpServices(a, b *Service) int { return cmpJoined(a.Namespace, a.Hostname, b.Namespace, b.Hostname) }
+func cmpServices(a, b *Service) int {
+	return cmpJoined(a.Namespace, a.Hostname, b.Namespace, b.Hostname)
+}
 
 func cmpString(a, b string) int {
 	switch {
