@@ -16,12 +16,13 @@ import (
 
 // shardTarget is the number of entries per shard an index is sized for when
 // it is built or re-split: small enough that cloning a shard costs a few
-// microseconds, large enough that the list of shards stays short.
-const shardTarget = 64
+// microseconds, large enough that the list of shards stays short. An index
+// that grew through deltas past shardGrowth times that per shard is re-split
+// (an O(n) step once it has grown fourfold). Tests lower shardTarget to exercise
+// many shards and re-splits on small sets.
+var shardTarget = 64
 
-// shardMax is the average number of entries per shard beyond which an index
-// that grew through deltas is re-split (an O(n) step after n/4 insertions).
-const shardMax = 4 * shardTarget
+const shardGrowth = 4
 
 // shardSeed seeds the hash that picks a string key's shard.
 var shardSeed = maphash.MakeSeed()
@@ -54,6 +55,22 @@ func shardsFor(n int) int {
 type shardMap[K comparable, V any] struct {
 	shards []map[K]V // len is a power of two; a nil shard is empty
 	n      int       // entries
+}
+
+// hashOf returns k's hash as the index's lookups compute it (for tests and
+// checks; lookups call the hash function directly).
+func (m *shardMap[K, V]) hashOf(k K) uint64 {
+	switch k := any(k).(type) {
+	case string:
+		return hashString(k)
+	case NetworkAddress:
+		return hashAddr(k)
+	case NamespacedHostname:
+		return hashNH(k)
+	case nsName:
+		return hashNSName(k)
+	}
+	panic("state: no shard hash for this key type")
 }
 
 // get returns the value under k, whose hash is h; the caller hashes with
@@ -156,7 +173,7 @@ func (e *shardEdit[K, V]) ownsValue(k K) bool {
 
 // finish re-splits an index that outgrew its shards.
 func (e *shardEdit[K, V]) finish() {
-	if e.m.n <= shardMax*len(e.m.shards) {
+	if e.m.n <= shardGrowth*shardTarget*len(e.m.shards) {
 		return
 	}
 	old := e.m.shards
