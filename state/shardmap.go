@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"maps"
+	"math/bits"
 	"slices"
 	"sync"
 )
@@ -30,11 +31,16 @@ var shardSeed = maphash.MakeSeed()
 func hashString(s string) uint64 { return maphash.String(shardSeed, s) }
 
 // hashAddr picks an address's shard from the address alone (the network
-// name rarely differs); a multiplication spreads neighbouring addresses.
+// name rarely differs), mixing every bit into the low ones the shard
+// index is taken from (splitmix64's finalizer).
 func hashAddr(k NetworkAddress) uint64 {
 	b := k.Addr.As16()
-	x := binary.LittleEndian.Uint64(b[8:]) ^ binary.LittleEndian.Uint64(b[:8])*0xff51afd7ed558ccd
-	return (x * 0x9e3779b97f4a7c15) >> 32
+	x := binary.LittleEndian.Uint64(b[8:]) ^ bits.RotateLeft64(binary.LittleEndian.Uint64(b[:8]), 32)
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 func hashNH(k NamespacedHostname) uint64 { return hashString(k.Hostname) }
