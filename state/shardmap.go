@@ -63,22 +63,6 @@ type shardMap[K comparable, V any] struct {
 	n      int       // entries
 }
 
-// hashOf returns k's hash as the index's lookups compute it (for tests and
-// checks; lookups call the hash function directly).
-func (m *shardMap[K, V]) hashOf(k K) uint64 {
-	switch k := any(k).(type) {
-	case string:
-		return hashString(k)
-	case NetworkAddress:
-		return hashAddr(k)
-	case NamespacedHostname:
-		return hashNH(k)
-	case nsName:
-		return hashNSName(k)
-	}
-	panic("state: no shard hash for this key type")
-}
-
 // get returns the value under k, whose hash is h; the caller hashes with
 // the index's own hash function, so that the call inlines.
 func (m *shardMap[K, V]) get(h uint64, k K) V {
