@@ -19,7 +19,12 @@
 //
 // A Snapshot never changes once built. One writer builds the next snapshot off
 // the hot path and publishes it through a Store; readers Load the current one
-// once per connection and never lock.
+// once per connection and never lock. Snapshot.Apply derives the next
+// snapshot from a Delta (the workloads, services and policies a push adds,
+// replaces or removes) at a cost that follows the size of the delta: the
+// indexes are maps split into small shards (shardmap.go), and a derived
+// snapshot clones only the shards and lists the delta touches, sharing the
+// rest with the snapshot it comes from.
 //
 // The package imports only the standard library and identity, so that every
 // part of the daemon can depend on it: proxy, dns, admin, and state/xdsconv,

@@ -77,7 +77,7 @@ func (s *Snapshot) PickUpstream(src *Workload, svc *Service, svcPort uint16, mod
 	}
 	f := endpointFilter{src: src, svcPort: svcPort, svcTarget: svcTarget, hasPort: hasPort, mode: mode, lb: svc.LoadBalancer}
 	f.ranked = f.lb != nil && f.lb.Mode != LBModeStandard
-	eps := s.endpoints[NamespacedHostname{svc.Namespace, svc.Hostname}]
+	eps := s.Endpoints(svc)
 
 	// Pass 1: the best rank among eligible endpoints.
 	best := -1

@@ -278,19 +278,27 @@ func compilePolicies(policies []*Policy) *policyTable {
 // are immutable once in a snapshot, so the same pointers mean the same,
 // already validated, policies.
 func reusableTable(policies []*Policy) *policyTable {
-	t := lastTable.Load()
-	if t == nil || len(policies) != len(t.policies) || len(policies) == 0 {
-		return nil
+	if t := lastTable.Load(); t != nil && len(policies) > 0 && t.holdsExactly(policies) {
+		return t
+	}
+	return nil
+}
+
+// holdsExactly reports whether t was compiled from exactly these policies
+// (in any order).
+func (t *policyTable) holdsExactly(policies []*Policy) bool {
+	if len(policies) != len(t.policies) {
+		return false
 	}
 	seen := make([]bool, len(policies))
 	for _, p := range policies {
 		i, ok := t.members[p]
 		if !ok || seen[i] {
-			return nil
+			return false
 		}
 		seen[i] = true
 	}
-	return t
+	return true
 }
 
 // compiler fills one table's arena. Its port buffers are scratch space

@@ -28,17 +28,21 @@ func (g *GatewayAddress) Port() uint16 {
 // services (client namespace, canonical, preferredNS, first by key), among
 // those visible to the client; nil if none.
 func (s *Snapshot) ServiceByHostname(host, clientNS, preferredNS string) *Service {
-	return bestService(s.svcByHost[host], clientNS, preferredNS, true)
+	return bestService(s.svcByHost.get(hashString(host), host), clientNS, preferredNS, true)
 }
 
 // FindHostname returns what a namespaced hostname names, as ztunnel's
 // find_hostname: the service with that key, else a workload of that
 // namespace with that hostname. At most one of the results is non-nil.
 func (s *Snapshot) FindHostname(nh NamespacedHostname) (*Service, *Workload) {
-	if svc := s.svcByKey[nh]; svc != nil {
+	h := hashNH(nh)
+	if svc := s.svcByKey.get(h, nh); svc != nil {
 		return svc, nil
 	}
-	return nil, s.byHost[nh]
+	if ws := s.byHost.get(h, nh); len(ws) > 0 {
+		return nil, ws[0]
+	}
+	return nil, nil
 }
 
 // FindAddress returns what ip names on network with no client to rank

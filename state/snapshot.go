@@ -27,28 +27,35 @@ type Endpoint struct {
 // indexes the data path needs. It is immutable once created: every method is
 // safe for concurrent use, and slices and values it returns are shared and
 // must not be modified.
+//
+// The indexes are sharded maps, so that Apply can derive the next snapshot
+// from this one by copying only what a change touches (see shardmap.go).
 type Snapshot struct {
-	workloads []*Workload // sorted by UID
-	services  []*Service  // sorted by key
+	byUID  shardMap[string, *Workload]
+	byAddr shardMap[NetworkAddress, *Workload]
+	byInfo shardMap[nsName, []*Workload] // sorted by UID
+	// byHost indexes hostname-only workloads by namespace and hostname,
+	// sorted by UID: the first (lowest UID) wins a tie.
+	byHost shardMap[NamespacedHostname, []*Workload]
 
-	byUID  map[string]*Workload
-	byAddr map[NetworkAddress]*Workload
-	byInfo map[nsName][]*Workload // sorted by UID
-	// byHost indexes hostname-only workloads by namespace and hostname
-	// (the lowest UID wins a tie).
-	byHost map[NamespacedHostname]*Workload
-
-	svcByKey  map[NamespacedHostname]*Service
-	svcByVIP  map[NetworkAddress][]*Service // sorted by key
-	svcByHost map[string][]*Service         // sorted by key
-	cidrVIPs  []cidrVIP
-	endpoints map[NamespacedHostname][]Endpoint
+	svcByKey  shardMap[NamespacedHostname, *Service]
+	svcByVIP  shardMap[NetworkAddress, []*Service] // sorted by key
+	svcByHost shardMap[string, []*Service]         // sorted by key
+	cidrVIPs  []cidrVIP                            // by service key, then in the service's order
+	// members lists, by service key, every workload naming the service in
+	// its Services map (sorted by UID), whether or not the service exists
+	// or takes it as an endpoint, so that a service arriving or changing
+	// its health policy finds its endpoints without a scan.
+	members   shardMap[NamespacedHostname, []Endpoint]
+	endpoints shardMap[NamespacedHostname, []Endpoint] // sorted by UID
 
 	// pol is the compiled policy table, shared with the snapshots derived
-	// by WithWorkloads.
+	// by WithWorkloads and by Apply without a policy change.
 	pol *policyTable
 
-	warnings []string
+	workloads lazyList[*Workload] // sorted by UID
+	services  lazyList[*Service]  // sorted by key
+	warnings  lazyList[string]
 }
 
 type nsName struct{ ns, name string }
@@ -77,9 +84,7 @@ func Empty() *Snapshot {
 // or malformed values. All problems found (up to a limit) are joined in the
 // error, each wrapping ErrInvalid.
 func NewSnapshot(workloads []*Workload, services []*Service, policies []*Policy) (*Snapshot, error) {
-	b := newBuilder(workloads, services)
-	b.addServices(services)
-	b.addWorkloads(workloads)
+	b := buildFresh(workloads, services)
 	pol := reusableTable(policies)
 	if pol == nil {
 		valid := b.checkPolicies(policies)
@@ -87,12 +92,7 @@ func NewSnapshot(workloads []*Workload, services []*Service, policies []*Policy)
 			pol = compilePolicies(valid)
 		}
 	}
-	if len(b.errs) > 0 {
-		return nil, errors.Join(b.errs...)
-	}
-	b.s.pol = pol
-	b.finish()
-	return b.s, nil
+	return b.done(pol)
 }
 
 // WithWorkloads returns a snapshot with the given workloads and services and
@@ -102,53 +102,128 @@ func NewSnapshot(workloads []*Workload, services []*Service, policies []*Policy)
 // policy (an Address push in xDS), so that watchers of policy changes, such
 // as the connection manager, are not woken for nothing.
 func (s *Snapshot) WithWorkloads(workloads []*Workload, services []*Service) (*Snapshot, error) {
-	b := newBuilder(workloads, services)
-	b.addServices(services)
-	b.addWorkloads(workloads)
-	if len(b.errs) > 0 {
-		return nil, errors.Join(b.errs...)
-	}
-	b.s.pol = s.pol
-	b.finish()
-	return b.s, nil
+	return buildFresh(workloads, services).done(s.pol)
 }
 
 // PolicyGeneration identifies the snapshot's policy set, so that a watcher
 // can tell a policy change from a workload-only update in O(1).
 //
 // The contract: snapshots with the same generation have the same policies
-// and make the same Authorize decision for the same Conn. WithWorkloads
-// carries the generation over, and every snapshot without policies has
-// generation 0. NewSnapshot given exactly the same *Policy values as the
-// previous NewSnapshot with policies (in any order) reuses its compiled
-// table and generation; otherwise it compiles a table with a new
+// and make the same Authorize decision for the same Conn. WithWorkloads, and
+// Apply given a delta without policies, carry the generation over, and every
+// snapshot without policies has generation 0. NewSnapshot given exactly the
+// same *Policy values as the previous NewSnapshot with policies (in any
+// order) reuses its compiled table and generation (and so does Apply when
+// its result has them); otherwise it compiles a table with a new
 // generation, larger than any before it, even for policies equal to an
 // earlier snapshot's. So a different generation means the policies may have
 // changed, not that they did.
 //
-// A converter therefore builds with WithWorkloads when an update carries no
-// policy (an Address push), or keeps its Policy values from one update to
-// the next, and open connections are re-checked only on Authorization
-// pushes, as in ztunnel.
+// A converter therefore builds with WithWorkloads or Apply when an update
+// carries no policy (an Address push), or keeps its Policy values from one
+// update to the next, and open connections are re-checked only on
+// Authorization pushes, as in ztunnel.
 func (s *Snapshot) PolicyGeneration() uint64 { return s.pol.gen }
 
-func newBuilder(workloads []*Workload, services []*Service) *builder {
-	return &builder{s: &Snapshot{
-		byUID:     make(map[string]*Workload, len(workloads)),
-		byAddr:    make(map[NetworkAddress]*Workload, len(workloads)),
-		byInfo:    make(map[nsName][]*Workload, len(workloads)),
-		byHost:    make(map[NamespacedHostname]*Workload),
-		svcByKey:  make(map[NamespacedHostname]*Service, len(services)),
-		svcByVIP:  make(map[NetworkAddress][]*Service, len(services)),
-		svcByHost: make(map[string][]*Service, len(services)),
-		endpoints: make(map[NamespacedHostname][]Endpoint, len(services)),
-		pol:       emptyTable,
-	}}
+// builder builds one snapshot: from scratch (fresh, NewSnapshot), or from a
+// copy of a previous snapshot's indexes (Apply), which it edits in place,
+// cloning what it writes to. Both paths share the checks and the index
+// updates, so that they validate and index alike.
+type builder struct {
+	s     *Snapshot
+	errs  []error
+	fresh bool
+
+	byUID     *shardEdit[string, *Workload]
+	byAddr    *shardEdit[NetworkAddress, *Workload]
+	byInfo    *shardEdit[nsName, []*Workload]
+	byHost    *shardEdit[NamespacedHostname, []*Workload]
+	svcByKey  *shardEdit[NamespacedHostname, *Service]
+	svcByVIP  *shardEdit[NetworkAddress, []*Service]
+	svcByHost *shardEdit[string, []*Service]
+	members   *shardEdit[NamespacedHostname, []Endpoint]
+	endpoints *shardEdit[NamespacedHostname, []Endpoint]
+
+	// touched holds the service keys whose endpoints an edit must derive
+	// again (a fresh build derives those of every service).
+	touched map[NamespacedHostname]struct{}
+	// cidrGone and cidrNew are the services whose CIDR VIPs leave and join
+	// the snapshot's list.
+	cidrGone map[*Service]struct{}
+	cidrNew  []*Service
 }
 
-type builder struct {
-	s    *Snapshot
-	errs []error
+// newBuilder returns a builder of s: a fresh one sized for nw workloads and
+// ns services, or one editing the indexes s holds, copied from a previous
+// snapshot. The hash given to each edit is the one its lookups use.
+func newBuilder(s *Snapshot, fresh bool, nw, ns int) *builder {
+	return &builder{
+		s:         s,
+		fresh:     fresh,
+		byUID:     newShardEdit(&s.byUID, hashString, fresh, nw),
+		byAddr:    newShardEdit(&s.byAddr, hashAddr, fresh, nw),
+		byInfo:    newShardEdit(&s.byInfo, hashNSName, fresh, nw),
+		byHost:    newShardEdit(&s.byHost, hashNH, fresh, 0),
+		svcByKey:  newShardEdit(&s.svcByKey, hashNH, fresh, ns),
+		svcByVIP:  newShardEdit(&s.svcByVIP, hashAddr, fresh, ns),
+		svcByHost: newShardEdit(&s.svcByHost, hashString, fresh, ns),
+		members:   newShardEdit(&s.members, hashNH, fresh, ns),
+		endpoints: newShardEdit(&s.endpoints, hashNH, fresh, ns),
+		touched:   map[NamespacedHostname]struct{}{},
+		cidrGone:  map[*Service]struct{}{},
+	}
+}
+
+// buildFresh validates and indexes workloads and services into a new
+// snapshot (without policies); errors are recorded on the builder.
+func buildFresh(workloads []*Workload, services []*Service) *builder {
+	b := newBuilder(&Snapshot{}, true, len(workloads), len(services))
+	svcs := make([]*Service, 0, len(services))
+	for i, svc := range services {
+		if !b.checkServiceKey(i, svc) {
+			continue
+		}
+		key := NamespacedHostname{svc.Namespace, svc.Hostname}
+		if b.svcByKey.get(key) != nil {
+			b.fail("%s: duplicate service key", subject{"service", key.String()})
+			continue
+		}
+		b.checkService(svc)
+		b.indexService(svc)
+		svcs = append(svcs, svc)
+	}
+	sortByKey(svcs, (*Service).Key)
+	b.s.services.set(svcs)
+
+	wls := make([]*Workload, 0, len(workloads))
+	for i, w := range workloads {
+		if !b.checkWorkloadKey(i, w) {
+			continue
+		}
+		if b.byUID.get(w.UID) != nil {
+			b.fail("workload %q: duplicate uid", w.UID)
+			continue
+		}
+		b.byUID.set(w.UID, w)
+		wls = append(wls, w)
+	}
+	slices.SortFunc(wls, cmpWorkloads)
+	for _, w := range wls {
+		b.checkWorkload(w)
+		b.indexWorkload(w)
+	}
+	b.s.workloads.set(wls)
+	return b
+}
+
+// done returns the snapshot with pol as its policy table, or the errors.
+func (b *builder) done(pol *policyTable) (*Snapshot, error) {
+	if len(b.errs) > 0 {
+		return nil, errors.Join(b.errs...)
+	}
+	b.finish()
+	b.s.pol = pol
+	return b.s, nil
 }
 
 func (b *builder) fail(format string, args ...any) {
@@ -161,152 +236,260 @@ func (b *builder) fail(format string, args ...any) {
 	b.errs = append(b.errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...))
 }
 
-func (b *builder) addServices(services []*Service) {
-	s := b.s
-	s.services = make([]*Service, 0, len(services))
-	for i, svc := range services {
-		if svc == nil {
-			b.fail("service %d is nil", i)
-			continue
-		}
-		key := NamespacedHostname{svc.Namespace, svc.Hostname}
-		what := subject{"service", key.String()}
-		if svc.Hostname == "" {
-			b.fail("service %d (%s): hostname is empty", i, svc.Name)
-			continue
-		}
-		if _, dup := s.svcByKey[key]; dup {
-			b.fail("%s: duplicate service key", what)
-			continue
-		}
-		s.svcByKey[key] = svc
-		s.services = append(s.services, svc)
-		for _, vip := range svc.VIPs {
-			if !validAddr(vip.Addr) {
-				b.fail("%s: invalid VIP %q", what, vip.String())
-			}
-		}
-		for _, p := range svc.CIDRVIPs {
-			if !p.Prefix.IsValid() || p.Prefix.Addr().Zone() != "" {
-				b.fail("%s: invalid CIDR VIP %q", what, p.String())
-			}
-		}
-		b.checkGateway(what, "waypoint", svc.Waypoint)
-		for j := range svc.WeightedWaypoints {
-			b.checkGateway(what, "weighted waypoint "+strconv.Itoa(j), &svc.WeightedWaypoints[j].Destination)
-		}
-		if lb := svc.LoadBalancer; lb != nil {
-			if lb.Mode > LBModePassthrough {
-				b.fail("%s: invalid load balancer mode %d", what, lb.Mode)
-			}
-			if lb.HealthPolicy > LBAllowAll {
-				b.fail("%s: invalid health policy %d", what, lb.HealthPolicy)
-			}
-			for _, sc := range lb.RoutingPreferences {
-				if sc > LBScopeNetwork {
-					b.fail("%s: invalid routing preference %d", what, sc)
-				}
-			}
-		}
-		if svc.IPFamilies > IPFamiliesDual {
-			b.fail("%s: invalid ip families %d", what, svc.IPFamilies)
-		}
-		if svc.Visibility > VisibilityNamespace {
-			b.fail("%s: invalid visibility %d", what, svc.Visibility)
+// checkServiceKey reports whether the i-th service can be indexed at all.
+func (b *builder) checkServiceKey(i int, svc *Service) bool {
+	if svc == nil {
+		b.fail("service %d is nil", i)
+		return false
+	}
+	if svc.Hostname == "" {
+		b.fail("service %d (%s): hostname is empty", i, svc.Name)
+		return false
+	}
+	return true
+}
+
+// checkService validates a service's fields.
+func (b *builder) checkService(svc *Service) {
+	what := subject{"service", svc.Key()}
+	for _, vip := range svc.VIPs {
+		if !validAddr(vip.Addr) {
+			b.fail("%s: invalid VIP %q", what, vip.String())
 		}
 	}
-	sortByKey(s.services, (*Service).Key)
-	for _, svc := range s.services {
-		for _, vip := range svc.VIPs {
-			k := NetworkAddress{vip.Network, vip.Addr.Unmap()}
-			if !slices.Contains(s.svcByVIP[k], svc) {
-				s.svcByVIP[k] = append(s.svcByVIP[k], svc)
+	for _, p := range svc.CIDRVIPs {
+		if !p.Prefix.IsValid() || p.Prefix.Addr().Zone() != "" {
+			b.fail("%s: invalid CIDR VIP %q", what, p.String())
+		}
+	}
+	b.checkGateway(what, "waypoint", svc.Waypoint)
+	for j := range svc.WeightedWaypoints {
+		b.checkGateway(what, "weighted waypoint "+strconv.Itoa(j), &svc.WeightedWaypoints[j].Destination)
+	}
+	if lb := svc.LoadBalancer; lb != nil {
+		if lb.Mode > LBModePassthrough {
+			b.fail("%s: invalid load balancer mode %d", what, lb.Mode)
+		}
+		if lb.HealthPolicy > LBAllowAll {
+			b.fail("%s: invalid health policy %d", what, lb.HealthPolicy)
+		}
+		for _, sc := range lb.RoutingPreferences {
+			if sc > LBScopeNetwork {
+				b.fail("%s: invalid routing preference %d", what, sc)
 			}
 		}
-		for _, p := range svc.CIDRVIPs {
-			s.cidrVIPs = append(s.cidrVIPs, cidrVIP{p, svc})
-		}
-		s.svcByHost[svc.Hostname] = append(s.svcByHost[svc.Hostname], svc)
+	}
+	if svc.IPFamilies > IPFamiliesDual {
+		b.fail("%s: invalid ip families %d", what, svc.IPFamilies)
+	}
+	if svc.Visibility > VisibilityNamespace {
+		b.fail("%s: invalid visibility %d", what, svc.Visibility)
 	}
 }
 
-func (b *builder) addWorkloads(workloads []*Workload) {
-	s := b.s
-	s.workloads = make([]*Workload, 0, len(workloads))
-	for i, w := range workloads {
-		if w == nil {
-			b.fail("workload %d is nil", i)
-			continue
-		}
-		if w.UID == "" {
-			b.fail("workload %d (%s/%s): uid is empty", i, w.Namespace, w.Name)
-			continue
-		}
-		if _, dup := s.byUID[w.UID]; dup {
-			b.fail("workload %q: duplicate uid", w.UID)
-			continue
-		}
-		s.byUID[w.UID] = w
-		s.workloads = append(s.workloads, w)
+// indexService adds svc (whose key is not indexed) to the service indexes.
+func (b *builder) indexService(svc *Service) {
+	key := NamespacedHostname{svc.Namespace, svc.Hostname}
+	b.svcByKey.set(key, svc)
+	for _, vip := range svc.VIPs {
+		// A VIP listed twice is indexed once: insertSorted keeps the first.
+		insertSorted(b.svcByVIP, NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc, cmpServices)
 	}
-	slices.SortFunc(s.workloads, func(a, b *Workload) int { return cmp.Compare(a.UID, b.UID) })
+	if len(svc.CIDRVIPs) > 0 {
+		b.cidrNew = append(b.cidrNew, svc)
+	}
+	insertSorted(b.svcByHost, svc.Hostname, svc, cmpServices)
+	b.touch(key)
+}
 
-	for _, w := range s.workloads {
-		what := subject{"workload", w.UID}
-		if w.Protocol > ProtocolHBONE {
-			b.fail("%s: invalid protocol %d", what, w.Protocol)
+// unindexService removes svc, indexed, from the service indexes.
+func (b *builder) unindexService(svc *Service) {
+	key := NamespacedHostname{svc.Namespace, svc.Hostname}
+	b.svcByKey.del(key)
+	for _, vip := range svc.VIPs {
+		removeSorted(b.svcByVIP, NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc, cmpServices)
+	}
+	if len(svc.CIDRVIPs) > 0 {
+		b.cidrGone[svc] = struct{}{}
+	}
+	removeSorted(b.svcByHost, svc.Hostname, svc, cmpServices)
+	b.touch(key)
+}
+
+// checkWorkloadKey reports whether the i-th workload can be indexed at all.
+func (b *builder) checkWorkloadKey(i int, w *Workload) bool {
+	if w == nil {
+		b.fail("workload %d is nil", i)
+		return false
+	}
+	if w.UID == "" {
+		b.fail("workload %d (%s/%s): uid is empty", i, w.Namespace, w.Name)
+		return false
+	}
+	return true
+}
+
+// checkWorkload validates a workload's fields (its addresses and service
+// keys are checked as they are indexed).
+func (b *builder) checkWorkload(w *Workload) {
+	what := subject{"workload", w.UID}
+	if w.Protocol > ProtocolHBONE {
+		b.fail("%s: invalid protocol %d", what, w.Protocol)
+	}
+	if w.Status > Unhealthy {
+		b.fail("%s: invalid status %d", what, w.Status)
+	}
+	if w.NetworkMode > NetworkModeHostNetwork {
+		b.fail("%s: invalid network mode %d", what, w.NetworkMode)
+	}
+	if t := w.ApplicationTunnel; t != nil && t.Protocol > AppTunnelProxy {
+		b.fail("%s: invalid application tunnel protocol %d", what, t.Protocol)
+	}
+	b.checkGateway(what, "waypoint", w.Waypoint)
+	b.checkGateway(what, "network gateway", w.NetworkGateway)
+}
+
+// indexWorkload adds w, already in byUID, to the other workload indexes.
+func (b *builder) indexWorkload(w *Workload) {
+	what := subject{"workload", w.UID}
+	for _, ip := range w.Addresses {
+		if !validAddr(ip) {
+			b.fail("%s: invalid address %q", what, ip.String())
+			continue
 		}
-		if w.Status > Unhealthy {
-			b.fail("%s: invalid status %d", what, w.Status)
+		if w.NetworkMode == NetworkModeHostNetwork {
+			continue // the address is the node's, not the workload's
 		}
-		if w.NetworkMode > NetworkModeHostNetwork {
-			b.fail("%s: invalid network mode %d", what, w.NetworkMode)
+		k := NetworkAddress{w.Network, ip.Unmap()}
+		if other := b.byAddr.get(k); other != nil && other != w {
+			first, second := other, w
+			if first.UID > second.UID {
+				first, second = second, first
+			}
+			b.fail("address %s is used by two workloads: %q and %q", k.String(), first.UID, second.UID)
+			continue
 		}
-		if t := w.ApplicationTunnel; t != nil && t.Protocol > AppTunnelProxy {
-			b.fail("%s: invalid application tunnel protocol %d", what, t.Protocol)
+		b.byAddr.set(k, w)
+	}
+	insertSorted(b.byInfo, nsName{w.Namespace, w.Name}, w, cmpWorkloads)
+	if w.Hostname != "" {
+		insertSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname}, w, cmpWorkloads)
+	}
+	for _, k := range sortedKeys(w.Services) {
+		ns, host, ok := strings.Cut(k, "/")
+		if !ok {
+			b.fail("%s: service key %q is not namespace/hostname", what, k)
+			continue
 		}
-		b.checkGateway(what, "waypoint", w.Waypoint)
-		b.checkGateway(what, "network gateway", w.NetworkGateway)
+		// Endpoints of unknown services are unreachable: ztunnel stages
+		// them until the service arrives, which for us is the snapshot
+		// that brings it (members keeps them until then).
+		nh := NamespacedHostname{ns, host}
+		insertSorted(b.members, nh, Endpoint{Workload: w, Ports: w.Services[k]}, cmpEndpoints)
+		b.touch(nh)
+	}
+}
+
+// unindexWorkload removes w, indexed, from every workload index.
+func (b *builder) unindexWorkload(w *Workload) {
+	b.byUID.del(w.UID)
+	if w.NetworkMode != NetworkModeHostNetwork {
 		for _, ip := range w.Addresses {
-			if !validAddr(ip) {
-				b.fail("%s: invalid address %q", what, ip.String())
-				continue
+			if k := (NetworkAddress{w.Network, ip.Unmap()}); b.byAddr.get(k) == w {
+				b.byAddr.del(k)
 			}
-			if w.NetworkMode == NetworkModeHostNetwork {
-				continue // the address is the node's, not the workload's
-			}
-			k := NetworkAddress{w.Network, ip.Unmap()}
-			if other, dup := s.byAddr[k]; dup && other != w {
-				b.fail("address %s is used by two workloads: %q and %q", k.String(), other.UID, w.UID)
-				continue
-			}
-			s.byAddr[k] = w
-		}
-		ni := nsName{w.Namespace, w.Name}
-		s.byInfo[ni] = append(s.byInfo[ni], w)
-		if w.Hostname != "" {
-			if nh := (NamespacedHostname{w.Namespace, w.Hostname}); s.byHost[nh] == nil {
-				s.byHost[nh] = w
-			}
-		}
-
-		for _, k := range sortedKeys(w.Services) {
-			ns, host, ok := strings.Cut(k, "/")
-			if !ok {
-				b.fail("%s: service key %q is not namespace/hostname", what, k)
-				continue
-			}
-			nh := NamespacedHostname{ns, host}
-			svc := s.svcByKey[nh]
-			if svc == nil || !svc.includes(w) {
-				// Endpoints of unknown services are unreachable: ztunnel
-				// stages them until the service arrives, which for us is
-				// the next snapshot.
-				continue
-			}
-			s.endpoints[nh] = append(s.endpoints[nh], Endpoint{Workload: w, Ports: w.Services[k]})
 		}
 	}
+	removeSorted(b.byInfo, nsName{w.Namespace, w.Name}, w, cmpWorkloads)
+	if w.Hostname != "" {
+		removeSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname}, w, cmpWorkloads)
+	}
+	for k := range w.Services {
+		if ns, host, ok := strings.Cut(k, "/"); ok {
+			nh := NamespacedHostname{ns, host}
+			removeSorted(b.members, nh, Endpoint{Workload: w}, cmpEndpoints)
+			b.touch(nh)
+		}
+	}
+}
+
+// touch records that the endpoints of the service under key must be derived
+// again (a fresh build derives them all anyway).
+func (b *builder) touch(key NamespacedHostname) {
+	if !b.fresh {
+		b.touched[key] = struct{}{}
+	}
+}
+
+// finish derives the endpoints and CIDR VIPs of what changed (of
+// everything, when fresh) and re-splits the indexes that outgrew their
+// shards.
+func (b *builder) finish() {
+	s := b.s
+	if b.fresh {
+		s.svcByKey.all(func(k NamespacedHostname, svc *Service) { b.setEndpoints(k, svc) })
+	} else {
+		for k := range b.touched {
+			b.setEndpoints(k, b.svcByKey.get(k))
+		}
+	}
+	if len(b.cidrNew) > 0 || len(b.cidrGone) > 0 {
+		var list []cidrVIP
+		for _, c := range s.cidrVIPs {
+			if _, gone := b.cidrGone[c.svc]; !gone {
+				list = append(list, c)
+			}
+		}
+		for _, svc := range b.cidrNew {
+			for _, p := range svc.CIDRVIPs {
+				list = append(list, cidrVIP{p, svc})
+			}
+		}
+		// Stable: a service's CIDR VIPs keep their order.
+		slices.SortStableFunc(list, func(x, y cidrVIP) int { return cmpServices(x.svc, y.svc) })
+		s.cidrVIPs = list
+	}
+	b.byUID.finish()
+	b.byAddr.finish()
+	b.byInfo.finish()
+	b.byHost.finish()
+	b.svcByKey.finish()
+	b.svcByVIP.finish()
+	b.svcByHost.finish()
+	b.members.finish()
+	b.endpoints.finish()
+}
+
+// setEndpoints derives the endpoints of the service under key (nil: none)
+// from the workloads naming it. When every one of them is an endpoint, the
+// list is shared with members.
+func (b *builder) setEndpoints(key NamespacedHostname, svc *Service) {
+	if svc == nil {
+		b.endpoints.del(key)
+		return
+	}
+	m := b.members.get(key)
+	n := 0
+	for _, e := range m {
+		if svc.includes(e.Workload) {
+			n++
+		}
+	}
+	switch n {
+	case 0:
+		b.endpoints.del(key)
+		return
+	case len(m):
+		b.endpoints.set(key, m)
+		return
+	}
+	eps := make([]Endpoint, 0, n)
+	for _, e := range m {
+		if svc.includes(e.Workload) {
+			eps = append(eps, e)
+		}
+	}
+	b.endpoints.set(key, eps)
 }
 
 // checkPolicies validates policies and returns the valid ones in a new
@@ -392,16 +575,17 @@ func (s subject) String() string {
 	return s.kind + " " + s.key
 }
 
-// finish records warnings that need every index in place.
-func (b *builder) finish() {
-	s := b.s
-	for _, w := range s.workloads {
+// findWarnings lists the problems Warnings reports.
+func (s *Snapshot) findWarnings() []string {
+	var out []string
+	for _, w := range s.Workloads() {
 		for _, k := range w.AuthorizationPolicies {
 			if s.pol.byKey[k] == nil {
-				s.warnings = append(s.warnings, fmt.Sprintf("workload %q lists unknown authorization policy %q; skipping it", w.UID, k))
+				out = append(out, fmt.Sprintf("workload %q lists unknown authorization policy %q; skipping it", w.UID, k))
 			}
 		}
 	}
+	return out
 }
 
 // sortedKeys returns m's keys in order, so that endpoint lists are deterministic.
@@ -442,10 +626,24 @@ func sortByKey[T any](list []T, key func(T) string) {
 func validAddr(ip netip.Addr) bool { return ip.IsValid() && ip.Zone() == "" }
 
 // Workloads returns every workload, sorted by UID.
-func (s *Snapshot) Workloads() []*Workload { return s.workloads }
+func (s *Snapshot) Workloads() []*Workload {
+	return s.workloads.get(func() []*Workload {
+		list := make([]*Workload, 0, s.byUID.n)
+		s.byUID.all(func(_ string, w *Workload) { list = append(list, w) })
+		slices.SortFunc(list, cmpWorkloads)
+		return list
+	})
+}
 
 // Services returns every service, sorted by key.
-func (s *Snapshot) Services() []*Service { return s.services }
+func (s *Snapshot) Services() []*Service {
+	return s.services.get(func() []*Service {
+		list := make([]*Service, 0, s.svcByKey.n)
+		s.svcByKey.all(func(_ NamespacedHostname, svc *Service) { list = append(list, svc) })
+		sortByKey(list, (*Service).Key)
+		return list
+	})
+}
 
 // Policies returns every policy, sorted by key.
 func (s *Snapshot) Policies() []*Policy { return s.pol.policies }
@@ -453,15 +651,16 @@ func (s *Snapshot) Policies() []*Policy { return s.pol.policies }
 // Warnings returns problems that did not prevent building the snapshot, such
 // as a workload listing a policy key the snapshot lacks. Callers log them once
 // when they publish the snapshot.
-func (s *Snapshot) Warnings() []string { return s.warnings }
+func (s *Snapshot) Warnings() []string { return s.warnings.get(s.findWarnings) }
 
 // WorkloadByUID returns the workload with the given UID, or nil.
-func (s *Snapshot) WorkloadByUID(uid string) *Workload { return s.byUID[uid] }
+func (s *Snapshot) WorkloadByUID(uid string) *Workload { return s.byUID.get(hashString(uid), uid) }
 
 // WorkloadByAddr returns the workload that owns ip on network, or nil.
 // Host-network workloads are never returned: their addresses are the node's.
 func (s *Snapshot) WorkloadByAddr(network string, ip netip.Addr) *Workload {
-	return s.byAddr[NetworkAddress{network, ip.Unmap()}]
+	k := NetworkAddress{network, ip.Unmap()}
+	return s.byAddr.get(hashAddr(k), k)
 }
 
 // ServiceByKey returns the service with key "namespace/hostname", or nil.
@@ -470,18 +669,22 @@ func (s *Snapshot) ServiceByKey(key string) *Service {
 	if !ok {
 		return nil
 	}
-	return s.svcByKey[NamespacedHostname{ns, host}]
+	k := NamespacedHostname{ns, host}
+	return s.svcByKey.get(hashNH(k), k)
 }
 
 // ServicesByHostname returns the services with the given hostname (one per
 // namespace at most), sorted by key.
-func (s *Snapshot) ServicesByHostname(host string) []*Service { return s.svcByHost[host] }
+func (s *Snapshot) ServicesByHostname(host string) []*Service {
+	return s.svcByHost.get(hashString(host), host)
+}
 
 // ServiceByVIP returns the service with the exact VIP ip on network, or nil.
 // When several services share the VIP, a canonical one wins, then the first
 // by key. Clients that know their namespace use ResolveVIP instead.
 func (s *Snapshot) ServiceByVIP(network string, ip netip.Addr) *Service {
-	return bestService(s.svcByVIP[NetworkAddress{network, ip.Unmap()}], "", "", false)
+	k := NetworkAddress{network, ip.Unmap()}
+	return bestService(s.svcByVIP.get(hashAddr(k), k), "", "", false)
 }
 
 // ResolveVIP returns the service a client in namespace clientNS reaches by
@@ -505,7 +708,8 @@ func (s *Snapshot) ResolveVIPPreferring(network string, ip netip.Addr, clientNS,
 // visibility is not checked and no namespace is preferred.
 func (s *Snapshot) resolveVIP(network string, ip netip.Addr, clientNS, preferredNS string, useNS bool) *Service {
 	ip = ip.Unmap()
-	if svc := bestService(s.svcByVIP[NetworkAddress{network, ip}], clientNS, preferredNS, useNS); svc != nil {
+	k := NetworkAddress{network, ip}
+	if svc := bestService(s.svcByVIP.get(hashAddr(k), k), clientNS, preferredNS, useNS); svc != nil {
 		return svc
 	}
 	var (
@@ -568,7 +772,8 @@ func b2i(b bool) int {
 // by workload UID. Unhealthy workloads are included only when the service's
 // health policy is LBAllowAll.
 func (s *Snapshot) Endpoints(svc *Service) []Endpoint {
-	return s.endpoints[NamespacedHostname{svc.Namespace, svc.Hostname}]
+	k := NamespacedHostname{svc.Namespace, svc.Hostname}
+	return s.endpoints.get(hashNH(k), k)
 }
 
 // WorkloadInfo identifies the workload a dedicated proxy serves
@@ -587,7 +792,8 @@ func (s *Snapshot) FindWorkload(info WorkloadInfo) *Workload {
 	if sa == "" {
 		sa = "default"
 	}
-	for _, w := range s.byInfo[nsName{info.Namespace, info.Name}] {
+	k := nsName{info.Namespace, info.Name}
+	for _, w := range s.byInfo.get(hashNSName(k), k) {
 		if (info.Node == "" || w.Node == info.Node) && w.Identity().ServiceAccount == sa {
 			return w
 		}

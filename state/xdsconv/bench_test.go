@@ -142,8 +142,7 @@ func BenchmarkApplyFullPush(b *testing.B) {
 }
 
 // BenchmarkApplyOneWorkload: an incremental push changing one workload of
-// the large mesh (the snapshot is rebuilt in full: state has no incremental
-// builder).
+// the large mesh (the snapshot is derived from the last by a delta).
 func BenchmarkApplyOneWorkload(b *testing.B) {
 	m := loadBenchMesh(b)
 	x, store := fullPush(b, m)

@@ -62,6 +62,11 @@ type XDSState struct {
 	conflicts map[state.NetworkAddress]struct{}
 	// seq counts workload updates, to rank the most recent first.
 	seq uint64
+	// last is the last snapshot built; the dirty sets hold the workload
+	// uids, service keys and policy keys that may differ from it, so that
+	// the next snapshot is derived from it by a delta (state.Snapshot.Apply).
+	last                   *state.Snapshot
+	dirtyW, dirtyS, dirtyP map[string]struct{}
 }
 
 // workloadEntry is a workload with its update sequence number.
@@ -87,6 +92,9 @@ func NewXDSState(store *state.Store, static *LocalConfig, logf func(string, ...a
 		policyKeys: map[string]string{},
 		addrs:      map[state.NetworkAddress][]*workloadEntry{},
 		conflicts:  map[state.NetworkAddress]struct{}{},
+		dirtyW:     map[string]struct{}{},
+		dirtyS:     map[string]struct{}{},
+		dirtyP:     map[string]struct{}{},
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -275,6 +283,7 @@ func (x *XDSState) removeAddressLocked(name string) {
 		return // not a service key (workload uids often contain '/')
 	}
 	delete(x.services, name)
+	x.dirtyS[name] = struct{}{}
 }
 
 func (x *XDSState) putWorkloadLocked(w *state.Workload, undos *[]undo) {
@@ -291,7 +300,9 @@ func (x *XDSState) putWorkloadLocked(w *state.Workload, undos *[]undo) {
 			x.conflicts[k] = struct{}{}
 		}
 		x.addrs[k] = append(list, e)
+		x.markLocked(x.addrs[k])
 	}
+	x.dirtyW[w.UID] = struct{}{}
 	if undos != nil {
 		*undos = append(*undos, func() {
 			x.removeWorkloadLocked(w.UID)
@@ -310,6 +321,16 @@ func (x *XDSState) restoreWorkloadLocked(e *workloadEntry) {
 		if len(x.addrs[k]) > 1 {
 			x.conflicts[k] = struct{}{}
 		}
+		x.markLocked(x.addrs[k])
+	}
+	x.dirtyW[e.w.UID] = struct{}{}
+}
+
+// markLocked marks dirty the workloads sharing an address with a changed
+// one: the change may move the address from one of them to another.
+func (x *XDSState) markLocked(list []*workloadEntry) {
+	for _, o := range list {
+		x.dirtyW[o.w.UID] = struct{}{}
 	}
 }
 
@@ -319,8 +340,10 @@ func (x *XDSState) removeWorkloadLocked(uid string) {
 		return
 	}
 	delete(x.workloads, uid)
+	x.dirtyW[uid] = struct{}{}
 	for _, k := range indexedAddrs(e.w) {
 		list := slices.DeleteFunc(x.addrs[k], func(o *workloadEntry) bool { return o == e })
+		x.markLocked(list)
 		switch len(list) {
 		case 0:
 			delete(x.addrs, k)
@@ -337,7 +360,9 @@ func (x *XDSState) putServiceLocked(s *state.Service, undos *[]undo) {
 	key := s.Key()
 	prev := x.services[key]
 	x.services[key] = s
+	x.dirtyS[key] = struct{}{}
 	*undos = append(*undos, func() {
+		x.dirtyS[key] = struct{}{}
 		if prev != nil {
 			x.services[key] = prev
 		} else {
@@ -359,11 +384,13 @@ func (x *XDSState) putPolicyLocked(name string, p *state.Policy, undos *[]undo) 
 	x.removePolicyLocked(name)
 	x.policies[name] = p
 	x.policyKeys[key] = name
+	x.dirtyP[key] = struct{}{}
 	*undos = append(*undos, func() {
 		x.removePolicyLocked(name)
 		if prev != nil {
 			x.policies[name] = prev
 			x.policyKeys[prev.Key()] = name
+			x.dirtyP[prev.Key()] = struct{}{}
 		}
 	})
 	return nil
@@ -375,6 +402,7 @@ func (x *XDSState) removePolicyLocked(name string) {
 		return
 	}
 	delete(x.policies, name)
+	x.dirtyP[p.Key()] = struct{}{}
 	if x.policyKeys[p.Key()] == name {
 		delete(x.policyKeys, p.Key())
 	}
@@ -408,21 +436,95 @@ func rank(e *workloadEntry) [3]uint64 {
 	return [3]uint64{pod, hbone, e.seq}
 }
 
-// buildLocked builds a snapshot of everything held. Workloads that lose an
-// address conflict are replaced by copies without that address.
+// buildLocked builds a snapshot of everything held: the first one from
+// scratch, the next ones from the last by a delta of what is dirty.
+// Workloads that lose an address conflict are replaced by copies without
+// that address.
 func (x *XDSState) buildLocked() (*state.Snapshot, error) {
+	var (
+		snap *state.Snapshot
+		err  error
+	)
+	if x.last == nil {
+		snap, err = x.buildFullLocked()
+	} else {
+		snap, err = x.last.Apply(x.deltaLocked())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("xdsconv: %w", err)
+	}
+	x.last = snap
+	clear(x.dirtyW)
+	clear(x.dirtyS)
+	clear(x.dirtyP)
+	return snap, nil
+}
+
+// deltaLocked returns the change from the last snapshot to what is held.
+func (x *XDSState) deltaLocked() state.Delta {
+	var d state.Delta
+	for uid := range x.dirtyW {
+		if e := x.workloads[uid]; e != nil {
+			d.Workloads = append(d.Workloads, x.publishedLocked(e))
+		} else {
+			d.RemovedWorkloads = append(d.RemovedWorkloads, uid)
+		}
+	}
+	for key := range x.dirtyS {
+		if s := x.services[key]; s != nil {
+			d.Services = append(d.Services, s)
+		} else {
+			d.RemovedServices = append(d.RemovedServices, key)
+		}
+	}
+	for key := range x.dirtyP {
+		if name, ok := x.policyKeys[key]; ok {
+			d.Policies = append(d.Policies, x.policies[name])
+		} else {
+			d.RemovedPolicies = append(d.RemovedPolicies, key)
+		}
+	}
+	return d
+}
+
+// publishedLocked returns e's workload as a snapshot holds it: a copy
+// without the addresses it loses to another workload, if any.
+func (x *XDSState) publishedLocked(e *workloadEntry) *state.Workload {
+	var lost []netip.Addr
+	for _, k := range indexedAddrs(e.w) {
+		if _, c := x.conflicts[k]; c && winner(x.addrs[k]) != e {
+			lost = append(lost, k.Addr)
+		}
+	}
+	if lost == nil {
+		return e.w
+	}
+	cp := *e.w
+	cp.Addresses = slices.DeleteFunc(slices.Clone(e.w.Addresses), func(ip netip.Addr) bool {
+		return slices.Contains(lost, ip.Unmap())
+	})
+	return &cp
+}
+
+// winner returns the workload an address shared by list resolves to.
+func winner(list []*workloadEntry) *workloadEntry {
+	return slices.MaxFunc(list, func(a, b *workloadEntry) int {
+		ra, rb := rank(a), rank(b)
+		return slices.Compare(ra[:], rb[:])
+	})
+}
+
+// buildFullLocked builds a snapshot of everything held from scratch.
+func (x *XDSState) buildFullLocked() (*state.Snapshot, error) {
 	var lost map[*workloadEntry][]netip.Addr
 	for k := range x.conflicts {
 		list := x.addrs[k]
-		winner := slices.MaxFunc(list, func(a, b *workloadEntry) int {
-			ra, rb := rank(a), rank(b)
-			return slices.Compare(ra[:], rb[:])
-		})
+		win := winner(list)
 		if lost == nil {
 			lost = map[*workloadEntry][]netip.Addr{}
 		}
 		for _, e := range list {
-			if e != winner {
+			if e != win {
 				lost[e] = append(lost[e], k.Addr)
 			}
 		}
@@ -448,11 +550,7 @@ func (x *XDSState) buildLocked() (*state.Snapshot, error) {
 	for _, p := range x.policies {
 		policies = append(policies, p)
 	}
-	snap, err := state.NewSnapshot(workloads, services, policies)
-	if err != nil {
-		return nil, fmt.Errorf("xdsconv: %w", err)
-	}
-	return snap, nil
+	return state.NewSnapshot(workloads, services, policies)
 }
 
 // Counts returns how many workloads, services and policies are held.

@@ -1,0 +1,84 @@
+package state
+
+import (
+	"net/netip"
+	"strconv"
+	"testing"
+)
+
+// meshInput returns n workloads over n/10 services (10 endpoints each), in
+// 100 namespaces, with distinct IPv4 addresses for up to 16M workloads.
+func meshInput(n int) ([]*Workload, []*Service) {
+	ss := make([]*Service, max(n/10, 1))
+	for i := range ss {
+		ns := "ns-" + strconv.Itoa(i%100)
+		v := &Service{Name: "svc-" + strconv.Itoa(i), Namespace: ns, Hostname: "svc-" + strconv.Itoa(i) + "." + ns + ".svc.cluster.local",
+			Ports: map[uint16]uint16{80: 8080}}
+		v.VIPs = []NetworkAddress{{"", netip.AddrFrom4([4]byte{172, 16 + byte(i>>16), byte(i >> 8), byte(i)})}}
+		ss[i] = v
+	}
+	ws := make([]*Workload, n)
+	for i := range ws {
+		v := ss[i%len(ss)]
+		w := &Workload{UID: "Kubernetes//Pod/" + v.Namespace + "/pod-" + strconv.Itoa(i), Namespace: v.Namespace, Name: "pod-" + strconv.Itoa(i),
+			Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})}, Protocol: ProtocolHBONE, Capacity: 1}
+		w.Services = map[string]map[uint16]uint16{v.Key(): {80: 8080}}
+		ws[i] = w
+	}
+	return ws, ss
+}
+
+// lookupMesh is the 100k-workload mesh the lookup benchmarks read: the
+// data path's lookups at the scale the incremental builder is for.
+func lookupMesh(b *testing.B) (*Snapshot, []netip.Addr, []string, []netip.Addr) {
+	b.Helper()
+	ws, ss := meshInput(100_000)
+	s := mustSnapshot(b, ws, ss, nil)
+	ips := make([]netip.Addr, len(ws))
+	uids := make([]string, len(ws))
+	for i, w := range ws {
+		ips[i], uids[i] = w.Addresses[0], w.UID
+	}
+	vips := make([]netip.Addr, len(ss))
+	for i, v := range ss {
+		vips[i] = v.VIPs[0].Addr
+	}
+	return s, ips, uids, vips
+}
+
+// BenchmarkLookup100k: the lookups a connection makes, each over many keys
+// so that the figures include cache misses as in a real mesh.
+func BenchmarkLookup100k(b *testing.B) {
+	s, ips, uids, vips := lookupMesh(b)
+	b.Run("WorkloadByAddr", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			if s.WorkloadByAddr("", ips[i%len(ips)]) == nil {
+				b.Fatal("not found")
+			}
+			i += 7919
+		}
+	})
+	b.Run("WorkloadByUID", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			if s.WorkloadByUID(uids[i%len(uids)]) == nil {
+				b.Fatal("not found")
+			}
+			i += 7919
+		}
+	})
+	b.Run("ResolveVIP+Endpoints", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			svc := s.ResolveVIP("", vips[i%len(vips)], "ns")
+			if svc == nil || len(s.Endpoints(svc)) == 0 {
+				b.Fatal("not found")
+			}
+			i += 7919
+		}
+	})
+}
