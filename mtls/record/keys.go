@@ -172,10 +172,4 @@ func (d *direction) nextNonce() ([]byte, error) {
 	return d.nonce[:], nil
 }
 
-// forget zeroes the secret; the direction is unusable afterwards.
-func (d *direction) forget() {
-	clear(d.secret)
-	d.secret, d.aead = nil, nil
-}
-
 var errSeqExhausted = errors.New("record: sequence number exhausted")
