@@ -1,5 +1,7 @@
 package engine
 
+import "io"
+
 // This file is the seam for TCP⇄stream relays in the event loops (the
 // HBONE issue). Start and Relay hand a TCPEndpoint paired with a
 // StreamEndpoint to the epoll loops (streamrelay_linux.go); the std and
@@ -86,12 +88,13 @@ type StreamPeeker interface {
 // straight into its send path (S→T without TryWrite's copy and without a
 // relay buffer for that direction).
 type StreamFiller interface {
-	// WriteFrom calls read once, with room for at most limit bytes in the
-	// stream's own send buffer, and queues what read returned. read is not
-	// called when nothing fits now; then (0, nil, nil) means wait for Wake,
-	// as a TryWrite that takes nothing. readErr is read's error (nothing
-	// queued); writeErr is the stream's, as TryWrite's. read must not block.
-	WriteFrom(limit int, read func(p []byte) (int, error)) (n int, readErr, writeErr error)
+	// WriteFrom calls src.Read once, with room for at most limit bytes in
+	// the stream's own send buffer, and queues what it read. src is not
+	// read when nothing fits now; then (0, nil, nil) means wait for Wake,
+	// as a TryWrite that takes nothing. readErr is src's error (nothing
+	// queued); writeErr is the stream's, as TryWrite's. src.Read must not
+	// block.
+	WriteFrom(limit int, src io.Reader) (n int, readErr, writeErr error)
 }
 
 // Waker is how a stream tells its event loop to look at it again. Wake must

@@ -38,14 +38,12 @@ type streamRelay struct {
 	st      StreamEndpoint
 	pk      StreamPeeker // st, if it lends its buffer (T→S without a copy)
 	fl      StreamFiller // st, if the socket may be read into its buffer (S→T without a copy)
-	readFn  func([]byte) (int, error)
-	asked   int  // the room the last readSock had
-	peeked  bool // a Peek awaits its Consume
-	tcpSide int  // the side (0 A, 1 B) the socket is on
-	rd, wr  bool // the socket's readiness as last learnt
-	hup     bool // the peer's FIN (or an error) was signalled: read until EOF
-	up      sdir // socket → stream
-	down    sdir // stream → socket
+	peeked  bool         // a Peek awaits its Consume
+	tcpSide int          // the side (0 A, 1 B) the socket is on
+	rd, wr  bool         // the socket's readiness as last learnt
+	hup     bool         // the peer's FIN (or an error) was signalled: read until EOF
+	up      sdir         // socket → stream
+	down    sdir         // stream → socket
 	woke    atomic.Bool
 }
 
@@ -92,7 +90,6 @@ func (b *epollBackend) relayStream(fd, tcpSide int, st StreamEndpoint, s *sessio
 	}
 	if fl, ok := st.(StreamFiller); ok && !noPeek {
 		r.fl = fl
-		r.readFn = r.readSock
 	}
 	r.init(r)
 	if tcpSide == 0 {
@@ -251,11 +248,8 @@ func (r *streamRelay) pumpUp() (more bool, err error) {
 				moved = true
 			}
 		}
-		if d.eof && !d.pending() && !d.shut {
-			d.shut = true
-			if err := r.st.CloseWrite(); err != nil {
-				return false, r.streamErr("close write", err)
-			}
+		if err := r.endUp(); err != nil {
+			return false, err
 		}
 		if !moved {
 			return false, nil
@@ -273,8 +267,7 @@ func (r *streamRelay) pumpUpFill() (more bool, err error) {
 	for range roundsPerTurn {
 		moved := false
 		if !d.eof && r.rd {
-			r.asked = 0
-			n, rerr, werr := r.fl.WriteFrom(streamBufSizes[d.class], r.readFn)
+			n, rerr, werr := r.fl.WriteFrom(streamBufSizes[d.class], (*sockReader)(r))
 			switch {
 			case werr != nil:
 				return false, r.streamErr("write", werr)
@@ -288,9 +281,6 @@ func (r *streamRelay) pumpUpFill() (more bool, err error) {
 			case n == 0:
 				return false, nil // window or buffer shut: the stream owes us a Wake
 			default:
-				if n < r.asked && !r.hup {
-					r.rd = false // drained: see pumpUp
-				}
 				if n == streamBufSizes[d.class] && int(d.class) < len(streamBufSizes)-1 {
 					d.class++
 				}
@@ -298,11 +288,8 @@ func (r *streamRelay) pumpUpFill() (more bool, err error) {
 				moved = true
 			}
 		}
-		if d.eof && !d.shut {
-			d.shut = true
-			if err := r.st.CloseWrite(); err != nil {
-				return false, r.streamErr("close write", err)
-			}
+		if err := r.endUp(); err != nil {
+			return false, err
 		}
 		if !moved {
 			return false, nil
@@ -312,16 +299,33 @@ func (r *streamRelay) pumpUpFill() (more bool, err error) {
 	return true, nil
 }
 
-// readSock is a StreamFiller's read: one non-blocking read of the socket,
-// io.EOF at its end.
-func (r *streamRelay) readSock(p []byte) (int, error) {
-	r.asked = len(p)
+// endUp tells the stream that the socket's input ended, once it has all
+// of it.
+func (r *streamRelay) endUp() error {
+	d := &r.up
+	if d.eof && !d.pending() && !d.shut {
+		d.shut = true
+		if err := r.st.CloseWrite(); err != nil {
+			return r.streamErr("close write", err)
+		}
+	}
+	return nil
+}
+
+// sockReader is the relay's socket as the io.Reader a StreamFiller reads:
+// one non-blocking read, io.EOF at the end of the input.
+type sockReader streamRelay
+
+func (sr *sockReader) Read(p []byte) (int, error) {
+	r := (*streamRelay)(sr)
 	n, err := unix.Read(r.fd, p)
 	switch {
 	case err != nil:
 		return 0, err
 	case n == 0:
 		return 0, io.EOF
+	case n < len(p) && !r.hup:
+		r.rd = false // drained: see pumpUp
 	}
 	return n, nil
 }

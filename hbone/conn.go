@@ -468,6 +468,22 @@ func (c *conn) writeHeadersLocked(id uint32, fields []hpack.HeaderField, end boo
 	return nil
 }
 
+// queueErrLocked reports why s may queue no more DATA: the connection's
+// writer is closing, or the stream was reset or ended on our side. c.wmu
+// held.
+func (s *Stream) queueErrLocked() error {
+	c := s.c
+	switch {
+	case c.wclosing:
+		return c.wErr
+	case s.rstQueued:
+		return ErrStreamClosed
+	case s.endQueued:
+		return ErrWriteAfterClose
+	}
+	return nil
+}
+
 // sendData queues p as DATA frames of s, waiting for write-buffer space. The
 // caller holds flow-control credit for all of p. It returns how many bytes it
 // queued.
@@ -482,14 +498,10 @@ func (c *conn) sendData(s *Stream, p []byte) (sent int, err error) {
 		c.wmu.Unlock()
 	}()
 	for len(p) > 0 {
-		switch {
-		case c.wclosing:
-			return sent, c.wErr
-		case s.rstQueued:
-			return sent, ErrStreamClosed
-		case s.endQueued:
-			return sent, ErrWriteAfterClose
-		case s.wdeadlineHit.Load():
+		if err := s.queueErrLocked(); err != nil {
+			return sent, err
+		}
+		if s.wdeadlineHit.Load() {
 			return sent, deadlineExceeded
 		}
 		k := min(len(p), c.wPeerMaxFrame)

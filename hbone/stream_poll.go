@@ -2,6 +2,7 @@ package hbone
 
 import (
 	"fmt"
+	"io"
 	"math"
 	"sync"
 
@@ -115,15 +116,8 @@ func (s *Stream) TryWrite(p []byte) (int, error) {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	switch {
-	case c.wclosing:
-		return 0, c.wErr
-	case s.rstQueued:
-		return 0, ErrStreamClosed
-	case s.endQueued:
-		return 0, ErrWriteAfterClose
-	case len(p) == 0:
-		return 0, nil
+	if err := s.queueErrLocked(); err != nil || len(p) == 0 {
+		return 0, err
 	}
 	m := s.windowLocked(len(p))
 	if m == 0 {
@@ -238,17 +232,17 @@ func (w *pollWaiters) wakeAll(window bool) {
 	w.mu.Unlock()
 }
 
-// WriteFrom is TryWrite without the caller's buffer: it calls read once
+// WriteFrom is TryWrite without the caller's buffer: it calls src.Read once
 // with room for at most limit bytes inside the connection's write buffer,
 // right behind the header of the DATA frame that will carry them, so the
 // bytes read (from a socket, by an event loop) go to the wire with no copy
-// in between. read is not called when no byte fits now; then (0, nil, nil)
-// means wait for Wake, as with TryWrite. readErr is read's error (then n is
+// in between. src is not read when no byte fits now; then (0, nil, nil)
+// means wait for Wake, as with TryWrite. readErr is src's error (then n is
 // 0 and nothing is queued); writeErr is the stream's.
 //
-// read runs with the connection's write lock held: it must not block (a
-// non-blocking socket read) and must not call back into the connection.
-func (s *Stream) WriteFrom(limit int, read func(p []byte) (int, error)) (n int, readErr, writeErr error) {
+// src.Read runs with the connection's write lock held: it must not block
+// (a non-blocking socket read) and must not call back into the connection.
+func (s *Stream) WriteFrom(limit int, src io.Reader) (n int, readErr, writeErr error) {
 	c := s.c
 	c.mu.Lock()
 	if err := s.writeErrLocked(); err != nil {
@@ -256,20 +250,10 @@ func (s *Stream) WriteFrom(limit int, read func(p []byte) (int, error)) (n int, 
 		return 0, nil, err
 	}
 	c.wmu.Lock()
-	switch {
-	case c.wclosing:
-		err := c.wErr
+	if err := s.queueErrLocked(); err != nil {
 		c.wmu.Unlock()
 		c.mu.Unlock()
 		return 0, nil, err
-	case s.rstQueued:
-		c.wmu.Unlock()
-		c.mu.Unlock()
-		return 0, nil, ErrStreamClosed
-	case s.endQueued:
-		c.wmu.Unlock()
-		c.mu.Unlock()
-		return 0, nil, ErrWriteAfterClose
 	}
 	m := s.windowLocked(min(limit, c.wPeerMaxFrame)) // registers for a Wake when 0
 	b := c.wbufLocked()
@@ -293,7 +277,7 @@ func (s *Stream) WriteFrom(limit int, read func(p []byte) (int, error)) (n int, 
 
 	start := len(b)
 	frame := b[start : start+frameHeaderLen+m]
-	k, rerr := read(frame[frameHeaderLen:])
+	k, rerr := src.Read(frame[frameHeaderLen:])
 	if k < 0 || k > m {
 		k, rerr = 0, fmt.Errorf("hbone: WriteFrom: read returned %d of at most %d bytes", k, m)
 	}

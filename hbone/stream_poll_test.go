@@ -12,6 +12,11 @@ import (
 	"golang.org/x/net/http2"
 )
 
+// readerFunc is a function as an io.Reader, the source WriteFrom reads.
+type readerFunc func(p []byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
 // chanWaker records wake-ups in a channel of one, as an event loop's
 // coalescing task queue does.
 type chanWaker chan struct{}
@@ -42,7 +47,7 @@ func pollEcho(t *testing.T, s *Stream, w chanWaker, seed uint64, n int64, peek, 
 		if !closed && fill && !srcDone {
 			// Overrunning a send window would be the server's
 			// FLOW_CONTROL_ERROR, which fails the echo.
-			k, rerr, werr := s.WriteFrom(40<<10, func(p []byte) (int, error) {
+			k, rerr, werr := s.WriteFrom(40<<10, readerFunc(func(p []byte) (int, error) {
 				if len(p) > 40<<10 {
 					return 0, fmt.Errorf("WriteFrom offered %d bytes, over its limit", len(p))
 				}
@@ -56,7 +61,7 @@ func pollEcho(t *testing.T, s *Stream, w chanWaker, seed uint64, n int64, peek, 
 					err = io.EOF
 				}
 				return m, err
-			})
+			}))
 			switch {
 			case werr != nil:
 				return fmt.Errorf("WriteFrom: %v", werr)
@@ -300,7 +305,7 @@ func TestStreamWriteFromNothingRead(t *testing.T) {
 			}
 			defer s.Close()
 			before := s.WriteWindow()
-			n, rerr, werr := s.WriteFrom(1<<10, tc.read)
+			n, rerr, werr := s.WriteFrom(1<<10, readerFunc(tc.read))
 			if n != 0 || werr != nil {
 				t.Fatalf("WriteFrom = %d, write error %v; want 0, nil", n, werr)
 			}
@@ -311,7 +316,7 @@ func TestStreamWriteFromNothingRead(t *testing.T) {
 				t.Fatalf("send window %d after a read that took nothing, was %d", after, before)
 			}
 			// The stream still works: a real write echoes back.
-			if n, _, err := s.WriteFrom(1<<10, func(p []byte) (int, error) { return copy(p, "ping"), nil }); n != 4 || err != nil {
+			if n, _, err := s.WriteFrom(1<<10, readerFunc(func(p []byte) (int, error) { return copy(p, "ping"), nil })); n != 4 || err != nil {
 				t.Fatalf("WriteFrom(ping) = %d, %v", n, err)
 			}
 			if err := s.CloseWrite(); err != nil {
@@ -321,10 +326,10 @@ func TestStreamWriteFromNothingRead(t *testing.T) {
 			if err != nil || string(got) != "ping" {
 				t.Fatalf("echo %q, %v", got, err)
 			}
-			if _, _, err := s.WriteFrom(1<<10, func(p []byte) (int, error) {
+			if _, _, err := s.WriteFrom(1<<10, readerFunc(func(p []byte) (int, error) {
 				t.Error("read called after CloseWrite")
 				return 0, nil
-			}); !errors.Is(err, ErrWriteAfterClose) {
+			})); !errors.Is(err, ErrWriteAfterClose) {
 				t.Fatalf("WriteFrom after CloseWrite: %v, want ErrWriteAfterClose", err)
 			}
 		})
