@@ -156,6 +156,7 @@ type conn struct {
 	// Server side.
 	srv      *Server
 	ctx      context.Context
+	vals     context.Context // ctx's values without its cancellation, for handler contexts
 	cancel   context.CancelFunc
 	handlers sync.WaitGroup
 	// running counts handler goroutines: streams reset right after opening

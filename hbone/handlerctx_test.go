@@ -74,9 +74,9 @@ func TestHandlerCtx(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			conn, cancel := context.WithDeadline(context.WithValue(context.Background(), handlerCtxKey{}, "conn"), deadline)
+			connCtx, cancel := context.WithDeadline(context.WithValue(context.Background(), handlerCtxKey{}, "conn"), deadline)
 			defer cancel()
-			tc.run(t, &handlerCtx{conn: conn})
+			tc.run(t, &handlerCtx{c: &conn{ctx: connCtx, vals: context.WithoutCancel(connCtx)}})
 		})
 	}
 }

@@ -126,6 +126,7 @@ func (srv *Server) ServeConn(ctx context.Context, nc net.Conn) error {
 	c := newConn(nc, srv.cfg, false)
 	c.srv = srv
 	c.ctx, c.cancel = context.WithCancel(ctx)
+	c.vals = context.WithoutCancel(ctx)
 	srv.mu.Lock()
 	if srv.shuttingDown {
 		srv.mu.Unlock()
@@ -291,7 +292,7 @@ func (c *conn) handleRequestHeaders(f *http2.MetaHeadersFrame) error {
 	s := c.newStream(id)
 	s.sendWindow = c.peerInitialWindow
 	s.remoteClosed = ended
-	ctx := &handlerCtx{conn: c.ctx}
+	ctx := &handlerCtx{c: c}
 	s.cancel = ctx.cancel
 	c.streams[id] = s
 	c.active++
@@ -370,7 +371,7 @@ func parseRequest(f *http2.MetaHeadersFrame) (req *ServerRequest, status int, co
 // derived from it only while they last (through AfterFunc, which
 // context.WithCancel and friends use in place of a children map).
 type handlerCtx struct {
-	conn context.Context
+	c *conn
 
 	mu    sync.Mutex // guards the following fields
 	done  chan struct{}
@@ -379,11 +380,12 @@ type handlerCtx struct {
 }
 
 // Deadline is the connection context's.
-func (h *handlerCtx) Deadline() (time.Time, bool) { return h.conn.Deadline() }
+func (h *handlerCtx) Deadline() (time.Time, bool) { return h.c.ctx.Deadline() }
 
-// Value looks key up in the connection's context, whose cancellation
-// (what context.Cause would find there) is not this context's.
-func (h *handlerCtx) Value(key any) any { return context.WithoutCancel(h.conn).Value(key) }
+// Value looks key up in the connection's context without its
+// cancellation, which (as context.Cause would find it) is not this
+// context's.
+func (h *handlerCtx) Value(key any) any { return h.c.vals.Value(key) }
 
 // Done returns a channel closed once the context is cancelled.
 func (h *handlerCtx) Done() <-chan struct{} {

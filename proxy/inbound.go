@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/record"
@@ -97,11 +97,27 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 		c.Close()
 		return false
 	}
-	if err := p.hbsrv.ServeConn(p.ctx, conn); err != nil && !errors.Is(err, net.ErrClosed) {
+	// The peer's identity is the TLS connection's: read it once here, not
+	// for every CONNECT stream the connection carries.
+	var peer peerIdentity
+	peer.id, peer.err = mtls.PeerIdentity(conn.ConnectionState())
+	ctx := context.WithValue(p.ctx, peerIdentityKey{}, peer)
+	if err := p.hbsrv.ServeConn(ctx, conn); err != nil && !errors.Is(err, net.ErrClosed) {
 		p.log.Debug("hbone connection ended", "src.addr", src.String(), "error", err)
 	}
 	conn.Close()
 	return false
+}
+
+// peerIdentityKey keys the peerIdentity of an HBONE connection in the
+// context its CONNECT handlers get.
+type peerIdentityKey struct{}
+
+// peerIdentity is the SPIFFE identity the peer's verified certificate
+// carries, or why it has none.
+type peerIdentity struct {
+	id  identity.Identity
+	err error
 }
 
 // serverCert returns the certificate of the workload this proxy serves.
@@ -191,15 +207,14 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "%w", err)
 	}
 	ci.dst = target
-	tlsConn, ok := req.Conn.(interface{ ConnectionState() tls.ConnectionState })
+	peer, ok := ctx.Value(peerIdentityKey{}).(peerIdentity)
 	if !ok {
 		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "connection is not mutual TLS")
 	}
-	peer, err := mtls.PeerIdentity(tlsConn.ConnectionState())
-	if err != nil {
-		return nil, nil, state.Conn{}, inboundErr(http.StatusUnauthorized, "peer identity: %w", err)
+	if peer.err != nil {
+		return nil, nil, state.Conn{}, inboundErr(http.StatusUnauthorized, "peer identity: %w", peer.err)
 	}
-	ci.srcIdentity = peer
+	ci.srcIdentity = peer.id
 
 	w, snap, err := p.localWorkload(ctx)
 	if err != nil {
@@ -229,7 +244,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "illegal target port %d", target.Port())
 	}
 	p.open(ci)
-	conn := state.Conn{Src: ci.src, Dst: target, SrcIdentity: peer, DstWorkload: w}
+	conn := state.Conn{Src: ci.src, Dst: target, SrcIdentity: peer.id, DstWorkload: w}
 	dec := snap.Authorize(conn)
 	if !dec.Allowed {
 		return nil, nil, state.Conn{}, inboundErr(http.StatusUnauthorized, "connection rejected by policy: %s", dec.Reason)
