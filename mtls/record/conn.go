@@ -5,9 +5,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -41,6 +44,7 @@ const closeNotifyTimeout = 5 * time.Second
 // Close may be called at any time.
 type Conn struct {
 	raw      net.Conn
+	rc       syscall.RawConn // raw's, when it has one: reads then wait for bytes without a buffer
 	tc       *tls.Conn
 	isClient bool
 	keys     *keyLog
@@ -93,7 +97,7 @@ type Conn struct {
 // Client returns a client-side connection over raw, like tls.Client. cfg is
 // cloned; the caller may reuse it.
 func Client(raw net.Conn, cfg *tls.Config) *Conn {
-	c := &Conn{raw: raw, isClient: true, keys: &keyLog{}}
+	c := &Conn{raw: raw, rc: rawConnOf(raw), isClient: true, keys: &keyLog{}}
 	cl := cloneConfig(cfg)
 	c.keys.next = cl.KeyLogWriter
 	cl.KeyLogWriter = c.keys
@@ -107,7 +111,7 @@ func Client(raw net.Conn, cfg *tls.Config) *Conn {
 // to this connection only. The record layer is used only when the config of
 // the handshake disables session tickets.
 func Server(raw net.Conn, cfg *tls.Config) *Conn {
-	c := &Conn{raw: raw, keys: &keyLog{}}
+	c := &Conn{raw: raw, rc: rawConnOf(raw), keys: &keyLog{}}
 	cl := cloneConfig(cfg)
 	c.keys.next = cl.KeyLogWriter
 	cl.KeyLogWriter = c.keys
@@ -127,6 +131,16 @@ func Server(raw net.Conn, cfg *tls.Config) *Conn {
 	}
 	c.tc = tls.Server(&handshakeConn{Conn: raw, c: c}, cl)
 	return c
+}
+
+// rawConnOf returns raw's syscall.RawConn, or nil.
+func rawConnOf(raw net.Conn) syscall.RawConn {
+	if sc, ok := raw.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			return rc
+		}
+	}
+	return nil
 }
 
 func cloneConfig(cfg *tls.Config) *tls.Config {
@@ -380,6 +394,9 @@ var rawBufs = sync.Pool{New: func() any {
 // making room for need bytes from c.r on (need is at most maxRecord).
 func (c *Conn) fillLocked(need int) error {
 	if c.rb == nil {
+		if c.rc != nil {
+			return c.fillEmptyLocked()
+		}
 		c.rb = rawBufs.Get().(*[]byte)
 		c.r, c.w = 0, 0
 	}
@@ -402,6 +419,43 @@ func (c *Conn) fillLocked(need int) error {
 	}
 	c.releaseIfEmptyLocked()
 	return err
+}
+
+// fillEmptyLocked is fillLocked with no buffer: it takes one only once the
+// socket has bytes, and waits without one (in the runtime's poller, with
+// the read deadline), so a reader blocked on an idle connection — an HBONE
+// connection's reader goroutine, always — holds no buffer.
+func (c *Conn) fillEmptyLocked() error {
+	var n int
+	var rerr error
+	err := c.rc.Read(func(fd uintptr) bool {
+		b := rawBufs.Get().(*[]byte)
+		for {
+			n, rerr = syscall.Read(int(fd), *b)
+			if rerr != syscall.EINTR {
+				break
+			}
+		}
+		if rerr == syscall.EAGAIN {
+			rawBufs.Put(b)
+			return false // wait until readable
+		}
+		if n > 0 {
+			c.rb, c.r, c.w = b, 0, n
+		} else {
+			rawBufs.Put(b)
+		}
+		return true
+	})
+	switch {
+	case err != nil:
+		return err
+	case rerr != nil:
+		return os.NewSyscallError("read", rerr)
+	case n == 0:
+		return io.EOF
+	}
+	return nil
 }
 
 // releaseIfEmptyLocked gives the read buffer back when it holds nothing, so
