@@ -244,11 +244,24 @@ func flatten[K comparable, V any](t *testing.T, what string, m *shardMap[K, V]) 
 	if len(out) != m.n {
 		t.Errorf("%s: %d entries, counted %d", what, len(out), m.n)
 	}
+	n := 0
 	for i, sh := range m.shards {
-		for k := range sh {
-			if h := hashOf(k); h&uint64(len(m.shards)-1) != uint64(i) {
-				t.Errorf("%s: key %v in shard %d of %d", what, k, i, len(m.shards))
+		n += len(sh)
+		for _, s := range sh[:cap(sh)] {
+			if s.h == 0 {
+				continue
 			}
+			if h := hashOf(s.k); h != s.h || h>>m.shift != uint64(i) {
+				t.Errorf("%s: key %v stored with hash %#x in shard %d of %d, hashes to %#x", what, s.k, s.h, i, len(m.shards), h)
+			}
+		}
+	}
+	if n != m.n {
+		t.Errorf("%s: shard lengths add up to %d, counted %d", what, n, m.n)
+	}
+	for k, v := range out {
+		if got := m.get(hashOf(k), k); !reflect.DeepEqual(got, v) {
+			t.Errorf("%s: get(%v) = %v, stored %v", what, k, got, v)
 		}
 	}
 	return out

@@ -22,7 +22,7 @@
 // once per connection and never lock. Snapshot.Apply derives the next
 // snapshot from a Delta (the workloads, services and policies a push adds,
 // replaces or removes) at a cost that follows the size of the delta: the
-// indexes are maps split into small shards (shardmap.go), and a derived
+// indexes are hash tables split into small shards (shardmap.go), and a derived
 // snapshot clones only the shards and lists the delta touches, sharing the
 // rest with the snapshot it comes from.
 //

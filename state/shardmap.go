@@ -3,17 +3,22 @@ package state
 import (
 	"encoding/binary"
 	"hash/maphash"
-	"maps"
 	"math/bits"
 	"slices"
 	"sync"
 )
 
-// A snapshot's indexes are shardMaps: a Go map split into a power-of-two
-// number of small maps by a hash of the key. Snapshot.Apply copies the list
-// of shards (a few words per shardTarget entries) and clones only the shards
-// a change writes to; every other shard is shared with the snapshot it
-// derives from. A lookup costs one cheap hash more than a plain map.
+// A snapshot's indexes are shardMaps: hash tables split into a power-of-two
+// number of small shards by the top bits of a key's hash. Snapshot.Apply
+// copies the list of shards (one slice header per shardTarget entries) and
+// clones only the shards a change writes to; every other shard is shared
+// with the snapshot it derives from.
+//
+// A shard is an open-addressing table of its own (linear probing, entries
+// stored inline with their hash) rather than a Go map, so that a lookup
+// hashes the key once and then reads one slice header and, in most cases,
+// one cache line of slots: a Go map per shard cost a second hash of the key
+// and three dependent loads (map header, table, group) before the slot.
 
 // shardTarget is the number of entries per shard an index is sized for when
 // it is built or re-split: small enough that cloning a shard costs a few
@@ -25,15 +30,27 @@ var shardTarget = 64
 
 const shardGrowth = 4
 
-// shardSeed seeds the hash that picks a string key's shard.
+// minTable is the smallest table a shard holding entries gets.
+const minTable = 4
+
+// shardSeed seeds the hash of string keys and of network names.
 var shardSeed = maphash.MakeSeed()
 
-func hashString(s string) uint64 { return maphash.String(shardSeed, s) }
+// nonzero keeps 0 free to mark an empty slot.
+func nonzero(h uint64) uint64 {
+	if h == 0 {
+		return 1
+	}
+	return h
+}
 
-// hashAddr picks an address's shard from the address alone (the network
-// name rarely differs). The multiplication and fold mix every bit into the
-// low ones the shard index is taken from. IPv4 takes the short path: As16
-// costs several times more than the rest.
+func hashString(s string) uint64 { return nonzero(maphash.String(shardSeed, s)) }
+
+// hashAddr hashes an address, and its network name when it has one (most
+// have none). The 128-bit product folded in two mixes every address bit
+// into both ends of the hash: the top bits pick the shard, the low ones
+// the slot. IPv4 takes the short path: As16 costs several times more than
+// the rest.
 func hashAddr(k NetworkAddress) uint64 {
 	var x uint64
 	if k.Addr.Is4() {
@@ -43,8 +60,11 @@ func hashAddr(k NetworkAddress) uint64 {
 		a := k.Addr.As16()
 		x = binary.LittleEndian.Uint64(a[8:]) ^ bits.RotateLeft64(binary.LittleEndian.Uint64(a[:8]), 32)
 	}
-	x *= 0x9e3779b97f4a7c15
-	return x ^ x>>32
+	if k.Network != "" {
+		x ^= maphash.String(shardSeed, k.Network)
+	}
+	hi, lo := bits.Mul64(x^0x243f6a8885a308d3, 0x9e3779b97f4a7c15)
+	return nonzero(hi ^ lo)
 }
 
 func hashNH(k NamespacedHostname) uint64 { return hashString(k.Hostname) }
@@ -60,39 +80,116 @@ func shardsFor(n int) int {
 	return s
 }
 
+// tableFor returns the table size for n entries: a power of two that keeps
+// the load at most 3/4, so that probe sequences stay short and end.
+func tableFor(n int) int {
+	c := minTable
+	for c*3 < n*4 {
+		c *= 2
+	}
+	return c
+}
+
+// slot is one entry of a shard's table; h is the key's hash, 0 in an empty
+// slot (the hash functions never return 0).
+type slot[K comparable, V any] struct {
+	h uint64
+	k K
+	v V
+}
+
 // shardMap is one index of a snapshot. It is immutable once the snapshot is
 // built; only a shardEdit writes to it, while it builds a snapshot.
+//
+// Shard i holds the keys whose hash h has h>>shift == i. Its table is a
+// slice whose capacity is the table size (a power of two; 0 for an empty
+// shard) and whose length is the number of entries, so that the list of
+// shards stays one slice header per shard; the slots are read through
+// t[:cap(t)]. A key's probe sequence starts at slot h&(size-1).
 type shardMap[K comparable, V any] struct {
-	shards []map[K]V // len is a power of two; a nil shard is empty
-	n      int       // entries
+	shards [][]slot[K, V] // len is a power of two
+	shift  uint8          // 64 - log2(len(shards)); 64 shifts every bit out
+	n      int            // entries
 }
 
 // get returns the value under k, whose hash is h; the caller hashes with
 // the index's own hash function, so that the call inlines.
 func (m *shardMap[K, V]) get(h uint64, k K) V {
-	return m.shards[h&uint64(len(m.shards)-1)][k]
+	t := m.shards[h>>m.shift]
+	t = t[:cap(t)]
+	if len(t) > 0 {
+		mask := uint64(len(t) - 1)
+		for i := h & mask; t[i].h != 0; i = (i + 1) & mask {
+			if t[i].h == h && t[i].k == k {
+				return t[i].v
+			}
+		}
+	}
+	var zero V
+	return zero
 }
 
 // all calls f for every entry, in no particular order.
 func (m *shardMap[K, V]) all(f func(K, V)) {
-	for _, sh := range m.shards {
-		for k, v := range sh {
-			f(k, v)
+	for _, t := range m.shards {
+		for _, s := range t[:cap(t)] {
+			if s.h != 0 {
+				f(s.k, s.v)
+			}
 		}
 	}
 }
 
+// find returns the slot index of k (hash h) in table t (at full size), or -1.
+func find[K comparable, V any](t []slot[K, V], h uint64, k K) int {
+	if len(t) == 0 {
+		return -1
+	}
+	mask := uint64(len(t) - 1)
+	for i := h & mask; t[i].h != 0; i = (i + 1) & mask {
+		if t[i].h == h && t[i].k == k {
+			return int(i)
+		}
+	}
+	return -1
+}
+
+// place puts s, whose key t lacks, in the first free slot of its probe
+// sequence in t (at full size, with a free slot).
+func place[K comparable, V any](t []slot[K, V], s slot[K, V]) {
+	mask := uint64(len(t) - 1)
+	i := s.h & mask
+	for t[i].h != 0 {
+		i = (i + 1) & mask
+	}
+	t[i] = s
+}
+
+// rehash returns t's entries in a new table of size entries' room.
+func rehash[K comparable, V any](t []slot[K, V], size int) []slot[K, V] {
+	nt := make([]slot[K, V], size)
+	n := 0
+	for _, s := range t[:cap(t)] {
+		if s.h != 0 {
+			place(nt, s)
+			n++
+		}
+	}
+	return nt[:n]
+}
+
 // shardEdit writes to the shardMap of a snapshot being built. A fresh edit
 // builds a new index and owns everything in it. Otherwise the map starts as
-// a copy of a previous snapshot's: its shards are cloned on their first
-// write, and slice values are copied on their first change (the edit tracks
-// which ones it allocated and may therefore change in place).
+// a copy of a previous snapshot's: its list of shards is copied on the first
+// write, each shard's table is cloned on its first write, and slice values
+// are copied on their first change (the edit tracks which ones it allocated
+// and may therefore change in place).
 type shardEdit[K comparable, V any] struct {
 	m     *shardMap[K, V]
 	hash  func(K) uint64
 	fresh bool
-	hint  int      // initial capacity of a fresh shard
-	owned []uint64 // bitset of shards cloned by this edit
+	hint  int      // entries a fresh shard's table is sized for
+	owned []uint64 // bitset of shards cloned by this edit; nil until the first write
 	mine  map[K]struct{}
 }
 
@@ -103,53 +200,90 @@ func newShardEdit[K comparable, V any](m *shardMap[K, V], hash func(K) uint64, f
 	e := &shardEdit[K, V]{m: m, hash: hash, fresh: fresh}
 	if fresh {
 		s := shardsFor(n)
-		m.shards, m.n = make([]map[K]V, s), 0
+		m.shards, m.shift, m.n = make([][]slot[K, V], s), shiftFor(s), 0
 		e.hint = n / s
 		return e
 	}
-	m.shards = slices.Clone(m.shards)
-	e.owned = make([]uint64, (len(m.shards)+63)/64)
 	e.mine = map[K]struct{}{}
 	return e
 }
 
-func (e *shardEdit[K, V]) index(k K) uint64 { return e.hash(k) & uint64(len(e.m.shards)-1) }
+// shiftFor returns the shift that maps a hash to one of s shards.
+func shiftFor(s int) uint8 { return uint8(64 - bits.TrailingZeros(uint(s))) }
 
-func (e *shardEdit[K, V]) get(k K) V { return e.m.shards[e.index(k)][k] }
+func (e *shardEdit[K, V]) get(k K) V { return e.m.get(e.hash(k), k) }
 
-// writable returns k's shard, cloned first if it is still shared.
-func (e *shardEdit[K, V]) writable(k K) map[K]V {
-	i := e.index(k)
-	sh := e.m.shards[i]
+// writable returns shard i's table, which the edit may then change in
+// place: a shared one is cloned first (the list of shards too, on the
+// first write of the edit), a missing one is made.
+func (e *shardEdit[K, V]) writable(i uint64) *[]slot[K, V] {
 	switch {
 	case e.fresh:
-		if sh == nil {
-			sh = make(map[K]V, e.hint)
-			e.m.shards[i] = sh
-		}
+	case e.owned == nil:
+		e.m.shards = slices.Clone(e.m.shards)
+		e.owned = make([]uint64, (len(e.m.shards)+63)/64)
+		fallthrough
 	case e.owned[i/64]&(1<<(i%64)) == 0:
-		sh = make(map[K]V, len(sh)+1)
-		maps.Copy(sh, e.m.shards[i])
-		e.m.shards[i] = sh
+		if t := e.m.shards[i]; cap(t) > 0 {
+			nt := make([]slot[K, V], len(t), cap(t))
+			copy(nt[:cap(t)], t[:cap(t)])
+			e.m.shards[i] = nt
+		}
 		e.owned[i/64] |= 1 << (i % 64)
 	}
-	return sh
+	t := &e.m.shards[i]
+	if cap(*t) == 0 {
+		*t = make([]slot[K, V], 0, tableFor(max(e.hint, 1)))
+	}
+	return t
 }
 
 func (e *shardEdit[K, V]) set(k K, v V) {
-	sh := e.writable(k)
-	if _, ok := sh[k]; !ok {
-		e.m.n++
+	h := e.hash(k)
+	i := h >> e.m.shift
+	if j := find(e.m.shards[i][:cap(e.m.shards[i])], h, k); j >= 0 {
+		t := e.writable(i)
+		(*t)[:cap(*t)][j].v = v
+		return
 	}
-	sh[k] = v
+	t := e.writable(i)
+	if n := len(*t) + 1; n*4 > cap(*t)*3 {
+		*t = rehash(*t, tableFor(n))
+	}
+	place((*t)[:cap(*t)], slot[K, V]{h, k, v})
+	*t = (*t)[:len(*t)+1]
+	e.m.n++
 }
 
 func (e *shardEdit[K, V]) del(k K) {
-	if _, ok := e.m.shards[e.index(k)][k]; !ok {
+	h := e.hash(k)
+	i := h >> e.m.shift
+	j := find(e.m.shards[i][:cap(e.m.shards[i])], h, k)
+	if j < 0 {
 		return
 	}
-	delete(e.writable(k), k)
+	t := e.writable(i)
 	e.m.n--
+	if len(*t) == 1 {
+		*t = nil // the shard's last entry: drop the table
+		return
+	}
+	// Backward-shift deletion: move each later entry of the run that may
+	// sit in the hole up into it, so that no probe sequence breaks and no
+	// tombstone is left behind.
+	full := (*t)[:cap(*t)]
+	mask := uint64(len(full) - 1)
+	hole := uint64(j)
+	for next := (hole + 1) & mask; full[next].h != 0; next = (next + 1) & mask {
+		// The entry at next may move to hole unless its home slot lies
+		// after the hole (cyclically, between hole and next).
+		if home := full[next].h & mask; (next-home)&mask >= (next-hole)&mask {
+			full[hole] = full[next]
+			hole = next
+		}
+	}
+	full[hole] = slot[K, V]{}
+	*t = (*t)[:len(*t)-1]
 }
 
 // ownsValue reports whether k's (slice) value was allocated by this edit,
@@ -172,14 +306,22 @@ func (e *shardEdit[K, V]) finish() {
 	}
 	old := e.m.shards
 	s := shardsFor(e.m.n)
-	e.m.shards = make([]map[K]V, s)
-	for _, sh := range old {
-		for k, v := range sh {
-			i := e.index(k)
-			if e.m.shards[i] == nil {
-				e.m.shards[i] = make(map[K]V, e.m.n/s)
+	e.m.shards, e.m.shift = make([][]slot[K, V], s), shiftFor(s)
+	size := tableFor(e.m.n / s)
+	for _, t := range old {
+		for _, sl := range t[:cap(t)] {
+			if sl.h == 0 {
+				continue
 			}
-			e.m.shards[i][k] = v
+			nt := &e.m.shards[sl.h>>e.m.shift]
+			switch n := len(*nt) + 1; {
+			case cap(*nt) == 0:
+				*nt = make([]slot[K, V], 0, size)
+			case n*4 > cap(*nt)*3:
+				*nt = rehash(*nt, tableFor(n))
+			}
+			place((*nt)[:cap(*nt)], sl)
+			*nt = (*nt)[:len(*nt)+1]
 		}
 	}
 }
