@@ -37,11 +37,11 @@ func discardHandler(_ context.Context, req *ServerRequest) {
 func BenchmarkStreamThroughput(b *testing.B) {
 	const size = 64 << 10
 	for _, tc := range []struct {
-		name       string
-		tls, batch bool
-	}{{"hbone-tcp", false, false}, {"hbone-tls", true, false}, {"hbone-tls-batched", true, true}} {
+		name string
+		tp   transport
+	}{{"hbone-tcp", overTCP}, {"hbone-tls", overTLS}, {"hbone-tls-batched", overBatch}, {"hbone-tls-record", overRecord}} {
 		b.Run(tc.name, func(b *testing.B) {
-			ts := startServerMode(b, Config{}, discardHandler, tc.tls, tc.batch)
+			ts := startServerOver(b, Config{}, discardHandler, tc.tp)
 			cc := ts.client(b, Config{})
 			s, err := cc.Connect(testContext(b), &Request{Authority: "10.0.0.1:80"})
 			if err != nil {
@@ -164,7 +164,9 @@ func startXNetServer(b *testing.B, cfg *tls.Config) (addr string, stop func()) {
 // latency of a round trip through client and server, next to the same over
 // plain loopback TCP.
 func BenchmarkRequestResponse(b *testing.B) {
-	b.Run("hbone-tcp", benchRequestResponse)
+	b.Run("hbone-tcp", func(b *testing.B) { benchRequestResponse(b, overTCP) })
+	b.Run("hbone-tls", func(b *testing.B) { benchRequestResponse(b, overTLS) })
+	b.Run("hbone-tls-record", func(b *testing.B) { benchRequestResponse(b, overRecord) })
 	b.Run("raw-tcp", func(b *testing.B) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -200,8 +202,8 @@ func BenchmarkRequestResponse(b *testing.B) {
 	})
 }
 
-func benchRequestResponse(b *testing.B) {
-	ts := startServer(b, Config{}, echoHandler, false)
+func benchRequestResponse(b *testing.B, tp transport) {
+	ts := startServerOver(b, Config{}, echoHandler, tp)
 	cc := ts.client(b, Config{})
 	s, err := cc.Connect(testContext(b), &Request{Authority: "10.0.0.1:80"})
 	if err != nil {
