@@ -2,7 +2,6 @@ package engine_test
 
 import (
 	"context"
-	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
@@ -18,6 +17,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/hbone/hbonetest"
+	"github.com/ztunnel-go/ztunnel/mtls/record"
 )
 
 // The two-hop HBONE path in one process, as two daemons run it: a TCP
@@ -51,6 +51,8 @@ func cpuTime() int64 {
 
 func newHBONERig(b *testing.B, backend string) *hboneRig {
 	srvTLS, cliTLS := hbonetest.SelfSignedTLS(b)
+	// As the daemon: no tickets, so mtls/record keeps the records.
+	srvTLS.SessionTicketsDisabled = true
 	r := &hboneRig{}
 	var err error
 	if r.cli, err = engine.New(engine.Config{Backend: backend}); err != nil {
@@ -90,7 +92,7 @@ func newHBONERig(b *testing.B, backend string) *hboneRig {
 				return
 			}
 			r.wg.Go(func() {
-				tc := tls.Server(hbone.NewBatchConn(nc), srvTLS)
+				tc := record.Server(nc, srvTLS)
 				if err := tc.Handshake(); err != nil {
 					nc.Close()
 					return
@@ -103,7 +105,7 @@ func newHBONERig(b *testing.B, backend string) *hboneRig {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tc := tls.Client(hbone.NewBatchConn(nc), cliTLS)
+	tc := record.Client(nc, cliTLS)
 	if err := tc.Handshake(); err != nil {
 		b.Fatal(err)
 	}

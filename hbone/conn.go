@@ -83,7 +83,8 @@ func (b *blockReader) Read(p []byte) (int, error) {
 // leaves: nothing is locked while holding them.
 type conn struct {
 	nc      net.Conn
-	batcher Batcher // nil unless the transport can gather writes
+	batcher Batcher      // nil unless the transport can gather writes
+	direct  directWriter // nil unless the transport can write without blocking
 	cfg     Config
 	client  bool
 	logf    func(format string, args ...any)
@@ -139,6 +140,11 @@ type conn struct {
 	wclosing      bool       // no more frames; the writer flushes and exits
 	wErr          error      // what appenders get once wclosing
 	writerWaiting bool
+	// flushOwed asks the writer to flush what a direct write left held in
+	// the transport.
+	flushOwed bool
+	// directWrites counts batches written by their committers, for tests.
+	directWrites  uint64
 	writerCond    sync.Cond
 	bufCond       sync.Cond // streams waiting for write-buffer space
 	bufWaiters    int
@@ -183,6 +189,7 @@ func newConn(nc net.Conn, cfg Config, client bool) *conn {
 		done:               make(chan struct{}),
 	}
 	c.batcher = batcherOf(nc)
+	c.direct, _ = nc.(directWriter)
 	c.nr.nc = nc
 	c.br = bufio.NewReaderSize(&c.nr, readBufSize)
 	c.hr = blockReader{r: c.br, left: -1}
@@ -273,12 +280,57 @@ func (c *conn) wbufLocked() []byte {
 }
 
 // commitLocked stores the appended buffer and wakes the writer. c.wmu held.
+//
+// When the writer is idle and the frames are few, the caller writes them
+// itself if the transport can do so without blocking: a request or response
+// of a few bytes then leaves without waking the writer goroutine, a
+// hand-off that costs more than the write (round-trip latency is what small
+// exchanges see). The writer only idles with nothing in flight, so nothing
+// can overtake these frames; c.wmu keeps later appenders behind them.
 func (c *conn) commitLocked(b []byte) {
 	c.pending.b = b
-	if c.writerWaiting {
+	if !c.writerWaiting {
+		return
+	}
+	if c.direct != nil && len(b) <= directWriteMax && c.writeDirectLocked() {
+		return
+	}
+	c.writerWaiting = false
+	c.writerCond.Signal()
+}
+
+// directWriteMax bounds the frames a committing caller writes itself: above
+// it, sealing and copying would hold the caller (an event loop, or the
+// reader goroutine) too long, and the writer goroutine batches better.
+const directWriteMax = 32 << 10
+
+// directWriter is a transport that can take a write without blocking
+// (mtls/record.Conn): ok=false means it took nothing; queued means part
+// of it waits in the transport for a Flush.
+type directWriter interface {
+	TryWrite(p []byte) (ok, queued bool, err error)
+	Flush() error
+}
+
+// writeDirectLocked writes the pending frames through c.direct. It reports
+// false when the transport refused or failed; the writer goroutine then
+// takes the frames (and meets the same error, ending the connection on its
+// path). c.wmu held, the writer idle.
+func (c *conn) writeDirectLocked() bool {
+	ok, queued, err := c.direct.TryWrite(c.pending.b)
+	if !ok || err != nil {
+		return false
+	}
+	c.directWrites++
+	// Sent or sealed: the buffer is free, and an idle connection pins none.
+	putFrameBuf(c.pending)
+	c.pending = nil
+	if queued {
+		c.flushOwed = true
 		c.writerWaiting = false
 		c.writerCond.Signal()
 	}
+	return true
 }
 
 func (c *conn) pendingLenLocked() int {
@@ -296,6 +348,16 @@ func (c *conn) writeLoop() {
 	c.wmu.Lock()
 	for {
 		if c.pendingLenLocked() == 0 {
+			if c.flushOwed {
+				c.flushOwed = false
+				c.wmu.Unlock()
+				err = c.direct.Flush()
+				c.wmu.Lock()
+				if err != nil {
+					break
+				}
+				continue
+			}
 			if c.wclosing {
 				break
 			}
@@ -319,6 +381,8 @@ func (c *conn) writeLoop() {
 			c.bufCond.Signal()
 		}
 		c.poll.wakeBuf()
+		// A Write sends what a direct write left held first.
+		c.flushOwed = false
 		c.wmu.Unlock()
 		err = c.write(out.b)
 		c.wmu.Lock()

@@ -52,11 +52,11 @@ func echoRoundTrip(t testing.TB, s *Stream, seed uint64, n int64, writeSize int)
 
 func TestEchoLarge(t *testing.T) {
 	for _, tc := range []struct {
-		name       string
-		tls, batch bool
-	}{{"tcp", false, false}, {"tls", true, false}, {"tls batched", true, true}} {
+		name string
+		tp   transport
+	}{{"tcp", overTCP}, {"tls", overTLS}, {"tls batched", overBatch}, {"tls record layer", overRecord}} {
 		t.Run(tc.name, func(t *testing.T) {
-			ts := startServerMode(t, Config{}, echoHandler, tc.tls, tc.batch)
+			ts := startServerOver(t, Config{}, echoHandler, tc.tp)
 			cc := ts.client(t, Config{})
 			s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
 			if err != nil {
@@ -96,10 +96,10 @@ func TestEchoSmallWindows(t *testing.T) {
 func TestManyStreams(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		tls  bool
-	}{{"tcp", false}, {"tls", true}} {
+		tp   transport
+	}{{"tcp", overTCP}, {"tls", overTLS}, {"tls record layer", overRecord}} {
 		t.Run(tc.name, func(t *testing.T) {
-			ts := startServer(t, Config{}, echoHandler, tc.tls)
+			ts := startServerOver(t, Config{}, echoHandler, tc.tp)
 			cc := ts.client(t, Config{MaxStreams: 200})
 			var wg sync.WaitGroup
 			for i := range 200 {
@@ -578,5 +578,54 @@ func TestBadPreface(t *testing.T) {
 	_, _ = io.Copy(io.Discard, nc) // the server's SETTINGS, then EOF
 	if err := <-ts.serveErrs; !errors.Is(err, ErrBadPreface) {
 		t.Fatalf("ServeConn: %v, want ErrBadPreface", err)
+	}
+}
+
+// TestDirectWrites checks that small exchanges over a transport that can
+// write without blocking (mtls/record) leave through their committers, not
+// the writer goroutine, on both sides, and that crypto/tls never does.
+func TestDirectWrites(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tp     transport
+		direct bool
+	}{{"tls record layer", overRecord, true}, {"crypto/tls", overTLS, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startServerOver(t, Config{}, echoHandler, tc.tp)
+			cc := ts.client(t, Config{})
+			s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			buf := make([]byte, 100)
+			for i := range 50 {
+				msg := fmt.Appendf(nil, "round trip %d", i)
+				if _, err := s.Write(msg); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := io.ReadFull(s, buf[:len(msg)]); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(buf[:len(msg)], msg) {
+					t.Fatalf("echo %q, want %q", buf[:len(msg)], msg)
+				}
+			}
+			directs := func(c *conn) uint64 {
+				c.wmu.Lock()
+				defer c.wmu.Unlock()
+				return c.directWrites
+			}
+			client := directs(cc.c)
+			var server uint64
+			ts.mu.Lock()
+			for c := range ts.conns {
+				server += directs(c)
+			}
+			ts.mu.Unlock()
+			if got := client > 0 && server > 0; got != tc.direct {
+				t.Fatalf("direct writes: client %d, server %d; want some on both sides: %v", client, server, tc.direct)
+			}
+		})
 	}
 }

@@ -21,6 +21,8 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/ztunnel-go/ztunnel/mtls/record"
 )
 
 func TestMain(m *testing.M) {
@@ -91,6 +93,7 @@ type testServer struct {
 	addr      string
 	tlsClient *tls.Config // nil for plain TCP
 	batch     bool        // TLS over NewBatchConn
+	record    bool        // TLS through mtls/record (direct writes)
 	serveErrs chan error
 }
 
@@ -98,21 +101,37 @@ type testServer struct {
 // everything and waits for every goroutine.
 func startServer(t testing.TB, cfg Config, h Handler, useTLS bool) *testServer {
 	t.Helper()
-	return startServerMode(t, cfg, h, useTLS, false)
+	if useTLS {
+		return startServerOver(t, cfg, h, overTLS)
+	}
+	return startServerOver(t, cfg, h, overTCP)
 }
 
-// startServerMode is startServer with, if batch, TLS on both sides layered
-// over NewBatchConn.
-func startServerMode(t testing.TB, cfg Config, h Handler, useTLS, batch bool) *testServer {
+// transport says what carries a test connection.
+type transport int
+
+const (
+	overTCP    transport = iota // plain TCP
+	overTLS                     // crypto/tls
+	overBatch                   // crypto/tls over NewBatchConn
+	overRecord                  // mtls/record: the daemon's transport, with direct writes
+)
+
+// startServerOver is startServer with both sides on transport tp.
+func startServerOver(t testing.TB, cfg Config, h Handler, tp transport) *testServer {
 	t.Helper()
+	useTLS, batch := tp != overTCP, tp == overBatch
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := &testServer{Server: NewServer(cfg, h), addr: ln.Addr().String(), serveErrs: make(chan error, 100), batch: batch}
+	ts := &testServer{Server: NewServer(cfg, h), addr: ln.Addr().String(), serveErrs: make(chan error, 100), batch: batch, record: tp == overRecord}
 	var serverTLS *tls.Config
 	if useTLS {
 		serverTLS, ts.tlsClient = testTLS(t)
+		// The daemon's servers issue no tickets; mtls/record needs that to
+		// keep the records itself.
+		serverTLS.SessionTicketsDisabled = true
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -127,7 +146,13 @@ func startServerMode(t testing.TB, cfg Config, h Handler, useTLS, batch bool) *t
 					if batch {
 						raw = NewBatchConn(nc)
 					}
-					tc := tls.Server(raw, serverTLS)
+					var tc interface {
+						net.Conn
+						HandshakeContext(context.Context) error
+					} = tls.Server(raw, serverTLS)
+					if ts.record {
+						tc = record.Server(raw, serverTLS)
+					}
 					if err := tc.HandshakeContext(context.Background()); err != nil {
 						_ = nc.Close()
 						return
@@ -161,7 +186,14 @@ func (ts *testServer) dial(ctx context.Context) (net.Conn, error) {
 	if ts.batch {
 		raw = NewBatchConn(nc)
 	}
-	tc := tls.Client(raw, ts.tlsClient)
+	var tc interface {
+		net.Conn
+		HandshakeContext(context.Context) error
+		ConnectionState() tls.ConnectionState
+	} = tls.Client(raw, ts.tlsClient)
+	if ts.record {
+		tc = record.Client(raw, ts.tlsClient)
+	}
 	if err := tc.HandshakeContext(ctx); err != nil {
 		_ = nc.Close()
 		return nil, err

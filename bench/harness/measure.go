@@ -91,7 +91,9 @@ func (b *bench) measureAll(ctx context.Context) error {
 		if !t.cfg.Daemon {
 			continue
 		}
-		profiled := []metric{ms[0], ms[2]} // one stream, and the headline RR
+		// One stream, the headline RR and the connection rate: the three
+		// kinds of cost (per byte, per round trip, per connection).
+		profiled := []metric{ms[0], ms[2], ms[len(ms)-1]}
 		if b.o.Quick {
 			profiled = profiled[:1]
 		}

@@ -87,11 +87,24 @@ type Conn struct {
 	// idle counts consecutive records that carried no data.
 	idle int
 	rerr error // sticky read error
+	// readNowFn and rnow carry fillEmptyLocked's read through
+	// syscall.RawConn without allocating.
+	readNowFn func(fd uintptr) bool
+	rnow      nowRead
 
 	wmu             sync.Mutex // one Write at a time; guards the following fields
 	out             direction
 	werr            error // sticky write error
 	closeNotifySent bool
+	// backlog holds sealed records a TryWrite could not put on the socket
+	// (unsent is the part still to go, a view into *backlog): every later
+	// write sends them first, so records leave in sequence order.
+	backlog *[]byte
+	unsent  []byte
+	// writeNowFn and now carry a TryWrite's non-blocking attempt through
+	// syscall.RawConn without allocating.
+	writeNowFn func(fd uintptr) bool
+	now        nowWrite
 }
 
 // Client returns a client-side connection over raw, like tls.Client. cfg is
@@ -426,27 +439,12 @@ func (c *Conn) fillLocked(need int) error {
 // the read deadline), so a reader blocked on an idle connection — an HBONE
 // connection's reader goroutine, always — holds no buffer.
 func (c *Conn) fillEmptyLocked() error {
-	var n int
-	var rerr error
-	err := c.rc.Read(func(fd uintptr) bool {
-		b := rawBufs.Get().(*[]byte)
-		for {
-			n, rerr = syscall.Read(int(fd), *b)
-			if rerr != syscall.EINTR {
-				break
-			}
-		}
-		if rerr == syscall.EAGAIN {
-			rawBufs.Put(b)
-			return false // wait until readable
-		}
-		if n > 0 {
-			c.rb, c.r, c.w = b, 0, n
-		} else {
-			rawBufs.Put(b)
-		}
-		return true
-	})
+	if c.readNowFn == nil {
+		c.readNowFn = c.readNow // one closure per connection, not per read
+	}
+	c.rnow = nowRead{}
+	err := c.rc.Read(c.readNowFn)
+	n, rerr := c.rnow.n, c.rnow.err
 	switch {
 	case err != nil:
 		return err
@@ -456,6 +454,36 @@ func (c *Conn) fillEmptyLocked() error {
 		return io.EOF
 	}
 	return nil
+}
+
+// nowRead is the result of fillEmptyLocked's read.
+type nowRead struct {
+	n   int
+	err error
+}
+
+// readNow is the syscall.RawConn callback of fillEmptyLocked. c.rmu held.
+func (c *Conn) readNow(fd uintptr) bool {
+	b := rawBufs.Get().(*[]byte)
+	var n int
+	var err error
+	for {
+		n, err = syscall.Read(int(fd), *b)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if err == syscall.EAGAIN {
+		rawBufs.Put(b)
+		return false // wait until readable
+	}
+	if n > 0 {
+		c.rb, c.r, c.w = b, 0, n
+	} else {
+		rawBufs.Put(b)
+	}
+	c.rnow = nowRead{n: n, err: err}
+	return true
 }
 
 // releaseIfEmptyLocked gives the read buffer back when it holds nothing, so

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"sync"
+	"syscall"
 )
 
 const (
@@ -49,34 +51,145 @@ func (c *Conn) Write(p []byte) (int, error) {
 	}
 	ob := outBufs.Get().(*[]byte)
 	defer putOut(ob)
-	written, queued := 0, 0
+	written := 0
 	for {
-		buf := (*ob)[:0]
-		if c.pendingKeyUpdate.Swap(false) {
-			if buf, err = c.appendKeyUpdateLocked(buf, false); err != nil {
-				return written, err
-			}
-		}
-		for queued < len(p) && cap(buf)-len(buf) >= sealedLen+ctrlRecordLen {
-			if c.out.seq >= rekeyAfter {
-				if buf, err = c.appendKeyUpdateLocked(buf, false); err != nil {
-					return written, err
-				}
-			}
-			k := min(len(p)-queued, maxPlaintext)
-			if buf, err = c.appendRecordLocked(buf, typeApplicationData, p[queued:queued+k]); err != nil {
-				return written, err
-			}
-			queued += k
+		buf, queued, err := c.sealLocked((*ob)[:0], p[written:])
+		if err != nil {
+			return written, err
 		}
 		if err := c.flushLocked(buf); err != nil {
 			return written, err
 		}
-		written = queued
+		written += queued
 		if written == len(p) {
 			return written, nil
 		}
 	}
+}
+
+// sealLocked appends to buf the records carrying as much of p as buf's
+// capacity takes, after any KeyUpdate that is due, and reports how many
+// bytes of p they carry.
+func (c *Conn) sealLocked(buf, p []byte) ([]byte, int, error) {
+	var err error
+	if c.pendingKeyUpdate.Swap(false) {
+		if buf, err = c.appendKeyUpdateLocked(buf, false); err != nil {
+			return buf, 0, err
+		}
+	}
+	queued := 0
+	for queued < len(p) && cap(buf)-len(buf) >= sealedLen+ctrlRecordLen {
+		if c.out.seq >= rekeyAfter {
+			if buf, err = c.appendKeyUpdateLocked(buf, false); err != nil {
+				return buf, queued, err
+			}
+		}
+		k := min(len(p)-queued, maxPlaintext)
+		if buf, err = c.appendRecordLocked(buf, typeApplicationData, p[queued:queued+k]); err != nil {
+			return buf, queued, err
+		}
+		queued += k
+	}
+	return buf, queued, nil
+}
+
+// MaxTryWrite is the most a TryWrite takes: what one output buffer holds.
+const MaxTryWrite = writeBatch * maxPlaintext
+
+// TryWrite writes p if it can do so without waiting, for a caller that must
+// not block (an event loop) and would otherwise hand p to a goroutine that
+// may. It returns ok=false, having written nothing, when that is not
+// possible: another write holds the connection, crypto/tls keeps the data,
+// the underlying connection has no file descriptor, p is longer than
+// MaxTryWrite, or the handshake has not completed. With ok=true all of p is
+// sealed: the socket took the records, or queued reports that the rest is
+// held in the connection, to go out before anything else on the next Write
+// or Flush, which the caller must then arrange.
+func (c *Conn) TryWrite(p []byte) (ok, queued bool, err error) {
+	if !c.hsDone.Load() || c.fallback || c.rc == nil || len(p) > MaxTryWrite {
+		return false, false, nil
+	}
+	if !c.wmu.TryLock() {
+		return false, false, nil
+	}
+	defer c.wmu.Unlock()
+	if c.unsent != nil || c.pendingAlert.Load() != 0 {
+		// Held records go first, and an alert the reader owes the peer
+		// too: either may need waiting for.
+		return false, false, nil
+	}
+	if err := c.writableLocked(); err != nil {
+		return true, false, err
+	}
+	ob := outBufs.Get().(*[]byte)
+	buf, _, err := c.sealLocked((*ob)[:0], p)
+	if err != nil {
+		putOut(ob)
+		return true, false, err
+	}
+	n, err := c.writeNowLocked(buf)
+	if err != nil {
+		putOut(ob)
+		c.werr = err
+		return true, false, err
+	}
+	if n == len(buf) {
+		putOut(ob)
+		return true, false, nil
+	}
+	*ob = buf
+	c.backlog, c.unsent = ob, buf[n:]
+	return true, true, nil
+}
+
+// writeNowLocked makes one non-blocking write attempt of buf on the socket.
+// A full socket buffer is not an error: it returns what was written.
+func (c *Conn) writeNowLocked(buf []byte) (int, error) {
+	if c.writeNowFn == nil {
+		c.writeNowFn = c.writeNow // one closure per connection, not per write
+	}
+	c.now = nowWrite{buf: buf}
+	err := c.rc.Write(c.writeNowFn)
+	n, werr := c.now.n, c.now.err
+	c.now = nowWrite{}
+	if werr != nil {
+		return n, werr
+	}
+	return n, err
+}
+
+// nowWrite is one writeNow attempt: its input and results.
+type nowWrite struct {
+	buf []byte
+	n   int
+	err error
+}
+
+// writeNow is the syscall.RawConn callback of writeNowLocked. c.wmu held.
+func (c *Conn) writeNow(fd uintptr) bool {
+	for {
+		k, err := syscall.Write(int(fd), c.now.buf)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+		case err != nil:
+			c.now.err = os.NewSyscallError("write", err)
+		default:
+			c.now.n = k
+		}
+		return true // never wait: the caller's thread must not block
+	}
+}
+
+// Flush sends the records a TryWrite left held, waiting as a Write does.
+func (c *Conn) Flush() error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.werr != nil {
+		return c.werr
+	}
+	return c.flushLocked(nil)
 }
 
 func putOut(ob *[]byte) {
@@ -195,9 +308,21 @@ func (c *Conn) sendAlertLocked(a alert) error {
 	return err
 }
 
-// flushLocked writes buf, looping on short writes. Any error is final: a
-// record may have been cut.
+// flushLocked writes the records a TryWrite left held, then buf, looping
+// on short writes. Any error is final: a record may have been cut.
 func (c *Conn) flushLocked(buf []byte) error {
+	if c.unsent != nil {
+		err := c.writeAllLocked(c.unsent)
+		putOut(c.backlog)
+		c.backlog, c.unsent = nil, nil
+		if err != nil {
+			return err
+		}
+	}
+	return c.writeAllLocked(buf)
+}
+
+func (c *Conn) writeAllLocked(buf []byte) error {
 	for len(buf) > 0 {
 		n, err := c.raw.Write(buf)
 		buf = buf[n:]

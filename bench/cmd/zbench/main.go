@@ -55,7 +55,7 @@ func run(ctx context.Context, args []string) error {
 	fs.DurationVar(&o.Duration, "duration", 0, "length of each measurement (default 2s, quick 500ms)")
 	fs.IntVar(&o.Streams, "streams", 0, "streams of the N-stream throughput (default 8, quick 4)")
 	fs.IntVar(&o.IdleConns, "idle-conns", 0, "idle connections to hold (default 2000, quick 100)")
-	fs.StringVar(&backends, "backends", "std", "daemon engine backends, comma-separated (ZTUNNEL_ENGINE); NAME=ENGINE[@BINARY][+VAR=value...] runs\nthe daemons of backend NAME with that engine, binary and environment (A/B runs: 'old=epoll@/tmp/ztunnel.old,new=epoll')")
+	fs.StringVar(&backends, "backends", "", "daemon engine backends, comma-separated (ZTUNNEL_ENGINE; default std,epoll,uring, quick epoll); NAME=ENGINE[@BINARY][+VAR=value...] runs\nthe daemons of backend NAME with that engine, binary and environment (A/B runs: 'old=epoll@/tmp/ztunnel.old,new=epoll')")
 	fs.StringVar(&paths, "paths", "", "measure only the paths whose ID matches this regexp (e.g. 'hbone2/'; direct is always kept)")
 	fs.StringVar(&o.DaemonLogLevel, "daemon-log-level", "", "daemons' RUST_LOG (default warn)")
 	fs.StringVar(&o.Ztunnel, "ztunnel", filepath.Join(binDir, "ztunnel"), "daemon binary")
@@ -65,6 +65,14 @@ func run(ctx context.Context, args []string) error {
 	fs.DurationVar(&timeout, "timeout", 30*time.Minute, "abort the whole run after this long")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if backends == "" {
+		// The full run compares every backend, as issue 4 asks; the CI
+		// smoke run takes the daemon's default one.
+		backends = "std,epoll,uring"
+		if o.Quick {
+			backends = "epoll"
+		}
 	}
 	o.Backends = nil
 	for _, be := range strings.Split(backends, ",") {
