@@ -324,28 +324,28 @@ func (e *Engine) Start(a, b Endpoint, counters *Counters, done func(Result)) *Ha
 	s, ok := e.begin(counters, done, nil)
 	if !ok {
 		e.refuse(a, b, s)
-		return &Handle{s: s}
+		return s.handle()
 	}
 	ta, okA := a.(TCPEndpoint)
 	tb, okB := b.(TCPEndpoint)
 	if e.backend != nil && okA && okB {
 		e.handOff(ta, tb, s)
-		return &Handle{s: s}
+		return s.handle()
 	}
 	if t, st, side, ok := e.streamPair(a, b); ok {
 		e.handOffStream(t, st, side, s)
-		return &Handle{s: s}
+		return s.handle()
 	}
 	r := &stdRelay{a: a, b: b}
 	if !e.trackStd(r, s) {
-		return &Handle{s: s}
+		return s.handle()
 	}
 	go func() {
 		err := r.run(counters)
 		e.untrackStd(r)
 		s.finish(err)
 	}()
-	return &Handle{s: s}
+	return s.handle()
 }
 
 // handOff takes the sockets from their *net.TCPConns and gives them to the
@@ -667,8 +667,11 @@ func (r *connRegistry) lookup(c weak.Pointer[net.TCPConn]) *session {
 	return s
 }
 
-// Handle controls a relay started with Start.
-type Handle struct{ s *session }
+// Handle controls a relay started with Start. It is the relay's session
+// seen from outside: no allocation of its own per relay.
+type Handle session
+
+func (s *session) handle() *Handle { return (*Handle)(s) }
 
 // Abort ends the relay with RST to both peers; its result carries cause
 // (ErrAborted when nil). It is safe from any goroutine and does nothing once
@@ -677,8 +680,8 @@ func (h *Handle) Abort(cause error) {
 	if cause == nil {
 		cause = ErrAborted
 	}
-	h.s.abort(cause)
+	(*session)(h).abort(cause)
 }
 
 // Done reports whether the relay has ended.
-func (h *Handle) Done() bool { return h.s.finished.Load() }
+func (h *Handle) Done() bool { return h.finished.Load() }
