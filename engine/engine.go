@@ -141,11 +141,15 @@ func (e *Engine) streamPair(a, b Endpoint) (TCPEndpoint, StreamEndpoint, int, bo
 // handOffStream takes the socket from its *net.TCPConn and gives it, with
 // the stream, to the backend.
 func (e *Engine) handOffStream(t TCPEndpoint, st StreamEndpoint, tcpSide int, s *session) {
-	s.tcp = [2]weak.Pointer[net.TCPConn]{weak.Make(t.TCPConn)}
-	handedOff.add(s.tcp[0], s)
+	if !s.byHandle {
+		s.tcp = [2]weak.Pointer[net.TCPConn]{weak.Make(t.TCPConn)}
+		handedOff.add(s.tcp[0], s)
+	}
 	fd, err := detach(t.TCPConn)
 	if err != nil {
-		handedOff.remove(s.tcp[0])
+		if !s.byHandle {
+			handedOff.remove(s.tcp[0])
+		}
 		_ = t.Abort()
 		_ = st.Abort()
 		_ = st.Close()
@@ -318,10 +322,24 @@ func (e *Engine) Relay(a, b Endpoint, counters *Counters) Result {
 // closed, on a goroutine of its own (it may block; Close waits for it).
 // counters, if not nil, moves as bytes flow.
 func (e *Engine) Start(a, b Endpoint, counters *Counters, done func(Result)) *Handle {
+	return e.start(a, b, counters, done, false)
+}
+
+// StartByHandle is Start for a caller that resets the relay only through the
+// returned Handle: TCPEndpoint.Abort on an endpoint handed to an event loop
+// then no longer reaches the relay (the *net.TCPConn is closed; Abort does
+// nothing), and the engine keeps no record per socket for that lookup
+// (~50 B per socket, which an idle relay would hold for its life).
+func (e *Engine) StartByHandle(a, b Endpoint, counters *Counters, done func(Result)) *Handle {
+	return e.start(a, b, counters, done, true)
+}
+
+func (e *Engine) start(a, b Endpoint, counters *Counters, done func(Result), byHandle bool) *Handle {
 	if counters == nil {
 		counters = new(Counters)
 	}
 	s, ok := e.begin(counters, done, nil)
+	s.byHandle = byHandle
 	if !ok {
 		e.refuse(a, b, s)
 		return s.handle()
@@ -353,9 +371,11 @@ func (e *Engine) Start(a, b Endpoint, counters *Counters, done func(Result)) *Ha
 func (e *Engine) handOff(a, b TCPEndpoint, s *session) {
 	// Registered before the conns close, so an Abort racing with the
 	// handoff is not lost (session.abort keeps it for the owner).
-	s.tcp = [2]weak.Pointer[net.TCPConn]{weak.Make(a.TCPConn), weak.Make(b.TCPConn)}
-	handedOff.add(s.tcp[0], s)
-	handedOff.add(s.tcp[1], s)
+	if !s.byHandle {
+		s.tcp = [2]weak.Pointer[net.TCPConn]{weak.Make(a.TCPConn), weak.Make(b.TCPConn)}
+		handedOff.add(s.tcp[0], s)
+		handedOff.add(s.tcp[1], s)
+	}
 	fa, err := detach(a.TCPConn)
 	if err != nil {
 		_ = a.Abort()
@@ -549,6 +569,7 @@ type session struct {
 	done     func(Result)
 	ch       chan Result
 	finished atomic.Bool
+	byHandle bool                         // StartByHandle: tcp stays unset
 	tcp      [2]weak.Pointer[net.TCPConn] // registered in handedOff while a loop owns them
 
 	mu           sync.Mutex // guards the following fields
