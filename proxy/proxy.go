@@ -143,7 +143,8 @@ type Proxy struct {
 
 	mu        sync.Mutex // guards the following fields
 	listeners []*net.TCPListener
-	conns     map[any]struct{} // accepted *net.TCPConns; their *connInfos once relayed
+	conns     map[*net.TCPConn]struct{} // accepted connections until relayed
+	relays    map[*connInfo]struct{}    // relayed connections (typed maps: 8-byte keys)
 	closed    bool
 	peers     map[netip.Addr]*peerCount // 15008 connections per source IP
 }
@@ -190,7 +191,7 @@ func New(cfg Config) (*Proxy, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{cfg: cfg, log: log, access: log.With("scope", "access"), conns: make(map[any]struct{}),
+	p := &Proxy{cfg: cfg, log: log, access: log.With("scope", "access"), conns: make(map[*net.TCPConn]struct{}), relays: make(map[*connInfo]struct{}),
 		peers: make(map[netip.Addr]*peerCount)}
 	p.info = state.WorkloadInfo{Namespace: cfg.Workload.Namespace, Name: cfg.Workload.Name, ServiceAccount: cfg.Workload.ServiceAccount}
 	p.dialer = engine.Dialer{Options: cfg.Socket}
@@ -373,17 +374,26 @@ func (p *Proxy) track(c *net.TCPConn) bool {
 // then on its relay is tracked through ci (Drain resets it with
 // ci.abortRelay), and nothing keeps c, which the engine closes at once.
 func (p *Proxy) relayed(c *net.TCPConn, ci *connInfo) {
+	ci.accepted = true
 	p.mu.Lock()
 	delete(p.conns, c)
-	p.conns[ci] = struct{}{}
+	p.relays[ci] = struct{}{}
 	p.mu.Unlock()
 }
 
-// release ends the proxy's ownership of an accepted connection: key is its
-// *net.TCPConn or, once relayed, its *connInfo.
-func (p *Proxy) release(key any) {
+// release ends the proxy's ownership of an accepted connection c that was
+// not relayed.
+func (p *Proxy) release(c *net.TCPConn) {
 	p.mu.Lock()
-	delete(p.conns, key)
+	delete(p.conns, c)
+	p.mu.Unlock()
+	p.wg.Done()
+}
+
+// releaseRelayed ends the proxy's ownership of a relayed connection.
+func (p *Proxy) releaseRelayed(ci *connInfo) {
+	p.mu.Lock()
+	delete(p.relays, ci)
 	p.mu.Unlock()
 	p.wg.Done()
 }
@@ -413,13 +423,11 @@ func (p *Proxy) Drain(ctx context.Context) {
 	p.hbsrv.Close()
 	p.mu.Lock()
 	p.closed = true
-	for key := range p.conns {
-		switch key := key.(type) {
-		case *net.TCPConn:
-			engine.TCPEndpoint{TCPConn: key}.Abort()
-		case *connInfo:
-			key.abortRelay()
-		}
+	for c := range p.conns {
+		engine.TCPEndpoint{TCPConn: c}.Abort()
+	}
+	for ci := range p.relays {
+		ci.abortRelay()
 	}
 	p.mu.Unlock()
 	<-done
