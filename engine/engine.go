@@ -562,7 +562,8 @@ func (e *Engine) Stats() Stats {
 // aborter ends a running relay from outside its owner.
 type aborter interface{ abort(cause error) }
 
-// session is the engine's record of one relay, whatever runs it.
+// session is the engine's record of one relay, whatever runs it. An idle
+// relay holds one: 80 bytes, a size class (TestRelaySizeClass).
 type session struct {
 	e        *Engine
 	counters *Counters
@@ -572,21 +573,28 @@ type session struct {
 	byHandle bool                         // StartByHandle: tcp stays unset
 	tcp      [2]weak.Pointer[net.TCPConn] // registered in handedOff while a loop owns them
 
-	mu           sync.Mutex // guards the following fields
-	owner        aborter    // what runs the relay, once it runs
-	pendingAbort error      // an abort that came before the owner
+	mu sync.Mutex // guards owner
+	// owner is what runs the relay, once it runs; before that, a
+	// *pendingAbort holds an abort that came first.
+	owner aborter
 }
+
+// pendingAbort is a session's owner until the real one is set: the cause of
+// an abort that came first (rare: a room of its own only then).
+type pendingAbort struct{ cause error }
+
+func (*pendingAbort) abort(error) {} // the first cause stands
 
 // setOwner records what runs the relay and passes on an abort that
 // arrived first. Backends call it after queueing the relay, so the abort
 // reaches the owner after the relay itself.
 func (s *session) setOwner(o aborter) {
 	s.mu.Lock()
+	prev := s.owner
 	s.owner = o
-	cause := s.pendingAbort
 	s.mu.Unlock()
-	if cause != nil {
-		o.abort(cause)
+	if p, ok := prev.(*pendingAbort); ok {
+		o.abort(p.cause)
 	}
 }
 
@@ -597,8 +605,8 @@ func (s *session) abort(cause error) {
 	}
 	s.mu.Lock()
 	o := s.owner
-	if o == nil && s.pendingAbort == nil {
-		s.pendingAbort = cause
+	if o == nil {
+		s.owner = &pendingAbort{cause}
 	}
 	s.mu.Unlock()
 	if o != nil {
