@@ -28,8 +28,9 @@ const (
 // about it (in ztunnel's field names and order) and its metrics handle. The
 // relay's counters live here so that metrics read them while bytes flow.
 // An idle relayed connection holds one, so its fields are kept within the
-// 224-byte size class (TestConnInfoSizeClass): flags share a word, and the
-// start is a monotonic offset rather than a time.Time.
+// 192-byte size class (TestConnInfoSizeClass): flags share a word, the
+// start is a monotonic offset rather than a time.Time, and the source
+// identity is shared with the TLS connection or the proxy's own workload.
 type connInfo struct {
 	p     *Proxy        // set when the relay starts (startRelay)
 	start time.Duration // since procStart, monotonic
@@ -37,8 +38,8 @@ type connInfo struct {
 	src, dst    netip.AddrPort
 	hboneAddr   string
 	srcWorkload *state.Workload
-	srcIdentity identity.Identity // proven by mTLS; zero for plaintext
-	dstWorkload *state.Workload   // its identity is p.identityOf(dstWorkload)
+	srcIdentity *identity.Identity // proven by mTLS; nil for plaintext. Shared, not copied: see srcID
+	dstWorkload *state.Workload    // its identity is p.identityOf(dstWorkload)
 	service     *state.Service
 
 	counters engine.Counters
@@ -69,6 +70,14 @@ type connInfo struct {
 	policyClosed atomic.Pointer[string]
 }
 
+// srcID is the source's identity, zero for plaintext.
+func (ci *connInfo) srcID() identity.Identity {
+	if ci.srcIdentity == nil {
+		return identity.Identity{}
+	}
+	return *ci.srcIdentity
+}
+
 // procStart is the origin of connInfo.start: a time.Duration since it keeps
 // the monotonic clock in a third of time.Time's room.
 var procStart = time.Now()
@@ -84,7 +93,7 @@ func (p *Proxy) trackPolicy(ci *connInfo, snap *state.Snapshot) {
 // PolicyConn is what the connection was authorized with, for the connection
 // manager's re-checks (connmgr.Conn).
 func (ci *connInfo) PolicyConn() state.Conn {
-	return state.Conn{Src: ci.src, Dst: ci.dst, SrcIdentity: ci.srcIdentity, DstWorkload: ci.dstWorkload}
+	return state.Conn{Src: ci.src, Dst: ci.dst, SrcIdentity: ci.srcID(), DstWorkload: ci.dstWorkload}
 }
 
 // PolicyClose is the connection manager's close (connmgr.Conn): it records
@@ -180,12 +189,12 @@ func (p *Proxy) open(ci *connInfo) {
 	l := metrics.ConnLabels{Reporter: ci.reporter(), SecurityPolicy: metrics.SecurityUnknown}
 	if ci.mtls {
 		l.SecurityPolicy = metrics.SecurityMutualTLS
-		l.SetPeerSource(&metrics.Peer{Identity: ci.srcIdentity.String()})
+		l.SetPeerSource(&metrics.Peer{Identity: ci.srcID().String()})
 	}
 	if ci.srcWorkload != nil && ci.srcFromBaggage {
 		// The peer address is the gateway's; the source's own baggage says
 		// who it is, and mTLS proved its identity.
-		l.SetSource(metricsWorkload(ci.srcWorkload, ci.srcIdentity))
+		l.SetSource(metricsWorkload(ci.srcWorkload, ci.srcID()))
 	} else if ci.srcWorkload != nil {
 		l.SetSource(metricsWorkload(ci.srcWorkload, ci.srcWorkload.Identity()))
 	}
@@ -218,7 +227,7 @@ func (ci *connInfo) attrs(withBytes bool, dstID identity.Identity) []slog.Attr {
 		add("src.workload", w.Name)
 		add("src.namespace", w.Namespace)
 	}
-	add("src.identity", ci.srcIdentity.String())
+	add("src.identity", ci.srcID().String())
 	if w := ci.srcWorkload; w != nil {
 		add("src.cluster", w.ClusterID)
 	}

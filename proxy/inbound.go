@@ -99,7 +99,8 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 	}
 	// The peer's identity is the TLS connection's: read it once here, not
 	// for every CONNECT stream the connection carries.
-	var peer peerIdentity
+	// Its streams' records point at it rather than each holding a copy.
+	peer := new(peerIdentity)
 	peer.id, peer.err = mtls.PeerIdentity(conn.ConnectionState())
 	ctx := context.WithValue(p.ctx, peerIdentityKey{}, peer)
 	if err := p.hbsrv.ServeConn(ctx, conn); err != nil && !errors.Is(err, net.ErrClosed) {
@@ -110,7 +111,7 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 }
 
 // peerIdentityKey keys the peerIdentity of an HBONE connection in the
-// context its CONNECT handlers get.
+// context its CONNECT handlers get (a *peerIdentity).
 type peerIdentityKey struct{}
 
 // peerIdentity is the SPIFFE identity the peer's verified certificate
@@ -199,14 +200,14 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		return nil, nil, inboundErr(http.StatusBadRequest, "%w", err)
 	}
 	ci.dst = target
-	peer, ok := ctx.Value(peerIdentityKey{}).(peerIdentity)
+	peer, ok := ctx.Value(peerIdentityKey{}).(*peerIdentity)
 	if !ok {
 		return nil, nil, inboundErr(http.StatusBadRequest, "connection is not mutual TLS")
 	}
 	if peer.err != nil {
 		return nil, nil, inboundErr(http.StatusUnauthorized, "peer identity: %w", peer.err)
 	}
-	ci.srcIdentity = peer.id
+	ci.srcIdentity = &peer.id
 
 	w, snap, err := p.localWorkload(ctx)
 	if err != nil {

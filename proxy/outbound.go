@@ -83,7 +83,7 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 	var upstream engine.Endpoint
 	if route.hbone {
 		ci.mtls = true
-		ci.srcIdentity = p.identityOf(srcW)
+		ci.srcIdentity = p.ownIdentity(srcW)
 		ci.hboneAddr = route.authority
 		p.open(ci)
 		connect := p.connectHBONE

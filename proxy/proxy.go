@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
@@ -143,8 +144,9 @@ type Proxy struct {
 
 	mu        sync.Mutex // guards the following fields
 	listeners []*net.TCPListener
-	conns     map[*net.TCPConn]struct{} // accepted connections until relayed
-	relays    map[*connInfo]struct{}    // relayed connections (typed maps: 8-byte keys)
+	conns     map[*net.TCPConn]struct{}        // accepted connections until relayed
+	relays    map[*connInfo]struct{}           // relayed connections (typed maps: 8-byte keys)
+	ownID     atomic.Pointer[workloadIdentity] // ownIdentity's
 	closed    bool
 	peers     map[netip.Addr]*peerCount // 15008 connections per source IP
 }
@@ -467,6 +469,24 @@ func (p *Proxy) localWorkload(ctx context.Context) (*state.Workload, *state.Snap
 }
 
 // identityOf returns the identity the proxy's workload presents.
+// ownIdentity is p.identityOf(w) for w, the proxy's own workload, shared by
+// the outbound connections made while w is current, which point at it
+// rather than each holding a copy.
+func (p *Proxy) ownIdentity(w *state.Workload) *identity.Identity {
+	if c := p.ownID.Load(); c != nil && c.w == w {
+		return &c.id
+	}
+	c := &workloadIdentity{w: w, id: p.identityOf(w)}
+	p.ownID.Store(c)
+	return &c.id
+}
+
+// workloadIdentity is a workload and its identity (ownIdentity).
+type workloadIdentity struct {
+	w  *state.Workload
+	id identity.Identity
+}
+
 func (p *Proxy) identityOf(w *state.Workload) identity.Identity {
 	id := w.Identity()
 	if w.TrustDomain == "" && p.cfg.TrustDomain != "" {
