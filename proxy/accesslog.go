@@ -57,9 +57,10 @@ type connInfo struct {
 	// connection through a network gateway, whose identity is srcIdentity.
 	srcFromBaggage bool
 	// accepted says the proxy accepted the connection's socket and tracks
-	// it in p.relayedConns (relayed): the relay's end counts the socket
-	// closed and releases it.
+	// it in p.relays (relayed): the relay's end counts the socket closed
+	// and releases it.
 	accepted bool
+	relayIdx int // in p.relays, guarded by p.mu; see accepted
 
 	// tracked is the connection manager's record of an authorized inbound
 	// connection (trackPolicy); nil otherwise. It refers to this connInfo

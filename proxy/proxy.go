@@ -142,13 +142,16 @@ type Proxy struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // accept loops and connection goroutines
 
+	ownID atomic.Pointer[workloadIdentity] // ownIdentity's
+
 	mu        sync.Mutex // guards the following fields
 	listeners []*net.TCPListener
-	conns     map[*net.TCPConn]struct{}        // accepted connections until relayed
-	relays    map[*connInfo]struct{}           // relayed connections (typed maps: 8-byte keys)
-	ownID     atomic.Pointer[workloadIdentity] // ownIdentity's
-	closed    bool
-	peers     map[netip.Addr]*peerCount // 15008 connections per source IP
+	conns     map[*net.TCPConn]struct{} // accepted connections until relayed
+	// relays are the relayed connections, each at its relayIdx: a slice
+	// costs an idle connection 8 bytes where a map entry costs ~36.
+	relays []*connInfo
+	closed bool
+	peers  map[netip.Addr]*peerCount // 15008 connections per source IP
 }
 
 // New validates cfg and returns a proxy that has not opened anything yet.
@@ -193,7 +196,7 @@ func New(cfg Config) (*Proxy, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{cfg: cfg, log: log, access: log.With("scope", "access"), conns: make(map[*net.TCPConn]struct{}), relays: make(map[*connInfo]struct{}),
+	p := &Proxy{cfg: cfg, log: log, access: log.With("scope", "access"), conns: make(map[*net.TCPConn]struct{}),
 		peers: make(map[netip.Addr]*peerCount)}
 	p.info = state.WorkloadInfo{Namespace: cfg.Workload.Namespace, Name: cfg.Workload.Name, ServiceAccount: cfg.Workload.ServiceAccount}
 	p.dialer = engine.Dialer{Options: cfg.Socket}
@@ -379,7 +382,8 @@ func (p *Proxy) relayed(c *net.TCPConn, ci *connInfo) {
 	ci.accepted = true
 	p.mu.Lock()
 	delete(p.conns, c)
-	p.relays[ci] = struct{}{}
+	ci.relayIdx = len(p.relays)
+	p.relays = append(p.relays, ci)
 	p.mu.Unlock()
 }
 
@@ -395,7 +399,15 @@ func (p *Proxy) release(c *net.TCPConn) {
 // releaseRelayed ends the proxy's ownership of a relayed connection.
 func (p *Proxy) releaseRelayed(ci *connInfo) {
 	p.mu.Lock()
-	delete(p.relays, ci)
+	i, last := ci.relayIdx, len(p.relays)-1
+	p.relays[i] = p.relays[last]
+	p.relays[i].relayIdx = i
+	p.relays[last] = nil
+	p.relays = p.relays[:last]
+	// Give memory back after a burst of connections.
+	if c := cap(p.relays); c > 1024 && last < c/4 {
+		p.relays = append(make([]*connInfo, 0, c/2), p.relays...)
+	}
 	p.mu.Unlock()
 	p.wg.Done()
 }
@@ -428,7 +440,7 @@ func (p *Proxy) Drain(ctx context.Context) {
 	for c := range p.conns {
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 	}
-	for ci := range p.relays {
+	for _, ci := range p.relays {
 		ci.abortRelay()
 	}
 	p.mu.Unlock()
