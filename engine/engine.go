@@ -696,8 +696,8 @@ func (r *connRegistry) lookup(c weak.Pointer[net.TCPConn]) *session {
 	return s
 }
 
-// Handle controls a relay started with Start. It is the relay's session
-// seen from outside: no allocation of its own per relay.
+// Handle controls a relay started with Start or StartByHandle. It is the
+// relay's session seen from outside: no allocation of its own per relay.
 type Handle session
 
 func (s *session) handle() *Handle { return (*Handle)(s) }
