@@ -141,11 +141,15 @@ func (e *Engine) streamPair(a, b Endpoint) (TCPEndpoint, StreamEndpoint, int, bo
 // handOffStream takes the socket from its *net.TCPConn and gives it, with
 // the stream, to the backend.
 func (e *Engine) handOffStream(t TCPEndpoint, st StreamEndpoint, tcpSide int, s *session) {
-	s.tcp = [2]weak.Pointer[net.TCPConn]{weak.Make(t.TCPConn)}
-	handedOff.add(s.tcp[0], s)
+	if !s.byHandle {
+		s.tcp = [2]weak.Pointer[net.TCPConn]{weak.Make(t.TCPConn)}
+		handedOff.add(s.tcp[0], s)
+	}
 	fd, err := detach(t.TCPConn)
 	if err != nil {
-		handedOff.remove(s.tcp[0])
+		if !s.byHandle {
+			handedOff.remove(s.tcp[0])
+		}
 		_ = t.Abort()
 		_ = st.Abort()
 		_ = st.Close()
@@ -318,34 +322,48 @@ func (e *Engine) Relay(a, b Endpoint, counters *Counters) Result {
 // closed, on a goroutine of its own (it may block; Close waits for it).
 // counters, if not nil, moves as bytes flow.
 func (e *Engine) Start(a, b Endpoint, counters *Counters, done func(Result)) *Handle {
+	return e.start(a, b, counters, done, false)
+}
+
+// StartByHandle is Start for a caller that resets the relay only through the
+// returned Handle: TCPEndpoint.Abort on an endpoint handed to an event loop
+// then no longer reaches the relay (the *net.TCPConn is closed; Abort does
+// nothing), and the engine keeps no record per socket for that lookup
+// (~50 B per socket, which an idle relay would hold for its life).
+func (e *Engine) StartByHandle(a, b Endpoint, counters *Counters, done func(Result)) *Handle {
+	return e.start(a, b, counters, done, true)
+}
+
+func (e *Engine) start(a, b Endpoint, counters *Counters, done func(Result), byHandle bool) *Handle {
 	if counters == nil {
 		counters = new(Counters)
 	}
 	s, ok := e.begin(counters, done, nil)
+	s.byHandle = byHandle
 	if !ok {
 		e.refuse(a, b, s)
-		return &Handle{s: s}
+		return s.handle()
 	}
 	ta, okA := a.(TCPEndpoint)
 	tb, okB := b.(TCPEndpoint)
 	if e.backend != nil && okA && okB {
 		e.handOff(ta, tb, s)
-		return &Handle{s: s}
+		return s.handle()
 	}
 	if t, st, side, ok := e.streamPair(a, b); ok {
 		e.handOffStream(t, st, side, s)
-		return &Handle{s: s}
+		return s.handle()
 	}
 	r := &stdRelay{a: a, b: b}
 	if !e.trackStd(r, s) {
-		return &Handle{s: s}
+		return s.handle()
 	}
 	go func() {
 		err := r.run(counters)
 		e.untrackStd(r)
 		s.finish(err)
 	}()
-	return &Handle{s: s}
+	return s.handle()
 }
 
 // handOff takes the sockets from their *net.TCPConns and gives them to the
@@ -353,9 +371,11 @@ func (e *Engine) Start(a, b Endpoint, counters *Counters, done func(Result)) *Ha
 func (e *Engine) handOff(a, b TCPEndpoint, s *session) {
 	// Registered before the conns close, so an Abort racing with the
 	// handoff is not lost (session.abort keeps it for the owner).
-	s.tcp = [2]weak.Pointer[net.TCPConn]{weak.Make(a.TCPConn), weak.Make(b.TCPConn)}
-	handedOff.add(s.tcp[0], s)
-	handedOff.add(s.tcp[1], s)
+	if !s.byHandle {
+		s.tcp = [2]weak.Pointer[net.TCPConn]{weak.Make(a.TCPConn), weak.Make(b.TCPConn)}
+		handedOff.add(s.tcp[0], s)
+		handedOff.add(s.tcp[1], s)
+	}
 	fa, err := detach(a.TCPConn)
 	if err != nil {
 		_ = a.Abort()
@@ -542,30 +562,39 @@ func (e *Engine) Stats() Stats {
 // aborter ends a running relay from outside its owner.
 type aborter interface{ abort(cause error) }
 
-// session is the engine's record of one relay, whatever runs it.
+// session is the engine's record of one relay, whatever runs it. An idle
+// relay holds one: 80 bytes, a size class (TestRelaySizeClass).
 type session struct {
 	e        *Engine
 	counters *Counters
 	done     func(Result)
 	ch       chan Result
 	finished atomic.Bool
+	byHandle bool                         // StartByHandle: tcp stays unset
 	tcp      [2]weak.Pointer[net.TCPConn] // registered in handedOff while a loop owns them
 
-	mu           sync.Mutex // guards the following fields
-	owner        aborter    // what runs the relay, once it runs
-	pendingAbort error      // an abort that came before the owner
+	mu sync.Mutex // guards owner
+	// owner is what runs the relay, once it runs; before that, a
+	// *pendingAbort holds an abort that came first.
+	owner aborter
 }
+
+// pendingAbort is a session's owner until the real one is set: the cause of
+// an abort that came first (rare: a room of its own only then).
+type pendingAbort struct{ cause error }
+
+func (*pendingAbort) abort(error) {} // the first cause stands
 
 // setOwner records what runs the relay and passes on an abort that
 // arrived first. Backends call it after queueing the relay, so the abort
 // reaches the owner after the relay itself.
 func (s *session) setOwner(o aborter) {
 	s.mu.Lock()
+	prev := s.owner
 	s.owner = o
-	cause := s.pendingAbort
 	s.mu.Unlock()
-	if cause != nil {
-		o.abort(cause)
+	if p, ok := prev.(*pendingAbort); ok {
+		o.abort(p.cause)
 	}
 }
 
@@ -576,8 +605,8 @@ func (s *session) abort(cause error) {
 	}
 	s.mu.Lock()
 	o := s.owner
-	if o == nil && s.pendingAbort == nil {
-		s.pendingAbort = cause
+	if o == nil {
+		s.owner = &pendingAbort{cause}
 	}
 	s.mu.Unlock()
 	if o != nil {
@@ -667,8 +696,11 @@ func (r *connRegistry) lookup(c weak.Pointer[net.TCPConn]) *session {
 	return s
 }
 
-// Handle controls a relay started with Start.
-type Handle struct{ s *session }
+// Handle controls a relay started with Start or StartByHandle. It is the
+// relay's session seen from outside: no allocation of its own per relay.
+type Handle session
+
+func (s *session) handle() *Handle { return (*Handle)(s) }
 
 // Abort ends the relay with RST to both peers; its result carries cause
 // (ErrAborted when nil). It is safe from any goroutine and does nothing once
@@ -677,8 +709,8 @@ func (h *Handle) Abort(cause error) {
 	if cause == nil {
 		cause = ErrAborted
 	}
-	h.s.abort(cause)
+	(*session)(h).abort(cause)
 }
 
 // Done reports whether the relay has ended.
-func (h *Handle) Done() bool { return h.s.finished.Load() }
+func (h *Handle) Done() bool { return h.finished.Load() }

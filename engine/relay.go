@@ -79,6 +79,12 @@ func Start(a, b Endpoint, counters *Counters, done func(Result)) *Handle {
 	return Default().Start(a, b, counters, done)
 }
 
+// StartByHandle is Start on the default engine for a caller that resets the
+// relay only through the returned Handle (see Engine.StartByHandle).
+func StartByHandle(a, b Endpoint, counters *Counters, done func(Result)) *Handle {
+	return Default().StartByHandle(a, b, counters, done)
+}
+
 // stdRelay is the portable backend: one goroutine per direction, io.Copy
 // (which splices between two TCP sockets) or pooled buffers otherwise. It
 // serves the "std" engine and every pair that is not TCP to TCP.

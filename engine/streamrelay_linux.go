@@ -38,23 +38,25 @@ type streamRelay struct {
 	st      StreamEndpoint
 	pk      StreamPeeker // st, if it lends its buffer (T→S without a copy)
 	fl      StreamFiller // st, if the socket may be read into its buffer (S→T without a copy)
-	peeked  bool         // a Peek awaits its Consume
 	tcpSide int          // the side (0 A, 1 B) the socket is on
-	rd, wr  bool         // the socket's readiness as last learnt
-	hup     bool         // the peer's FIN (or an error) was signalled: read until EOF
 	up      sdir         // socket → stream
 	down    sdir         // stream → socket
-	woke    atomic.Bool
+	// The flags share a word: an idle relay is one of these, within the
+	// 224-byte size class (TestRelaySizeClass).
+	woke   atomic.Bool
+	peeked bool // a Peek awaits its Consume
+	rd, wr bool // the socket's readiness as last learnt
+	hup    bool // the peer's FIN (or an error) was signalled: read until EOF
 }
 
 // sdir is one direction of a streamRelay.
 type sdir struct {
 	buf    *[]byte // nil unless bytes are in flight
-	off, n int     // bytes in flight: (*buf)[off:n]
-	class  uint8   // index into streamBufSizes
 	count  *atomic.Int64
-	eof    bool // the source ended
-	shut   bool // the destination was told (CloseWrite, SHUT_WR)
+	off, n int   // bytes in flight: (*buf)[off:n]
+	class  uint8 // index into streamBufSizes
+	eof    bool  // the source ended
+	shut   bool  // the destination was told (CloseWrite, SHUT_WR)
 }
 
 func (d *sdir) pending() bool { return d.buf != nil && d.off < d.n }

@@ -143,7 +143,7 @@ func (cc *ClientConn) connectReserved(ctx context.Context, req *Request) (*Strea
 	}
 	if s.status != http.StatusOK {
 		_ = s.Close()
-		return nil, &StatusError{Code: s.status}
+		return nil, &StatusError{Code: int(s.status)}
 	}
 	return s, nil
 }
@@ -245,7 +245,7 @@ func (c *conn) handleResponseHeaders(f *http2.MetaHeadersFrame) error {
 		return nil // interim response
 	}
 	s.gotResponse = true
-	s.status = status
+	s.status = uint16(status) // 100-999
 	if rf := f.RegularFields(); len(rf) > 0 {
 		// A copy: the frame's slice holds the pseudo-fields too.
 		s.respFields = slices.Clone(rf)

@@ -81,7 +81,7 @@ func (c *conn) respond(s *Stream, status int, fields []hpack.HeaderField) (*Stre
 	}
 	// On a server stream status is the answer sent; a reset by the client
 	// after it is no longer a wasted stream (Config.MaxResetStreams).
-	s.status = status
+	s.status = uint16(status) // 200-999 (responseFields)
 	if ok {
 		c.mu.Unlock()
 		return s, nil

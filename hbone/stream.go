@@ -19,8 +19,13 @@ var deadlineExceeded = os.ErrDeadlineExceeded
 // reader and one writer concurrently, plus Close, Reset, CloseWrite and the
 // deadline setters from anywhere. It satisfies net.Conn.
 type Stream struct {
+	// The fields are ordered so that the small ones share words: an idle
+	// relayed stream is one of these, and 256 bytes is its size class
+	// (TestStreamSizeClass).
 	c  *conn
 	id uint32
+
+	wdeadlineHit atomic.Bool
 
 	// Guarded by c.mu.
 	sendWindow int64
@@ -28,18 +33,19 @@ type Stream struct {
 	// first such wait: a stream driven by an event loop never blocks and
 	// saves its room (rcond likewise).
 	wcond        *sync.Cond
-	localClosed  bool // END_STREAM or RST_STREAM sent (or decided)
-	remoteClosed bool // END_STREAM or RST_STREAM received
+	werr         error
+	respDone     chan struct{} // client: closed once the response or a failure is known
+	respErr      error
+	respFields   []hpack.HeaderField // client: the response's regular fields
+	cancel       context.CancelFunc  // server: cancels the handler's context while it runs
+	status       uint16              // client: the response's; server: the answer sent (0 before)
+	localClosed  bool                // END_STREAM or RST_STREAM sent (or decided)
+	remoteClosed bool                // END_STREAM or RST_STREAM received
 	reset        bool
 	finished     bool // retired from the connection
 	appClosed    bool
-	werr         error
-	respDone     chan struct{} // client: closed once the response or a failure is known
 	respClosed   bool
-	respErr      error
-	status       int
-	respFields   []hpack.HeaderField // client: the response's regular fields
-	cancel       context.CancelFunc  // server: cancels the handler's context while it runs
+	inWinWait    bool // queued in c.winWaiters
 
 	// Reader goroutine only.
 	gotResponse bool
@@ -47,30 +53,27 @@ type Stream struct {
 	// Guarded by c.wmu.
 	endQueued bool
 	rstQueued bool
+	inBufWait bool // queued in c.bufWaiters
+
+	// Guarded by mu (below).
+	filling      bool // the reader goroutine writes into rbuf's tail outside mu
+	peeking      bool // a Peek's view of rbuf's head is in use until Consume
+	rdeadlineHit bool
 
 	// waker, if set, is told whenever TryRead or TryWrite may progress
 	// (stream_poll.go).
 	waker atomic.Pointer[Waker]
-	// Guarded by c.mu: queued in c.winWaiters.
-	inWinWait bool
-	// Guarded by c.wmu: queued in c.bufWaiters.
-	inBufWait bool
-
-	wdeadlineHit atomic.Bool
 	// dl holds the deadlines and their timers, made by the first
 	// SetDeadline: a relayed stream never has one.
 	dl atomic.Pointer[deadlines]
 
-	mu           sync.Mutex // guards the following fields
-	rcond        *sync.Cond // a blocked Read waits here; see wcond
-	rbuf         recvBuffer
-	filling      bool  // the reader goroutine writes into rbuf's tail outside mu
-	peeking      bool  // a Peek's view of rbuf's head is in use until Consume
-	recvWindow   int64 // bytes the peer may still send on this stream
-	unacked      int64 // read bytes not yet returned by WINDOW_UPDATE
-	rerrNow      error // reset or closed: Read fails at once, buffered data is gone
-	rerrAfter    error // io.EOF or connection end: Read fails once the buffer is drained
-	rdeadlineHit bool
+	mu         sync.Mutex // guards the following fields and those marked above
+	rcond      *sync.Cond // a blocked Read waits here; see wcond
+	rbuf       recvBuffer
+	recvWindow int64 // bytes the peer may still send on this stream
+	unacked    int64 // read bytes not yet returned by WINDOW_UPDATE
+	rerrNow    error // reset or closed: Read fails at once, buffered data is gone
+	rerrAfter  error // io.EOF or connection end: Read fails once the buffer is drained
 }
 
 // wakeWriterLocked wakes a Write blocked for stream window. c.mu held.

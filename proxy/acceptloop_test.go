@@ -24,7 +24,7 @@ func TestAcceptLoopWorkers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			p := &Proxy{log: slog.New(slog.DiscardHandler), conns: map[any]struct{}{}, ctx: ctx}
+			p := &Proxy{log: slog.New(slog.DiscardHandler), conns: map[*net.TCPConn]struct{}{}, ctx: ctx}
 			ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 			if err != nil {
 				t.Fatal(err)

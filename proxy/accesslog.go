@@ -27,20 +27,20 @@ const (
 // connInfo is one proxied connection's telemetry: what the access log says
 // about it (in ztunnel's field names and order) and its metrics handle. The
 // relay's counters live here so that metrics read them while bytes flow.
+// An idle relayed connection holds one, so its fields are kept within the
+// 192-byte size class (TestConnInfoSizeClass): flags share a word, the
+// start is a monotonic offset rather than a time.Time, and the source
+// identity is shared with the TLS connection or the proxy's own workload.
 type connInfo struct {
-	direction string
-	start     time.Time
+	p     *Proxy        // set when the relay starts (startRelay)
+	start time.Duration // since procStart, monotonic
 
 	src, dst    netip.AddrPort
 	hboneAddr   string
 	srcWorkload *state.Workload
-	srcIdentity identity.Identity // proven by mTLS; zero for plaintext
-	dstWorkload *state.Workload   // its identity is p.identityOf(dstWorkload)
+	srcIdentity *identity.Identity // proven by mTLS; nil for plaintext. Shared, not copied: see srcID
+	dstWorkload *state.Workload    // its identity is p.identityOf(dstWorkload)
 	service     *state.Service
-	mtls        bool
-	// srcFromBaggage says srcWorkload comes from the baggage of a
-	// connection through a network gateway, whose identity is srcIdentity.
-	srcFromBaggage bool
 
 	counters engine.Counters
 	metric   *metrics.Conn // nil until opened
@@ -51,41 +51,86 @@ type connInfo struct {
 	// also before the relay started (see abortRelay and relayStarted).
 	relay    atomic.Pointer[engine.Handle]
 	abortReq atomic.Bool
+	inbound  bool // the direction: inbound (else outbound)
+	mtls     bool
+	// srcFromBaggage says srcWorkload comes from the baggage of a
+	// connection through a network gateway, whose identity is srcIdentity.
+	srcFromBaggage bool
+	// accepted says the proxy accepted the connection's socket and tracks
+	// it in p.relays (relayed): the relay's end counts the socket closed
+	// and releases it.
+	accepted bool
+	relayIdx int // in p.relays, guarded by p.mu; see accepted
+
 	// tracked is the connection manager's record of an authorized inbound
-	// connection (trackPolicy); nil otherwise.
+	// connection (trackPolicy); nil otherwise. It refers to this connInfo
+	// for the connection's attributes (PolicyConn) rather than copying them.
 	tracked *connmgr.Tracked
 	// policyClosed holds the reason when a policy change closed the
 	// connection (set by the connection manager's goroutine).
 	policyClosed atomic.Pointer[string]
 }
 
-// trackPolicy registers an authorized inbound connection with the
-// connection manager; a later policy that denies it aborts its relay. The
-// relay's end calls ci.tracked.Untrack.
-func (p *Proxy) trackPolicy(ci *connInfo, snap *state.Snapshot, c state.Conn) {
-	ci.tracked = p.cfg.Conns.Track(snap, c, ci.policyClose)
+// srcID is the source's identity, zero for plaintext.
+func (ci *connInfo) srcID() identity.Identity {
+	if ci.srcIdentity == nil {
+		return identity.Identity{}
+	}
+	return *ci.srcIdentity
 }
 
-// policyClose is the connection manager's close function: it records the
-// reason and resets the relay.
-func (ci *connInfo) policyClose(reason string) {
+// procStart is the origin of connInfo.start: a time.Duration since it keeps
+// the monotonic clock in a third of time.Time's room.
+var procStart = time.Now()
+
+// trackPolicy registers an authorized inbound connection with the
+// connection manager; a later policy that denies it aborts its relay. The
+// relay's end untracks it. snap allowed ci.PolicyConn(): the manager reads
+// the attributes from ci on each re-check instead of keeping a copy.
+func (p *Proxy) trackPolicy(ci *connInfo, snap *state.Snapshot) {
+	ci.tracked = p.cfg.Conns.TrackConn(snap, ci)
+}
+
+// PolicyConn is what the connection was authorized with, for the connection
+// manager's re-checks (connmgr.Conn).
+func (ci *connInfo) PolicyConn() state.Conn {
+	return state.Conn{Src: ci.src, Dst: ci.dst, SrcIdentity: ci.srcID(), DstWorkload: ci.dstWorkload}
+}
+
+// PolicyClose is the connection manager's close (connmgr.Conn): it records
+// the reason and resets the relay.
+func (ci *connInfo) PolicyClose(reason string) {
 	ci.policyClosed.Store(&reason)
 	ci.abortRelay()
 }
 
-// startRelay hands the relay between a and b to the engine; done runs when
-// it ends, after the connection is untracked.
-func (ci *connInfo) startRelay(a, b engine.Endpoint, done func(engine.Result)) {
-	h := engine.Start(a, b, &ci.counters, func(res engine.Result) {
-		ci.tracked.Untrack()
-		done(res)
-	})
+// startRelay hands the relay between a and b to the engine; relayEnded runs
+// when it ends. The proxy resets relays only through their Handle
+// (abortRelay), so the engine keeps no per-socket record for
+// TCPEndpoint.Abort (StartByHandle).
+func (p *Proxy) startRelay(ci *connInfo, a, b engine.Endpoint) {
+	ci.p = p
+	h := engine.StartByHandle(a, b, &ci.counters, ci.relayEnded)
 	// An abort asked for before the handle was stored is passed on here;
 	// one asked for after finds the handle (both atomics are sequentially
 	// consistent, so at least one side sees the other).
 	ci.relay.Store(h)
 	if ci.abortReq.Load() {
 		h.Abort(nil)
+	}
+}
+
+// relayEnded is the end of a relay started by startRelay: the connection is
+// untracked, logged and counted; one method for every path, so a relay
+// holds no closure of its own.
+func (ci *connInfo) relayEnded(res engine.Result) {
+	ci.tracked.Untrack()
+	p := ci.p
+	flags, err := ci.relayOutcome(res)
+	p.complete(ci, flags, err)
+	if ci.accepted {
+		p.cfg.Metrics.SocketClosed(ci.reporter())
+		p.releaseRelayed(ci)
 	}
 }
 
@@ -108,12 +153,20 @@ func (ci *connInfo) relayOutcome(r engine.Result) (metrics.ResponseFlags, error)
 }
 
 func newConnInfo(direction string, src netip.AddrPort) *connInfo {
-	return &connInfo{direction: direction, start: time.Now(), src: src}
+	return &connInfo{inbound: direction == dirInbound, start: time.Since(procStart), src: src}
+}
+
+// direction is the access log's name of the connection's direction.
+func (ci *connInfo) direction() string {
+	if ci.inbound {
+		return dirInbound
+	}
+	return dirOutbound
 }
 
 // reporter is the metrics reporter of the connection's direction.
 func (ci *connInfo) reporter() metrics.Reporter {
-	if ci.direction == dirInbound {
+	if ci.inbound {
 		return metrics.ReporterDestination
 	}
 	return metrics.ReporterSource
@@ -137,12 +190,12 @@ func (p *Proxy) open(ci *connInfo) {
 	l := metrics.ConnLabels{Reporter: ci.reporter(), SecurityPolicy: metrics.SecurityUnknown}
 	if ci.mtls {
 		l.SecurityPolicy = metrics.SecurityMutualTLS
-		l.SetPeerSource(&metrics.Peer{Identity: ci.srcIdentity.String()})
+		l.SetPeerSource(&metrics.Peer{Identity: ci.srcID().String()})
 	}
 	if ci.srcWorkload != nil && ci.srcFromBaggage {
 		// The peer address is the gateway's; the source's own baggage says
 		// who it is, and mTLS proved its identity.
-		l.SetSource(metricsWorkload(ci.srcWorkload, ci.srcIdentity))
+		l.SetSource(metricsWorkload(ci.srcWorkload, ci.srcID()))
 	} else if ci.srcWorkload != nil {
 		l.SetSource(metricsWorkload(ci.srcWorkload, ci.srcWorkload.Identity()))
 	}
@@ -175,7 +228,7 @@ func (ci *connInfo) attrs(withBytes bool, dstID identity.Identity) []slog.Attr {
 		add("src.workload", w.Name)
 		add("src.namespace", w.Namespace)
 	}
-	add("src.identity", ci.srcIdentity.String())
+	add("src.identity", ci.srcID().String())
 	if w := ci.srcWorkload; w != nil {
 		add("src.cluster", w.ClusterID)
 	}
@@ -192,14 +245,14 @@ func (ci *connInfo) attrs(withBytes bool, dstID identity.Identity) []slog.Attr {
 		add("dst.identity", dstID.String())
 		add("dst.cluster", w.ClusterID)
 	}
-	a = append(a, slog.String("direction", ci.direction))
+	a = append(a, slog.String("direction", ci.direction()))
 	if withBytes {
 		sent, recv := ci.counters.AToB.Load(), ci.counters.BToA.Load()
-		if ci.direction == dirInbound {
+		if ci.inbound {
 			sent, recv = recv, sent
 		}
 		a = append(a, slog.Int64("bytes_sent", sent), slog.Int64("bytes_recv", recv),
-			slog.String("duration", fmt.Sprintf("%dms", time.Since(ci.start).Milliseconds())))
+			slog.String("duration", fmt.Sprintf("%dms", (time.Since(procStart)-ci.start).Milliseconds())))
 	}
 	return a
 }
@@ -238,7 +291,7 @@ func (p *Proxy) failed(ci *connInfo, err error) {
 	if ci.dst.IsValid() {
 		attrs = append(attrs, slog.Any("dst.addr", ci.dst))
 	}
-	attrs = append(attrs, slog.String("direction", ci.direction), slog.String("error", err.Error()))
+	attrs = append(attrs, slog.String("direction", ci.direction()), slog.String("error", err.Error()))
 	p.access.LogAttrs(context.Background(), slog.LevelWarn, "connection failed", attrs...)
 }
 

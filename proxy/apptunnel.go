@@ -57,8 +57,8 @@ func (p *Proxy) dialAppTunnel(ctx context.Context, ci *connInfo, target netip.Ad
 		return nil, fmt.Errorf("application tunnel: %w", err)
 	}
 	h := proxyproto.Header{Command: proxyproto.Proxy, Src: ci.src, Dst: target}
-	if ci.srcIdentity != (identity.Identity{}) {
-		h.TLVs = []proxyproto.TLV{{Type: proxyproto.TypeSPIFFEID, Value: []byte(ci.srcIdentity.String())}}
+	if id := ci.srcID(); id != (identity.Identity{}) {
+		h.TLVs = []proxyproto.TLV{{Type: proxyproto.TypeSPIFFEID, Value: []byte(id.String())}}
 	}
 	_ = c.SetWriteDeadline(time.Now().Add(appTunnelWriteTimeout))
 	if _, err := h.WriteTo(c); err != nil {

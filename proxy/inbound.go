@@ -99,7 +99,8 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 	}
 	// The peer's identity is the TLS connection's: read it once here, not
 	// for every CONNECT stream the connection carries.
-	var peer peerIdentity
+	// Its streams' records point at it rather than each holding a copy.
+	peer := new(peerIdentity)
 	peer.id, peer.err = mtls.PeerIdentity(conn.ConnectionState())
 	ctx := context.WithValue(p.ctx, peerIdentityKey{}, peer)
 	if err := p.hbsrv.ServeConn(ctx, conn); err != nil && !errors.Is(err, net.ErrClosed) {
@@ -110,7 +111,7 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 }
 
 // peerIdentityKey keys the peerIdentity of an HBONE connection in the
-// context its CONNECT handlers get.
+// context its CONNECT handlers get (a *peerIdentity).
 type peerIdentityKey struct{}
 
 // peerIdentity is the SPIFFE identity the peer's verified certificate
@@ -177,48 +178,40 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 		p.complete(ci, metrics.FlagConnect, err)
 		return
 	}
-	p.trackPolicy(ci, authorized.snap, authorized.conn)
+	p.trackPolicy(ci, authorized)
 	// The handler returns at once; the engine owns the relay.
-	ci.startRelay(streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app}, func(res engine.Result) {
-		flags, rerr := ci.relayOutcome(res)
-		p.complete(ci, flags, rerr)
-	})
+	p.startRelay(ci, streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app})
 }
 
-// authorization is what an inbound connection was allowed with, for the
-// connection manager's later re-checks.
-type authorization struct {
-	snap *state.Snapshot
-	conn state.Conn
-}
-
-func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, authorization, error) {
+// inboundUpstream authorizes a CONNECT and dials the app; the snapshot
+// returned allowed ci.PolicyConn(), for the connection manager's later
+// re-checks.
+func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, *state.Snapshot, error) {
 	p.inboundMeta(req, ci)
 	// dialApp finds the connection here to apply the workload's
 	// application tunnel (the PROXY header needs the peer's identity).
 	ctx = withInboundConn(ctx, ci)
-	app, snap, c, err := p.inboundAuthorize(ctx, req, ci)
-	return app, authorization{snap, c}, err
+	return p.inboundAuthorize(ctx, req, ci)
 }
 
-func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, *state.Snapshot, state.Conn, error) {
+func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, *state.Snapshot, error) {
 	host, target, err := splitAuthority(req.Authority) // authority.go
 	if err != nil {
-		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "%w", err)
+		return nil, nil, inboundErr(http.StatusBadRequest, "%w", err)
 	}
 	ci.dst = target
-	peer, ok := ctx.Value(peerIdentityKey{}).(peerIdentity)
+	peer, ok := ctx.Value(peerIdentityKey{}).(*peerIdentity)
 	if !ok {
-		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "connection is not mutual TLS")
+		return nil, nil, inboundErr(http.StatusBadRequest, "connection is not mutual TLS")
 	}
 	if peer.err != nil {
-		return nil, nil, state.Conn{}, inboundErr(http.StatusUnauthorized, "peer identity: %w", peer.err)
+		return nil, nil, inboundErr(http.StatusUnauthorized, "peer identity: %w", peer.err)
 	}
-	ci.srcIdentity = peer.id
+	ci.srcIdentity = &peer.id
 
 	w, snap, err := p.localWorkload(ctx)
 	if err != nil {
-		return nil, nil, state.Conn{}, inboundErr(http.StatusServiceUnavailable, "%w", err)
+		return nil, nil, inboundErr(http.StatusServiceUnavailable, "%w", err)
 	}
 	ci.dstWorkload = w
 	if src := p.inboundSource(snap, req, ci.src); !ci.srcFromBaggage {
@@ -229,31 +222,31 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	if host != "" {
 		// A service hostname (double HBONE): service port -> target port.
 		if target, err = hostAuthorityTarget(snap, w, host, target.Port(), local.Addr()); err != nil {
-			return nil, nil, state.Conn{}, err
+			return nil, nil, err
 		}
 		ci.dst = target
 	}
 	if err := p.validateDestination(snap, w, target, local); err != nil {
-		return nil, nil, state.Conn{}, err
+		return nil, nil, err
 	}
 	// The app is always this pod; the authority gives the port (and may
 	// name another IP in the exceptions validateDestination allows).
 	target = netip.AddrPortFrom(local.Addr(), target.Port())
 	ci.dst = target
 	if p.isIllegalPort(target.Port()) {
-		return nil, nil, state.Conn{}, inboundErr(http.StatusBadRequest, "illegal target port %d", target.Port())
+		return nil, nil, inboundErr(http.StatusBadRequest, "illegal target port %d", target.Port())
 	}
 	p.open(ci)
-	conn := state.Conn{Src: ci.src, Dst: target, SrcIdentity: peer.id, DstWorkload: w}
-	dec := snap.Authorize(conn)
+	// What re-checks evaluate too (connmgr reads it from ci).
+	dec := snap.Authorize(ci.PolicyConn())
 	if !dec.Allowed {
-		return nil, nil, state.Conn{}, inboundErr(http.StatusUnauthorized, "connection rejected by policy: %s", dec.Reason)
+		return nil, nil, inboundErr(http.StatusUnauthorized, "connection rejected by policy: %s", dec.Reason)
 	}
 	app, err := p.dialApp(ctx, ci.src.Addr(), target)
 	if err != nil {
-		return nil, nil, state.Conn{}, inboundErr(http.StatusServiceUnavailable, "connect to %s: %w", target, err)
+		return nil, nil, inboundErr(http.StatusServiceUnavailable, "connect to %s: %w", target, err)
 	}
-	return app, snap, conn, nil
+	return app, snap, nil
 }
 
 // dialApp connects to the local app, presenting the original client's IP as

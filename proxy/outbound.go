@@ -83,7 +83,7 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 	var upstream engine.Endpoint
 	if route.hbone {
 		ci.mtls = true
-		ci.srcIdentity = p.identityOf(srcW)
+		ci.srcIdentity = p.ownIdentity(srcW)
 		ci.hboneAddr = route.authority
 		p.open(ci)
 		connect := p.connectHBONE
@@ -110,11 +110,7 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 	// The engine's event loop owns the relay from here (for a stream, the
 	// goroutine relay on backends without stream support).
 	p.relayed(c, ci)
-	ci.startRelay(engine.TCPEndpoint{TCPConn: c}, upstream, func(res engine.Result) {
-		p.complete(ci, metrics.FlagNone, relayErr(res))
-		p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
-		p.release(ci)
-	})
+	p.startRelay(ci, engine.TCPEndpoint{TCPConn: c}, upstream)
 	return true
 }
 

@@ -6,7 +6,6 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/metrics"
-	"github.com/ztunnel-go/ztunnel/state"
 )
 
 // handlePassthrough serves plaintext captured into the pod (15006): policy
@@ -41,8 +40,8 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 	ci.dstWorkload = w
 	ci.srcWorkload = snap.WorkloadByAddr(p.cfg.Network, ci.src.Addr())
 	p.open(ci)
-	conn := state.Conn{Src: ci.src, Dst: dst, DstWorkload: w}
-	dec := snap.Authorize(conn)
+	// What re-checks evaluate too (connmgr reads it from ci): no identity.
+	dec := snap.Authorize(ci.PolicyConn())
 	if !dec.Allowed {
 		p.complete(ci, metrics.FlagDeny, fmt.Errorf("connection rejected by policy: %s", dec.Reason))
 		engine.TCPEndpoint{TCPConn: c}.Abort()
@@ -54,14 +53,9 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 		return
 	}
-	p.trackPolicy(ci, snap, conn)
+	p.trackPolicy(ci, snap)
 	// TCP to TCP: the engine's event loop owns the relay from here.
 	p.relayed(c, ci)
-	ci.startRelay(engine.TCPEndpoint{TCPConn: c}, engine.TCPEndpoint{TCPConn: app}, func(res engine.Result) {
-		flags, rerr := ci.relayOutcome(res)
-		p.complete(ci, flags, rerr)
-		p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
-		p.release(ci)
-	})
+	p.startRelay(ci, engine.TCPEndpoint{TCPConn: c}, engine.TCPEndpoint{TCPConn: app})
 	return true
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
@@ -141,11 +142,16 @@ type Proxy struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // accept loops and connection goroutines
 
+	ownID atomic.Pointer[workloadIdentity] // ownIdentity's
+
 	mu        sync.Mutex // guards the following fields
 	listeners []*net.TCPListener
-	conns     map[any]struct{} // accepted *net.TCPConns; their *connInfos once relayed
-	closed    bool
-	peers     map[netip.Addr]*peerCount // 15008 connections per source IP
+	conns     map[*net.TCPConn]struct{} // accepted connections until relayed
+	// relays are the relayed connections, each at its relayIdx: a slice
+	// costs an idle connection 8 bytes where a map entry costs ~36.
+	relays []*connInfo
+	closed bool
+	peers  map[netip.Addr]*peerCount // 15008 connections per source IP
 }
 
 // New validates cfg and returns a proxy that has not opened anything yet.
@@ -190,7 +196,7 @@ func New(cfg Config) (*Proxy, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{cfg: cfg, log: log, access: log.With("scope", "access"), conns: make(map[any]struct{}),
+	p := &Proxy{cfg: cfg, log: log, access: log.With("scope", "access"), conns: make(map[*net.TCPConn]struct{}),
 		peers: make(map[netip.Addr]*peerCount)}
 	p.info = state.WorkloadInfo{Namespace: cfg.Workload.Namespace, Name: cfg.Workload.Name, ServiceAccount: cfg.Workload.ServiceAccount}
 	p.dialer = engine.Dialer{Options: cfg.Socket}
@@ -373,17 +379,35 @@ func (p *Proxy) track(c *net.TCPConn) bool {
 // then on its relay is tracked through ci (Drain resets it with
 // ci.abortRelay), and nothing keeps c, which the engine closes at once.
 func (p *Proxy) relayed(c *net.TCPConn, ci *connInfo) {
+	ci.accepted = true
 	p.mu.Lock()
 	delete(p.conns, c)
-	p.conns[ci] = struct{}{}
+	ci.relayIdx = len(p.relays)
+	p.relays = append(p.relays, ci)
 	p.mu.Unlock()
 }
 
-// release ends the proxy's ownership of an accepted connection: key is its
-// *net.TCPConn or, once relayed, its *connInfo.
-func (p *Proxy) release(key any) {
+// release ends the proxy's ownership of an accepted connection c that was
+// not relayed.
+func (p *Proxy) release(c *net.TCPConn) {
 	p.mu.Lock()
-	delete(p.conns, key)
+	delete(p.conns, c)
+	p.mu.Unlock()
+	p.wg.Done()
+}
+
+// releaseRelayed ends the proxy's ownership of a relayed connection.
+func (p *Proxy) releaseRelayed(ci *connInfo) {
+	p.mu.Lock()
+	i, last := ci.relayIdx, len(p.relays)-1
+	p.relays[i] = p.relays[last]
+	p.relays[i].relayIdx = i
+	p.relays[last] = nil
+	p.relays = p.relays[:last]
+	// Give memory back after a burst of connections.
+	if c := cap(p.relays); c > 1024 && last < c/4 {
+		p.relays = append(make([]*connInfo, 0, c/2), p.relays...)
+	}
 	p.mu.Unlock()
 	p.wg.Done()
 }
@@ -413,13 +437,11 @@ func (p *Proxy) Drain(ctx context.Context) {
 	p.hbsrv.Close()
 	p.mu.Lock()
 	p.closed = true
-	for key := range p.conns {
-		switch key := key.(type) {
-		case *net.TCPConn:
-			engine.TCPEndpoint{TCPConn: key}.Abort()
-		case *connInfo:
-			key.abortRelay()
-		}
+	for c := range p.conns {
+		engine.TCPEndpoint{TCPConn: c}.Abort()
+	}
+	for _, ci := range p.relays {
+		ci.abortRelay()
 	}
 	p.mu.Unlock()
 	<-done
@@ -459,6 +481,24 @@ func (p *Proxy) localWorkload(ctx context.Context) (*state.Workload, *state.Snap
 }
 
 // identityOf returns the identity the proxy's workload presents.
+// ownIdentity is p.identityOf(w) for w, the proxy's own workload, shared by
+// the outbound connections made while w is current, which point at it
+// rather than each holding a copy.
+func (p *Proxy) ownIdentity(w *state.Workload) *identity.Identity {
+	if c := p.ownID.Load(); c != nil && c.w == w {
+		return &c.id
+	}
+	c := &workloadIdentity{w: w, id: p.identityOf(w)}
+	p.ownID.Store(c)
+	return &c.id
+}
+
+// workloadIdentity is a workload and its identity (ownIdentity).
+type workloadIdentity struct {
+	w  *state.Workload
+	id identity.Identity
+}
+
 func (p *Proxy) identityOf(w *state.Workload) identity.Identity {
 	id := w.Identity()
 	if w.TrustDomain == "" && p.cfg.TrustDomain != "" {

@@ -40,11 +40,16 @@ func run(args []string, stderr *os.File) int {
 		return 1
 	}
 	app.RaiseFileLimit()
+	// A GC target for a proxy unless the operator set GOGC/GOMEMLIMIT.
+	gc := app.TuneGC(os.LookupEnv, "/")
 	// ztunnel logs to stdout.
 	log, levels, err := app.NewLogger(os.Stdout, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "ztunnel: %v\n", err)
 		return 1
+	}
+	if gc != (app.GCSettings{}) {
+		log.Info("go runtime memory settings", "gc_percent", gc.GCPercent, "memory_limit_bytes", gc.MemoryLimit)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

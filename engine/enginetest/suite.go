@@ -50,6 +50,14 @@ func Run(t *testing.T, rig Rig) {
 		{"DrainDeadlineAborts", testDrainDeadline},
 		{"CloseAbortsAndRefuses", testClose},
 		{"IdleHoldsNothing", testIdleHoldsNothing},
+		// Relays started with StartByHandle: the same relaying, reset
+		// only through the Handle.
+		{"ByHandle/Echo", byHandle(testEcho)},
+		{"ByHandle/HalfCloseFromA", byHandle(func(t *testing.T, e *engine.Engine, k kit) { testHalfClose(t, e, k, true) })},
+		{"ByHandle/ResetFromB", byHandle(func(t *testing.T, e *engine.Engine, k kit) { testReset(t, e, k, false) })},
+		{"ByHandle/HandleAbort", byHandle(testHandleAbort)},
+		{"ByHandle/EndpointAbortDoesNotReach", testEndpointAbortByHandle},
+		{"ByHandle/CloseAbortsAndRefuses", byHandle(testClose)},
 	}
 	// Every scenario runs with TCP on both sides and with a stream (see
 	// Stream) on the B side: the TCP⇄stream relays.
@@ -68,7 +76,24 @@ func Run(t *testing.T, rig Rig) {
 
 // kit builds the relays of one variant of the suite.
 type kit struct {
-	stream bool // the B side is a Stream rather than a TCP socket
+	stream   bool // the B side is a Stream rather than a TCP socket
+	byHandle bool // relays start with StartByHandle rather than Start
+}
+
+// byHandle runs a scenario on relays started with StartByHandle.
+func byHandle(fn func(t *testing.T, e *engine.Engine, k kit)) func(t *testing.T, e *engine.Engine, k kit) {
+	return func(t *testing.T, e *engine.Engine, k kit) {
+		k.byHandle = true
+		fn(t, e, k)
+	}
+}
+
+// start starts a relay as the kit says.
+func (k kit) start(e *engine.Engine, a, b engine.Endpoint, c *engine.Counters, done func(engine.Result)) *engine.Handle {
+	if k.byHandle {
+		return e.StartByHandle(a, b, c, done)
+	}
+	return e.Start(a, b, c, done)
 }
 
 func (k kit) name() string {
@@ -93,12 +118,12 @@ func (k kit) ends(t testing.TB) (client *net.TCPConn, a, b engine.Endpoint, serv
 }
 
 func (k kit) pair(t testing.TB, e *engine.Engine) *Pair {
-	if !k.stream {
+	if !k.stream && !k.byHandle {
 		return NewPair(t, e)
 	}
 	client, a, b, server := k.ends(t)
 	p := &Pair{Client: client, Server: server, Counters: new(engine.Counters), Done: make(chan engine.Result, 1)}
-	p.Handle = e.Start(a, b, p.Counters, func(r engine.Result) { p.Done <- r })
+	p.Handle = k.start(e, a, b, p.Counters, func(r engine.Result) { p.Done <- r })
 	return p
 }
 
@@ -509,6 +534,47 @@ func testHandleAbort(t *testing.T, e *engine.Engine, k kit) {
 		t.Fatal("handle not done after the result")
 	}
 	p.Handle.Abort(nil) // after the end: a no-op
+}
+
+// testEndpointAbortByHandle: an endpoint handed over with StartByHandle is
+// no way to the relay on an event loop (the engine keeps no record of it):
+// its Abort leaves the relay running, and the Handle still resets it.
+func testEndpointAbortByHandle(t *testing.T, e *engine.Engine, k kit) {
+	if e.Backend() == engine.BackendStd {
+		t.Skip("the std backend keeps the endpoints: their Abort resets the relay")
+	}
+	if k.stream && e.Backend() != engine.BackendEpoll {
+		t.Skipf("the %s backend relays streams with goroutines, on the endpoints", e.Backend())
+	}
+	k.byHandle = true
+	client, ea, b, server := k.ends(t)
+	deadline(client, server)
+	done := make(chan engine.Result, 1)
+	h := k.start(e, ea, b, nil, func(r engine.Result) { done <- r })
+	client.Write([]byte("x"))
+	if _, err := io.ReadFull(server, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	ea.Abort()
+	// Still relaying: a byte goes through after the endpoint's Abort.
+	client.Write([]byte("y"))
+	if _, err := io.ReadFull(server, make([]byte, 1)); err != nil {
+		t.Fatalf("relay stopped after the endpoint's Abort: %v", err)
+	}
+	h.Abort(nil)
+	select {
+	case r := <-done:
+		if !errors.Is(r.Err, engine.ErrAborted) {
+			t.Fatalf("result %v, want ErrAborted", r.Err)
+		}
+	case <-time.After(hang):
+		t.Fatal("relay did not end after its Handle's Abort")
+	}
+	for _, c := range []*net.TCPConn{client, server} {
+		if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("peer read %v after abort, want ECONNRESET", err)
+		}
+	}
 }
 
 // testEndpointAbort resets a relayed connection through the endpoint

@@ -59,7 +59,9 @@ func BenchmarkTrack(b *testing.B) {
 					delete(conns, t)
 					mu.Unlock()
 				}
-				t := &Tracked{conn: c, closeFn: closeFn}
+				f := &funcConn{conn: c, closeFn: closeFn}
+				t := &f.t
+				t.c = f
 				t.gen.Store(s0.PolicyGeneration())
 				mu.Lock()
 				conns[t] = struct{}{}

@@ -59,12 +59,26 @@ type shard struct {
 	_       [32]byte // keep shards on separate cache lines
 }
 
-// Tracked is one tracked connection. It is created by Track and removed by
-// Untrack or by a re-check that closes it.
+// Conn is a connection as the Manager tracks it. A caller that keeps a
+// record per connection anyway implements it on that record and tracks it
+// with TrackConn, so tracking copies nothing (an idle connection holds a
+// 48-byte Tracked, not a copy of its attributes and a closure).
+type Conn interface {
+	// PolicyConn returns the attributes the connection was authorized
+	// with; they must not change while it is tracked.
+	PolicyConn() state.Conn
+	// PolicyClose is called at most once, with a reason starting with
+	// ClosedReason, when a later policy change denies the connection; it
+	// should reset the connection and return quickly. It is called with
+	// no lock held, so it may call Untrack.
+	PolicyClose(reason string)
+}
+
+// Tracked is one tracked connection. It is created by Track or TrackConn
+// and removed by Untrack or by a re-check that closes it.
 type Tracked struct {
-	conn    state.Conn
-	closeFn func(reason string)
-	sh      *shard
+	c  Conn
+	sh *shard
 	// gen is the policy generation of a snapshot that allowed conn: the
 	// one it was authorized with, then the last re-check's.
 	gen atomic.Uint64
@@ -127,17 +141,48 @@ func (m *Manager) Run(ctx context.Context) {
 //
 // snap may be nil when the caller does not know which snapshot allowed c;
 // c is then re-evaluated against the Store's current snapshot at once.
-// Track allocates only the returned entry.
+// Track allocates only the returned entry (with c and closeFn in it).
 func (m *Manager) Track(snap *state.Snapshot, c state.Conn, closeFn func(reason string)) *Tracked {
 	if m == nil {
 		return nil
 	}
-	t := &Tracked{conn: c, closeFn: closeFn}
+	f := &funcConn{conn: c, closeFn: closeFn}
+	f.t.c = f
+	m.track(&f.t, snap)
+	return &f.t
+}
+
+// TrackConn is Track for a Conn: c.PolicyConn() is what snap has just
+// allowed, and c.PolicyClose is the close function. It allocates only the
+// returned entry.
+func (m *Manager) TrackConn(snap *state.Snapshot, c Conn) *Tracked {
+	if m == nil {
+		return nil
+	}
+	t := &Tracked{c: c}
+	m.track(t, snap)
+	return t
+}
+
+// funcConn is the Conn of Track, allocated with its entry.
+type funcConn struct {
+	t       Tracked
+	conn    state.Conn
+	closeFn func(reason string)
+}
+
+func (f *funcConn) PolicyConn() state.Conn    { return f.conn }
+func (f *funcConn) PolicyClose(reason string) { f.closeFn(reason) }
+
+// track links t (its c set) into a shard and checks it against a policy
+// change that raced with its authorization by snap.
+func (m *Manager) track(t *Tracked, snap *state.Snapshot) {
 	gen := uint64(noGeneration)
 	if snap != nil {
 		gen = snap.PolicyGeneration()
 	}
 	t.gen.Store(gen)
+	c := t.c.PolicyConn()
 	sh := &m.shards[shardOf(&c)]
 	t.sh = sh
 	sh.mu.Lock()
@@ -153,7 +198,6 @@ func (m *Manager) Track(snap *state.Snapshot, c state.Conn, closeFn func(reason 
 			m.check(t, cur)
 		}
 	}
-	return t
 }
 
 // shardOf picks a shard from the source address and port: cheap, and
@@ -174,7 +218,7 @@ func (t *Tracked) Untrack() {
 }
 
 // Conn returns the attributes t was authorized with.
-func (t *Tracked) Conn() state.Conn { return t.conn }
+func (t *Tracked) Conn() state.Conn { return t.c.PolicyConn() }
 
 // unlink removes t from its shard and reports whether it was there.
 func (t *Tracked) unlink() bool {
@@ -238,7 +282,8 @@ func (m *Manager) recheck(snap *state.Snapshot) (evaluated, closed int) {
 // check evaluates t against snap and, if it is denied and still tracked,
 // untracks and closes it. It reports whether it closed t.
 func (m *Manager) check(t *Tracked, snap *state.Snapshot) bool {
-	d := snap.Authorize(t.conn)
+	c := t.c.PolicyConn()
+	d := snap.Authorize(c)
 	if d.Allowed {
 		// Only ever store a generation that allowed t, so that t.gen always
 		// names policies t is allowed by.
@@ -248,9 +293,8 @@ func (m *Manager) check(t *Tracked, snap *state.Snapshot) bool {
 	if !t.unlink() {
 		return false // untracked or closed meanwhile
 	}
-	c := &t.conn
 	m.logf("%s: src=%v dst=%v src_identity=%q: %s", ClosedReason, c.Src, c.Dst, c.SrcIdentity.String(), d.Reason)
-	t.closeFn(ClosedReason + ": " + d.Reason)
+	t.c.PolicyClose(ClosedReason + ": " + d.Reason)
 	return true
 }
 

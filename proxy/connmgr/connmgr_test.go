@@ -219,7 +219,7 @@ func TestRecheck(t *testing.T) {
 		trs = append(trs, track(t, m, s0, conn(sa, uint16(40000+i)), recs[sa]))
 	}
 	// A close function may untrack (the proxy's defer would): no deadlock.
-	trs[1].closeFn = func(reason string) { trs[1].Untrack(); recs["other"].close(reason) }
+	trs[1].c.(*funcConn).closeFn = func(reason string) { trs[1].Untrack(); recs["other"].close(reason) }
 
 	deny := snapshot(t, allowOnly("only-sleep", "sleep"))
 	if n := m.Recheck(deny); n != 2 {
@@ -294,6 +294,68 @@ func TestTrackAllocs(t *testing.T) {
 	closeFn := func(string) {}
 	if n := testing.AllocsPerRun(1000, func() { m.Track(s0, c, closeFn).Untrack() }); n != 1 {
 		t.Fatalf("Track+Untrack allocates %v times, want 1 (the entry)", n)
+	}
+}
+
+// recordConn is a Conn of a test: its attributes and a close recorder.
+type recordConn struct {
+	c     state.Conn
+	r     *closeRecorder
+	reads atomic.Int32 // PolicyConn calls
+}
+
+func (rc *recordConn) PolicyConn() state.Conn    { rc.reads.Add(1); return rc.c }
+func (rc *recordConn) PolicyClose(reason string) { rc.r.close(reason) }
+
+// TestTrackConn: a Conn is re-checked through PolicyConn (nothing copied)
+// and closed through PolicyClose, once, when a policy change denies it.
+func TestTrackConn(t *testing.T) {
+	s0 := snapshot(t)
+	deny := snapshot(t, allowOnly("only-sleep", "sleep"))
+	for _, tc := range []struct {
+		name   string
+		sa     string
+		closed bool
+	}{
+		{"allowed by the new policy stays", "sleep", false},
+		{"denied by the new policy is closed", "other", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := New(Config{Store: state.NewStore(s0)})
+			rc := &recordConn{c: conn(tc.sa, 40001), r: newRecorder()}
+			tr := m.TrackConn(s0, rc)
+			if got := tr.Conn(); got != rc.c {
+				t.Fatalf("Conn() = %v, want %v", got, rc.c)
+			}
+			before := rc.reads.Load()
+			closed := m.Recheck(deny)
+			m.Recheck(deny) // a second re-check closes nothing more
+			if rc.reads.Load() == before {
+				t.Fatal("the re-check did not read the connection's attributes")
+			}
+			if got := rc.r.closed(); got != tc.closed || closed != map[bool]int{false: 0, true: 1}[tc.closed] {
+				t.Fatalf("closed = %v (Recheck %d), want %v", got, closed, tc.closed)
+			}
+			if n := rc.r.n.Load(); n > 1 {
+				t.Fatalf("closed %d times", n)
+			}
+			if r := rc.r.reason.Load(); tc.closed && !strings.HasPrefix(*r, ClosedReason) {
+				t.Fatalf("reason %q", *r)
+			}
+			tr.Untrack()
+			if m.Len() != 0 {
+				t.Fatalf("Len = %d after Untrack", m.Len())
+			}
+		})
+	}
+}
+
+func TestTrackConnAllocs(t *testing.T) {
+	s0 := snapshot(t)
+	m := New(Config{Store: state.NewStore(s0)})
+	rc := &recordConn{c: conn("sleep", 40001), r: newRecorder()}
+	if n := testing.AllocsPerRun(1000, func() { m.TrackConn(s0, rc).Untrack() }); n != 1 {
+		t.Fatalf("TrackConn+Untrack allocates %v times, want 1 (the entry)", n)
 	}
 }
 
