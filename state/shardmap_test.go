@@ -273,14 +273,14 @@ func TestHashAddrSpreads(t *testing.T) {
 }
 
 // withLow returns k with its address's last two bytes set to i.
-func (k NetworkAddress) withLow(i int) NetworkAddress {
-	a := k.Addr.As16()
-	a[14], a[15] = byte(i>>8), byte(i)
-	k.Addr = netip.AddrFrom16(a)
-	if k.Addr.Is4In6() {
-		k.Addr = k.Addr.Unmap()
+func (a NetworkAddress) withLow(i int) NetworkAddress {
+	b := a.Addr.As16()
+	b[14], b[15] = byte(i>>8), byte(i)
+	a.Addr = netip.AddrFrom16(b)
+	if a.Addr.Is4In6() {
+		a.Addr = a.Addr.Unmap()
 	}
-	return k
+	return a
 }
 
 // TestNonzero: 0 marks an empty slot, so no key may hash to it.
