@@ -77,7 +77,11 @@ func newEpollBackend(e *Engine) (backend, error) {
 
 func (b *epollBackend) relayTCP(fa, fb int, s *session) {
 	l := b.tcp[int(b.next.Add(1))%len(b.tcp)]
-	r := &tcpRelay{l: l, s: s, fd: [2]int{fa, fb}}
+	// Both sockets start out writable: their send buffers are empty at the
+	// handoff, and a send that finds one full says EAGAIN. Waiting for the
+	// registration's EPOLLOUT instead would park the first bytes read
+	// before it in a pipe.
+	r := &tcpRelay{l: l, s: s, fd: [2]int{fa, fb}, wr: [2]bool{true, true}}
 	r.init(r)
 	r.dir[0].count = &s.counters.AToB
 	r.dir[1].count = &s.counters.BToA
@@ -181,6 +185,7 @@ type eloop struct {
 	// blocking: wait in epoll_wait, not parked in the netpoller.
 	blocking bool
 	iov      [][]byte // scratch for stream relays' writev (streamrelay_linux.go)
+	scratch  []byte   // TCP relays' copy buffer (tcprelay_linux.go)
 
 	mu      sync.Mutex // guards the following fields
 	tasks   []task
@@ -484,4 +489,13 @@ func (l *eloop) putPipe(p *splice.Pipe) {
 	l.pipes.Put(p)
 	l.nInUse.Store(int32(l.pipes.InUse()))
 	l.nFree.Store(int32(l.pipes.Free()))
+}
+
+// scratchBuf returns the loop's copy buffer, made on first use: one per
+// loop, shared by its relays, since a relay parks what it cannot send.
+func (l *eloop) scratchBuf() []byte {
+	if l.scratch == nil {
+		l.scratch = make([]byte, scratchSize)
+	}
+	return l.scratch
 }

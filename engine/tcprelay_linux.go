@@ -13,6 +13,11 @@ import (
 // used its budget waits in the loop's ready list for its next turn.
 const roundsPerTurn = 4
 
+// scratchSize is the loop's copy buffer (see tcpRelay.pump). A read that
+// fills it marks a flow as bulk, moved by splice from then on, the way
+// HAProxy's splice-auto does with its 16 KiB buffers.
+const scratchSize = 16 << 10
+
 // tcpRelay is one TCP⇄TCP relay owned by an epoll loop. Side 0 is A, side 1
 // is B; direction d moves bytes from side d to side 1-d.
 type tcpRelay struct {
@@ -45,7 +50,8 @@ type direction struct {
 	pipe  *splice.Pipe // nil unless bytes are in flight
 	count *atomic.Int64
 	eof   bool // the source said end of stream
-	shut  bool // the destination's write side is shut
+	shut  bool // the destination's write side is shut (or about to close)
+	bulk  bool // the last read filled the scratch buffer: splice
 }
 
 func (d *direction) finished() bool { return d.shut }
@@ -86,6 +92,14 @@ func (r *tcpRelay) service() {
 
 // pump runs direction d until the sockets say EAGAIN (false) or its budget
 // is spent with work left (true).
+//
+// A direction starts out copying: one read into the loop's scratch buffer
+// and one send, which for small messages costs less than splicing into a
+// pipe and out again, and holds no pipe. A read that fills the scratch
+// buffer marks the flow bulk and switches it to splicing; a splice that
+// moves less than the scratch buffer holds switches it back. Bytes that the
+// destination does not take are parked in a pipe, so no per-relay buffer
+// is held; while a pipe holds bytes, reads splice in behind them.
 func (r *tcpRelay) pump(d int) (more bool, err error) {
 	dd := &r.dir[d]
 	src, dst := d, 1-d
@@ -108,46 +122,26 @@ func (r *tcpRelay) pump(d int) (more bool, err error) {
 			dd.pipe = nil
 		}
 		if !dd.eof && r.rd[src] {
-			p := dd.pipe
-			if p == nil {
-				if p, err = r.l.getPipe(); err != nil {
-					return false, err
-				}
-				dd.pipe = p
+			var m bool
+			if dd.pipe == nil && !dd.bulk {
+				m, err = r.copyOnce(d)
+			} else {
+				m, err = r.spliceIn(d)
 			}
-			if p.Buffered < p.Size {
-				before := p.Buffered
-				n, err := p.In(r.fd[src], p.Size)
-				switch {
-				case err == unix.EAGAIN:
-					// With an empty pipe EAGAIN means the socket is empty.
-					// With bytes in the pipe the pipe may be out of slots
-					// instead, so keep the readiness and retry once it
-					// drains.
-					if p.Buffered == 0 {
-						r.rd[src] = false
-					}
-				case err != nil:
-					return false, r.opErr("read", src, err)
-				case n == 0:
-					dd.eof = true
-					moved = true
-				default:
-					moved = true
-					if !r.hup[src] && drained(p, before, n) {
-						r.rd[src] = false
-					}
-				}
+			if err != nil {
+				return false, err
 			}
-			if p.Buffered == 0 {
-				r.l.putPipe(p)
-				dd.pipe = nil
-			}
+			moved = moved || m
 		}
 		if dd.eof && dd.pipe == nil && !dd.shut {
 			dd.shut = true
-			if err := unix.Shutdown(r.fd[dst], unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
-				return false, r.opErr("shutdown", dst, err)
+			// When the other way is finished too the relay closes both
+			// sockets right after this pass, and a close with nothing
+			// left unread sends the FIN itself: no shutdown call.
+			if !r.dir[dst].shut {
+				if err := unix.Shutdown(r.fd[dst], unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
+					return false, r.opErr("shutdown", dst, err)
+				}
 			}
 		}
 		if !moved {
@@ -156,6 +150,110 @@ func (r *tcpRelay) pump(d int) (more bool, err error) {
 		r.l.touch(&r.relayBase)
 	}
 	return true, nil
+}
+
+// copyOnce reads what the source of direction d holds, up to the scratch
+// buffer's size, and sends it on; what the destination does not take is
+// parked in a pipe. It runs only while the direction holds no pipe.
+func (r *tcpRelay) copyOnce(d int) (moved bool, err error) {
+	dd := &r.dir[d]
+	src, dst := d, 1-d
+	buf := r.l.scratchBuf()
+	n, err := unix.Read(r.fd[src], buf)
+	for err == unix.EINTR {
+		n, err = unix.Read(r.fd[src], buf)
+	}
+	switch {
+	case err == unix.EAGAIN:
+		r.rd[src] = false
+		return false, nil
+	case err != nil:
+		return false, r.opErr("read", src, err)
+	case n == 0:
+		dd.eof = true
+		return true, nil
+	case n == len(buf):
+		dd.bulk = true
+	case !r.hup[src]:
+		// A read returns everything the socket holds up to its length,
+		// and a later segment raises a new edge: a short read means an
+		// empty socket (see drained). After a FIN was signalled, probe
+		// on to read the end of stream.
+		r.rd[src] = false
+	}
+	sent := 0
+	if r.wr[dst] {
+		// write(2): the socket is non-blocking, and the Go runtime makes
+		// a broken connection an EPIPE rather than a fatal SIGPIPE.
+		sent, err = unix.Write(r.fd[dst], buf[:n])
+		for err == unix.EINTR {
+			sent, err = unix.Write(r.fd[dst], buf[:n])
+		}
+		switch {
+		case err == unix.EAGAIN:
+			r.wr[dst] = false
+			sent = 0
+		case err != nil:
+			return false, r.opErr("write", dst, err)
+		}
+		dd.count.Add(int64(sent))
+	}
+	if sent < n {
+		p, err := r.l.getPipe()
+		if err != nil {
+			return false, err
+		}
+		dd.pipe = p
+		if err := p.Park(buf[sent:n]); err != nil {
+			return false, fmt.Errorf("engine: park %d bytes in a pipe: %w", n-sent, err)
+		}
+	}
+	return true, nil
+}
+
+// spliceIn splices what the source of direction d holds into the
+// direction's pipe (taking one if it holds none), behind any bytes already
+// there.
+func (r *tcpRelay) spliceIn(d int) (moved bool, err error) {
+	dd := &r.dir[d]
+	src := d
+	p := dd.pipe
+	if p == nil {
+		if p, err = r.l.getPipe(); err != nil {
+			return false, err
+		}
+		dd.pipe = p
+	}
+	if p.Buffered < p.Size {
+		before := p.Buffered
+		n, err := p.In(r.fd[src], p.Size)
+		switch {
+		case err == unix.EAGAIN:
+			// With an empty pipe EAGAIN means the socket is empty.
+			// With bytes in the pipe the pipe may be out of slots
+			// instead, so keep the readiness and retry once it
+			// drains.
+			if p.Buffered == 0 {
+				r.rd[src] = false
+			}
+		case err != nil:
+			return false, r.opErr("read", src, err)
+		case n == 0:
+			dd.eof = true
+			moved = true
+		default:
+			moved = true
+			dd.bulk = n >= scratchSize
+			if !r.hup[src] && drained(p, before, n) {
+				r.rd[src] = false
+			}
+		}
+	}
+	if p.Buffered == 0 {
+		r.l.putPipe(p)
+		dd.pipe = nil
+	}
+	return moved, nil
 }
 
 // drained reports whether a splice that moved n bytes into p, which held
