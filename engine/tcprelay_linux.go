@@ -32,7 +32,10 @@ type tcpRelay struct {
 	// error: a short read may then have stopped at the FIN, so only a
 	// splice that returns 0 or EAGAIN clears rd.
 	hup [2]bool
-	dir [2]direction
+	// connecting is set while B's connect is in flight (StartDial): the
+	// relay moves nothing until it completes.
+	connecting bool
+	dir        [2]direction
 }
 
 func (r *tcpRelay) fdOf(side int) int { return r.fd[side] }
@@ -294,6 +297,10 @@ func (r *tcpRelay) end(err error, abort bool) {
 		return
 	}
 	r.closed = true
+	if r.connecting {
+		r.connecting = false
+		r.l.dialDone(r)
+	}
 	for d := range r.dir {
 		if p := r.dir[d].pipe; p != nil {
 			r.l.putPipe(p) // closed rather than pooled when it holds bytes

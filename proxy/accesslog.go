@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"sync/atomic"
 	"syscall"
@@ -83,6 +84,19 @@ func (ci *connInfo) startRelay(a, b engine.Endpoint, done func(engine.Result)) {
 	// An abort asked for before the handle was stored is passed on here;
 	// one asked for after finds the handle (both atomics are sequentially
 	// consistent, so at least one side sees the other).
+	ci.relay.Store(h)
+	if ci.abortReq.Load() {
+		h.Abort(nil)
+	}
+}
+
+// startDial connects to dst with d and relays between c and the new
+// connection (engine.StartDial), like startRelay.
+func (ci *connInfo) startDial(ctx context.Context, c *net.TCPConn, d *engine.Dialer, dst netip.AddrPort, done func(engine.Result)) {
+	h := engine.StartDial(ctx, engine.TCPEndpoint{TCPConn: c}, d, netip.Addr{}, dst, &ci.counters, func(res engine.Result) {
+		ci.tracked.Untrack()
+		done(res)
+	})
 	ci.relay.Store(h)
 	if ci.abortReq.Load() {
 		h.Abort(nil)

@@ -98,14 +98,20 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 		}
 		upstream = streamEndpoint{s}
 	} else {
+		// TCP to TCP: the engine connects and relays (on the epoll backend
+		// its event loop completes the connect; see engine.StartDial).
 		p.open(ci)
-		up, err := p.dialer.Dial(ctx, netip.Addr{}, route.dst)
-		if err != nil {
-			p.complete(ci, metrics.FlagConnect, fmt.Errorf("connect to %s: %w", route.dst, err))
-			engine.TCPEndpoint{TCPConn: c}.Abort()
-			return
-		}
-		upstream = engine.TCPEndpoint{TCPConn: up} // TCP to TCP
+		p.relayed(c, ci)
+		ci.startDial(ctx, c, &p.dialer, route.dst, func(res engine.Result) {
+			flags, err := metrics.FlagNone, relayErr(res)
+			if ce, ok := errors.AsType[*engine.ConnectError](res.Err); ok {
+				flags, err = metrics.FlagConnect, fmt.Errorf("connect to %s: %w", route.dst, ce.Err)
+			}
+			p.complete(ci, flags, err)
+			p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
+			p.release(ci)
+		})
+		return true
 	}
 	// The engine's event loop owns the relay from here (for a stream, the
 	// goroutine relay on backends without stream support).
