@@ -18,6 +18,11 @@ const roundsPerTurn = 4
 // HAProxy's splice-auto does with its 16 KiB buffers.
 const scratchSize = 16 << 10
 
+// bulkExit is the splice read below which a bulk flow goes back to copying:
+// a quarter of scratchSize, so that a flow hovering around the buffer's
+// size does not flip between the two ways on every read.
+const bulkExit = scratchSize / 4
+
 // tcpRelay is one TCP⇄TCP relay owned by an epoll loop. Side 0 is A, side 1
 // is B; direction d moves bytes from side d to side 1-d.
 type tcpRelay struct {
@@ -100,7 +105,7 @@ func (r *tcpRelay) service() {
 // and one send, which for small messages costs less than splicing into a
 // pipe and out again, and holds no pipe. A read that fills the scratch
 // buffer marks the flow bulk and switches it to splicing; a splice that
-// moves less than the scratch buffer holds switches it back. Bytes that the
+// moves less than bulkExit switches it back. Bytes that the
 // destination does not take are parked in a pipe, so no per-relay buffer
 // is held; while a pipe holds bytes, reads splice in behind them.
 func (r *tcpRelay) pump(d int) (more bool, err error) {
@@ -246,7 +251,7 @@ func (r *tcpRelay) spliceIn(d int) (moved bool, err error) {
 			moved = true
 		default:
 			moved = true
-			dd.bulk = n >= scratchSize
+			dd.bulk = n >= bulkExit
 			if !r.hup[src] && drained(p, before, n) {
 				r.rd[src] = false
 			}
