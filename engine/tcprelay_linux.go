@@ -13,15 +13,16 @@ import (
 // used its budget waits in the loop's ready list for its next turn.
 const roundsPerTurn = 4
 
-// scratchSize is the loop's copy buffer (see tcpRelay.pump). A read that
-// fills it marks a flow as bulk, moved by splice from then on, the way
-// HAProxy's splice-auto does with its 16 KiB buffers.
+// scratchSize is the loop's copy buffer (see tcpRelay.pump), the size of
+// HAProxy's buffers.
 const scratchSize = 16 << 10
 
-// bulkExit is the splice read below which a bulk flow goes back to copying:
-// a quarter of scratchSize, so that a flow hovering around the buffer's
-// size does not flip between the two ways on every read.
-const bulkExit = scratchSize / 4
+// burstBulk is how many bytes one direction moves, with none moving the
+// other way meanwhile, before it counts as a bulk flow and splices. The
+// size of single reads does not tell: a loop that keeps up with a fast
+// stream reads it in small pieces, and copying those costs more than
+// splicing them; request/response traffic turns around well before.
+const burstBulk = 64 << 10
 
 // tcpRelay is one TCP⇄TCP relay owned by an epoll loop. Side 0 is A, side 1
 // is B; direction d moves bytes from side d to side 1-d.
@@ -57,9 +58,10 @@ func (r *tcpRelay) refuse(err error) {
 type direction struct {
 	pipe  *splice.Pipe // nil unless bytes are in flight
 	count *atomic.Int64
-	eof   bool // the source said end of stream
-	shut  bool // the destination's write side is shut (or about to close)
-	bulk  bool // the last read filled the scratch buffer: splice
+	eof   bool  // the source said end of stream
+	shut  bool  // the destination's write side is shut (or about to close)
+	bulk  bool  // a one-way burst of burstBulk bytes: splice
+	burst int32 // bytes read since the other direction last read any
 }
 
 func (d *direction) finished() bool { return d.shut }
@@ -103,9 +105,9 @@ func (r *tcpRelay) service() {
 //
 // A direction starts out copying: one read into the loop's scratch buffer
 // and one send, which for small messages costs less than splicing into a
-// pipe and out again, and holds no pipe. A read that fills the scratch
-// buffer marks the flow bulk and switches it to splicing; a splice that
-// moves less than bulkExit switches it back. Bytes that the
+// pipe and out again, and holds no pipe. A direction that reads burstBulk
+// bytes while the other reads none switches to splicing; a read the other
+// way switches it back (see noteRead). Bytes that the
 // destination does not take are parked in a pipe, so no per-relay buffer
 // is held; while a pipe holds bytes, reads splice in behind them.
 func (r *tcpRelay) pump(d int) (more bool, err error) {
@@ -180,15 +182,14 @@ func (r *tcpRelay) copyOnce(d int) (moved bool, err error) {
 	case n == 0:
 		dd.eof = true
 		return true, nil
-	case n == len(buf):
-		dd.bulk = true
-	case !r.hup[src]:
+	case n < len(buf) && !r.hup[src]:
 		// A read returns everything the socket holds up to its length,
 		// and a later segment raises a new edge: a short read means an
 		// empty socket (see drained). After a FIN was signalled, probe
 		// on to read the end of stream.
 		r.rd[src] = false
 	}
+	r.noteRead(d, n)
 	sent := 0
 	if r.wr[dst] {
 		// write(2): the socket is non-blocking, and the Go runtime makes
@@ -251,7 +252,7 @@ func (r *tcpRelay) spliceIn(d int) (moved bool, err error) {
 			moved = true
 		default:
 			moved = true
-			dd.bulk = n >= bulkExit
+			r.noteRead(d, n)
 			if !r.hup[src] && drained(p, before, n) {
 				r.rd[src] = false
 			}
@@ -262,6 +263,18 @@ func (r *tcpRelay) spliceIn(d int) (moved bool, err error) {
 		dd.pipe = nil
 	}
 	return moved, nil
+}
+
+// noteRead accounts n bytes read by direction d to its burst, and ends
+// the other direction's.
+func (r *tcpRelay) noteRead(d, n int) {
+	dd := &r.dir[d]
+	dd.burst = int32(min(int(dd.burst)+n, burstBulk))
+	if dd.burst >= burstBulk {
+		dd.bulk = true
+	}
+	o := &r.dir[1-d]
+	o.burst, o.bulk = 0, false
 }
 
 // drained reports whether a splice that moved n bytes into p, which held
