@@ -6,9 +6,12 @@
 // Control in goroutines, data in the engine: the proxy decides a connection's
 // route in straight-line Go, then hands both ends to an Engine and forgets
 // them. Between two TCP sockets an event-loop backend takes the sockets over
-// and moves bytes with splice(2) through pooled pipes: an idle relay then
-// holds no goroutine, no buffer and no pipe, only a few hundred bytes of
-// state in its loop. A TCP socket paired with an HBONE stream (a
+// and moves bytes with splice(2) through pooled pipes (epoll copies small
+// messages through one buffer per loop, and splices once a flow is bulk):
+// an idle relay then holds no goroutine, no buffer and no pipe, only a few
+// hundred bytes of state in its loop. StartDial also leaves the connect to
+// the destination to the loop, so a passthrough upstream never passes
+// through the runtime's poller. A TCP socket paired with an HBONE stream (a
 // StreamEndpoint, see stream.go) is relayed by the epoll loops too: the
 // socket is polled, the stream wakes the loop, and an idle relay holds no
 // goroutine and no buffer. Other pairs, and streams on the std and uring

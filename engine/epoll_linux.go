@@ -2,6 +2,8 @@ package engine
 
 import (
 	"fmt"
+	"net/netip"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/engine/poll"
 	"github.com/ztunnel-go/ztunnel/engine/splice"
+	"golang.org/x/sys/unix"
 )
 
 // epollBackend runs relays in epoll event loops: Config.Loops loops for
@@ -77,11 +80,31 @@ func newEpollBackend(e *Engine) (backend, error) {
 
 func (b *epollBackend) relayTCP(fa, fb int, s *session) {
 	l := b.tcp[int(b.next.Add(1))%len(b.tcp)]
-	r := &tcpRelay{l: l, s: s, fd: [2]int{fa, fb}}
+	// Both sockets start out writable: their send buffers are empty at the
+	// handoff, and a send that finds one full says EAGAIN. Waiting for the
+	// registration's EPOLLOUT instead would park the first bytes read
+	// before it in a pipe.
+	r := &tcpRelay{l: l, s: s, fd: [2]int{fa, fb}, wr: [2]bool{true, true}}
 	r.init(r)
 	r.dir[0].count = &s.counters.AToB
 	r.dir[1].count = &s.counters.BToA
 	if !l.submit(task{op: opAdd, r: r}) {
+		abortFD(fa)
+		abortFD(fb)
+		s.finish(ErrClosed)
+		return
+	}
+	s.setOwner(r)
+}
+
+func (b *epollBackend) relayDial(fa, fb int, dst netip.AddrPort, timeout time.Duration, s *session) {
+	l := b.tcp[int(b.next.Add(1))%len(b.tcp)]
+	// B turns writable when its connect completes.
+	r := &tcpRelay{l: l, s: s, fd: [2]int{fa, fb}, wr: [2]bool{true, false}, connecting: true}
+	r.init(r)
+	r.dir[0].count = &s.counters.AToB
+	r.dir[1].count = &s.counters.BToA
+	if !l.submit(task{op: opAdd, r: r, dial: &dialing{r: r, dst: dst, timeout: timeout}}) {
 		abortFD(fa)
 		abortFD(fb)
 		s.finish(ErrClosed)
@@ -135,9 +158,19 @@ const (
 
 // task is work handed to a loop by another goroutine.
 type task struct {
-	op  taskOp
-	r   loopRelay
-	err error
+	op   taskOp
+	r    loopRelay
+	err  error
+	dial *dialing // opAdd of a relay whose B side is connecting
+}
+
+// dialing is a relay whose B socket is connecting, in its loop's list
+// until the connect completes, fails or times out.
+type dialing struct {
+	r        *tcpRelay
+	dst      netip.AddrPort
+	timeout  time.Duration // from the handoff
+	deadline time.Duration // loop time, set when the loop adds the relay
 }
 
 // loopRelay is a relay an epoll loop owns: TCP⇄TCP (tcpRelay) or
@@ -181,6 +214,7 @@ type eloop struct {
 	// blocking: wait in epoll_wait, not parked in the netpoller.
 	blocking bool
 	iov      [][]byte // scratch for stream relays' writev (streamrelay_linux.go)
+	scratch  []byte   // TCP relays' copy buffer (tcprelay_linux.go)
 
 	mu      sync.Mutex // guards the following fields
 	tasks   []task
@@ -195,7 +229,8 @@ type eloop struct {
 	pipes      *splice.Pool
 	ready      []loopRelay // relays that stopped on their budget, not on EAGAIN
 	spareReady []loopRelay
-	idle       relayList // least recently active last; only with IdleTimeout
+	idle       relayList  // least recently active last; only with IdleTimeout
+	dialing    []*dialing // relays whose B side is connecting
 	events     []poll.Event
 	now        time.Duration // monotonic, since base, at the last wake
 	base       time.Time
@@ -263,6 +298,7 @@ func (l *eloop) run() {
 			return
 		}
 		l.expireIdle()
+		l.expireDials()
 		if l.live == 0 && len(l.ready) == 0 && n == 0 && !woken && l.now-l.emptySince >= l.b.e.cfg.Linger {
 			if l.park() {
 				return
@@ -273,6 +309,19 @@ func (l *eloop) run() {
 
 // timeout is how long the next Wait may block.
 func (l *eloop) timeout() time.Duration {
+	t := l.relayTimeout()
+	for _, d := range l.dialing {
+		left := max(d.deadline-l.now, 0)
+		if t < 0 || left < t {
+			t = left
+		}
+	}
+	return t
+}
+
+// relayTimeout is how long the next Wait may block for the relays' sake
+// (the idle timeout, the linger), -1 for ever.
+func (l *eloop) relayTimeout() time.Duration {
 	if len(l.ready) > 0 {
 		return 0
 	}
@@ -311,6 +360,10 @@ func (l *eloop) drainTasks() bool {
 	for i, t := range l.spare {
 		switch t.op {
 		case opAdd:
+			if t.dial != nil {
+				t.dial.deadline = l.now + t.dial.timeout
+				l.dialing = append(l.dialing, t.dial)
+			}
 			l.add(t.r)
 		case opAbort:
 			if !t.r.base().closed {
@@ -425,6 +478,11 @@ func (l *eloop) touch(r *relayBase) {
 
 // event records the readiness of side's socket and services the relay.
 func (r *tcpRelay) event(side int, ev poll.Event) {
+	if r.connecting && side == 1 {
+		if !r.connected(ev) {
+			return
+		}
+	}
 	if ev.Events&poll.Err != 0 {
 		// A reset (or another hard error) ends the relay now, even when no
 		// byte is waiting to be moved on that side: RST travels on.
@@ -442,7 +500,34 @@ func (r *tcpRelay) event(side int, ev poll.Event) {
 	if ev.Events&(poll.Out|poll.Hup|poll.Err) != 0 {
 		r.wr[side] = true
 	}
+	if r.connecting {
+		// A's readiness is kept for when B is connected.
+		return
+	}
 	r.service()
+}
+
+// connected handles an event of a connecting B socket: false means the
+// connect has not completed yet, or failed (the relay then ended).
+func (r *tcpRelay) connected(ev poll.Event) bool {
+	// A connecting socket reports nothing until the handshake ends: then
+	// EPOLLOUT, or EPOLLERR with the reason in SO_ERROR.
+	if ev.Events&(poll.Err|poll.Hup) != 0 {
+		err := sockError(r.fd[1])
+		if err == nil {
+			err = unix.ECONNREFUSED
+		}
+		d := r.l.dialDone(r)
+		r.connecting = false
+		r.end(dialError(d.dst, err), true)
+		return false
+	}
+	if ev.Events&poll.Out == 0 {
+		return false
+	}
+	r.l.dialDone(r)
+	r.connecting = false
+	return true
 }
 
 // runReady gives another turn to relays that used up their budget.
@@ -484,4 +569,40 @@ func (l *eloop) putPipe(p *splice.Pipe) {
 	l.pipes.Put(p)
 	l.nInUse.Store(int32(l.pipes.InUse()))
 	l.nFree.Store(int32(l.pipes.Free()))
+}
+
+// scratchBuf returns the loop's copy buffer, made on first use: one per
+// loop, shared by its relays, since a relay parks what it cannot send.
+func (l *eloop) scratchBuf() []byte {
+	if l.scratch == nil {
+		l.scratch = make([]byte, scratchSize)
+	}
+	return l.scratch
+}
+
+// expireDials ends the relays whose connect has outlasted its timeout.
+func (l *eloop) expireDials() {
+	for i := 0; i < len(l.dialing); {
+		d := l.dialing[i]
+		if l.now < d.deadline {
+			i++
+			continue
+		}
+		// end removes d from the list.
+		d.r.end(dialError(d.dst, os.ErrDeadlineExceeded), true)
+	}
+}
+
+// dialDone removes r from the connecting relays and returns its entry.
+func (l *eloop) dialDone(r *tcpRelay) *dialing {
+	for i, d := range l.dialing {
+		if d.r == r {
+			last := len(l.dialing) - 1
+			l.dialing[i] = l.dialing[last]
+			l.dialing[last] = nil
+			l.dialing = l.dialing[:last]
+			return d
+		}
+	}
+	return nil
 }

@@ -13,6 +13,17 @@ import (
 // used its budget waits in the loop's ready list for its next turn.
 const roundsPerTurn = 4
 
+// scratchSize is the loop's copy buffer (see tcpRelay.pump), the size of
+// HAProxy's buffers.
+const scratchSize = 16 << 10
+
+// burstBulk is how many bytes one direction moves, with none moving the
+// other way meanwhile, before it counts as a bulk flow and splices. The
+// size of single reads does not tell: a loop that keeps up with a fast
+// stream reads it in small pieces, and copying those costs more than
+// splicing them; request/response traffic turns around well before.
+const burstBulk = 64 << 10
+
 // tcpRelay is one TCP⇄TCP relay owned by an epoll loop. Side 0 is A, side 1
 // is B; direction d moves bytes from side d to side 1-d.
 type tcpRelay struct {
@@ -27,7 +38,10 @@ type tcpRelay struct {
 	// error: a short read may then have stopped at the FIN, so only a
 	// splice that returns 0 or EAGAIN clears rd.
 	hup [2]bool
-	dir [2]direction
+	// connecting is set while B's connect is in flight (StartDial): the
+	// relay moves nothing until it completes.
+	connecting bool
+	dir        [2]direction
 }
 
 func (r *tcpRelay) fdOf(side int) int { return r.fd[side] }
@@ -44,8 +58,10 @@ func (r *tcpRelay) refuse(err error) {
 type direction struct {
 	pipe  *splice.Pipe // nil unless bytes are in flight
 	count *atomic.Int64
-	eof   bool // the source said end of stream
-	shut  bool // the destination's write side is shut
+	eof   bool  // the source said end of stream
+	shut  bool  // the destination's write side is shut (or about to close)
+	bulk  bool  // a one-way burst of burstBulk bytes: splice
+	burst int32 // bytes read since the other direction last read any
 }
 
 func (d *direction) finished() bool { return d.shut }
@@ -86,6 +102,14 @@ func (r *tcpRelay) service() {
 
 // pump runs direction d until the sockets say EAGAIN (false) or its budget
 // is spent with work left (true).
+//
+// A direction starts out copying: one read into the loop's scratch buffer
+// and one send, which for small messages costs less than splicing into a
+// pipe and out again, and holds no pipe. A direction that reads burstBulk
+// bytes while the other reads none switches to splicing; a read the other
+// way switches it back (see noteRead). Bytes that the
+// destination does not take are parked in a pipe, so no per-relay buffer
+// is held; while a pipe holds bytes, reads splice in behind them.
 func (r *tcpRelay) pump(d int) (more bool, err error) {
 	dd := &r.dir[d]
 	src, dst := d, 1-d
@@ -108,46 +132,26 @@ func (r *tcpRelay) pump(d int) (more bool, err error) {
 			dd.pipe = nil
 		}
 		if !dd.eof && r.rd[src] {
-			p := dd.pipe
-			if p == nil {
-				if p, err = r.l.getPipe(); err != nil {
-					return false, err
-				}
-				dd.pipe = p
+			var m bool
+			if dd.pipe == nil && !dd.bulk {
+				m, err = r.copyOnce(d)
+			} else {
+				m, err = r.spliceIn(d)
 			}
-			if p.Buffered < p.Size {
-				before := p.Buffered
-				n, err := p.In(r.fd[src], p.Size)
-				switch {
-				case err == unix.EAGAIN:
-					// With an empty pipe EAGAIN means the socket is empty.
-					// With bytes in the pipe the pipe may be out of slots
-					// instead, so keep the readiness and retry once it
-					// drains.
-					if p.Buffered == 0 {
-						r.rd[src] = false
-					}
-				case err != nil:
-					return false, r.opErr("read", src, err)
-				case n == 0:
-					dd.eof = true
-					moved = true
-				default:
-					moved = true
-					if !r.hup[src] && drained(p, before, n) {
-						r.rd[src] = false
-					}
-				}
+			if err != nil {
+				return false, err
 			}
-			if p.Buffered == 0 {
-				r.l.putPipe(p)
-				dd.pipe = nil
-			}
+			moved = moved || m
 		}
 		if dd.eof && dd.pipe == nil && !dd.shut {
 			dd.shut = true
-			if err := unix.Shutdown(r.fd[dst], unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
-				return false, r.opErr("shutdown", dst, err)
+			// When the other way is finished too the relay closes both
+			// sockets right after this pass, and a close with nothing
+			// left unread sends the FIN itself: no shutdown call.
+			if !r.dir[dst].shut {
+				if err := unix.Shutdown(r.fd[dst], unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
+					return false, r.opErr("shutdown", dst, err)
+				}
 			}
 		}
 		if !moved {
@@ -156,6 +160,121 @@ func (r *tcpRelay) pump(d int) (more bool, err error) {
 		r.l.touch(&r.relayBase)
 	}
 	return true, nil
+}
+
+// copyOnce reads what the source of direction d holds, up to the scratch
+// buffer's size, and sends it on; what the destination does not take is
+// parked in a pipe. It runs only while the direction holds no pipe.
+func (r *tcpRelay) copyOnce(d int) (moved bool, err error) {
+	dd := &r.dir[d]
+	src, dst := d, 1-d
+	buf := r.l.scratchBuf()
+	n, err := unix.Read(r.fd[src], buf)
+	for err == unix.EINTR {
+		n, err = unix.Read(r.fd[src], buf)
+	}
+	switch {
+	case err == unix.EAGAIN:
+		r.rd[src] = false
+		return false, nil
+	case err != nil:
+		return false, r.opErr("read", src, err)
+	case n == 0:
+		dd.eof = true
+		return true, nil
+	case n < len(buf) && !r.hup[src]:
+		// A read returns everything the socket holds up to its length,
+		// and a later segment raises a new edge: a short read means an
+		// empty socket (see drained). After a FIN was signalled, probe
+		// on to read the end of stream.
+		r.rd[src] = false
+	}
+	r.noteRead(d, n)
+	sent := 0
+	if r.wr[dst] {
+		// write(2): the socket is non-blocking, and the Go runtime makes
+		// a broken connection an EPIPE rather than a fatal SIGPIPE.
+		sent, err = unix.Write(r.fd[dst], buf[:n])
+		for err == unix.EINTR {
+			sent, err = unix.Write(r.fd[dst], buf[:n])
+		}
+		switch {
+		case err == unix.EAGAIN:
+			r.wr[dst] = false
+			sent = 0
+		case err != nil:
+			return false, r.opErr("write", dst, err)
+		}
+		dd.count.Add(int64(sent))
+	}
+	if sent < n {
+		p, err := r.l.getPipe()
+		if err != nil {
+			return false, err
+		}
+		dd.pipe = p
+		if err := p.Park(buf[sent:n]); err != nil {
+			return false, fmt.Errorf("engine: park %d bytes in a pipe: %w", n-sent, err)
+		}
+	}
+	return true, nil
+}
+
+// spliceIn splices what the source of direction d holds into the
+// direction's pipe (taking one if it holds none), behind any bytes already
+// there.
+func (r *tcpRelay) spliceIn(d int) (moved bool, err error) {
+	dd := &r.dir[d]
+	src := d
+	p := dd.pipe
+	if p == nil {
+		if p, err = r.l.getPipe(); err != nil {
+			return false, err
+		}
+		dd.pipe = p
+	}
+	if p.Buffered < p.Size {
+		before := p.Buffered
+		n, err := p.In(r.fd[src], p.Size)
+		switch {
+		case err == unix.EAGAIN:
+			// With an empty pipe EAGAIN means the socket is empty.
+			// With bytes in the pipe the pipe may be out of slots
+			// instead, so keep the readiness and retry once it
+			// drains.
+			if p.Buffered == 0 {
+				r.rd[src] = false
+			}
+		case err != nil:
+			return false, r.opErr("read", src, err)
+		case n == 0:
+			dd.eof = true
+			moved = true
+		default:
+			moved = true
+			r.noteRead(d, n)
+			if !r.hup[src] && drained(p, before, n) {
+				r.rd[src] = false
+			}
+		}
+	}
+	if p.Buffered == 0 {
+		r.l.putPipe(p)
+		dd.pipe = nil
+	}
+	return moved, nil
+}
+
+// noteRead accounts n bytes read by direction d to its burst, and ends
+// the other direction's.
+func (r *tcpRelay) noteRead(d, n int) {
+	dd := &r.dir[d]
+	dd.burst = int32(min(int(dd.burst)+n, burstBulk))
+	if dd.burst >= burstBulk {
+		dd.bulk = true
+	}
+	o := &r.dir[1-d]
+	o.burst, o.bulk = 0, false
 }
 
 // drained reports whether a splice that moved n bytes into p, which held
@@ -196,6 +315,10 @@ func (r *tcpRelay) end(err error, abort bool) {
 		return
 	}
 	r.closed = true
+	if r.connecting {
+		r.connecting = false
+		r.l.dialDone(r)
+	}
 	for d := range r.dir {
 		if p := r.dir[d].pipe; p != nil {
 			r.l.putPipe(p) // closed rather than pooled when it holds bytes

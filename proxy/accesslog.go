@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"sync/atomic"
 	"syscall"
@@ -134,6 +135,19 @@ func (ci *connInfo) relayEnded(res engine.Result) {
 	}
 }
 
+// startDial connects to dst with d and relays between c and the new
+// connection (engine.StartDial: on the epoll backend the event loop
+// completes the connect); relayEnded runs when it ends, and reports a
+// failed connect as such.
+func (p *Proxy) startDial(ctx context.Context, ci *connInfo, c *net.TCPConn, d *engine.Dialer, dst netip.AddrPort) {
+	ci.p = p
+	h := engine.StartDial(ctx, engine.TCPEndpoint{TCPConn: c}, d, netip.Addr{}, dst, &ci.counters, ci.relayEnded)
+	ci.relay.Store(h)
+	if ci.abortReq.Load() {
+		h.Abort(nil)
+	}
+}
+
 // abortRelay resets the connection's relay (RST to both peers), now or as
 // soon as it starts.
 func (ci *connInfo) abortRelay() {
@@ -148,6 +162,9 @@ func (ci *connInfo) abortRelay() {
 func (ci *connInfo) relayOutcome(r engine.Result) (metrics.ResponseFlags, error) {
 	if reason := ci.policyClosed.Load(); reason != nil {
 		return metrics.FlagDeny, errors.New(*reason)
+	}
+	if ce, ok := errors.AsType[*engine.ConnectError](r.Err); ok {
+		return metrics.FlagConnect, fmt.Errorf("connect to %s: %w", ce.Dst, ce.Err)
 	}
 	return metrics.FlagNone, relayErr(r)
 }

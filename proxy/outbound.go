@@ -98,14 +98,12 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 		}
 		upstream = streamEndpoint{s}
 	} else {
+		// TCP to TCP: the engine connects and relays (on the epoll backend
+		// its event loop completes the connect; see engine.StartDial).
 		p.open(ci)
-		up, err := p.dialer.Dial(ctx, netip.Addr{}, route.dst)
-		if err != nil {
-			p.complete(ci, metrics.FlagConnect, fmt.Errorf("connect to %s: %w", route.dst, err))
-			engine.TCPEndpoint{TCPConn: c}.Abort()
-			return
-		}
-		upstream = engine.TCPEndpoint{TCPConn: up} // TCP to TCP
+		p.relayed(c, ci)
+		p.startDial(ctx, ci, c, &p.dialer, route.dst)
+		return true
 	}
 	// The engine's event loop owns the relay from here (for a stream, the
 	// goroutine relay on backends without stream support).

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -237,6 +238,22 @@ services:
 			}
 		})
 	}
+
+	t.Run("refused upstream is reset after success", func(t *testing.T) {
+		dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(freePort(t)))
+		c, rep, err := rig.socksDial(t, socks5.Target{Addr: dst})
+		if err != nil || rep != socks5.ReplySucceeded {
+			t.Fatalf("handshake: %v, %v", rep, err)
+		}
+		if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("client read %v, want a reset", err)
+		}
+		m := nextLog(t, rig.logs)
+		want := fmt.Sprintf("connect to %s: dial tcp %s: connect: connection refused", dst, dst)
+		if m["msg"] != "connection complete" || m["error"] != want {
+			t.Fatalf("access log %v, want a complete connection with error %q", m, want)
+		}
+	})
 
 	t.Run("illegal port is reset after success", func(t *testing.T) {
 		own := rig.p.Addrs()[0].(*net.TCPAddr).AddrPort()

@@ -90,6 +90,30 @@ func (p *Pipe) In(fd, max int) (int, error) {
 	}
 }
 
+// Park copies b into the pipe behind what it already holds, for bytes that
+// were read into memory but that their destination did not take: Out then
+// sends them like spliced ones. unix.EAGAIN means the pipe lacks the room
+// (its bytes, or its slots: a write fills whole pages, so an empty pipe
+// always has room for its Size); on an error the bytes written before it
+// stay counted in Buffered.
+func (p *Pipe) Park(b []byte) error {
+	if len(b) > p.Size-p.Buffered {
+		return unix.EAGAIN
+	}
+	for len(b) > 0 {
+		n, err := unix.Write(p.W, b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		p.Buffered += n
+		b = b[n:]
+	}
+	return nil
+}
+
 // Out splices buffered bytes from the pipe to socket fd and returns how many
 // moved; unix.EAGAIN means fd's send buffer is full.
 func (p *Pipe) Out(fd int) (int, error) {

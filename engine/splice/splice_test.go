@@ -135,4 +135,53 @@ func TestPoolClosesDirtyAndExcessPipes(t *testing.T) {
 	}
 }
 
+func TestParkThenOut(t *testing.T) {
+	tests := []struct {
+		name    string
+		pipe    int   // requested pipe size
+		parks   []int // sizes parked one after another
+		wantErr []bool
+	}{
+		{"one byte", 4096, []int{1}, []bool{false}},
+		{"fills the pipe", 4096, []int{4000, 96}, []bool{false, false}},
+		{"more than the room", 4096, []int{4000, 97}, []bool{false, true}},
+		{"larger than the pipe", 4096, []int{5000}, []bool{true}},
+		{"behind earlier bytes", 64 << 10, []int{100, 16 << 10, 3}, []bool{false, false, false}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dst, dstPeer := tcpPair(t)
+			p, err := NewPipe(tc.pipe)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			var want []byte
+			for i, n := range tc.parks {
+				b := bytes.Repeat([]byte{byte('a' + i)}, n)
+				err := p.Park(b)
+				if (err != nil) != tc.wantErr[i] {
+					t.Fatalf("Park(%d bytes) #%d = %v, want error %v", n, i, err, tc.wantErr[i])
+				}
+				if err == nil {
+					want = append(want, b...)
+				}
+			}
+			if p.Buffered != len(want) {
+				t.Fatalf("Buffered = %d, want %d", p.Buffered, len(want))
+			}
+			for p.Buffered > 0 {
+				if _, err := p.Out(dst); err != nil {
+					t.Fatal(err)
+				}
+			}
+			unix.Shutdown(dst, unix.SHUT_WR)
+			got, err := io.ReadAll(dstPeer)
+			if err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("peer read %d bytes (%v), want the %d parked", len(got), err, len(want))
+			}
+		})
+	}
+}
+
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
