@@ -548,6 +548,10 @@ func (m *Manager) stopWorkload(uid string) {
 		return
 	}
 	delete(m.proxies, uid)
+	// The pod leaves /config_dump now, not once its proxy has closed: an
+	// acknowledged Del means the pod is gone (and a test or operator reading
+	// the state right after the ack must not see it).
+	m.clearState(uid, p.gen)
 	m.closing.Go(func() {
 		p.proxy.Close()
 		m.proxyEnded(uid, p)
