@@ -38,6 +38,23 @@ func abortFD(fd int) {
 	_ = unix.Close(fd)
 }
 
+// wasReset reports whether c's connection is in state CLOSE: torn down by
+// a reset (or given up on, e.g. after a retransmission timeout) rather than
+// ended by a FIN, which leaves it in CLOSE_WAIT until this side shuts down
+// too. Any failure to look says no.
+func wasReset(c *net.TCPConn) bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	closed := false
+	_ = rc.Control(func(fd uintptr) {
+		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		closed = err == nil && info.State == unix.BPF_TCP_CLOSE
+	})
+	return closed
+}
+
 // sockError returns a socket's pending error (SO_ERROR), nil if none.
 func sockError(fd int) error {
 	v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)

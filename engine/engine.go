@@ -94,6 +94,10 @@ type Engine struct {
 	callbacks int             // done functions running
 	drained   []chan struct{} // closed when active drops to zero
 	stdLive   map[*stdRelay]struct{}
+
+	// detachFault, set by tests before any relay starts, makes handOff's
+	// takeover of a socket fail with the error it returns for that conn.
+	detachFault func(*net.TCPConn) error
 }
 
 // backend is the seam between an Engine and one way of running TCP⇄TCP
@@ -376,21 +380,34 @@ func (e *Engine) handOff(a, b TCPEndpoint, s *session) {
 		handedOff.add(s.tcp[0], s)
 		handedOff.add(s.tcp[1], s)
 	}
-	fa, err := detach(a.TCPConn)
+	// A failed takeover resets the conns directly: TCPEndpoint.Abort would
+	// find the session registered above and leave the abort pending for an
+	// owner that never comes.
+	fa, err := e.detach(a.TCPConn)
 	if err != nil {
-		_ = a.Abort()
-		_ = b.Abort()
+		resetConn(a.TCPConn)
+		resetConn(b.TCPConn)
 		s.finish(fmt.Errorf("engine: take over socket: %w", err))
 		return
 	}
-	fb, err := detach(b.TCPConn)
+	fb, err := e.detach(b.TCPConn)
 	if err != nil {
 		abortFD(fa)
-		_ = b.Abort()
+		resetConn(b.TCPConn)
 		s.finish(fmt.Errorf("engine: take over socket: %w", err))
 		return
 	}
 	e.backend.relayTCP(fa, fb, s)
+}
+
+// detach is the package's detach, failing where a test asked it to.
+func (e *Engine) detach(c *net.TCPConn) (int, error) {
+	if e.detachFault != nil {
+		if err := e.detachFault(c); err != nil {
+			return -1, err
+		}
+	}
+	return detach(c)
 }
 
 // begin registers a relay with the engine; false means the engine is

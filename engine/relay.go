@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -92,6 +93,12 @@ type stdRelay struct {
 	a, b     Endpoint
 	once     sync.Once
 	firstErr error
+
+	// mu orders one direction's check for a reset at its end of stream
+	// against the other direction's half-close of the same socket (see
+	// endOfStream).
+	mu      sync.Mutex
+	finSent [2]bool // guarded by mu: CloseWrite was called on a (0), b (1)
 }
 
 // abort ends the relay from outside (Handle.Abort, Engine.Close).
@@ -112,9 +119,9 @@ func (r *stdRelay) run(counters *Counters) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r.pipe(r.b, r.a, &counters.AToB)
+		r.pipe(r.b, r.a, 1, &counters.AToB)
 	}()
-	r.pipe(r.a, r.b, &counters.BToA)
+	r.pipe(r.a, r.b, 0, &counters.BToA)
 	wg.Wait()
 	_ = r.a.Close()
 	_ = r.b.Close()
@@ -123,9 +130,14 @@ func (r *stdRelay) run(counters *Counters) error {
 	return r.firstErr
 }
 
-// pipe copies src to dst. A clean EOF half-closes dst; any error aborts both.
-func (r *stdRelay) pipe(dst, src Endpoint, n *atomic.Int64) {
+// pipe copies src to dst. A clean EOF half-closes dst; any error, or an
+// EOF that a reset caused, aborts both. dstSide is 0 when dst is A, 1 when
+// it is B.
+func (r *stdRelay) pipe(dst, src Endpoint, dstSide int, n *atomic.Int64) {
 	err := copyCounting(dst, src, n)
+	if err == nil {
+		err = r.endOfStream(src, dstSide)
+	}
 	if err == nil {
 		if cerr := dst.CloseWrite(); cerr != nil && !isClosed(cerr) {
 			r.fail(cerr)
@@ -133,6 +145,30 @@ func (r *stdRelay) pipe(dst, src Endpoint, n *atomic.Int64) {
 		return
 	}
 	r.fail(err)
+}
+
+// endOfStream runs when src reached EOF: it returns a reset error if a
+// reset, not a FIN, ended src, and otherwise records that the other
+// endpoint (dstSide) is about to be half-closed.
+//
+// Linux hands a socket's reset error to one caller only. When the other
+// direction's write to src takes it (ECONNRESET), a read of src then sees
+// a plain EOF; passing that on as a FIN would show dst's peer a clean close
+// where the event loops (one goroutine per socket pair, so the error is
+// never split) show a reset. A reset moves the socket straight to CLOSE,
+// while a FIN leaves it in CLOSE_WAIT until this side shuts down too; so
+// CLOSE here, with no FIN sent on src by this relay, means a reset. The
+// lock keeps the other direction's half-close of src (CLOSE_WAIT →
+// LAST_ACK → CLOSE) from slipping in between the check of finSent and the
+// look at the state.
+func (r *stdRelay) endOfStream(src Endpoint, dstSide int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t, ok := src.(TCPEndpoint); ok && !r.finSent[1-dstSide] && wasReset(t.TCPConn) {
+		return &net.OpError{Op: "read", Net: "tcp", Source: t.LocalAddr(), Addr: t.RemoteAddr(), Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	}
+	r.finSent[dstSide] = true
+	return nil
 }
 
 func copyCounting(dst, src Endpoint, n *atomic.Int64) error {

@@ -252,17 +252,42 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 // dialApp connects to the local app, presenting the original client's IP as
 // the source when original-source spoofing is possible.
 func (p *Proxy) dialApp(ctx context.Context, src netip.Addr, dst netip.AddrPort) (*net.TCPConn, error) {
-	if ci := inboundConnOf(ctx); ci != nil && ci.dstWorkload != nil {
-		if t := ci.dstWorkload.ApplicationTunnel; t != nil && t.Protocol == state.AppTunnelProxy {
-			return p.dialAppTunnel(ctx, ci, dst, t.Port)
-		}
+	if ci, t := appTunnelOf(ctx); t != nil {
+		return p.dialAppTunnel(ctx, ci, dst, t.Port)
 	}
 	return p.dialAppDirect(ctx, src, dst)
 }
 
+// appTunnelOf returns the inbound connection in ctx and the application
+// tunnel its destination asks for, if any.
+func appTunnelOf(ctx context.Context) (*connInfo, *state.ApplicationTunnel) {
+	if ci := inboundConnOf(ctx); ci != nil && ci.dstWorkload != nil {
+		if t := ci.dstWorkload.ApplicationTunnel; t != nil && t.Protocol == state.AppTunnelProxy {
+			return ci, t
+		}
+	}
+	return nil, nil
+}
+
+// plainAppDial reports whether dialApp would connect to dst with p.dialer
+// as it is, from the proxy's own address: no application tunnel, no
+// original-source spoofing (with its fallback). Such a connect can be left
+// to the engine's event loop (engine.StartDial), and fails with the same
+// error dialApp's would.
+func (p *Proxy) plainAppDial(ctx context.Context, src netip.Addr, dst netip.AddrPort) bool {
+	_, t := appTunnelOf(ctx)
+	return t == nil && !p.spoofsSource(src, dst)
+}
+
+// spoofsSource reports whether dialAppDirect tries src as the source of its
+// connect to dst.
+func (p *Proxy) spoofsSource(src netip.Addr, dst netip.AddrPort) bool {
+	return p.origSrc && src.IsValid() && src.Is4() == dst.Addr().Is4()
+}
+
 // dialAppDirect connects to the app at dst.
 func (p *Proxy) dialAppDirect(ctx context.Context, src netip.Addr, dst netip.AddrPort) (*net.TCPConn, error) {
-	if p.origSrc && src.IsValid() && src.Is4() == dst.Addr().Is4() {
+	if p.spoofsSource(src, dst) {
 		d := p.dialer
 		d.Options.Transparent = true
 		c, err := d.Dial(ctx, src, dst)

@@ -47,6 +47,16 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 		return
 	}
+	if p.plainAppDial(p.ctx, ci.src.Addr(), dst) {
+		// TCP to TCP with nothing to try first: the engine connects and
+		// relays (on the epoll backend its event loop completes the
+		// connect; a failed one reaches relayEnded as a connect error,
+		// logged and counted as below).
+		p.trackPolicy(ci, snap)
+		p.relayed(c, ci)
+		p.startDial(p.ctx, ci, c, &p.dialer, dst)
+		return true
+	}
 	app, err := p.dialApp(p.ctx, ci.src.Addr(), dst)
 	if err != nil {
 		p.complete(ci, metrics.FlagConnect, fmt.Errorf("connect to %s: %w", dst, err))

@@ -4,7 +4,11 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ztunnel-go/ztunnel/engine"
 )
@@ -32,6 +36,7 @@ type Stream struct {
 	sq       []byte // queued for sending: at most Window bytes
 	werr     error  // a failed write or a reset: writing fails from now on
 	wclosed  bool   // CloseWrite was called
+	finSent  bool   // the writer is shutting down, or has shut down, c's write side
 	closed   bool   // Close or Abort was called
 	aborted  bool
 	waker    engine.Waker
@@ -74,6 +79,18 @@ func (s *Stream) receive() {
 		s.mu.Unlock()
 		n, err := s.c.Read(buf[:room])
 		s.mu.Lock()
+		if err == io.EOF && !s.finSent && (s.werr != nil || wasReset(s.c)) {
+			// The writer's failed send took the reset's error (Linux
+			// hands it to one caller), so the read saw a plain end:
+			// pass it on as the reset it was. Either the writer has
+			// recorded its failure already (and may have closed c),
+			// or c is still open and shows the reset by its state:
+			// a reset moves a socket to CLOSE, a FIN (before ours)
+			// leaves it in CLOSE_WAIT. finSent, which the writer sets
+			// under this lock before shutting down, rules out CLOSE
+			// reached through our own FIN.
+			err = &net.OpError{Op: "read", Net: "tcp", Source: s.c.LocalAddr(), Addr: s.c.RemoteAddr(), Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+		}
 		s.rbuf = append(s.rbuf, buf[:n]...)
 		if err != nil && s.rerr == nil {
 			s.rerr = err
@@ -107,6 +124,7 @@ func (s *Stream) send() {
 			return
 		}
 		if len(s.sq) == 0 {
+			s.finSent = true
 			s.mu.Unlock()
 			_ = s.c.CloseWrite()
 			shut = true
@@ -269,6 +287,21 @@ func (s *Stream) Close() error {
 	s.cond.Broadcast()
 	s.mu.Unlock()
 	return nil
+}
+
+// wasReset reports whether c's connection is in state CLOSE, where a reset
+// puts it at once; any failure to look says no.
+func wasReset(c *net.TCPConn) bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	closed := false
+	_ = rc.Control(func(fd uintptr) {
+		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		closed = err == nil && info.State == unix.BPF_TCP_CLOSE
+	})
+	return closed
 }
 
 var _ engine.StreamEndpoint = (*Stream)(nil)
