@@ -38,11 +38,13 @@ func abortFD(fd int) {
 	_ = unix.Close(fd)
 }
 
-// wasReset reports whether c's connection is in state CLOSE: torn down by
+// WasReset reports whether c's connection is in state CLOSE: torn down by
 // a reset (or given up on, e.g. after a retransmission timeout) rather than
 // ended by a FIN, which leaves it in CLOSE_WAIT until this side shuts down
-// too. Any failure to look says no.
-func wasReset(c *net.TCPConn) bool {
+// too. A reader that saw EOF after a write on the same socket failed tells
+// a reset from a FIN with it (only while this side has sent no FIN: that
+// too leads to CLOSE). Any failure to look says no.
+func WasReset(c *net.TCPConn) bool {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return false

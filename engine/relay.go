@@ -164,7 +164,7 @@ func (r *stdRelay) pipe(dst, src Endpoint, dstSide int, n *atomic.Int64) {
 func (r *stdRelay) endOfStream(src Endpoint, dstSide int) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if t, ok := src.(TCPEndpoint); ok && !r.finSent[1-dstSide] && wasReset(t.TCPConn) {
+	if t, ok := src.(TCPEndpoint); ok && !r.finSent[1-dstSide] && WasReset(t.TCPConn) {
 		return &net.OpError{Op: "read", Net: "tcp", Source: t.LocalAddr(), Addr: t.RemoteAddr(), Err: os.NewSyscallError("read", syscall.ECONNRESET)}
 	}
 	r.finSent[dstSide] = true

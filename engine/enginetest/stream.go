@@ -8,7 +8,6 @@ import (
 	"sync"
 	"syscall"
 
-	"golang.org/x/sys/unix"
 
 	"github.com/ztunnel-go/ztunnel/engine"
 )
@@ -79,7 +78,7 @@ func (s *Stream) receive() {
 		s.mu.Unlock()
 		n, err := s.c.Read(buf[:room])
 		s.mu.Lock()
-		if err == io.EOF && !s.finSent && (s.werr != nil || wasReset(s.c)) {
+		if err == io.EOF && !s.finSent && (s.werr != nil || engine.WasReset(s.c)) {
 			// The writer's failed send took the reset's error (Linux
 			// hands it to one caller), so the read saw a plain end:
 			// pass it on as the reset it was. Either the writer has
@@ -287,21 +286,6 @@ func (s *Stream) Close() error {
 	s.cond.Broadcast()
 	s.mu.Unlock()
 	return nil
-}
-
-// wasReset reports whether c's connection is in state CLOSE, where a reset
-// puts it at once; any failure to look says no.
-func wasReset(c *net.TCPConn) bool {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return false
-	}
-	closed := false
-	_ = rc.Control(func(fd uintptr) {
-		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
-		closed = err == nil && info.State == unix.BPF_TCP_CLOSE
-	})
-	return closed
 }
 
 var _ engine.StreamEndpoint = (*Stream)(nil)
