@@ -8,7 +8,6 @@ import (
 	"sync"
 	"syscall"
 
-
 	"github.com/ztunnel-go/ztunnel/engine"
 )
 
