@@ -10,9 +10,10 @@
 //     goroutine, none per stream;
 //   - streams append frames to a shared, bounded write buffer which the writer
 //     flushes with one Write per batch, so frames of many streams coalesce into
-//     few syscalls (and few TLS records); a small batch queued while the writer
-//     idles is written by the stream itself when the transport can write
-//     without blocking (mtls/record's TryWrite), saving the hand-off;
+//     few syscalls (and few TLS records); a small batch an event loop queues
+//     (Stream.WriteFrom) while the writer idles is written by the loop itself
+//     when the transport can write without blocking (mtls/record's
+//     TryWrite), saving the hand-off;
 //   - received DATA is copied once, from the connection into pooled per-stream
 //     chunks that are returned as soon as they are read, so an idle stream
 //     holds no buffer; an event loop (Stream.Peek) writes to its socket

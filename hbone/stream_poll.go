@@ -283,7 +283,7 @@ func (s *Stream) WriteFrom(limit int, src io.Reader) (n int, readErr, writeErr e
 	}
 	if k > 0 && rerr == nil {
 		appendFrameHeader(frame[:0], k, http2.FrameData, 0, s.id)
-		c.commitLocked(b[:start+frameHeaderLen+k])
+		c.commitDirectLocked(b[:start+frameHeaderLen+k])
 	} else {
 		k = 0
 	}
