@@ -74,7 +74,7 @@ workloads:
 			}
 			rig.servePassthrough(captured)
 
-			m := map[string]string{}
+			var m map[string]string
 			if tc.refused {
 				if _, err := io.ReadAll(client); !errors.Is(err, syscall.ECONNRESET) {
 					t.Fatalf("client read %v, want a reset", err)
