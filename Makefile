@@ -67,7 +67,7 @@ bench-tools: ## Build the daemon and the benchmark tools (zload, zpeer, zbench) 
 	$(GO) build -trimpath -o $(BIN)/zbench ./bench/cmd/zbench
 
 .PHONY: bench
-bench: bench-tools ## End-to-end benchmarks, report in bench/results/<date>-<host>/ (root, ~10 min; BENCHFLAGS=--help)
+bench: bench-tools ## End-to-end benchmarks of std, epoll and io_uring side by side, report in bench/results/<date>-<host>/ (root, ~15 min; BENCHFLAGS=--help)
 	@command -v haproxy >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null 2>&1 || \
 		  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }; }; } || \
