@@ -110,9 +110,9 @@ func (e *Engine) failDial(a TCPEndpoint, counters *Counters, done func(Result), 
 }
 
 // resetConn closes c so that its peer sees a reset.
-func resetConn(c *net.TCPConn) {
+func resetConn(c *net.TCPConn) error {
 	_ = c.SetLinger(0)
-	_ = c.Close()
+	return c.Close()
 }
 
 // timeout is the connect timeout: Timeout, or ztunnel's 10s.

@@ -42,8 +42,7 @@ func (t TCPEndpoint) Abort() error {
 		s.abort(ErrAborted)
 		return nil
 	}
-	_ = t.TCPConn.SetLinger(0)
-	return t.TCPConn.Close()
+	return resetConn(t.TCPConn)
 }
 
 // Counters are the byte counts of one relay, updated as bytes flow so that a

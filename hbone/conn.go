@@ -308,9 +308,9 @@ func (c *conn) commitDirectLocked(b []byte) {
 	c.commitLocked(b)
 }
 
-// directWriteMax bounds the frames a committing caller writes itself: above
-// it, sealing and copying would hold the caller (an event loop, or the
-// reader goroutine) too long, and the writer goroutine batches better.
+// directWriteMax bounds the frames an event loop writes itself: above it,
+// sealing and copying would hold the loop (and its other relays) too long,
+// and the writer goroutine batches better.
 const directWriteMax = 32 << 10
 
 // directWriter is a transport that can take a write without blocking

@@ -111,10 +111,14 @@ func (ci *connInfo) PolicyClose(reason string) {
 // TCPEndpoint.Abort (StartByHandle).
 func (p *Proxy) startRelay(ci *connInfo, a, b engine.Endpoint) {
 	ci.p = p
-	h := engine.StartByHandle(a, b, &ci.counters, ci.relayEnded)
-	// An abort asked for before the handle was stored is passed on here;
-	// one asked for after finds the handle (both atomics are sequentially
-	// consistent, so at least one side sees the other).
+	ci.holdRelay(engine.StartByHandle(a, b, &ci.counters, ci.relayEnded))
+}
+
+// holdRelay keeps the relay's handle for abortRelay. An abort asked for
+// before the handle was stored is passed on here; one asked for after
+// finds the handle (both atomics are sequentially consistent, so at least
+// one side sees the other).
+func (ci *connInfo) holdRelay(h *engine.Handle) {
 	ci.relay.Store(h)
 	if ci.abortReq.Load() {
 		h.Abort(nil)
@@ -141,11 +145,7 @@ func (ci *connInfo) relayEnded(res engine.Result) {
 // failed connect as such.
 func (p *Proxy) startDial(ctx context.Context, ci *connInfo, c *net.TCPConn, d *engine.Dialer, dst netip.AddrPort) {
 	ci.p = p
-	h := engine.StartDial(ctx, engine.TCPEndpoint{TCPConn: c}, d, netip.Addr{}, dst, &ci.counters, ci.relayEnded)
-	ci.relay.Store(h)
-	if ci.abortReq.Load() {
-		h.Abort(nil)
-	}
+	ci.holdRelay(engine.StartDial(ctx, engine.TCPEndpoint{TCPConn: c}, d, netip.Addr{}, dst, &ci.counters, ci.relayEnded))
 }
 
 // abortRelay resets the connection's relay (RST to both peers), now or as
