@@ -280,8 +280,8 @@ func TestFindWorkload(t *testing.T) {
 		info WorkloadInfo
 		want *Workload
 	}{
-		{WorkloadInfo{Namespace: "ns", Name: "pod", ServiceAccount: "default"}, d}, // lowest UID
-		{WorkloadInfo{Namespace: "ns", Name: "pod"}, d}, // "" means default
+		{WorkloadInfo{Namespace: "ns", Name: "pod", ServiceAccount: "default"}, d},                // lowest UID
+		{WorkloadInfo{Namespace: "ns", Name: "pod"}, d},                                           // "" means default
 		{WorkloadInfo{Namespace: "ns", Name: "pod", ServiceAccount: "default", Node: "node2"}, d}, // lowest UID
 		{WorkloadInfo{Namespace: "ns", Name: "pod", ServiceAccount: "default", Node: "node2", Cluster: "east"}, c},
 		{WorkloadInfo{Namespace: "ns", Name: "pod", ServiceAccount: "default", Node: "node2", Cluster: "west"}, d},

@@ -21,13 +21,13 @@ import (
 // last one leaves. Workloads of other nodes are never prefetched: their
 // identities are only ever needed by their own node's proxy.
 type certWarmer struct {
-	pf               *caclient.Prefetcher
-	node, cluster    string
-	trustDomain      string
-	mu        sync.Mutex                // guards the following fields
-	pods      map[identity.Identity]int // pods up, by identity
-	fromState map[identity.Identity]bool
-	closed    bool
+	pf            *caclient.Prefetcher
+	node, cluster string
+	trustDomain   string
+	mu            sync.Mutex                // guards the following fields
+	pods          map[identity.Identity]int // pods up, by identity
+	fromState     map[identity.Identity]bool
+	closed        bool
 }
 
 // newCertWarmer returns a warmer filling certs. In dedicated mode it scans
