@@ -202,8 +202,8 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	if cfg.KeepAliveEnabled {
 		sock.KeepAlive = engine.KeepAlive{Idle: cfg.KeepAliveTime, Interval: cfg.KeepAliveInterval, Count: cfg.KeepAliveRetries}
 	}
-	newProxy := func(w proxy.WorkloadRef, control func(fn func() error) error) (*proxy.Proxy, error) {
-		return proxy.New(proxy.Config{
+	proxyConfig := func(w proxy.WorkloadRef, control func(fn func() error) error) proxy.Config {
+		return proxy.Config{
 			Workload:    w,
 			TrustDomain: cfg.TrustDomain,
 			Network:     cfg.Network,
@@ -223,7 +223,10 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			SOCKS5:                    cfg.EnableSOCKS5,
 			DirectAppTunnel:           !cfg.LocalhostAppTunnel,
 			PoolInnerHBONE:            cfg.PoolInnerHBONE,
-		})
+		}
+	}
+	newProxy := func(w proxy.WorkloadRef, control func(fn func() error) error) (*proxy.Proxy, error) {
+		return proxy.New(proxyConfig(w, control))
 	}
 	var dnsf *dnsFactory
 	if cfg.DNSCapture {
@@ -253,7 +256,17 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			case <-d.bg.Done():
 			}
 		})
+		self, err := d.selfProxy(proxyConfig)
+		if err != nil {
+			d.Close()
+			return nil, err
+		}
 		_ = d.serveWhenSynced(synced, func() error {
+			if self != nil {
+				if err := d.startSelfProxy(ctx, self); err != nil {
+					return err
+				}
+			}
 			mgr.Start()
 			return nil
 		}, proxyDone)

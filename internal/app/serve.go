@@ -88,3 +88,48 @@ func (d *Daemon) fail(err error) {
 		close(d.failed)
 	})
 }
+
+// selfProxy builds (unstarted) the daemon's self-proxy when its own pod is
+// known (POD_NAME, POD_NAMESPACE and SERVICE_ACCOUNT, from the chart's
+// downward API) in shared mode: HBONE on 15008 in the daemon's own network
+// namespace, with the daemon's own identity, so that a mesh client (a
+// Prometheus in the mesh) reaches 15020 over mTLS, as ztunnel's self-proxy
+// allows. It dials its target from its own address (no original-source
+// spoofing: the target is the daemon itself). Nil without the three
+// variables.
+func (d *Daemon) selfProxy(proxyConfig func(proxy.WorkloadRef, func(func() error) error) proxy.Config) (*proxy.Proxy, error) {
+	c := d.cfg
+	if c.Mode != ModeShared || c.PodName == "" || c.PodNamespace == "" || c.ServiceAccount == "" {
+		return nil, nil
+	}
+	pc := proxyConfig(c.workloadRef(c.PodNamespace, c.PodName, c.ServiceAccount), nil)
+	pc.InboundOnly = true
+	off := false
+	pc.OrigSrc = &off
+	pc.SOCKS5 = false
+	p, err := proxy.New(pc)
+	if err != nil {
+		return nil, fmt.Errorf("self-proxy: %w", err)
+	}
+	return p, nil
+}
+
+// startSelfProxy starts the self-proxy and counts its identity among the
+// served ones, like a pod's.
+func (d *Daemon) startSelfProxy(ctx context.Context, p *proxy.Proxy) error {
+	d.serveMu.Lock()
+	defer d.serveMu.Unlock()
+	if d.closing {
+		return nil
+	}
+	if err := p.Start(ctx); err != nil {
+		return fmt.Errorf("self-proxy: %w", err)
+	}
+	d.proxies = append(d.proxies, p)
+	if d.warm != nil {
+		d.warm.podUp(identity.New(d.cfg.TrustDomain, d.cfg.PodNamespace, d.cfg.ServiceAccount))
+	}
+	d.log.Info("serving HBONE for the daemon's own pod", "workload", d.cfg.PodNamespace+"/"+d.cfg.PodName,
+		"identity", identity.New(d.cfg.TrustDomain, d.cfg.PodNamespace, d.cfg.ServiceAccount).String())
+	return nil
+}
