@@ -17,6 +17,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
+	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
 
 // nodeViewConfig is startupConfig's topology with workload names, which the
@@ -79,7 +80,8 @@ func TestSharedNodeView(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c, err := labrun.StartSharedCluster(ctx, lab, []byte(nodeViewConfig), labrun.SharedOptions{
-		Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: append(istiod.env(), "SERVICE_ACCOUNT=ztunnel"),
+		Binary: ztunnelBin, Dir: t.TempDir(),
+		DaemonEnv: append(istiod.env(), "SERVICE_ACCOUNT=ztunnel", "ISTIO_META_CLUSTER_ID=Kubernetes", "ISTIO_META_MESH_ID=lab-mesh"),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -95,6 +97,22 @@ func TestSharedNodeView(t *testing.T) {
 		}
 	})
 	zt := c.Daemons["node-a"]
+	// What istiod is told: the pod, its node and every ISTIO_META_*.
+	first := istiod.WaitRequest(func(r *xdstest.Request) bool {
+		return r.Node != nil && r.Node.GetMetadata().GetFields()["NAME"].GetStringValue() == zt.Pod.Name
+	})
+	meta := first.Node.GetMetadata().AsMap()
+	for k, v := range map[string]string{"CLUSTER_ID": "Kubernetes", "MESH_ID": "lab-mesh", "NODE_NAME": "node-a", "NAMESPACE": "istio-system"} {
+		if got := meta[k]; got != v {
+			t.Errorf("node metadata %s = %v, want %q (all: %v)", k, got, v, meta)
+		}
+	}
+	if _, ok := meta["SERVICE_ACCOUNT"]; ok {
+		t.Errorf("node metadata has SERVICE_ACCOUNT, which is no ISTIO_META_ variable: %v", meta)
+	}
+	if name, _ := meta["NAME"].(string); !strings.HasPrefix(name, "ztunnel-node-") {
+		t.Errorf("node metadata lacks the pod and node: %v", meta)
+	}
 	// istiod knows the daemon's own pod, and two twins of the client.
 	istiod.Set(xdsconv.AddressType, "u-zt-a", "1", xdsPod("u-zt-a", zt.Pod.Name, "istio-system", "ztunnel", zt.Pod.IP.String(), "node-a", "Kubernetes", "ztunnel"))
 	istiod.Set(xdsconv.AddressType, "a-twin-cluster", "1", xdsPod("a-twin-cluster", "client", "default", "client", "10.244.9.9", "node-a", "other", "twin-cluster"))

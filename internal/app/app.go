@@ -353,7 +353,7 @@ func newXDSClient(cfg *Config, log *slog.Logger) (*xdsclient.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	meta := map[string]string{}
+	meta := proxyMetadata(os.Environ(), nil)
 	info := xdsclient.NodeInfoFromEnv(os.Environ(), meta)
 	info.InstanceIP, info.PodName, info.PodNamespace, info.NodeName = cfg.InstanceIP, cfg.PodName, cfg.PodNamespace, cfg.NodeName
 	node, errs := xdsclient.NewNode(info)
