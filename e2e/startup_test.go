@@ -194,7 +194,10 @@ func TestStartupServesNothingBeforeSync(t *testing.T) {
 	defer probe.stop()
 	begin := time.Now()
 
-	const rounds = 3
+	rounds := 3
+	if os.Getenv(soakEnv) == "1" { // make soak: many more restarts
+		rounds = 25
+	}
 	for round := 0; round < rounds; round++ {
 		if round > 0 {
 			// A restart of both daemons against an istiod that is down,
