@@ -27,6 +27,7 @@ bar='!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
 	cut -f3 "$log" | sort | uniq -c | sort -rn | sed 's/^ *\([0-9]*\) /!!   \1 x /'
 	echo "!! in: $(cut -f1 "$log" | sed "s|^$root/||; s|^$root\$|.|" | sort -u | tr '\n' ' ')"
 	echo "!! Run make test as root on Debian (it installs the packages), or see scripts/deps.sh."
+	[ -n "${NETNSLAB_REQUIRE:-}" ] && echo "!! NETNSLAB_REQUIRE is set: make test fails."
 	echo "$bar"
 } >&2
 [ -z "${NETNSLAB_REQUIRE:-}" ]
