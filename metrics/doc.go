@@ -9,7 +9,7 @@
 // ones. Everything else is a plain client_golang vector.
 //
 // A leaf: it imports only the Prometheus client and the standard library.
-// Imported by internal/app (which serves Gatherer on 15020 through admin)
-// and by the packages that record: proxy, and later the xDS client, the DNS
-// proxy and the in-pod manager.
+// Imports (of ours): nothing of ours. Imported by: dnsproxy, inpod,
+// internal/app (which serves Gatherer on 15020 through admin), proxy and
+// tests.
 package metrics

@@ -10,6 +10,7 @@
 // handing both sockets to engine.Relay. The proxy reads the workload/policy
 // snapshot once per connection and never locks on it.
 //
-// Imported by cmd and inpod; imports engine, hbone, mtls, state and its
-// protocol leaves proxy/socks5, proxy/proxyproto and proxy/meta.
+// Imports (of ours): engine, hbone, identity, metrics, mtls, mtls/record,
+// proxy/connmgr, proxy/meta, proxy/proxyproto, proxy/socks5 (its protocol
+// leaves) and state. Imported by: internal/app and tests.
 package proxy
