@@ -2,6 +2,10 @@
 // Istio's names, types and label sets (istio_tcp_*, istio_xds_*, istio_dns_*,
 // workload_manager_*, istio_build, process_*), so that Kiali, Istio's
 // dashboards and existing alerts work unchanged when the binary is swapped.
+// Not all are fed yet: nothing calls XDSMessage or XDSConnectionTerminated
+// (the xDS client records nothing), nor CRLRejected and CRLUntracked (no
+// revocation lists), so the istio_xds_* and istio_crl_* families stay at
+// zero and the dashboards' xDS panels show nothing.
 //
 // The traffic families are fed without a lock or a label lookup per read:
 // a connection registers its byte counters once, at open (ConnOpened), and
