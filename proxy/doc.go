@@ -7,7 +7,8 @@
 // get a PROXY v2 header in front of each inbound stream.
 //
 // Each decision runs once per connection in an ordinary goroutine and ends by
-// handing both sockets to engine.Relay. The proxy reads the workload/policy
+// handing both ends to the engine (engine.StartByHandle, or engine.StartDial
+// for passthrough, whose upstream connect the event loop completes). The proxy reads the workload/policy
 // snapshot once per connection and never locks on it.
 //
 // Imports (of ours): engine, hbone, identity, metrics, mtls, mtls/record,
