@@ -24,6 +24,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // Skip so that make test counts them and CI (NETNSLAB_REQUIRE=1) fails them.
 func requireRoot(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("network-namespace tests do not run with -short")
+	}
 	if os.Geteuid() != 0 {
 		netnslab.Skip(t, fmt.Sprintf("needs root for network namespaces (running as uid %d)", os.Geteuid()))
 	}
