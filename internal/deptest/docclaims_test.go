@@ -295,16 +295,11 @@ type archRow struct {
 	unknown bool     // the column says "everything below": only the order is checked
 }
 
-// parseArchTable reads the table under the "## Packages" heading.
-func parseArchTable(t *testing.T) []archRow {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join("..", "..", "ARCHITECTURE.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
+// parseArchTable reads the table under the "## Packages" heading of md.
+func parseArchTable(md string) ([]archRow, error) {
 	var rows []archRow
 	in := false
-	for i, line := range strings.Split(string(data), "\n") {
+	for i, line := range strings.Split(md, "\n") {
 		if strings.HasPrefix(line, "## ") {
 			in = strings.HasPrefix(line, "## Packages")
 			continue
@@ -314,7 +309,7 @@ func parseArchTable(t *testing.T) []archRow {
 		}
 		cols := strings.Split(strings.Trim(line, "|"), "|")
 		if len(cols) != 3 {
-			t.Fatalf("ARCHITECTURE.md:%d: want 3 columns: %s", i+1, line)
+			return nil, fmt.Errorf("ARCHITECTURE.md:%d: want 3 columns: %s", i+1, line)
 		}
 		r := archRow{line: i + 1, pkgs: backticked(cols[0])}
 		switch c := strings.TrimSpace(cols[2]); c {
@@ -324,15 +319,15 @@ func parseArchTable(t *testing.T) []archRow {
 		default:
 			r.claims = backticked(c)
 			if len(r.claims) == 0 {
-				t.Fatalf("ARCHITECTURE.md:%d: imports column %q names no package", i+1, c)
+				return nil, fmt.Errorf("ARCHITECTURE.md:%d: imports column %q names no package", i+1, c)
 			}
 		}
 		rows = append(rows, r)
 	}
 	if len(rows) == 0 {
-		t.Fatal("ARCHITECTURE.md: no package table under a \"## Packages\" heading")
+		return nil, fmt.Errorf("ARCHITECTURE.md: no package table under a \"## Packages\" heading")
 	}
-	return rows
+	return rows, nil
 }
 
 // backticked returns the `quoted` names of s.
@@ -347,23 +342,38 @@ func backticked(s string) []string {
 
 func TestArchitectureImportTable(t *testing.T) {
 	g := loadGraph(t)
-	rows := parseArchTable(t)
+	md, err := os.ReadFile(filepath.Join("..", "..", "ARCHITECTURE.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := parseArchTable(string(md))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range checkArchTable(g, rows) {
+		t.Error(e)
+	}
+}
+
+// checkArchTable returns what is wrong with the table's rows.
+func checkArchTable(g *modGraph, rows []archRow) []string {
+	var errs []string
 	rowOf := map[string]int{}
 	for i, r := range rows {
 		for _, p := range r.pkgs {
 			if _, ok := g.pkgs[p]; !ok {
-				t.Errorf("ARCHITECTURE.md:%d: `%s` is not a package of this module", r.line, p)
+				errs = append(errs, fmt.Sprintf("ARCHITECTURE.md:%d: `%s` is not a package of this module", r.line, p))
 				continue
 			}
 			if j, dup := rowOf[p]; dup {
-				t.Errorf("ARCHITECTURE.md:%d: `%s` already has the row on line %d", r.line, p, rows[j].line)
+				errs = append(errs, fmt.Sprintf("ARCHITECTURE.md:%d: `%s` already has the row on line %d", r.line, p, rows[j].line))
 			}
 			rowOf[p] = i
 		}
 	}
 	for _, p := range slices.Sorted(maps.Keys(g.pkgs)) {
 		if _, ok := rowOf[p]; !ok {
-			t.Errorf("ARCHITECTURE.md: package %s has no row in the package table; imports (of ours): %s", p, sentence(g.imports[p], nil))
+			errs = append(errs, fmt.Sprintf("ARCHITECTURE.md: package %s has no row in the package table; imports (of ours): %s", p, sentence(g.imports[p], nil)))
 		}
 	}
 	for i, r := range rows {
@@ -377,7 +387,7 @@ func TestArchitectureImportTable(t *testing.T) {
 					actual = append(actual, dep)
 				}
 				if j, ok := rowOf[dep]; ok && j < i {
-					t.Errorf("ARCHITECTURE.md:%d: %s imports %s, whose row (line %d) is above it: imports point down the table only", r.line, p, dep, rows[j].line)
+					errs = append(errs, fmt.Sprintf("ARCHITECTURE.md:%d: %s imports %s, whose row (line %d) is above it: imports point down the table only", r.line, p, dep, rows[j].line))
 				}
 			}
 		}
@@ -396,15 +406,55 @@ func TestArchitectureImportTable(t *testing.T) {
 					}
 				}
 				if !matched {
-					t.Errorf("ARCHITECTURE.md:%d: `%s` matches none of the row's imports", r.line, c)
+					errs = append(errs, fmt.Sprintf("ARCHITECTURE.md:%d: `%s` matches none of the row's imports", r.line, c))
 				}
 				continue
 			}
 			claimed = append(claimed, c)
 		}
 		if d := diff(claimed, actual); d != "" {
-			t.Errorf("ARCHITECTURE.md:%d: the imports of %s are wrong (%s); the true list is %s", r.line, strings.Join(r.pkgs, ", "), d, sentence(actual, nil))
+			errs = append(errs, fmt.Sprintf("ARCHITECTURE.md:%d: the imports of %s are wrong (%s); the true list is %s", r.line, strings.Join(r.pkgs, ", "), d, sentence(actual, nil)))
 		}
+	}
+	return errs
+}
+
+// TestArchTableChecks pins the table checks on a small module, including the
+// tables that must fail.
+func TestArchTableChecks(t *testing.T) {
+	g := &modGraph{
+		pkgs: map[string]modPkg{"app": {}, "api/x": {}, "api/y": {}, "lib": {}, "cmd/a": {}},
+		imports: map[string][]string{
+			"cmd/a": {"app"},
+			"app":   {"lib", "api/x", "api/y"},
+			"lib":   {"api/x"},
+		},
+	}
+	const head = "# A\n\n## Packages\n\n| Package | Job | Imports (of ours) |\n|---|---|---|\n"
+	for _, tc := range []struct {
+		name, table string
+		wantErrs    int
+	}{
+		{"true", "| `cmd/a` | main | `app` |\n| `app` | daemon | everything below |\n| `lib` | l | `api/*` |\n| `api/x`, `api/y` | protos | — |\n", 0},
+		{"exact lists", "| `cmd/a` | main | `app` |\n| `app` | daemon | `lib`, `api/x`, `api/y` |\n| `lib` | l | `api/x` |\n| `api/x`, `api/y` | protos | — |\n", 0},
+		{"missing row", "| `cmd/a` | main | `app` |\n| `app` | daemon | everything below |\n| `api/x`, `api/y` | protos | — |\n", 1},
+		{"import up the table", "| `cmd/a` | main | `app` |\n| `lib` | l | `api/x` |\n| `app` | daemon | everything below |\n| `api/x`, `api/y` | protos | — |\n", 1},
+		{"stale import", "| `cmd/a` | main | `app`, `lib` |\n| `app` | daemon | everything below |\n| `lib` | l | `api/x` |\n| `api/x`, `api/y` | protos | — |\n", 1},
+		{"unknown package and duplicate", "| `cmd/a` | main | `app` |\n| `app`, `gone` | daemon | everything below |\n| `lib` | l | `api/x` |\n| `api/x`, `api/y`, `lib` | protos | — |\n", 2},
+		{"wildcard matching nothing", "| `cmd/a` | main | `app`, `other/*` |\n| `app` | daemon | everything below |\n| `lib` | l | `api/x` |\n| `api/x`, `api/y` | protos | — |\n", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rows, err := parseArchTable(head + tc.table + "\n## Next\n\n| `ignored` | x | y |\n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if errs := checkArchTable(g, rows); len(errs) != tc.wantErrs {
+				t.Errorf("got %d errors, want %d: %q", len(errs), tc.wantErrs, errs)
+			}
+		})
+	}
+	if _, err := parseArchTable("# no table\n"); err == nil {
+		t.Error("a page without the table parsed")
 	}
 }
 
