@@ -34,9 +34,18 @@ const (
 // dedicated mode, the ZDS workload info in shared mode).
 type WorkloadRef struct {
 	Namespace, Name, ServiceAccount string
+	// Node and Cluster scope the lookup of the workload record to this
+	// node (NODE_NAME) and cluster (CLUSTER_ID), as ztunnel's local_node:
+	// a same-named pod elsewhere is never taken for it. "" matches any.
+	Node, Cluster string
 }
 
 func (r WorkloadRef) String() string { return r.Namespace + "/" + r.Name }
+
+// Info is the snapshot lookup key of the workload.
+func (r WorkloadRef) Info() state.WorkloadInfo {
+	return state.WorkloadInfo{Namespace: r.Namespace, Name: r.Name, ServiceAccount: r.ServiceAccount, Node: r.Node, Cluster: r.Cluster}
+}
 
 // Config configures one proxy instance: the listeners and decisions for one
 // workload.
@@ -198,7 +207,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p := &Proxy{cfg: cfg, log: log, access: log.With("scope", "access"), conns: make(map[*net.TCPConn]struct{}),
 		peers: make(map[netip.Addr]*peerCount)}
-	p.info = state.WorkloadInfo{Namespace: cfg.Workload.Namespace, Name: cfg.Workload.Name, ServiceAccount: cfg.Workload.ServiceAccount}
+	p.info = cfg.Workload.Info()
 	p.dialer = engine.Dialer{Options: cfg.Socket}
 	if cfg.Control != nil {
 		p.dialer.Control = func(dial func() (net.Conn, error)) (c net.Conn, err error) {
