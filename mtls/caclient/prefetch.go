@@ -22,8 +22,6 @@ const maxPrefetches = 8
 // at once, while Store.Get never waits for them.
 //
 // A Prefetcher is safe for concurrent use. Close it to stop its goroutines.
-// The daemon (internal/app) does not start one yet: until it does, a
-// certificate is fetched by the first connection that needs it.
 type Prefetcher struct {
 	store  *mtls.Store
 	logf   func(string, ...any)
