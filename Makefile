@@ -21,8 +21,11 @@ build: ## Build the daemon (bin/ztunnel) and the tools (bin/zlab)
 	$(GO) build -trimpath -o $(BIN)/zlab ./cmd/zlab
 
 .PHONY: test
-test: ## Run every test with the race detector (root runs the network-namespace lab tests too)
-	$(GO) test -race -timeout $(TEST_TIMEOUT) $(GOTESTFLAGS) ./...
+test: ## Run every test with the race detector; as root installs the system packages first and runs the lab tests too
+	@scripts/deps.sh test
+	@log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
+		NETNSLAB_SKIP_LOG=$$log $(GO) test -race -timeout $(TEST_TIMEOUT) $(GOTESTFLAGS) ./...; rc=$$?; \
+		scripts/skips.sh "$$log" || rc=1; exit $$rc
 
 .PHONY: test-short
 test-short: ## Run the tests that need neither root nor the lab
@@ -55,7 +58,9 @@ run: build ## Run the daemon on its embedded default: examples/localhost.yaml, b
 		$(BIN)/ztunnel proxy ztunnel
 
 .PHONY: demo
-demo: build ## Build a lab of 2 nodes x 2 pods, send pod-to-pod traffic through HBONE, show a policy decision (root)
+demo: ## Build a lab of 2 nodes x 2 pods, send pod-to-pod traffic through HBONE, show a policy decision (root; installs the system packages)
+	@scripts/deps.sh demo
+	@$(MAKE) --no-print-directory build
 	$(BIN)/zlab demo --ztunnel $(BIN)/ztunnel --config examples/demo.yaml
 
 .PHONY: bench-tools
@@ -68,14 +73,13 @@ bench-tools: ## Build the daemon and the benchmark tools (zload, zpeer, zbench) 
 
 .PHONY: bench
 bench: bench-tools ## End-to-end benchmarks of std, epoll and io_uring side by side, report in bench/results/<date>-<host>/ (root, ~15 min; BENCHFLAGS=--help)
-	@command -v haproxy >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null 2>&1 || \
-		  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }; }; } || \
-		echo "haproxy is not installed: the report will mark its rows as skipped"
+	@scripts/deps.sh bench
+	@command -v haproxy >/dev/null 2>&1 || echo "haproxy is not installed: the report will mark its rows as skipped"
 	$(BIN)/zbench $(BENCHFLAGS)
 
 .PHONY: bench-quick
 bench-quick: bench-tools ## CI smoke run of the end-to-end benchmarks (root, about a minute; HAProxy optional)
+	@scripts/deps.sh lab
 	$(BIN)/zbench --quick $(BENCHFLAGS)
 
 .PHONY: bench-micro

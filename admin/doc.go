@@ -4,7 +4,7 @@
 // any Prometheus Gatherer, gzip when asked) and readiness on 15021
 // (/healthz/ready).
 //
-// Imported by cmd (through internal/app); imports state and mtls. The log
-// filter and the metrics come in through interfaces (LogLevels,
-// prometheus.Gatherer), so it needs neither internal/logging nor metrics.
+// Imports (of ours): mtls and state. Imported by: internal/app. The log filter
+// and the metrics come in through interfaces (LogLevels, prometheus.Gatherer),
+// so it needs neither internal/logging nor metrics.
 package admin

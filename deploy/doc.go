@@ -4,5 +4,5 @@
 // the daemon's own configuration parser (internal/app.ParseEnv), so that
 // every environment variable the chart sets is one the daemon reads.
 //
-// Nothing imports it.
+// Imports (of ours): nothing of ours. Imported by: nothing.
 package deploy

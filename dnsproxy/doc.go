@@ -25,5 +25,5 @@
 // Undecodable queries are answered FORMERR (or dropped when not even the
 // header is there); the server keeps serving.
 //
-// Imports state and metrics; imported by internal/app.
+// Imports (of ours): metrics and state. Imported by: internal/app.
 package dnsproxy

@@ -123,7 +123,6 @@ func TestDNSProxyShared(t *testing.T) {
 		Capture:   netnslab.CaptureOptions{RedirectDNS: true},
 		DaemonEnv: []string{"ISTIO_META_DNS_CAPTURE=true", "ZTUNNEL_RESOLV_CONF=" + writeResolvConf(t, dir, "10.244.1.3")},
 	})
-	skipUnwired(t, err)
 	if err != nil {
 		t.Fatal(err)
 	}

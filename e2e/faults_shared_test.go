@@ -120,7 +120,6 @@ func startFaultShared(t *testing.T) *labrun.SharedCluster {
 	c, err := labrun.StartSharedCluster(ctx, lab, []byte(faultConfig), labrun.SharedOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(),
 	})
-	skipUnwired(t, err)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,7 +76,6 @@ func startShared(t *testing.T) *sharedLab {
 	c, err := labrun.StartSharedCluster(ctx, lab, []byte(sharedConfig), labrun.SharedOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(), Later: []string{"late"},
 	})
-	skipUnwired(t, err)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,15 +95,6 @@ func startShared(t *testing.T) *sharedLab {
 	}
 	t.Cleanup(func() { s.Close() })
 	return &sharedLab{c: c, srvAddr: s.Addr}
-}
-
-// skipUnwired skips while the daemon still refuses PROXY_MODE=shared (the
-// in-pod package exists before the daemon's wiring does).
-func skipUnwired(t testing.TB, err error) {
-	t.Helper()
-	if err != nil && strings.Contains(err.Error(), "PROXY_MODE=shared needs the in-pod") {
-		t.Skip("the daemon does not run PROXY_MODE=shared yet")
-	}
 }
 
 // echoRound writes msg on c and reads it back, leaving c open.
@@ -479,7 +469,6 @@ func BenchmarkSharedPods100(b *testing.B) {
 	c, err := labrun.StartSharedCluster(ctx, lab, []byte(cfg.String()), labrun.SharedOptions{
 		Binary: ztunnelBin, Dir: b.TempDir(), Later: names, LogLevel: "warn",
 	})
-	skipUnwired(b, err)
 	if err != nil {
 		b.Fatal(err)
 	}

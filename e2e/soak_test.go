@@ -268,7 +268,6 @@ func TestLoad(t *testing.T) {
 			"POOL_UNUSED_RELEASE_TIMEOUT=2s",
 		},
 	})
-	skipUnwired(t, err)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,8 +36,8 @@
 // use, for logs and /config_dump. The package-level Relay and Start use
 // Default, an engine built on first use from Config{}.
 //
-// Imported by proxy, inpod and cmd; it imports engine/poll, engine/splice,
-// engine/uring and engine/bufpool and nothing else of this module (no TLS,
-// no HTTP/2: streams reach it through the small interfaces in relay.go and
-// stream.go).
+// Imports (of ours): engine/bufpool, engine/poll, engine/splice and
+// engine/uring (no TLS, no HTTP/2: streams reach it through the small
+// interfaces in relay.go and stream.go). Imported by: engine/enginetest,
+// internal/app, proxy and tests.
 package engine

@@ -39,6 +39,6 @@
 // matching [ErrConnClosed] (wrapping a [*GoAwayError], a [*ConnError] or a
 // network error) when the connection ends.
 //
-// Importers: the proxy, the load generator and tests. This package imports
-// nothing of the project.
+// Imports (of ours): nothing of ours. Imported by: bench/load,
+// hbone/hbonetest, internal/app, internal/labrun, proxy and tests.
 package hbone

@@ -15,15 +15,20 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ztunnel-go/ztunnel/inpod/zdstest"
+	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// requireRoot skips tests that create network namespaces.
+// requireRoot skips tests that create network namespaces, through the lab's
+// Skip so that make test counts them and CI (NETNSLAB_REQUIRE=1) fails them.
 func requireRoot(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("network-namespace tests do not run with -short")
+	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces)")
+		netnslab.Skip(t, fmt.Sprintf("needs root for network namespaces (running as uid %d)", os.Geteuid()))
 	}
 }
 

@@ -7,9 +7,11 @@
 // get a PROXY v2 header in front of each inbound stream.
 //
 // Each decision runs once per connection in an ordinary goroutine and ends by
-// handing both sockets to engine.Relay. The proxy reads the workload/policy
+// handing both ends to the engine (engine.StartByHandle, or engine.StartDial
+// for passthrough, whose upstream connect the event loop completes). The proxy reads the workload/policy
 // snapshot once per connection and never locks on it.
 //
-// Imported by cmd and inpod; imports engine, hbone, mtls, state and its
-// protocol leaves proxy/socks5, proxy/proxyproto and proxy/meta.
+// Imports (of ours): engine, hbone, identity, metrics, mtls, mtls/record,
+// proxy/connmgr, proxy/meta, proxy/proxyproto, proxy/socks5 (its protocol
+// leaves) and state. Imported by: internal/app and tests.
 package proxy

@@ -26,8 +26,9 @@
 // snapshot clones only the shards and lists the delta touches, sharing the
 // rest with the snapshot it comes from.
 //
-// The package imports only the standard library and identity, so that every
-// part of the daemon can depend on it: proxy, dns, admin, and state/xdsconv,
-// which is the only place where external formats (xDS protos, the local YAML)
-// become state values.
+// It imports only the standard library and identity, so that every part of the
+// daemon can depend on it; state/xdsconv is the only place where external
+// formats (xDS protos, the local YAML) become state values. Imports (of ours):
+// identity. Imported by: admin, dnsproxy, internal/app, internal/labrun,
+// proxy, proxy/connmgr, state/xdsconv and tests.
 package state

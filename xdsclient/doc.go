@@ -12,5 +12,6 @@
 // rejected. state/xdsconv provides the handlers for Istio's Address and
 // Authorization types; the daemon wires the two together.
 //
-// Only the daemon (internal/app) and state/xdsconv import it.
+// Imports (of ours): xdsclient/controlplane. Imported by: internal/app,
+// state/xdsconv and tests.
 package xdsclient

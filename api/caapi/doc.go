@@ -4,5 +4,6 @@
 // IstioCertificateService (service.go), so that no gRPC code generator is
 // needed.
 //
-// mtls/caclient and test CA servers import it.
+// Imports (of ours): nothing of ours. Imported by: mtls/caclient and
+// mtls/caclient/catest (the test CA server).
 package caapi

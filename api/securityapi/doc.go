@@ -2,5 +2,5 @@
 // (istio.security.Authorization), generated from proto/authorization.proto by
 // `make generate`; only this doc file is written by hand.
 //
-// Only state/xdsconv and test kits import it.
+// Imports (of ours): api/workloadapi. Imported by: state/xdsconv and tests.
 package securityapi

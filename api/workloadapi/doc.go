@@ -3,6 +3,7 @@
 // proto/workload.proto by `make generate`; only this doc file is written by
 // hand.
 //
-// Only state/xdsconv (which turns these messages into state values) and test
-// kits import it; the xDS client stays generic and never does.
+// Imports (of ours): nothing of ours. Imported by: api/securityapi,
+// state/xdsconv (which turns these messages into state values) and tests. The
+// xDS client stays generic and never imports it.
 package workloadapi

@@ -2,5 +2,6 @@
 // between the Istio CNI agent and the node proxy, generated from
 // proto/zds.proto by `make generate`; only this doc file is written by hand.
 //
-// The in-pod (shared mode) workload manager and its test kits import it.
+// Imports (of ours): nothing of ours. Imported by: inpod (the in-pod workload
+// manager of shared mode), inpod/zdstest and tests.
 package zdsapi

@@ -13,6 +13,6 @@
 // redirect reaches the daemon; server-side proxies in the server's pod.
 // Traffic never leaves the lab's namespaces.
 //
-// Importers: bench/cmd/zbench and its tests. It imports internal/netnslab,
-// internal/labrun, bench/load and bench/report.
+// Imports (of ours): bench/load, bench/report, internal/labrun and
+// internal/netnslab. Imported by: bench/cmd/zbench.
 package harness

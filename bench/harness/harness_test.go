@@ -151,10 +151,7 @@ func TestProcessPlumbing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sleep, err := exec.LookPath("sleep")
-	if err != nil {
-		t.Skip("no sleep binary")
-	}
+	sleep := netnslab.RequireTool(t, "sleep", "coreutils")
 	ctx := context.Background()
 	c, err := startChild(ctx, pod.NS, "sleep", nil, sleep, "30")
 	if err != nil {

@@ -14,6 +14,7 @@
 // server. Every run is bounded by a duration or a count, with maximums
 // enforced by Validate.
 //
-// Importers: cmd/zload, the bench harness, report and peers (for result types
-// and certificate loading). It imports hbone, mtls, mtls/caclient and identity.
+// Imports (of ours): hbone, identity, mtls and mtls/caclient. Imported by:
+// bench/cmd/zpeer, bench/harness, bench/report (for the result types),
+// cmd/zload and tests.
 package load

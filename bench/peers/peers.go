@@ -10,8 +10,8 @@
 //   - H2Server and H2Client: the naive HBONE, HTTP/2 CONNECT over mutual TLS
 //     with golang.org/x/net/http2's Server and Transport.
 //
-// Importers: bench/cmd/zpeer and its tests. Of this module it imports mtls
-// only; besides the standard library, golang.org/x/net/http2 and x/sys/unix.
+// Imports (of ours): mtls (and besides the standard library,
+// golang.org/x/net/http2 and x/sys/unix). Imported by: bench/cmd/zpeer.
 package peers
 
 import (

@@ -5,9 +5,9 @@
 // and PNG plots drawn with gonum.org/v1/plot.
 //
 // It knows nothing of labs or processes: the harness fills a Run and calls
-// Write. Importers: the bench harness and its command, and tests (which
-// write reports from synthetic runs). It imports bench/load for the result
-// types.
+// Write. Imports (of ours): bench/load (for the result types). Imported by:
+// bench/cmd/zbench, bench/harness and tests (which write reports from
+// synthetic runs).
 package report
 
 import (

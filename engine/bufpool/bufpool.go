@@ -5,7 +5,8 @@
 // owner at a time: whoever Gets it either Puts it back or hands it off, and
 // must not touch it afterwards.
 //
-// Imported by engine, hbone and the tools; it imports only the standard library.
+// Imports (of ours): nothing of ours (only the standard library). Imported by:
+// engine.
 package bufpool
 
 import (

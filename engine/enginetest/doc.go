@@ -4,6 +4,5 @@
 // reader, a vanishing peer, abort, drain and close. It uses real loopback
 // sockets.
 //
-// Imported by the engine's tests only; it imports engine and the standard
-// library.
+// Imports (of ours): engine. Imported by: tests (the engine's).
 package enginetest

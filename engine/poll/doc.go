@@ -20,5 +20,6 @@
 // return from the wait. Everything else (Add, Modify, Delete, Wait,
 // WaitPark) belongs to the owner goroutine that runs the loop.
 //
-// Imported by engine only; it imports only golang.org/x/sys/unix.
+// Imports (of ours): nothing of ours (only golang.org/x/sys/unix). Imported
+// by: engine.
 package poll

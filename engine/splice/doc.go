@@ -6,5 +6,6 @@
 // goes back to its Pool only when empty; a pipe that still holds bytes when
 // its relay dies is closed instead, since its contents belong to no one.
 //
-// Imported by engine and its backends; it imports only golang.org/x/sys/unix.
+// Imports (of ours): nothing of ours (only golang.org/x/sys/unix). Imported
+// by: engine and tests.
 package splice

@@ -16,5 +16,6 @@
 // the caller keeps reachable until the matching completion arrives; Go's
 // collector does not move heap objects.
 //
-// Imported by engine only; it imports only golang.org/x/sys/unix.
+// Imports (of ours): nothing of ours (only golang.org/x/sys/unix). Imported
+// by: engine.
 package uring

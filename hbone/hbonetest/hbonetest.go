@@ -1,5 +1,6 @@
 // Package hbonetest runs HBONE servers on loopback for tests of code that
-// speaks HBONE (the proxy, the load generator). Test code only.
+// speaks HBONE (the proxy, the load generator). Imports (of ours): hbone.
+// Imported by: tests.
 package hbonetest
 
 import (

@@ -9,7 +9,7 @@
 // A Manual server hands connections to the test instead (Accept), to script
 // malformed or out-of-order exchanges.
 //
-// Imported by tests, internal/labrun and cmd/zlab; imports api/zdsapi.
+// Imports (of ours): api/zdsapi. Imported by: internal/labrun and tests.
 package zdstest
 
 import (

@@ -3,5 +3,8 @@
 // them on shutdown. cmd/ztunnel is a thin main around it; tests run it
 // in-process.
 //
-// Only cmd/ztunnel and tests import it.
+// Imports (of ours): admin, dnsproxy, engine, hbone, identity, inpod,
+// internal/logging, metrics, mtls, mtls/caclient, proxy, proxy/connmgr, state,
+// state/xdsconv, xdsclient and xdsclient/controlplane. Imported by:
+// cmd/ztunnel and tests.
 package app

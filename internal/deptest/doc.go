@@ -1,6 +1,7 @@
 // Package deptest checks the module's import layering and package docs: each
-// package may import only the packages of this module that ARCHITECTURE.md
-// allows it, and every package has exactly one package doc comment.
-//
-// It has tests only; nothing imports it.
+// package may import only the packages of this module that its layer allows,
+// every package has exactly one package doc comment, and ARCHITECTURE.md's
+// package table and the package docs' "Imports (of ours)" and "Imported by"
+// sentences match the code. It has tests only. Imports (of ours): nothing of
+// ours. Imported by: nothing.
 package deptest

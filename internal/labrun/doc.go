@@ -6,6 +6,7 @@
 // readiness, and runs echo servers whose accepted peers can be inspected.
 // The end-to-end tests and the demo share it.
 //
-// Imported by e2e tests, cmd/zlab and the bench harness, and by the proxy
-// tests for its east-west gateway.
+// Imports (of ours): hbone, identity, inpod/zdstest, internal/netnslab, mtls,
+// mtls/caclient, state and state/xdsconv. Imported by: bench/harness, cmd/zlab
+// and tests (e2e's, and the proxy's for its east-west gateway).
 package labrun

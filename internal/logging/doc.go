@@ -12,6 +12,7 @@
 // its "scope" attribute, given per record or, cheaper, once with
 // logger.With("scope", name). Records without one get Options.DefaultScope.
 //
-// Imported by internal/app (which builds the daemon's logger and hands
-// Levels to admin) and by tests; the packages that log take a *slog.Logger.
+// Imports (of ours): nothing of ours. Imported by: internal/app (which builds
+// the daemon's logger and hands Levels to admin) and tests. The packages that
+// log take a *slog.Logger.
 package logging

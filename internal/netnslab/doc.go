@@ -19,9 +19,15 @@
 // ever configured in the root network namespace: the only host-side effects are the
 // namespace mounts under /run/netns and the lock files under [LockDir].
 //
+// A test that cannot run here for want of root or a tool skips through [Skip]
+// ([RequireRoot] and [RequireTool] use it): each skip is appended to the file
+// named by NETNSLAB_SKIP_LOG, so that make test can report at the end how many
+// did not run and why, and NETNSLAB_REQUIRE=1 (CI) turns the skip into a failure.
+//
 // A live lab holds an flock on its lock file; [CleanupStale] removes the namespaces of
 // labs whose owner died without cleaning up (and that were not [Lab.Detach]ed).
 //
-// Who may import it: tests, benchmarks, cmd/zlab and the demo. Never the daemon: the
-// package imports "testing" for [New] and [RequireRoot].
+// Imports (of ours): nothing of ours. Imported by: bench/harness, cmd/zlab,
+// internal/labrun (the demo) and tests. Never the daemon: the package imports
+// "testing" for [New], [RequireRoot] and [Skip].
 package netnslab

@@ -6,7 +6,8 @@
 // itself when no Istio CA is used (FAKE_CA, or a local config without
 // CA_ADDRESS).
 //
-// This package imports identity, mtls, the generated CA API (api/caapi) and
-// the control-plane dialer (xdsclient/controlplane); the daemon's wiring and
-// test kits (mtls/tlstest, mtls/caclient/catest) import it, and mtls must not.
+// Imports (of ours): api/caapi (the generated CA API), identity, mtls and
+// xdsclient/controlplane (the control-plane dialer). Imported by: bench/load,
+// internal/app, internal/labrun, mtls/caclient/catest, mtls/tlstest and tests.
+// mtls must not import it.
 package caclient

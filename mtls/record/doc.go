@@ -13,6 +13,6 @@
 // AES-GCM, TLS 1.2, a server that would send session tickets, secrets not
 // logged) keep using the *tls.Conn for their data, behind the same API.
 //
-// It imports only the standard library. Packages that carry HBONE over TLS
-// may import it; it imports none of ours.
+// Packages that carry HBONE over TLS may import it. Imports (of ours): nothing
+// of ours (only the standard library). Imported by: proxy and tests.
 package record

@@ -10,6 +10,6 @@
 // Authorization pushes). A tracked connection is re-evaluated with the
 // destination workload it was authorized with, as in ztunnel.
 //
-// The proxy imports it (and internal/app, to run it); it imports only state,
-// identity and the standard library.
+// Imports (of ours): state. Imported by: internal/app (to run it), proxy and
+// tests.
 package connmgr

@@ -5,5 +5,5 @@
 // The values come from peers, so every parser is strict, bounded, returns
 // a clear error and is fuzzed. Formatting is the inverse of parsing.
 //
-// Imported by proxy; imports nothing of the project.
+// Imports (of ours): nothing of ours. Imported by: proxy and tests.
 package meta

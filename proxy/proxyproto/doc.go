@@ -7,5 +7,6 @@
 // The parser is strict and checks every length against the bytes present;
 // test applications use it, and it is fuzzed.
 //
-// Imported by proxy and tests; imports nothing of the project.
+// Imports (of ours): nothing of ours. Imported by: proxy and tests (whose test
+// applications parse the header).
 package proxyproto

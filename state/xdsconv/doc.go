@@ -11,8 +11,8 @@
 //     of an optional local config), builds the next snapshot after every push
 //     and publishes it to a state.Store. Its handlers plug into xdsclient.
 //
-// It imports state, identity, the generated protos (api/workloadapi,
-// api/securityapi) and xdsclient (for the handler types only). Only the
-// daemon's control plane wiring and test kits import it; the data path sees
-// nothing but state.
+// Imports (of ours): api/securityapi, api/workloadapi (the generated protos),
+// identity, state and xdsclient (for the handler types only). Imported by:
+// internal/app (the daemon's control-plane wiring), internal/labrun and tests.
+// The data path sees nothing but state.
 package xdsconv

@@ -5,7 +5,8 @@
 // system pool or inline PEM, and on every call the JWT bearer token (re-read
 // from its file), the clusterid header and any extra headers.
 //
-// xdsclient and mtls/caclient import it; it imports nothing of ours.
+// Imports (of ours): nothing of ours. Imported by: internal/app, mtls/caclient
+// and xdsclient.
 package controlplane
 
 import (

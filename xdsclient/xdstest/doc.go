@@ -4,6 +4,6 @@
 // restarts, and records every request with its stream's headers; plus TLS
 // material for fake control-plane servers.
 //
-// Tests of xdsclient, state/xdsconv, mtls/caclient and the daemon import it;
-// production code must not.
+// Imports (of ours): nothing of ours. Imported by: mtls/caclient/catest and
+// tests. Production code must not import it.
 package xdstest

@@ -4,8 +4,9 @@
 // records every request, and can be made to fail or to issue the wrong
 // identity.
 //
-// Tests of mtls/caclient, mtls and the daemon import it; production code must
-// not.
+// Imports (of ours): api/caapi, identity, mtls/caclient and xdsclient/xdstest.
+// Imported by: tests (of mtls/caclient, mtls and the daemon). Production code
+// must not import it.
 package catest
 
 import (
