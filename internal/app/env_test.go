@@ -186,7 +186,7 @@ func TestChartVariables(t *testing.T) {
 		c.InstanceIP != "10.0.0.9" || c.CPULimit != 0.5 || c.CPURequest != 2 || c.IstioVersion != "1.27.0" {
 		t.Fatalf("chart variables: %+v", c)
 	}
-	for _, kv := range [][2]string{{"INSTANCE_IP", "node-a"}, {"ZTUNNEL_CPU_LIMIT", "lots"}, {"CRL_PATH", "/etc/crl.pem"},
+	for _, kv := range [][2]string{{"INSTANCE_IP", "node-a"}, {"ZTUNNEL_CPU_LIMIT", "lots"},
 		{"ZTUNNEL_RESOURCE_CPU_REQUEST", "NaN"}, {"ZTUNNEL_CPU_LIMIT", "inf"}} {
 		name, v := kv[0], kv[1]
 		if _, err := ParseEnv(lookupFrom(map[string]string{name: v})); err == nil || !strings.Contains(err.Error(), name) {
