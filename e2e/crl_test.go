@@ -317,6 +317,8 @@ func TestCRL(t *testing.T) {
 		l.waitMetric(t, "server", rejections, destination, 1)
 		waitLogCount(t, srv, 1, "terminating inbound connection: peer certificate revoked by CRL update", "spiffe://cluster.local/ns/default/sa/client")
 		expectEnded(t, c)
+		// The proxied connection is closed with ztunnel's flag.
+		l.waitMetric(t, "server", "istio_tcp_connections_closed_total", map[string]string{"reporter": "destination", "response_flags": "CERT_REVOKED"}, 1)
 		if got := l.metric(t, "client", rejections, source); got != 0 {
 			t.Errorf("the client counted %v rejections; only the server's check revokes here", got)
 		}
@@ -361,6 +363,7 @@ func TestCRL(t *testing.T) {
 		l.waitMetric(t, "client", rejections, source, 1)
 		waitLogCount(t, cli, 1, "terminating outbound connection: upstream certificate revoked by CRL update", "spiffe://cluster.local/ns/default/sa/server")
 		expectEnded(t, c)
+		l.waitMetric(t, "client", "istio_tcp_connections_closed_total", map[string]string{"reporter": "source", "response_flags": "CERT_REVOKED"}, 1)
 		if got := l.metric(t, "server", rejections, destination); got != before {
 			t.Errorf("the server counted %v more rejections; only the client's check revokes here", got-before)
 		}
