@@ -63,7 +63,8 @@ func baseConfig() *tls.Config {
 // domain as that certificate's Identity. A handshake that fails the chain
 // check fails with a *tls.CertificateVerificationError wrapping the x509
 // error; one that fails the trust-domain check with an error wrapping
-// ErrTrustDomain.
+// ErrTrustDomain; with WithCRL, one whose verified chain holds a revoked
+// certificate with an error wrapping ErrRevoked.
 func ServerConfig(cert func() (*WorkloadCert, error), opts ...Option) *tls.Config {
 	o := optionsOf(opts)
 	// The last per-certificate config, reused while the certificate is
@@ -134,7 +135,8 @@ func serverConfigWith(c *WorkloadCert, o options) *tls.Config {
 // ignored. An empty expectedSANs accepts no server. A server that fails the
 // identity check fails the handshake with an error wrapping
 // ErrIdentityMismatch; one that fails the chain check with an error wrapping
-// the x509 error.
+// the x509 error; with WithCRL, one whose chain holds a revoked certificate
+// with an error wrapping ErrRevoked.
 //
 // Our certificate is sent whatever CAs the server names in its request, so
 // that a server mid-way through a root rotation can still decide for itself.

@@ -8,7 +8,9 @@
 //
 // Each decision runs once per connection in an ordinary goroutine and ends by
 // handing both sockets to engine.Relay. The proxy reads the workload/policy
-// snapshot once per connection and never locks on it.
+// snapshot once per connection and never locks on it. With a CRL
+// (Config.CRL) a reload that revokes a peer closes its HBONE connections:
+// the proxy's inbound ones, and the pool's through CloseRevokedOutbound.
 //
 // Imported by cmd and inpod; imports engine, hbone, mtls, state and its
 // protocol leaves proxy/socks5, proxy/proxyproto and proxy/meta.
