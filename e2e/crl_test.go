@@ -63,6 +63,7 @@ workloads:
 // the server's.
 type crlLab struct {
 	c      *labrun.Cluster
+	dir    string // the cluster's files (CA, config)
 	path   string
 	caCert *x509.Certificate
 	caKey  crypto.Signer
@@ -73,7 +74,7 @@ func startCRLLab(t *testing.T) *crlLab {
 	t.Helper()
 	lab := netnslab.New(t)
 	dir := t.TempDir()
-	l := &crlLab{path: filepath.Join(dir, "crl", "ca-crl.pem")}
+	l := &crlLab{dir: dir, path: filepath.Join(dir, "crl", "ca-crl.pem")}
 	if err := os.MkdirAll(filepath.Dir(l.path), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -377,6 +378,27 @@ func TestCRL(t *testing.T) {
 		l.waitMetric(t, "client", rejections, source, before+1)
 		if got := l.metric(t, "server", "istio_tcp_connections_opened_total", opened); got != srvOpened {
 			t.Errorf("the server saw %v new connections: a CONNECT got through", got-srvOpened)
+		}
+	})
+
+	t.Run("a daemon does not start with a CRL file that does not load", func(t *testing.T) {
+		bad := filepath.Join(t.TempDir(), "bad-crl.pem")
+		if err := os.WriteFile(bad, []byte("-----BEGIN X509 CRL-----\nnot base64\n-----END X509 CRL-----\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		d, err := labrun.StartDaemon(ctx, l.c.Pods["outsider"], labrun.DaemonOptions{
+			Binary: ztunnelBin, ConfigPath: l.c.ConfigPath,
+			CACert: filepath.Join(l.dir, "ca-cert.pem"), CAKey: filepath.Join(l.dir, "ca-key.pem"),
+			Workload: "default/outsider/outsider", Env: []string{"CRL_PATH=" + bad},
+		})
+		if err == nil {
+			d.Stop()
+			t.Fatal("the daemon started with a CRL file that does not parse")
+		}
+		if !strings.Contains(err.Error(), "CRL_PATH") {
+			t.Fatalf("the error does not name CRL_PATH: %v", err)
 		}
 	})
 

@@ -167,14 +167,16 @@ func (s *CRLSet) Revoked(chain []*x509.Certificate, anchors []*x509.Certificate)
 			continue
 		}
 		serial := c.SerialNumber.String()
+		// The issuer follows in a verified chain; a presented chain may
+		// stop below the root or carry a stray certificate of the same
+		// name, so the anchors of that name are candidates too.
 		var issuers []*x509.Certificate
 		if i+1 < len(chain) && bytes.Equal(chain[i+1].RawSubject, c.RawIssuer) {
-			issuers = chain[i+1 : i+2]
-		} else {
-			for _, a := range anchors {
-				if bytes.Equal(a.RawSubject, c.RawIssuer) {
-					issuers = append(issuers, a)
-				}
+			issuers = append(issuers, chain[i+1])
+		}
+		for _, a := range anchors {
+			if bytes.Equal(a.RawSubject, c.RawIssuer) {
+				issuers = append(issuers, a)
 			}
 		}
 		for _, e := range es {

@@ -167,6 +167,7 @@ func TestCRLSetRevoked(t *testing.T) {
 		{name: "root lists another serial", crls: [][]byte{root.crl(t, big.NewInt(999999))}, anchors: anchors, chain: chainOf(direct)},
 		{name: "presented chain without root finds it among anchors", crls: [][]byte{root.crl(t, leafSerial(direct))}, anchors: anchors, chain: chainOf(direct)[:1], lookup: anchors, revoked: true},
 		{name: "presented chain, root unknown, anchored at load", crls: [][]byte{root.crl(t, leafSerial(direct))}, anchors: anchors, chain: chainOf(direct)[:1], revoked: true},
+		{name: "stray certificate under the root's name in a presented chain", crls: [][]byte{root.crl(t, leafSerial(direct))}, anchors: anchors, chain: []*x509.Certificate{chainOf(direct)[0], other.cert}, lookup: anchors, revoked: true},
 		{name: "intermediate revokes leaf", crls: [][]byte{inter.crl(t, leafSerial(viaInter))}, anchors: anchors, chain: chainOf(viaInter), revoked: true, unanchored: 1},
 		{name: "intermediate known at load", crls: [][]byte{inter.crl(t, leafSerial(viaInter))}, anchors: []*x509.Certificate{root.cert, inter.cert}, chain: chainOf(viaInter)[:2], revoked: true},
 		{name: "root revokes the intermediate", crls: [][]byte{root.crl(t, inter.cert.SerialNumber)}, anchors: anchors, chain: chainOf(viaInter), revoked: true},
