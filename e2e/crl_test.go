@@ -62,19 +62,22 @@ workloads:
 // apart: the server checks only the client's certificate and the client only
 // the server's.
 type crlLab struct {
-	c      *labrun.Cluster
-	dir    string // the cluster's files (CA, config)
-	path   string
-	caCert *x509.Certificate
-	caKey  crypto.Signer
-	srv    netip.AddrPort
+	shared     bool                      // one shared-mode daemon per node, else one per pod
+	daemons    map[string]*labrun.Daemon // the daemon serving "client" and "server"
+	pods       map[string]*netnslab.Pod
+	configPath string
+	dir        string // the cluster's files (CA, config)
+	path       string
+	caCert     *x509.Certificate
+	caKey      crypto.Signer
+	srv        netip.AddrPort
 }
 
-func startCRLLab(t *testing.T) *crlLab {
+func startCRLLab(t *testing.T, shared bool) *crlLab {
 	t.Helper()
 	lab := netnslab.New(t)
 	dir := t.TempDir()
-	l := &crlLab{dir: dir, path: filepath.Join(dir, "crl", "ca-crl.pem")}
+	l := &crlLab{shared: shared, dir: dir, path: filepath.Join(dir, "crl", "ca-crl.pem")}
 	if err := os.MkdirAll(filepath.Dir(l.path), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -84,31 +87,50 @@ func startCRLLab(t *testing.T) *crlLab {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartCluster(ctx, lab, []byte(crlConfig), labrun.ClusterOptions{
-		Binary: ztunnelBin, Dir: dir, ExtraPods: map[string][]string{"node-b": {"outsider"}},
-		DaemonEnv: []string{"CRL_PATH=" + l.path},
-	})
-	if err != nil {
-		t.Fatal(err)
+	extra := map[string][]string{"node-b": {"outsider"}}
+	env := []string{"CRL_PATH=" + l.path}
+	var (
+		ca    *caclient.BuiltinCA
+		close func() error
+		all   func() []*labrun.Daemon
+	)
+	if shared {
+		c, err := labrun.StartSharedCluster(ctx, lab, []byte(crlConfig), labrun.SharedOptions{
+			Binary: ztunnelBin, Dir: dir, ExtraPods: extra, DaemonEnv: env,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.daemons = map[string]*labrun.Daemon{"client": c.Daemons["node-a"], "server": c.Daemons["node-b"]}
+		l.pods, l.configPath, ca, close, all = c.Pods, c.ConfigPath, c.CA, c.Close, c.AllDaemons
+	} else {
+		c, err := labrun.StartCluster(ctx, lab, []byte(crlConfig), labrun.ClusterOptions{
+			Binary: ztunnelBin, Dir: dir, ExtraPods: extra, DaemonEnv: env,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.daemons = c.Daemons
+		l.pods, l.configPath, ca, close = c.Pods, c.ConfigPath, c.CA, c.Close
+		all = func() []*labrun.Daemon { return []*labrun.Daemon{c.Daemons["client"], c.Daemons["server"]} }
 	}
-	l.c = c
 	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
+		if err := close(); err != nil {
 			t.Errorf("stopping daemons: %v", err)
 		}
 		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
+			for _, d := range all() {
+				t.Logf("daemon %s log:\n%s", d.Pod.Name, d.Log())
 			}
 		}
 	})
-	echo, err := labrun.StartEcho(c.Pods["server"], 8080)
+	echo, err := labrun.StartEcho(l.pods["server"], 8080)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { echo.Close() })
 	l.srv = echo.Addr
-	l.caCert, l.caKey = parseCA(t, c.CA)
+	l.caCert, l.caKey = parseCA(t, ca)
 	return l
 }
 
@@ -167,7 +189,7 @@ func (l *crlLab) serial(t *testing.T, pod string) *big.Int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	code, body, err := l.c.Daemons[pod].Get(ctx, "http://127.0.0.1:15000/config_dump")
+	code, body, err := l.daemons[pod].Get(ctx, "http://127.0.0.1:15000/config_dump")
 	if err != nil || code != 200 {
 		t.Fatalf("config_dump of %s: %d %v", pod, code, err)
 	}
@@ -201,7 +223,7 @@ func (l *crlLab) open(t *testing.T) net.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := l.c.Pods["client"].Dial(ctx, "tcp", l.srv.String())
+	c, err := l.pods["client"].Dial(ctx, "tcp", l.srv.String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +240,7 @@ func (l *crlLab) expectNoEcho(t *testing.T) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := l.c.Pods["client"].Dial(ctx, "tcp", l.srv.String())
+	c, err := l.pods["client"].Dial(ctx, "tcp", l.srv.String())
 	if err != nil {
 		return // reset before connect returned
 	}
@@ -243,7 +265,7 @@ func (l *crlLab) metric(t *testing.T, pod, family string, want map[string]string
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	code, body, err := l.c.Daemons[pod].Get(ctx, "http://127.0.0.1:15020/metrics")
+	code, body, err := l.daemons[pod].Get(ctx, "http://127.0.0.1:15020/metrics")
 	if err != nil || code != 200 {
 		t.Fatalf("scrape %s: %d %v", pod, code, err)
 	}
@@ -305,8 +327,14 @@ var (
 // open outbound connection terminated on reload), then CRL files that must
 // not load, and a CRL issued by an intermediate CA.
 func TestCRL(t *testing.T) {
-	l := startCRLLab(t)
-	cli, srv := l.c.Daemons["client"], l.c.Daemons["server"]
+	for _, mode := range []string{"dedicated", "shared"} {
+		t.Run(mode, func(t *testing.T) { testCRL(t, mode == "shared") })
+	}
+}
+
+func testCRL(t *testing.T, shared bool) {
+	l := startCRLLab(t, shared)
+	cli, srv := l.daemons["client"], l.daemons["server"]
 	l.open(t).Close() // both daemons now hold their certificates
 	cliSerial, srvSerial := l.serial(t, "client"), l.serial(t, "server")
 	reloads := func(d *labrun.Daemon) int { return logCount(d, "crl reloaded") }
@@ -381,26 +409,29 @@ func TestCRL(t *testing.T) {
 		}
 	})
 
-	t.Run("a daemon does not start with a CRL file that does not load", func(t *testing.T) {
-		bad := filepath.Join(t.TempDir(), "bad-crl.pem")
-		if err := os.WriteFile(bad, []byte("-----BEGIN X509 CRL-----\nnot base64\n-----END X509 CRL-----\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		d, err := labrun.StartDaemon(ctx, l.c.Pods["outsider"], labrun.DaemonOptions{
-			Binary: ztunnelBin, ConfigPath: l.c.ConfigPath,
-			CACert: filepath.Join(l.dir, "ca-cert.pem"), CAKey: filepath.Join(l.dir, "ca-key.pem"),
-			Workload: "default/outsider/outsider", Env: []string{"CRL_PATH=" + bad},
+	// Checked once, with a dedicated-mode daemon in the pod that has none.
+	if !l.shared {
+		t.Run("a daemon does not start with a CRL file that does not load", func(t *testing.T) {
+			bad := filepath.Join(t.TempDir(), "bad-crl.pem")
+			if err := os.WriteFile(bad, []byte("-----BEGIN X509 CRL-----\nnot base64\n-----END X509 CRL-----\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			d, err := labrun.StartDaemon(ctx, l.pods["outsider"], labrun.DaemonOptions{
+				Binary: ztunnelBin, ConfigPath: l.configPath,
+				CACert: filepath.Join(l.dir, "ca-cert.pem"), CAKey: filepath.Join(l.dir, "ca-key.pem"),
+				Workload: "default/outsider/outsider", Env: []string{"CRL_PATH=" + bad},
+			})
+			if err == nil {
+				d.Stop()
+				t.Fatal("the daemon started with a CRL file that does not parse")
+			}
+			if !strings.Contains(err.Error(), "CRL_PATH") {
+				t.Fatalf("the error does not name CRL_PATH: %v", err)
+			}
 		})
-		if err == nil {
-			d.Stop()
-			t.Fatal("the daemon started with a CRL file that does not parse")
-		}
-		if !strings.Contains(err.Error(), "CRL_PATH") {
-			t.Fatalf("the error does not name CRL_PATH: %v", err)
-		}
-	})
+	}
 
 	t.Run("CRL issued by an intermediate CA", func(t *testing.T) {
 		inter, interKey := intermediateCA(t, l.caCert, l.caKey)
@@ -430,7 +461,7 @@ func (l *crlLab) connectAs(t *testing.T, cert tls.Certificate) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	raw, err := l.c.Pods["outsider"].Dial(ctx, "tcp", netip.AddrPortFrom(l.srv.Addr(), 15008).String())
+	raw, err := l.pods["outsider"].Dial(ctx, "tcp", netip.AddrPortFrom(l.srv.Addr(), 15008).String())
 	if err != nil {
 		t.Fatal(err)
 	}
