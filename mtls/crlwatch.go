@@ -76,7 +76,7 @@ type fileStamp struct {
 func stampOf(fi os.FileInfo) fileStamp {
 	st := fileStamp{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
 	if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
-		st.dev, st.ino = uint64(sys.Dev), sys.Ino //nolint:unconvert // Dev's type differs between architectures
+		st.dev, st.ino = uint64(sys.Dev), sys.Ino // Dev's type differs between architectures
 	}
 	return st
 }
