@@ -47,6 +47,10 @@ type podSpec struct {
 		HostPath *struct {
 			Path string `yaml:"path"`
 		} `yaml:"hostPath"`
+		ConfigMap *struct {
+			Name     string `yaml:"name"`
+			Optional bool   `yaml:"optional"`
+		} `yaml:"configMap"`
 	} `yaml:"volumes"`
 }
 
@@ -80,6 +84,7 @@ type container struct {
 	VolumeMounts []struct {
 		Name      string `yaml:"name"`
 		MountPath string `yaml:"mountPath"`
+		ReadOnly  bool   `yaml:"readOnly"`
 	} `yaml:"volumeMounts"`
 }
 
@@ -116,11 +121,9 @@ var optionalChartEnv = map[string]string{
 }
 
 // refusedChartEnv are chart variables the daemon knows but refuses for now,
-// naming them, rather than run without the feature they ask for (CRL_PATH
-// comes with peerCaCrl.enabled: revocation must never be silently skipped).
-var refusedChartEnv = map[string]string{
-	"CRL_PATH": "/var/run/secrets/istio/crl/ca-crl.pem",
-}
+// naming them, rather than run without the feature they ask for. None are
+// left: CRL_PATH (peerCaCrl.enabled) is enforced and set by the manifest.
+var refusedChartEnv = map[string]string{}
 
 // notReadYet lists chart variables internal/app does not read yet (see the
 // issue 9 report). The test fails once one of them is read, so that the
@@ -362,6 +365,34 @@ func TestDaemonSetPrivilegesAndMounts(t *testing.T) {
 	}
 	if hostPaths[mounts["/var/run/ztunnel"]] != "/var/run/ztunnel" {
 		t.Errorf("/var/run/ztunnel is not the node's /var/run/ztunnel: %v", hostPaths)
+	}
+
+	// The chart's peerCaCrl: CRL_PATH lies in a read-only mount of the
+	// optional istio-ca-crl ConfigMap, so a cluster without one still runs.
+	crlPath := envOf(t, c)["CRL_PATH"]
+	if crlPath == "" {
+		t.Fatal("CRL_PATH is not set")
+	}
+	var crlMount string
+	for _, m := range c.VolumeMounts {
+		if filepath.Dir(crlPath) == m.MountPath {
+			crlMount = m.Name
+			if !m.ReadOnly {
+				t.Errorf("the CRL mount %s is writable", m.MountPath)
+			}
+		}
+	}
+	found := false
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.Name == crlMount && crlMount != "" {
+			found = true
+			if v.ConfigMap == nil || v.ConfigMap.Name != "istio-ca-crl" || !v.ConfigMap.Optional {
+				t.Errorf("CRL volume %s is not the optional istio-ca-crl ConfigMap", v.Name)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no volume mounted at %s for CRL_PATH=%s", filepath.Dir(crlPath), crlPath)
 	}
 }
 

@@ -191,6 +191,28 @@ func (p *Pool) dropKeyIfEmptyLocked(key string, k *poolKey) {
 	}
 }
 
+// CloseConns closes abruptly, with cause, every pooled connection whose
+// network connection match accepts (a caller that knows what the transport
+// is, such as a TLS connection, asserts it), and returns how many it closed.
+// Their streams fail and later Connects dial anew. match runs without the
+// pool's lock held, so it may take its time.
+func (p *Pool) CloseConns(match func(net.Conn) bool, cause error) int {
+	p.mu.Lock()
+	var conns []*ClientConn
+	for _, k := range p.keys {
+		conns = append(conns, k.conns...)
+	}
+	p.mu.Unlock()
+	n := 0
+	for _, cc := range conns {
+		if match(cc.c.nc) {
+			cc.c.forceClose(cause)
+			n++
+		}
+	}
+	return n
+}
+
 // Close closes every connection abruptly and waits for their goroutines to
 // end. Later Connects fail with ErrPoolClosed.
 func (p *Pool) Close() error {

@@ -197,6 +197,27 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 	}
 }
 
+// CloseConns closes abruptly, with cause, every connection being served
+// whose network connection match accepts, and returns how many it closed;
+// their ServeConn calls return cause. match runs without the server's lock
+// held.
+func (srv *Server) CloseConns(match func(net.Conn) bool, cause error) int {
+	srv.mu.Lock()
+	conns := make([]*conn, 0, len(srv.conns))
+	for c := range srv.conns {
+		conns = append(conns, c)
+	}
+	srv.mu.Unlock()
+	n := 0
+	for _, c := range conns {
+		if match(c.nc) {
+			c.forceClose(cause)
+			n++
+		}
+	}
+	return n
+}
+
 // Close closes every connection abruptly and waits for ServeConn calls (and
 // so their handlers) to return. New ServeConn calls fail.
 func (srv *Server) Close() error {

@@ -27,6 +27,7 @@ type Metrics struct {
 	onDemandDNS    *prometheus.CounterVec
 	crlRejections  *prometheus.CounterVec
 	crlUntracked   *prometheus.CounterVec
+	crlFailures    *prometheus.CounterVec
 	xdsTerminated  *prometheus.CounterVec
 	xdsMessages    *prometheus.CounterVec
 	xdsBytes       *prometheus.CounterVec
@@ -80,6 +81,9 @@ func New(cfg Config) *Metrics {
 	m.onDemandDNS = counterVec("istio_on_demand_dns_total", "Requests that needed an on-demand DNS lookup of a workload hostname (unstable).", onDemandLabelNames)
 	m.crlRejections = counterVec("istio_crl_policy_rejections_total", "Connections refused because a certificate is revoked by the CRL (unstable).", reporter)
 	m.crlUntracked = counterVec("istio_crl_untracked_connections_total", "Connections not tracked for CRL enforcement (unstable).", reporter)
+	// ztunnel has no such counter (it only logs at debug); a CRL file that
+	// stopped loading leaves stale revocations in force, so it is counted.
+	m.crlFailures = counterVec("istio_crl_load_failures_total", "CRL file loads that failed; the last good CRLs stay in force (unstable).", nil)
 	m.xdsTerminated = counterVec("istio_xds_connection_terminations_total", "Ended connections to the xDS server, by reason (unstable).", []string{"reason"})
 	m.xdsMessages = counterVec("istio_xds_message_total", "xDS messages received, by type URL (unstable).", []string{"url"})
 	m.xdsBytes = counterVec("istio_xds_message_bytes_total", "Bytes of xDS resources received, by type URL (unstable).", []string{"url"})
@@ -157,6 +161,14 @@ func (m *Metrics) OnDemandDNS(src *Workload, hostname string) {
 func (m *Metrics) CRLRejected(r Reporter) {
 	if m != nil {
 		m.crlRejections.WithLabelValues(r.String()).Inc()
+	}
+}
+
+// CRLLoadFailed counts a CRL file load that failed
+// (istio_crl_load_failures_total).
+func (m *Metrics) CRLLoadFailed() {
+	if m != nil {
+		m.crlFailures.WithLabelValues().Inc()
 	}
 }
 

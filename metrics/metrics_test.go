@@ -123,6 +123,7 @@ func exerciseAll(m *Metrics) {
 	m.OnDemandDNS(&Workload{WorkloadName: "w"}, "example.com")
 	m.CRLRejected(ReporterDestination)
 	m.CRLUntracked(ReporterSource)
+	m.CRLLoadFailed()
 	m.XDSConnectionTerminated(XDSReconnect)
 	m.XDSMessage("type.googleapis.com/istio.workload.Address", 100)
 	dl := DNSLabels{QueryType: "a", Protocol: "udp"}

@@ -5,7 +5,10 @@
 //
 // It owns the per-identity certificate cache (Store) and its rotation, but not
 // where certificates come from: a Source (the Istio CA client or the built-in
-// CA, both in mtls/caclient) issues them.
+// CA, both in mtls/caclient) issues them. It also enforces certificate
+// revocation lists (CRL, CRLSet, WithCRL): a file polled for changes whose
+// lists refuse revoked peers in the handshake and tell subscribers when open
+// connections must be re-checked.
 //
 // Any package that dials or serves HBONE, or dumps certificates, may import
 // it, and it imports none of them. Imports (of ours): identity. Imported by:

@@ -20,6 +20,28 @@ const alpnH2 = "h2"
 // Against ztunnel peers it is never chosen, since they do not offer it; between
 // two of ours it is chosen only when one side lacks AES hardware.
 
+// Option adds a check to the configs ServerConfig and ClientConfig build.
+type Option func(*options)
+
+type options struct {
+	crl *CRL
+}
+
+func optionsOf(opts []Option) options {
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+// WithCRL refuses, in the handshake, a peer any certificate of whose
+// verified chain crl revokes (the error wraps ErrRevoked). A nil crl checks
+// nothing.
+func WithCRL(crl *CRL) Option {
+	return func(o *options) { o.crl = crl }
+}
+
 // baseConfig returns the settings both sides share: TLS 1.3 only, ALPN h2,
 // and no session resumption (ztunnel neither issues nor uses tickets, so every
 // connection re-authenticates against the current certificates and roots).
@@ -41,8 +63,10 @@ func baseConfig() *tls.Config {
 // domain as that certificate's Identity. A handshake that fails the chain
 // check fails with a *tls.CertificateVerificationError wrapping the x509
 // error; one that fails the trust-domain check with an error wrapping
-// ErrTrustDomain.
-func ServerConfig(cert func() (*WorkloadCert, error)) *tls.Config {
+// ErrTrustDomain; with WithCRL, one whose verified chain holds a revoked
+// certificate with an error wrapping ErrRevoked.
+func ServerConfig(cert func() (*WorkloadCert, error), opts ...Option) *tls.Config {
+	o := optionsOf(opts)
 	// The last per-certificate config, reused while the certificate is
 	// unchanged so that a handshake does not build a config each time.
 	var last atomic.Pointer[serverConfigFor]
@@ -58,7 +82,7 @@ func ServerConfig(cert func() (*WorkloadCert, error)) *tls.Config {
 		if l := last.Load(); l != nil && l.cert == c {
 			return l.cfg, nil
 		}
-		l := &serverConfigFor{cert: c, cfg: serverConfigWith(c)}
+		l := &serverConfigFor{cert: c, cfg: serverConfigWith(c, o)}
 		last.Store(l)
 		return l.cfg, nil
 	}
@@ -72,7 +96,7 @@ type serverConfigFor struct {
 }
 
 // serverConfigWith builds the config of handshakes served with c.
-func serverConfigWith(c *WorkloadCert) *tls.Config {
+func serverConfigWith(c *WorkloadCert, o options) *tls.Config {
 	cfg := baseConfig()
 	cfg.Certificates = []tls.Certificate{c.Certificate}
 	cfg.ClientAuth = tls.RequireAndVerifyClientCert
@@ -84,6 +108,11 @@ func serverConfigWith(c *WorkloadCert) *tls.Config {
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
 			return fmt.Errorf("%w: no client certificate", ErrNoIdentity)
+		}
+		// Revocation is checked on the chains crypto/tls verified, so a
+		// CRL applies only through a signature of the issuer it names.
+		if err := o.crl.Check(cs.VerifiedChains); err != nil {
+			return fmt.Errorf("client certificate: %w", err)
 		}
 		ids := identities(cs.PeerCertificates[0])
 		for _, id := range ids {
@@ -106,11 +135,13 @@ func serverConfigWith(c *WorkloadCert) *tls.Config {
 // ignored. An empty expectedSANs accepts no server. A server that fails the
 // identity check fails the handshake with an error wrapping
 // ErrIdentityMismatch; one that fails the chain check with an error wrapping
-// the x509 error.
+// the x509 error; with WithCRL, one whose chain holds a revoked certificate
+// with an error wrapping ErrRevoked.
 //
 // Our certificate is sent whatever CAs the server names in its request, so
 // that a server mid-way through a root rotation can still decide for itself.
-func ClientConfig(cert *WorkloadCert, expectedSANs []string) *tls.Config {
+func ClientConfig(cert *WorkloadCert, expectedSANs []string, opts ...Option) *tls.Config {
+	o := optionsOf(opts)
 	cfg := baseConfig()
 	own := cert.Certificate
 	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
@@ -133,12 +164,18 @@ func ClientConfig(cert *WorkloadCert, expectedSANs []string) *tls.Config {
 		for _, c := range cs.PeerCertificates[1:] {
 			inters.AddCert(c)
 		}
-		if _, err := leaf.Verify(x509.VerifyOptions{
+		chains, err := leaf.Verify(x509.VerifyOptions{
 			Roots:         roots,
 			Intermediates: inters,
 			KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		}); err != nil {
+		})
+		if err != nil {
 			return fmt.Errorf("mtls: verifying server certificate: %w", err)
+		}
+		// Refused here, in the handshake, so a revoked server never sees
+		// a CONNECT.
+		if err := o.crl.Check(chains); err != nil {
+			return fmt.Errorf("server certificate: %w", err)
 		}
 		for _, u := range leaf.URIs {
 			if slices.Contains(want, u.String()) {

@@ -166,6 +166,10 @@ func (ci *connInfo) relayOutcome(r engine.Result) (metrics.ResponseFlags, error)
 	if ce, ok := errors.AsType[*engine.ConnectError](r.Err); ok {
 		return metrics.FlagConnect, fmt.Errorf("connect to %s: %w", ce.Dst, ce.Err)
 	}
+	if errors.Is(r.Err, ErrPeerRevoked) {
+		// The tunnel was closed under it by a CRL reload (crl.go).
+		return metrics.FlagCertRevoked, relayErr(r)
+	}
 	return metrics.FlagNone, relayErr(r)
 }
 

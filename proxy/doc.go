@@ -10,6 +10,9 @@
 // handing both ends to the engine (engine.StartByHandle, or engine.StartDial
 // for passthrough, whose upstream connect the event loop completes). The proxy reads the workload/policy
 // snapshot once per connection and never locks on it.
+// With a CRL (Config.CRL) a reload that revokes a peer closes its HBONE
+// connections: the proxy's inbound ones, and the pool's through
+// CloseRevokedOutbound.
 //
 // Imports (of ours): engine, hbone, identity, metrics, mtls, mtls/record,
 // proxy/connmgr, proxy/meta, proxy/proxyproto, proxy/socks5 (its protocol

@@ -108,11 +108,14 @@ func (p *Proxy) connectDoubleHBONE(ctx context.Context, srcW *state.Workload, cl
 		}
 		// The outer stream is a net.Conn with deadlines; tls bounds its
 		// close_notify with one, so closing cannot hang on a full window.
-		conn := tls.Client(outer, mtls.ClientConfig(cert, g.sans))
+		conn := tls.Client(outer, mtls.ClientConfig(cert, g.sans, mtls.WithCRL(p.cfg.CRL)))
 		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		if err := conn.HandshakeContext(hctx); err != nil {
 			outer.Close()
+			if errors.Is(err, mtls.ErrRevoked) {
+				p.cfg.Metrics.CRLRejected(metrics.ReporterSource)
+			}
 			return nil, &dialError{metrics.FlagTLSFailure, fmt.Errorf("inner tls handshake with %s through network gateway %s: %w", g.authority, r.dst, err)}
 		}
 		return conn, nil

@@ -84,7 +84,7 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 		return false
 	}
 	defer p.peerDone(ip)
-	conn := record.Server(c, mtls.ServerConfig(p.serverCert))
+	conn := record.Server(c, mtls.ServerConfig(p.serverCert, mtls.WithCRL(p.cfg.CRL)))
 	p.cfg.Metrics.SocketOpened(metrics.ReporterDestination)
 	defer p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
 	hctx, cancel := context.WithTimeout(p.ctx, p.cfg.HandshakeTimeout)
@@ -92,6 +92,9 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 	cancel()
 	p.handshakeDone(ip)
 	if err != nil {
+		if errors.Is(err, mtls.ErrRevoked) {
+			p.cfg.Metrics.CRLRejected(metrics.ReporterDestination)
+		}
 		ci := newConnInfo(dirInbound, src)
 		p.failed(ci, fmt.Errorf("tls handshake: %w", err))
 		c.Close()

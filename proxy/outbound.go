@@ -134,11 +134,14 @@ func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client n
 		// when the connection was made, which is what rotation needs.
 		// crypto/tls runs the handshake; mtls/record then seals each batch of
 		// HBONE frames into records in one buffer and one syscall.
-		conn := record.Client(tc, mtls.ClientConfig(cert, r.sans))
+		conn := record.Client(tc, mtls.ClientConfig(cert, r.sans, mtls.WithCRL(p.cfg.CRL)))
 		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		if err := conn.HandshakeContext(hctx); err != nil {
 			tc.Close()
+			if errors.Is(err, mtls.ErrRevoked) {
+				p.cfg.Metrics.CRLRejected(metrics.ReporterSource)
+			}
 			return nil, &dialError{metrics.FlagTLSFailure, fmt.Errorf("tls handshake with %s: %w", r.dst, err)}
 		}
 		return conn, nil

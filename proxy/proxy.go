@@ -109,6 +109,12 @@ type Config struct {
 	// Conns tracks authorized inbound connections so a policy change can
 	// close the ones it now denies; nil tracks nothing.
 	Conns *connmgr.Manager
+	// CRL refuses peers with a revoked certificate in the handshake, both
+	// ways, and when a reload revokes the peer of an open inbound HBONE
+	// connection, closes it (crl.go); nil enforces no CRL (CRL_PATH unset).
+	// The caller closes the outbound Pool's connections itself, as the
+	// pool may be shared between proxies.
+	CRL *mtls.CRL
 	// PreferredServiceNamespace breaks ties between services sharing a VIP
 	// after the client's namespace and a canonical service
 	// (PREFERED_SERVICE_NAMESPACE); "" prefers none.
@@ -156,6 +162,8 @@ type Proxy struct {
 	wg     sync.WaitGroup // accept loops and connection goroutines
 
 	ownID atomic.Pointer[workloadIdentity] // ownIdentity's
+
+	stopCRL func() // ends the CRL subscription Start made; nil without one
 
 	mu        sync.Mutex // guards the following fields
 	listeners []*net.TCPListener
@@ -284,6 +292,7 @@ func (p *Proxy) Start(ctx context.Context) error {
 	p.mu.Lock()
 	p.listeners = lns
 	p.mu.Unlock()
+	p.watchCRL() // crl.go
 	for i, s := range specs {
 		p.wg.Add(1)
 		go p.acceptLoop(lns[i], s.serve)
@@ -444,6 +453,9 @@ func (p *Proxy) Drain(ctx context.Context) {
 	}
 	if p.cancel == nil {
 		return
+	}
+	if p.stopCRL != nil {
+		p.stopCRL()
 	}
 	done := make(chan struct{})
 	go func() { p.wg.Wait(); close(done) }()

@@ -172,6 +172,11 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		return nil, err
 	}
 	m := metrics.New(metrics.Config{IstioVersion: cfg.IstioVersion})
+	crl, err := d.startCRL(m, signer.rootPEM()) // crl.go
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
 	if d.stats, err = admin.Serve(cfg.StatsAddr, admin.NewMetricsHandler(m.Gatherer(), log), log); err != nil {
 		d.Close()
 		return nil, err
@@ -218,6 +223,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			Logger:      log,
 			Metrics:     m,
 			Conns:       conns,
+			CRL:         crl,
 
 			PreferredServiceNamespace: cfg.PreferredServiceNamespace,
 			SOCKS5:                    cfg.EnableSOCKS5,

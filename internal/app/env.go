@@ -48,6 +48,10 @@ type Config struct {
 	BuiltinCACert string // BUILTIN_CA_CERT: PEM file of the built-in CA's root
 	BuiltinCAKey  string // BUILTIN_CA_KEY: PEM file of its key
 	SecretTTL     time.Duration
+	// CRLPath is CRL_PATH: a file of certificate revocation lists (PEM or
+	// DER) enforced on HBONE peers both ways and reloaded on change; ""
+	// enforces none.
+	CRLPath string
 
 	ClusterID   string
 	TrustDomain string
@@ -337,11 +341,7 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	// Set by Istio's chart and ignored by ztunnel too.
 	_ = e.str("INPOD_ENABLED", "")
 	_ = e.str("RUST_BACKTRACE", "")
-	if v := e.str("CRL_PATH", ""); v != "" {
-		// Refuse rather than ignore: a revocation list silently not enforced
-		// would let revoked peers in.
-		e.fail("CRL_PATH", v, errors.New("certificate revocation lists are not supported yet; unset it"))
-	}
+	c.CRLPath = e.str("CRL_PATH", "")
 
 	c.DNSCapture = true
 	if v, ok := lookup("ISTIO_META_DNS_CAPTURE"); ok {

@@ -178,15 +178,17 @@ func TestChartVariables(t *testing.T) {
 		"POD_NAME": "ztunnel-abc", "POD_NAMESPACE": "istio-system", "SERVICE_ACCOUNT": "ztunnel",
 		"INSTANCE_IP": "10.0.0.9", "ZTUNNEL_CPU_LIMIT": "500m", "ZTUNNEL_RESOURCE_CPU_REQUEST": "2",
 		"INPOD_ENABLED": "true", "ISTIO_META_ISTIO_VERSION": "1.27.0",
+		"CRL_PATH": "/var/run/secrets/istio/crl/ca-crl.pem",
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.PodName != "ztunnel-abc" || c.PodNamespace != "istio-system" || c.ServiceAccount != "ztunnel" ||
-		c.InstanceIP != "10.0.0.9" || c.CPULimit != 0.5 || c.CPURequest != 2 || c.IstioVersion != "1.27.0" {
+		c.InstanceIP != "10.0.0.9" || c.CPULimit != 0.5 || c.CPURequest != 2 || c.IstioVersion != "1.27.0" ||
+		c.CRLPath != "/var/run/secrets/istio/crl/ca-crl.pem" {
 		t.Fatalf("chart variables: %+v", c)
 	}
-	for _, kv := range [][2]string{{"INSTANCE_IP", "node-a"}, {"ZTUNNEL_CPU_LIMIT", "lots"}, {"CRL_PATH", "/etc/crl.pem"},
+	for _, kv := range [][2]string{{"INSTANCE_IP", "node-a"}, {"ZTUNNEL_CPU_LIMIT", "lots"},
 		{"ZTUNNEL_RESOURCE_CPU_REQUEST", "NaN"}, {"ZTUNNEL_CPU_LIMIT", "inf"}} {
 		name, v := kv[0], kv[1]
 		if _, err := ParseEnv(lookupFrom(map[string]string{name: v})); err == nil || !strings.Contains(err.Error(), name) {

@@ -1,0 +1,583 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"io"
+	"math/big"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/internal/labrun"
+	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/mtls/caclient"
+)
+
+// crlConfig is the mesh of the CRL tests: client on node-a, server on
+// node-b, and the pod "outsider" on node-b (no daemon) for peers the test
+// makes itself.
+const crlConfig = `
+workloads:
+- uid: cluster1//v1/Pod/default/client
+  name: client
+  namespace: default
+  serviceAccount: client
+  workloadIps: ["10.244.0.2"]
+  protocol: HBONE
+  node: node-a
+  services: {}
+- uid: cluster1//v1/Pod/default/server
+  name: server
+  namespace: default
+  serviceAccount: server
+  workloadIps: ["10.244.1.2"]
+  protocol: HBONE
+  node: node-b
+  services: {}
+`
+
+// crlLab is a cluster whose daemons both enforce one CRL file (CRL_PATH),
+// which the test rewrites. One file for both is enough to tell the sides
+// apart: the server checks only the client's certificate and the client only
+// the server's.
+type crlLab struct {
+	shared     bool                      // one shared-mode daemon per node, else one per pod
+	daemons    map[string]*labrun.Daemon // the daemon serving "client" and "server"
+	pods       map[string]*netnslab.Pod
+	configPath string
+	dir        string // the cluster's files (CA, config)
+	path       string
+	caCert     *x509.Certificate
+	caKey      crypto.Signer
+	srv        netip.AddrPort
+}
+
+func startCRLLab(t *testing.T, shared bool) *crlLab {
+	t.Helper()
+	lab := netnslab.New(t)
+	dir := t.TempDir()
+	l := &crlLab{shared: shared, dir: dir, path: filepath.Join(dir, "crl", "ca-crl.pem")}
+	if err := os.MkdirAll(filepath.Dir(l.path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// An empty file revokes nothing (as in ztunnel's tests).
+	if err := os.WriteFile(l.path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	extra := map[string][]string{"node-b": {"outsider"}}
+	env := []string{"CRL_PATH=" + l.path}
+	var (
+		ca    *caclient.BuiltinCA
+		close func() error
+		all   func() []*labrun.Daemon
+	)
+	if shared {
+		c, err := labrun.StartSharedCluster(ctx, lab, []byte(crlConfig), labrun.SharedOptions{
+			Binary: ztunnelBin, Dir: dir, ExtraPods: extra, DaemonEnv: env,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.daemons = map[string]*labrun.Daemon{"client": c.Daemons["node-a"], "server": c.Daemons["node-b"]}
+		l.pods, l.configPath, ca, close, all = c.Pods, c.ConfigPath, c.CA, c.Close, c.AllDaemons
+	} else {
+		c, err := labrun.StartCluster(ctx, lab, []byte(crlConfig), labrun.ClusterOptions{
+			Binary: ztunnelBin, Dir: dir, ExtraPods: extra, DaemonEnv: env,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.daemons = c.Daemons
+		l.pods, l.configPath, ca, close = c.Pods, c.ConfigPath, c.CA, c.Close
+		all = func() []*labrun.Daemon { return []*labrun.Daemon{c.Daemons["client"], c.Daemons["server"]} }
+	}
+	t.Cleanup(func() {
+		if err := close(); err != nil {
+			t.Errorf("stopping daemons: %v", err)
+		}
+		if t.Failed() {
+			for _, d := range all() {
+				t.Logf("daemon %s log:\n%s", d.Pod.Name, d.Log())
+			}
+		}
+	})
+	echo, err := labrun.StartEcho(l.pods["server"], 8080)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { echo.Close() })
+	l.srv = echo.Addr
+	l.caCert, l.caKey = parseCA(t, ca)
+	return l
+}
+
+func parseCA(t *testing.T, ca *caclient.BuiltinCA) (*x509.Certificate, crypto.Signer) {
+	t.Helper()
+	cb, _ := pem.Decode(ca.RootPEM())
+	kb, _ := pem.Decode(ca.KeyPEM())
+	if cb == nil || kb == nil {
+		t.Fatal("built-in CA PEM does not decode")
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := x509.ParsePKCS8PrivateKey(kb.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert, key.(crypto.Signer)
+}
+
+// crl returns a PEM CRL issued by issuer (signed with key) revoking serials.
+func crl(t *testing.T, issuer *x509.Certificate, key crypto.Signer, serials ...*big.Int) []byte {
+	t.Helper()
+	n, err := rand.Int(rand.Reader, big.NewInt(1<<62))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.RevocationList{Number: n, ThisUpdate: time.Now().Add(-time.Minute), NextUpdate: time.Now().Add(time.Hour)}
+	for _, s := range serials {
+		tmpl.RevokedCertificateEntries = append(tmpl.RevokedCertificateEntries, x509.RevocationListEntry{SerialNumber: s, RevocationTime: time.Now()})
+	}
+	der, err := x509.CreateRevocationList(rand.Reader, tmpl, issuer, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: der})
+}
+
+// write replaces the CRL file as an editor would: a new file renamed over
+// the old one.
+func (l *crlLab) write(t *testing.T, data []byte) {
+	t.Helper()
+	tmp := l.path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, l.path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// reload writes data and waits until both daemons have put it in force
+// (each polls the file on its own: a test that needs both must wait for
+// both).
+func (l *crlLab) reload(t *testing.T, data []byte) {
+	t.Helper()
+	before := map[string]int{}
+	for role, d := range l.daemons {
+		before[role] = logCount(d, "crl reloaded")
+	}
+	l.write(t, data)
+	for role, d := range l.daemons {
+		waitLogCount(t, d, before[role]+1, "crl reloaded")
+	}
+}
+
+// serial returns the serial number of the certificate the daemon of pod
+// holds for the pod's identity, from its /config_dump.
+func (l *crlLab) serial(t *testing.T, pod string) *big.Int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	code, body, err := l.daemons[pod].Get(ctx, "http://127.0.0.1:15000/config_dump")
+	if err != nil || code != 200 {
+		t.Fatalf("config_dump of %s: %d %v", pod, code, err)
+	}
+	var dump struct {
+		Certificates []struct {
+			Identity  string `json:"identity"`
+			CertChain []struct {
+				SerialNumber string `json:"serialNumber"`
+			} `json:"certChain"`
+		} `json:"certificates"`
+	}
+	if err := json.Unmarshal(body, &dump); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range dump.Certificates {
+		if strings.HasSuffix(c.Identity, "/sa/"+pod) && len(c.CertChain) > 0 {
+			n, ok := new(big.Int).SetString(c.CertChain[0].SerialNumber, 16) // the dump writes hex, as ztunnel
+			if !ok {
+				t.Fatalf("serial %q", c.CertChain[0].SerialNumber)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no certificate for %s in its config dump: %s", pod, body)
+	return nil
+}
+
+// open connects the client app to the server's echo and checks one round
+// trip; the connection stays open.
+func (l *crlLab) open(t *testing.T) net.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := l.pods["client"].Dial(ctx, "tcp", l.srv.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := echoRound(c, "before"); err != nil {
+		c.Close()
+		t.Fatalf("echo: %v", err)
+	}
+	return c
+}
+
+// expectNoEcho checks that the client app's connection to the server
+// carries nothing: the daemon accepts it (capture) and then ends it.
+func (l *crlLab) expectNoEcho(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := l.pods["client"].Dial(ctx, "tcp", l.srv.String())
+	if err != nil {
+		return // reset before connect returned
+	}
+	defer c.Close()
+	expectEnded(t, c)
+}
+
+// expectEnded checks that c is ended (EOF or reset) without echoing.
+func expectEnded(t *testing.T, c net.Conn) {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	_, _ = c.Write([]byte("after"))
+	n, err := io.ReadFull(c, make([]byte, 5))
+	var ne net.Error
+	if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+		t.Fatalf("connection still carries data: read %d bytes, %v", n, err)
+	}
+}
+
+// metric sums a daemon's family samples with the labels of want.
+func (l *crlLab) metric(t *testing.T, pod, family string, want map[string]string) float64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	code, body, err := l.daemons[pod].Get(ctx, "http://127.0.0.1:15020/metrics")
+	if err != nil || code != 200 {
+		t.Fatalf("scrape %s: %d %v", pod, code, err)
+	}
+	return sum(parseMetrics(t, body), family, want)
+}
+
+// waitMetric waits until the metric reaches at least min.
+func (l *crlLab) waitMetric(t *testing.T, pod, family string, want map[string]string, min float64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := l.metric(t, pod, family, want)
+		if got >= min {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s %s%v = %v, want >= %v", pod, family, want, got, min)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// logCount counts the lines of a daemon's log that hold every one of parts.
+func logCount(d *labrun.Daemon, parts ...string) int {
+	n := 0
+	for line := range strings.SplitSeq(d.Log(), "\n") {
+		ok := line != ""
+		for _, p := range parts {
+			ok = ok && strings.Contains(line, p)
+		}
+		if ok {
+			n++
+		}
+	}
+	return n
+}
+
+// lastLine is the last line of a daemon's log that holds part.
+func lastLine(d *labrun.Daemon, part string) string {
+	last := ""
+	for line := range strings.SplitSeq(d.Log(), "\n") {
+		if strings.Contains(line, part) {
+			last = line
+		}
+	}
+	return last
+}
+
+// waitLogCount waits until logCount reaches min.
+func waitLogCount(t *testing.T, d *labrun.Daemon, min int, parts ...string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for logCount(d, parts...) < min {
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon %s: %d log lines with %q, want %d", d.Pod.Name, logCount(d, parts...), parts, min)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+const rejections = "istio_crl_policy_rejections_total"
+
+var (
+	destination = map[string]string{"reporter": "destination"}
+	source      = map[string]string{"reporter": "source"}
+)
+
+// TestCRL runs ztunnel's four CRL scenarios through the daemons (inbound
+// refused, outbound refused, open inbound connection terminated on reload,
+// open outbound connection terminated on reload), then CRL files that must
+// not load, and a CRL issued by an intermediate CA.
+func TestCRL(t *testing.T) {
+	for _, mode := range []string{"dedicated", "shared"} {
+		t.Run(mode, func(t *testing.T) { testCRL(t, mode == "shared") })
+	}
+}
+
+func testCRL(t *testing.T, shared bool) {
+	l := startCRLLab(t, shared)
+	cli, srv := l.daemons["client"], l.daemons["server"]
+	l.open(t).Close() // both daemons now hold their certificates
+	cliSerial, srvSerial := l.serial(t, "client"), l.serial(t, "server")
+
+	t.Run("inbound connection terminated when a reload revokes the client", func(t *testing.T) {
+		c := l.open(t)
+		defer c.Close()
+		l.write(t, crl(t, l.caCert, l.caKey, cliSerial))
+		l.waitMetric(t, "server", rejections, destination, 1)
+		waitLogCount(t, srv, 1, "terminating inbound connection: peer certificate revoked by CRL update", "spiffe://cluster.local/ns/default/sa/client")
+		expectEnded(t, c)
+		// The proxied connection is closed with ztunnel's flag.
+		l.waitMetric(t, "server", "istio_tcp_connections_closed_total", map[string]string{"reporter": "destination", "response_flags": "CERT_REVOKED"}, 1)
+		if got := l.metric(t, "client", rejections, source); got != 0 {
+			t.Errorf("the client counted %v rejections; only the server's check revokes here", got)
+		}
+	})
+
+	t.Run("inbound handshake refused for a revoked client", func(t *testing.T) {
+		before := l.metric(t, "server", rejections, destination)
+		l.expectNoEcho(t)
+		l.waitMetric(t, "server", rejections, destination, before+1)
+		waitLogCount(t, srv, 1, "tls handshake", "certificate revoked")
+	})
+
+	t.Run("a bad or wrongly signed CRL keeps the last good one", func(t *testing.T) {
+		failures := map[string]float64{"client": l.metric(t, "client", "istio_crl_load_failures_total", nil), "server": l.metric(t, "server", "istio_crl_load_failures_total", nil)}
+		other, err := caclient.NewBuiltinCA("cluster.local") // same name as the mesh's CA, another key
+		if err != nil {
+			t.Fatal(err)
+		}
+		otherCert, otherKey := parseCA(t, other)
+		for i, bad := range [][]byte{[]byte("not a valid CRL"), crl(t, otherCert, otherKey)} {
+			l.write(t, bad)
+			for _, pod := range []string{"client", "server"} {
+				l.waitMetric(t, pod, "istio_crl_load_failures_total", nil, failures[pod]+float64(i+1))
+			}
+			waitLogCount(t, srv, i+1, "failed to reload crl, keeping the last good one")
+			l.expectNoEcho(t)
+		}
+	})
+
+	t.Run("a CRL revoking nothing lets the client in again", func(t *testing.T) {
+		l.reload(t, crl(t, l.caCert, l.caKey))
+		l.open(t).Close()
+	})
+
+	t.Run("outbound connection terminated when a reload revokes the server", func(t *testing.T) {
+		c := l.open(t)
+		defer c.Close()
+		before := l.metric(t, "server", rejections, destination)
+		l.write(t, crl(t, l.caCert, l.caKey, srvSerial))
+		l.waitMetric(t, "client", rejections, source, 1)
+		waitLogCount(t, cli, 1, "terminating outbound connection: upstream certificate revoked by CRL update", "spiffe://cluster.local/ns/default/sa/server")
+		expectEnded(t, c)
+		l.waitMetric(t, "client", "istio_tcp_connections_closed_total", map[string]string{"reporter": "source", "response_flags": "CERT_REVOKED"}, 1)
+		if got := l.metric(t, "server", rejections, destination); got != before {
+			t.Errorf("the server counted %v more rejections; only the client's check revokes here", got-before)
+		}
+	})
+
+	t.Run("outbound handshake refused before any CONNECT to a revoked server", func(t *testing.T) {
+		opened := map[string]string{"reporter": "destination"}
+		srvOpened := l.metric(t, "server", "istio_tcp_connections_opened_total", opened)
+		before := l.metric(t, "client", rejections, source)
+		l.expectNoEcho(t)
+		l.waitMetric(t, "client", rejections, source, before+1)
+		if got := l.metric(t, "server", "istio_tcp_connections_opened_total", opened); got != srvOpened {
+			t.Errorf("the server saw %v new connections: a CONNECT got through", got-srvOpened)
+		}
+	})
+
+	// Checked once, with a dedicated-mode daemon in the pod that has none.
+	if !l.shared {
+		t.Run("a daemon does not start with a CRL file that does not load", func(t *testing.T) {
+			bad := filepath.Join(t.TempDir(), "bad-crl.pem")
+			if err := os.WriteFile(bad, []byte("-----BEGIN X509 CRL-----\nnot base64\n-----END X509 CRL-----\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			d, err := labrun.StartDaemon(ctx, l.pods["outsider"], labrun.DaemonOptions{
+				Binary: ztunnelBin, ConfigPath: l.configPath,
+				CACert: filepath.Join(l.dir, "ca-cert.pem"), CAKey: filepath.Join(l.dir, "ca-key.pem"),
+				Workload: "default/outsider/outsider", Env: []string{"CRL_PATH=" + bad},
+			})
+			if err == nil {
+				d.Stop()
+				t.Fatal("the daemon started with a CRL file that does not parse")
+			}
+			if !strings.Contains(err.Error(), "CRL_PATH") {
+				t.Fatalf("the error does not name CRL_PATH: %v", err)
+			}
+		})
+	}
+
+	t.Run("CRL issued by an intermediate CA", func(t *testing.T) {
+		inter, interKey := intermediateCA(t, l.caCert, l.caKey)
+		good := leafFrom(t, inter, interKey, "spiffe://cluster.local/ns/default/sa/outsider")
+		revoked := leafFrom(t, inter, interKey, "spiffe://cluster.local/ns/default/sa/outsider")
+		// Two CRLs in one file: the intermediate's revokes one of its
+		// leaves, the root's revokes nothing (the server is back in).
+		l.reload(t, append(crl(t, inter, interKey, revoked.Leaf.SerialNumber), crl(t, l.caCert, l.caKey)...))
+		if !strings.Contains(lastLine(srv, "crl reloaded"), "crls=2") {
+			t.Fatalf("the server did not load both CRLs: %s", lastLine(srv, "crl reloaded"))
+		}
+		l.open(t).Close()
+
+		before := l.metric(t, "server", rejections, destination)
+		if err := l.connectAs(t, good); err != nil {
+			t.Fatalf("a leaf of the intermediate that is not revoked: %v", err)
+		}
+		if err := l.connectAs(t, revoked); err == nil {
+			t.Fatal("a leaf revoked by the intermediate's CRL got a tunnel")
+		}
+		l.waitMetric(t, "server", rejections, destination, before+1)
+	})
+}
+
+// connectAs opens an HBONE tunnel from the outsider pod to the server's
+// 15008 with cert (chain [leaf, intermediate]) and echoes once through it.
+func (l *crlLab) connectAs(t *testing.T, cert tls.Certificate) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	raw, err := l.pods["outsider"].Dial(ctx, "tcp", netip.AddrPortFrom(l.srv.Addr(), 15008).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	// The server's certificate is not what this checks.
+	tc := tls.Client(raw, &tls.Config{
+		Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true,
+		MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"},
+	})
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return err
+	}
+	cc, err := hbone.NewClientConn(tc, hbone.Config{})
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	s, err := cc.Connect(ctx, &hbone.Request{Authority: l.srv.String()})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return echoRound(s, "through the intermediate")
+}
+
+// intermediateCA signs an intermediate CA (allowed to sign CRLs) with the
+// mesh's root.
+func intermediateCA(t *testing.T, root *x509.Certificate, rootKey crypto.Signer) (*x509.Certificate, crypto.Signer) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: "crl test intermediate", Organization: []string{"cluster.local"}},
+		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, root, key.Public(), rootKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, key
+}
+
+// leafFrom issues a client leaf for uri from the intermediate; the chain
+// sent is [leaf, intermediate].
+func leafFrom(t *testing.T, inter *x509.Certificate, interKey crypto.Signer, uri string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
+		URIs:        []*url.URL{u},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, inter, key.Public(), interKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der, inter.Raw}, PrivateKey: key, Leaf: leaf}
+}
+
+// parseMetrics parses a /metrics body.
+func parseMetrics(t *testing.T, body []byte) map[string]*dto.MetricFamily {
+	t.Helper()
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fams
+}

@@ -1,0 +1,77 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"log/slog"
+	"net"
+
+	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/metrics"
+	"github.com/ztunnel-go/ztunnel/mtls"
+)
+
+// ErrPeerRevoked is why an HBONE connection was closed when a CRL reload
+// revoked its peer's certificate (ztunnel: "connection closed: peer
+// certificate revoked by CRL").
+var ErrPeerRevoked = errors.New("proxy: peer certificate revoked by CRL update")
+
+// watchCRL re-checks the open inbound HBONE connections after every CRL
+// reload, for as long as the proxy runs (Drain ends it).
+func (p *Proxy) watchCRL() {
+	if p.cfg.CRL == nil {
+		return
+	}
+	p.stopCRL = p.cfg.CRL.Subscribe(func(*mtls.CRLSet) { p.closeRevokedInbound() })
+}
+
+// closeRevokedInbound closes, abruptly as ztunnel does (revocation is a
+// security event, not a drain), every inbound HBONE connection whose client
+// certificate chain the CRL in force revokes, and counts each in
+// istio_crl_policy_rejections_total{reporter="destination"}.
+func (p *Proxy) closeRevokedInbound() int {
+	return p.hbsrv.CloseConns(revokedPeer(p.cfg.CRL, func(peer string, c *x509.Certificate) {
+		p.log.Info("terminating inbound connection: peer certificate revoked by CRL update",
+			"peer", peer, "serial", c.SerialNumber.String(), "workload", p.cfg.Workload.String())
+		p.cfg.Metrics.CRLRejected(metrics.ReporterDestination)
+	}), ErrPeerRevoked)
+}
+
+// CloseRevokedOutbound closes every connection of pool whose server
+// certificate chain crl revokes now, logging ztunnel's line for each and
+// counting it in istio_crl_policy_rejections_total{reporter="source"}. The
+// daemon calls it after each CRL reload, once per pool (proxies of a node
+// share one), and it returns how many it closed.
+func CloseRevokedOutbound(pool *hbone.Pool, crl *mtls.CRL, log *slog.Logger, m *metrics.Metrics) int {
+	if crl == nil {
+		return 0
+	}
+	return pool.CloseConns(revokedPeer(crl, func(peer string, c *x509.Certificate) {
+		log.Info("terminating outbound connection: upstream certificate revoked by CRL update",
+			"peer", peer, "serial", c.SerialNumber.String())
+		m.CRLRejected(metrics.ReporterSource)
+	}), ErrPeerRevoked)
+}
+
+// revokedPeer returns the match function that picks the TLS connections
+// (crypto/tls or mtls/record) whose peer crl revokes, calling found for each.
+func revokedPeer(crl *mtls.CRL, found func(peer string, c *x509.Certificate)) func(net.Conn) bool {
+	return func(nc net.Conn) bool {
+		tc, ok := nc.(interface{ ConnectionState() tls.ConnectionState })
+		if !ok {
+			return false
+		}
+		cs := tc.ConnectionState()
+		c, revoked := crl.RevokedConn(cs)
+		if !revoked {
+			return false
+		}
+		peer := "<unknown>"
+		if id, err := mtls.PeerIdentity(cs); err == nil {
+			peer = id.String()
+		}
+		found(peer, c)
+		return true
+	}
+}
