@@ -149,7 +149,6 @@ func inboundErr(status int, format string, args ...any) error {
 // answer 200 and relay.
 func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 	ci := newConnInfo(dirInbound, addrPortOf(req.Conn.RemoteAddr()))
-	ci.hboneAddr = req.Authority
 	ci.mtls = true
 	app, authorized, err := p.inboundUpstream(ctx, req, ci)
 	if err != nil {
@@ -158,7 +157,10 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 		if errors.As(err, &ie) {
 			status = ie.status
 		}
-		if ci.metric != nil || ci.dstWorkload != nil {
+		// As ztunnel: a request refused before its context was complete
+		// (bad authority, ip mismatch, unknown service) is only logged; one
+		// refused by policy or by the app is counted too.
+		if ci.metric != nil {
 			flags := metrics.FlagConnect
 			if status == http.StatusUnauthorized {
 				flags = metrics.FlagDeny
@@ -214,9 +216,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		return nil, nil, inboundErr(http.StatusServiceUnavailable, "%w", err)
 	}
 	ci.dstWorkload = w
-	if src := p.inboundSource(snap, req, ci.src); !ci.srcFromBaggage {
-		ci.srcWorkload = src
-	}
+	ci.srcWorkload = p.inboundSource(snap, req, ci.src)
 
 	local := addrPortOf(req.Conn.LocalAddr())
 	if host != "" {
@@ -236,6 +236,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	if p.isIllegalPort(target.Port()) {
 		return nil, nil, inboundErr(http.StatusBadRequest, "illegal target port %d", target.Port())
 	}
+	ci.service = guessInboundService(inboundCandidates(snap, w, host), ci.ext.forHost, w, appPort(w, target.Port()))
 	p.open(ci)
 	// What re-checks evaluate too (connmgr reads it from ci).
 	dec := snap.Authorize(ci.PolicyConn())

@@ -1,0 +1,73 @@
+package proxy
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
+	"github.com/ztunnel-go/ztunnel/state"
+)
+
+func TestParseForwardedHost(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"ztunnel's own header", `for="10.0.0.1:4000";host=svc.ns.svc.cluster.local`, "svc.ns.svc.cluster.local"},
+		{"quoted host", `for="10.0.0.1:4000";host="svc.ns"`, "svc.ns"},
+		{"spaces around parts", `for=x ; host=svc.ns `, "svc.ns"},
+		{"no host", `for="10.0.0.1:4000"`, ""},
+		{"empty host", `host=`, ""},
+		{"first host wins", `host=a;host=b`, "a"},
+		// ztunnel splits on ';' only, so a second element stays in the value.
+		{"two elements", `for=a;host=x, for=b`, "x, for=b"},
+		{"not ascii", "host=svc\u00e9", ""},
+		{"host as a prefix of another key", `hostname=x`, ""},
+		{"empty", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := parseForwardedHost(tc.in); got != tc.want {
+				t.Errorf("parseForwardedHost(%q) = %q, want %q", tc.in, got, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzParseForwardedHost: the client controls the header; the parser must
+// never panic and never return what was not in the input.
+func FuzzParseForwardedHost(f *testing.F) {
+	for _, s := range []string{`for="10.0.0.1:4000";host=svc.ns.svc.cluster.local`, `host="x"`, `host=`, `;;host=a;`, "host=\xff"} {
+		fuzzseed.Add(f, s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		h := parseForwardedHost(s)
+		if h != "" && !strings.Contains(s, h) {
+			t.Fatalf("host %q is not in %q", h, s)
+		}
+	})
+}
+
+func TestGuessInboundService(t *testing.T) {
+	a := &state.Service{Name: "a", Namespace: "ns", Hostname: "a.ns.svc", Ports: map[uint16]uint16{80: 8080}}
+	b := &state.Service{Name: "b", Namespace: "ns", Hostname: "b.ns.svc", Ports: map[uint16]uint16{80: 0, 9090: 9091}}
+	w := &state.Workload{Services: map[string]map[uint16]uint16{a.Key(): {80: 8080}, b.Key(): {80: 7070}}}
+	both := []*state.Service{a, b}
+	for _, tc := range []struct {
+		name    string
+		cands   []*state.Service
+		forHost string
+		dport   uint16
+		want    *state.Service
+	}{
+		{"forwarded host names a candidate", both, "b.ns.svc", 8080, b},
+		{"forwarded host not a candidate: by port", both, "evil.ns.svc", 8080, a},
+		{"service target port", both, "", 9091, b},
+		{"endpoint's own port for a named port", both, "", 7070, b},
+		{"first by port", both, "", 8080, a},
+		{"no port match", both, "", 1234, nil},
+		{"no candidates", nil, "a.ns.svc", 8080, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := guessInboundService(tc.cands, tc.forHost, w, tc.dport); got != tc.want {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
