@@ -58,7 +58,10 @@ type connInfo struct {
 	// it in p.relays (relayed): the relay's end counts the socket closed
 	// and releases it.
 	accepted bool
-	relayIdx int // in p.relays, guarded by p.mu; see accepted
+	// listed says an inbound HBONE connection is listed in p.relays for
+	// the connections dump (listStream), without an accepted socket.
+	listed   bool
+	relayIdx int // in p.relays, guarded by p.mu; see accepted and listed
 
 	// tracked is the connection manager's record of an authorized inbound
 	// connection (trackPolicy); nil otherwise. It refers to this connInfo
@@ -130,9 +133,14 @@ func (ci *connInfo) relayEnded(res engine.Result) {
 	p := ci.p
 	flags, err := ci.relayOutcome(res)
 	p.complete(ci, flags, err)
-	if ci.accepted {
+	switch {
+	case ci.accepted:
 		p.cfg.Metrics.SocketClosed(ci.reporter())
 		p.releaseRelayed(ci)
+	case ci.listed:
+		p.mu.Lock()
+		p.unlistLocked(ci)
+		p.mu.Unlock()
 	}
 }
 

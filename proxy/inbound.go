@@ -181,6 +181,7 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 		return
 	}
 	p.trackPolicy(ci, authorized)
+	p.listStream(ci)
 	// The handler returns at once; the engine owns the relay.
 	p.startRelay(ci, streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app})
 }

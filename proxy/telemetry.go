@@ -262,3 +262,42 @@ func appPort(w *state.Workload, port uint16) uint16 {
 	}
 	return port
 }
+
+// Connection is one open connection of a proxy as ztunnel's connection
+// manager dumps it (istioctl ztunnel-config connections).
+type Connection struct {
+	// Inbound says the connection came to the workload (else from it).
+	Inbound bool
+	// Src is the client's address.
+	Src netip.AddrPort
+	// OriginalDst is, outbound, the destination the app asked for.
+	OriginalDst netip.AddrPort
+	// ForHost is, inbound, the service the client named in Forwarded
+	// host= (ztunnel's originalDst of an inbound connection); "" = none.
+	ForHost string
+	// ActualDst is, outbound, the address dialled (an endpoint's
+	// ip:15008, a waypoint, a gateway); inbound, the app's address.
+	ActualDst netip.AddrPort
+	// Protocol is TCP, HBONE or (outbound) DOUBLEHBONE.
+	Protocol string
+}
+
+// Connections lists the proxy's relayed connections: outbound ones, and
+// inbound ones (authorized, HBONE or plaintext).
+func (p *Proxy) Connections() []Connection {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]Connection, 0, len(p.relays))
+	for _, ci := range p.relays {
+		c := Connection{Inbound: ci.inbound, Src: ci.src, ActualDst: ci.dst, Protocol: ci.protocol()}
+		if ci.inbound {
+			if ci.ext != nil {
+				c.ForHost = ci.ext.forHost
+			}
+		} else {
+			c.OriginalDst = ci.origDst()
+		}
+		out = append(out, c)
+	}
+	return out
+}

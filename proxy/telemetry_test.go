@@ -1,8 +1,12 @@
 package proxy
 
 import (
+	"fmt"
+	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 	"github.com/ztunnel-go/ztunnel/state"
@@ -70,4 +74,41 @@ func TestGuessInboundService(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitConns polls p.Connections until want reports true (hang guard only).
+func waitConns(t *testing.T, p *Proxy, want func([]Connection) bool) []Connection {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c := p.Connections()
+		if want(c) {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("connections %+v", c)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestConnectionsInbound: an open inbound HBONE connection is listed with
+// the service its client named and the app address, and leaves the list
+// when it ends.
+func TestConnectionsInbound(t *testing.T) {
+	app := echoApp(t)
+	rig := startProxy(t, fmt.Sprintf(srvConfig, ""), "srv", nil)
+	s, local, err := rig.connectWith(t, fmt.Sprintf("127.0.0.1:%d", app),
+		http.Header{"Forwarded": {`for="10.1.1.1:5000";host=echo.ns.svc.cluster.local`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := waitConns(t, rig.p, func(c []Connection) bool { return len(c) == 1 })
+	want := Connection{Inbound: true, Src: local, ForHost: "echo.ns.svc.cluster.local",
+		ActualDst: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(app)), Protocol: "HBONE"}
+	if conns[0] != want {
+		t.Errorf("connection %+v, want %+v", conns[0], want)
+	}
+	streamEcho(t, s, "listed")
+	waitConns(t, rig.p, func(c []Connection) bool { return len(c) == 0 })
 }
