@@ -89,6 +89,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	}
 	d := &Daemon{cfg: cfg, log: log, quit: make(chan struct{})}
 	d.bg, d.stopBG = context.WithCancel(context.WithoutCancel(ctx))
+	logStart(log, cfg, daemonBuildInfo(cfg))
 	// Before the xDS client, which feeds the istio_xds_* families.
 	m := metrics.New(metrics.Config{IstioVersion: cfg.IstioVersion})
 
@@ -157,7 +158,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		return nil, err
 	}
 	admCfg := admin.Config{
-		State: store, Certs: certs, DaemonConfig: cfg, Version: buildInfo(), Logger: log,
+		State: store, Certs: certs, DaemonConfig: cfg, Version: daemonBuildInfo(cfg), Logger: log,
 		StaticConfig: snap, // nil without a local config
 		Quit:         d.requestQuit,
 		Logging:      levels,
@@ -376,7 +377,7 @@ func buildInfo() admin.BuildInfo {
 			}
 		}
 	}
-	return bi
+	return stamp(bi)
 }
 
 func (d *Daemon) requestQuit() {
