@@ -10,6 +10,12 @@
 // handing both sockets to engine.Relay. The proxy reads the workload/policy
 // snapshot once per connection and never locks on it.
 //
+// Telemetry is ztunnel's: the CONNECT metadata it sends and reads
+// (Forwarded host=, baggage), the service attribution of both reporters,
+// the metric labels and the access-log fields derived from them
+// (telemetry.go), and the open connections Connections lists for the
+// config dump.
+//
 // Imported by cmd and inpod; imports engine, hbone, mtls, state and its
 // protocol leaves proxy/socks5, proxy/proxyproto and proxy/meta.
 package proxy
