@@ -35,7 +35,7 @@ func TestAccessLogGolden(t *testing.T) {
 	gateway := &state.Workload{UID: "c1//Pod/istio-system/eastwest-1", Name: "eastwest-1", Namespace: "istio-system",
 		ServiceAccount: "eastwest", WorkloadName: "eastwest", CanonicalName: "eastwest", ClusterID: "c1"}
 	svc := &state.Service{Name: "server", Namespace: "ns-b", Hostname: "server.ns-b.svc.cluster.local"}
-	clientID := client.Identity()
+	clientID, serverID := client.Identity(), server.Identity()
 	ap := netip.MustParseAddrPort
 	withBytes := func(ci *connInfo) *connInfo {
 		ci.counters.AToB.Store(11)
@@ -68,7 +68,7 @@ func TestAccessLogGolden(t *testing.T) {
 			src: ap("10.0.1.5:40004"), dst: ap("172.30.0.20:15008"), mtls: true,
 			ext: &connExt{hboneAddr: "server.ns-b.svc.cluster.local:80", origDst: ap("10.96.0.10:80"), double: true, hasBaggage: true,
 				baggage: "k8s.cluster.name=c2,k8s.namespace.name=ns-b,k8s.deployment.name=server,service.name=server,service.version=v2",
-				peerID:  server.Identity()},
+				peerID:  &serverID},
 			srcWorkload: client, srcIdentity: &clientID, dstWorkload: gateway, service: svc,
 		})},
 		{"inbound HBONE", withBytes(&connInfo{

@@ -109,7 +109,7 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 		if g := route.gateway; g != nil {
 			ci.ext.hasBaggage = true
 			ci.ext.baggage = strings.Join(s.ResponseHeader().Values("Baggage"), ",")
-			ci.ext.peerID = g.peerID
+			ci.ext.peerID = &g.peerID
 			p.open(ci)
 		}
 		upstream = streamEndpoint{s}

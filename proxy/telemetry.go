@@ -43,12 +43,12 @@ type connExt struct {
 	// source); outbound double HBONE, the destination's from the inner
 	// response (its derived destination).
 	baggage string
+	// peerID is, outbound double HBONE, the identity the inner TLS peer
+	// proved (the derived destination's principal).
+	peerID *identity.Identity
 	// hasBaggage says baggage applies even when empty: a double HBONE
 	// destination is always derived from the inner response, as ztunnel.
 	hasBaggage bool
-	// peerID is, outbound double HBONE, the identity the inner TLS peer
-	// proved (the derived destination's principal).
-	peerID identity.Identity
 	// double says the outbound connection is double HBONE.
 	double bool
 }
@@ -147,7 +147,11 @@ func (p *Proxy) labels(ci *connInfo) metrics.ConnLabels {
 		l.SetDestination(metricsWorkload(ci.dstWorkload, p.identityOf(ci.dstWorkload)))
 	}
 	if e := ci.ext; !ci.inbound && e != nil && e.hasBaggage {
-		l.SetPeerDestination(peerFromBaggage(e.baggage, e.peerID))
+		var id identity.Identity
+		if e.peerID != nil {
+			id = *e.peerID
+		}
+		l.SetPeerDestination(peerFromBaggage(e.baggage, id))
 	}
 	if ci.service != nil {
 		l.SetDestinationService(ci.service.Hostname, ci.service.Name, ci.service.Namespace)
