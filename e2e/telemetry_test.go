@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -163,6 +165,18 @@ func TestTelemetryShared(t *testing.T) {
 		}
 		conn.Close()
 	}
+	// While a connection is open, both daemons list it in /config_dump's
+	// workloadState as istioctl ztunnel-config connections reads it.
+	held, err := client.Dial(ctx, "tcp", "10.96.0.10:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := echoRound(held, "held open"); err != nil {
+		t.Fatal(err)
+	}
+	checkConnections(ctx, t, c.Daemons["node-a"], "u-client", "outbound", dumpConn{OriginalDst: "10.96.0.10:80", ActualDst: "10.244.2.2:15008", Protocol: "HBONE"})
+	checkConnections(ctx, t, c.Daemons["node-b"], "u-server", "inbound", dumpConn{OriginalDst: "web.default.svc.cluster.local", ActualDst: "10.244.2.2:8080", Protocol: "HBONE"})
+	held.Close()
 	// A policy denial at the destination.
 	if conn, err := c.Pods["denied"].Dial(ctx, "tcp", "10.244.2.2:8080"); err == nil {
 		conn.SetDeadline(time.Now().Add(10 * time.Second))
@@ -272,6 +286,47 @@ func TestTelemetryShared(t *testing.T) {
 			t.Errorf("%s has no sample with %v", want.family, want.labels)
 		}
 	}
+}
+
+// dumpConn is a connection of /config_dump's workloadState (the fields
+// istioctl ztunnel-config connections prints).
+type dumpConn struct {
+	Src         string `json:"src"`
+	OriginalDst string `json:"originalDst"`
+	ActualDst   string `json:"actualDst"`
+	Protocol    string `json:"protocol"`
+}
+
+// checkConnections waits until d's dump lists, for pod uid, a connection in
+// direction like want (Src aside, which is the client's ephemeral port).
+func checkConnections(ctx context.Context, t *testing.T, d *labrun.Daemon, uid, direction string, want dumpConn) {
+	t.Helper()
+	var last string
+	for ctx.Err() == nil {
+		code, body, err := d.Get(ctx, "http://127.0.0.1:15000/config_dump")
+		if err != nil || code != 200 {
+			t.Fatalf("config_dump: %d %v", code, err)
+		}
+		var dump struct {
+			WorkloadState map[string]struct {
+				Connections map[string][]dumpConn `json:"connections"`
+			} `json:"workloadState"`
+		}
+		if err := json.Unmarshal(body, &dump); err != nil {
+			t.Fatalf("config_dump: %v", err)
+		}
+		for _, c := range dump.WorkloadState[uid].Connections[direction] {
+			if _, _, err := net.SplitHostPort(c.Src); err == nil {
+				c.Src = ""
+			}
+			if c == want {
+				return
+			}
+		}
+		last = fmt.Sprintf("%+v", dump.WorkloadState[uid].Connections)
+		time.Sleep(50 * time.Millisecond) // hang guard only
+	}
+	t.Fatalf("%s: %s connections of %s %s, want one like %+v", d.Pod.Name, direction, uid, last, want)
 }
 
 // scrapeDaemon fetches and parses d's /metrics.
