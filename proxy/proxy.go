@@ -34,9 +34,18 @@ const (
 // dedicated mode, the ZDS workload info in shared mode).
 type WorkloadRef struct {
 	Namespace, Name, ServiceAccount string
+	// Node and Cluster scope the lookup of the workload record to this
+	// node (NODE_NAME) and cluster (CLUSTER_ID), as ztunnel's local_node:
+	// a same-named pod elsewhere is never taken for it. "" matches any.
+	Node, Cluster string
 }
 
 func (r WorkloadRef) String() string { return r.Namespace + "/" + r.Name }
+
+// Info is the snapshot lookup key of the workload.
+func (r WorkloadRef) Info() state.WorkloadInfo {
+	return state.WorkloadInfo{Namespace: r.Namespace, Name: r.Name, ServiceAccount: r.ServiceAccount, Node: r.Node, Cluster: r.Cluster}
+}
 
 // Config configures one proxy instance: the listeners and decisions for one
 // workload.
@@ -79,6 +88,10 @@ type Config struct {
 	OutboundPort, InboundPlainPort, InboundHBONEPort, SOCKS5Port int
 	// SOCKS5 opens the SOCKS5 listener on 127.0.0.1 (UNSTABLE_ENABLE_SOCKS5).
 	SOCKS5 bool
+	// InboundOnly opens the inbound HBONE listener alone: the daemon's
+	// self-proxy, which lets mesh clients reach the daemon's own ports
+	// (15020 metrics) over HBONE, as ztunnel's does. It captures nothing.
+	InboundOnly bool
 	// DirectAppTunnel dials a workload's application tunnel (PROXY
 	// protocol) at its pod address rather than over loopback
 	// (LOCALHOST_APP_TUNNEL=false; the zero value is ztunnel's default).
@@ -198,7 +211,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p := &Proxy{cfg: cfg, log: log, access: log.With("scope", "access"), conns: make(map[*net.TCPConn]struct{}),
 		peers: make(map[netip.Addr]*peerCount)}
-	p.info = state.WorkloadInfo{Namespace: cfg.Workload.Namespace, Name: cfg.Workload.Name, ServiceAccount: cfg.Workload.ServiceAccount}
+	p.info = cfg.Workload.Info()
 	p.dialer = engine.Dialer{Options: cfg.Socket}
 	if cfg.Control != nil {
 		p.dialer.Control = func(dial func() (net.Conn, error)) (c net.Conn, err error) {
@@ -238,7 +251,9 @@ func (p *Proxy) Start(ctx context.Context) error {
 		{p.cfg.BindHost, p.cfg.InboundPlainPort, p.handlePassthrough},
 		{p.cfg.BindHost, p.cfg.InboundHBONEPort, p.handleHBONE},
 	}
-	if p.cfg.SOCKS5 {
+	if p.cfg.InboundOnly {
+		specs = specs[2:]
+	} else if p.cfg.SOCKS5 {
 		// Loopback only: SOCKS5 has no authentication, so only the pod's own
 		// processes may use it.
 		specs = append(specs, spec{"127.0.0.1", p.cfg.SOCKS5Port, p.handleSOCKS5})
@@ -272,6 +287,10 @@ func (p *Proxy) Start(ctx context.Context) error {
 	for i, s := range specs {
 		p.wg.Add(1)
 		go p.acceptLoop(lns[i], s.serve)
+	}
+	if p.cfg.InboundOnly {
+		p.log.Info("self-proxy started", "workload", p.cfg.Workload.String(), "inbound_hbone", lns[0].Addr().String())
+		return nil
 	}
 	p.log.Info("proxy started", "workload", p.cfg.Workload.String(),
 		"outbound", lns[0].Addr().String(), "inbound_plaintext", lns[1].Addr().String(), "inbound_hbone", lns[2].Addr().String(),

@@ -635,6 +635,12 @@ func (s *Snapshot) Workloads() []*Workload {
 	})
 }
 
+// EachWorkload calls fn for every workload, in no order: a scan that needs
+// neither the sorted list Workloads builds nor its memory.
+func (s *Snapshot) EachWorkload(fn func(*Workload)) {
+	s.byUID.all(func(_ string, w *Workload) { fn(w) })
+}
+
 // Services returns every service, sorted by key.
 func (s *Snapshot) Services() []*Service {
 	return s.services.get(func() []*Service {
@@ -780,8 +786,14 @@ func (s *Snapshot) Endpoints(svc *Service) []Endpoint {
 // (PROXY_WORKLOAD_INFO is "namespace/name/service-account").
 type WorkloadInfo struct {
 	Namespace, Name, ServiceAccount string
-	// Node, when set, restricts the search to workloads on that node.
+	// Node, when set, restricts the search to workloads on that node
+	// (NODE_NAME: ztunnel's local_node).
 	Node string
+	// Cluster, when set, also excludes workloads of another cluster
+	// (CLUSTER_ID): node names are unique only within a cluster, and a
+	// multi-cluster control plane may send a same-named pod on a same-named
+	// node of another one. Workloads without a cluster ID still match.
+	Cluster string
 }
 
 // FindWorkload returns the workload matching info (service account compared
@@ -794,7 +806,8 @@ func (s *Snapshot) FindWorkload(info WorkloadInfo) *Workload {
 	}
 	k := nsName{info.Namespace, info.Name}
 	for _, w := range s.byInfo.get(hashNSName(k), k) {
-		if (info.Node == "" || w.Node == info.Node) && w.Identity().ServiceAccount == sa {
+		if (info.Node == "" || w.Node == info.Node) && (info.Cluster == "" || w.ClusterID == "" || w.ClusterID == info.Cluster) &&
+			w.Identity().ServiceAccount == sa {
 			return w
 		}
 	}

@@ -270,14 +270,22 @@ func TestFindWorkload(t *testing.T) {
 	b.ServiceAccount = "web"
 	c := wl("c", "ns", "pod", "10.0.0.3")
 	c.Node = "node2"
-	s := mustSnapshot(t, []*Workload{c, b, a}, nil, nil)
+	c.ClusterID = "east"
+	// d is c's twin in another cluster, on a node of the same name.
+	d := wl("0-d", "ns", "pod", "10.0.0.4")
+	d.Node = "node2"
+	d.ClusterID = "west"
+	s := mustSnapshot(t, []*Workload{c, b, a, d}, nil, nil)
 	for _, tc := range []struct {
 		info WorkloadInfo
 		want *Workload
 	}{
-		{WorkloadInfo{Namespace: "ns", Name: "pod", ServiceAccount: "default"}, a},
-		{WorkloadInfo{Namespace: "ns", Name: "pod"}, a}, // "" means default
-		{WorkloadInfo{Namespace: "ns", Name: "pod", ServiceAccount: "default", Node: "node2"}, c},
+		{WorkloadInfo{Namespace: "ns", Name: "pod", ServiceAccount: "default"}, d},                // lowest UID
+		{WorkloadInfo{Namespace: "ns", Name: "pod"}, d},                                           // "" means default
+		{WorkloadInfo{Namespace: "ns", Name: "pod", ServiceAccount: "default", Node: "node2"}, d}, // lowest UID
+		{WorkloadInfo{Namespace: "ns", Name: "pod", ServiceAccount: "default", Node: "node2", Cluster: "east"}, c},
+		{WorkloadInfo{Namespace: "ns", Name: "pod", ServiceAccount: "default", Node: "node2", Cluster: "west"}, d},
+		{WorkloadInfo{Namespace: "ns", Name: "pod", ServiceAccount: "default", Node: "node1", Cluster: "east"}, a}, // a has no cluster ID
 		{WorkloadInfo{Namespace: "ns", Name: "pod", ServiceAccount: "web"}, b},
 		{WorkloadInfo{Namespace: "ns", Name: "pod", ServiceAccount: "web", Node: "node1"}, nil},
 		{WorkloadInfo{Namespace: "other", Name: "pod"}, nil},

@@ -286,6 +286,28 @@ func TestSyncedWaitsForAnAck(t *testing.T) {
 	r.waitSynced(t)
 }
 
+// A type the server does not answer yet keeps the client unsynced, however
+// complete the other types are (the daemon serves nothing until Synced).
+func TestSyncedWaitsForAWithheldType(t *testing.T) {
+	srv := xdstest.NewServer(t, xdstest.Options{})
+	srv.Set(typeA, "a1", "v1", str("one"))
+	srv.Set(typeB, "b1", "v1", wrapperspb.UInt32(1))
+	srv.Withhold(typeB)
+	r := newRig(t, srv, nil)
+	r.start(t)
+	// Requests are consumed in arrival order: B's subscription comes
+	// before A's ACK.
+	srv.WaitRequest(func(q *xdstest.Request) bool { return q.TypeUrl == typeB })
+	srv.WaitRequest(func(q *xdstest.Request) bool { return q.TypeUrl == typeA && q.IsAck() })
+	select {
+	case <-r.client.Synced():
+		t.Fatal("synced while B was withheld")
+	default:
+	}
+	srv.Release(typeB)
+	r.waitSynced(t)
+}
+
 func TestResumeAfterRestart(t *testing.T) {
 	srv := xdstest.NewServer(t, xdstest.Options{})
 	srv.Set(typeA, "a1", "v1", str("one"))

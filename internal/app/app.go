@@ -56,9 +56,22 @@ type Daemon struct {
 	stopBG      context.CancelFunc
 	bgWG        sync.WaitGroup
 	closeSigner func()
+	// warm keeps the served identities' certificates fetched ahead of
+	// their first connection.
+	warm *certWarmer
 	// inpod is shared mode's workload manager, set once Start has made it
 	// (the admin server may ask for its state before).
 	inpod atomic.Pointer[inpod.Manager]
+	// serveMu guards proxies and dns, which the goroutine that starts
+	// serving once the state is synced fills while Drain or Close may run.
+	serveMu sync.Mutex
+	closing bool // set by Close: nothing more may start serving
+	// failed is closed (once, by fail) when the daemon must exit 1 for a
+	// reason of its own, such as a listener that cannot open once the
+	// state has synced; failErr says why.
+	failed   chan struct{}
+	failOnce sync.Once
+	failErr  error
 }
 
 // Start builds and starts the daemon. Configuration errors are returned
@@ -87,7 +100,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			return nil, err
 		}
 	}
-	d := &Daemon{cfg: cfg, log: log, quit: make(chan struct{})}
+	d := &Daemon{cfg: cfg, log: log, quit: make(chan struct{}), failed: make(chan struct{})}
 	d.bg, d.stopBG = context.WithCancel(context.WithoutCancel(ctx))
 	logStart(log, cfg, daemonBuildInfo(cfg))
 	// Before the xDS client, which feeds the istio_xds_* families.
@@ -122,6 +135,8 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		Logf: func(f string, a ...any) { log.Warn(fmt.Sprintf(f, a...), "scope", "identity") },
 	})
 	store, certs := d.store, d.certs
+	d.warm = newCertWarmer(certs, cfg, log)
+	d.bgWG.Go(func() { d.warm.run(d.bg, store) })
 
 	h2 := hbone.Config{
 		StreamWindow: cfg.StreamWindow, ConnWindow: cfg.ConnectionWindow, MaxFrameSize: cfg.FrameSize,
@@ -132,7 +147,13 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 
 	ready := admin.NewReadiness()
 	proxyDone := ready.Register("proxy")
+	// synced is closed once the state the proxies decide from is known:
+	// at once for a local config alone, else when every xDS type that is
+	// not on demand (Address and Authorization) has been received and
+	// ACKed. Nothing serves workload traffic before it (see serveWhenSynced).
+	synced := closedChan()
 	if xc != nil {
+		synced = xc.Synced()
 		// Not ready until both resource types are warm and ACKed.
 		stateDone := ready.Register("state manager")
 		d.bgWG.Go(func() {
@@ -183,8 +204,8 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	if cfg.KeepAliveEnabled {
 		sock.KeepAlive = engine.KeepAlive{Idle: cfg.KeepAliveTime, Interval: cfg.KeepAliveInterval, Count: cfg.KeepAliveRetries}
 	}
-	newProxy := func(w proxy.WorkloadRef, control func(fn func() error) error) (*proxy.Proxy, error) {
-		return proxy.New(proxy.Config{
+	proxyConfig := func(w proxy.WorkloadRef, control func(fn func() error) error) proxy.Config {
+		return proxy.Config{
 			Workload:    w,
 			TrustDomain: cfg.TrustDomain,
 			Network:     cfg.Network,
@@ -204,47 +225,76 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			SOCKS5:                    cfg.EnableSOCKS5,
 			DirectAppTunnel:           !cfg.LocalhostAppTunnel,
 			PoolInnerHBONE:            cfg.PoolInnerHBONE,
-		})
+		}
+	}
+	newProxy := func(w proxy.WorkloadRef, control func(fn func() error) error) (*proxy.Proxy, error) {
+		return proxy.New(proxyConfig(w, control))
 	}
 	var dnsf *dnsFactory
 	if cfg.DNSCapture {
 		dnsf = newDNSFactory(cfg, store, m, log)
 	}
 	if cfg.Mode == ModeShared {
-		deps := sharedDeps{Log: log, Ready: ready, Metrics: m, UDS: cfg.InpodUDS, NewProxy: newProxy}
+		deps := sharedDeps{Log: log, Ready: ready, Metrics: m, UDS: cfg.InpodUDS, NewProxy: newProxy, Warm: d.warm.wrap}
 		if dnsf != nil {
 			deps.NewDNS = dnsf.build
 		}
+		// The manager is made now (privilege checks fail the start) but
+		// connects to the CNI agent only once the state is synced: until
+		// then no pod's snapshot is acknowledged and no pod listener opens,
+		// as in ztunnel, so no connection is decided on a partial state.
 		mgr, err := startShared(ctx, cfg, deps)
 		if err != nil {
 			d.Close()
 			return nil, err
 		}
 		d.inpod.Store(mgr)
-	} else {
-		p, err := newProxy(proxy.WorkloadRef{Namespace: cfg.Workload.Namespace, Name: cfg.Workload.Name, ServiceAccount: cfg.Workload.ServiceAccount}, nil)
+		d.bgWG.Go(func() {
+			select {
+			case <-mgr.Done():
+				if err := mgr.Err(); err != nil { // a ZDS protocol error: ztunnel exits 1
+					d.fail(err)
+				}
+			case <-d.bg.Done():
+			}
+		})
+		self, err := d.selfProxy(proxyConfig)
 		if err != nil {
 			d.Close()
 			return nil, err
 		}
-		if err := p.Start(ctx); err != nil {
+		_ = d.serveWhenSynced(synced, func() error {
+			if self != nil {
+				if err := d.startSelfProxy(ctx, self); err != nil {
+					return err
+				}
+			}
+			mgr.Start()
+			return nil
+		}, proxyDone)
+	} else {
+		ref := cfg.workloadRef(cfg.Workload.Namespace, cfg.Workload.Name, cfg.Workload.ServiceAccount)
+		p, err := newProxy(ref, nil)
+		if err != nil {
 			d.Close()
 			return nil, err
 		}
-		d.proxies = append(d.proxies, p)
+		var srv *dnsproxy.Server
 		if dnsf != nil {
-			srv, err := dnsf.build(proxy.WorkloadRef{Namespace: cfg.Workload.Namespace, Name: cfg.Workload.Name, ServiceAccount: cfg.Workload.ServiceAccount}, nil)
-			if err == nil {
-				err = srv.Start(ctx)
-			}
-			if err != nil {
+			if srv, err = dnsf.build(ref, nil); err != nil {
 				d.Close()
 				return nil, err
 			}
-			d.dns = append(d.dns, srv)
+		}
+		// Built now, listening only once the state is synced: a listener
+		// that accepted before would decide on a state without policies,
+		// and with SO_REUSEPORT it would take connections from a synced
+		// daemon it replaces.
+		if err := d.serveWhenSynced(synced, func() error { return d.startDedicated(ctx, p, srv) }, proxyDone); err != nil {
+			d.Close()
+			return nil, err
 		}
 	}
-	proxyDone()
 	cfg.Engine = engine.BackendName()
 	log.Info("ztunnel-go started", "mode", string(cfg.Mode), "engine", cfg.Engine, "workload", cfg.Workload.Namespace+"/"+cfg.Workload.Name,
 		"workloads", len(store.Load().Workloads()), "services", len(store.Load().Services()), "policies", len(store.Load().Policies()),
@@ -306,7 +356,7 @@ func newXDSClient(cfg *Config, log *slog.Logger, m *metrics.Metrics) (*xdsclient
 	if err != nil {
 		return nil, err
 	}
-	meta := map[string]string{}
+	meta := proxyMetadata(os.Environ(), nil)
 	info := xdsclient.NodeInfoFromEnv(os.Environ(), meta)
 	info.InstanceIP, info.PodName, info.PodNamespace, info.NodeName = cfg.InstanceIP, cfg.PodName, cfg.PodNamespace, cfg.NodeName
 	node, errs := xdsclient.NewNode(info)
@@ -389,21 +439,18 @@ func (d *Daemon) requestQuit() {
 }
 
 // Failed is closed when the daemon must stop and exit 1: in shared mode, a
-// ZDS protocol error (ztunnel exits on it). Err says why. Nil (never
-// closed) in dedicated mode.
-func (d *Daemon) Failed() <-chan struct{} {
-	if m := d.inpod.Load(); m != nil {
-		return m.Done()
-	}
-	return nil
-}
+// ZDS protocol error (ztunnel exits on it); in either mode, listeners that
+// cannot open once the state has synced. Err says why.
+func (d *Daemon) Failed() <-chan struct{} { return d.failed }
 
 // Err is the reason Failed was closed.
 func (d *Daemon) Err() error {
-	if m := d.inpod.Load(); m != nil {
-		return m.Err()
+	select {
+	case <-d.failed:
+		return d.failErr
+	default:
+		return nil
 	}
-	return nil
 }
 
 // QuitRequested is closed when /quitquitquit asks the daemon to exit.
@@ -415,13 +462,17 @@ func (d *Daemon) Drain() {
 	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.TerminationDeadline)
 	defer cancel()
 	start := time.Now()
+	d.serveMu.Lock()
+	d.closing = true // nothing more starts serving
+	proxies, dns := d.proxies, d.dns
+	d.serveMu.Unlock()
 	if m := d.inpod.Load(); m != nil {
 		m.Drain(ctx) // every pod's proxy, in parallel
 	}
-	for _, s := range d.dns {
+	for _, s := range dns {
 		s.Drain(ctx)
 	}
-	for _, p := range d.proxies {
+	for _, p := range proxies {
 		p.Drain(ctx)
 	}
 	d.log.Info("drain complete", "duration", time.Since(start).Round(time.Millisecond).String())
@@ -430,13 +481,17 @@ func (d *Daemon) Drain() {
 
 // Close stops everything without a grace period.
 func (d *Daemon) Close() {
+	d.serveMu.Lock()
+	d.closing = true
+	proxies, dns := d.proxies, d.dns
+	d.serveMu.Unlock()
 	if m := d.inpod.Load(); m != nil {
 		m.Close()
 	}
-	for _, s := range d.dns {
+	for _, s := range dns {
 		s.Close()
 	}
-	for _, p := range d.proxies {
+	for _, p := range proxies {
 		p.Close()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -453,6 +508,9 @@ func (d *Daemon) Close() {
 	if d.stopBG != nil {
 		d.stopBG()
 		d.bgWG.Wait()
+	}
+	if d.warm != nil {
+		d.warm.close()
 	}
 	if d.closeSigner != nil {
 		d.closeSigner()

@@ -54,7 +54,7 @@ func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) er
 	dialer := &net.Dialer{Control: engine.SocketOptions{Mark: cfg.PacketMark}.DialControl()}
 	return dnsproxy.New(dnsproxy.Config{
 		State:              f.store,
-		Client:             state.WorkloadInfo{Namespace: w.Namespace, Name: w.Name, ServiceAccount: w.ServiceAccount},
+		Client:             w.Info(),
 		Network:            cfg.Network,
 		Domain:             cfg.ClusterDomain,
 		PreferredNamespace: cfg.PreferredServiceNamespace,

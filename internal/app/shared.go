@@ -30,12 +30,16 @@ type sharedDeps struct {
 	// NewDNS, when set (ISTIO_META_DNS_CAPTURE), builds the pod's DNS proxy
 	// with the same control function; it runs and stops with the proxy.
 	NewDNS func(w proxy.WorkloadRef, control func(fn func() error) error) (*dnsproxy.Server, error)
+	// Warm, when set, wraps each pod's proxy so that its identity's
+	// certificate is kept warm while the pod is up.
+	Warm func(p inpod.Proxy, namespace, serviceAccount string) inpod.Proxy
 }
 
-// startShared runs the in-pod mode: the ZDS client and one proxy per pod.
-// It first checks that the process may enter network namespaces and mark
-// sockets (ztunnel fails at start without them), then connects to the CNI
-// agent in the background.
+// startShared prepares the in-pod mode: the ZDS client and one proxy per
+// pod. It checks that the process may enter network namespaces and mark
+// sockets (ztunnel fails at start without them) and returns the manager
+// unstarted: the caller starts it (it connects to the CNI agent in the
+// background) once the state is synced.
 //
 // The returned manager's Done channel closes on a ZDS protocol error (Err
 // returns it), on which the daemon must exit 1; Drain(ctx) drains every
@@ -57,22 +61,26 @@ func startShared(ctx context.Context, cfg *Config, deps sharedDeps) (*inpod.Mana
 	m, err := inpod.New(inpod.Config{
 		UDS: deps.UDS,
 		NewProxy: func(pod inpod.Pod) (inpod.Proxy, error) {
-			p, err := deps.NewProxy(proxy.WorkloadRef{Namespace: pod.Namespace, Name: pod.Name, ServiceAccount: pod.ServiceAccount}, pod.Netns.Run)
+			w := cfg.workloadRef(pod.Namespace, pod.Name, pod.ServiceAccount)
+			p, err := deps.NewProxy(w, pod.Netns.Run)
 			if err != nil {
 				return nil, err
 			}
 			if p == nil { // not a nil *proxy.Proxy inside a non-nil interface
 				return nil, errors.New("shared mode: no proxy built")
 			}
-			if deps.NewDNS == nil {
-				return p, nil
+			var served inpod.Proxy = p
+			if deps.NewDNS != nil {
+				dns, err := deps.NewDNS(w, pod.Netns.Run)
+				if err != nil {
+					return nil, err
+				}
+				served = &withDNS{proxy: p, dns: dns}
 			}
-			w := proxy.WorkloadRef{Namespace: pod.Namespace, Name: pod.Name, ServiceAccount: pod.ServiceAccount}
-			dns, err := deps.NewDNS(w, pod.Netns.Run)
-			if err != nil {
-				return nil, err
+			if deps.Warm != nil {
+				served = deps.Warm(served, pod.Namespace, pod.ServiceAccount)
 			}
-			return &withDNS{proxy: p, dns: dns}, nil
+			return served, nil
 		},
 		Ready:   ready,
 		Metrics: deps.Metrics,
@@ -89,8 +97,16 @@ func startShared(ctx context.Context, cfg *Config, deps sharedDeps) (*inpod.Mana
 		m.Close()
 		return nil, ctx.Err()
 	}
-	m.Start()
 	return m, nil
+}
+
+// workloadRef names a workload this daemon serves: looked up among the
+// workloads of this node and cluster only (ztunnel's local_node).
+func (c *Config) workloadRef(namespace, name, serviceAccount string) proxy.WorkloadRef {
+	return proxy.WorkloadRef{
+		Namespace: namespace, Name: name, ServiceAccount: serviceAccount,
+		Node: c.NodeName, Cluster: c.ClusterID,
+	}
 }
 
 // workloadStateDump is the /config_dump "workloadState" of the in-pod

@@ -33,6 +33,9 @@ type DaemonOptions struct {
 	Env []string
 	// LogLevel is RUST_LOG (default "info").
 	LogLevel string
+	// NoWait returns as soon as the process runs, without waiting for
+	// readiness (for a daemon that is meant not to be ready yet).
+	NoWait bool
 }
 
 // Daemon is one running ztunnel-go process inside a pod's namespace.
@@ -91,11 +94,20 @@ func StartDaemon(ctx context.Context, pod *netnslab.Pod, o DaemonOptions) (*Daem
 		pw.Close()
 		close(d.exited)
 	}()
+	if o.NoWait {
+		return d, nil
+	}
 	if err := d.waitReady(ctx, 20*time.Second); err != nil {
 		d.Stop()
 		return nil, fmt.Errorf("labrun: daemon in %s not ready: %w\n%s", pod.Name, err, d.Log())
 	}
 	return d, nil
+}
+
+// WaitReady waits until /healthz/ready answers 200 (for a daemon started
+// with NoWait).
+func (d *Daemon) WaitReady(ctx context.Context, timeout time.Duration) error {
+	return d.waitReady(ctx, timeout)
 }
 
 // Get fetches url from inside the daemon's namespace (for the admin and

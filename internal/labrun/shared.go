@@ -36,6 +36,17 @@ type SharedOptions struct {
 	// Capture selects variants of the meshed pods' capture rules (such as
 	// RedirectDNS, for the DNS proxy).
 	Capture netnslab.CaptureOptions
+	// NoWait starts the daemons without waiting for their readiness (for
+	// daemons whose control plane is not there yet).
+	NoWait bool
+}
+
+// DaemonStart adjusts one StartDaemonWith call.
+type DaemonStart struct {
+	// Env adds variables after SharedOptions.DaemonEnv (so it wins).
+	Env []string
+	// NoWait returns without waiting for the daemon's readiness.
+	NoWait bool
 }
 
 // SharedCluster is a lab in Istio's default layout: one daemon per node in
@@ -232,6 +243,12 @@ func (c *SharedCluster) RemoveFromMesh(name string) error {
 // to the node's agent, and waits until it is ready. It becomes
 // Daemons[node].
 func (c *SharedCluster) StartDaemon(ctx context.Context, node string) (*Daemon, error) {
+	return c.StartDaemonWith(ctx, node, DaemonStart{NoWait: c.opts.NoWait})
+}
+
+// StartDaemonWith is StartDaemon with extra variables and, with NoWait,
+// without waiting for readiness.
+func (c *SharedCluster) StartDaemonWith(ctx context.Context, node string, o DaemonStart) (*Daemon, error) {
 	n, ok := c.nodes[node]
 	if !ok {
 		return nil, fmt.Errorf("labrun: no node %q", node)
@@ -250,9 +267,10 @@ func (c *SharedCluster) StartDaemon(ctx context.Context, node string) (*Daemon, 
 		"POD_NAME=" + podName,
 		"POD_NAMESPACE=istio-system",
 	}, c.opts.DaemonEnv...)
+	env = append(env, o.Env...)
 	d, err := StartDaemon(ctx, zt, DaemonOptions{
 		Binary: c.opts.Binary, ConfigPath: c.ConfigPath, CACert: c.caCert, CAKey: c.caKey,
-		Env: env, LogLevel: c.opts.LogLevel,
+		Env: env, LogLevel: c.opts.LogLevel, NoWait: o.NoWait,
 	})
 	if err != nil {
 		return nil, err

@@ -84,6 +84,15 @@ type Server struct {
 	next      int           // index of the first request NextRequest has not returned
 	arrived   chan struct{} // closed and replaced when a request is recorded
 	stopped   bool
+	// withheld holds the types Withhold silences, with the requests of
+	// each that arrived meanwhile, answered in order by Release.
+	withheld map[string][]heldRequest
+}
+
+// heldRequest is a request for a withheld type, answered on Release.
+type heldRequest struct {
+	ss *serverStream
+	r  *discoveryv3.DeltaDiscoveryRequest
 }
 
 // serverStream is one client stream.
@@ -127,6 +136,7 @@ func NewServer(t testing.TB, opts Options) *Server {
 		resources: map[string]map[string]*discoveryv3.Resource{},
 		streams:   map[*serverStream]bool{},
 		arrived:   make(chan struct{}),
+		withheld:  map[string][]heldRequest{},
 	}
 	s.serve(lis)
 	t.Cleanup(s.Stop)
@@ -217,6 +227,38 @@ func (s *Server) CloseStreams() {
 		case <-ss.finish:
 		default:
 			close(ss.finish)
+		}
+	}
+}
+
+// Withhold makes the server leave every request for typeURL unanswered
+// (recorded, but neither subscribed nor answered) until Release, as a
+// control plane that is slow to compute one type does: a client that
+// waits for every type before serving stays unsynced meanwhile.
+func (s *Server) Withhold(typeURL string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.withheld[typeURL]; !ok {
+		s.withheld[typeURL] = nil
+	}
+}
+
+// Release ends Withhold for typeURL: the requests held meanwhile are
+// handled in order, on the streams still open, as if they had just arrived.
+func (s *Server) Release(typeURL string) {
+	s.mu.Lock()
+	held, ok := s.withheld[typeURL]
+	delete(s.withheld, typeURL)
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	for _, h := range held {
+		s.mu.Lock()
+		open := s.streams[h.ss]
+		s.mu.Unlock()
+		if open {
+			s.answer(h.ss, h.r)
 		}
 	}
 }
@@ -401,11 +443,23 @@ func (s *Server) DeltaAggregatedResources(st grpc.BidiStreamingServer[discoveryv
 
 func (s *Server) handleRequest(ss *serverStream, r *discoveryv3.DeltaDiscoveryRequest) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.requests = append(s.requests, &Request{DeltaDiscoveryRequest: r, Stream: ss.id, Metadata: ss.md})
 	close(s.arrived)
 	s.arrived = make(chan struct{})
+	if held, ok := s.withheld[r.TypeUrl]; ok {
+		s.withheld[r.TypeUrl] = append(held, heldRequest{ss, r})
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	s.answer(ss, r)
+}
 
+// answer applies a recorded request to the stream's subscriptions and sends
+// what it asks for.
+func (s *Server) answer(ss *serverStream, r *discoveryv3.DeltaDiscoveryRequest) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	t := r.TypeUrl
 	sub := ss.subs[t]
 	first := sub == nil

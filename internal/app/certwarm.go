@@ -1,0 +1,171 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/inpod"
+	"github.com/ztunnel-go/ztunnel/mtls"
+	"github.com/ztunnel-go/ztunnel/mtls/caclient"
+	"github.com/ztunnel-go/ztunnel/state"
+)
+
+// certWarmer keeps the certificates of the identities served on this node
+// warm and forgets the others, as ztunnel's certificate prefetch does in
+// shared mode: an identity is fetched when the first workload with it on
+// this node (NODE_NAME, and CLUSTER_ID when the workload says) appears,
+// whether from xDS or as a pod handed over by ZDS, and forgotten when the
+// last one leaves. Workloads of other nodes are never prefetched: their
+// identities are only ever needed by their own node's proxy.
+type certWarmer struct {
+	pf            *caclient.Prefetcher
+	node, cluster string
+	trustDomain   string
+	mu            sync.Mutex                // guards the following fields
+	pods          map[identity.Identity]int // pods up, by identity
+	fromState     map[identity.Identity]bool
+	closed        bool
+}
+
+// newCertWarmer returns a warmer filling certs. In dedicated mode it scans
+// no snapshot (the one proxy serves one identity, counted when it starts),
+// as ztunnel prefetches other workloads' certificates in shared mode only.
+func newCertWarmer(certs *mtls.Store, cfg *Config, log *slog.Logger) *certWarmer {
+	c := &certWarmer{
+		pf: caclient.NewPrefetcher(certs, func(f string, a ...any) {
+			log.Error(fmt.Sprintf(f, a...), "scope", "identity")
+		}),
+		cluster: cfg.ClusterID, trustDomain: cfg.TrustDomain,
+		pods: map[identity.Identity]int{}, fromState: map[identity.Identity]bool{},
+	}
+	if cfg.Mode == ModeShared {
+		c.node = cfg.NodeName
+	}
+	return c
+}
+
+// wrap makes p count the identity of the workload (namespace, service
+// account) in the warmer while it is up.
+func (c *certWarmer) wrap(p inpod.Proxy, namespace, serviceAccount string) inpod.Proxy {
+	return &warmedProxy{Proxy: p, w: c, id: identity.New(c.trustDomain, namespace, serviceAccount)}
+}
+
+// run follows the published snapshots until ctx ends.
+func (c *certWarmer) run(ctx context.Context, store *state.Store) {
+	for {
+		changed := store.Changed()
+		c.snapshot(store.Load())
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// snapshot takes the node's identities from snap: its HBONE (or native
+// tunnel) workloads on this node; a workload that takes plain TCP needs no
+// certificate of ours.
+func (c *certWarmer) snapshot(snap *state.Snapshot) {
+	ids := map[identity.Identity]bool{}
+	if c.node != "" {
+		snap.EachWorkload(func(w *state.Workload) {
+			if w.Node != c.node || (c.cluster != "" && w.ClusterID != "" && w.ClusterID != c.cluster) {
+				return
+			}
+			if w.Protocol == state.ProtocolHBONE || w.NativeTunnel {
+				ids[w.Identity()] = true
+			}
+		})
+	}
+	c.mu.Lock()
+	c.fromState = ids
+	c.syncLocked()
+	c.mu.Unlock()
+}
+
+// podUp counts a pod whose proxy serves id; podDown undoes it.
+func (c *certWarmer) podUp(id identity.Identity) {
+	c.mu.Lock()
+	c.pods[id]++
+	c.syncLocked()
+	c.mu.Unlock()
+}
+
+func (c *certWarmer) podDown(id identity.Identity) {
+	c.mu.Lock()
+	if c.pods[id]--; c.pods[id] <= 0 {
+		delete(c.pods, id)
+	}
+	c.syncLocked()
+	c.mu.Unlock()
+}
+
+// syncLocked hands the union of both sources to the prefetcher, which
+// fetches what is new and forgets what is gone.
+func (c *certWarmer) syncLocked() {
+	if c.closed {
+		return
+	}
+	ids := make([]identity.Identity, 0, len(c.fromState)+len(c.pods))
+	for id := range c.fromState {
+		ids = append(ids, id)
+	}
+	for id := range c.pods {
+		if !c.fromState[id] {
+			ids = append(ids, id)
+		}
+	}
+	c.pf.Sync(ids)
+}
+
+// close stops prefetching (certificates already fetched stay).
+func (c *certWarmer) close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.pf.Close()
+}
+
+// warmedProxy is a pod's proxy that counts its identity in the warmer
+// while it is up.
+type warmedProxy struct {
+	inpod.Proxy
+	w    *certWarmer
+	id   identity.Identity
+	once sync.Once
+	up   bool
+}
+
+// Start starts the proxy; once it is up, its identity counts.
+func (p *warmedProxy) Start(ctx context.Context) error {
+	if err := p.Proxy.Start(ctx); err != nil {
+		return err
+	}
+	p.up = true
+	p.w.podUp(p.id)
+	return nil
+}
+
+// Drain drains the proxy, then its identity no longer counts.
+func (p *warmedProxy) Drain(ctx context.Context) {
+	p.Proxy.Drain(ctx)
+	p.down()
+}
+
+// Close closes the proxy, then its identity no longer counts.
+func (p *warmedProxy) Close() {
+	p.Proxy.Close()
+	p.down()
+}
+
+func (p *warmedProxy) down() {
+	p.once.Do(func() {
+		if p.up {
+			p.w.podDown(p.id)
+		}
+	})
+}
