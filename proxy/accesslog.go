@@ -286,14 +286,20 @@ func (p *Proxy) complete(ci *connInfo, flags metrics.ResponseFlags, err error) {
 }
 
 // failed ends a connection that never got a route: "connection failed" at
-// WARN with the source, destination, direction and error only.
+// WARN with the source, destination, direction and error only (ztunnel's
+// log_early_deny).
 func (p *Proxy) failed(ci *connInfo, err error) {
+	p.access.LogAttrs(context.Background(), slog.LevelWarn, "connection failed", ci.failedAttrs(err)...)
+}
+
+// failedAttrs are the fields of "connection failed": dst.addr is the
+// destination asked for outbound, the tunnel's address inbound over HBONE.
+func (ci *connInfo) failedAttrs(err error) []slog.Attr {
 	attrs := []slog.Attr{slog.Any("src.addr", ci.src)}
 	if d := ci.logDst(); d.IsValid() {
 		attrs = append(attrs, slog.Any("dst.addr", d))
 	}
-	attrs = append(attrs, slog.String("direction", ci.direction()), slog.String("error", err.Error()))
-	p.access.LogAttrs(context.Background(), slog.LevelWarn, "connection failed", attrs...)
+	return append(attrs, slog.String("direction", ci.direction()), slog.String("error", err.Error()))
 }
 
 // relayErr filters the relay's outcome the way ztunnel does: a peer that

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"flag"
 	"net/netip"
 	"os"
@@ -88,6 +89,20 @@ func TestAccessLogGolden(t *testing.T) {
 			inbound: true, src: ap("10.0.1.5:51002"), dst: ap("10.0.2.7:8080"),
 			srcWorkload: client, dstWorkload: server, service: svc,
 		})},
+		{"SOCKS5 to a service hostname (resolved to its VIP, then as outbound)", withBytes(&connInfo{
+			src: ap("127.0.0.1:40005"), dst: ap("10.0.2.7:15008"), mtls: true,
+			ext:         &connExt{hboneAddr: "10.0.2.7:8080", origDst: ap("10.96.0.10:80")},
+			srcWorkload: client, srcIdentity: &clientID, dstWorkload: server, service: svc,
+		})},
+	}
+	failures := []struct {
+		name string
+		ci   *connInfo
+		err  string
+	}{
+		{"outbound with no route", &connInfo{src: ap("10.0.1.5:40006"), dst: ap("10.96.0.99:80")}, "no healthy upstream"},
+		{"inbound HBONE refused before its context", &connInfo{inbound: true, src: ap("10.0.1.5:51003"), mtls: true,
+			ext: &connExt{hboneAddr: "10.0.9.9:8080", arrivedOn: ap("10.0.2.7:15008")}}, "ip mismatch"},
 	}
 	var got strings.Builder
 	for _, tc := range cases {
@@ -102,6 +117,16 @@ func TestAccessLogGolden(t *testing.T) {
 				v = "<ms>"
 			}
 			got.WriteString(a.Key + "=" + v)
+		}
+		got.WriteByte('\n')
+	}
+	for _, tc := range failures {
+		got.WriteString("# connection failed: " + tc.name + "\n")
+		for i, a := range tc.ci.failedAttrs(errors.New(tc.err)) {
+			if i > 0 {
+				got.WriteByte(' ')
+			}
+			got.WriteString(a.Key + "=" + a.Value.String())
 		}
 		got.WriteByte('\n')
 	}

@@ -77,7 +77,9 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 		// A flood must not flood the log too: the 1st, 2nd, 4th, 8th...
 		// refusal of a peer is logged.
 		if refused&(refused-1) == 0 {
-			p.failed(newConnInfo(dirInbound, src), fmt.Errorf("%w (refused %d so far)", err, refused))
+			ci := newConnInfo(dirInbound, src)
+			ci.dst = addrPortOf(c.LocalAddr()) // as ztunnel logs an early deny: the address it arrived on
+			p.failed(ci, fmt.Errorf("%w (refused %d so far)", err, refused))
 		}
 		_ = c.SetLinger(0)
 		c.Close()
@@ -93,6 +95,7 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 	p.handshakeDone(ip)
 	if err != nil {
 		ci := newConnInfo(dirInbound, src)
+		ci.dst = addrPortOf(c.LocalAddr())
 		p.failed(ci, fmt.Errorf("tls handshake: %w", err))
 		c.Close()
 		return false
