@@ -7,6 +7,11 @@ TEST_TIMEOUT ?= 20m
 FUZZTIME ?= 10s
 FUZZPARALLEL ?=
 GOLANGCI_LINT_VERSION := v2.15.0
+# VERSION is stamped into the daemon (its start log, /config_dump, --version):
+# git describe of the checkout, or "dev" outside one.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+GIT_REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+VERSION_LDFLAGS := -X github.com/ztunnel-go/ztunnel/internal/app.stampedVersion=$(VERSION) -X github.com/ztunnel-go/ztunnel/internal/app.stampedRevision=$(GIT_REVISION)
 
 .DEFAULT_GOAL := help
 
@@ -17,7 +22,7 @@ help: ## Show this help
 .PHONY: build
 build: ## Build the daemon (bin/ztunnel) and the tools (bin/zlab)
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath -o $(BIN)/ztunnel ./cmd/ztunnel
+	$(GO) build -trimpath -ldflags '$(VERSION_LDFLAGS)' -o $(BIN)/ztunnel ./cmd/ztunnel
 	$(GO) build -trimpath -o $(BIN)/zlab ./cmd/zlab
 
 .PHONY: test

@@ -158,10 +158,38 @@ type CertDump struct {
 	ExpirationTime string `json:"expirationTime"`
 }
 
-// WorkloadStateDump is one in-pod workload's state (shared mode).
+// WorkloadStateDump is one in-pod workload's state (shared mode), with
+// its proxy's open connections once it is up, as ztunnel dumps them.
 type WorkloadStateDump struct {
-	Info  map[string]string `json:"info"`
-	State string            `json:"state"`
+	Info        map[string]string `json:"info"`
+	State       string            `json:"state"`
+	Connections *ConnectionsDump  `json:"connections,omitempty"`
+}
+
+// ConnectionsDump is a proxy's open connections (ztunnel's connection
+// manager dump, which istioctl ztunnel-config connections prints).
+type ConnectionsDump struct {
+	Inbound  []InboundConnDump  `json:"inbound"`
+	Outbound []OutboundConnDump `json:"outbound"`
+}
+
+// InboundConnDump is one authorized inbound connection: the client, the
+// service it named (Forwarded host=; null when none), the app address it
+// reached, and HBONE or TCP (plaintext).
+type InboundConnDump struct {
+	Src         string  `json:"src"`
+	OriginalDst *string `json:"originalDst"`
+	ActualDst   string  `json:"actualDst"`
+	Protocol    string  `json:"protocol"`
+}
+
+// OutboundConnDump is one outbound connection: the app, the destination it
+// asked for, the address dialled, and TCP, HBONE or DOUBLEHBONE.
+type OutboundConnDump struct {
+	Src         string `json:"src"`
+	OriginalDst string `json:"originalDst"`
+	ActualDst   string `json:"actualDst"`
+	Protocol    string `json:"protocol"`
 }
 
 func dumpWorkload(w *state.Workload) WorkloadDump {
@@ -274,8 +302,15 @@ func dumpPolicy(p *state.Policy) PolicyDump {
 	return d
 }
 
-func dumpCert(c *mtls.WorkloadCert) CertsDump {
-	d := CertsDump{Identity: c.Identity.String(), State: "Available", CertChain: []CertDump{}, RootCerts: []CertDump{}}
+// dumpCert is one identity's entry of "certificates", as ztunnel's
+// dump_certs writes it: the state, and the chain and roots only when
+// Available.
+func dumpCert(st mtls.CertState) CertsDump {
+	d := CertsDump{Identity: st.Identity.String(), State: st.State(), CertChain: []CertDump{}, RootCerts: []CertDump{}}
+	c := st.Cert
+	if c == nil {
+		return d
+	}
 	for _, der := range c.Certificate.Certificate {
 		d.CertChain = append(d.CertChain, certDump(der))
 	}

@@ -127,8 +127,8 @@ func (s *Server) Dump() ConfigDump {
 		d.WorkloadState = s.cfg.WorkloadState()
 	}
 	if s.cfg.Certs != nil {
-		for _, c := range s.cfg.Certs.Certificates() {
-			d.Certificates = append(d.Certificates, dumpCert(c))
+		for _, st := range s.cfg.Certs.CertStates() {
+			d.Certificates = append(d.Certificates, dumpCert(st))
 		}
 	}
 	return d
@@ -164,7 +164,8 @@ func (s *Server) quit(w http.ResponseWriter, r *http.Request) {
 func certDump(der []byte) CertDump {
 	d := CertDump{PEM: base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))}
 	if c, err := x509.ParseCertificate(der); err == nil {
-		d.SerialNumber = c.SerialNumber.Text(16)
+		// Decimal, as ztunnel writes it and istioctl parses it.
+		d.SerialNumber = c.SerialNumber.String()
 		d.ValidFrom = c.NotBefore.UTC().Format(time.RFC3339)
 		d.ExpirationTime = c.NotAfter.UTC().Format(time.RFC3339)
 	}

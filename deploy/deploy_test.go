@@ -411,6 +411,8 @@ func TestDockerfile(t *testing.T) {
 		"./cmd/ztunnel",
 		"WORKDIR /\n",
 		"ISTIO_META_ISTIO_VERSION",
+		// The version is stamped into the binary.
+		"-X github.com/ztunnel-go/ztunnel/internal/app.stampedVersion=${version:-$istio_version}",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("Dockerfile lacks %q", want)

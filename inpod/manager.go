@@ -114,6 +114,9 @@ func (e *announceError) Unwrap() error { return e.err }
 type WorkloadState struct {
 	Info  WorkloadInfo
 	State string // StatePending or StateUp
+	// Proxy is the pod's running proxy when Up (for its connections in the
+	// dump); nil while Pending.
+	Proxy Proxy
 }
 
 type podProxy struct {
@@ -282,9 +285,9 @@ func (m *Manager) WorkloadState() map[string]WorkloadState {
 	return out
 }
 
-func (m *Manager) setState(uid string, info WorkloadInfo, state string, gen uint64) {
+func (m *Manager) setState(uid string, info WorkloadInfo, state string, p Proxy, gen uint64) {
 	m.stateMu.Lock()
-	m.states[uid] = &stateEntry{WorkloadState{Info: info, State: state}, gen}
+	m.states[uid] = &stateEntry{WorkloadState{Info: info, State: state, Proxy: p}, gen}
 	m.stateMu.Unlock()
 }
 
@@ -514,7 +517,7 @@ func (m *Manager) startWorkload(uid string, info WorkloadInfo, ns *Netns) error 
 	}
 	m.nextGen++
 	gen := m.nextGen
-	m.setState(uid, info, StatePending, gen)
+	m.setState(uid, info, StatePending, nil, gen)
 	if m.cfg.MigrateRequests {
 		if err := ns.Run(enableMigrateReq); err != nil {
 			m.log.Warn("cannot set net.ipv4.tcp_migrate_req in the pod; an upgrade may reset queued connections", "uid", uid, "error", err)
@@ -528,7 +531,7 @@ func (m *Manager) startWorkload(uid string, info WorkloadInfo, ns *Netns) error 
 		return err
 	}
 	m.proxies[uid] = &podProxy{info: info, netns: ns, proxy: p, gen: gen}
-	m.setState(uid, info, StateUp, gen)
+	m.setState(uid, info, StateUp, p, gen)
 	m.cfg.Metrics.ProxyStarted()
 	m.log.Info("pod proxy up", "uid", uid, "name", info.Name, "namespace", info.Namespace, "netns", ns.ID().String())
 	return nil

@@ -77,8 +77,8 @@ func TestSnapshotThenReady(t *testing.T) {
 	}
 	st := r.mgr.WorkloadState()
 	want := WorkloadState{Info: WorkloadInfo{Name: "name-a", Namespace: "ns", ServiceAccount: "sa"}, State: StateUp}
-	if len(st) != 2 || st["a"] != want {
-		t.Fatalf("workload state %+v", st)
+	if a := st["a"]; len(st) != 2 || a.Info != want.Info || a.State != want.State || a.Proxy == nil {
+		t.Fatalf("workload state %+v, want %+v with its running proxy", st, want)
 	}
 	for _, p := range r.fac.all() {
 		if !p.wasStarted() || p.pod.Netns == nil {
@@ -150,8 +150,8 @@ func TestFailedStartIsPendingAndRetried(t *testing.T) {
 	r.fac.failNext("a", 2)
 	c := r.accept()
 	send(t, c, addReq("a"), openOwn(t), "failure to start proxy")
-	if st := r.mgr.WorkloadState()["a"]; st.State != StatePending {
-		t.Fatalf("state %+v, want Pending", st)
+	if st := r.mgr.WorkloadState()["a"]; st.State != StatePending || st.Proxy != nil {
+		t.Fatalf("state %+v, want Pending with no proxy", st)
 	}
 	send(t, c, snapReq(), nil, "")
 	if r.ready.ready() {

@@ -2,10 +2,11 @@
 // Istio's names, types and label sets (istio_tcp_*, istio_xds_*, istio_dns_*,
 // workload_manager_*, istio_build, process_*), so that Kiali, Istio's
 // dashboards and existing alerts work unchanged when the binary is swapped.
-// Not all are fed yet: nothing calls XDSMessage or XDSConnectionTerminated
-// (the xDS client records nothing), nor CRLRejected and CRLUntracked (no
-// revocation lists), so the istio_xds_* and istio_crl_* families stay at
-// zero and the dashboards' xDS panels show nothing.
+// Every family has a feeder on the daemon's path: the xDS client's
+// callbacks feed istio_xds_*, the CRL checks istio_crl_policy_rejections_total
+// and istio_crl_load_failures_total. istio_crl_untracked_connections_total
+// is registered for ztunnel's label set and stays at zero: every open
+// connection is re-checked in place on a CRL reload, none goes untracked.
 //
 // The traffic families are fed without a lock or a label lookup per read:
 // a connection registers its byte counters once, at open (ConnOpened), and

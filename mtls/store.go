@@ -76,6 +76,7 @@ type entry struct {
 
 	// The following fields are guarded by Store.mu.
 	cert     *WorkloadCert // last issued, possibly expired; nil before the first success
+	lastErr  error         // the last fetch's failure; nil after a success (CertStates)
 	inflight *call         // the fetch under way, shared by every waiter
 	looping  bool          // the refresh goroutine has been started
 }
@@ -182,8 +183,11 @@ func (s *Store) runFetch(e *entry, cl *call) {
 	s.mu.Lock()
 	e.inflight = nil
 	// A forgotten entry keeps nothing; its waiters still get the result.
+	if err != nil {
+		e.lastErr = err
+	}
 	if c != nil && !s.closed && s.entries[e.id] == e {
-		e.cert = c
+		e.cert, e.lastErr = c, nil
 		if !e.looping {
 			e.looping = true
 			s.wg.Add(1)

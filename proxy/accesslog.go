@@ -36,8 +36,8 @@ type connInfo struct {
 	p     *Proxy        // set when the relay starts (startRelay)
 	start time.Duration // since procStart, monotonic
 
-	src, dst    netip.AddrPort
-	hboneAddr   string
+	src, dst    netip.AddrPort // dst: outbound the address dialled, inbound the app's
+	ext         *connExt       // what only some connections need (telemetry.go)
 	srcWorkload *state.Workload
 	srcIdentity *identity.Identity // proven by mTLS; nil for plaintext. Shared, not copied: see srcID
 	dstWorkload *state.Workload    // its identity is p.identityOf(dstWorkload)
@@ -54,14 +54,14 @@ type connInfo struct {
 	abortReq atomic.Bool
 	inbound  bool // the direction: inbound (else outbound)
 	mtls     bool
-	// srcFromBaggage says srcWorkload comes from the baggage of a
-	// connection through a network gateway, whose identity is srcIdentity.
-	srcFromBaggage bool
 	// accepted says the proxy accepted the connection's socket and tracks
 	// it in p.relays (relayed): the relay's end counts the socket closed
 	// and releases it.
 	accepted bool
-	relayIdx int // in p.relays, guarded by p.mu; see accepted
+	// listed says an inbound HBONE connection is listed in p.relays for
+	// the connections dump (listStream), without an accepted socket.
+	listed   bool
+	relayIdx int // in p.relays, guarded by p.mu; see accepted and listed
 
 	// tracked is the connection manager's record of an authorized inbound
 	// connection (trackPolicy); nil otherwise. It refers to this connInfo
@@ -133,9 +133,14 @@ func (ci *connInfo) relayEnded(res engine.Result) {
 	p := ci.p
 	flags, err := ci.relayOutcome(res)
 	p.complete(ci, flags, err)
-	if ci.accepted {
+	switch {
+	case ci.accepted:
 		p.cfg.Metrics.SocketClosed(ci.reporter())
 		p.releaseRelayed(ci)
+	case ci.listed:
+		p.mu.Lock()
+		p.unlistLocked(ci)
+		p.mu.Unlock()
 	}
 }
 
@@ -208,64 +213,46 @@ func metricsWorkload(w *state.Workload, id identity.Identity) *metrics.Workload 
 // open registers the connection with the metrics once its route is known
 // and logs "connection opened" at debug.
 func (p *Proxy) open(ci *connInfo) {
-	l := metrics.ConnLabels{Reporter: ci.reporter(), SecurityPolicy: metrics.SecurityUnknown}
-	if ci.mtls {
-		l.SecurityPolicy = metrics.SecurityMutualTLS
-		l.SetPeerSource(&metrics.Peer{Identity: ci.srcID().String()})
-	}
-	if ci.srcWorkload != nil && ci.srcFromBaggage {
-		// The peer address is the gateway's; the source's own baggage says
-		// who it is, and mTLS proved its identity.
-		l.SetSource(metricsWorkload(ci.srcWorkload, ci.srcID()))
-	} else if ci.srcWorkload != nil {
-		l.SetSource(metricsWorkload(ci.srcWorkload, ci.srcWorkload.Identity()))
-	}
-	var dstID identity.Identity
-	if ci.dstWorkload != nil {
-		dstID = p.identityOf(ci.dstWorkload)
-		l.SetDestination(metricsWorkload(ci.dstWorkload, dstID))
-	}
-	if ci.service != nil {
-		l.SetDestinationService(ci.service.Hostname, ci.service.Name, ci.service.Namespace)
-	}
+	l := p.labels(ci)
 	// A is always the downstream side of the relay.
 	ci.metric = p.cfg.Metrics.ConnOpened(&l, &ci.counters.AToB, &ci.counters.BToA)
 	if p.access.Enabled(context.Background(), slog.LevelDebug) {
-		p.access.LogAttrs(context.Background(), slog.LevelDebug, "connection opened", ci.attrs(false, dstID)...)
+		p.access.LogAttrs(context.Background(), slog.LevelDebug, "connection opened", ci.attrs(&l, false)...)
 	}
 }
 
-// attrs lists the access-log fields in ztunnel's order; dstID is the
-// destination workload's identity.
-func (ci *connInfo) attrs(withBytes bool, dstID identity.Identity) []slog.Attr {
+// attrs lists the access-log fields in ztunnel's order and with its
+// meanings, from the connection's labels l: dst.addr is the address
+// dialled (inbound over HBONE: the one the tunnel arrived on), the
+// workloads are named as logNames says, identities appear only for mTLS,
+// and unknown values are left out.
+func (ci *connInfo) attrs(l *metrics.ConnLabels, withBytes bool) []slog.Attr {
 	a := make([]slog.Attr, 0, 18)
 	add := func(k, v string) {
 		if v != "" {
 			a = append(a, slog.String(k, v))
 		}
 	}
+	srcName, dstName := ci.logNames(l)
+	mtls := ci.mtls
 	a = append(a, slog.Any("src.addr", ci.src))
-	if w := ci.srcWorkload; w != nil {
-		add("src.workload", w.Name)
-		add("src.namespace", w.Namespace)
+	add("src.workload", srcName)
+	add("src.namespace", l.SourceWorkloadNamespace)
+	if mtls {
+		add("src.identity", l.SourcePrincipal)
 	}
-	add("src.identity", ci.srcID().String())
-	if w := ci.srcWorkload; w != nil {
-		add("src.cluster", w.ClusterID)
+	add("src.cluster", l.SourceCluster)
+	if d := ci.logDst(); d.IsValid() {
+		a = append(a, slog.Any("dst.addr", d))
 	}
-	if ci.dst.IsValid() {
-		a = append(a, slog.Any("dst.addr", ci.dst))
+	add("dst.hbone_addr", ci.hboneAddr())
+	add("dst.service", l.DestinationService)
+	add("dst.workload", dstName)
+	add("dst.namespace", l.DestinationWorkloadNamespace)
+	if mtls {
+		add("dst.identity", l.DestinationPrincipal)
 	}
-	add("dst.hbone_addr", ci.hboneAddr)
-	if ci.service != nil {
-		add("dst.service", ci.service.Hostname)
-	}
-	if w := ci.dstWorkload; w != nil {
-		add("dst.workload", w.Name)
-		add("dst.namespace", w.Namespace)
-		add("dst.identity", dstID.String())
-		add("dst.cluster", w.ClusterID)
-	}
+	add("dst.cluster", l.DestinationCluster)
 	a = append(a, slog.String("direction", ci.direction()))
 	if withBytes {
 		sent, recv := ci.counters.AToB.Load(), ci.counters.BToA.Load()
@@ -294,11 +281,8 @@ func (p *Proxy) complete(ci *connInfo, flags metrics.ResponseFlags, err error) {
 	if !p.access.Enabled(context.Background(), level) {
 		return
 	}
-	var dstID identity.Identity
-	if ci.dstWorkload != nil {
-		dstID = p.identityOf(ci.dstWorkload)
-	}
-	attrs := ci.attrs(true, dstID)
+	l := p.labels(ci)
+	attrs := ci.attrs(&l, true)
 	if err != nil {
 		attrs = append(attrs, slog.String("error", err.Error()))
 	}
@@ -306,14 +290,20 @@ func (p *Proxy) complete(ci *connInfo, flags metrics.ResponseFlags, err error) {
 }
 
 // failed ends a connection that never got a route: "connection failed" at
-// WARN with the source, destination, direction and error only.
+// WARN with the source, destination, direction and error only (ztunnel's
+// log_early_deny).
 func (p *Proxy) failed(ci *connInfo, err error) {
+	p.access.LogAttrs(context.Background(), slog.LevelWarn, "connection failed", ci.failedAttrs(err)...)
+}
+
+// failedAttrs are the fields of "connection failed": dst.addr is the
+// destination asked for outbound, the tunnel's address inbound over HBONE.
+func (ci *connInfo) failedAttrs(err error) []slog.Attr {
 	attrs := []slog.Attr{slog.Any("src.addr", ci.src)}
-	if ci.dst.IsValid() {
-		attrs = append(attrs, slog.Any("dst.addr", ci.dst))
+	if d := ci.logDst(); d.IsValid() {
+		attrs = append(attrs, slog.Any("dst.addr", d))
 	}
-	attrs = append(attrs, slog.String("direction", ci.direction()), slog.String("error", err.Error()))
-	p.access.LogAttrs(context.Background(), slog.LevelWarn, "connection failed", attrs...)
+	return append(attrs, slog.String("direction", ci.direction()), slog.String("error", err.Error()))
 }
 
 // relayErr filters the relay's outcome the way ztunnel does: a peer that

@@ -94,8 +94,9 @@ func TestInboundMetadata(t *testing.T) {
 		name string
 		hdr  http.Header
 		// want lists access-log fields; "" = must be absent. The peer's
-		// address 127.0.0.1 is no workload on network net1, so without
-		// baggage the source is unknown.
+		// address 127.0.0.1 is no workload on network net1, so the source
+		// is what its baggage says (ztunnel's derived source): the log names
+		// it by its canonical service (service.name), as ztunnel does.
 		want map[string]string
 	}{
 		{"forwarded host names our service",
@@ -107,15 +108,18 @@ func TestInboundMetadata(t *testing.T) {
 		{"unparsable forwarded ignored",
 			http.Header{"Forwarded": {`host="unterminated`}},
 			map[string]string{"dst.service": ""}},
+		{"forwarded host in quotes",
+			http.Header{"Forwarded": {`for="10.1.1.1:5000";host="echo.ns.svc.cluster.local"`}},
+			map[string]string{"dst.service": "echo.ns.svc.cluster.local"}},
 		{"baggage across a network gateway",
-			http.Header{"X-Forwarded-Network": {"net2"}, "Baggage": {"k8s.namespace.name=far,k8s.deployment.name=remote-app"}},
-			map[string]string{"src.workload": "remote-app", "src.namespace": "far", "src.identity": "spiffe://cluster.local/ns/ns/sa/client"}},
-		{"baggage on our own network ignored",
+			http.Header{"X-Forwarded-Network": {"net2"}, "Baggage": {"k8s.namespace.name=far,k8s.deployment.name=remote-app,service.name=remote-svc,k8s.cluster.name=c2"}},
+			map[string]string{"src.workload": "remote-svc", "src.namespace": "far", "src.cluster": "c2", "src.identity": "spiffe://cluster.local/ns/ns/sa/client"}},
+		{"baggage on our own network describes an unknown source",
 			http.Header{"X-Forwarded-Network": {"net1"}, "Baggage": {"k8s.namespace.name=far,k8s.deployment.name=remote-app"}},
-			map[string]string{"src.workload": "", "src.namespace": ""}},
-		{"baggage without x-forwarded-network ignored",
-			http.Header{"Baggage": {"k8s.namespace.name=far,k8s.deployment.name=remote-app"}},
-			map[string]string{"src.workload": ""}},
+			map[string]string{"src.workload": "", "src.namespace": "far"}},
+		{"no baggage, no source",
+			http.Header{},
+			map[string]string{"src.workload": "", "src.namespace": "", "src.identity": "spiffe://cluster.local/ns/ns/sa/client"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -14,6 +14,12 @@
 // connections: the proxy's inbound ones, and the pool's through
 // CloseRevokedOutbound.
 //
+// Telemetry is ztunnel's: the CONNECT metadata it sends and reads
+// (Forwarded host=, baggage), the service attribution of both reporters,
+// the metric labels and the access-log fields derived from them
+// (telemetry.go), and the open connections Connections lists for the
+// config dump.
+//
 // Imports (of ours): engine, hbone, identity, metrics, mtls, mtls/record,
 // proxy/connmgr, proxy/meta, proxy/proxyproto, proxy/socks5 (its protocol
 // leaves) and state. Imported by: internal/app and tests.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/state"
@@ -40,6 +41,11 @@ type doubleHBONE struct {
 	pool bool
 	// poolKey groups interchangeable inner connections.
 	poolKey string
+	// peerID is the identity the inner TLS peer proved, set by the dial
+	// of this connection's inner tunnel (the derived destination's
+	// principal); a pooled inner connection dialled earlier leaves the
+	// one the destination was verified against.
+	peerID identity.Identity
 }
 
 // routeViaGateway routes to w, an endpoint on another network with a
@@ -77,6 +83,7 @@ func (p *Proxy) routeViaGateway(ctx context.Context, snap *state.Snapshot, src, 
 	inner := &doubleHBONE{
 		authority: authority,
 		sans:      final,
+		peerID:    p.identityOf(w),
 		// Only a ztunnel (or a waypoint) behind the gateway multiplexes
 		// inner streams; see Config.PoolInnerHBONE.
 		pool: p.cfg.PoolInnerHBONE && w.Protocol == state.ProtocolHBONE,
@@ -84,9 +91,11 @@ func (p *Proxy) routeViaGateway(ctx context.Context, snap *state.Snapshot, src, 
 	if inner.pool {
 		inner.poolKey = strings.Join([]string{"inner", p.identityOf(src).String(), strings.Join(final, ","), gw.String(), svc.Key()}, "|")
 	}
+	// As ztunnel, the connection's destination workload is the gateway
+	// (the next hop); its labels come from the destination's answer.
 	return outboundRoute{
 		hbone: true, dst: gw, authority: authority, sans: p.upstreamSANs(up),
-		workload: w, service: svc, gateway: inner,
+		workload: up.Workload, service: svc, gateway: inner,
 	}, nil
 }
 
@@ -118,10 +127,14 @@ func (p *Proxy) connectDoubleHBONE(ctx context.Context, srcW *state.Workload, cl
 			}
 			return nil, &dialError{metrics.FlagTLSFailure, fmt.Errorf("inner tls handshake with %s through network gateway %s: %w", g.authority, r.dst, err)}
 		}
+		if id, err := mtls.PeerIdentity(conn.ConnectionState()); err == nil {
+			g.peerID = id
+		}
 		return conn, nil
 	}
-	hdr := http.Header{}
-	hdr.Set("Forwarded", fmt.Sprintf("for=%q", client.String()))
+	// The inner request carries what any CONNECT does (Forwarded with the
+	// service, baggage, traceparent), and our network (ztunnel's).
+	hdr := p.connectHeader(srcW, client, r.service)
 	hdr.Set(headerForwardedNetwork, p.cfg.Network)
 	req := &hbone.Request{Authority: g.authority, Header: hdr}
 	var s *hbone.Stream

@@ -403,11 +403,14 @@ func TestDoubleHBONE(t *testing.T) {
 			}
 			// The destination mapped service port 80 to the endpoint's
 			// port, saw the client's identity, and did not take the
-			// gateway's address for the client's workload.
+			// gateway's address for the client's workload: the client is what
+			// its baggage says (namespace; no canonical name to log it by),
+			// and the service is the one the inner Forwarded host= named.
 			done := waitLines(t, rig.dstLog, conns, "connection complete", "dst.hbone_addr=echo.ns.svc.cluster.local:80")
 			for _, l := range done {
 				if !strings.Contains(l, "src.identity=spiffe://cluster.local/ns/ns/sa/client") || strings.Contains(l, "src.workload=") ||
-					strings.Contains(l, "level=ERROR") {
+					!strings.Contains(l, "src.namespace=ns") || !strings.Contains(l, "dst.service=echo.ns.svc.cluster.local") ||
+					!strings.Contains(l, "dst.addr=127.0.0.1:") || strings.Contains(l, "level=ERROR") {
 					t.Errorf("destination access log: %s", l)
 				}
 			}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/http"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 
 	"github.com/ztunnel-go/ztunnel/hbone"
@@ -49,11 +50,19 @@ func baggageOf(w *state.Workload) meta.Baggage {
 	}
 }
 
-// connectHeader is the metadata an outbound CONNECT carries: who the
-// client is (forwarded), the source workload (baggage) and a new trace.
-func (p *Proxy) connectHeader(src *state.Workload, client netip.AddrPort) http.Header {
-	hdr := make(http.Header, 3)
-	hdr["Forwarded"] = []string{meta.ForwardedElement{For: client.String()}.String()}
+// connectHeader is the metadata an outbound CONNECT carries, as ztunnel
+// sends it: who the client is and, when the connection is for a service,
+// which one (Forwarded for="ip:port";host=svc-hostname: the destination
+// attributes the connection to that service), the source workload
+// (baggage) and a new trace.
+func (p *Proxy) connectHeader(src *state.Workload, client netip.AddrPort, svc *state.Service) http.Header {
+	hdr := make(http.Header, 4)
+	fwd := meta.ForwardedElement{For: client.String()}.String()
+	if svc != nil {
+		// ztunnel writes the hostname as is (a DNS name is a token).
+		fwd += ";host=" + svc.Hostname
+	}
+	hdr["Forwarded"] = []string{fwd}
 	if b := p.baggage.of(src); b != "" {
 		hdr["Baggage"] = []string{b}
 	}
@@ -74,73 +83,18 @@ func (p *Proxy) responseHeader(w *state.Workload) http.Header {
 }
 
 // inboundMeta reads a CONNECT's metadata for telemetry, before the request
-// is authorized: the destination service named by Forwarded host=, and the
-// source described by baggage when the request crossed a network gateway
-// (x-forwarded-network differs from ours), where the peer address is the
-// gateway's. Unparsable values are ignored: they only label telemetry.
+// is authorized, as ztunnel does: the authority (dst.hbone_addr), the
+// address the tunnel arrived on (dst.addr), the service the client named
+// in Forwarded host= and the client's baggage (its derived source). They
+// only label telemetry: the service is believed only among the
+// destination's own (guessInboundService) and the principal only from the
+// TLS handshake.
 func (p *Proxy) inboundMeta(req *hbone.ServerRequest, ci *connInfo) {
-	if v := req.Header.Values("Forwarded"); len(v) > 0 {
-		if host := forwardedHost(v); host != "" {
-			snap := p.cfg.State.Load()
-			if w := snap.FindWorkload(p.info); w != nil {
-				ci.service = serviceOfWorkload(snap, w, host)
-			}
-		}
-	}
-	if nw := req.Header.Get("X-Forwarded-Network"); nw != "" && nw != p.cfg.Network {
-		if b, err := meta.ParseBaggage(joinValues(req.Header.Values("Baggage"))); err == nil && b != (meta.Baggage{}) {
-			ci.srcWorkload, ci.srcFromBaggage = workloadFromBaggage(b, nw), true
-		}
-	}
-}
-
-// forwardedHost returns the host= of the last hop that names one: the
-// hop nearest to us, which is the one a waypoint or client added.
-func forwardedHost(values []string) string {
-	elems, err := meta.ParseForwarded(joinValues(values))
-	if err != nil {
-		return ""
-	}
-	for i := len(elems) - 1; i >= 0; i-- {
-		if elems[i].Host != "" {
-			return elems[i].Host
-		}
-	}
-	return ""
-}
-
-func joinValues(v []string) string {
-	switch len(v) {
-	case 0:
-		return ""
-	case 1:
-		return v[0]
-	}
-	s := v[0]
-	for _, x := range v[1:] {
-		s += "," + x
-	}
-	return s
-}
-
-// serviceOfWorkload returns the service with hostname host among the
-// services w belongs to. The peer's claim is only believed within that
-// bounded set, so it cannot label metrics with an arbitrary service.
-func serviceOfWorkload(snap *state.Snapshot, w *state.Workload, host string) *state.Service {
-	for _, svc := range snap.ServicesByHostname(host) {
-		if _, ok := w.Services[svc.Key()]; ok {
-			return svc
-		}
-	}
-	return nil
-}
-
-// workloadFromBaggage stands for a source known only by its baggage.
-func workloadFromBaggage(b meta.Baggage, network string) *state.Workload {
-	return &state.Workload{
-		Name: b.WorkloadName, WorkloadName: b.WorkloadName, WorkloadType: b.WorkloadType,
-		Namespace: b.Namespace, ClusterID: b.ClusterID, Network: network,
-		CanonicalName: b.ServiceName, CanonicalRevision: b.ServiceVersion,
-		Locality: state.Locality{Region: b.Region, Zone: b.Zone},
+	e := ci.extOf()
+	e.hboneAddr = req.Authority
+	e.arrivedOn = addrPortOf(req.Conn.LocalAddr())
+	e.forHost = parseForwardedHost(req.Header.Get("Forwarded"))
+	if v := req.Header.Values("Baggage"); len(v) > 0 {
+		e.baggage = strings.Join(v, ",")
 	}
 }

@@ -77,7 +77,9 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 		// A flood must not flood the log too: the 1st, 2nd, 4th, 8th...
 		// refusal of a peer is logged.
 		if refused&(refused-1) == 0 {
-			p.failed(newConnInfo(dirInbound, src), fmt.Errorf("%w (refused %d so far)", err, refused))
+			ci := newConnInfo(dirInbound, src)
+			ci.dst = addrPortOf(c.LocalAddr()) // as ztunnel logs an early deny: the address it arrived on
+			p.failed(ci, fmt.Errorf("%w (refused %d so far)", err, refused))
 		}
 		_ = c.SetLinger(0)
 		c.Close()
@@ -96,6 +98,7 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 			p.cfg.Metrics.CRLRejected(metrics.ReporterDestination)
 		}
 		ci := newConnInfo(dirInbound, src)
+		ci.dst = addrPortOf(c.LocalAddr())
 		p.failed(ci, fmt.Errorf("tls handshake: %w", err))
 		c.Close()
 		return false
@@ -152,7 +155,6 @@ func inboundErr(status int, format string, args ...any) error {
 // answer 200 and relay.
 func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 	ci := newConnInfo(dirInbound, addrPortOf(req.Conn.RemoteAddr()))
-	ci.hboneAddr = req.Authority
 	ci.mtls = true
 	app, authorized, err := p.inboundUpstream(ctx, req, ci)
 	if err != nil {
@@ -161,7 +163,10 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 		if errors.As(err, &ie) {
 			status = ie.status
 		}
-		if ci.metric != nil || ci.dstWorkload != nil {
+		// As ztunnel: a request refused before its context was complete
+		// (bad authority, ip mismatch, unknown service) is only logged; one
+		// refused by policy or by the app is counted too.
+		if ci.metric != nil {
 			flags := metrics.FlagConnect
 			if status == http.StatusUnauthorized {
 				flags = metrics.FlagDeny
@@ -182,6 +187,7 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 		return
 	}
 	p.trackPolicy(ci, authorized)
+	p.listStream(ci)
 	// The handler returns at once; the engine owns the relay.
 	p.startRelay(ci, streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app})
 }
@@ -217,9 +223,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		return nil, nil, inboundErr(http.StatusServiceUnavailable, "%w", err)
 	}
 	ci.dstWorkload = w
-	if src := p.inboundSource(snap, req, ci.src); !ci.srcFromBaggage {
-		ci.srcWorkload = src
-	}
+	ci.srcWorkload = p.inboundSource(snap, req, ci.src)
 
 	local := addrPortOf(req.Conn.LocalAddr())
 	if host != "" {
@@ -239,6 +243,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	if p.isIllegalPort(target.Port()) {
 		return nil, nil, inboundErr(http.StatusBadRequest, "illegal target port %d", target.Port())
 	}
+	ci.service = guessInboundService(inboundCandidates(snap, w, host), ci.ext.forHost, w, appPort(w, target.Port()))
 	p.open(ci)
 	// What re-checks evaluate too (connmgr reads it from ci).
 	dec := snap.Authorize(ci.PolicyConn())

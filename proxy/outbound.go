@@ -80,21 +80,37 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 	}
 	ci.srcWorkload = srcW
 	ci.dstWorkload, ci.service = route.workload, route.service
+	// From here dst is the address dialled, what ztunnel logs as dst.addr
+	// (an endpoint's ip:15008, a waypoint, a gateway); the original
+	// destination is kept when it differs, for the connections dump.
+	if route.hbone || route.dst != origDst {
+		e := ci.extOf()
+		e.origDst, e.hboneAddr, e.double = origDst, route.authority, route.gateway != nil
+	}
+	ci.dst = route.dst
 	var upstream engine.Endpoint
 	if route.hbone {
 		ci.mtls = true
 		ci.srcIdentity = p.ownIdentity(srcW)
-		ci.hboneAddr = route.authority
-		p.open(ci)
 		connect := p.connectHBONE
 		if route.gateway != nil {
+			// As ztunnel: a double HBONE connection is opened once the
+			// destination answered, as its labels come from that answer.
 			connect = p.connectDoubleHBONE
+		} else {
+			p.open(ci)
 		}
 		s, flags, err := connect(ctx, srcW, ci.src, route)
 		if err != nil {
 			p.complete(ci, flags, err)
 			engine.TCPEndpoint{TCPConn: c}.Abort()
 			return
+		}
+		if g := route.gateway; g != nil {
+			ci.ext.hasBaggage = true
+			ci.ext.baggage = strings.Join(s.ResponseHeader().Values("Baggage"), ",")
+			ci.ext.peerID = &g.peerID
+			p.open(ci)
 		}
 		upstream = streamEndpoint{s}
 	} else {
@@ -146,7 +162,7 @@ func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client n
 		}
 		return conn, nil
 	}
-	hdr := p.connectHeader(srcW, client)
+	hdr := p.connectHeader(srcW, client, r.service)
 	s, err := p.cfg.Pool.Connect(ctx, key, dial, &hbone.Request{Authority: r.authority, Header: hdr})
 	if err != nil {
 		var se *hbone.StatusError

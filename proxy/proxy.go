@@ -427,6 +427,24 @@ func (p *Proxy) release(c *net.TCPConn) {
 // releaseRelayed ends the proxy's ownership of a relayed connection.
 func (p *Proxy) releaseRelayed(ci *connInfo) {
 	p.mu.Lock()
+	p.unlistLocked(ci)
+	p.mu.Unlock()
+	p.wg.Done()
+}
+
+// listStream lists an inbound HBONE connection, whose relay is about to
+// start, with the relayed ones: for the connections dump and Drain's
+// resets. Its relay's end unlists it.
+func (p *Proxy) listStream(ci *connInfo) {
+	ci.listed = true
+	p.mu.Lock()
+	ci.relayIdx = len(p.relays)
+	p.relays = append(p.relays, ci)
+	p.mu.Unlock()
+}
+
+// unlistLocked removes ci from p.relays.
+func (p *Proxy) unlistLocked(ci *connInfo) {
 	i, last := ci.relayIdx, len(p.relays)-1
 	p.relays[i] = p.relays[last]
 	p.relays[i].relayIdx = i
@@ -436,8 +454,6 @@ func (p *Proxy) releaseRelayed(ci *connInfo) {
 	if c := cap(p.relays); c > 1024 && last < c/4 {
 		p.relays = append(make([]*connInfo, 0, c/2), p.relays...)
 	}
-	p.mu.Unlock()
-	p.wg.Done()
 }
 
 // Drain stops accepting at once, asks HBONE peers to go away (GOAWAY), lets

@@ -14,6 +14,8 @@ func TestConnInfoSizeClass(t *testing.T) {
 		size, max uintptr
 	}{
 		{"connInfo", unsafe.Sizeof(connInfo{}), 192},
+		// Held by every HBONE-carried or redirected connection.
+		{"connExt", unsafe.Sizeof(connExt{}), 128},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.size > tc.max {

@@ -182,11 +182,11 @@ services:
 	ok := []struct {
 		name   string
 		target socks5.Target
-		dst    string // dst.addr in the access log
+		dst    string // dst.addr in the access log: the address dialled, as ztunnel logs it
 	}{
 		{"ipv4 passthrough", socks5.Target{Addr: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(app))}, fmt.Sprintf("127.0.0.1:%d", app)},
-		{"service vip", socks5.Target{Addr: netip.MustParseAddrPort("127.0.0.3:80")}, "127.0.0.3:80"},
-		{"service hostname to its vip", socks5.Target{Host: "echo.ns.svc.cluster.local", Port: 80}, "127.0.0.3:80"},
+		{"service vip", socks5.Target{Addr: netip.MustParseAddrPort("127.0.0.3:80")}, fmt.Sprintf("127.0.0.1:%d", app)},
+		{"service hostname to its vip", socks5.Target{Host: "echo.ns.svc.cluster.local", Port: 80}, fmt.Sprintf("127.0.0.1:%d", app)},
 		{"name from the system resolver", socks5.Target{Host: "localhost", Port: uint16(app)}, fmt.Sprintf("127.0.0.1:%d", app)},
 	}
 	for _, tc := range ok {

@@ -76,6 +76,53 @@ type Config struct {
 	Logf func(format string, args ...any)
 	// DialOptions are added to the gRPC connection's options.
 	DialOptions []grpc.DialOption
+	// OnMessage, when set, is called for every response received, with its
+	// type URL and the size of its resources' values (ztunnel's
+	// istio_xds_message_total and istio_xds_message_bytes_total). It runs
+	// on the client's goroutine and must not block.
+	OnMessage func(typeURL string, resourceBytes int)
+	// OnTermination, when set, is called each time a stream to the server
+	// ends other than by Run's context, with ztunnel's reason
+	// (istio_xds_connection_terminations_total): one of the Termination*
+	// constants. It runs on the client's goroutine and must not block.
+	OnTermination func(reason string)
+}
+
+// Why a stream ended, as ztunnel's xDS client names it.
+const (
+	// TerminationConnectionError: the connection or stream could not be
+	// established.
+	TerminationConnectionError = "ConnectionError"
+	// TerminationReconnect: the server went away (a gRPC status meaning
+	// "reconnect": Unknown, Canceled, DeadlineExceeded, Unavailable while
+	// the transport closes or after a GOAWAY).
+	TerminationReconnect = "Reconnect"
+	// TerminationError: any other failure of the stream.
+	TerminationError = "Error"
+	// TerminationComplete: the server ended the stream cleanly.
+	TerminationComplete = "Complete"
+)
+
+// terminationReason classifies how a stream ended (err from runStream) the
+// way ztunnel's run_loop does, matching retryDelay's cases.
+func terminationReason(err error) string {
+	if err == nil {
+		return TerminationComplete
+	}
+	if ce := (*connError)(nil); errors.As(err, &ce) {
+		return TerminationConnectionError
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return TerminationError
+	}
+	switch {
+	case st.Code() == codes.Unknown, st.Code() == codes.Canceled, st.Code() == codes.DeadlineExceeded,
+		st.Code() == codes.Unavailable && (strings.Contains(st.Message(), "transport is closing") ||
+			strings.Contains(st.Message(), "received prior goaway")):
+		return TerminationReconnect
+	}
+	return TerminationError
 }
 
 // Resource is one resource of a response: its name, the version the server
@@ -275,6 +322,9 @@ func (c *Client) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if c.cfg.OnTermination != nil {
+			c.cfg.OnTermination(terminationReason(err))
+		}
 		var delay time.Duration
 		delay, backoff = retryDelay(err, backoff)
 		if err == nil {
@@ -416,6 +466,13 @@ func (c *Client) runStream(ctx context.Context, cpCfg controlplane.Config, attem
 				return sendFailed(err)
 			}
 		case r := <-responses:
+			if c.cfg.OnMessage != nil {
+				n := 0
+				for _, res := range r.Resources {
+					n += len(res.GetResource().GetValue())
+				}
+				c.cfg.OnMessage(r.TypeUrl, n)
+			}
 			ack, ok := c.handle(r)
 			if err := stream.Send(ack); err != nil {
 				return sendFailed(err)

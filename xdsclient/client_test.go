@@ -513,3 +513,48 @@ func TestNewNode(t *testing.T) {
 		t.Errorf("metadata %v, want %v", node.Metadata, want)
 	}
 }
+
+// TestMetricFeeders: every response reaches OnMessage with its type and
+// resource bytes, and a stream the server ends reaches OnTermination.
+func TestMetricFeeders(t *testing.T) {
+	srv := xdstest.NewServer(t, xdstest.Options{})
+	srv.Set(typeA, "a1", "v1", str("one"))
+	var (
+		mu     sync.Mutex
+		msgs   = map[string]int{}
+		bytes  = map[string]int{}
+		ended  []string
+		endedc = make(chan struct{}, 8)
+	)
+	r := newRig(t, srv, func(c *xdsclient.Config) {
+		c.OnMessage = func(typeURL string, n int) {
+			mu.Lock()
+			msgs[typeURL]++
+			bytes[typeURL] += n
+			mu.Unlock()
+		}
+		c.OnTermination = func(reason string) {
+			mu.Lock()
+			ended = append(ended, reason)
+			mu.Unlock()
+			endedc <- struct{}{}
+		}
+	}).start(t)
+	r.waitSynced(t)
+	srv.CloseStreams()
+	select {
+	case <-endedc:
+	case <-time.After(waitLimit):
+		t.Fatal("no termination reported")
+	}
+	srv.WaitRequest(func(q *xdstest.Request) bool { return q.Stream == 2 && q.IsAck() && q.TypeUrl == typeA })
+	mu.Lock()
+	defer mu.Unlock()
+	want, _ := proto.Marshal(str("one"))
+	if msgs[typeA] < 1 || bytes[typeA] < len(want) || msgs[typeB] < 1 {
+		t.Errorf("messages %v, bytes %v; want at least one of each type and %d bytes of %s", msgs, bytes, len(want), typeA)
+	}
+	if len(ended) != 1 || ended[0] != xdsclient.TerminationComplete {
+		t.Errorf("terminations %v, want [Complete]", ended)
+	}
+}

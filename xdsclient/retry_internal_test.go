@@ -38,3 +38,30 @@ func TestRetryDelay(t *testing.T) {
 		})
 	}
 }
+
+// TestTerminationReason: each way a stream ends gets ztunnel's reason
+// (src/xds/client.rs run_loop), the same cases retryDelay distinguishes.
+func TestTerminationReason(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"clean end", nil, TerminationComplete},
+		{"connection error", &connError{errors.New("refused")}, TerminationConnectionError},
+		{"unexpected status", status.Error(codes.PermissionDenied, "no"), TerminationError},
+		{"unavailable", status.Error(codes.Unavailable, "connection refused"), TerminationError},
+		{"unknown", status.Error(codes.Unknown, "x"), TerminationReconnect},
+		{"canceled", status.Error(codes.Canceled, "x"), TerminationReconnect},
+		{"deadline", status.Error(codes.DeadlineExceeded, "x"), TerminationReconnect},
+		{"transport closing", status.Error(codes.Unavailable, "transport is closing"), TerminationReconnect},
+		{"goaway", status.Error(codes.Unavailable, "received prior goaway: code: NO_ERROR"), TerminationReconnect},
+		{"other error", errors.New("handler failed"), TerminationError},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := terminationReason(tc.err); got != tc.want {
+				t.Errorf("terminationReason(%v) = %q, want %q", tc.err, got, tc.want)
+			}
+		})
+	}
+}

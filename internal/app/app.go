@@ -102,6 +102,9 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	}
 	d := &Daemon{cfg: cfg, log: log, quit: make(chan struct{}), failed: make(chan struct{})}
 	d.bg, d.stopBG = context.WithCancel(context.WithoutCancel(ctx))
+	logStart(log, cfg, daemonBuildInfo(cfg))
+	// Before the xDS client, which feeds the istio_xds_* families.
+	m := metrics.New(metrics.Config{IstioVersion: cfg.IstioVersion})
 
 	// Workloads, services and policies: the local config alone, or xDS
 	// (combined with the local config when both are set).
@@ -112,7 +115,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		if err != nil {
 			return nil, err
 		}
-		if xc, err = newXDSClient(cfg, log); err != nil {
+		if xc, err = newXDSClient(cfg, log, m); err != nil {
 			return nil, err
 		}
 		xs.Register(xc)
@@ -171,7 +174,6 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		d.Close()
 		return nil, err
 	}
-	m := metrics.New(metrics.Config{IstioVersion: cfg.IstioVersion})
 	crl, err := d.startCRL(m, signer.rootPEM()) // crl.go
 	if err != nil {
 		d.Close()
@@ -182,7 +184,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		return nil, err
 	}
 	admCfg := admin.Config{
-		State: store, Certs: certs, DaemonConfig: cfg, Version: buildInfo(), Logger: log,
+		State: store, Certs: certs, DaemonConfig: cfg, Version: daemonBuildInfo(cfg), Logger: log,
 		StaticConfig: snap, // nil without a local config
 		Quit:         d.requestQuit,
 		Logging:      levels,
@@ -352,8 +354,9 @@ func authToken(v string) (token, path string) {
 	return v, ""
 }
 
-// newXDSClient builds the delta-ADS client from XDS_* and the node identity.
-func newXDSClient(cfg *Config, log *slog.Logger) (*xdsclient.Client, error) {
+// newXDSClient builds the delta-ADS client from XDS_* and the node identity;
+// it feeds m's istio_xds_* families.
+func newXDSClient(cfg *Config, log *slog.Logger, m *metrics.Metrics) (*xdsclient.Client, error) {
 	token, tokenPath := authToken(cfg.AuthToken)
 	headers, err := controlplane.HeadersFromEnv(os.Environ(), "XDS_HEADER_")
 	if err != nil {
@@ -374,7 +377,9 @@ func newXDSClient(cfg *Config, log *slog.Logger) (*xdsclient.Client, error) {
 		Address: cfg.XDSAddress, RootCA: cfg.XDSRootCA, AltHostname: cfg.AltXDSHostname,
 		Token: token, TokenPath: tokenPath, ClusterID: cfg.ClusterID, Headers: headers,
 		Node: node, OnDemandTypes: onDemand, DialOptions: markedDialer(cfg),
-		Logf: func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...), "scope", "xds") },
+		Logf:          func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...), "scope", "xds") },
+		OnMessage:     m.XDSMessage,
+		OnTermination: func(reason string) { m.XDSConnectionTerminated(metrics.XDSTermination(reason)) },
 	}), nil
 }
 
@@ -428,7 +433,7 @@ func buildInfo() admin.BuildInfo {
 			}
 		}
 	}
-	return bi
+	return stamp(bi)
 }
 
 func (d *Daemon) requestQuit() {

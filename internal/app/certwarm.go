@@ -10,6 +10,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/inpod"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
+	"github.com/ztunnel-go/ztunnel/proxy"
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
@@ -157,6 +158,15 @@ func (p *warmedProxy) Drain(ctx context.Context) {
 }
 
 // Close closes the proxy, then its identity no longer counts.
+// Connections are the wrapped proxy's open connections, for the dump's
+// workloadState (nil when it lists none).
+func (p *warmedProxy) Connections() []proxy.Connection {
+	if c, ok := p.Proxy.(interface{ Connections() []proxy.Connection }); ok {
+		return c.Connections()
+	}
+	return nil
+}
+
 func (p *warmedProxy) Close() {
 	p.Proxy.Close()
 	p.down()

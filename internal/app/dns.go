@@ -122,6 +122,10 @@ func (p *withDNS) Drain(ctx context.Context) {
 }
 
 // Close closes both.
+// Connections are the proxy's open connections (the DNS proxy has none
+// that the dump shows).
+func (p *withDNS) Connections() []proxy.Connection { return p.proxy.Connections() }
+
 func (p *withDNS) Close() {
 	p.proxy.Close()
 	p.dns.Close()

@@ -30,7 +30,7 @@ type Config struct {
 	Workload struct{ Namespace, Name, ServiceAccount string }
 
 	LocalXDSPath string // LOCAL_XDS_PATH
-	LocalXDS     string // LOCAL_XDS (inline YAML)
+	LocalXDS     string `json:"-"` // LOCAL_XDS (inline YAML); not serialized, as ztunnel skips its local config source
 	XDSAddress   string // XDS_ADDRESS ("" = no control plane)
 	CAAddress    string // CA_ADDRESS
 	// XDSRootCA and CARootCA verify istiod: a PEM file, "SYSTEM" or inline PEM.
@@ -39,8 +39,10 @@ type Config struct {
 	// besides the address's host.
 	AltXDSHostname, AltCAHostname string
 	// AuthToken is AUTH_TOKEN: a token file (re-read on every call) or a
-	// static token; "" uses the projected token file when it exists.
-	AuthToken string
+	// static token; "" uses the projected token file when it exists. Never
+	// serialized (the config dump, the start log), as ztunnel skips its
+	// auth source: it may be a bearer token.
+	AuthToken string `json:"-"`
 	// XDSOnDemand is XDS_ON_DEMAND: Address resources fetched when needed.
 	XDSOnDemand bool
 

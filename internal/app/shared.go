@@ -118,10 +118,33 @@ func workloadStateDump(m *inpod.Manager) map[string]admin.WorkloadStateDump {
 	st := m.WorkloadState()
 	out := make(map[string]admin.WorkloadStateDump, len(st))
 	for uid, s := range st {
-		out[uid] = admin.WorkloadStateDump{
+		d := admin.WorkloadStateDump{
 			Info:  map[string]string{"name": s.Info.Name, "namespace": s.Info.Namespace, "serviceAccount": s.Info.ServiceAccount},
 			State: s.State,
 		}
+		if p, ok := s.Proxy.(interface{ Connections() []proxy.Connection }); ok {
+			d.Connections = connectionsDump(p.Connections())
+		}
+		out[uid] = d
 	}
 	return out
+}
+
+// connectionsDump is a proxy's connections in ztunnel's dump shape.
+func connectionsDump(conns []proxy.Connection) *admin.ConnectionsDump {
+	d := &admin.ConnectionsDump{Inbound: []admin.InboundConnDump{}, Outbound: []admin.OutboundConnDump{}}
+	for _, c := range conns {
+		if c.Inbound {
+			in := admin.InboundConnDump{Src: c.Src.String(), ActualDst: c.ActualDst.String(), Protocol: c.Protocol}
+			if c.ForHost != "" {
+				in.OriginalDst = &c.ForHost
+			}
+			d.Inbound = append(d.Inbound, in)
+			continue
+		}
+		d.Outbound = append(d.Outbound, admin.OutboundConnDump{
+			Src: c.Src.String(), OriginalDst: c.OriginalDst.String(), ActualDst: c.ActualDst.String(), Protocol: c.Protocol,
+		})
+	}
+	return d
 }
