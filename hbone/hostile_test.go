@@ -737,18 +737,6 @@ func TestHostileFrames(t *testing.T) {
 			p.expectStatus(3, "200")
 			_ = p.fr.WriteRSTStream(3, http2.ErrCodeCancel)
 		}, rst, 0, 0, "5.1 closed: ignore frames after sending RST_STREAM"},
-		{"DATA after the client's RST_STREAM", func(p *rawPeer) {
-			p.connect(1, hostileAuthority)
-			p.expectStatus(1, "200")
-			_ = p.fr.WriteRSTStream(1, http2.ErrCodeCancel)
-			_ = p.fr.WriteData(1, false, []byte("late"))
-		}, rst, 1, http2.ErrCodeStreamClosed, "5.1 closed"},
-		{"trailers after the client's RST_STREAM", func(p *rawPeer) {
-			p.connect(1, hostileAuthority)
-			p.expectStatus(1, "200")
-			_ = p.fr.WriteRSTStream(1, http2.ErrCodeCancel)
-			p.headers(1, true, "x-trailer", "1")
-		}, rst, 1, http2.ErrCodeStreamClosed, "5.1 closed"},
 		{"HEADERS on stream 0", func(p *rawPeer) {
 			_ = p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 0, BlockFragment: []byte{0x82}, EndHeaders: true})
 		}, goaway, 0, http2.ErrCodeProtocol, "6.2"},
