@@ -41,8 +41,8 @@
 // stream. Frames on streams that are no longer open are answered by how the
 // stream closed (RFC 9113 section 5.1): a server connection remembers the
 // last 32 closings and the last 8 ranges of stream identifiers the client
-// skipped; a frame on an older closed stream is ignored, as one that crossed
-// our RST_STREAM must be.
+// skipped; DATA or trailers on an older closed stream are ignored, as ones
+// that crossed our RST_STREAM must be.
 //
 // # Errors
 //

@@ -7,9 +7,10 @@ package hbone
 // sending is broken (STREAM_CLOSED), and a stream identifier the peer
 // skipped was never opened at all (section 5.1.1: PROTOCOL_ERROR). The
 // history below keeps the last few closings and skipped ranges, so those
-// answers are exact for recent streams; a frame on an older closed stream
-// is treated as one that crossed our RST_STREAM (ignored), which is never
-// wrong towards a correct peer: forgetting only makes us more lenient.
+// answers are exact for recent streams; DATA or trailers on an older
+// closed stream are treated as frames that crossed our RST_STREAM
+// (ignored), which is never wrong towards a correct peer: forgetting only
+// makes us more lenient.
 
 // closedHow records how a closed server stream got there.
 type closedHow uint8
