@@ -17,7 +17,7 @@ VERSION_LDFLAGS := -X github.com/ztunnel-go/ztunnel/internal/app.stampedVersion=
 
 .PHONY: help
 help: ## Show this help
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## Build the daemon (bin/ztunnel) and the tools (bin/zlab)
@@ -31,6 +31,10 @@ test: ## Run every test with the race detector; as root installs the system pack
 	@log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
 		NETNSLAB_SKIP_LOG=$$log $(GO) test -race -timeout $(TEST_TIMEOUT) $(GOTESTFLAGS) ./...; rc=$$?; \
 		scripts/skips.sh "$$log" || rc=1; exit $$rc
+
+.PHONY: h2spec
+h2spec: ## Run the h2spec HTTP/2 conformance suite against the HBONE server (built from the Go module proxy; docs/h2spec.md)
+	ZTUNNEL_REQUIRE_H2SPEC=1 $(GO) test -race -count=1 -v -run '^TestH2Spec' ./hbone/
 
 .PHONY: test-short
 test-short: ## Run the tests that need neither root nor the lab

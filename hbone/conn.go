@@ -107,10 +107,11 @@ type conn struct {
 
 	mu                sync.Mutex // guards the following fields
 	streams           map[uint32]*Stream
-	active            int    // open streams (counted against the stream limit)
-	reserved          int    // stream slots promised to pending Connects
-	nextID            uint32 // client: next stream ID to open
-	maxPeerID         uint32 // server: highest stream ID the peer opened
+	active            int            // open streams (counted against the stream limit)
+	reserved          int            // stream slots promised to pending Connects
+	nextID            uint32         // client: next stream ID to open
+	maxPeerID         uint32         // server: highest stream ID the peer opened
+	hist              *streamHistory // server: how recent streams closed (history.go)
 	closed            bool
 	closeErr          error
 	goAwaySent        bool
@@ -446,6 +447,15 @@ func (c *conn) lingerClose() {
 	}
 }
 
+// rstClosed answers a frame on a stream that is no longer open with
+// RST_STREAM(code), charged to the peer's reset budget. Reader goroutine.
+func (c *conn) rstClosed(id uint32, code http2.ErrCode) error {
+	c.wmu.Lock()
+	c.queueRSTLocked(id, code)
+	c.wmu.Unlock()
+	return c.spendReset()
+}
+
 // queueRSTLocked queues RST_STREAM. c.wmu held.
 func (c *conn) queueRSTLocked(id uint32, code http2.ErrCode) {
 	if c.wclosing {
@@ -695,9 +705,11 @@ func (c *conn) finishLocked(s *Stream) {
 	c.slotFreedLocked()
 }
 
+// maybeFinishLocked retires s once END_STREAM went both ways.
 func (c *conn) maybeFinishLocked(s *Stream) {
 	if s.localClosed && s.remoteClosed {
 		c.finishLocked(s)
+		c.noteClosedLocked(s.id, closedPeerEnded)
 	}
 }
 
@@ -741,6 +753,10 @@ func (c *conn) resetLocked(s *Stream, code http2.ErrCode, werr error, sendRST bo
 	if s.reset {
 		return
 	}
+	var how closedHow // for the history of a server stream
+	if s.remoteClosed {
+		how = closedPeerEnded // not by a reset: s.reset is false
+	}
 	if sendRST && !(s.localClosed && s.remoteClosed) && !c.closed {
 		c.wmu.Lock()
 		if !s.rstQueued {
@@ -751,6 +767,7 @@ func (c *conn) resetLocked(s *Stream, code http2.ErrCode, werr error, sendRST bo
 			}
 		}
 		c.wmu.Unlock()
+		how |= closedLocalReset
 	}
 	s.reset = true
 	s.localClosed, s.remoteClosed = true, true
@@ -763,6 +780,7 @@ func (c *conn) resetLocked(s *Stream, code http2.ErrCode, werr error, sendRST bo
 	}
 	c.closeRespLocked(s, werr)
 	c.finishLocked(s)
+	c.noteClosedLocked(s.id, how)
 }
 
 // closeRespLocked ends a client stream's wait for its response.

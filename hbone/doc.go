@@ -31,6 +31,19 @@
 // [NewBatchConn] gathers a batch into one. An event loop can also read its
 // socket straight into the write buffer ([Stream.WriteFrom]).
 //
+// # Conformance
+//
+// The server is tested against h2spec, the field's HTTP/2 conformance suite
+// (every section, strict cases included), over mtls/record with the daemon's
+// TLS configuration; the few cases that cannot apply to a CONNECT-only
+// server, whose answer to h2spec's GETs is a bodiless 400, are listed in
+// docs/h2spec.md and each is proven with the same frames on a CONNECT
+// stream. Frames on streams that are no longer open are answered by how the
+// stream closed (RFC 9113 section 5.1): a server connection remembers the
+// last 32 closings and the last 8 ranges of stream identifiers the client
+// skipped; DATA or trailers on an older closed stream are ignored, as ones
+// that crossed our RST_STREAM must be.
+//
 // # Errors
 //
 // Connect returns a [*StatusError] for a non-200 answer. Stream reads and

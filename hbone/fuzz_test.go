@@ -68,6 +68,27 @@ func fuzzSeeds() [][]byte {
 		_ = fr.WriteSettings()
 		_ = fr.WriteData(1, false, []byte("idle"))
 	})
+	// Stream history (history.go): skipped identifiers, frames on streams
+	// closed each way, self-dependencies, more closings than the ring holds.
+	build(func(fr *http2.Framer, block func(...string) []byte) {
+		_ = fr.WriteSettings()
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 5, BlockFragment: block(connect()...), EndHeaders: true, EndStream: true})
+		_ = fr.WritePriority(3, http2.PriorityParam{StreamDep: 3, Weight: 1})
+		_ = fr.WriteData(5, false, []byte("late"))
+		_ = fr.WriteRSTStream(5, http2.ErrCodeCancel)
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 3, BlockFragment: block(connect()...), EndHeaders: true, EndStream: true})
+	})
+	build(func(fr *http2.Framer, block func(...string) []byte) {
+		_ = fr.WriteSettings()
+		for id := uint32(1); id < 2*closedRingLen+8; id += 2 {
+			_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block(":method", "GET", ":scheme", "https", ":path", "/", ":authority", "a:1"),
+				EndHeaders: true, EndStream: id%4 == 1, Priority: http2.PriorityParam{StreamDep: id % 7, Weight: 1}})
+			_ = fr.WriteRSTStream(id, http2.ErrCodeCancel)
+			_ = fr.WriteData(id, id%3 == 0, []byte("x"))
+		}
+		_ = fr.WriteWindowUpdate(1, 1)
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block("x-trailer", "1"), EndHeaders: true, EndStream: true})
+	})
 	return seeds
 }
 

@@ -726,16 +726,17 @@ func TestHostileFrames(t *testing.T) {
 			p.expectStatus(1, "200")
 			p.headers(1, true, "x-trailer", "1")
 		}, rst, 1, http2.ErrCodeStreamClosed, "5.1 half-closed (remote)"},
-		{"trailers after RST_STREAM ignored", func(p *rawPeer) {
+		{"trailers and DATA after our RST_STREAM ignored", func(p *rawPeer) {
 			p.connect(1, hostileAuthority)
 			p.expectStatus(1, "200")
-			_ = p.fr.WriteRSTStream(1, http2.ErrCodeCancel)
+			_ = p.fr.WriteWindowUpdate(1, maxWindow) // overflows: the server resets the stream
+			p.expectRST(1, http2.ErrCodeFlowControl)
 			p.headers(1, true, "x-trailer", "1")
 			_ = p.fr.WriteData(1, false, []byte("late"))
 			p.connect(3, hostileAuthority)
 			p.expectStatus(3, "200")
 			_ = p.fr.WriteRSTStream(3, http2.ErrCodeCancel)
-		}, rst, 0, 0, "5.1 closed: ignore frames after RST_STREAM"},
+		}, rst, 0, 0, "5.1 closed: ignore frames after sending RST_STREAM"},
 		{"HEADERS on stream 0", func(p *rawPeer) {
 			_ = p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 0, BlockFragment: []byte{0x82}, EndHeaders: true})
 		}, goaway, 0, http2.ErrCodeProtocol, "6.2"},

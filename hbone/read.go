@@ -1,6 +1,7 @@
 package hbone
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -105,7 +106,8 @@ func (c *conn) rejectStream(id uint32, code http2.ErrCode, t http2.FrameType) er
 	if s == nil {
 		switch {
 		case t == http2.FrameHeaders && !c.client && id%2 == 1 && id > c.maxPeerID:
-			c.maxPeerID = id // the malformed request opened (and closes) it
+			c.openPeerIDLocked(id) // the malformed request opened (and closes) it
+			c.noteClosedLocked(id, closedLocalReset)
 		case t != http2.FrameHeaders && t != http2.FramePriority && c.idleLocked(id):
 			// PRIORITY may name any stream, idle ones included (RFC 9113
 			// section 5.1); other frames on an idle stream break the
@@ -152,16 +154,25 @@ func (c *conn) handleFrame(f http2.Frame) error {
 
 // readPriority skips a PRIORITY frame. RFC 9113 deprecates the signal but
 // keeps its framing rules (section 6.3): stream 0 is a connection error, a
-// length other than 5 a stream error (the framer would end the connection).
+// length other than 5 a stream error (the framer would end the connection),
+// and so is a stream depending on itself (RFC 7540 section 5.3.1). PRIORITY
+// may name a stream in any state.
 func (c *conn) readPriority(fh http2.FrameHeader) error {
 	if fh.StreamID == 0 {
 		return connError(http2.ErrCodeProtocol, "PRIORITY on stream 0")
 	}
-	if _, err := c.br.Discard(int(fh.Length)); err != nil {
+	if fh.Length != 5 {
+		if _, err := c.br.Discard(int(fh.Length)); err != nil {
+			return fmt.Errorf("hbone: read: %w", err)
+		}
+		return c.rejectStream(fh.StreamID, http2.ErrCodeFrameSize, http2.FramePriority)
+	}
+	var p [5]byte
+	if _, err := io.ReadFull(c.br, p[:]); err != nil {
 		return fmt.Errorf("hbone: read: %w", err)
 	}
-	if fh.Length != 5 {
-		return c.rejectStream(fh.StreamID, http2.ErrCodeFrameSize, http2.FramePriority)
+	if binary.BigEndian.Uint32(p[:4])&maxStreamID == fh.StreamID {
+		return c.rejectStream(fh.StreamID, http2.ErrCodeProtocol, http2.FramePriority)
 	}
 	return nil
 }
@@ -199,13 +210,22 @@ func (c *conn) readData(fh http2.FrameHeader) error {
 	var code http2.ErrCode
 	switch {
 	case s == nil:
-		idle := c.idleLocked(id)
+		idle, skipped, how := c.idleLocked(id), c.skippedLocked(id), c.closedHowLocked(id)
 		c.mu.Unlock()
-		if idle {
-			return connError(http2.ErrCodeProtocol, "DATA on idle stream %d", id)
+		if idle || skipped {
+			// Section 5.1.1: the client never opened it.
+			return connError(http2.ErrCodeProtocol, "DATA on stream %d, which the peer never opened", id)
+		}
+		if err := c.skipData(dataLen+padLen, frameLen); err != nil {
+			return err
+		}
+		if how.peerDone() {
+			// RFC 9113 section 5.1: the client ended or reset the stream
+			// itself, so this DATA did not cross our RST_STREAM.
+			return c.rstClosed(id, http2.ErrCodeStreamClosed)
 		}
 		// A closed stream: frames may still arrive after our RST_STREAM.
-		return c.skipData(dataLen+padLen, frameLen)
+		return nil
 	case s.remoteClosed:
 		code = http2.ErrCodeStreamClosed
 	case c.client && !s.gotResponse:
@@ -407,11 +427,13 @@ func (c *conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
 	}
 	s := c.streams[f.StreamID]
 	if s == nil {
-		idle := c.idleLocked(f.StreamID)
+		idle := c.idleLocked(f.StreamID) || c.skippedLocked(f.StreamID)
 		c.mu.Unlock()
 		if idle {
 			return connError(http2.ErrCodeProtocol, "WINDOW_UPDATE on idle stream %d", f.StreamID)
 		}
+		// RFC 9113 section 5.1: WINDOW_UPDATE may follow our END_STREAM
+		// or RST_STREAM.
 		return nil
 	}
 	s.sendWindow += inc
@@ -442,7 +464,13 @@ func (c *conn) handleRSTStream(f *http2.RSTStreamFrame) error {
 	c.mu.Lock()
 	s := c.streams[f.StreamID]
 	if s == nil {
-		idle := c.idleLocked(f.StreamID)
+		idle := c.idleLocked(f.StreamID) || c.skippedLocked(f.StreamID)
+		if !idle {
+			// It may have crossed our END_STREAM or RST_STREAM; what the
+			// client sends on the stream after it is a fault (section
+			// 5.1).
+			c.noteClosedLocked(f.StreamID, closedPeerReset)
+		}
 		c.mu.Unlock()
 		if idle {
 			return connError(http2.ErrCodeProtocol, "RST_STREAM on idle stream %d", f.StreamID)
@@ -455,6 +483,7 @@ func (c *conn) handleRSTStream(f *http2.RSTStreamFrame) error {
 	// made the server work on for nothing: rapid reset when repeated.
 	early := !c.client && s.status == 0
 	c.resetLocked(s, f.ErrCode, err, false)
+	c.noteClosedLocked(s.id, closedPeerReset)
 	c.unlock()
 	if graceful {
 		// RFC 9113 section 8.1: NO_ERROR after a complete response must not

@@ -93,6 +93,7 @@ func (c *conn) respond(s *Stream, status int, fields []hpack.HeaderField) (*Stre
 		c.resetLocked(s, http2.ErrCodeNo, ErrStreamClosed, true)
 	} else {
 		c.finishLocked(s)
+		c.noteClosedLocked(s.id, closedPeerEnded)
 	}
 	c.unlock()
 	s.abortRecv(ErrStreamClosed)
@@ -243,6 +244,11 @@ func (c *conn) handleRequestHeaders(f *http2.MetaHeadersFrame) error {
 	if id%2 == 0 {
 		return connError(http2.ErrCodeProtocol, "client opened even stream %d", id)
 	}
+	if f.HasPriority() && f.Priority.StreamDep == id {
+		// RFC 7540 section 5.3.1 (the priority fields RFC 9113 section
+		// 6.2 still carries): a stream cannot depend on itself.
+		return c.rejectStream(id, http2.ErrCodeProtocol, http2.FrameHeaders)
+	}
 	c.mu.Lock()
 	if s := c.streams[id]; s != nil {
 		if s.remoteClosed || !f.StreamEnded() {
@@ -270,30 +276,51 @@ func (c *conn) handleRequestHeaders(f *http2.MetaHeadersFrame) error {
 		return nil
 	}
 	if id <= c.maxPeerID {
+		skipped, how, last := c.skippedLocked(id), c.closedHowLocked(id), c.maxPeerID
 		c.mu.Unlock()
-		if f.StreamEnded() {
-			// Trailers on a stream we reset: they may have crossed our
-			// RST_STREAM, and RFC 9113 section 5.1 says to ignore them.
-			return nil
+		switch {
+		case skipped:
+			// RFC 9113 section 5.1.1: a new stream's identifier must be
+			// above every one the client used; this one was skipped, so
+			// these are no trailers either.
+			return connError(http2.ErrCodeProtocol, "HEADERS on stream %d, below the client's last stream %d", id, last)
+		case !f.StreamEnded():
+			// Only trailers (which end the stream) may follow the
+			// request's HEADERS; anything else reuses a closed stream's
+			// identifier (section 5.1.1).
+			return connError(http2.ErrCodeProtocol, "HEADERS on closed stream %d", id)
+		case how&closedPeerReset != 0:
+			// Section 5.1: nothing but PRIORITY may follow the client's
+			// own RST_STREAM.
+			return c.rstClosed(id, http2.ErrCodeStreamClosed)
+		case how&closedPeerEnded != 0:
+			// Section 5.1: the client ended the stream itself, so these
+			// are no trailers that crossed our reset.
+			return connError(http2.ErrCodeStreamClosed, "HEADERS on closed stream %d", id)
 		}
-		// Only trailers (which end the stream) may follow the request's
-		// HEADERS; anything else reuses a closed stream's identifier
-		// (RFC 9113 section 5.1.1).
-		return connError(http2.ErrCodeProtocol, "HEADERS on closed stream %d", id)
+		// Trailers on a stream we reset: they may have crossed our
+		// RST_STREAM, and section 5.1 says to ignore them (so does a
+		// stream older than the history, see history.go).
+		return nil
 	}
-	c.maxPeerID = id
+	c.openPeerIDLocked(id)
+	ended := f.StreamEnded()
+	var peerEnded closedHow // how a stream answered here closed
+	if ended {
+		peerEnded = closedPeerEnded
+	}
 	if c.goAwaySent || c.active >= int(c.cfg.MaxStreams) || c.running.Load() >= 2*int64(c.cfg.MaxStreams) {
 		// RFC 9113 section 5.1.2: beyond the advertised limit, a stream
 		// error of type REFUSED_STREAM, so the client may retry it.
 		c.wmu.Lock()
 		c.queueRSTLocked(id, http2.ErrCodeRefusedStream)
 		c.wmu.Unlock()
+		c.noteClosedLocked(id, peerEnded|closedLocalReset)
 		c.mu.Unlock()
 		return c.spendReset()
 	}
-	ended := f.StreamEnded()
 	if f.Truncated {
-		c.rejectLocked(id, http.StatusRequestHeaderFieldsTooLarge, ended)
+		c.noteClosedLocked(id, c.rejectLocked(id, http.StatusRequestHeaderFieldsTooLarge, ended)|peerEnded)
 		c.mu.Unlock()
 		return c.spendReset()
 	}
@@ -302,11 +329,12 @@ func (c *conn) handleRequestHeaders(f *http2.MetaHeadersFrame) error {
 		c.wmu.Lock()
 		c.queueRSTLocked(id, code)
 		c.wmu.Unlock()
+		c.noteClosedLocked(id, peerEnded|closedLocalReset)
 		c.mu.Unlock()
 		return c.spendReset()
 	}
 	if status != 0 {
-		c.rejectLocked(id, status, ended)
+		c.noteClosedLocked(id, c.rejectLocked(id, status, ended)|peerEnded)
 		c.mu.Unlock()
 		return c.spendReset()
 	}
@@ -329,14 +357,18 @@ func (c *conn) handleRequestHeaders(f *http2.MetaHeadersFrame) error {
 	return nil
 }
 
-// rejectLocked answers a request with status and ends its stream. c.mu held.
-func (c *conn) rejectLocked(id uint32, status int, ended bool) {
+// rejectLocked answers a request with status and ends its stream,
+// resetting it (NO_ERROR) if the request had not ended: it returns
+// closedLocalReset then, else 0. c.mu held.
+func (c *conn) rejectLocked(id uint32, status int, ended bool) closedHow {
 	fields, _ := responseFields(status, nil)
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.writeHeadersLocked(id, fields, true) == nil && !ended {
 		c.queueRSTLocked(id, http2.ErrCodeNo)
+		return closedLocalReset
 	}
+	return 0
 }
 
 func (c *conn) serve(ctx context.Context, req *ServerRequest) {
@@ -353,8 +385,10 @@ func (c *conn) serve(ctx context.Context, req *ServerRequest) {
 // the request is malformed (RST_STREAM); a non-zero status is answered
 // without calling the Handler.
 func parseRequest(f *http2.MetaHeadersFrame) (req *ServerRequest, status int, code http2.ErrCode) {
-	var method, authority string
-	var other bool // :scheme, :path or :protocol: not a plain CONNECT
+	var method, authority, path string
+	var other bool   // :scheme, :path or :protocol: not a plain CONNECT
+	var scheme bool  // :scheme present and not empty
+	var hasPath bool // :path present
 	for _, hf := range f.PseudoFields() {
 		switch hf.Name {
 		case ":method":
@@ -363,6 +397,10 @@ func parseRequest(f *http2.MetaHeadersFrame) (req *ServerRequest, status int, co
 			authority = hf.Value
 		case ":status":
 			return nil, 0, http2.ErrCodeProtocol
+		case ":scheme":
+			scheme, other = hf.Value != "", true
+		case ":path":
+			path, hasPath, other = hf.Value, true, true
 		default:
 			other = true
 		}
@@ -375,6 +413,11 @@ func parseRequest(f *http2.MetaHeadersFrame) (req *ServerRequest, status int, co
 	}
 	switch {
 	case method == "":
+		return nil, 0, http2.ErrCodeProtocol
+	case method != http.MethodConnect && (!scheme || !hasPath || path == ""):
+		// RFC 9113 section 8.3.1: every request but CONNECT carries a
+		// :scheme and a non-empty :path; without them it is malformed
+		// (section 8.1.1), a stream error, whatever we would answer it.
 		return nil, 0, http2.ErrCodeProtocol
 	case method != http.MethodConnect, other, !validAuthority(authority):
 		return nil, http.StatusBadRequest, 0
