@@ -66,8 +66,10 @@ type IstioCA struct {
 var _ Signer = (*IstioCA)(nil)
 
 // NewIstioCA returns a signer for the CA cfg describes. It fails on an
-// unusable address or root configuration; it does not connect until the
-// first Sign.
+// unusable address or inline roots; it does not connect until the first
+// Sign. A root file is read at each handshake, so one Kubernetes mounts late
+// (or that is bad for a while) fails the Signs until it is fixed, and the
+// certificate store's retries with backoff then succeed.
 func NewIstioCA(cfg IstioCAConfig) (*IstioCA, error) {
 	cc, err := controlplane.Dial(controlplane.Config{
 		Address: cfg.Address, RootCA: cfg.RootCA, AltHostname: cfg.AltHostname,
