@@ -318,9 +318,7 @@ func newXDSClient(cfg *Config, log *slog.Logger) (*xdsclient.Client, error) {
 		Address: cfg.XDSAddress, RootCA: cfg.XDSRootCA, AltHostname: cfg.AltXDSHostname,
 		Token: token, TokenPath: tokenPath, ClusterID: cfg.ClusterID, Headers: headers,
 		Node: node, OnDemandTypes: onDemand, DialOptions: markedDialer(cfg),
-		Logf: func(l slog.Level, f string, a ...any) {
-			log.Log(context.Background(), l, fmt.Sprintf(f, a...), "scope", "xds")
-		},
+		Logf: xdsLogf(log),
 	}), nil
 }
 
