@@ -214,7 +214,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		return nil, nil, inboundErr(http.StatusServiceUnavailable, "%w", err)
 	}
 	ci.dstWorkload = w
-	if src := p.inboundSource(snap, req, ci.src); !ci.srcFromBaggage {
+	if src := p.inboundSource(ctx, snap, req, ci.src); !ci.srcFromBaggage {
 		ci.srcWorkload = src
 	}
 

@@ -38,7 +38,7 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 		return
 	}
 	ci.dstWorkload = w
-	ci.srcWorkload = snap.WorkloadByAddr(p.cfg.Network, ci.src.Addr())
+	ci.srcWorkload = p.fetchWorkloadByAddr(p.ctx, snap, ci.src.Addr()) // ondemand.go
 	p.open(ci)
 	// What re-checks evaluate too (connmgr reads it from ci): no identity.
 	dec := snap.Authorize(ci.PolicyConn())

@@ -103,6 +103,15 @@ type Config struct {
 	// Resolver resolves hostname-only workloads on demand and SOCKS5 domain
 	// targets that are not service hostnames; nil means net.DefaultResolver.
 	Resolver Resolver
+	// OnDemand, when set (XDS_ON_DEMAND), fetches addresses the snapshot
+	// lacks from the control plane before a connection is routed: the
+	// outbound destination and the inbound source, as ztunnel's
+	// fetch_address and fetch_workload_by_address. Nil: the snapshot is all
+	// there is.
+	OnDemand Demand
+	// OnDemandWait bounds each on-demand wait; zero means
+	// DefaultOnDemandWait.
+	OnDemandWait time.Duration
 	// HandshakeTimeout bounds the TLS handshake on 15008, so a peer that
 	// connects and sends nothing cannot hold a goroutine. Default 10s.
 	HandshakeTimeout time.Duration

@@ -531,6 +531,11 @@ func (c *Client) handle(r *discoveryv3.DeltaDiscoveryResponse) (*discoveryv3.Del
 	}
 	for _, res := range r.Resources {
 		c.notify(resourceKey{r.TypeUrl, res.GetName()})
+		// istiod answers an on-demand "network/IP" with the resource under
+		// its own name and the asked-for name as an alias.
+		for _, a := range res.GetAliases() {
+			c.notify(resourceKey{r.TypeUrl, a})
+		}
 		if !rejectedNames[res.GetName()] {
 			known[res.GetName()] = res.GetVersion()
 		}

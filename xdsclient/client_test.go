@@ -593,3 +593,25 @@ func TestNackLoggedAtError(t *testing.T) {
 		t.Errorf("stream establishment logged at %s, want info", l.level)
 	}
 }
+
+// TestOnDemandByAlias: istiod answers a lookup of "network/IP" with the
+// workload under its own name (its uid) and the asked-for name among its
+// aliases; the lookup must end when that answer has been applied.
+func TestOnDemandByAlias(t *testing.T) {
+	srv := xdstest.NewServer(t, xdstest.Options{})
+	res := xdstest.NewResource(t, "Kubernetes//Pod/ns/pod-1", "v1", str("pod-1"))
+	res.Aliases = []string{"net1/10.0.0.1"}
+	srv.Update(typeA, []*discoveryv3.Resource{res}, nil)
+	srv.Set(typeB, "b1", "v1", wrapperspb.UInt32(1))
+	r := newRig(t, srv, func(c *xdsclient.Config) { c.OnDemandTypes = []string{typeA} }).start(t)
+	r.waitSynced(t)
+
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	if err := r.client.Lookup(ctx, typeA, "net1/10.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.a.snapshot(); !maps.Equal(got, map[string]string{"Kubernetes//Pod/ns/pod-1": "pod-1"}) {
+		t.Errorf("after the lookup by alias the handler holds %v", got)
+	}
+}

@@ -202,6 +202,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			SOCKS5:                    cfg.EnableSOCKS5,
 			DirectAppTunnel:           !cfg.LocalhostAppTunnel,
 			PoolInnerHBONE:            cfg.PoolInnerHBONE,
+			OnDemand:                  onDemandLookup(xc, cfg), // control.go
 		})
 	}
 	var dnsf *dnsFactory

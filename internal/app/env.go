@@ -354,7 +354,7 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 		c.DNSProxyAddrs = addrs
 	}
 	if c.DNSCapture && c.XDSOnDemand {
-		e.fail("XDS_ON_DEMAND", "true", errors.New("the DNS proxy does not support on-demand xDS (as in ztunnel); set ISTIO_META_DNS_CAPTURE=false to use it"))
+		e.fail("XDS_ON_DEMAND", "true", errors.New("DNS proxy does not currently support on-demand mode (ztunnel refuses it too); set ISTIO_META_DNS_CAPTURE=false to use it"))
 	}
 	c.ClusterDomain = e.str("CLUSTER_DOMAIN", "cluster.local")
 	if c.ClusterDomain == "" || strings.ContainsAny(c.ClusterDomain, "/: ") {
