@@ -239,6 +239,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	p.open(ci)
 	// What re-checks evaluate too (connmgr reads it from ci).
 	dec := snap.Authorize(ci.PolicyConn())
+	p.logDryRun(snap, ci.PolicyConn()) // dryrun.go
 	if !dec.Allowed {
 		return nil, nil, inboundErr(http.StatusUnauthorized, "connection rejected by policy: %s", dec.Reason)
 	}

@@ -103,6 +103,9 @@ type Config struct {
 	// Resolver resolves hostname-only workloads on demand and SOCKS5 domain
 	// targets that are not service hostnames; nil means net.DefaultResolver.
 	Resolver Resolver
+	// PolicyInfoLogging logs policy decisions' details (the dry-run
+	// outcomes) at info instead of debug (AUTHZ_POLICY_INFO_LOGGING).
+	PolicyInfoLogging bool
 	// OnDemand, when set (XDS_ON_DEMAND), fetches addresses the snapshot
 	// lacks from the control plane before a connection is routed: the
 	// outbound destination and the inbound source, as ztunnel's
