@@ -18,7 +18,9 @@ type recordLog struct {
 	recs  *[]map[string]string
 }
 
-func newRecordLog() *recordLog { return &recordLog{mu: new(sync.Mutex), recs: new([]map[string]string)} }
+func newRecordLog() *recordLog {
+	return &recordLog{mu: new(sync.Mutex), recs: new([]map[string]string)}
+}
 
 func (h *recordLog) Enabled(context.Context, slog.Level) bool { return true }
 func (h *recordLog) WithGroup(string) slog.Handler            { return h }
