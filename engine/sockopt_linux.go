@@ -32,6 +32,11 @@ type SocketOptions struct {
 	// KeepAlive configures TCP keepalive on proxied sockets; a zero Idle
 	// disables it.
 	KeepAlive KeepAlive
+	// UserTimeout is TCP_USER_TIMEOUT on proxied sockets (listeners pass it
+	// to the sockets they accept): how long sent data may stay
+	// unacknowledged before the connection is dropped. Zero leaves the
+	// kernel's default (USER_TIMEOUT_ENABLED).
+	UserTimeout time.Duration
 }
 
 // KeepAlive mirrors ztunnel's KEEPALIVE_* settings.
@@ -76,6 +81,9 @@ func (o SocketOptions) apply(fd int, network string, listener bool) error {
 		if err := setKeepAlive(fd, o.KeepAlive); err != nil {
 			return err
 		}
+	}
+	if err := setUserTimeout(fd, o.UserTimeout); err != nil { // usertimeout_linux.go
+		return err
 	}
 	if o.Transparent {
 		v6 := network == "tcp6" || network == "tcp"

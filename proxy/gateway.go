@@ -14,7 +14,6 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/metrics"
-	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
@@ -108,7 +107,7 @@ func (p *Proxy) connectDoubleHBONE(ctx context.Context, srcW *state.Workload, cl
 		}
 		// The outer stream is a net.Conn with deadlines; tls bounds its
 		// close_notify with one, so closing cannot hang on a full window.
-		conn := tls.Client(outer, mtls.ClientConfig(cert, g.sans))
+		conn := tls.Client(outer, p.cfg.TLS.ClientConfig(cert, g.sans))
 		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		if err := conn.HandshakeContext(hctx); err != nil {

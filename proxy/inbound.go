@@ -84,7 +84,7 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 		return false
 	}
 	defer p.peerDone(ip)
-	conn := record.Server(c, mtls.ServerConfig(p.serverCert))
+	conn := record.Server(c, p.cfg.TLS.ServerConfig(p.serverCert))
 	p.cfg.Metrics.SocketOpened(metrics.ReporterDestination)
 	defer p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
 	hctx, cancel := context.WithTimeout(p.ctx, p.cfg.HandshakeTimeout)

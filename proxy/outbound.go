@@ -12,7 +12,6 @@ import (
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/metrics"
-	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/record"
 	"github.com/ztunnel-go/ztunnel/state"
 )
@@ -134,7 +133,7 @@ func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client n
 		// when the connection was made, which is what rotation needs.
 		// crypto/tls runs the handshake; mtls/record then seals each batch of
 		// HBONE frames into records in one buffer and one syscall.
-		conn := record.Client(tc, mtls.ClientConfig(cert, r.sans))
+		conn := record.Client(tc, p.cfg.TLS.ClientConfig(cert, r.sans))
 		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		if err := conn.HandshakeContext(hctx); err != nil {

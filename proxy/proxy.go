@@ -103,6 +103,9 @@ type Config struct {
 	// Resolver resolves hostname-only workloads on demand and SOCKS5 domain
 	// targets that are not service hostnames; nil means net.DefaultResolver.
 	Resolver Resolver
+	// TLS is the daemon's TLS policy for HBONE (COMPLIANCE_POLICY); the
+	// zero value is ztunnel's default.
+	TLS mtls.Policy
 	// PolicyInfoLogging logs policy decisions' details (the dry-run
 	// outcomes) at info instead of debug (AUTHZ_POLICY_INFO_LOGGING).
 	PolicyInfoLogging bool

@@ -177,7 +177,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	}})
 	d.bgWG.Go(func() { conns.Run(d.bg) })
 
-	sock := engine.SocketOptions{Mark: cfg.PacketMark}
+	sock := engine.SocketOptions{Mark: cfg.PacketMark, UserTimeout: userTimeout(cfg)}
 	if cfg.KeepAliveEnabled {
 		sock.KeepAlive = engine.KeepAlive{Idle: cfg.KeepAliveTime, Interval: cfg.KeepAliveInterval, Count: cfg.KeepAliveRetries}
 	}
@@ -203,6 +203,9 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			DirectAppTunnel:           !cfg.LocalhostAppTunnel,
 			PoolInnerHBONE:            cfg.PoolInnerHBONE,
 			OnDemand:                  onDemandLookup(xc, cfg), // control.go
+			TLS:                       mtls.Policy{PQC: cfg.PQC},
+			PolicyInfoLogging:         cfg.PolicyInfoLogging,
+			BindHost:                  bindHost(cfg), // env_compat.go
 		})
 	}
 	var dnsf *dnsFactory

@@ -121,6 +121,8 @@ type Config struct {
 
 	LogLevel  string // RUST_LOG
 	LogFormat string // LOG_FORMAT: plain or json
+
+	Compat // env_compat.go: the remaining ztunnel variables
 }
 
 // envError names the variable a problem came from.
@@ -383,6 +385,7 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	if _, err := logging.NewLevels(c.LogLevel); err != nil {
 		e.fail("RUST_LOG", c.LogLevel, err)
 	}
+	e.parseCompat(c) // env_compat.go
 	if len(e.errs) > 0 {
 		return nil, errors.Join(e.errs...)
 	}
