@@ -23,7 +23,10 @@ type SocketOptions struct {
 	// every socket with 1337 so the pod's capture rules let it through.
 	Mark uint32
 	// ReusePort sets SO_REUSEPORT on listeners so that a new daemon can take
-	// over new connections while the old one drains.
+	// over new connections while the old one drains, with a steering
+	// program that sends every new connection to the newest listener of the
+	// port (steerToNewest), so that the old one's queue empties before it
+	// closes.
 	ReusePort bool
 	// Transparent sets IP_TRANSPARENT (and IPV6_TRANSPARENT), needed to bind a
 	// foreign source address (original-source spoofing) and to accept
