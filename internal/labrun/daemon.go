@@ -33,6 +33,9 @@ type DaemonOptions struct {
 	Env []string
 	// LogLevel is RUST_LOG (default "info").
 	LogLevel string
+	// ReadOnlyProcSys runs the daemon with /proc/sys mounted read-only, as
+	// in a non-privileged Kubernetes container (procsys.go).
+	ReadOnlyProcSys bool
 }
 
 // Daemon is one running ztunnel-go process inside a pod's namespace.
@@ -68,6 +71,9 @@ func StartDaemon(ctx context.Context, pod *netnslab.Pod, o DaemonOptions) (*Daem
 		"CONNECTION_TERMINATION_DEADLINE=2s",
 	)
 	cmd.Env = append(cmd.Env, o.Env...)
+	if o.ReadOnlyProcSys {
+		readOnlyProcSys(cmd) // procsys.go
+	}
 	pr, pw := io.Pipe()
 	cmd.Stdout = pw
 	cmd.Stderr = pw

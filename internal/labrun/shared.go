@@ -36,6 +36,9 @@ type SharedOptions struct {
 	// Capture selects variants of the meshed pods' capture rules (such as
 	// RedirectDNS, for the DNS proxy).
 	Capture netnslab.CaptureOptions
+	// ReadOnlyProcSys runs every daemon with /proc/sys read-only, as the
+	// chart's non-privileged container has it.
+	ReadOnlyProcSys bool
 }
 
 // SharedCluster is a lab in Istio's default layout: one daemon per node in
@@ -252,7 +255,7 @@ func (c *SharedCluster) StartDaemon(ctx context.Context, node string) (*Daemon, 
 	}, c.opts.DaemonEnv...)
 	d, err := StartDaemon(ctx, zt, DaemonOptions{
 		Binary: c.opts.Binary, ConfigPath: c.ConfigPath, CACert: c.caCert, CAKey: c.caKey,
-		Env: env, LogLevel: c.opts.LogLevel,
+		Env: env, LogLevel: c.opts.LogLevel, ReadOnlyProcSys: c.opts.ReadOnlyProcSys,
 	})
 	if err != nil {
 		return nil, err
