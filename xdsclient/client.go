@@ -2,6 +2,7 @@ package xdsclient
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -80,6 +81,9 @@ type Config struct {
 	Logf func(level slog.Level, format string, args ...any)
 	// DialOptions are added to the gRPC connection's options.
 	DialOptions []grpc.DialOption
+	// CurvePreferences restricts the TLS key exchange with istiod
+	// (COMPLIANCE_POLICY=pqc); nil is Go's default.
+	CurvePreferences []tls.CurveID
 }
 
 // Resource is one resource of a response: its name, the version the server
@@ -264,6 +268,7 @@ func (c *Client) Run(ctx context.Context) error {
 	cpCfg := controlplane.Config{
 		Address: c.cfg.Address, RootCA: c.cfg.RootCA, AltHostname: c.cfg.AltHostname,
 		TokenPath: c.cfg.TokenPath, Token: c.cfg.Token, ClusterID: c.cfg.ClusterID, Headers: c.cfg.Headers,
+		CurvePreferences: c.cfg.CurvePreferences,
 	}
 	// Check the address (and inline roots) once, so that a configuration
 	// that cannot get better fails Run instead of retrying forever. A root

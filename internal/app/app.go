@@ -276,7 +276,7 @@ func newSigner(cfg *Config) (signer, error) {
 	ca, err := caclient.NewIstioCA(caclient.IstioCAConfig{
 		Address: cfg.CAAddress, RootCA: cfg.CARootCA, AltHostname: cfg.AltCAHostname,
 		Token: token, TokenPath: tokenPath, ClusterID: cfg.ClusterID, Headers: headers,
-		DialOptions: markedDialer(cfg),
+		DialOptions: markedDialer(cfg), CurvePreferences: controlPlaneCurves(cfg), // env_compat.go
 	})
 	if err != nil {
 		return signer{}, fmt.Errorf("CA_ADDRESS=%s: %w", cfg.CAAddress, err)
@@ -321,7 +321,7 @@ func newXDSClient(cfg *Config, log *slog.Logger) (*xdsclient.Client, error) {
 	return xdsclient.New(xdsclient.Config{
 		Address: cfg.XDSAddress, RootCA: cfg.XDSRootCA, AltHostname: cfg.AltXDSHostname,
 		Token: token, TokenPath: tokenPath, ClusterID: cfg.ClusterID, Headers: headers,
-		Node: node, OnDemandTypes: onDemand, DialOptions: markedDialer(cfg),
+		Node: node, OnDemandTypes: onDemand, DialOptions: markedDialer(cfg), CurvePreferences: controlPlaneCurves(cfg),
 		Logf: xdsLogf(log),
 	}), nil
 }

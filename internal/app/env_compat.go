@@ -1,6 +1,7 @@
 package app
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -32,8 +33,8 @@ type Compat struct {
 	// PolicyInfoLogging is AUTHZ_POLICY_INFO_LOGGING=true: policy decision
 	// details (the dry-run outcomes) are logged at info instead of debug.
 	PolicyInfoLogging bool
-	// PQC is COMPLIANCE_POLICY=pqc: HBONE TLS key exchange uses
-	// X25519MLKEM768 only.
+	// PQC is COMPLIANCE_POLICY=pqc: TLS key exchange uses X25519MLKEM768
+	// only, for HBONE and the control plane.
 	PQC bool
 	// WorkerThreads is what ZTUNNEL_WORKER_THREADS asks for (N, N% of the
 	// CPUs, or 0 for all of them), resolved to a count; 0 = unset, Go's
@@ -158,4 +159,14 @@ func userTimeout(cfg *Config) time.Duration {
 		return 0
 	}
 	return cfg.KeepAliveTime + time.Duration(cfg.KeepAliveRetries)*cfg.KeepAliveInterval
+}
+
+// controlPlaneCurves is the TLS key exchange with istiod (xDS and CA):
+// X25519MLKEM768 only with COMPLIANCE_POLICY=pqc, as ztunnel's provider
+// applies to every connection; nil (Go's default) otherwise.
+func controlPlaneCurves(cfg *Config) []tls.CurveID {
+	if cfg.PQC {
+		return []tls.CurveID{tls.X25519MLKEM768}
+	}
+	return nil
 }

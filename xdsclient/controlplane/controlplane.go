@@ -67,6 +67,9 @@ type Config struct {
 	// CA_HEADER_*). Keys are lower-cased, as HTTP/2 requires. Entries named
 	// authorization or clusterid are overridden by the token headers.
 	Headers map[string]string
+	// CurvePreferences, when set, are the only TLS key exchanges offered
+	// (COMPLIANCE_POLICY=pqc: X25519MLKEM768); nil is Go's default.
+	CurvePreferences []tls.CurveID
 }
 
 // Dial returns a client connection for cfg. Like grpc.NewClient it does not
@@ -91,8 +94,9 @@ func Dial(cfg Config, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 		}
 	}
 	tlsCfg := &tls.Config{
-		MinVersion: tls.VersionTLS13,
-		ServerName: host,
+		MinVersion:       tls.VersionTLS13,
+		ServerName:       host,
+		CurvePreferences: cfg.CurvePreferences,
 		// The chain and name are checked in VerifyConnection instead, so
 		// that the roots can change between handshakes and the alternative
 		// name can be tried.

@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"crypto/tls"
 	"maps"
 	"os"
 	"path/filepath"
@@ -158,5 +159,34 @@ func TestRootFileLateOrBad(t *testing.T) {
 	// after its failed handshakes; its next attempt reads the new file.
 	if err := call(early, grpc.WaitForReady(true)); err != nil {
 		t.Errorf("mounted: call on the connection dialed before the file existed = %v", err)
+	}
+}
+
+// TestCurvePreferences: with COMPLIANCE_POLICY=pqc the control-plane
+// connection offers X25519MLKEM768 only, so an istiod that cannot do it is
+// refused, and one that can is reached.
+func TestCurvePreferences(t *testing.T) {
+	classic := xdstest.NewTLS(t)
+	classic.ServerConfig = classic.ServerConfig.Clone()
+	classic.ServerConfig.CurvePreferences = []tls.CurveID{tls.X25519}
+	oldSrv := xdstest.NewServer(t, xdstest.Options{TLS: classic})
+	pqSrv := xdstest.NewServer(t, xdstest.Options{})
+	pqc := []tls.CurveID{tls.X25519MLKEM768}
+	for _, tc := range []struct {
+		name   string
+		srv    *xdstest.Server
+		curves []tls.CurveID
+		ok     bool
+	}{
+		{"default client, classical server", oldSrv, nil, true},
+		{"pqc client, classical server", oldSrv, pqc, false},
+		{"pqc client, pqc-capable server", pqSrv, pqc, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := openStream(t, controlplane.Config{Address: tc.srv.Address(), RootCA: tc.srv.TLS().RootFile, CurvePreferences: tc.curves})
+			if (err == nil) != tc.ok {
+				t.Errorf("openStream = %v, want ok=%v", err, tc.ok)
+			}
+		})
 	}
 }
