@@ -226,6 +226,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		}
 		ci.dst = target
 	}
+	snap = p.fetchTunnelTarget(ctx, snap, w, target, local) // ondemand.go
 	if err := p.validateDestination(snap, w, target, local); err != nil {
 		return nil, nil, err
 	}

@@ -62,3 +62,18 @@ func (p *Proxy) fetchWorkloadByAddr(ctx context.Context, snap *state.Snapshot, a
 	snap = p.fetchAddress(ctx, snap, addr, func(s *state.Snapshot) bool { return s.WorkloadByAddr(p.cfg.Network, addr) != nil })
 	return snap.WorkloadByAddr(p.cfg.Network, addr)
 }
+
+// fetchTunnelTarget is the on-demand lookup of ztunnel's
+// validate_destination: a tunnel whose authority names an IP other than the
+// one it arrived on is allowed when this workload is that target's waypoint
+// (the "sandwich"), so when the snapshot knows nothing at that IP it is asked
+// for before the check.
+func (p *Proxy) fetchTunnelTarget(ctx context.Context, snap *state.Snapshot, local *state.Workload, target, conn netip.AddrPort) *state.Snapshot {
+	if target.Addr() == conn.Addr() || local.ApplicationTunnel != nil {
+		return snap
+	}
+	return p.fetchAddress(ctx, snap, target.Addr(), func(s *state.Snapshot) bool {
+		w, svc := s.FindAddress(p.cfg.Network, target.Addr())
+		return w != nil || svc != nil
+	})
+}

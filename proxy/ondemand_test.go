@@ -2,7 +2,11 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -12,6 +16,10 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 
 	"github.com/ztunnel-go/ztunnel/api/workloadapi"
+	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/mtls"
+	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 	"github.com/ztunnel-go/ztunnel/proxy/socks5"
 	"github.com/ztunnel-go/ztunnel/state"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
@@ -36,7 +44,13 @@ workloads:
 // test server, feeding a store that starts from the local config.
 func startOnDemandXDS(t *testing.T, srv *xdstest.Server) (*state.Store, *xdsclient.Client) {
 	t.Helper()
-	lc, err := xdsconv.ParseLocalConfig([]byte(onDemandClientYAML))
+	return startOnDemandXDSWith(t, srv, onDemandClientYAML)
+}
+
+// startOnDemandXDSWith is startOnDemandXDS over the local config yaml.
+func startOnDemandXDSWith(t *testing.T, srv *xdstest.Server, yaml string) (*state.Store, *xdsclient.Client) {
+	t.Helper()
+	lc, err := xdsconv.ParseLocalConfig([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,4 +171,75 @@ func TestOnDemandWaitIsBounded(t *testing.T) {
 	if m := nextLog(t, rig.logs); m["msg"] != "connection complete" || m["dst.workload"] != "" {
 		t.Errorf("access log %v, want a passthrough connection", m)
 	}
+}
+
+// TestSandwichTargetOnDemand: a waypoint receives a tunnel addressed to a
+// workload it serves (authority = that workload's IP, not the waypoint's).
+// The workload is not in the snapshot; it is fetched on demand before
+// validate_destination, which then allows the tunnel. Without the lookup the
+// authority's IP mismatches and the CONNECT is refused with 400.
+func TestSandwichTargetOnDemand(t *testing.T) {
+	app := echoApp(t)
+	srv := xdstest.NewServer(t, xdstest.Options{})
+	res := xdstest.NewResource(t, "Kubernetes//Pod/ns/behind", "1", &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: &workloadapi.Workload{
+		Uid: "Kubernetes//Pod/ns/behind", Name: "behind", Namespace: "ns", ServiceAccount: "behind",
+		Addresses: [][]byte{netip.MustParseAddr("127.0.0.7").AsSlice()}, TunnelProtocol: workloadapi.TunnelProtocol_HBONE,
+		Waypoint: &workloadapi.GatewayAddress{
+			Destination:   &workloadapi.GatewayAddress_Address{Address: &workloadapi.NetworkAddress{Address: netip.MustParseAddr("127.0.0.1").AsSlice()}},
+			HboneMtlsPort: 15008,
+		},
+	}}})
+	res.Aliases = []string{"/127.0.0.7"}
+	srv.Update(xdsconv.AddressType, []*discoveryv3.Resource{res}, nil)
+	srv.Update(xdsconv.AuthorizationType, nil, nil)
+	store, xc := startOnDemandXDSWith(t, srv, `
+workloads:
+- uid: u-wp
+  name: wp
+  namespace: ns
+  serviceAccount: wp
+  workloadIps: ["127.0.0.1"]
+  protocol: HBONE
+  services: {}
+`)
+	rig := startProxy(t, onDemandClientYAML, "wp", func(c *Config) {
+		c.State = store
+		c.OnDemand = func(ctx context.Context, name string) error { return xc.Lookup(ctx, xdsconv.AddressType, name) }
+	})
+	in := &inboundRig{hbonePort: rig.p.Addrs()[2].(*net.TCPAddr).Port, ca: rig.ca}
+	s, err := inConnect(t, in, "wp", fmt.Sprintf("127.0.0.7:%d", app))
+	if err != nil {
+		t.Fatalf("CONNECT to the workload behind the waypoint: %v", err)
+	}
+	s.Write([]byte("sandwich"))
+	s.CloseWrite()
+	if got, err := io.ReadAll(s); err != nil || string(got) != "sandwich" {
+		t.Fatalf("echo: %q, %v", got, err)
+	}
+	s.Close()
+	srv.WaitRequest(func(r *xdstest.Request) bool { return slices.Contains(r.ResourceNamesSubscribe, "/127.0.0.7") })
+}
+
+// inConnect opens an HBONE stream to in as identity ns/client, expecting
+// the server to be ns/serverSA.
+func inConnect(t *testing.T, in *inboundRig, serverSA, authority string) (*hbone.Stream, error) {
+	t.Helper()
+	cert := tlstest.Cert(t, in.ca, identity.New("", "ns", "client"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	raw, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", in.hbonePort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Client(raw, mtls.ClientConfig(cert, []string{"spiffe://cluster.local/ns/ns/sa/" + serverSA}))
+	if err := tc.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		t.Fatal(err)
+	}
+	cc, err := hbone.NewClientConn(tc, hbone.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc.Connect(ctx, &hbone.Request{Authority: authority})
 }
