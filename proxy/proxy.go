@@ -111,8 +111,9 @@ type Config struct {
 	PolicyInfoLogging bool
 	// OnDemand, when set (XDS_ON_DEMAND), fetches addresses the snapshot
 	// lacks from the control plane before a connection is routed: the
-	// outbound destination and the inbound source, as ztunnel's
-	// fetch_address and fetch_workload_by_address. Nil: the snapshot is all
+	// outbound destination, the inbound source and a waypoint's tunnel
+	// target, as ztunnel's fetch_address, fetch_workload_by_address and
+	// validate_destination. Nil: the snapshot is all
 	// there is.
 	OnDemand Demand
 	// OnDemandWait bounds each on-demand wait; zero means
