@@ -147,7 +147,7 @@ func TestControlPlaneFaults(t *testing.T) {
 
 	t.Run("istiod outage keeps the last snapshot and resumes by versions", func(t *testing.T) {
 		opened := l.xds.StreamsOpened()
-		broken := func(d *labrun.Daemon) int { return strings.Count(d.Log(), "reconnecting in") }
+		broken := func(d *labrun.Daemon) int { return strings.Count(d.Log(), "retrying in") } // ztunnel's warn: "XDS client ... retrying in"
 		before := map[string]int{}
 		for name, d := range c.Daemons {
 			before[name] = broken(d)

@@ -68,14 +68,16 @@ type sharedLab struct {
 	srvAddr netip.AddrPort
 }
 
-func startShared(t *testing.T) *sharedLab {
+func startShared(t *testing.T, mods ...func(*labrun.SharedOptions)) *sharedLab {
 	t.Helper()
 	lab := netnslab.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartSharedCluster(ctx, lab, []byte(sharedConfig), labrun.SharedOptions{
-		Binary: ztunnelBin, Dir: t.TempDir(), Later: []string{"late"},
-	})
+	opts := labrun.SharedOptions{Binary: ztunnelBin, Dir: t.TempDir(), Later: []string{"late"}}
+	for _, m := range mods {
+		m(&opts)
+	}
+	c, err := labrun.StartSharedCluster(ctx, lab, []byte(sharedConfig), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

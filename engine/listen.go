@@ -16,9 +16,19 @@ import (
 // network namespace the listener must live in.
 func Listen(ctx context.Context, addr string, opts SocketOptions) (*net.TCPListener, error) {
 	lc := net.ListenConfig{Control: opts.control(true), KeepAlive: -1}
+	// Plain TCP, as ztunnel listens: Go (1.24+) makes listeners MPTCP
+	// sockets by default, which refuse most socket options (the
+	// SO_REUSEPORT steering program among them) with EOPNOTSUPP.
+	lc.SetMultipathTCP(false)
 	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("engine: listen %s: %w", addr, err)
+	}
+	if opts.ReusePort {
+		if err := steerToNewest(ln.(*net.TCPListener)); err != nil { // reuseport_linux.go
+			ln.Close()
+			return nil, err
+		}
 	}
 	return ln.(*net.TCPListener), nil
 }

@@ -23,7 +23,10 @@ type SocketOptions struct {
 	// every socket with 1337 so the pod's capture rules let it through.
 	Mark uint32
 	// ReusePort sets SO_REUSEPORT on listeners so that a new daemon can take
-	// over new connections while the old one drains.
+	// over new connections while the old one drains, with a steering
+	// program that sends every new connection to the newest listener of the
+	// port (steerToNewest), so that the old one's queue empties before it
+	// closes.
 	ReusePort bool
 	// Transparent sets IP_TRANSPARENT (and IPV6_TRANSPARENT), needed to bind a
 	// foreign source address (original-source spoofing) and to accept
@@ -32,6 +35,11 @@ type SocketOptions struct {
 	// KeepAlive configures TCP keepalive on proxied sockets; a zero Idle
 	// disables it.
 	KeepAlive KeepAlive
+	// UserTimeout is TCP_USER_TIMEOUT on proxied sockets (listeners pass it
+	// to the sockets they accept): how long sent data may stay
+	// unacknowledged before the connection is dropped. Zero leaves the
+	// kernel's default (USER_TIMEOUT_ENABLED).
+	UserTimeout time.Duration
 }
 
 // KeepAlive mirrors ztunnel's KEEPALIVE_* settings.
@@ -76,6 +84,9 @@ func (o SocketOptions) apply(fd int, network string, listener bool) error {
 		if err := setKeepAlive(fd, o.KeepAlive); err != nil {
 			return err
 		}
+	}
+	if err := setUserTimeout(fd, o.UserTimeout); err != nil { // usertimeout_linux.go
+		return err
 	}
 	if o.Transparent {
 		v6 := network == "tcp6" || network == "tcp"

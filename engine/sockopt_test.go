@@ -29,6 +29,7 @@ func sockInts(t *testing.T, c *net.TCPConn) map[string]int {
 			{"TCP_KEEPINTVL", unix.IPPROTO_TCP, unix.TCP_KEEPINTVL},
 			{"TCP_KEEPCNT", unix.IPPROTO_TCP, unix.TCP_KEEPCNT},
 			{"TCP_NODELAY", unix.IPPROTO_TCP, unix.TCP_NODELAY},
+			{"TCP_USER_TIMEOUT", unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT},
 		} {
 			v, err := unix.GetsockoptInt(int(fd), o.level, o.opt)
 			if err != nil {
@@ -52,18 +53,22 @@ func TestKeepAliveAndNoDelayReachEverySocket(t *testing.T) {
 	tests := []struct {
 		name string
 		ka   KeepAlive
+		ut   time.Duration
 		want map[string]int
 	}{
-		{"ztunnel defaults", DefaultKeepAlive,
-			map[string]int{"SO_KEEPALIVE": 1, "TCP_KEEPIDLE": 180, "TCP_KEEPINTVL": 180, "TCP_KEEPCNT": 9, "TCP_NODELAY": 1}},
-		{"zero interval and count take Go's defaults", KeepAlive{Idle: 1500 * time.Millisecond},
+		{"ztunnel defaults", DefaultKeepAlive, 0,
+			map[string]int{"SO_KEEPALIVE": 1, "TCP_KEEPIDLE": 180, "TCP_KEEPINTVL": 180, "TCP_KEEPCNT": 9, "TCP_NODELAY": 1, "TCP_USER_TIMEOUT": 0}},
+		{"zero interval and count take Go's defaults", KeepAlive{Idle: 1500 * time.Millisecond}, 0,
 			map[string]int{"SO_KEEPALIVE": 1, "TCP_KEEPIDLE": 2, "TCP_KEEPINTVL": 15, "TCP_KEEPCNT": 9, "TCP_NODELAY": 1}},
-		{"keepalive off", KeepAlive{},
+		{"keepalive off", KeepAlive{}, 0,
 			map[string]int{"SO_KEEPALIVE": 0, "TCP_NODELAY": 1}},
+		// USER_TIMEOUT_ENABLED: 180s + 9 x 180s, ztunnel's formula.
+		{"user timeout", DefaultKeepAlive, 30 * time.Minute,
+			map[string]int{"SO_KEEPALIVE": 1, "TCP_USER_TIMEOUT": 1800000, "TCP_NODELAY": 1}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := SocketOptions{KeepAlive: tc.ka}
+			opts := SocketOptions{KeepAlive: tc.ka, UserTimeout: tc.ut}
 			ctx := context.Background()
 			ln, err := Listen(ctx, "127.0.0.1:0", opts)
 			if err != nil {

@@ -12,6 +12,7 @@ import (
 	"math/big"
 	"net"
 	"net/url"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,6 +25,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if code, ok := suiteHelper(); ok { // suites_test.go: a crypto/tls peer
+		os.Exit(code)
+	}
 	goleak.VerifyTestMain(m)
 }
 

@@ -14,11 +14,10 @@ import (
 // alpnH2 is HBONE's only application protocol: HTTP/2 with prior knowledge.
 const alpnH2 = "h2"
 
-// Known difference from ztunnel: it offers only the AES-GCM TLS 1.3 suites
-// (no ChaCha20-Poly1305). Go's crypto/tls does not let a program choose TLS 1.3
-// cipher suites, so ours also offers and accepts TLS_CHACHA20_POLY1305_SHA256.
-// Against ztunnel peers it is never chosen, since they do not offer it; between
-// two of ours it is chosen only when one side lacks AES hardware.
+// ztunnel offers only the AES-GCM TLS 1.3 suites (no ChaCha20-Poly1305). Go's
+// crypto/tls does not let a program choose TLS 1.3 cipher suites, so ours
+// still offers TLS_CHACHA20_POLY1305_SHA256, but a handshake that negotiates
+// it fails in VerifyConnection on either side (suites.go).
 
 // Option adds a check to the configs ServerConfig and ClientConfig build.
 type Option func(*options)
@@ -125,7 +124,7 @@ func serverConfigWith(c *WorkloadCert, o options) *tls.Config {
 		}
 		return fmt.Errorf("%w: client identities %v, want trust domain %q", ErrTrustDomain, ids, td)
 	}
-	return cfg
+	return withSuiteCheck(cfg) // suites.go: AES-GCM only, as ztunnel
 }
 
 // ClientConfig returns the config for dialing an HBONE peer as cert's
@@ -184,7 +183,7 @@ func ClientConfig(cert *WorkloadCert, expectedSANs []string, opts ...Option) *tl
 		}
 		return fmt.Errorf("%w: server URI SANs %v, want one of %v", ErrIdentityMismatch, leaf.URIs, want)
 	}
-	return cfg
+	return withSuiteCheck(cfg) // suites.go: AES-GCM only, as ztunnel
 }
 
 // PeerIdentity returns the first SPIFFE identity in the peer's leaf

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -109,11 +110,11 @@ func hostAuthorityTarget(snap *state.Snapshot, w *state.Workload, host string, s
 // a network other than ours) carries the gateway's address, not the
 // client's, so it is not looked up by address: that would credit the
 // gateway with the client's traffic.
-func (p *Proxy) inboundSource(snap *state.Snapshot, req *hbone.ServerRequest, src netip.AddrPort) *state.Workload {
+func (p *Proxy) inboundSource(ctx context.Context, snap *state.Snapshot, req *hbone.ServerRequest, src netip.AddrPort) *state.Workload {
 	if n := req.Header.Get(headerForwardedNetwork); n != "" && n != p.cfg.Network {
 		p.access.Debug("connection from another network through its gateway",
 			"src.addr", src, "src.network", n, "dst.hbone_addr", req.Authority)
 		return nil
 	}
-	return snap.WorkloadByAddr(p.cfg.Network, src.Addr())
+	return p.fetchWorkloadByAddr(ctx, snap, src.Addr()) // ondemand.go
 }

@@ -117,7 +117,7 @@ func (p *Proxy) connectDoubleHBONE(ctx context.Context, srcW *state.Workload, cl
 		}
 		// The outer stream is a net.Conn with deadlines; tls bounds its
 		// close_notify with one, so closing cannot hang on a full window.
-		conn := tls.Client(outer, mtls.ClientConfig(cert, g.sans, mtls.WithCRL(p.cfg.CRL)))
+		conn := tls.Client(outer, p.cfg.TLS.ClientConfig(cert, g.sans, mtls.WithCRL(p.cfg.CRL)))
 		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		if err := conn.HandshakeContext(hctx); err != nil {

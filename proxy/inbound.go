@@ -86,7 +86,7 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 		return false
 	}
 	defer p.peerDone(ip)
-	conn := record.Server(c, mtls.ServerConfig(p.serverCert, mtls.WithCRL(p.cfg.CRL)))
+	conn := record.Server(c, p.cfg.TLS.ServerConfig(p.serverCert, mtls.WithCRL(p.cfg.CRL)))
 	p.cfg.Metrics.SocketOpened(metrics.ReporterDestination)
 	defer p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
 	hctx, cancel := context.WithTimeout(p.ctx, p.cfg.HandshakeTimeout)
@@ -223,7 +223,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		return nil, nil, inboundErr(http.StatusServiceUnavailable, "%w", err)
 	}
 	ci.dstWorkload = w
-	ci.srcWorkload = p.inboundSource(snap, req, ci.src)
+	ci.srcWorkload = p.inboundSource(ctx, snap, req, ci.src)
 
 	local := addrPortOf(req.Conn.LocalAddr())
 	if host != "" {
@@ -233,6 +233,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		}
 		ci.dst = target
 	}
+	snap = p.fetchTunnelTarget(ctx, snap, w, target, local) // ondemand.go
 	if err := p.validateDestination(snap, w, target, local); err != nil {
 		return nil, nil, err
 	}
@@ -247,6 +248,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	p.open(ci)
 	// What re-checks evaluate too (connmgr reads it from ci).
 	dec := snap.Authorize(ci.PolicyConn())
+	p.logDryRun(snap, ci.PolicyConn()) // dryrun.go
 	if !dec.Allowed {
 		return nil, nil, inboundErr(http.StatusUnauthorized, "connection rejected by policy: %s", dec.Reason)
 	}

@@ -150,7 +150,7 @@ func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client n
 		// when the connection was made, which is what rotation needs.
 		// crypto/tls runs the handshake; mtls/record then seals each batch of
 		// HBONE frames into records in one buffer and one syscall.
-		conn := record.Client(tc, mtls.ClientConfig(cert, r.sans, mtls.WithCRL(p.cfg.CRL)))
+		conn := record.Client(tc, p.cfg.TLS.ClientConfig(cert, r.sans, mtls.WithCRL(p.cfg.CRL)))
 		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		if err := conn.HandshakeContext(hctx); err != nil {

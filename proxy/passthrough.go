@@ -38,10 +38,11 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 		return
 	}
 	ci.dstWorkload = w
-	ci.srcWorkload = snap.WorkloadByAddr(p.cfg.Network, ci.src.Addr())
+	ci.srcWorkload = p.fetchWorkloadByAddr(p.ctx, snap, ci.src.Addr()) // ondemand.go
 	p.open(ci)
 	// What re-checks evaluate too (connmgr reads it from ci): no identity.
 	dec := snap.Authorize(ci.PolicyConn())
+	p.logDryRun(snap, ci.PolicyConn()) // dryrun.go
 	if !dec.Allowed {
 		p.complete(ci, metrics.FlagDeny, fmt.Errorf("connection rejected by policy: %s", dec.Reason))
 		engine.TCPEndpoint{TCPConn: c}.Abort()

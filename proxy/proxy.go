@@ -122,6 +122,22 @@ type Config struct {
 	// Resolver resolves hostname-only workloads on demand and SOCKS5 domain
 	// targets that are not service hostnames; nil means net.DefaultResolver.
 	Resolver Resolver
+	// TLS is the daemon's TLS policy for HBONE (COMPLIANCE_POLICY); the
+	// zero value is ztunnel's default.
+	TLS mtls.Policy
+	// PolicyInfoLogging logs policy decisions' details (the dry-run
+	// outcomes) at info instead of debug (AUTHZ_POLICY_INFO_LOGGING).
+	PolicyInfoLogging bool
+	// OnDemand, when set (XDS_ON_DEMAND), fetches addresses the snapshot
+	// lacks from the control plane before a connection is routed: the
+	// outbound destination, the inbound source and a waypoint's tunnel
+	// target, as ztunnel's fetch_address, fetch_workload_by_address and
+	// validate_destination. Nil: the snapshot is all
+	// there is.
+	OnDemand Demand
+	// OnDemandWait bounds each on-demand wait; zero means
+	// DefaultOnDemandWait.
+	OnDemandWait time.Duration
 	// HandshakeTimeout bounds the TLS handshake on 15008, so a peer that
 	// connects and sends nothing cannot hold a goroutine. Default 10s.
 	HandshakeTimeout time.Duration

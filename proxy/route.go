@@ -41,6 +41,7 @@ const dnsTimeout = 10 * time.Second
 // The self-call check on dst's port happens before, in handleOutbound.
 func (p *Proxy) routeOutbound(ctx context.Context, snap *state.Snapshot, src *state.Workload, client, dst netip.AddrPort) (outboundRoute, error) {
 	network := p.cfg.Network
+	snap = p.fetchDestination(ctx, snap, src, dst.Addr()) // ondemand.go
 	if svc := snap.ResolveVIPPreferring(network, dst.Addr(), src.Namespace, p.cfg.PreferredServiceNamespace); svc != nil {
 		if wp := state.ServiceWaypoint(svc, p.rnd); wp != nil {
 			return p.routeWaypoint(ctx, snap, src, wp, svc, dst)

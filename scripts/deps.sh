@@ -22,8 +22,11 @@ mode=${1:-test}
 #   nodejs:             the HBONE interop tests against Node's http2 module.
 #   make, git:          the Makefile itself, and the build's VCS stamp.
 #   ca-certificates:    the Go module proxy over HTTPS.
-#   openssl, gnutls-bin, libssl-dev, libgnutls28-dev, gcc: the TLS interop tests
-#                       against OpenSSL and GnuTLS (their CLIs and C clients).
+#   openssl, gnutls-bin, libssl-dev, libgnutls28-dev, gcc, libc6-dev: the TLS
+#                       interop tests against OpenSSL and GnuTLS (their CLIs and C
+#                       peers, built by the test).
+#   util-linux, mount:  unshare and mount, for the upgrade test that runs the
+#                       daemons with /proc/sys read-only.
 DEPS=(
 	iproute2:ip
 	iptables:iptables-restore
@@ -36,6 +39,9 @@ DEPS=(
 	libssl-dev:/usr/include/openssl/ssl.h
 	libgnutls28-dev:/usr/include/gnutls/gnutls.h
 	gcc:gcc
+	libc6-dev:/usr/include/stdio.h
+	util-linux:unshare
+	mount:mount
 )
 # BENCH_DEPS: only `make bench` (HAProxy is one of the compared proxies; the
 # report marks its rows skipped when it is absent).

@@ -678,3 +678,38 @@ func TestPolicyGeneration(t *testing.T) {
 		t.Fatalf("duplicate workloads: err = %v", err)
 	}
 }
+
+// TestDryRunWouldDeny: ztunnel's "dry-run: no allow policies match" is
+// logged only when no enforced ALLOW applies, a dry-run ALLOW does, and no
+// dry-run ALLOW matches.
+func TestDryRunWouldDeny(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		policies []*Policy
+		want     bool
+	}{
+		{"no policies", nil, false},
+		{"dry-run allow that does not match", []*Policy{dryRun(allowNS("a", nsOther))}, true},
+		{"dry-run allow that matches", []*Policy{dryRun(allowNS("a", nsOther)), dryRun(allowNS("b", nsClient))}, false},
+		{"an enforced allow applies", []*Policy{dryRun(allowNS("a", nsOther)), allowNS("b", nsClient)}, false},
+		{"only a dry-run deny", []*Policy{dryRun(denyNS("d", nsClient))}, false},
+		{"dry-run allow of another namespace", []*Policy{dryRun(pol(ActionAllow, ScopeNamespace, "ns2", "a", [][]Match{{nsOther}}))}, false},
+		{"listed dry-run allow", []*Policy{dryRun(pol(ActionAllow, ScopeWorkloadSelector, "ns1", "sel", [][]Match{{nsOther}}))}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := rbacDst("ns1/sel")
+			s, err := NewSnapshot([]*Workload{dst}, nil, tc.policies)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := mtls()
+			c.DstWorkload = dst
+			if got := s.DryRunWouldDeny(c, s.DryRunMatches(c)); got != tc.want {
+				t.Errorf("DryRunWouldDeny = %v, want %v", got, tc.want)
+			}
+			if d := s.Authorize(c); !d.Allowed {
+				t.Errorf("dry-run policies changed the decision: %+v", d)
+			}
+		})
+	}
+}

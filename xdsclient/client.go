@@ -2,9 +2,11 @@ package xdsclient
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -72,10 +74,16 @@ type Config struct {
 	// for nothing, Lookup asks for single names, and Synced does not wait
 	// for them. Empty: every type is a wildcard subscription.
 	OnDemandTypes []string
-	// Logf receives connection events and NACKs. Nil discards them.
-	Logf func(format string, args ...any)
+	// Logf receives connection events at ztunnel's levels: connection
+	// failures and unexpected stream ends at warn, NACKs at error, stream
+	// establishment and on-demand requests at info, routine reconnects at
+	// debug. Nil discards them.
+	Logf func(level slog.Level, format string, args ...any)
 	// DialOptions are added to the gRPC connection's options.
 	DialOptions []grpc.DialOption
+	// CurvePreferences restricts the TLS key exchange with istiod
+	// (COMPLIANCE_POLICY=pqc); nil is Go's default.
+	CurvePreferences []tls.CurveID
 	// OnMessage, when set, is called for every response received, with its
 	// type URL and the size of its resources' values (ztunnel's
 	// istio_xds_message_total and istio_xds_message_bytes_total). It runs
@@ -177,7 +185,7 @@ func (f HandlerFunc) Handle(u *Update) []Rejection { return f(u) }
 // type URL, then call Run.
 type Client struct {
 	cfg      Config
-	logf     func(string, ...any)
+	logf     func(slog.Level, string, ...any)
 	node     *corev3.Node
 	onDemand map[string]bool
 
@@ -224,7 +232,7 @@ func New(cfg Config) *Client {
 		expect:   map[string]bool{},
 	}
 	if c.logf == nil {
-		c.logf = func(string, ...any) {}
+		c.logf = func(slog.Level, string, ...any) {}
 	}
 	if c.node == nil {
 		c.node = &corev3.Node{}
@@ -307,9 +315,12 @@ func (c *Client) Run(ctx context.Context) error {
 	cpCfg := controlplane.Config{
 		Address: c.cfg.Address, RootCA: c.cfg.RootCA, AltHostname: c.cfg.AltHostname,
 		TokenPath: c.cfg.TokenPath, Token: c.cfg.Token, ClusterID: c.cfg.ClusterID, Headers: c.cfg.Headers,
+		CurvePreferences: c.cfg.CurvePreferences,
 	}
-	// Check the address and roots once, so that a bad configuration fails
-	// Run instead of retrying forever.
+	// Check the address (and inline roots) once, so that a configuration
+	// that cannot get better fails Run instead of retrying forever. A root
+	// file that is missing or bad is retried with backoff: Kubernetes may
+	// mount it after the daemon starts.
 	cc, err := c.dial(cpCfg)
 	if err != nil {
 		return err
@@ -327,11 +338,7 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 		var delay time.Duration
 		delay, backoff = retryDelay(err, backoff)
-		if err == nil {
-			c.logf("xds: stream %d ended, reconnecting", attempt)
-		} else {
-			c.logf("xds: stream %d: %v; reconnecting in %v", attempt, err, delay)
-		}
+		c.logEnd(attempt, err, delay)
 		if delay == 0 {
 			continue
 		}
@@ -354,6 +361,24 @@ func (c *Client) dial(cfg controlplane.Config) (*grpc.ClientConn, error) {
 		return nil, fmt.Errorf("xdsclient: %w", err)
 	}
 	return cc, nil
+}
+
+// logEnd logs why stream attempt ended, at ztunnel's levels: a connection
+// failure or an unexpected gRPC status is a warning, a stream the server
+// closed cleanly too ("XDS client complete"), a routine termination
+// (retryDelay's "server went away" statuses) is debug.
+func (c *Client) logEnd(attempt int, err error, delay time.Duration) {
+	var ce *connError
+	switch {
+	case err == nil:
+		c.logf(slog.LevelWarn, "xds: stream %d complete, reconnecting", attempt)
+	case errors.As(err, &ce):
+		c.logf(slog.LevelWarn, "xds: connection error: %v; retrying in %v", ce.err, delay)
+	case delay == initialBackoff:
+		c.logf(slog.LevelDebug, "xds: stream %d terminated: %v; retrying in %v", attempt, err, delay)
+	default:
+		c.logf(slog.LevelWarn, "xds: stream %d error: %v; retrying in %v", attempt, err, delay)
+	}
 }
 
 // connError is a failure to establish the stream.
@@ -394,6 +419,11 @@ func retryDelay(err error, backoff time.Duration) (delay, next time.Duration) {
 // runStream runs one ADS stream until it ends. It returns nil when the server
 // ended it cleanly.
 func (c *Client) runStream(ctx context.Context, cpCfg controlplane.Config, attempt int) error {
+	// Say why before dialing: a root file that is not there (yet) or holds
+	// no certificate would otherwise surface as a TLS handshake failure.
+	if err := controlplane.CheckRoots(cpCfg.RootCA); err != nil {
+		return &connError{err}
+	}
 	cc, err := c.dial(cpCfg)
 	if err != nil {
 		return &connError{err}
@@ -446,7 +476,7 @@ func (c *Client) runStream(ctx context.Context, cpCfg controlplane.Config, attem
 			return sendFailed(err)
 		}
 	}
-	c.logf("xds: stream %d established to %s", attempt, c.cfg.Address)
+	c.logf(slog.LevelInfo, "xds: stream %d established to %s", attempt, c.cfg.Address)
 
 	for {
 		select {
@@ -455,6 +485,7 @@ func (c *Client) runStream(ctx context.Context, cpCfg controlplane.Config, attem
 		case err := <-recvErr:
 			return streamEnd(err)
 		case d := <-c.demands:
+			c.logf(slog.LevelInfo, "xds: received on demand request %s/%s", d.key.typeURL, d.key.name)
 			c.pending[d.key] = append(c.pending[d.key], d.done)
 			if _, ok := c.known[d.key.typeURL][d.key.name]; !ok {
 				c.knownFor(d.key.typeURL)[d.key.name] = "" // re-asked for on reconnect
@@ -481,7 +512,7 @@ func (c *Client) runStream(ctx context.Context, cpCfg controlplane.Config, attem
 				delete(c.expect, r.TypeUrl)
 				if len(c.expect) == 0 {
 					close(c.synced)
-					c.logf("xds: synced")
+					c.logf(slog.LevelInfo, "xds: synced")
 				}
 			}
 		}
@@ -530,7 +561,7 @@ func (c *Client) handle(r *discoveryv3.DeltaDiscoveryResponse) (*discoveryv3.Del
 	h := c.handlers[r.TypeUrl]
 	if h == nil {
 		// As ztunnel: log and ACK a type nobody asked for.
-		c.logf("xds: response for unknown type %s (nonce %s); acknowledging", r.TypeUrl, r.Nonce)
+		c.logf(slog.LevelError, "xds: response for unknown type %s (nonce %s); acknowledging", r.TypeUrl, r.Nonce)
 		return reply, true
 	}
 
@@ -562,6 +593,11 @@ func (c *Client) handle(r *discoveryv3.DeltaDiscoveryResponse) (*discoveryv3.Del
 	}
 	for _, res := range r.Resources {
 		c.notify(resourceKey{r.TypeUrl, res.GetName()})
+		// istiod answers an on-demand "network/IP" with the resource under
+		// its own name and the asked-for name as an alias.
+		for _, a := range res.GetAliases() {
+			c.notify(resourceKey{r.TypeUrl, a})
+		}
 		if !rejectedNames[res.GetName()] {
 			known[res.GetName()] = res.GetVersion()
 		}
@@ -575,7 +611,7 @@ func (c *Client) handle(r *discoveryv3.DeltaDiscoveryResponse) (*discoveryv3.Del
 		msgs[i] = rj.Error()
 	}
 	detail := strings.Join(msgs, "; ")
-	c.logf("xds: rejecting %d resource(s) of %s (nonce %s): %s", len(rejected), r.TypeUrl, r.Nonce, detail)
+	c.logf(slog.LevelError, "xds: sending NACK for %d resource(s) of %s (nonce %s): %s", len(rejected), r.TypeUrl, r.Nonce, detail)
 	reply.ErrorDetail = &rpcstatus.Status{Message: detail}
 	return reply, false
 }

@@ -48,6 +48,9 @@ func run(args []string, stderr *os.File) int {
 		fmt.Fprintf(stderr, "ztunnel: %v\n", err)
 		return 1
 	}
+	if procs := app.ApplyWorkerThreads(cfg, os.LookupEnv); cfg.WorkerThreads > 0 {
+		log.Info("worker threads (ZTUNNEL_WORKER_THREADS)", "gomaxprocs", procs)
+	}
 	if gc != (app.GCSettings{}) {
 		log.Info("go runtime memory settings", "gc_percent", gc.GCPercent, "memory_limit_bytes", gc.MemoryLimit)
 	}

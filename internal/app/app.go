@@ -205,7 +205,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	}})
 	d.bgWG.Go(func() { conns.Run(d.bg) })
 
-	sock := engine.SocketOptions{Mark: cfg.PacketMark}
+	sock := engine.SocketOptions{Mark: cfg.PacketMark, UserTimeout: userTimeout(cfg)}
 	if cfg.KeepAliveEnabled {
 		sock.KeepAlive = engine.KeepAlive{Idle: cfg.KeepAliveTime, Interval: cfg.KeepAliveInterval, Count: cfg.KeepAliveRetries}
 	}
@@ -231,6 +231,10 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			SOCKS5:                    cfg.EnableSOCKS5,
 			DirectAppTunnel:           !cfg.LocalhostAppTunnel,
 			PoolInnerHBONE:            cfg.PoolInnerHBONE,
+			OnDemand:                  onDemandLookup(xc, cfg), // control.go
+			TLS:                       mtls.Policy{PQC: cfg.PQC},
+			PolicyInfoLogging:         cfg.PolicyInfoLogging,
+			BindHost:                  bindHost(cfg), // env_compat.go
 		}
 	}
 	newProxy := func(w proxy.WorkloadRef, control func(fn func() error) error) (*proxy.Proxy, error) {
@@ -330,7 +334,7 @@ func newSigner(cfg *Config) (signer, error) {
 	ca, err := caclient.NewIstioCA(caclient.IstioCAConfig{
 		Address: cfg.CAAddress, RootCA: cfg.CARootCA, AltHostname: cfg.AltCAHostname,
 		Token: token, TokenPath: tokenPath, ClusterID: cfg.ClusterID, Headers: headers,
-		DialOptions: markedDialer(cfg),
+		DialOptions: markedDialer(cfg), CurvePreferences: controlPlaneCurves(cfg), // env_compat.go
 	})
 	if err != nil {
 		return signer{}, fmt.Errorf("CA_ADDRESS=%s: %w", cfg.CAAddress, err)
@@ -376,8 +380,8 @@ func newXDSClient(cfg *Config, log *slog.Logger, m *metrics.Metrics) (*xdsclient
 	return xdsclient.New(xdsclient.Config{
 		Address: cfg.XDSAddress, RootCA: cfg.XDSRootCA, AltHostname: cfg.AltXDSHostname,
 		Token: token, TokenPath: tokenPath, ClusterID: cfg.ClusterID, Headers: headers,
-		Node: node, OnDemandTypes: onDemand, DialOptions: markedDialer(cfg),
-		Logf:          func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...), "scope", "xds") },
+		Node: node, OnDemandTypes: onDemand, DialOptions: markedDialer(cfg), CurvePreferences: controlPlaneCurves(cfg),
+		Logf:          xdsLogf(log),
 		OnMessage:     m.XDSMessage,
 		OnTermination: func(reason string) { m.XDSConnectionTerminated(metrics.XDSTermination(reason)) },
 	}), nil

@@ -127,6 +127,8 @@ type Config struct {
 
 	LogLevel  string // RUST_LOG
 	LogFormat string // LOG_FORMAT: plain or json
+
+	Compat // env_compat.go: the remaining ztunnel variables
 }
 
 // envError names the variable a problem came from.
@@ -356,7 +358,7 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 		c.DNSProxyAddrs = addrs
 	}
 	if c.DNSCapture && c.XDSOnDemand {
-		e.fail("XDS_ON_DEMAND", "true", errors.New("the DNS proxy does not support on-demand xDS (as in ztunnel); set ISTIO_META_DNS_CAPTURE=false to use it"))
+		e.fail("XDS_ON_DEMAND", "true", errors.New("DNS proxy does not currently support on-demand mode (ztunnel refuses it too); set ISTIO_META_DNS_CAPTURE=false to use it"))
 	}
 	c.ClusterDomain = e.str("CLUSTER_DOMAIN", "cluster.local")
 	if c.ClusterDomain == "" || strings.ContainsAny(c.ClusterDomain, "/: ") {
@@ -385,6 +387,7 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	if _, err := logging.NewLevels(c.LogLevel); err != nil {
 		e.fail("RUST_LOG", c.LogLevel, err)
 	}
+	e.parseCompat(c) // env_compat.go
 	if len(e.errs) > 0 {
 		return nil, errors.Join(e.errs...)
 	}

@@ -36,6 +36,9 @@ type DaemonOptions struct {
 	// NoWait returns as soon as the process runs, without waiting for
 	// readiness (for a daemon that is meant not to be ready yet).
 	NoWait bool
+	// ReadOnlyProcSys runs the daemon with /proc/sys mounted read-only, as
+	// in a non-privileged Kubernetes container (procsys.go).
+	ReadOnlyProcSys bool
 }
 
 // Daemon is one running ztunnel-go process inside a pod's namespace.
@@ -71,6 +74,9 @@ func StartDaemon(ctx context.Context, pod *netnslab.Pod, o DaemonOptions) (*Daem
 		"CONNECTION_TERMINATION_DEADLINE=2s",
 	)
 	cmd.Env = append(cmd.Env, o.Env...)
+	if o.ReadOnlyProcSys {
+		readOnlyProcSys(cmd) // procsys.go
+	}
 	pr, pw := io.Pipe()
 	cmd.Stdout = pw
 	cmd.Stderr = pw

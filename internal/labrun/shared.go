@@ -39,6 +39,9 @@ type SharedOptions struct {
 	// NoWait starts the daemons without waiting for their readiness (for
 	// daemons whose control plane is not there yet).
 	NoWait bool
+	// ReadOnlyProcSys runs every daemon with /proc/sys read-only, as the
+	// chart's non-privileged container has it.
+	ReadOnlyProcSys bool
 }
 
 // DaemonStart adjusts one StartDaemonWith call.
@@ -270,7 +273,7 @@ func (c *SharedCluster) StartDaemonWith(ctx context.Context, node string, o Daem
 	env = append(env, o.Env...)
 	d, err := StartDaemon(ctx, zt, DaemonOptions{
 		Binary: c.opts.Binary, ConfigPath: c.ConfigPath, CACert: c.caCert, CAKey: c.caKey,
-		Env: env, LogLevel: c.opts.LogLevel, NoWait: o.NoWait,
+		Env: env, LogLevel: c.opts.LogLevel, NoWait: o.NoWait, ReadOnlyProcSys: c.opts.ReadOnlyProcSys,
 	})
 	if err != nil {
 		return nil, err

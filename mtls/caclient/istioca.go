@@ -2,6 +2,7 @@ package caclient
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -51,6 +52,9 @@ type IstioCAConfig struct {
 	CallTimeout time.Duration
 	// DialOptions are added to the gRPC connection's options.
 	DialOptions []grpc.DialOption
+	// CurvePreferences restricts the TLS key exchange with the CA
+	// (COMPLIANCE_POLICY=pqc); nil is Go's default.
+	CurvePreferences []tls.CurveID
 }
 
 // IstioCA signs CSRs through the Istio CA's
@@ -66,12 +70,15 @@ type IstioCA struct {
 var _ Signer = (*IstioCA)(nil)
 
 // NewIstioCA returns a signer for the CA cfg describes. It fails on an
-// unusable address or root configuration; it does not connect until the
-// first Sign.
+// unusable address or inline roots; it does not connect until the first
+// Sign. A root file is read at each handshake, so one Kubernetes mounts late
+// (or that is bad for a while) fails the Signs until it is fixed, and the
+// certificate store's retries with backoff then succeed.
 func NewIstioCA(cfg IstioCAConfig) (*IstioCA, error) {
 	cc, err := controlplane.Dial(controlplane.Config{
 		Address: cfg.Address, RootCA: cfg.RootCA, AltHostname: cfg.AltHostname,
 		TokenPath: cfg.TokenPath, Token: cfg.Token, ClusterID: cfg.ClusterID, Headers: cfg.Headers,
+		CurvePreferences: cfg.CurvePreferences,
 	}, cfg.DialOptions...)
 	if err != nil {
 		return nil, fmt.Errorf("caclient: %w", err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -247,4 +248,39 @@ func TestIstioCAOutage(t *testing.T) {
 	}
 	srv.SetFailing(nil)
 	waitNewCert(t, store, id, cert)
+}
+
+// TestIstioCARootFileLate: CA_ROOT_CA names a file not mounted yet. The
+// signer is still built (the daemon starts), signing fails saying why, and
+// once the file appears the same signer issues: the root file is read at
+// each handshake rather than once at start.
+func TestIstioCARootFileLate(t *testing.T) {
+	srv := catest.NewServer(t, catest.Options{})
+	path := filepath.Join(t.TempDir(), "root-cert.pem")
+	ca := newIstioCA(t, srv, func(c *caclient.IstioCAConfig) { c.RootCA = path })
+	client := caclient.New(caclient.Config{Signer: ca})
+	id := identity.New("cluster.local", "ns", "sa")
+	if _, err := client.Fetch(context.Background(), id); err == nil || !strings.Contains(err.Error(), "no such file") {
+		t.Fatalf("Fetch without the root file = %v, want an error naming the missing file", err)
+	}
+	root, err := os.ReadFile(srv.TLS().RootFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, root, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// gRPC reconnects after its own backoff (about a second); the store
+	// retries the same way, so poll, bounded.
+	deadline := time.Now().Add(waitLimit)
+	for {
+		_, err := client.Fetch(context.Background(), id)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Fetch after the root file appeared = %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

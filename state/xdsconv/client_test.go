@@ -3,6 +3,7 @@ package xdsconv
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/netip"
 	"testing"
 	"time"
@@ -21,7 +22,7 @@ import (
 func runClient(t *testing.T, srv *xdstest.Server, onDemand bool) (*xdsclient.Client, *state.Store) {
 	t.Helper()
 	x, store := newState(t, nil)
-	cfg := xdsclient.Config{Address: srv.Address(), RootCA: srv.TLS().RootFile, Logf: t.Logf}
+	cfg := xdsclient.Config{Address: srv.Address(), RootCA: srv.TLS().RootFile, Logf: func(l slog.Level, f string, a ...any) { t.Logf(l.String()+" "+f, a...) }}
 	if onDemand {
 		cfg.OnDemandTypes = []string{AddressType}
 	}

@@ -68,10 +68,16 @@ type Config struct {
 	// CA_HEADER_*). Keys are lower-cased, as HTTP/2 requires. Entries named
 	// authorization or clusterid are overridden by the token headers.
 	Headers map[string]string
+	// CurvePreferences, when set, are the only TLS key exchanges offered
+	// (COMPLIANCE_POLICY=pqc: X25519MLKEM768); nil is Go's default.
+	CurvePreferences []tls.CurveID
 }
 
 // Dial returns a client connection for cfg. Like grpc.NewClient it does not
-// connect until the first call. Callers add their own options (message size
+// connect until the first call. It fails on an unusable address or on inline
+// or system roots that do not load; a root file is only read at each
+// handshake, so one that is missing or bad now fails the calls until it is
+// fixed (CheckRoots says why). Callers add their own options (message size
 // limits, interceptors) in opts.
 func Dial(cfg Config, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	hostport, host, err := parseAddress(cfg.Address)
@@ -79,12 +85,19 @@ func Dial(cfg Config, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 		return nil, err
 	}
 	roots := &rootSource{spec: cfg.RootCA}
-	if _, err := roots.pool(); err != nil {
-		return nil, err // fail early on unusable roots, as ztunnel does at start
+	// A root file is read at every handshake: Kubernetes may mount it after
+	// the daemon starts, or rotate it, and a missing or bad file then fails
+	// that handshake (retried by the caller), not the daemon. Inline PEM or
+	// the system roots cannot get better: they fail now.
+	if !roots.isFile() {
+		if _, err := roots.pool(); err != nil {
+			return nil, err
+		}
 	}
 	tlsCfg := &tls.Config{
-		MinVersion: tls.VersionTLS13,
-		ServerName: host,
+		MinVersion:       tls.VersionTLS13,
+		ServerName:       host,
+		CurvePreferences: cfg.CurvePreferences,
 		// The chain and name are checked in VerifyConnection instead, so
 		// that the roots can change between handshakes and the alternative
 		// name can be tried.
@@ -211,6 +224,21 @@ type rootSource struct {
 	size    int64
 }
 
+// isFile reports whether the roots come from a file (re-read as it changes)
+// rather than inline PEM or the system pool.
+func (r *rootSource) isFile() bool {
+	return r.spec != "" && r.spec != SystemRoots && !strings.Contains(r.spec, "-----BEGIN")
+}
+
+// CheckRoots reports whether the roots spec (Config.RootCA) yields a usable
+// pool now: for a file, whether it exists and holds a PEM certificate. Dial
+// does not require it for a file, which may appear later; callers use it to
+// say why a connection cannot be made before trying.
+func CheckRoots(spec string) error {
+	_, err := (&rootSource{spec: spec}).pool()
+	return err
+}
+
 func (r *rootSource) pool() (*x509.CertPool, error) {
 	switch {
 	case r.spec == "" || r.spec == SystemRoots:
@@ -219,7 +247,7 @@ func (r *rootSource) pool() (*x509.CertPool, error) {
 			return nil, fmt.Errorf("controlplane: system roots: %w", err)
 		}
 		return p, nil
-	case !strings.Contains(r.spec, "-----BEGIN"):
+	case r.isFile():
 		return r.filePool()
 	}
 	return parseRoots([]byte(r.spec), "inline root certificates")

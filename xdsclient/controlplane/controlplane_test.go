@@ -2,13 +2,17 @@ package controlplane_test
 
 import (
 	"context"
+	"crypto/tls"
 	"maps"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
 
 	"github.com/ztunnel-go/ztunnel/xdsclient/controlplane"
 	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
@@ -66,7 +70,6 @@ func TestDialRejects(t *testing.T) {
 		"empty":          {},
 		"http":           {Address: "http://istiod:15010"},
 		"no host":        {Address: "https://:15012"},
-		"missing root":   {Address: "istiod:15012", RootCA: "/nonexistent/root.pem"},
 		"no certificate": {Address: "istiod:15012", RootCA: "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n"},
 	} {
 		if cc, err := controlplane.Dial(cfg); err == nil {
@@ -88,5 +91,102 @@ func TestHeadersFromEnv(t *testing.T) {
 		if _, err := controlplane.HeadersFromEnv([]string{bad}, "XDS_HEADER_"); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// TestRootFileLateOrBad: a root file that is missing, then not PEM, fails
+// the calls (and CheckRoots says why) without failing Dial; once the real
+// roots are written, a connection dialed before the file existed recovers.
+func TestRootFileLateOrBad(t *testing.T) {
+	srv := xdstest.NewServer(t, xdstest.Options{})
+	path := filepath.Join(t.TempDir(), "root-cert.pem")
+	cfg := controlplane.Config{Address: srv.Address(), RootCA: path}
+	early, err := controlplane.Dial(cfg)
+	if err != nil {
+		t.Fatalf("Dial with a root file not mounted yet: %v", err)
+	}
+	defer early.Close()
+	call := func(cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(ctx, opts...)
+		if err != nil {
+			return err
+		}
+		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: "t"}); err != nil {
+			_, err = st.Recv()
+			return err
+		}
+		_, err = st.Recv()
+		return err
+	}
+	for _, step := range []struct {
+		name    string
+		content []byte // nil: no file
+		wantErr string
+	}{
+		{"missing", nil, "no such file"},
+		{"not PEM", []byte("not a certificate\n"), "no PEM certificate"},
+	} {
+		if step.content != nil {
+			if err := os.WriteFile(path, step.content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := controlplane.CheckRoots(path); err == nil || !strings.Contains(err.Error(), step.wantErr) {
+			t.Errorf("%s: CheckRoots = %v, want %q", step.name, err, step.wantErr)
+		}
+		// The early connection fails too (its first handshake, with no
+		// file); a fresh one sees the bad file.
+		cc := early
+		if step.content != nil {
+			if cc, err = controlplane.Dial(cfg); err != nil {
+				t.Fatalf("%s: Dial = %v", step.name, err)
+			}
+			defer cc.Close()
+		}
+		if err := call(cc); err == nil || !strings.Contains(err.Error(), step.wantErr) {
+			t.Errorf("%s: call = %v, want a handshake failure naming %q", step.name, err, step.wantErr)
+		}
+	}
+	if err := os.WriteFile(path, srv.TLS().RootPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := controlplane.CheckRoots(path); err != nil {
+		t.Errorf("mounted: CheckRoots = %v", err)
+	}
+	// WaitForReady: the early connection is in gRPC's reconnect backoff
+	// after its failed handshakes; its next attempt reads the new file.
+	if err := call(early, grpc.WaitForReady(true)); err != nil {
+		t.Errorf("mounted: call on the connection dialed before the file existed = %v", err)
+	}
+}
+
+// TestCurvePreferences: with COMPLIANCE_POLICY=pqc the control-plane
+// connection offers X25519MLKEM768 only, so an istiod that cannot do it is
+// refused, and one that can is reached.
+func TestCurvePreferences(t *testing.T) {
+	classic := xdstest.NewTLS(t)
+	classic.ServerConfig = classic.ServerConfig.Clone()
+	classic.ServerConfig.CurvePreferences = []tls.CurveID{tls.X25519}
+	oldSrv := xdstest.NewServer(t, xdstest.Options{TLS: classic})
+	pqSrv := xdstest.NewServer(t, xdstest.Options{})
+	pqc := []tls.CurveID{tls.X25519MLKEM768}
+	for _, tc := range []struct {
+		name   string
+		srv    *xdstest.Server
+		curves []tls.CurveID
+		ok     bool
+	}{
+		{"default client, classical server", oldSrv, nil, true},
+		{"pqc client, classical server", oldSrv, pqc, false},
+		{"pqc client, pqc-capable server", pqSrv, pqc, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := openStream(t, controlplane.Config{Address: tc.srv.Address(), RootCA: tc.srv.TLS().RootFile, CurvePreferences: tc.curves})
+			if (err == nil) != tc.ok {
+				t.Errorf("openStream = %v, want ok=%v", err, tc.ok)
+			}
+		})
 	}
 }

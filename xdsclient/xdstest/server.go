@@ -59,8 +59,9 @@ func (r *Request) IsNack() bool { return r.ResponseNonce != "" && r.ErrorDetail 
 // wildcard subscriptions get everything (minus what initial_resource_versions
 // says the client already has, plus removals for what it has that no longer
 // exists), named subscriptions get the named resources (a removal for names
-// it does not have), and every change is pushed to the streams subscribed to
-// it. It records every request for the test to inspect.
+// it does not have; a name that is an alias of a resource, as "network/IP"
+// is of a workload in istiod's on-demand answers, gets that resource), and
+// every change is pushed to the streams subscribed to it. It records every request for the test to inspect.
 type Server struct {
 	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
 
@@ -113,7 +114,29 @@ type subscription struct {
 	names    map[string]bool
 }
 
-func (sub *subscription) wants(name string) bool { return sub.wildcard || sub.names[name] }
+// wants reports whether the subscription asks for r, by its name or, as
+// istiod answers on-demand lookups of "network/IP", by one of its aliases.
+func (sub *subscription) wants(r *discoveryv3.Resource) bool {
+	if sub.wildcard || sub.names[r.Name] {
+		return true
+	}
+	for _, a := range r.Aliases {
+		if sub.names[a] {
+			return true
+		}
+	}
+	return false
+}
+
+// byAlias returns the resource of m that carries alias, or nil.
+func byAlias(m map[string]*discoveryv3.Resource, alias string) *discoveryv3.Resource {
+	for _, n := range sortedNames(m) {
+		if slices.Contains(m[n].Aliases, alias) {
+			return m[n]
+		}
+	}
+	return nil
+}
 
 // NewServer starts a server and stops it when the test ends.
 func NewServer(t testing.TB, opts Options) *Server {
@@ -313,7 +336,7 @@ func (s *Server) Update(typeURL string, upserts []*discoveryv3.Resource, removes
 		}
 		var send []*discoveryv3.Resource
 		for _, r := range upserts {
-			if sub.wants(r.Name) && ss.sentVersion(typeURL, r.Name) != r.Version {
+			if sub.wants(r) && ss.sentVersion(typeURL, r.Name) != r.Version {
 				send = append(send, r)
 			}
 		}
@@ -493,6 +516,13 @@ func (s *Server) answer(ss *serverStream, r *discoveryv3.DeltaDiscoveryRequest) 
 	current := s.resources[t]
 	consider := func(n string) {
 		res, ok := current[n]
+		if !ok && !sub.wildcard {
+			// A name istiod resolves: the resource it is an alias of
+			// (sent under its own name, with its aliases).
+			if res = byAlias(current, n); res != nil {
+				ok, n = true, res.Name
+			}
+		}
 		switch {
 		case ok && ss.sentVersion(t, n) != res.Version:
 			send = append(send, res)

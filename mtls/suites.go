@@ -1,0 +1,93 @@
+package mtls
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"sync/atomic"
+)
+
+// ErrCipherSuite marks a handshake that negotiated a cipher suite ztunnel
+// never agrees to.
+var ErrCipherSuite = errors.New("mtls: cipher suite refused")
+
+// checkSuite refuses a handshake whose suite is not one of the AES-GCM TLS
+// 1.3 suites, the only ones ztunnel offers or accepts (its rustls providers
+// list TLS13_AES_256_GCM_SHA384 and TLS13_AES_128_GCM_SHA256). Go's
+// crypto/tls cannot be told which TLS 1.3 suites to offer or accept: it
+// offers and accepts TLS_CHACHA20_POLY1305_SHA256 too, and picks it when
+// the peer prefers it (a peer without AES hardware). So the choice is
+// checked once the handshake has made it, in VerifyConnection, which fails
+// the handshake with an alert before any application data.
+func checkSuite(cs tls.ConnectionState) error {
+	switch cs.CipherSuite {
+	case tls.TLS_AES_128_GCM_SHA256, tls.TLS_AES_256_GCM_SHA384:
+		return nil
+	}
+	return fmt.Errorf("%w: %s (ztunnel accepts only the AES-GCM TLS 1.3 suites)", ErrCipherSuite, tls.CipherSuiteName(cs.CipherSuite))
+}
+
+// withSuiteCheck runs checkSuite before cfg's own VerifyConnection.
+func withSuiteCheck(cfg *tls.Config) *tls.Config {
+	verify := cfg.VerifyConnection
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if err := checkSuite(cs); err != nil {
+			return err
+		}
+		if verify != nil {
+			return verify(cs)
+		}
+		return nil
+	}
+	return cfg
+}
+
+// Policy holds the daemon-wide TLS choices ztunnel takes from its
+// environment. The zero value is ztunnel's default, which ClientConfig and
+// ServerConfig use.
+type Policy struct {
+	// PQC restricts the key exchange to X25519MLKEM768 (COMPLIANCE_POLICY=pqc),
+	// as ztunnel's pqc compliance policy does: a peer that cannot do it
+	// fails the handshake.
+	PQC bool
+}
+
+// pqcCurves is the pqc policy's only key exchange.
+var pqcCurves = []tls.CurveID{tls.X25519MLKEM768}
+
+// ClientConfig is ClientConfig under p.
+func (p Policy) ClientConfig(cert *WorkloadCert, expectedSANs []string, opts ...Option) *tls.Config {
+	cfg := ClientConfig(cert, expectedSANs, opts...)
+	if p.PQC {
+		cfg.CurvePreferences = pqcCurves
+	}
+	return cfg
+}
+
+// ServerConfig is ServerConfig under p.
+func (p Policy) ServerConfig(cert func() (*WorkloadCert, error), opts ...Option) *tls.Config {
+	cfg := ServerConfig(cert, opts...)
+	if !p.PQC {
+		return cfg
+	}
+	cfg.CurvePreferences = pqcCurves
+	// The per-certificate config GetConfigForClient returns is what the
+	// handshake uses: give it the curves too, copied once per certificate.
+	type pair struct{ in, out *tls.Config }
+	var last atomic.Pointer[pair]
+	get := cfg.GetConfigForClient
+	cfg.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		c, err := get(hello)
+		if err != nil || c == nil {
+			return c, err
+		}
+		if l := last.Load(); l != nil && l.in == c {
+			return l.out, nil
+		}
+		out := c.Clone()
+		out.CurvePreferences = pqcCurves
+		last.Store(&pair{in: c, out: out})
+		return out, nil
+	}
+	return cfg
+}
