@@ -26,6 +26,10 @@ const (
 	// closeFlushTimeout bounds the final flush (GOAWAY, pending frames) of a
 	// connection that closes gracefully or with a protocol error.
 	closeFlushTimeout = 2 * time.Second
+	// abruptCloseTimeout bounds the alert (close_notify or fatal) a TLS
+	// transport sends when the connection closes abruptly: after a network
+	// error, a TLS failure, the peer's end, or a forced close.
+	abruptCloseTimeout = 500 * time.Millisecond
 	// lingerTimeout is how long such a connection, once flushed and
 	// half-closed, waits for the peer to close before closing itself.
 	lingerTimeout = time.Second
@@ -255,15 +259,20 @@ func (c *conn) exit() {
 	}
 }
 
-// closeConn closes the network connection, once. An abrupt close first
-// closes the transport under a TLS connection, so that closing does not
-// send a close_notify alert: to a peer that stopped reading, crypto/tls
-// blocks on that write for up to five seconds, holding the connection and
-// its goroutines.
+// closeConn closes the network connection, once, always through the
+// transport's own Close: a TLS transport then sends what it owes the peer
+// (close_notify, RFC 8446 section 6.1, or the fatal alert a failed read
+// left owed, section 6.2), whichever side ended the connection and
+// however. An abrupt close bounds that: to a peer that stopped reading,
+// crypto/tls blocks on its close_notify for up to five seconds, holding
+// the connection and its goroutines, so the transport under a TLS
+// connection is closed after abruptCloseTimeout if Close has not returned
+// (mtls/record bounds its own Close more tightly).
 func (c *conn) closeConn(abrupt bool) {
 	c.closeNC.Do(func() {
 		if u, ok := c.nc.(interface{ NetConn() net.Conn }); ok && abrupt {
-			_ = u.NetConn().Close()
+			t := time.AfterFunc(abruptCloseTimeout, func() { _ = u.NetConn().Close() })
+			defer t.Stop()
 		}
 		_ = c.nc.Close()
 	})
