@@ -86,6 +86,14 @@ type link struct {
 // extra are peer options.
 func connect(t *testing.T, st stack, c *certs, role string, extra ...string) *link {
 	t.Helper()
+	l, _ := connectTapped(t, st, c, role, false, extra...)
+	return l
+}
+
+// connectTapped is connect with, if tapped, a tap on the TLS connection.
+func connectTapped(t *testing.T, st stack, c *certs, role string, tapped bool, extra ...string) (*link, *tap) {
+	t.Helper()
+	var tp *tap
 	plain := listen(t)
 	if role == "server" {
 		srv := hbone.NewServer(daemonH2, echo)
@@ -107,7 +115,12 @@ func connect(t *testing.T, st stack, c *certs, role string, extra ...string) *li
 			srv.Close()
 			wg.Wait()
 		})
-		p := startPeer(t, st, c, "client", ln.Addr().String(), plain.Addr().String(), extra...)
+		addr := ln.Addr().String()
+		if tapped {
+			tp = newTap(t, addr)
+			addr = tp.addr()
+		}
+		p := startPeer(t, st, c, "client", addr, plain.Addr().String(), extra...)
 		pc := acceptOne(t, plain, p)
 		cc, err := hbone.NewClientConn(pc, daemonH2)
 		if err != nil {
@@ -128,7 +141,7 @@ func connect(t *testing.T, st stack, c *certs, role string, extra ...string) *li
 				_ = srv.Shutdown(ctx)
 			},
 			closeTheirs: func() { cc.Close() },
-		}
+		}, tp
 	}
 	// Our client: the peer's plaintext side is an HBONE server.
 	srv := hbone.NewServer(daemonH2, echo)
@@ -148,7 +161,12 @@ func connect(t *testing.T, st stack, c *certs, role string, extra ...string) *li
 		wg.Wait()
 	})
 	p := startPeer(t, st, c, "server", "", plain.Addr().String(), extra...)
-	tc, err := net.DialTCP("tcp", nil, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: p.port})
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port))
+	if tapped {
+		tp = newTap(t, addr)
+		addr = tp.addr()
+	}
+	tc, err := dialTCP(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +204,7 @@ func connect(t *testing.T, st stack, c *certs, role string, extra ...string) *li
 		},
 		closeOurs:   func() { cc.Close() },
 		closeTheirs: func() { srv.Close() },
-	}
+	}, tp
 }
 
 // stream opens a CONNECT stream to the echo.
@@ -307,17 +325,39 @@ func TestHBONEPeerKeyUpdate(t *testing.T) {
 
 // TestHBONEPaddedRecords: records padded by the peer, and padded to the
 // largest inner plaintext RFC 8446 allows (2^14+1 bytes), are read.
+//
+// A tap on the wire proves the sizes: the largest record either way is
+// 2^14+1+16 bytes of ciphertext (2^14 bytes of content and its type byte,
+// or less content and padding, plus the tag), never more; the peer reports
+// how many of its records it padded to that maximum.
 func TestHBONEPaddedRecords(t *testing.T) {
+	const maxRecord = 1<<14 + 1 + 16
 	for _, st := range stacks {
 		for _, role := range roles {
-			for _, pad := range []int{512, 16384} {
+			for _, pad := range []int{0, 512, 16384} {
 				t.Run(fmt.Sprintf("%s/our-%s/pad=%d", st.name, role, pad), func(t *testing.T) {
 					c := newCerts(t)
-					l := connect(t, st, c, role, "-pad", strconv.Itoa(pad))
+					var extra []string
+					if pad > 0 {
+						extra = []string{"-pad", strconv.Itoa(pad)}
+					}
+					l, tp := connectTapped(t, st, c, role, true, extra...)
 					l.echoOn(t, 1<<20)
 					l.closeTheirs()
 					_ = l.ourEnd()
-					checkClean(t, st, l.p)
+					evs := checkClean(t, st, l.p)
+					fromPeer, toPeer := tp.largest()
+					if role == "client" {
+						fromPeer, toPeer = toPeer, fromPeer
+					}
+					if fromPeer != maxRecord || toPeer != maxRecord {
+						t.Errorf("largest records: %d bytes from the peer, %d to it; want %d both ways", fromPeer, toPeer, maxRecord)
+					}
+					padded, _ := strconv.Atoi(field(evs, "done", "padded_to_max"))
+					t.Logf("%d records padded to the maximum; largest %d bytes from the peer, %d to it", padded, fromPeer, toPeer)
+					if pad == 16384 && padded == 0 {
+						t.Errorf("%s peer padded no record to the maximum: %q", st.name, evs)
+					}
 				})
 			}
 		}

@@ -9,6 +9,7 @@
 
 static gnutls_session_t session;
 static int client_hellos, keyupdates_received;
+static long padded_to_max; /* records padded to the maximum */
 
 /* hook counts, before each is processed (after, GnuTLS does not call it
  * for the ClientHello it answers with a HelloRetryRequest), the handshake messages the checks need: ClientHellos (two
@@ -146,9 +147,8 @@ static int tls_write(const void *buf, size_t n)
 			pad = (size_t)opt.pad < room ? (size_t)opt.pad : room;
 			if (k + pad > max)
 				pad = max > k ? max - k : 0;
-			static int reported;
-			if (!reported++)
-				event("padding max=%zu overhead=%zu pad=%zu", max, over, pad);
+			if (pad > 0 && k + pad == max)
+				padded_to_max++;
 		}
 		ssize_t r = pad ? gnutls_record_send2(session, b, k, pad, 0) : gnutls_record_send(session, b, k);
 		if (r == GNUTLS_E_AGAIN || r == GNUTLS_E_INTERRUPTED)
@@ -181,5 +181,7 @@ static void tls_key_update(int request)
 }
 
 static int tls_keyupdates_received(void) { return keyupdates_received; }
+
+static long tls_padded_to_max(void) { return padded_to_max; }
 
 int main(int argc, char **argv) { return peer_main(argc, argv); }

@@ -18,7 +18,8 @@
  * the test checks is a line "EVENT <name> [details]" on stderr.
  *
  * -pad N: pad every record (OpenSSL: to a multiple of N bytes; GnuTLS: by
- * N bytes), 16384 filling every record to the maximum inner plaintext.
+ * N bytes); 16384 pads every record to the largest inner plaintext,
+ * 2^14+1 bytes (GnuTLS: as far as its own limits let it).
  * -keyupdate-at N: once N bytes of application data are sent, send a
  * KeyUpdate (with update_requested under -keyupdate-request).
  * -tamper-at N: once N bytes are sent, flip one ciphertext byte of the
@@ -240,6 +241,9 @@ static void tls_close_write(void);
 static void tls_key_update(int request);
 /* tls_keyupdates_received counts the peer's KeyUpdates. */
 static int tls_keyupdates_received(void);
+/* tls_padded_to_max counts the records sent padded to the largest inner
+ * plaintext (2^14+1 bytes). */
+static long tls_padded_to_max(void);
 
 /* pump copies both ways until both directions have ended. */
 static int pump(int plain)
@@ -323,8 +327,8 @@ static int pump(int plain)
 			}
 		}
 	}
-	event("done sent=%lld received=%lld keyupdates_received=%d failed=%d", sent, received,
-	      tls_keyupdates_received(), failed);
+	event("done sent=%lld received=%lld keyupdates_received=%d padded_to_max=%ld failed=%d", sent, received,
+	      tls_keyupdates_received(), tls_padded_to_max(), failed);
 	return failed;
 }
 
