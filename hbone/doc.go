@@ -31,6 +31,19 @@
 // [NewBatchConn] gathers a batch into one. An event loop can also read its
 // socket straight into the write buffer ([Stream.WriteFrom]).
 //
+// # Closing
+//
+// Every way a connection ends — the peer's end of stream, a local Close,
+// a drain (GOAWAY), a protocol error, a failed read or write of the
+// transport — closes the transport through its own Close, so that a TLS
+// transport sends what it owes the peer: close_notify (RFC 8446 section
+// 6.1) or the fatal alert a failed read left owed (section 6.2). A
+// graceful close flushes and half-closes first (the TLS CloseWrite sends
+// close_notify) and waits a little for the peer's end; an abrupt one bounds
+// the transport's Close (mtls/record bounds its own; under a *tls.Conn the
+// socket is closed after abruptCloseTimeout), so a peer that stopped
+// reading holds no goroutine long.
+//
 // # Errors
 //
 // Connect returns a [*StatusError] for a non-200 answer. Stream reads and
