@@ -168,7 +168,6 @@ func newCerts(t *testing.T) *certs {
 
 // peer is one running peer process.
 type peer struct {
-	t    *testing.T
 	name string
 	cmd  *exec.Cmd
 	port int // a server's TLS port
@@ -194,7 +193,7 @@ func startPeer(t *testing.T, st stack, c *certs, role, connect, plain string, ex
 	}
 	args = append(args, extra...)
 	ctx, cancel := context.WithTimeout(context.Background(), peerTimeout)
-	p := &peer{t: t, name: st.name, cmd: exec.CommandContext(ctx, bin, args...), done: make(chan struct{})}
+	p := &peer{name: st.name, cmd: exec.CommandContext(ctx, bin, args...), done: make(chan struct{})}
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -24,7 +24,8 @@
  * KeyUpdate (with update_requested under -keyupdate-request).
  * -tamper-at N: once N bytes are sent, flip one ciphertext byte of the
  * next record. -cut-at N: once N bytes are sent, write half of the next
- * record, then end the TCP connection with FIN (shutdown) or RST.
+ * record, then end the TCP connection with FIN (shutdown) or RST. After
+ * either fault the peer writes nothing more and only reads.
  */
 #ifndef PEER_H
 #define PEER_H
@@ -316,14 +317,15 @@ static int pump(int plain)
 			if (tamper_armed || cut_armed) {
 				/* The fault goes into a record of its own: one more
 				 * byte, which the Go side must never see, carries it. */
-				int was_cut = cut_armed;
 				static const unsigned char x = 'x';
 				if (tls_write(&x, 1) < 0) {
 					failed = 1;
 					break;
 				}
-				if (was_cut)
-					plain_open = 0; /* nothing more is written after a cut */
+				/* Nothing more is written after the fault: the peer
+				 * waits for our answer (an alert, close_notify) with
+				 * nothing of its own in flight. */
+				plain_open = 0;
 			}
 		}
 	}
