@@ -92,7 +92,7 @@ func TestHostileRecords(t *testing.T) {
 		{name: "authentic tag with empty inner plaintext", wire: func(t *testing.T, c *Conn) []byte {
 			return sealedInner(t, c, nil)
 		}, wantAlert: alertUnexpectedMessage},
-		{name: "ciphertext of 2^14+256 bytes is read", wire: func(t *testing.T, c *Conn) []byte {
+		{name: "ciphertext of 2^14+256 bytes, inner plaintext too long", wire: func(t *testing.T, c *Conn) []byte {
 			// The largest length allowed on the wire; its inner plaintext
 			// (2^14+240 bytes) is then too long.
 			return sealedInner(t, c, padded([]byte("x"), typeApplicationData, maxCiphertext-tagLen))
