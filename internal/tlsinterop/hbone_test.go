@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/record"
@@ -76,9 +78,11 @@ type link struct {
 	p  *peer
 	// ourEnd waits for why our TLS connection ended (nil: cleanly).
 	ourEnd func() error
-	// closeOurs closes our side first; closeTheirs makes the peer close
-	// first (its plaintext side ends, so it sends close_notify).
-	closeOurs, closeTheirs func()
+	// closeOurs closes our side first, abruptly; drainOurs drains it
+	// (GOAWAY, then the close once no stream is left); closeTheirs makes
+	// the peer close first (its plaintext side ends, so it sends
+	// close_notify).
+	closeOurs, drainOurs, closeTheirs func()
 }
 
 // connect opens a link for role: "server" (our 15008 server, the peer's
@@ -135,7 +139,8 @@ func connectTapped(t *testing.T, st stack, c *certs, role string, tapped bool, e
 				once.Do(func() { endErr = <-end })
 				return endErr
 			},
-			closeOurs: func() {
+			closeOurs: func() { srv.Close() },
+			drainOurs: func() {
 				ctx, cancel := context.WithTimeout(context.Background(), peerTimeout)
 				defer cancel()
 				_ = srv.Shutdown(ctx)
@@ -202,7 +207,12 @@ func connectTapped(t *testing.T, st stack, c *certs, role string, tapped bool, e
 			}
 			return err
 		},
-		closeOurs:   func() { cc.Close() },
+		closeOurs: func() { cc.Close() },
+		drainOurs: func() {
+			ctx, cancel := context.WithTimeout(context.Background(), peerTimeout)
+			defer cancel()
+			_ = cc.Shutdown(ctx)
+		},
 		closeTheirs: func() { srv.Close() },
 	}, tp
 }
@@ -265,19 +275,23 @@ func TestHBONETransfers(t *testing.T) {
 	}
 }
 
-// TestHBONECloseOrders: whoever closes first, the peer receives our
-// close_notify and reports no truncation.
+// TestHBONECloseOrders: whoever closes first, and however (our abrupt
+// close, our drain, the peer's end), the peer receives our close_notify
+// and reports no truncation.
 func TestHBONECloseOrders(t *testing.T) {
 	for _, st := range stacks {
 		for _, role := range roles {
-			for _, first := range []string{"ours", "theirs"} {
+			for _, first := range []string{"ours-abrupt", "ours-drain", "theirs"} {
 				t.Run(st.name+"/our-"+role+"/"+first+"-first", func(t *testing.T) {
 					c := newCerts(t)
 					l := connect(t, st, c, role)
 					l.echoOn(t, 100<<10)
-					if first == "ours" {
+					switch first {
+					case "ours-abrupt":
 						l.closeOurs()
-					} else {
+					case "ours-drain":
+						l.drainOurs()
+					default:
 						l.closeTheirs()
 					}
 					_ = l.ourEnd()
@@ -444,6 +458,104 @@ func TestHBONEBrokenRecords(t *testing.T) {
 					checkClean(t, st, other.p)
 				})
 			}
+		}
+	}
+}
+
+// TestHBONEProtocolError: an HTTP/2 peer that breaks RFC 9113 (a
+// WINDOW_UPDATE of 0 on the connection, a connection error PROTOCOL_ERROR
+// by section 6.9) gets GOAWAY, then our close_notify, which the TLS peer
+// reports.
+func TestHBONEProtocolError(t *testing.T) {
+	for _, st := range stacks {
+		for _, role := range roles {
+			t.Run(st.name+"/our-"+role, func(t *testing.T) {
+				c := newCerts(t)
+				plain := listen(t)
+				var p *peer
+				var ourEnd func() error
+				if role == "server" {
+					srv := hbone.NewServer(daemonH2, echo)
+					ln := listen(t)
+					cfg := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return c.ours, nil })
+					end := make(chan error, 1)
+					var wg sync.WaitGroup
+					wg.Go(func() {
+						_ = ln.SetDeadline(time.Now().Add(peerTimeout))
+						tc, err := ln.AcceptTCP()
+						if err != nil {
+							end <- err
+							return
+						}
+						end <- serveHBONE(tc, cfg, srv)
+					})
+					t.Cleanup(func() {
+						ln.Close()
+						srv.Close()
+						wg.Wait()
+					})
+					p = startPeer(t, st, c, "client", ln.Addr().String(), plain.Addr().String())
+					ourEnd = func() error { return <-end }
+				} else {
+					p = startPeer(t, st, c, "server", "", plain.Addr().String())
+					tc, err := dialTCP(net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)))
+					if err != nil {
+						t.Fatal(err)
+					}
+					conn := record.Client(tc, mtls.ClientConfig(c.ours, []string{c.theirSAN}))
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					err = conn.HandshakeContext(ctx)
+					cancel()
+					if err != nil {
+						t.Fatal(err)
+					}
+					cc, err := hbone.NewClientConn(conn, daemonH2)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { cc.Close() })
+					ourEnd = func() error {
+						<-cc.Done()
+						return cc.Err()
+					}
+				}
+				pc := acceptOne(t, plain, p)
+				// The misbehaving HTTP/2 side, behind the peer's TLS.
+				if role == "server" {
+					if _, err := pc.Write([]byte(http2.ClientPreface)); err != nil {
+						t.Fatal(err)
+					}
+				} else if _, err := io.ReadFull(pc, make([]byte, len(http2.ClientPreface))); err != nil {
+					t.Fatal(err)
+				}
+				fr := http2.NewFramer(pc, pc)
+				fr.AllowIllegalWrites = true
+				if err := fr.WriteSettings(); err != nil {
+					t.Fatal(err)
+				}
+				if err := fr.WriteWindowUpdate(0, 0); err != nil {
+					t.Fatal(err)
+				}
+				var goAway *http2.GoAwayFrame
+				for {
+					f, err := fr.ReadFrame()
+					if err != nil {
+						break
+					}
+					if g, ok := f.(*http2.GoAwayFrame); ok {
+						goAway = g
+					}
+				}
+				if goAway == nil || goAway.ErrCode != http2.ErrCodeProtocol {
+					t.Errorf("no GOAWAY PROTOCOL_ERROR before the end: %v", goAway)
+				}
+				pc.Close()
+				var ce *hbone.ConnError
+				if err := ourEnd(); !errors.As(err, &ce) || ce.Code != http2.ErrCodeProtocol {
+					t.Errorf("our connection ended with %v, want a PROTOCOL_ERROR connection error", err)
+				}
+				checkClean(t, st, p)
+			})
 		}
 	}
 }
