@@ -157,11 +157,14 @@ type conn struct {
 	hbuf          bytes.Buffer
 	poll          pollWaiters // event-loop streams waiting for window or buffer room
 
-	closeNC  sync.Once
-	linger   atomic.Bool   // close gracefully: flush, half-close, wait for the peer
-	readDone chan struct{} // closed when the reader has stopped reading
-	exits    atomic.Int32  // reader, writer and shutdown, when finished
-	done     chan struct{} // closed when all three are
+	closeNC sync.Once
+	linger  atomic.Bool // close gracefully: flush, half-close, wait for the peer
+	// writeFailed: the writer's write failed, so the transport owes the
+	// peer nothing it could still send.
+	writeFailed atomic.Bool
+	readDone    chan struct{} // closed when the reader has stopped reading
+	exits       atomic.Int32  // reader, writer and shutdown, when finished
+	done        chan struct{} // closed when all three are
 
 	// Server side.
 	srv      *Server
@@ -267,12 +270,17 @@ func (c *conn) exit() {
 // crypto/tls blocks on its close_notify for up to five seconds, holding
 // the connection and its goroutines, so the transport under a TLS
 // connection is closed after abruptCloseTimeout if Close has not returned
-// (mtls/record bounds its own Close more tightly).
+// (mtls/record bounds its own Close more tightly). After a failed write
+// there is nothing left to send, and that transport is closed at once.
 func (c *conn) closeConn(abrupt bool) {
 	c.closeNC.Do(func() {
 		if u, ok := c.nc.(interface{ NetConn() net.Conn }); ok && abrupt {
-			t := time.AfterFunc(abruptCloseTimeout, func() { _ = u.NetConn().Close() })
-			defer t.Stop()
+			if c.writeFailed.Load() {
+				_ = u.NetConn().Close()
+			} else {
+				t := time.AfterFunc(abruptCloseTimeout, func() { _ = u.NetConn().Close() })
+				defer t.Stop()
+			}
 		}
 		_ = c.nc.Close()
 	})
@@ -419,10 +427,14 @@ func (c *conn) writeLoop() {
 	if err == nil && c.linger.Load() {
 		c.lingerClose()
 	}
-	c.closeConn(err != nil)
 	if err != nil {
+		// The transport's write side failed: nothing, not even a TLS
+		// alert, can follow what it cut. The cause is recorded before the
+		// close, which would make the reader fail too.
+		c.writeFailed.Store(true)
 		c.closeWith(fmt.Errorf("hbone: write: %w", err))
 	}
+	c.closeConn(err != nil)
 }
 
 // write sends one batch, gathered into one syscall if the transport can.
