@@ -42,7 +42,8 @@
 // close_notify) and waits a little for the peer's end; an abrupt one bounds
 // the transport's Close (mtls/record bounds its own; under a *tls.Conn the
 // socket is closed after abruptCloseTimeout), so a peer that stopped
-// reading holds no goroutine long.
+// reading holds no goroutine long. After a failed write nothing can follow
+// what it cut, and the socket is closed at once.
 //
 // # Errors
 //
