@@ -26,6 +26,10 @@ const (
 	// closeFlushTimeout bounds the final flush (GOAWAY, pending frames) of a
 	// connection that closes gracefully or with a protocol error.
 	closeFlushTimeout = 2 * time.Second
+	// abruptCloseTimeout bounds the alert (close_notify or fatal) a TLS
+	// transport sends when the connection closes abruptly: after a network
+	// error, a TLS failure, the peer's end, or a forced close.
+	abruptCloseTimeout = 500 * time.Millisecond
 	// lingerTimeout is how long such a connection, once flushed and
 	// half-closed, waits for the peer to close before closing itself.
 	lingerTimeout = time.Second
@@ -154,11 +158,14 @@ type conn struct {
 	hbuf          bytes.Buffer
 	poll          pollWaiters // event-loop streams waiting for window or buffer room
 
-	closeNC  sync.Once
-	linger   atomic.Bool   // close gracefully: flush, half-close, wait for the peer
-	readDone chan struct{} // closed when the reader has stopped reading
-	exits    atomic.Int32  // reader, writer and shutdown, when finished
-	done     chan struct{} // closed when all three are
+	closeNC sync.Once
+	linger  atomic.Bool // close gracefully: flush, half-close, wait for the peer
+	// writeFailed: the writer's write failed, so the transport owes the
+	// peer nothing it could still send.
+	writeFailed atomic.Bool
+	readDone    chan struct{} // closed when the reader has stopped reading
+	exits       atomic.Int32  // reader, writer and shutdown, when finished
+	done        chan struct{} // closed when all three are
 
 	// Server side.
 	srv      *Server
@@ -256,15 +263,25 @@ func (c *conn) exit() {
 	}
 }
 
-// closeConn closes the network connection, once. An abrupt close first
-// closes the transport under a TLS connection, so that closing does not
-// send a close_notify alert: to a peer that stopped reading, crypto/tls
-// blocks on that write for up to five seconds, holding the connection and
-// its goroutines.
+// closeConn closes the network connection, once, always through the
+// transport's own Close: a TLS transport then sends what it owes the peer
+// (close_notify, RFC 8446 section 6.1, or the fatal alert a failed read
+// left owed, section 6.2), whichever side ended the connection and
+// however. An abrupt close bounds that: to a peer that stopped reading,
+// crypto/tls blocks on its close_notify for up to five seconds, holding
+// the connection and its goroutines, so the transport under a TLS
+// connection is closed after abruptCloseTimeout if Close has not returned
+// (mtls/record bounds its own Close more tightly). After a failed write
+// there is nothing left to send, and that transport is closed at once.
 func (c *conn) closeConn(abrupt bool) {
 	c.closeNC.Do(func() {
 		if u, ok := c.nc.(interface{ NetConn() net.Conn }); ok && abrupt {
-			_ = u.NetConn().Close()
+			if c.writeFailed.Load() {
+				_ = u.NetConn().Close()
+			} else {
+				t := time.AfterFunc(abruptCloseTimeout, func() { _ = u.NetConn().Close() })
+				defer t.Stop()
+			}
 		}
 		_ = c.nc.Close()
 	})
@@ -411,10 +428,14 @@ func (c *conn) writeLoop() {
 	if err == nil && c.linger.Load() {
 		c.lingerClose()
 	}
-	c.closeConn(err != nil)
 	if err != nil {
+		// The transport's write side failed: nothing, not even a TLS
+		// alert, can follow what it cut. The cause is recorded before the
+		// close, which would make the reader fail too.
+		c.writeFailed.Store(true)
 		c.closeWith(fmt.Errorf("hbone: write: %w", err))
 	}
+	c.closeConn(err != nil)
 }
 
 // write sends one batch, gathered into one syscall if the transport can.

@@ -44,6 +44,20 @@
 // skipped; DATA or trailers on an older closed stream are ignored, as ones
 // that crossed our RST_STREAM must be.
 //
+// # Closing
+//
+// Every way a connection ends — the peer's end of stream, a local Close,
+// a drain (GOAWAY), a protocol error, a failed read or write of the
+// transport — closes the transport through its own Close, so that a TLS
+// transport sends what it owes the peer: close_notify (RFC 8446 section
+// 6.1) or the fatal alert a failed read left owed (section 6.2). A
+// graceful close flushes and half-closes first (the TLS CloseWrite sends
+// close_notify) and waits a little for the peer's end; an abrupt one bounds
+// the transport's Close (mtls/record bounds its own; under a *tls.Conn the
+// socket is closed after abruptCloseTimeout), so a peer that stopped
+// reading holds no goroutine long. After a failed write nothing can follow
+// what it cut, and the socket is closed at once.
+//
 // # Errors
 //
 // Connect returns a [*StatusError] for a non-200 answer. Stream reads and

@@ -390,7 +390,11 @@ func TestHostileFloods(t *testing.T) {
 		},
 		{
 			name: "SETTINGS flood without reading",
-			n:    500_000,
+			// Enough that the server's answers (9-byte ACKs) exceed any
+			// socket buffering the kernel may autotune (several MiB each
+			// way) and so must reach the write-backlog bound: with fewer,
+			// a flood could be absorbed whole and never trip it.
+			n: 1_500_000,
 			frame: func(*rawPeer) func(*http2.Framer, int) {
 				return func(fr *http2.Framer, _ int) {
 					_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 65535})
@@ -401,7 +405,7 @@ func TestHostileFloods(t *testing.T) {
 		{
 			name: "streams beyond the limit without reading",
 			cfg:  Config{MaxStreams: 2, MaxResetStreams: 1 << 30},
-			n:    200_000,
+			n:    600_000, // 13-byte RST_STREAMs: more than the kernel can buffer (see the SETTINGS flood)
 			frame: func(p *rawPeer) func(*http2.Framer, int) {
 				block := p.headerBlock(":method", "CONNECT", ":authority", hostileAuthority)
 				return func(fr *http2.Framer, i int) {

@@ -223,8 +223,12 @@ func (p *Pool) Close() error {
 		conns = append(conns, k.conns...)
 	}
 	p.mu.Unlock()
+	// In parallel: each close may spend up to abruptCloseTimeout on the
+	// TLS alert it owes a peer that stopped reading.
+	var wg sync.WaitGroup
 	for _, cc := range conns {
-		_ = cc.Close()
+		wg.Go(func() { _ = cc.Close() })
 	}
+	wg.Wait()
 	return nil
 }

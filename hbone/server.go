@@ -230,9 +230,13 @@ func (srv *Server) Close() error {
 		conns = append(conns, c)
 	}
 	srv.mu.Unlock()
+	// In parallel: each close may spend up to abruptCloseTimeout on the
+	// TLS alert it owes a peer that stopped reading.
+	var wg sync.WaitGroup
 	for _, c := range conns {
-		c.forceClose(ErrServerClosed)
+		wg.Go(func() { c.forceClose(ErrServerClosed) })
 	}
+	wg.Wait()
 	srv.serving.Wait()
 	return nil
 }

@@ -68,6 +68,7 @@ var allowed = map[string][]string{
 	"identity":               {},
 	"internal/deptest":       {},
 	"internal/fuzzseed":      {},
+	"internal/tlsinterop":    {},
 }
 
 // forbiddenExternal bans heavy or wrong-layer dependencies from the lower

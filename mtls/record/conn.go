@@ -34,9 +34,14 @@ const (
 	typeApplicationData  = 23
 )
 
-// closeNotifyTimeout bounds how long Close waits to send close_notify to a
-// peer that does not read, as crypto/tls does.
-const closeNotifyTimeout = 5 * time.Second
+// closeAlertTimeout bounds what Close spends on the alert it owes the peer
+// (close_notify, or the fatal alert of a failed Read): a Write in progress
+// has that long to finish, then the alert that long to reach the socket. A
+// socket with room takes the alert at once; only a peer that stopped
+// reading makes Close wait, and it must not hold the closing goroutine
+// long for that (crypto/tls gives it five seconds). A variable so that
+// tests can change it.
+var closeAlertTimeout = 250 * time.Millisecond
 
 // Conn is a TLS 1.3 connection: crypto/tls runs the handshake, the record
 // layer of this package protects the application data. Like a *tls.Conn it
@@ -259,9 +264,14 @@ func (c *Conn) ownRecords() (bool, error) {
 	return !c.fallback, nil
 }
 
-// Close sends close_notify (or the fatal alert a failed Read owes the peer)
-// and closes the underlying connection. If a Write is in progress, Close
-// does not wait for it: it closes the connection, which ends the Write.
+// Close sends close_notify (RFC 8446 section 6.1), or the fatal alert a
+// failed Read owes the peer (section 6.2), and closes the underlying
+// connection, whoever ended the connection first and however it ended. It
+// is bounded by closeAlertTimeout: a Write in progress has that long to
+// finish (its records are on the wire before the alert), and the alert
+// that long to be written; past it the connection closes without them. A
+// Write that already failed, or left part of a record on the wire, leaves
+// nothing the peer could authenticate, so then Close sends nothing.
 func (c *Conn) Close() error {
 	if c.closed.Swap(true) {
 		return net.ErrClosed
@@ -271,16 +281,22 @@ func (c *Conn) Close() error {
 		return c.raw.Close()
 	}
 	if c.fallback {
-		return c.tc.Close()
+		// crypto/tls sends close_notify with its own five-second deadline;
+		// closing the socket under it is what bounds it here.
+		t := time.AfterFunc(closeAlertTimeout, func() { _ = c.raw.Close() })
+		err := c.tc.Close()
+		t.Stop()
+		return err
 	}
+	// The deadline also ends a Write blocked on a peer that does not read,
+	// so the lock below is taken within it.
+	_ = c.raw.SetWriteDeadline(time.Now().Add(closeAlertTimeout))
 	var alertErr error
-	if c.wmu.TryLock() {
-		if c.werr == nil && !c.closeNotifySent {
-			_ = c.raw.SetWriteDeadline(time.Now().Add(closeNotifyTimeout))
-			alertErr = c.sendAlertLocked(c.closingAlert())
-		}
-		c.wmu.Unlock()
+	c.wmu.Lock()
+	if c.werr == nil && !c.closeNotifySent {
+		alertErr = c.sendAlertLocked(c.closingAlert())
 	}
+	c.wmu.Unlock()
 	if c.rmu.TryLock() {
 		c.releaseReadLocked()
 		c.rmu.Unlock()

@@ -13,6 +13,17 @@
 // AES-GCM, TLS 1.2, a server that would send session tickets, secrets not
 // logged) keep using the *tls.Conn for their data, behind the same API.
 //
+// The read path enforces RFC 8446's record rules (sections 5 and 6): a
+// record too long before or after decryption (2^14+256 bytes of
+// ciphertext, 2^14+1 of inner plaintext, padding included) is
+// record_overflow, one that fails authentication bad_record_mac, a missing
+// content type or an unexpected message unexpected_message; each fails the
+// connection for good and leaves the alert owed. Close sends what is owed,
+// close_notify or that fatal alert, on every ending (after the peer's
+// close_notify, after a failed Read, on a local close), once a Write in
+// progress has finished; it spends at most closeAlertTimeout on a peer
+// that stopped reading, then closes the socket without it.
+//
 // Packages that carry HBONE over TLS may import it. Imports (of ours): nothing
 // of ours (only the standard library). Imported by: proxy and tests.
 package record

@@ -49,7 +49,9 @@ func established(t testing.TB, raw net.Conn, id uint16, client bool) *Conn {
 	if !client {
 		cs, ss = ss, cs
 	}
-	return establishedWith(t, raw, s, ss, cs)
+	c := establishedWith(t, raw, s, ss, cs)
+	c.isClient = client
+	return c
 }
 
 // establishedWith returns a Conn over raw whose handshake is deemed done,
@@ -117,9 +119,11 @@ func FuzzRead(f *testing.F) {
 		if aes256 {
 			id = tls.TLS_AES_256_GCM_SHA384
 		}
-		w := established(t, &streamConn{r: bytes.NewReader(nil)}, id, true)
+		// The server writes and the client reads: a client may receive
+		// every post-handshake message a server sends (tickets too).
+		w := established(t, &streamConn{r: bytes.NewReader(nil)}, id, false)
 		stream := fuzzStream(t, w, script)
-		r := established(t, &streamConn{r: bytes.NewReader(stream), chunks: chunks}, id, false)
+		r := established(t, &streamConn{r: bytes.NewReader(stream), chunks: chunks}, id, true)
 		p := make([]byte, int(readSize)+1)
 		total := 0
 		for range len(stream) + 2 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strings"
 	"testing"
 )
 
@@ -21,6 +22,30 @@ func sealed(t testing.TB, c *Conn, typ byte, content []byte) []byte {
 	return b
 }
 
+// sealedInner returns the wire bytes of a record whose inner plaintext
+// (content, type byte and padding) is exactly inner, which the writer's own
+// path cannot produce when inner is empty or oversized.
+func sealedInner(t testing.TB, c *Conn, inner []byte) []byte {
+	t.Helper()
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	nonce, err := c.out.nextNonce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clen := len(inner) + tagLen
+	hdr := []byte{typeApplicationData, 3, 3, byte(clen >> 8), byte(clen)}
+	return c.out.aead.Seal(hdr, nonce, inner, hdr)
+}
+
+// padded returns an inner plaintext of n bytes: content, type typ, zeros.
+func padded(content []byte, typ byte, n int) []byte {
+	b := make([]byte, n)
+	copy(b, content)
+	b[len(content)] = typ
+	return b
+}
+
 func keyUpdateMsg(req byte) []byte { return []byte{hsKeyUpdate, 0, 0, 1, req} }
 
 // TestHostileRecords sends crafted records to our server after a real
@@ -32,8 +57,11 @@ func TestHostileRecords(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// wire builds the bytes the client puts on the socket.
-		wire      func(t *testing.T, c *Conn) []byte
-		closeRaw  bool   // then shut the client's socket for writing
+		wire     func(t *testing.T, c *Conn) []byte
+		closeRaw bool // then shut the sender's socket for writing
+		// toClient sends wire from the server to the client (messages
+		// only a server may send); else the client sends it.
+		toClient  bool
 		want      string // data the server reads before the end
 		wantAlert alert  // a *ProtocolError with this alert; 0: see wantErr
 		wantErr   error  // errors.Is match when wantAlert is 0
@@ -57,7 +85,54 @@ func TestHostileRecords(t *testing.T) {
 		}, wantAlert: alertRecordOverflow},
 		{name: "too short for a tag", wire: func(t *testing.T, c *Conn) []byte {
 			return []byte{typeApplicationData, 3, 3, 0, 5, 1, 2, 3, 4, 5}
+		}, wantAlert: alertBadRecordMAC},
+		{name: "empty ciphertext", wire: func(t *testing.T, c *Conn) []byte {
+			return []byte{typeApplicationData, 3, 3, 0, 0}
+		}, wantAlert: alertBadRecordMAC},
+		{name: "authentic tag with empty inner plaintext", wire: func(t *testing.T, c *Conn) []byte {
+			return sealedInner(t, c, nil)
+		}, wantAlert: alertUnexpectedMessage},
+		{name: "ciphertext of 2^14+256 bytes, inner plaintext too long", wire: func(t *testing.T, c *Conn) []byte {
+			// The largest length allowed on the wire; its inner plaintext
+			// (2^14+240 bytes) is then too long.
+			return sealedInner(t, c, padded([]byte("x"), typeApplicationData, maxCiphertext-tagLen))
+		}, wantAlert: alertRecordOverflow},
+		{name: "ciphertext of 2^14+257 bytes", wire: func(t *testing.T, c *Conn) []byte {
+			return sealedInner(t, c, padded([]byte("x"), typeApplicationData, maxCiphertext-tagLen+1))
+		}, wantAlert: alertRecordOverflow},
+		{name: "padded inner plaintext of 2^14+2 bytes", wire: func(t *testing.T, c *Conn) []byte {
+			return sealedInner(t, c, padded([]byte("small"), typeApplicationData, maxPlaintext+2))
+		}, wantAlert: alertRecordOverflow},
+		{name: "padded inner plaintext of 2^14+1 bytes", wire: func(t *testing.T, c *Conn) []byte {
+			return cat(sealedInner(t, c, padded([]byte("small"), typeApplicationData, maxPlaintext+1)),
+				sealed(t, c, typeAlert, []byte{1, 0}))
+		}, want: "small", wantErr: io.EOF},
+		{name: "full record of 2^14 bytes", wire: func(t *testing.T, c *Conn) []byte {
+			return cat(sealed(t, c, typeApplicationData, bytes.Repeat([]byte("f"), maxPlaintext)),
+				sealed(t, c, typeAlert, []byte{1, 0}))
+		}, want: strings.Repeat("f", maxPlaintext), wantErr: io.EOF},
+		{name: "padding only", wire: func(t *testing.T, c *Conn) []byte {
+			return sealedInner(t, c, make([]byte, 300))
+		}, wantAlert: alertUnexpectedMessage},
+		{name: "plaintext alert record", wire: func(t *testing.T, c *Conn) []byte {
+			return []byte{typeAlert, 3, 3, 0, 2, 2, 20}
+		}, wantAlert: alertUnexpectedMessage},
+		{name: "unknown outer type", wire: func(t *testing.T, c *Conn) []byte {
+			return []byte{24, 3, 3, 0, 1, 0}
+		}, wantAlert: alertUnexpectedMessage},
+		{name: "inner heartbeat type", wire: func(t *testing.T, c *Conn) []byte {
+			return sealed(t, c, 24, []byte{1, 0, 0})
+		}, wantAlert: alertUnexpectedMessage},
+		{name: "two alerts in one record", wire: func(t *testing.T, c *Conn) []byte {
+			return sealed(t, c, typeAlert, []byte{1, 0, 1, 0})
 		}, wantAlert: alertDecodeError},
+		{name: "NewSessionTicket from the client", wire: func(t *testing.T, c *Conn) []byte {
+			return sealed(t, c, typeHandshake, []byte{hsNewSessionTicket, 0, 0, 1, 9})
+		}, wantAlert: alertUnexpectedMessage},
+		{name: "CertificateRequest after the handshake", toClient: true, wire: func(t *testing.T, c *Conn) []byte {
+			// We never offer post_handshake_auth (RFC 8446 section 4.6.2).
+			return sealed(t, c, typeHandshake, []byte{13, 0, 0, 0})
+		}, wantAlert: alertUnexpectedMessage},
 		{name: "plaintext handshake record", wire: func(t *testing.T, c *Conn) []byte {
 			return []byte{typeHandshake, 3, 3, 0, 1, 1}
 		}, wantAlert: alertUnexpectedMessage},
@@ -85,7 +160,7 @@ func TestHostileRecords(t *testing.T) {
 		{name: "ClientHello after the handshake", wire: func(t *testing.T, c *Conn) []byte {
 			return sealed(t, c, typeHandshake, []byte{1, 0, 0, 0})
 		}, wantAlert: alertUnexpectedMessage},
-		{name: "KeyUpdate not last in its record", wire: func(t *testing.T, c *Conn) []byte {
+		{name: "KeyUpdate not last in its record", toClient: true, wire: func(t *testing.T, c *Conn) []byte {
 			return sealed(t, c, typeHandshake, cat(keyUpdateMsg(0), []byte{hsNewSessionTicket, 0, 0, 0}))
 		}, wantAlert: alertUnexpectedMessage},
 		{name: "KeyUpdate request_update 2", wire: func(t *testing.T, c *Conn) []byte {
@@ -94,10 +169,10 @@ func TestHostileRecords(t *testing.T) {
 		{name: "KeyUpdate of 2 bytes", wire: func(t *testing.T, c *Conn) []byte {
 			return sealed(t, c, typeHandshake, []byte{hsKeyUpdate, 0, 0, 2, 0, 0})
 		}, wantAlert: alertDecodeError},
-		{name: "handshake message over the cap", wire: func(t *testing.T, c *Conn) []byte {
+		{name: "handshake message over the cap", toClient: true, wire: func(t *testing.T, c *Conn) []byte {
 			return sealed(t, c, typeHandshake, []byte{hsNewSessionTicket, 1, 0, 0})
 		}, wantAlert: alertUnexpectedMessage},
-		{name: "data inside a split handshake message", wire: func(t *testing.T, c *Conn) []byte {
+		{name: "data inside a split handshake message", toClient: true, wire: func(t *testing.T, c *Conn) []byte {
 			return cat(sealed(t, c, typeHandshake, []byte{hsNewSessionTicket, 0, 0, 10, 1}),
 				sealed(t, c, typeApplicationData, []byte("x")))
 		}, wantAlert: alertUnexpectedMessage},
@@ -131,12 +206,12 @@ func TestHostileRecords(t *testing.T) {
 			return cat(sealed(t, c, 0, []byte("pad\x17\x00\x00\x00")), sealed(t, c, typeApplicationData, nil),
 				sealed(t, c, typeApplicationData, []byte("ded")), sealed(t, c, typeAlert, []byte{1, 0}))
 		}, want: "padded", wantErr: io.EOF},
-		{name: "ticket split across records", wire: func(t *testing.T, c *Conn) []byte {
+		{name: "ticket split across records", toClient: true, wire: func(t *testing.T, c *Conn) []byte {
 			return cat(sealed(t, c, typeHandshake, []byte{hsNewSessionTicket, 0, 0, 6, 1, 2}),
 				sealed(t, c, typeHandshake, []byte{3, 4}), sealed(t, c, typeHandshake, []byte{5, 6}),
 				sealed(t, c, typeApplicationData, []byte("ok")), sealed(t, c, typeAlert, []byte{1, 0}))
 		}, want: "ok", wantErr: io.EOF},
-		{name: "ticket and KeyUpdate in one record", wire: func(t *testing.T, c *Conn) []byte {
+		{name: "ticket and KeyUpdate in one record", toClient: true, wire: func(t *testing.T, c *Conn) []byte {
 			b := sealed(t, c, typeHandshake, cat([]byte{hsNewSessionTicket, 0, 0, 1, 9}, keyUpdateMsg(1)))
 			c.wmu.Lock()
 			err := c.out.update()
@@ -149,7 +224,11 @@ func TestHostileRecords(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, s := pair(t, kindOurs, kindOurs, nil)
+			// cli sends the crafted bytes, srv reads them.
 			cli, srv := c.(*Conn), s.(*Conn)
+			if tc.toClient {
+				cli, srv = srv, cli
+			}
 			if _, err := cli.raw.Write(tc.wire(t, cli)); err != nil {
 				t.Fatal(err)
 			}

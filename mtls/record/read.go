@@ -102,8 +102,10 @@ func (c *Conn) recordLocked(p []byte, more bool, length int) (n int, stop bool, 
 	buf := *c.rb
 	hdr := buf[c.r : c.r+headerLen]
 	ct := buf[c.r+headerLen : c.r+headerLen+length]
-	if length < tagLen+1 {
-		return 0, false, c.failLocked(alertDecodeError, fmt.Sprintf("record of %d bytes is too short", length))
+	if length < tagLen {
+		// No AEAD tag fits: the record cannot be authentic (RFC 8446
+		// section 5.2: decryption fails, so bad_record_mac).
+		return 0, false, c.failLocked(alertBadRecordMAC, fmt.Sprintf("record of %d bytes is too short for a tag", length))
 	}
 	direct := len(p) >= length-tagLen
 	if !direct && more {
@@ -123,6 +125,11 @@ func (c *Conn) recordLocked(p []byte, more bool, length int) (n int, stop bool, 
 	if err != nil {
 		return 0, false, c.failLocked(alertBadRecordMAC, "record failed authentication")
 	}
+	if len(pt) > maxPlaintext+1 {
+		// RFC 8446 section 5.4: TLSInnerPlaintext (content, type and
+		// padding) is at most 2^14 + 1 bytes, padding included.
+		return 0, false, c.failLocked(alertRecordOverflow, fmt.Sprintf("inner plaintext of %d bytes", len(pt)))
+	}
 	// Strip the padding: the content type is the last non-zero byte.
 	i := len(pt) - 1
 	for i >= 0 && pt[i] == 0 {
@@ -132,9 +139,6 @@ func (c *Conn) recordLocked(p []byte, more bool, length int) (n int, stop bool, 
 		return 0, false, c.failLocked(alertUnexpectedMessage, "record without a content type")
 	}
 	typ, content := pt[i], pt[:i]
-	if len(content) > maxPlaintext {
-		return 0, false, c.failLocked(alertRecordOverflow, fmt.Sprintf("record content of %d bytes", len(content)))
-	}
 	if len(c.hsMsg) > 0 && typ != typeHandshake {
 		return 0, false, c.failLocked(alertUnexpectedMessage, "record interleaved with a split handshake message")
 	}
@@ -207,6 +211,10 @@ func (c *Conn) postHandshakeLocked(content []byte) error {
 		msgs = msgs[4+mlen:]
 		switch typ {
 		case hsNewSessionTicket:
+			if !c.isClient {
+				// RFC 8446 section 4.6.1: only servers send tickets.
+				return c.failLocked(alertUnexpectedMessage, "NewSessionTicket from a client")
+			}
 		case hsKeyUpdate:
 			if mlen != 1 {
 				return c.failLocked(alertDecodeError, fmt.Sprintf("KeyUpdate of %d bytes", mlen))
