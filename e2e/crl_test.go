@@ -221,7 +221,7 @@ func (l *crlLab) serial(t *testing.T, pod string) *big.Int {
 	}
 	for _, c := range dump.Certificates {
 		if strings.HasSuffix(c.Identity, "/sa/"+pod) && len(c.CertChain) > 0 {
-			n, ok := new(big.Int).SetString(c.CertChain[0].SerialNumber, 16) // the dump writes hex, as ztunnel
+			n, ok := new(big.Int).SetString(c.CertChain[0].SerialNumber, 10) // decimal, as istioctl parses it
 			if !ok {
 				t.Fatalf("serial %q", c.CertChain[0].SerialNumber)
 			}
