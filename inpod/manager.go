@@ -72,11 +72,13 @@ type Config struct {
 	// that stops reading costs a reconnect, not a stuck manager.
 	WriteTimeout time.Duration
 	// MigrateRequests sets net.ipv4.tcp_migrate_req=1 in each pod's netns
-	// (best effort, Linux 5.14+) before its proxy starts. With SO_REUSEPORT
-	// listeners this is what makes an upgrade lossless: when the old
-	// daemon closes its listener, the connections waiting in its accept
-	// queue move to the new daemon's listener instead of being reset.
-	// ztunnel does not do it (its upgrades reset them).
+	// (best effort, Linux 5.14+) before its proxy starts: when the old
+	// daemon closes its SO_REUSEPORT listener, connections still queued
+	// there move to the new daemon's. It is a second line only: where
+	// /proc/sys is read-only (the chart's non-privileged container) the
+	// write fails, and the engine's reuseport steering program
+	// (engine/reuseport_linux.go) is what keeps an upgrade lossless, by
+	// sending every new connection to the newest listener.
 	MigrateRequests bool
 }
 
@@ -520,7 +522,9 @@ func (m *Manager) startWorkload(uid string, info WorkloadInfo, ns *Netns) error 
 	m.setState(uid, info, StatePending, nil, gen)
 	if m.cfg.MigrateRequests {
 		if err := ns.Run(enableMigrateReq); err != nil {
-			m.log.Warn("cannot set net.ipv4.tcp_migrate_req in the pod; an upgrade may reset queued connections", "uid", uid, "error", err)
+			// Expected with a read-only /proc/sys; the reuseport steering
+			// program covers upgrades without it.
+			m.log.Info("cannot set net.ipv4.tcp_migrate_req in the pod; upgrades rely on the reuseport steering program", "uid", uid, "error", err)
 		}
 	}
 	p, err := m.cfg.NewProxy(Pod{UID: uid, WorkloadInfo: info, Netns: ns})
