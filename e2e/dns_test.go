@@ -118,23 +118,10 @@ func TestDNSProxyShared(t *testing.T) {
 	// The daemons read their resolv.conf at start, before the test knows the
 	// resolver pod; pods are numbered per node in order, so it is node-b's
 	// second (checked below).
-	c, err := labrun.StartSharedCluster(ctx, lab, []byte(dnsConfig), labrun.SharedOptions{
+	c := startSharedCluster(ctx, t, lab, dnsConfig, labrun.SharedOptions{
 		Binary: ztunnelBin, Dir: dir, ExtraPods: map[string][]string{"node-b": {"resolver"}},
 		Capture:   netnslab.CaptureOptions{RedirectDNS: true},
 		DaemonEnv: []string{"ISTIO_META_DNS_CAPTURE=true", "ZTUNNEL_RESOLV_CONF=" + writeResolvConf(t, dir, "10.244.1.3")},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for _, d := range c.AllDaemons() {
-				t.Logf("daemon %s log:\n%s", d.Pod.Name, d.Log())
-			}
-		}
 	})
 	resolverPod := c.Pods["resolver"]
 	if resolverPod.IP.String() != "10.244.1.3" {

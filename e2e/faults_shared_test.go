@@ -117,21 +117,8 @@ func startFaultShared(t *testing.T) *labrun.SharedCluster {
 	lab := netnslab.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartSharedCluster(ctx, lab, []byte(faultConfig), labrun.SharedOptions{
+	c := startSharedCluster(ctx, t, lab, faultConfig, labrun.SharedOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for _, d := range c.AllDaemons() {
-				t.Logf("daemon %s log:\n%s", d.Pod.Name, d.Log())
-			}
-		}
 	})
 	return c
 }

@@ -79,22 +79,9 @@ func TestSharedNodeView(t *testing.T) {
 	istiod := newFakeIstiod(t, cp, 15012)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := labrun.StartSharedCluster(ctx, lab, []byte(nodeViewConfig), labrun.SharedOptions{
+	c := startSharedCluster(ctx, t, lab, nodeViewConfig, labrun.SharedOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(),
 		DaemonEnv: append(istiod.env(), "SERVICE_ACCOUNT=ztunnel", "ISTIO_META_CLUSTER_ID=Kubernetes", "ISTIO_META_MESH_ID=lab-mesh"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for _, d := range c.AllDaemons() {
-				t.Logf("daemon %s log:\n%s", d.Pod.Name, d.Log())
-			}
-		}
 	})
 	zt := c.Daemons["node-a"]
 	// What istiod is told: the pod, its node and every ISTIO_META_*.
@@ -158,11 +145,7 @@ func TestSharedNodeView(t *testing.T) {
 
 	// The node-local lookup: the client's traffic is reported as the
 	// client's, never as a twin's.
-	echo, err := labrun.StartEcho(c.Pods["server"], 8080)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { echo.Close() })
+	echo := startEcho(t, c.Pods["server"], 8080)
 	conn, err := client.Dial(ctx, "tcp", echo.Addr.String())
 	if err != nil {
 		t.Fatal(err)

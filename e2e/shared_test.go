@@ -77,25 +77,8 @@ func startShared(t *testing.T, mods ...func(*labrun.SharedOptions)) *sharedLab {
 	for _, m := range mods {
 		m(&opts)
 	}
-	c, err := labrun.StartSharedCluster(ctx, lab, []byte(sharedConfig), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for _, d := range c.AllDaemons() {
-				t.Logf("daemon %s log:\n%s", d.Pod.Name, d.Log())
-			}
-		}
-	})
-	s, err := labrun.StartEcho(c.Pods["server"], 8080)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	c := startSharedCluster(ctx, t, lab, sharedConfig, opts)
+	s := startEcho(t, c.Pods["server"], 8080)
 	return &sharedLab{c: c, srvAddr: s.Addr}
 }
 

@@ -169,27 +169,10 @@ func TestStartupServesNothingBeforeSync(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c, err := labrun.StartSharedCluster(ctx, lab, []byte(startupConfig), labrun.SharedOptions{
+	c := startSharedCluster(ctx, t, lab, startupConfig, labrun.SharedOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: istiod.env(), NoWait: true,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for _, d := range c.AllDaemons() {
-				t.Logf("daemon %s log:\n%s", d.Pod.Name, d.Log())
-			}
-		}
-	})
-	echo, err := labrun.StartEcho(c.Pods["server"], 8080)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { echo.Close() })
+	echo := startEcho(t, c.Pods["server"], 8080)
 	probe := startAdmissionProbe(ctx, c.Pods["client"], echo.Addr.String())
 	defer probe.stop()
 	begin := time.Now()

@@ -126,7 +126,7 @@ func TestTelemetryShared(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := labrun.StartSharedCluster(ctx, lab, []byte(telemetryLayout), labrun.SharedOptions{
+	c := startSharedCluster(ctx, t, lab, telemetryLayout, labrun.SharedOptions{
 		Binary: ztunnelBin, Dir: dir, ExtraPods: map[string][]string{"node-b": {"resolver"}},
 		Capture: netnslab.CaptureOptions{RedirectDNS: true},
 		DaemonEnv: []string{
@@ -134,24 +134,7 @@ func TestTelemetryShared(t *testing.T) {
 			"ISTIO_META_DNS_CAPTURE=true", "ZTUNNEL_RESOLV_CONF=" + writeResolvConf(t, dir, "10.244.2.3"),
 		},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for _, d := range c.AllDaemons() {
-				t.Logf("daemon %s log:\n%s", d.Pod.Name, d.Log())
-			}
-		}
-	})
-	echo, err := labrun.StartEcho(c.Pods["server"], 8080)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { echo.Close() })
+	startEcho(t, c.Pods["server"], 8080)
 	client := c.Pods["client"]
 
 	// HBONE traffic to the service VIP.
