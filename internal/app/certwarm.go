@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/inpod"
@@ -54,13 +55,27 @@ func (c *certWarmer) wrap(p inpod.Proxy, namespace, serviceAccount string) inpod
 	return &warmedProxy{Proxy: p, w: c, id: identity.New(c.trustDomain, namespace, serviceAccount)}
 }
 
+// warmDebounce is how long the warmer lets pushes accumulate before it
+// scans the newest snapshot: a scan visits every workload, and pushes come
+// in bursts (one per xDS response), so a burst costs one scan, not one per
+// snapshot, and the snapshots' cheap deltas stay cheap.
+const warmDebounce = 100 * time.Millisecond
+
 // run follows the published snapshots until ctx ends.
 func (c *certWarmer) run(ctx context.Context, store *state.Store) {
+	t := time.NewTimer(0)
+	defer t.Stop()
 	for {
 		changed := store.Changed()
 		c.snapshot(store.Load())
 		select {
 		case <-changed:
+		case <-ctx.Done():
+			return
+		}
+		t.Reset(warmDebounce)
+		select {
+		case <-t.C:
 		case <-ctx.Done():
 			return
 		}

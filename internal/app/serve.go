@@ -59,6 +59,15 @@ func (d *Daemon) serveWhenSynced(synced <-chan struct{}, start func() error, don
 // startDedicated opens the dedicated workload's listeners (and its DNS
 // proxy) and records them for Drain and Close.
 func (d *Daemon) startDedicated(ctx context.Context, p *proxy.Proxy, srv *dnsproxy.Server) error {
+	w := d.cfg.Workload
+	return d.startServed(ctx, p, srv, identity.New(d.cfg.TrustDomain, w.Namespace, w.ServiceAccount))
+}
+
+// startServed starts p (then srv, if any) unless Close has begun, records
+// them for Drain and Close, and counts id, the identity p serves, in the
+// certificate warmer: its certificate is fetched before the first
+// connection asks.
+func (d *Daemon) startServed(ctx context.Context, p *proxy.Proxy, srv *dnsproxy.Server, id identity.Identity) error {
 	d.serveMu.Lock()
 	defer d.serveMu.Unlock()
 	if d.closing {
@@ -68,10 +77,7 @@ func (d *Daemon) startDedicated(ctx context.Context, p *proxy.Proxy, srv *dnspro
 		return err
 	}
 	d.proxies = append(d.proxies, p)
-	if d.warm != nil { // the one identity served: its certificate before the first connection asks
-		w := d.cfg.Workload
-		d.warm.podUp(identity.New(d.cfg.TrustDomain, w.Namespace, w.ServiceAccount))
-	}
+	d.warm.podUp(id)
 	if srv != nil {
 		if err := srv.Start(ctx); err != nil {
 			return fmt.Errorf("dns proxy: %w", err)
@@ -117,19 +123,10 @@ func (d *Daemon) selfProxy(proxyConfig func(proxy.WorkloadRef, func(func() error
 // startSelfProxy starts the self-proxy and counts its identity among the
 // served ones, like a pod's.
 func (d *Daemon) startSelfProxy(ctx context.Context, p *proxy.Proxy) error {
-	d.serveMu.Lock()
-	defer d.serveMu.Unlock()
-	if d.closing {
-		return nil
-	}
-	if err := p.Start(ctx); err != nil {
+	id := identity.New(d.cfg.TrustDomain, d.cfg.PodNamespace, d.cfg.ServiceAccount)
+	if err := d.startServed(ctx, p, nil, id); err != nil {
 		return fmt.Errorf("self-proxy: %w", err)
 	}
-	d.proxies = append(d.proxies, p)
-	if d.warm != nil {
-		d.warm.podUp(identity.New(d.cfg.TrustDomain, d.cfg.PodNamespace, d.cfg.ServiceAccount))
-	}
-	d.log.Info("serving HBONE for the daemon's own pod", "workload", d.cfg.PodNamespace+"/"+d.cfg.PodName,
-		"identity", identity.New(d.cfg.TrustDomain, d.cfg.PodNamespace, d.cfg.ServiceAccount).String())
+	d.log.Info("serving HBONE for the daemon's own pod", "workload", d.cfg.PodNamespace+"/"+d.cfg.PodName, "identity", id.String())
 	return nil
 }
