@@ -266,10 +266,14 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	}
 	local := c.LocalXDSPath != "" || c.LocalXDS != ""
 	// Without a local config ztunnel talks to istiod by default; with one,
-	// only when asked to.
+	// only when asked to. In a pod (Kubernetes sets KUBERNETES_SERVICE_HOST)
+	// istiod is its service; elsewhere, as ztunnel, one on this host.
 	defXDS := ""
 	if !local {
-		defXDS = "https://istiod.istio-system.svc:15012"
+		defXDS = "https://localhost:15012"
+		if _, inCluster := e.lookup("KUBERNETES_SERVICE_HOST"); inCluster {
+			defXDS = "https://istiod.istio-system.svc:15012"
+		}
 	}
 	c.XDSAddress = withScheme(e.str("XDS_ADDRESS", defXDS))
 	c.CAAddress = withScheme(e.str("CA_ADDRESS", defXDS))

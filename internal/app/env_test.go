@@ -245,3 +245,35 @@ func TestDNSEnv(t *testing.T) {
 		})
 	}
 }
+
+// TestDefaultControlPlane: without a local config the control plane is
+// istiod's service inside Kubernetes (KUBERNETES_SERVICE_HOST set) and
+// localhost:15012 elsewhere, as in ztunnel; XDS_ADDRESS and CA_ADDRESS
+// choose for themselves, and a local config needs no control plane.
+func TestDefaultControlPlane(t *testing.T) {
+	cases := []struct {
+		name       string
+		env        map[string]string
+		wantXDS    string
+		wantCA     string
+		wantFakeCA bool
+	}{
+		{"outside Kubernetes", map[string]string{}, "https://localhost:15012", "https://localhost:15012", false},
+		{"in a pod", map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1"},
+			"https://istiod.istio-system.svc:15012", "https://istiod.istio-system.svc:15012", false},
+		{"addresses set", map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "XDS_ADDRESS": "istiod-1:15012", "CA_ADDRESS": "https://ca:15012"},
+			"https://istiod-1:15012", "https://ca:15012", false},
+		{"local config", map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "LOCAL_XDS_PATH": "/x.yaml"}, "", "", true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := ParseEnv(lookupFrom(tc.env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.XDSAddress != tc.wantXDS || c.CAAddress != tc.wantCA || c.FakeCA != tc.wantFakeCA {
+				t.Fatalf("XDS %q CA %q FakeCA %v; want %q %q %v", c.XDSAddress, c.CAAddress, c.FakeCA, tc.wantXDS, tc.wantCA, tc.wantFakeCA)
+			}
+		})
+	}
+}
