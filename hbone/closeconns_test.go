@@ -3,6 +3,7 @@ package hbone
 import (
 	"errors"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -72,5 +73,96 @@ func TestCloseConns(t *testing.T) {
 		if got := d.dials.Load() - before; got != k.dials {
 			t.Fatalf("key %s: %d dials, want %d", k.key, got, k.dials)
 		}
+	}
+}
+
+// TestAdmit: Config.Admit sees each new connection after the pool or server
+// registered it (a sweep run from inside Admit already finds it, so a CRL
+// reload that sweeps cannot miss a connection checked against the CRLs it
+// replaced), a refusal closes the connection with Admit's error before any
+// stream, and the pool forgets a refused connection.
+func TestAdmit(t *testing.T) {
+	errRefused := errors.New("peer revoked meanwhile")
+	for _, tc := range []struct {
+		name   string
+		client bool // Admit on the pool, else on the server
+	}{
+		{"pool", true},
+		{"server", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var refuse atomic.Bool
+			var sweeps, seen atomic.Int32
+			var p *Pool
+			var ts *testServer
+			admit := func(nc net.Conn) error {
+				sweep := ts.Server.CloseConns
+				if tc.client {
+					sweep = p.CloseConns
+				}
+				sweeps.Add(1)
+				sweep(func(c net.Conn) bool {
+					if c == nc {
+						seen.Add(1)
+					}
+					return false
+				}, errRefused)
+				if refuse.Load() {
+					return errRefused
+				}
+				return nil
+			}
+			var scfg, pcfg Config
+			if tc.client {
+				pcfg.Admit = admit
+			} else {
+				scfg.Admit = admit
+			}
+			ts = startServer(t, scfg, echoHandler, true)
+			p = NewPool(PoolConfig{Config: pcfg})
+			defer p.Close()
+			d := &countingDialer{ts: ts}
+			ctx := testContext(t)
+			req := &Request{Authority: "10.0.0.1:80"}
+
+			s, err := p.Connect(ctx, "k", d.dial, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			echoRoundTrip(t, s, 1, 100, 10)
+			s.Close()
+			if sweeps.Load() != 1 || seen.Load() != 1 {
+				t.Fatalf("Admit ran %d times and its sweep found the connection %d times; want 1 and 1", sweeps.Load(), seen.Load())
+			}
+
+			// A refused connection: the next key dials anew, and the
+			// refusal is what the caller (pool side) or ServeConn (server
+			// side) reports.
+			refuse.Store(true)
+			_, err = p.Connect(ctx, "k2", d.dial, req)
+			if tc.client {
+				if !errors.Is(err, errRefused) {
+					t.Fatalf("Connect over a refused connection: %v, want %v", err, errRefused)
+				}
+				if n := len(poolConns(p, "k2")); n != 0 {
+					t.Fatalf("the pool kept %d refused connections", n)
+				}
+			} else {
+				if err == nil {
+					t.Fatal("a stream went through a connection the server refused")
+				}
+				select {
+				case serr := <-ts.serveErrs:
+					if !errors.Is(serr, errRefused) {
+						t.Fatalf("ServeConn: %v, want %v", serr, errRefused)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("ServeConn did not return the refusal")
+				}
+			}
+			if got := d.dials.Load(); got != 2 {
+				t.Fatalf("%d dials, want 2", got)
+			}
+		})
 	}
 }

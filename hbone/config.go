@@ -2,6 +2,7 @@ package hbone
 
 import (
 	"math"
+	"net"
 	"time"
 )
 
@@ -100,6 +101,16 @@ type Config struct {
 	// Logf receives rare diagnostic messages (protocol errors, handler
 	// misbehaviour). Nil discards them.
 	Logf func(format string, args ...any)
+	// Admit, when set, is asked about each new connection once a Server or
+	// Pool has registered it, before it carries a stream of the server's or
+	// the pool's caller; an error closes the connection with that cause.
+	// Why after registering: a sweep over the open connections
+	// (Server.CloseConns, Pool.CloseConns) that starts after the
+	// registration sees the connection, and a check that starts before it
+	// sees what the sweep's caller changed first (a CRL reload puts the new
+	// revocations in force, then sweeps), so no connection verified against
+	// the old state slips between the two.
+	Admit func(net.Conn) error
 }
 
 // withDefaults returns cfg with zero values replaced by the defaults of the

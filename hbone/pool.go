@@ -153,6 +153,14 @@ func (p *Pool) get(ctx context.Context, key string, dial func(ctx context.Contex
 		// connection died at once, and dialing again would only loop.
 		ok := cc.tryReserve()
 		p.mu.Unlock()
+		if admit := p.cfg.Admit; admit != nil {
+			// Registered first: see Config.Admit. Streams other callers
+			// reserved meanwhile fail with the connection.
+			if err := admit(cc.c.nc); err != nil {
+				cc.c.forceClose(err)
+				return nil, err
+			}
+		}
 		if !ok {
 			if err := cc.Err(); err != nil {
 				return nil, err

@@ -139,6 +139,16 @@ func (srv *Server) ServeConn(ctx context.Context, nc net.Conn) error {
 	srv.serving.Add(1)
 	srv.mu.Unlock()
 	defer srv.serving.Done()
+	if admit := srv.cfg.Admit; admit != nil {
+		if err := admit(nc); err != nil {
+			srv.mu.Lock()
+			delete(srv.conns, c)
+			srv.mu.Unlock()
+			c.cancel()
+			_ = nc.Close()
+			return err
+		}
+	}
 
 	stop := context.AfterFunc(ctx, func() { c.forceClose(ctx.Err()) })
 	c.start()

@@ -38,6 +38,43 @@ func (p *Proxy) closeRevokedInbound() int {
 	}), ErrPeerRevoked)
 }
 
+// admitInbound refuses an inbound HBONE connection whose client the CRL in
+// force revokes (hbone.Config.Admit), as ztunnel re-checks a connection when
+// it registers it for revocation: its handshake may have been verified
+// against the CRLs a reload replaced while the reload's sweep ran.
+func (p *Proxy) admitInbound(nc net.Conn) error {
+	if revokedPeer(p.cfg.CRL, func(peer string, c *x509.Certificate) {
+		p.log.Info("rejecting inbound connection: peer certificate revoked by CRL update",
+			"peer", peer, "serial", c.SerialNumber.String(), "workload", p.cfg.Workload.String())
+		p.cfg.Metrics.CRLRejected(metrics.ReporterDestination)
+	})(nc) {
+		return ErrPeerRevoked
+	}
+	return nil
+}
+
+// AdmitOutbound returns the hbone.Config.Admit of the pool behind
+// CloseRevokedOutbound: a new pooled connection whose server crl() revokes
+// is closed before it carries a stream (its handshake may have been checked
+// against the CRLs a reload replaced during the reload's sweep). crl returns
+// nil while no CRL is configured.
+func AdmitOutbound(crl func() *mtls.CRL, log *slog.Logger, m *metrics.Metrics) func(net.Conn) error {
+	return func(nc net.Conn) error {
+		c := crl()
+		if c == nil {
+			return nil
+		}
+		if revokedPeer(c, func(peer string, cert *x509.Certificate) {
+			log.Info("rejecting outbound connection: upstream certificate revoked by CRL update",
+				"peer", peer, "serial", cert.SerialNumber.String())
+			m.CRLRejected(metrics.ReporterSource)
+		})(nc) {
+			return ErrPeerRevoked
+		}
+		return nil
+	}
+}
+
 // CloseRevokedOutbound closes every connection of pool whose server
 // certificate chain crl revokes now, logging ztunnel's line for each and
 // counting it in istio_crl_policy_rejections_total{reporter="source"}. The

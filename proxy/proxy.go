@@ -250,6 +250,9 @@ func New(cfg Config) (*Proxy, error) {
 	if hcfg.Logf == nil {
 		hcfg.Logf = func(format string, args ...any) { log.Debug(fmt.Sprintf(format, args...), "scope", "hbone") }
 	}
+	if cfg.CRL != nil {
+		hcfg.Admit = p.admitInbound // crl.go
+	}
 	p.hbsrv = hbone.NewServer(hcfg, p.serveHBONE)
 	return p, nil
 }

@@ -62,6 +62,8 @@ type Daemon struct {
 	// inpod is shared mode's workload manager, set once Start has made it
 	// (the admin server may ask for its state before).
 	inpod atomic.Pointer[inpod.Manager]
+	// crl is CRL_PATH's revocation list, set by startCRL (nil without one).
+	crl atomic.Pointer[mtls.CRL]
 	// serveMu guards proxies and dns, which the goroutine that starts
 	// serving once the state is synced fills while Drain or Close may run.
 	serveMu sync.Mutex
@@ -143,6 +145,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	}
 	poolCfg := hbone.PoolConfig{Config: h2, MaxStreamsPerConn: cfg.PoolMaxStreams, IdleTimeout: cfg.PoolUnusedRelease}
 	poolCfg.Config.Logf = func(f string, a ...any) { log.Debug(fmt.Sprintf(f, a...), "scope", "hbone") }
+	poolCfg.Config.Admit = proxy.AdmitOutbound(d.crl.Load, log, m) // the CRL, once startCRL has loaded it
 	d.pool = hbone.NewPool(poolCfg)
 
 	ready := admin.NewReadiness()

@@ -49,6 +49,7 @@ func (d *Daemon) startCRL(m *metrics.Metrics, builtinRoot []byte) (*mtls.CRL, er
 		n := proxy.CloseRevokedOutbound(d.pool, crl, d.log, m)
 		d.log.Info("crl reloaded", "path", path, "crls", s.Len(), "unanchored", s.Unanchored(), "closed_outbound", n)
 	})
+	d.crl.Store(crl)
 	d.bgWG.Go(func() { crl.Run(d.bg) })
 	return crl, nil
 }
