@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
+	"github.com/ztunnel-go/ztunnel/proxy/proxyproto"
 )
 
 // scenWaypointConfig holds ztunnel's waypoint scenarios on one node in
@@ -183,6 +187,196 @@ func TestScenarioWaypoint(t *testing.T) {
 				want["dst.namespace"] = "default"
 			}
 			checkAccessLog(ctx, t, d, want)
+		})
+	}
+}
+
+// scenSandwichConfig holds ztunnel's two sandwich scenarios on one node in
+// shared mode; every workload is captured, the waypoints included (their
+// own ztunnel serves them: the "sandwich"). Row 14: "wp-plain" has an
+// application tunnel of protocol NONE and is the workload waypoint of
+// "srv-plain" by address. Row 15: "wp-proxy" has an application tunnel of
+// protocol PROXY on 15088 and is the one endpoint of the service
+// wp-proxy.default.svc (VIP 10.96.0.60, no ports: the tunnel makes it
+// work), which is the waypoint of "srv-proxy" by the VIP.
+const scenSandwichConfig = `
+workloads:
+- {uid: u-client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.0.2"], protocol: HBONE, node: node-a, services: {}}
+- uid: u-wp-plain
+  name: wp-plain
+  namespace: default
+  serviceAccount: wp-plain
+  workloadIps: ["10.244.0.3"]
+  protocol: HBONE
+  node: node-a
+  applicationTunnel: {protocol: NONE}
+  services: {}
+- uid: u-srv-plain
+  name: srv-plain
+  namespace: default
+  serviceAccount: srv-plain
+  workloadIps: ["10.244.0.4"]
+  protocol: HBONE
+  node: node-a
+  waypoint: {destination: "/10.244.0.3", hboneMtlsPort: 15008}
+  services: {}
+- uid: u-wp-proxy
+  name: wp-proxy
+  namespace: default
+  serviceAccount: wp-proxy
+  workloadIps: ["10.244.0.5"]
+  protocol: HBONE
+  node: node-a
+  applicationTunnel: {protocol: PROXY, port: 15088}
+  services: {"default/wp-proxy.default.svc.cluster.local": {15088: 15088}}
+- uid: u-srv-proxy
+  name: srv-proxy
+  namespace: default
+  serviceAccount: srv-proxy
+  workloadIps: ["10.244.0.6"]
+  protocol: HBONE
+  node: node-a
+  waypoint: {destination: "/10.96.0.60", hboneMtlsPort: 15008}
+  services: {}
+services:
+- name: wp-proxy
+  namespace: default
+  hostname: wp-proxy.default.svc.cluster.local
+  vips: ["/10.96.0.60"]
+  ports: {}
+`
+
+// startForwarder runs a TCP proxy on port in pod, as ztunnel's sandwich
+// tests run in the waypoint pod: each connection is relayed to the address
+// target returns for it (target may read from the connection first, as a
+// PROXY-protocol server reads its header). The proxy's own connections go
+// out through the pod's capture rules. It returns the number of
+// connections relayed so far.
+func startForwarder(t *testing.T, pod *netnslab.Pod, port uint16, target func(net.Conn) (string, error)) func() int64 {
+	t.Helper()
+	ln, err := pod.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var relayed atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(30 * time.Second))
+				dst, err := target(c)
+				if err != nil {
+					t.Errorf("forwarder in %s: %v", pod.Name, err)
+					return
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				up, err := pod.Dial(ctx, "tcp", dst)
+				cancel()
+				if err != nil {
+					t.Errorf("forwarder in %s: dial %s: %v", pod.Name, dst, err)
+					return
+				}
+				defer up.Close()
+				up.SetDeadline(time.Now().Add(30 * time.Second))
+				relayed.Add(1)
+				done := make(chan struct{})
+				go func() {
+					io.Copy(up, c)
+					up.(*net.TCPConn).CloseWrite()
+					close(done)
+				}()
+				io.Copy(c, up)
+				c.(*net.TCPConn).CloseWrite()
+				<-done
+			})
+		}
+	})
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	return relayed.Load
+}
+
+// TestScenarioSandwich runs ztunnel's sandwich scenarios (rows 14 and 15
+// of docs/ztunnel-scenarios.md): the client's connection to a server goes
+// through its captured waypoint, whose own daemon hands it to the waypoint
+// app (plain, or behind a PROXY v2 header on 15088); the waypoint app's
+// connection onwards goes to the server directly, over HBONE with the
+// waypoint's identity. ztunnel asserts the traffic; this also checks that
+// the waypoint app relayed it, the PROXY header's addresses and SPIFFE TLV,
+// and the server daemon's inbound log.
+func TestScenarioSandwich(t *testing.T) {
+	lab := netnslab.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := startSharedCluster(ctx, t, lab, scenSandwichConfig, labrun.SharedOptions{
+		Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: []string{"LOG_FORMAT=json"},
+	})
+	d := c.Daemons["node-a"]
+	for _, name := range []string{"srv-plain", "srv-proxy"} {
+		startDoubler(t, c.Pods[name], 8080)
+	}
+	srvPlain := netip.AddrPortFrom(c.Pods["srv-plain"].IP, 8080)
+	plainRelayed := startForwarder(t, c.Pods["wp-plain"], 8080, func(net.Conn) (string, error) {
+		return srvPlain.String(), nil
+	})
+	headers := make(chan *proxyproto.Header, 4)
+	proxyRelayed := startForwarder(t, c.Pods["wp-proxy"], 15088, func(c net.Conn) (string, error) {
+		h, err := proxyproto.Read(c)
+		if err != nil {
+			return "", err
+		}
+		headers <- h
+		return h.Dst.String(), nil
+	})
+
+	cases := []struct {
+		name     string
+		server   string
+		waypoint string
+		relayed  func() int64
+	}{
+		{"application tunnel NONE", "srv-plain", "wp-plain", plainRelayed},               // row 14
+		{"application tunnel PROXY behind a VIP", "srv-proxy", "wp-proxy", proxyRelayed}, // row 15
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := netip.AddrPortFrom(c.Pods[tc.server].IP, 8080)
+			before := tc.relayed()
+			if err := helloDouble(ctx, c.Pods["client"], dst.String()); err != nil {
+				t.Fatalf("client -> %s: %v", dst, err)
+			}
+			if n := tc.relayed() - before; n != 1 {
+				t.Fatalf("the waypoint app relayed %d connections, want 1", n)
+			}
+			if tc.waypoint == "wp-proxy" {
+				select {
+				case h := <-headers:
+					if h.Command != proxyproto.Proxy || h.Src.Addr() != c.Pods["client"].IP || h.Dst != dst {
+						t.Errorf("PROXY header %v %s -> %s, want PROXY from the client %s to %s", h.Command, h.Src, h.Dst, c.Pods["client"].IP, dst)
+					}
+					if id, ok := h.TLV(proxyproto.TypeSPIFFEID); !ok || string(id) != spiffe("client") {
+						t.Errorf("SPIFFE TLV %q (present %v), want %s", id, ok, spiffe("client"))
+					}
+				default:
+					t.Fatal("the waypoint app got no PROXY header")
+				}
+			}
+			// The client's tunnel ends at the waypoint; the waypoint's own
+			// connection reaches the server with the waypoint's identity.
+			checkAccessLog(ctx, t, d, map[string]string{
+				"message": "connection complete", "direction": "outbound", "src.workload": "client",
+				"dst.workload": tc.waypoint, "dst.hbone_addr": dst.String(),
+				"dst.addr": netip.AddrPortFrom(c.Pods[tc.waypoint].IP, 15008).String(),
+			})
+			checkAccessLog(ctx, t, d, map[string]string{
+				"message": "connection complete", "direction": "inbound", "src.workload": tc.waypoint,
+				"src.identity": spiffe(tc.waypoint), "dst.workload": tc.server, "dst.identity": spiffe(tc.server),
+				"bytes_sent": "22", "bytes_recv": "11",
+			})
 		})
 	}
 }

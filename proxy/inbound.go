@@ -208,6 +208,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	if err != nil {
 		return nil, nil, inboundErr(http.StatusBadRequest, "%w", err)
 	}
+	authority := target
 	ci.dst = target
 	peer, ok := ctx.Value(peerIdentityKey{}).(*peerIdentity)
 	if !ok {
@@ -252,6 +253,17 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	if !dec.Allowed {
 		return nil, nil, inboundErr(http.StatusUnauthorized, "connection rejected by policy: %s", dec.Reason)
 	}
+	if ci, t := appTunnelOf(ctx); t != nil {
+		tunnelDst, err := tunnelTarget(snap, w, host, authority, p.cfg.Network) // apptunnel.go
+		if err != nil {
+			return nil, nil, inboundErr(http.StatusServiceUnavailable, "%w", err)
+		}
+		app, err := p.dialAppTunnel(ctx, ci, target, tunnelDst, t.Port)
+		if err != nil {
+			return nil, nil, inboundErr(http.StatusServiceUnavailable, "connect to %s: %w", target, err)
+		}
+		return app, snap, nil
+	}
 	app, err := p.dialApp(ctx, ci.src.Addr(), target)
 	if err != nil {
 		return nil, nil, inboundErr(http.StatusServiceUnavailable, "connect to %s: %w", target, err)
@@ -260,11 +272,10 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 }
 
 // dialApp connects to the local app, presenting the original client's IP as
-// the source when original-source spoofing is possible.
+// the source when original-source spoofing is possible. An inbound HBONE
+// connection to a workload with a PROXY application tunnel is dialled by
+// dialAppTunnel instead (inboundAuthorize).
 func (p *Proxy) dialApp(ctx context.Context, src netip.Addr, dst netip.AddrPort) (*net.TCPConn, error) {
-	if ci, t := appTunnelOf(ctx); t != nil {
-		return p.dialAppTunnel(ctx, ci, dst, t.Port)
-	}
 	return p.dialAppDirect(ctx, src, dst)
 }
 
