@@ -326,3 +326,76 @@ func TestScenarioClientServer(t *testing.T) {
 		})
 	}
 }
+
+// scenLBConfig is ztunnel's service_loadbalancing layout as the scenario
+// map describes it: the service "service" (VIP 10.96.0.10, port 80) has a
+// TCP endpoint on the client's node (server1, uncaptured) and an HBONE
+// endpoint on the other node (server2), both serving it on 8080.
+const scenLBConfig = `
+workloads:
+- {uid: u-client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.0.2"], protocol: HBONE, node: node-a, services: {}}
+- {uid: u-server1, name: server1, namespace: default, serviceAccount: server1, workloadIps: ["10.244.0.3"], protocol: TCP, node: node-a, services: {"default/service.default.svc.cluster.local": {80: 8080}}}
+- {uid: u-server2, name: server2, namespace: default, serviceAccount: server2, workloadIps: ["10.244.1.2"], protocol: HBONE, node: node-b, services: {"default/service.default.svc.cluster.local": {80: 8080}}}
+services:
+- {name: service, namespace: default, hostname: service.default.svc.cluster.local, vips: ["/10.96.0.10"], ports: {80: 80}}
+`
+
+// TestScenarioServiceLoadBalancing is ztunnel's service_loadbalancing (row
+// 16 of docs/ztunnel-scenarios.md) in shared mode: one connection to the
+// VIP reaches exactly one endpoint (from the source reporter's
+// destination_principal) and is counted 1/1/11/22 under the service's
+// labels; 50 more reach both; the remote endpoint's daemon reports the
+// service labels and its principal as destination.
+func TestScenarioServiceLoadBalancing(t *testing.T) {
+	l := startTrafficLab(t, true, scenLBConfig)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, name := range []string{"server1", "server2"} {
+		startDoubler(t, l.pods[name], 8080)
+	}
+	local, remote := l.daemon("client"), l.daemon("server2")
+	const vip = "10.96.0.10:80"
+	if err := helloDouble(ctx, l.pods["client"], vip); err != nil {
+		t.Fatalf("client -> %s: %v", vip, err)
+	}
+	one := tcpCounts{1, 1, float64(helloSize), float64(2 * helloSize)}
+	checkCounts(ctx, t, local, map[string]string{"reporter": "source"}, tcpCounts{}, one)
+	opened := func(d *labrun.Daemon, labels map[string]string) float64 {
+		return readCounts(ctx, t, d, labels).Opened
+	}
+	to1 := opened(local, map[string]string{"reporter": "source", "destination_principal": spiffe("server1")})
+	to2 := opened(local, map[string]string{"reporter": "source", "destination_principal": spiffe("server2")})
+	if to1+to2 != 1 {
+		t.Errorf("one connection: opened to server1 %v, to server2 %v; want exactly one of them 1", to1, to2)
+	}
+	svcLabels := map[string]string{
+		"reporter": "source", "destination_service": "service.default.svc.cluster.local",
+		"destination_service_name": "service", "destination_service_namespace": "default",
+	}
+	checkCounts(ctx, t, local, svcLabels, tcpCounts{}, one)
+
+	for i := range 50 {
+		if err := helloDouble(ctx, l.pods["client"], vip); err != nil {
+			t.Fatalf("connection %d to %s: %v", i, vip, err)
+		}
+	}
+	var total float64
+	for _, sa := range []string{"server1", "server2"} {
+		n := opened(local, map[string]string{"reporter": "source", "destination_principal": spiffe(sa)})
+		if n == 0 {
+			t.Errorf("51 connections: none to %s", sa)
+		}
+		total += n
+	}
+	if total != 51 {
+		t.Errorf("51 connections: %v opened to server1 or server2, want each to exactly one", total)
+	}
+	dstLabels := map[string]string{
+		"reporter": "destination", "destination_service": "service.default.svc.cluster.local",
+		"destination_service_name": "service", "destination_service_namespace": "default",
+		"destination_principal": spiffe("server2"),
+	}
+	if n := opened(remote, dstLabels); n == 0 {
+		t.Errorf("%s: no connection opened with %v", remote.Pod.Name, dstLabels)
+	}
+}
