@@ -347,7 +347,18 @@ services:
 // labels; 50 more reach both; the remote endpoint's daemon reports the
 // service labels and its principal as destination.
 func TestScenarioServiceLoadBalancing(t *testing.T) {
-	l := startTrafficLab(t, true, scenLBConfig)
+	for _, tc := range []struct{ name, config string }{
+		{"local TCP endpoint", scenLBConfig},
+		// ztunnel's body: its builder captures every workload of a node
+		// with a ztunnel, so the node-local endpoint is HBONE there.
+		{"local HBONE endpoint", strings.Replace(scenLBConfig, `protocol: TCP, node: node-a`, `protocol: HBONE, node: node-a`, 1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testServiceLoadBalancing(t, tc.config) })
+	}
+}
+
+func testServiceLoadBalancing(t *testing.T, config string) {
+	l := startTrafficLab(t, true, config)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for _, name := range []string{"server1", "server2"} {
