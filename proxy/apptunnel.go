@@ -12,19 +12,13 @@ import (
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
-// inboundConnKey marks the context of an inbound HBONE request with its
-// connInfo. The authorization step dials the app through dialApp; the
-// context lets dialApp apply the workload's application tunnel without the
-// authorization step knowing about tunnels.
-type inboundConnKey struct{}
-
-func withInboundConn(ctx context.Context, ci *connInfo) context.Context {
-	return context.WithValue(ctx, inboundConnKey{}, ci)
-}
-
-func inboundConnOf(ctx context.Context) *connInfo {
-	ci, _ := ctx.Value(inboundConnKey{}).(*connInfo)
-	return ci
+// proxyTunnel is w's application tunnel when it is of protocol PROXY: an
+// inbound HBONE connection to w is then dialled by dialAppTunnel.
+func proxyTunnel(w *state.Workload) *state.ApplicationTunnel {
+	if w != nil && w.ApplicationTunnel != nil && w.ApplicationTunnel.Protocol == state.AppTunnelProxy {
+		return w.ApplicationTunnel
+	}
+	return nil
 }
 
 // appTunnelWriteTimeout bounds writing the PROXY header to a fresh
