@@ -17,7 +17,8 @@ import (
 )
 
 // The scenarios of ztunnel's tests/namespaced.rs that carry traffic
-// (docs/ztunnel-scenarios.md, rows 1-16): the same client and server
+// (docs/ztunnel-scenarios.md, rows 1-7 and 16 here, the waypoint rows 8-15
+// in scenarios_waypoint_test.go): the same client and server
 // programs as ztunnel's (the client writes "hello world" and wants it back
 // twice, the server reads and writes each chunk twice), so the counters and
 // access-log byte counts are ztunnel's numbers: 11 bytes up, 22 down.
