@@ -190,6 +190,30 @@ func TestMultiNetworkDoubleHBONE(t *testing.T) {
 		return ctx
 	}
 
+	t.Run("one connection: source counters and outbound log", func(t *testing.T) {
+		// ztunnel's double_hbone1: the source reporter counts the one
+		// connection with its bytes; the outbound log names the final
+		// workload and its identity, the gateway as dst.addr and the
+		// service hostname as dst.hbone_addr.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		d := c.Daemons["client"]
+		src := map[string]string{"reporter": "source"}
+		base := readCounts(ctx, t, d, src)
+		conn := mn.dialVIP(t)
+		defer conn.Close()
+		if got, err := roundTrip(conn, []byte(helloMsg)); err != nil || string(got) != helloMsg {
+			t.Fatalf("echo %q, %v", got, err)
+		}
+		checkCounts(ctx, t, d, src, base, tcpCounts{1, 1, float64(helloSize), float64(helloSize)})
+		if _, err := d.WaitLog(logCtx(), "connection complete", `direction="outbound"`, `src.workload="client"`,
+			`src.identity="spiffe://cluster.local/ns/default/sa/client"`, `dst.workload="server"`,
+			`dst.identity="spiffe://cluster.local/ns/default/sa/server"`, "dst.addr="+netip.AddrPortFrom(c.Pods["eastwest"].IP, 15008).String()+" ",
+			`dst.hbone_addr="echo.default.svc.cluster.local:80"`, fmt.Sprintf("bytes_sent=%d ", helloSize), fmt.Sprintf("bytes_recv=%d ", helloSize)); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("large transfer through the gateway", func(t *testing.T) {
 		payload := make([]byte, 16<<20)
 		rand.Read(payload)

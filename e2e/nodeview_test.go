@@ -118,7 +118,8 @@ func TestSharedNodeView(t *testing.T) {
 	// Until node-a knows the daemon's workload the request goes out as
 	// plain passthrough; retry until one went over the self-proxy.
 	inbound := []string{`direction="inbound"`, `dst.workload="` + zt.Pod.Name + `"`, `src.identity="spiffe://cluster.local/ns/default/sa/client"`,
-		`dst.hbone_addr="` + net.JoinHostPort(zt.Pod.IP.String(), "15020") + `"`, "connection complete"}
+		`dst.hbone_addr="` + net.JoinHostPort(zt.Pod.IP.String(), "15020") + `"`, "connection complete",
+		"dst.addr=" + net.JoinHostPort(zt.Pod.IP.String(), "15008") + " ", `dst.identity="spiffe://cluster.local/ns/istio-system/sa/ztunnel"`}
 	var line string
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		resp, err := hc.Get(url)
@@ -142,6 +143,27 @@ func TestSharedNodeView(t *testing.T) {
 		}
 	}
 	t.Logf("self-proxy access log: %s", line)
+	// The daemon counted each self-proxied request as destination, opened
+	// and closed (ztunnel: 1 and 1; a retry above may add one).
+	served := 0
+	for _, l := range strings.Split(zt.Log(), "\n") {
+		if !slices.ContainsFunc(inbound, func(p string) bool { return !strings.Contains(l, p) }) {
+			served++
+		}
+	}
+	dst := map[string]string{"reporter": "destination", "destination_principal": "spiffe://cluster.local/ns/istio-system/sa/ztunnel"}
+	var got tcpCounts
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if got = readCounts(ctx, t, zt, dst); got.Opened == float64(served) && got.Closed == float64(served) {
+			break
+		}
+	}
+	if served != 1 {
+		t.Logf("%d self-proxied requests logged (retries)", served)
+	}
+	if got.Opened != float64(served) || got.Closed != float64(served) || got.Received == 0 || got.Sent == 0 {
+		t.Errorf("self-proxy destination counters with %v: %s, want opened=closed=%d (the requests served) and bytes both ways", dst, got, served)
+	}
 
 	// The node-local lookup: the client's traffic is reported as the
 	// client's, never as a twin's.

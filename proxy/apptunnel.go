@@ -9,21 +9,16 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/proxy/proxyproto"
+	"github.com/ztunnel-go/ztunnel/state"
 )
 
-// inboundConnKey marks the context of an inbound HBONE request with its
-// connInfo. The authorization step dials the app through dialApp; the
-// context lets dialApp apply the workload's application tunnel without the
-// authorization step knowing about tunnels.
-type inboundConnKey struct{}
-
-func withInboundConn(ctx context.Context, ci *connInfo) context.Context {
-	return context.WithValue(ctx, inboundConnKey{}, ci)
-}
-
-func inboundConnOf(ctx context.Context) *connInfo {
-	ci, _ := ctx.Value(inboundConnKey{}).(*connInfo)
-	return ci
+// proxyTunnel is w's application tunnel when it is of protocol PROXY: an
+// inbound HBONE connection to w is then dialled by dialAppTunnel.
+func proxyTunnel(w *state.Workload) *state.ApplicationTunnel {
+	if w != nil && w.ApplicationTunnel != nil && w.ApplicationTunnel.Protocol == state.AppTunnelProxy {
+		return w.ApplicationTunnel
+	}
+	return nil
 }
 
 // appTunnelWriteTimeout bounds writing the PROXY header to a fresh
@@ -33,9 +28,9 @@ const appTunnelWriteTimeout = 10 * time.Second
 // dialAppTunnel connects to a workload that terminates tunnels itself
 // (application_tunnel protocol PROXY): to the tunnel port (the target port
 // when 0), over loopback unless DirectAppTunnel, and writes a PROXY v2
-// header naming the client, the original target and, in TLV 0xD0, the
-// client's SPIFFE ID.
-func (p *Proxy) dialAppTunnel(ctx context.Context, ci *connInfo, target netip.AddrPort, port uint16) (*net.TCPConn, error) {
+// header naming the client, tunnelDst (see tunnelTarget) and, in TLV 0xD0,
+// the client's SPIFFE ID.
+func (p *Proxy) dialAppTunnel(ctx context.Context, ci *connInfo, target, tunnelDst netip.AddrPort, port uint16) (*net.TCPConn, error) {
 	if port == 0 {
 		port = target.Port()
 	}
@@ -56,7 +51,7 @@ func (p *Proxy) dialAppTunnel(ctx context.Context, ci *connInfo, target netip.Ad
 	if err != nil {
 		return nil, fmt.Errorf("application tunnel: %w", err)
 	}
-	h := proxyproto.Header{Command: proxyproto.Proxy, Src: ci.src, Dst: target}
+	h := proxyproto.Header{Command: proxyproto.Proxy, Src: ci.src, Dst: tunnelDst}
 	if id := ci.srcID(); id != (identity.Identity{}) {
 		h.TLVs = []proxyproto.TLV{{Type: proxyproto.TypeSPIFFEID, Value: []byte(id.String())}}
 	}
@@ -67,4 +62,38 @@ func (p *Proxy) dialAppTunnel(ctx context.Context, ci *connInfo, target netip.Ad
 	}
 	_ = c.SetWriteDeadline(time.Time{})
 	return c, nil
+}
+
+// tunnelTarget is the destination the PROXY header of an application
+// tunnel names, ztunnel's tunnel_target: the CONNECT authority as the client
+// sent it when it is an address (for a waypoint, the address the client
+// asked for, not the waypoint's own); for a service hostname, which PROXY
+// cannot carry, a VIP of the service w serves it for (one on network first,
+// then IPv4 first; of equals the last listed) with the authority's port.
+func tunnelTarget(snap *state.Snapshot, w *state.Workload, host string, authority netip.AddrPort, network string) (netip.AddrPort, error) {
+	if host == "" {
+		return authority, nil
+	}
+	var (
+		best  netip.Addr
+		score = -1
+	)
+	if svc := endpointService(snap, w, host); svc != nil {
+		for _, v := range svc.VIPs {
+			sc := 0
+			if v.Network == network {
+				sc = 1
+				if v.Addr.Is4() || v.Addr.Is4In6() {
+					sc = 2
+				}
+			}
+			if sc >= score { // of equals, the last (ztunnel's max_by_key)
+				best, score = v.Addr.Unmap(), sc
+			}
+		}
+	}
+	if !best.IsValid() {
+		return netip.AddrPort{}, fmt.Errorf("application tunnel: no IP for service %s", host)
+	}
+	return netip.AddrPortFrom(best, authority.Port()), nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 	"github.com/ztunnel-go/ztunnel/proxy/meta"
 	"github.com/ztunnel-go/ztunnel/proxy/proxyproto"
+	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
 
 // connectWith opens an HBONE stream to the rig's 15008 as ns/client with
@@ -193,16 +194,25 @@ func TestApplicationTunnel(t *testing.T) {
 		tunnelPort int  // 0: the target port
 		direct     bool // LOCALHOST_APP_TUNNEL=false
 		targetPort int
+		// authority, when set, names another address than the pod's (a
+		// waypoint's tunnel carries its destination's): the header names
+		// it, as ztunnel's tunnel_target, while the app is still dialled
+		// on the pod's tunnel port.
+		authority string
 	}{
-		{"dedicated tunnel port", tunnelPort, false, 8080},
-		{"target port", 0, false, tunnelPort},
-		{"direct to the pod address", tunnelPort, true, 8080},
+		{"dedicated tunnel port", tunnelPort, false, 8080, ""},
+		{"target port", 0, false, tunnelPort, ""},
+		{"direct to the pod address", tunnelPort, true, 8080, ""},
+		{"authority of another address is the header's destination", tunnelPort, false, 8080, "10.96.7.7:8080"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			extra := fmt.Sprintf("  applicationTunnel: {protocol: PROXY, port: %d}", tc.tunnelPort)
 			rig := startProxy(t, fmt.Sprintf(srvConfig, extra), "srv", func(c *Config) { c.DirectAppTunnel = tc.direct })
 			target := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(tc.targetPort))
+			if tc.authority != "" {
+				target = netip.MustParseAddrPort(tc.authority)
+			}
 			s, local, err := rig.connectWith(t, target.String(), nil)
 			if err != nil {
 				t.Fatal(err)
@@ -234,4 +244,51 @@ func TestApplicationTunnel(t *testing.T) {
 		streamEcho(t, s, "plain") // an echo app would return a header too
 		nextLog(t, rig.logs)
 	})
+}
+
+// TestTunnelTarget pins the PROXY header's destination for each authority
+// form, as ztunnel's tunnel_target: an address as sent; a service hostname
+// as a VIP of the service, one on the local network first, then IPv4
+// first, with the authority's port; a hostname without a VIP fails.
+func TestTunnelTarget(t *testing.T) {
+	snap, err := xdsconv.LocalSnapshot([]byte(`
+workloads:
+- uid: srv
+  name: srv
+  namespace: ns
+  serviceAccount: srv
+  workloadIps: ["127.0.0.1"]
+  protocol: HBONE
+  network: net-a
+  services: {"ns/mixed.ns.svc.cluster.local": {80: 8080}, "ns/novip.ns.svc.cluster.local": {80: 8080}}
+services:
+- {name: mixed, namespace: ns, hostname: mixed.ns.svc.cluster.local, vips: ["net-b/10.0.0.9", "net-a/fd00::9", "net-a/10.0.0.8"], ports: {80: 8080}}
+- {name: novip, namespace: ns, hostname: novip.ns.svc.cluster.local, vips: [], ports: {80: 8080}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := snap.WorkloadByUID("srv")
+	tests := []struct {
+		name, host, authority, want string
+	}{
+		{"address authority as sent", "", "10.96.7.7:8080", "10.96.7.7:8080"},
+		{"hostname: local network, IPv4 first", "mixed.ns.svc.cluster.local", "0.0.0.0:80", "10.0.0.8:80"},
+		{"hostname without a VIP", "novip.ns.svc.cluster.local", "0.0.0.0:80", ""},
+		{"hostname of no service of the workload", "other.ns.svc.cluster.local", "0.0.0.0:80", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tunnelTarget(snap, w, tc.host, netip.MustParseAddrPort(tc.authority), "net-a")
+			if tc.want == "" {
+				if err == nil {
+					t.Fatalf("got %s, want an error", got)
+				}
+				return
+			}
+			if err != nil || got.String() != tc.want {
+				t.Fatalf("got %s, %v; want %s", got, err, tc.want)
+			}
+		})
+	}
 }

@@ -86,13 +86,7 @@ func validHostname(h string) bool {
 // a 400 (the tunnel is not addressed to this pod); a port that cannot be
 // resolved is a 503, as ztunnel answers.
 func hostAuthorityTarget(snap *state.Snapshot, w *state.Workload, host string, svcPort uint16, local netip.Addr) (netip.AddrPort, error) {
-	var svc *state.Service
-	for _, s := range snap.ServicesByHostname(host) {
-		if _, ok := w.Services[s.Key()]; ok {
-			svc = s
-			break
-		}
-	}
+	svc := endpointService(snap, w, host)
 	if svc == nil {
 		return netip.AddrPort{}, inboundErr(http.StatusBadRequest, "authority %s:%d: workload %s is not an endpoint of a service with that hostname", host, svcPort, w.UID)
 	}
@@ -103,6 +97,17 @@ func hostAuthorityTarget(snap *state.Snapshot, w *state.Workload, host string, s
 		return netip.AddrPortFrom(local, tp), nil
 	}
 	return netip.AddrPort{}, inboundErr(http.StatusServiceUnavailable, "authority %s:%d: service %s has no target port for port %d", host, svcPort, svc.Key(), svcPort)
+}
+
+// endpointService is the service with hostname host that w is an endpoint
+// of, or nil.
+func endpointService(snap *state.Snapshot, w *state.Workload, host string) *state.Service {
+	for _, s := range snap.ServicesByHostname(host) {
+		if _, ok := w.Services[s.Key()]; ok {
+			return s
+		}
+	}
+	return nil
 }
 
 // inboundSource finds the source workload for telemetry. A request that

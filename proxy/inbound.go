@@ -197,9 +197,6 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 // re-checks.
 func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, *state.Snapshot, error) {
 	p.inboundMeta(req, ci)
-	// dialApp finds the connection here to apply the workload's
-	// application tunnel (the PROXY header needs the peer's identity).
-	ctx = withInboundConn(ctx, ci)
 	return p.inboundAuthorize(ctx, req, ci)
 }
 
@@ -208,6 +205,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	if err != nil {
 		return nil, nil, inboundErr(http.StatusBadRequest, "%w", err)
 	}
+	authority := target
 	ci.dst = target
 	peer, ok := ctx.Value(peerIdentityKey{}).(*peerIdentity)
 	if !ok {
@@ -252,6 +250,17 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	if !dec.Allowed {
 		return nil, nil, inboundErr(http.StatusUnauthorized, "connection rejected by policy: %s", dec.Reason)
 	}
+	if t := proxyTunnel(w); t != nil { // apptunnel.go
+		tunnelDst, err := tunnelTarget(snap, w, host, authority, p.cfg.Network)
+		if err != nil {
+			return nil, nil, inboundErr(http.StatusServiceUnavailable, "%w", err)
+		}
+		app, err := p.dialAppTunnel(ctx, ci, target, tunnelDst, t.Port)
+		if err != nil {
+			return nil, nil, inboundErr(http.StatusServiceUnavailable, "connect to %s: %w", target, err)
+		}
+		return app, snap, nil
+	}
 	app, err := p.dialApp(ctx, ci.src.Addr(), target)
 	if err != nil {
 		return nil, nil, inboundErr(http.StatusServiceUnavailable, "connect to %s: %w", target, err)
@@ -260,33 +269,19 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 }
 
 // dialApp connects to the local app, presenting the original client's IP as
-// the source when original-source spoofing is possible.
+// the source when original-source spoofing is possible. An inbound HBONE
+// connection to a workload with a PROXY application tunnel is dialled by
+// dialAppTunnel instead (inboundAuthorize).
 func (p *Proxy) dialApp(ctx context.Context, src netip.Addr, dst netip.AddrPort) (*net.TCPConn, error) {
-	if ci, t := appTunnelOf(ctx); t != nil {
-		return p.dialAppTunnel(ctx, ci, dst, t.Port)
-	}
 	return p.dialAppDirect(ctx, src, dst)
 }
 
-// appTunnelOf returns the inbound connection in ctx and the application
-// tunnel its destination asks for, if any.
-func appTunnelOf(ctx context.Context) (*connInfo, *state.ApplicationTunnel) {
-	if ci := inboundConnOf(ctx); ci != nil && ci.dstWorkload != nil {
-		if t := ci.dstWorkload.ApplicationTunnel; t != nil && t.Protocol == state.AppTunnelProxy {
-			return ci, t
-		}
-	}
-	return nil, nil
-}
-
 // plainAppDial reports whether dialApp would connect to dst with p.dialer
-// as it is, from the proxy's own address: no application tunnel, no
-// original-source spoofing (with its fallback). Such a connect can be left
-// to the engine's event loop (engine.StartDial), and fails with the same
-// error dialApp's would.
-func (p *Proxy) plainAppDial(ctx context.Context, src netip.Addr, dst netip.AddrPort) bool {
-	_, t := appTunnelOf(ctx)
-	return t == nil && !p.spoofsSource(src, dst)
+// as it is, from the proxy's own address: no original-source spoofing
+// (with its fallback). Such a connect can be left to the engine's event
+// loop (engine.StartDial), and fails with the same error dialApp's would.
+func (p *Proxy) plainAppDial(src netip.Addr, dst netip.AddrPort) bool {
+	return !p.spoofsSource(src, dst)
 }
 
 // spoofsSource reports whether dialAppDirect tries src as the source of its
