@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -17,16 +16,7 @@ import (
 // not be migrated. The listeners' SO_REUSEPORT steering program (engine)
 // sends new connections to the new daemon as soon as it listens, so the old
 // one's queue is empty when it closes: no connection attempt may be lost.
-//
-// It runs in make soak, not make test: on a loaded machine (make test's
-// parallel packages under the race detector) about one run in three loses
-// every connection in flight at one moment (8 of ~2,000, each held ~2.4 s
-// until a drain deadline, then reset; docs/status.md). Until that is found
-// and fixed it would fail CI at random; make soak keeps it running.
 func TestSharedUpgradeReadOnlyProcSys(t *testing.T) {
-	if os.Getenv(soakEnv) != "1" {
-		t.Skipf("runs in make soak (%s=1): known loss under load, see docs/status.md", soakEnv)
-	}
 	s := startShared(t, func(o *labrun.SharedOptions) { o.ReadOnlyProcSys = true })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
