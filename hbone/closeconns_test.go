@@ -40,17 +40,33 @@ func TestCloseConns(t *testing.T) {
 		closer func(match func(net.Conn) bool, cause error) int
 		match  func(net.Conn) bool
 		key    string
+		goAway bool // the client side must have read a GOAWAY first
 	}{
-		{"pool closes its connection to a revoked server", p.CloseConns, is("a"), "a"},
-		{"server closes its connection from a revoked client", ts.Server.CloseConns, isPeer("b"), "b"},
+		{"pool closes its connection to a revoked server", p.CloseConns, is("a"), "a", false},
+		// As ztunnel's abrupt shutdown: GOAWAY(NO_ERROR), then the close.
+		{"server closes its connection from a revoked client", ts.Server.CloseConns, isPeer("b"), "b", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			cc := poolConns(p, tc.key)[0]
 			if n := tc.closer(tc.match, errRevoked); n != 1 {
 				t.Fatalf("closed %d connections, want 1", n)
 			}
 			_ = streams[tc.key].SetReadDeadline(time.Now().Add(10 * time.Second))
 			if _, err := streams[tc.key].Read(make([]byte, 1)); err == nil {
 				t.Fatal("a stream of the closed connection still reads")
+			}
+			if !tc.goAway {
+				return
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for cc.Err() == nil && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			cc.c.mu.Lock()
+			got := cc.c.goAwayRecv
+			cc.c.mu.Unlock()
+			if !got {
+				t.Fatalf("the client's connection ended (%v) without a GOAWAY from the server", cc.Err())
 			}
 		})
 	}

@@ -210,8 +210,10 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 
 // CloseConns closes abruptly, with cause, every connection being served
 // whose network connection match accepts, and returns how many it closed;
-// their ServeConn calls return cause. match runs without the server's lock
-// held.
+// their ServeConn calls return cause. Abruptly as ztunnel does for a revoked
+// peer: its streams fail at once, and the peer is sent GOAWAY(NO_ERROR) with
+// the last stream processed before the transport closes (the flush bounded
+// by closeFlushTimeout). match runs without the server's lock held.
 func (srv *Server) CloseConns(match func(net.Conn) bool, cause error) int {
 	srv.mu.Lock()
 	conns := make([]*conn, 0, len(srv.conns))
@@ -222,7 +224,7 @@ func (srv *Server) CloseConns(match func(net.Conn) bool, cause error) int {
 	n := 0
 	for _, c := range conns {
 		if match(c.nc) {
-			c.forceClose(cause)
+			c.shutdown(cause, true, http2.ErrCodeNo, "", false)
 			n++
 		}
 	}
