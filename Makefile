@@ -87,7 +87,7 @@ bench: bench-tools ## End-to-end benchmarks of std, epoll and io_uring side by s
 	$(BIN)/zbench $(BENCHFLAGS)
 
 .PHONY: bench-quick
-bench-quick: bench-tools ## CI smoke run of the end-to-end benchmarks (root, about a minute; HAProxy optional)
+bench-quick: bench-tools ## CI smoke run of the end-to-end benchmarks (root, about a minute; HAProxy paths skipped if it is missing)
 	@scripts/deps.sh lab
 	$(BIN)/zbench --quick $(BENCHFLAGS)
 

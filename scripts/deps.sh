@@ -27,6 +27,8 @@ mode=${1:-test}
 #                       peers, built by the test).
 #   util-linux, mount:  unshare and mount, for the upgrade test that runs the
 #                       daemons with /proc/sys read-only.
+#   haproxy:            one of the proxies the benchmarks compare (TCP, and the mTLS
+#                       pair and terminator); its peer configs are tested in make test.
 DEPS=(
 	iproute2:ip
 	iptables:iptables-restore
@@ -42,17 +44,14 @@ DEPS=(
 	libc6-dev:/usr/include/stdio.h
 	util-linux:unshare
 	mount:mount
+	haproxy:haproxy
 )
-# BENCH_DEPS: only `make bench` (HAProxy is one of the compared proxies; the
-# report marks its rows skipped when it is absent).
-BENCH_DEPS=(haproxy:haproxy)
 # LAB: what `make demo` and the benchmarks cannot run without.
 LAB=(iproute2 iptables)
 
 want=("${DEPS[@]}")
 case "$mode" in
-demo | lab | test) ;;
-bench) want+=("${BENCH_DEPS[@]}") ;;
+demo | lab | test | bench) ;;
 *)
 	echo "usage: $0 demo|lab|test|bench" >&2
 	exit 2

@@ -194,6 +194,9 @@ const (
 	h2ServerPort   = 9443 // naive HBONE server, one hop (server pod)
 	h2ServerPort2  = 9445 // naive HBONE server half of the two-hop pair (server pod)
 	tlsPort        = 9444 // mTLS terminator (server pod)
+	haproxyTLSPort = 9446 // HAProxy mTLS terminator, one hop (server pod)
+	haproxyPairSrv = 9447 // HAProxy mTLS pair, server half (server pod)
+	haproxyPairCli = 9007 // HAProxy mTLS pair, client half (client pod)
 	pprofBase      = 6060 // peers' pprof: 127.0.0.1:6060+n in their pod
 	hbonePort      = 15008
 )

@@ -278,6 +278,9 @@ func (b *bench) startPeersAndTargets(ctx context.Context) error {
 		args:  append([]string{"--tls", "--target", addr(srv.IP, tlsPort), "--san", peerSAN}, b.certArgs(zloadSA)...),
 		procs: []*proc{tl},
 	})
+	if err := b.addHAProxyTLSTargets(ctx, false); err != nil {
+		return err
+	}
 
 	// Two hops.
 	for _, be := range b.o.Backends {
@@ -309,6 +312,9 @@ func (b *bench) startPeersAndTargets(ctx context.Context) error {
 			Note:  fmt.Sprintf("%s → 127.0.0.1:%d (x/net/http2 Transport) → mTLS → %s (Server) → %s", podClient, h2ClientPort, addr(srv.IP, h2ServerPort2), srvApp)},
 		ns: cli.NS, args: []string{"--target", loop(h2ClientPort)}, procs: []*proc{h2c, h2s2},
 	})
+	if err := b.addHAProxyTLSTargets(ctx, true); err != nil {
+		return err
+	}
 	hop2, err := b.startPeer(ctx, srv, "zpeer copy (hop 2)", fmt.Sprintf("0.0.0.0:%d", copyHop2Port), 6, "copy", "--to", loop(appPort))
 	if err != nil {
 		return err

@@ -16,6 +16,10 @@ const (
 	KeyTLS           = "tls"
 	KeyH2            = "h2-naive"
 	KeyCopyPair      = "copy-pair"
+	// KeyHAProxyTLS is an HAProxy mTLS terminator (one hop).
+	KeyHAProxyTLS = "haproxy-tls"
+	// KeyHAProxyPair is a pair of HAProxies tunnelling over mTLS (two hops).
+	KeyHAProxyPair = "haproxy-mtls-pair"
 )
 
 // DirectID is the ID of the direct baseline.
@@ -162,6 +166,25 @@ func EvaluateGoals(r *Run, st *Stats, backend string) []Goal {
 		atMost(i5, "two hops added RR p99 vs two plain hops' added p99", two, added(two, FieldP99)/added(cp, FieldP99), 1.2)
 	}
 	atLeast(i5, "two hops connection rate (pooled tunnels) vs direct", two, direct(two, MetricCPS, FieldPerSecond), 0.4)
+
+	// Issue 23: against what an operator would take for a TLS tunnel.
+	const i23 = "#23 latency"
+	hp, ht := ConfigID(GroupHBONE2, KeyHAProxyPair), ConfigID(GroupHBONE1, KeyHAProxyTLS)
+	vs := func(id, peer, metric string, f func(Sample) float64) float64 {
+		return med(id, metric, f) / med(peer, metric, f)
+	}
+	if rr1 != "" {
+		atMost(i23, "two hops RR p50 vs HAProxy mTLS pair", two, vs(two, hp, rr1, FieldP50), 1)
+		atMost(i23, "two hops RR p99 vs HAProxy mTLS pair", two, vs(two, hp, rr1, FieldP99), 1)
+		atMost(i23, "one hop RR p50 vs HAProxy mTLS terminator", one, vs(one, ht, rr1, FieldP50), 1)
+		atMost(i23, "one hop RR p99 vs HAProxy mTLS terminator", one, vs(one, ht, rr1, FieldP99), 1)
+	}
+	atLeast(i23, "two hops throughput, 1 stream, vs HAProxy mTLS pair", two, vs(two, hp, MetricTput1, FieldGbps), 1.3)
+	atMost(i23, "two hops CPU per Gbit/s vs HAProxy mTLS pair", two, vs(two, hp, MetricTput1, FieldCoresPerGbps), 0.75)
+	atLeast(i23, "two hops connection rate vs HAProxy mTLS pair", two, vs(two, hp, MetricCPS, FieldPerSecond), 2)
+	if i, ok := idle(two); ok {
+		atMostAbs(i23, "idle HBONE-carried connection, tighter: RSS per daemon (costlier one)", two, i.MaxPerProc().RSSKiB, 3, "KiB")
+	}
 	return goals
 }
 

@@ -50,6 +50,8 @@ func synthetic() *report.Run {
 		{id: report.ConfigID(report.GroupHBONE2, d), group: report.GroupHBONE2, daemon: true, gbps: 2, cores: 1.5, p50: 300, p99: 600, cps: 2000},
 		{id: report.ConfigID(report.GroupHBONE2, report.KeyH2), group: report.GroupHBONE2, gbps: 2, cores: 1.5, p50: 600, p99: 1200, cps: 2000},
 		{id: report.ConfigID(report.GroupHBONE2, report.KeyCopyPair), group: report.GroupHBONE2, gbps: 10, cores: 1, p50: 200, p99: 400, cps: 3000},
+		{id: report.ConfigID(report.GroupHBONE1, report.KeyHAProxyTLS), group: report.GroupHBONE1, gbps: 4, cores: 0.5, p50: 100, p99: 300, cps: 1500},
+		{id: report.ConfigID(report.GroupHBONE2, report.KeyHAProxyPair), group: report.GroupHBONE2, gbps: 1, cores: 1, p50: 250, p99: 900, cps: 500},
 	}
 	for _, f := range figs {
 		r.Configs = append(r.Configs, report.Config{ID: f.id, Group: f.group, Proxy: f.id, Daemon: f.daemon, Direct: f.direct, Backend: map[bool]string{true: "std"}[f.daemon]})
@@ -117,6 +119,14 @@ func TestGoals(t *testing.T) {
 		"idle passthrough connection: daemon RSS":                      2.0 / 8,
 		"two hops connection rate (pooled tunnels) vs direct":          (2000.0 / 10000) / 0.4,
 		"idle HBONE-carried connection: RSS per daemon (costlier one)": 4.0 / 8,
+		// Issue 23, against HAProxy.
+		"two hops RR p50 vs HAProxy mTLS pair":                                  250.0 / 300,
+		"two hops RR p99 vs HAProxy mTLS pair":                                  900.0 / 600,
+		"one hop RR p50 vs HAProxy mTLS terminator":                             100.0 / 150,
+		"two hops throughput, 1 stream, vs HAProxy mTLS pair":                   2.0 / 1 / 1.3,
+		"two hops CPU per Gbit/s vs HAProxy mTLS pair":                          0.75 / ((1.5 / 2) / (1.0 / 1)),
+		"two hops connection rate vs HAProxy mTLS pair":                         2000.0 / 500 / 2,
+		"idle HBONE-carried connection, tighter: RSS per daemon (costlier one)": 3.0 / 8,
 	}
 	for text, score := range want {
 		g, ok := byText[text]
