@@ -7,7 +7,11 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,9 +19,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
+	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 	"golang.org/x/sys/unix"
 )
 
@@ -142,4 +150,107 @@ func TestPortInUse(t *testing.T) {
 			})
 		}
 	}
+}
+
+// hboneConnect opens an HBONE tunnel from inside pod from (not through a
+// daemon) to dst's 15008 with cert, checking the server's identity san, and
+// CONNECTs to authority. The tunnel is closed when the test ends.
+func hboneConnect(ctx context.Context, t *testing.T, from *netnslab.Pod, cert *mtls.WorkloadCert, dst netip.Addr, authority, san string) (*hbone.Stream, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	raw, err := from.Dial(ctx, "tcp", netip.AddrPortFrom(dst, 15008).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Client(raw, mtls.ClientConfig(cert, []string{san}))
+	if err := tc.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	cc, err := hbone.NewClientConn(tc, hbone.Config{})
+	if err != nil {
+		raw.Close()
+		return nil, err
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc.Connect(ctx, &hbone.Request{Authority: authority})
+}
+
+// policyConfig is test_policy's and hbone_ip_mismatch's mesh (namespaced.rs,
+// shared mode, one node): a captured server, an uncaptured client (a TCP
+// workload: no capture, not handed to the daemon), and a namespace ALLOW
+// policy for the waypoint's principal only.
+const policyConfig = `
+workloads:
+- {uid: cluster1//v1/Pod/default/server, name: server, namespace: default, serviceAccount: server, workloadIps: ["10.244.0.2"], protocol: HBONE, node: node-a, services: {}}
+- {uid: cluster1//v1/Pod/default/client, name: client, namespace: default, serviceAccount: default, workloadIps: ["10.244.0.3"], protocol: TCP, node: node-a, services: {}}
+policies:
+- name: deny_bypass
+  namespace: default
+  scope: Namespace
+  action: Allow
+  dryRun: false
+  rules:
+  - - - principals:
+        - Exact: cluster.local/ns/default/sa/waypoint
+`
+
+// TestInboundRefusalLogs is ztunnel's test_policy and hbone_ip_mismatch
+// (rows 19 and 20): the uncaptured client opens HBONE to the captured
+// server's 15008 itself, with a valid certificate of the same CA. As
+// default/default, under an ALLOW policy for the waypoint only, its CONNECT
+// is answered 401 and the server's daemon logs ztunnel's error text; a
+// CONNECT whose authority is the client's own IP is answered 400 with
+// "ip mismatch: <server> != <client>". The waypoint's identity gets 200:
+// what refuses the others is the policy.
+func TestInboundRefusalLogs(t *testing.T) {
+	lab := netnslab.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := startSharedCluster(ctx, t, lab, policyConfig, labrun.SharedOptions{Binary: ztunnelBin, Dir: t.TempDir()})
+	startEcho(t, c.Pods["server"], 8080)
+	server, client := c.Pods["server"], c.Pods["client"]
+	d := c.Daemons["node-a"]
+	const serverSAN = "spiffe://cluster.local/ns/default/sa/server"
+	srvAuthority := netip.AddrPortFrom(server.IP, 8080).String()
+
+	t.Run("allowed principal gets 200", func(t *testing.T) {
+		cert := tlstest.Cert(t, c.CA, identity.New("", "default", "waypoint"))
+		s, err := hboneConnect(ctx, t, client, cert, server.IP, srvAuthority, serverSAN)
+		if err != nil {
+			t.Fatalf("CONNECT as the waypoint: %v, want 200", err)
+		}
+		s.Close()
+	})
+
+	t.Run("test_policy: another principal gets 401 and the policy rejection is logged", func(t *testing.T) {
+		cert := tlstest.Cert(t, c.CA, identity.New("", "default", "default"))
+		_, err := hboneConnect(ctx, t, client, cert, server.IP, srvAuthority, serverSAN)
+		var se *hbone.StatusError
+		if !errors.As(err, &se) || se.Code != 401 {
+			t.Fatalf("CONNECT as default/default: %v, want status 401", err)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+		defer wcancel()
+		if _, err := d.WaitLog(wctx, "access", "src.addr="+client.IP.String()+":",
+			`error="connection closed due to policy rejection: allow policies exist, but none allowed"`); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("hbone_ip_mismatch: another workload's IP as authority gets 400 and the mismatch is logged", func(t *testing.T) {
+		cert := tlstest.Cert(t, c.CA, identity.New("", "default", "default"))
+		_, err := hboneConnect(ctx, t, client, cert, server.IP, netip.AddrPortFrom(client.IP, 8080).String(), serverSAN)
+		var se *hbone.StatusError
+		if !errors.As(err, &se) || se.Code != 400 {
+			t.Fatalf("CONNECT to the client's IP through the server: %v, want status 400", err)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+		defer wcancel()
+		want := fmt.Sprintf(`error="ip mismatch: %s != %s"`, server.IP, client.IP)
+		if _, err := d.WaitLog(wctx, "access", want); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
