@@ -7,12 +7,20 @@ package e2e
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -414,4 +422,106 @@ func TestMaliciousCallsInPod(t *testing.T) {
 			})
 		}
 	}
+}
+
+// trustDomainConfig is trust_domain_mismatch_rejected's node (namespaced.rs,
+// shared mode): a server, a client whose identity is in another trust
+// domain (clusterset.local) with a certificate from the same CA, and a
+// client of the mesh's own trust domain as the control.
+const trustDomainConfig = `
+workloads:
+- {uid: cluster1//v1/Pod/default/server, name: server, namespace: default, serviceAccount: server, workloadIps: ["10.244.0.2"], protocol: HBONE, node: node-a, services: {}}
+- {uid: cluster1//v1/Pod/default/client, name: client, namespace: default, serviceAccount: my-app, trustDomain: clusterset.local, workloadIps: ["10.244.0.3"], protocol: HBONE, node: node-a, services: {}}
+- {uid: cluster1//v1/Pod/default/local, name: local, namespace: default, serviceAccount: local, workloadIps: ["10.244.0.4"], protocol: HBONE, node: node-a, services: {}}
+`
+
+// twoTrustDomainCA is a built-in CA whose root names every trust domain of
+// tds (spiffe:// URI SANs), so that it signs for each: "the same CA" of
+// ztunnel's test for identities of two trust domains.
+func twoTrustDomainCA(t *testing.T, tds ...string) *caclient.BuiltinCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: "lab CA of two trust domains"},
+		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+	}
+	for _, td := range tds {
+		tmpl.URIs = append(tmpl.URIs, &url.URL{Scheme: "spiffe", Host: td})
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := caclient.LoadBuiltinCA(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// TestTrustDomainMismatch is ztunnel's trust_domain_mismatch_rejected (row
+// 24): the client's daemon tunnels with the client's certificate, of
+// another trust domain; the server side refuses the handshake, and the
+// client's app sees its connection reset, not data and not a clean close.
+func TestTrustDomainMismatch(t *testing.T) {
+	lab := netnslab.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := startSharedCluster(ctx, t, lab, trustDomainConfig, labrun.SharedOptions{
+		Binary: ztunnelBin, Dir: t.TempDir(), CA: twoTrustDomainCA(t, "cluster.local", "clusterset.local"),
+	})
+	echo := startEcho(t, c.Pods["server"], 8080)
+	d := c.Daemons["node-a"]
+
+	t.Run("a client of the mesh's trust domain reaches the server", func(t *testing.T) {
+		conn, err := c.Pods["local"].Dial(ctx, "tcp", echo.Addr.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if err := echoRound(conn, "hello world!"); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("a client of another trust domain is reset", func(t *testing.T) {
+		conn, err := c.Pods["client"].Dial(ctx, "tcp", echo.Addr.String())
+		if err != nil {
+			t.Fatal(err) // the pod's own outbound listener accepts
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := conn.Write([]byte("hello world!")); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatal(err)
+		}
+		n, err := conn.Read(make([]byte, 10))
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("read %d bytes, %v; want the connection reset", n, err)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+		defer wcancel()
+		src := "src.addr=" + c.Pods["client"].IP.String() + ":"
+		// The server side refused the client's certificate for its trust
+		// domain (not the client side the server's).
+		if _, err := d.WaitLog(wctx, "connection failed", `direction="inbound"`, src, "tls handshake",
+			"peer is not in our trust domain", "spiffe://clusterset.local/ns/default/sa/my-app"); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range echo.Peers() {
+			if p.Addr() == c.Pods["client"].IP {
+				t.Fatalf("the server's app saw a connection from the client of another trust domain")
+			}
+		}
+	})
 }
