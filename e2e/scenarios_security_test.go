@@ -525,3 +525,60 @@ func TestTrustDomainMismatch(t *testing.T) {
 		}
 	})
 }
+
+// serverShutdownConfig is test_server_shutdown's node (namespaced.rs,
+// shared mode): a captured client and a captured server on one daemon.
+const serverShutdownConfig = `
+workloads:
+- {uid: cluster1//v1/Pod/default/server, name: server, namespace: default, serviceAccount: server, workloadIps: ["10.244.0.2"], protocol: HBONE, node: node-a, services: {}}
+- {uid: cluster1//v1/Pod/default/client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.0.3"], protocol: HBONE, node: node-a, services: {}}
+`
+
+// TestServerPodDeleted is ztunnel's test_server_shutdown (row 18): the
+// destination pod is deleted from the daemon (ZDS Del; its app keeps
+// running, its workload stays in the state) while the client holds a
+// connection to it. A new connection still connects (the client's own
+// outbound listener accepts) but its request fails, and the held
+// connection breaks on its next round trip: the deleted pod's identity
+// serves nothing any more.
+func TestServerPodDeleted(t *testing.T) {
+	lab := netnslab.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := startSharedCluster(ctx, t, lab, serverShutdownConfig, labrun.SharedOptions{Binary: ztunnelBin, Dir: t.TempDir()})
+	echo := startEcho(t, c.Pods["server"], 8080)
+	client := c.Pods["client"]
+
+	held, err := client.Dial(ctx, "tcp", echo.Addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if err := echoRound(held, "hello world"); err != nil {
+		t.Fatalf("the held connection before the deletion: %v", err)
+	}
+	if err := c.RemoveFromMesh("server"); err != nil {
+		t.Fatal(err)
+	}
+
+	conn, err := client.Dial(ctx, "tcp", echo.Addr.String())
+	if err != nil {
+		t.Fatalf("a new connection after the deletion: %v, want it accepted by the client's outbound listener", err)
+	}
+	defer conn.Close()
+	err = echoRound(conn, "hello world")
+	if err == nil {
+		t.Fatal("a new connection to the deleted pod got its echo")
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("a new connection to the deleted pod hangs instead of failing")
+	}
+
+	err = echoRound(held, "hello world")
+	if err == nil {
+		t.Fatal("the held connection to the deleted pod still works")
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("the held connection to the deleted pod hangs instead of breaking")
+	}
+}
