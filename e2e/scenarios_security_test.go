@@ -582,3 +582,54 @@ func TestServerPodDeleted(t *testing.T) {
 		t.Fatal("the held connection to the deleted pod hangs instead of breaking")
 	}
 }
+
+// namedPortConfig is test_svc_hostname_named_port's node (namespaced.rs,
+// shared mode): the service's port 80 has target port 0 (a named
+// targetPort), which only the endpoint's own port map resolves (80 -> 8080);
+// the client is uncaptured.
+const namedPortConfig = `
+workloads:
+- {uid: cluster1//v1/Pod/default/server, name: server, namespace: default, serviceAccount: server, workloadIps: ["10.244.0.2"], protocol: HBONE, node: node-a, services: {"default/server.default.svc.cluster.local": {80: 8080}}}
+- {uid: cluster1//v1/Pod/default/client, name: client, namespace: default, serviceAccount: default, workloadIps: ["10.244.0.3"], protocol: TCP, node: node-a, services: {}}
+services:
+- name: server
+  namespace: default
+  hostname: server.default.svc.cluster.local
+  vips: ["/10.96.0.10"]
+  ports: {80: 0}
+`
+
+// TestServiceHostnameNamedPort is ztunnel's test_svc_hostname_named_port
+// (row 22): the uncaptured client opens HBONE to the server pod's 15008
+// itself and CONNECTs to the service's hostname and port 80; the server's
+// daemon finds the target port in the endpoint's port map and answers 200,
+// and the tunnel reaches the app on 8080.
+func TestServiceHostnameNamedPort(t *testing.T) {
+	lab := netnslab.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := startSharedCluster(ctx, t, lab, namedPortConfig, labrun.SharedOptions{Binary: ztunnelBin, Dir: t.TempDir()})
+	echo := startEcho(t, c.Pods["server"], 8080)
+	client := c.Pods["client"]
+	cert := tlstest.Cert(t, c.CA, identity.New("", "default", "default"))
+	s, err := hboneConnect(ctx, t, client, cert, c.Pods["server"].IP, "server.default.svc.cluster.local:80",
+		"spiffe://cluster.local/ns/default/sa/server")
+	if err != nil {
+		t.Fatalf("CONNECT server.default.svc.cluster.local:80: %v, want 200", err)
+	}
+	defer s.Close()
+	const msg = "hello over a named port"
+	if _, err := s.Write([]byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer rcancel()
+	go func() { <-rctx.Done(); s.Close() }()
+	if _, err := io.ReadFull(s, got); err != nil || string(got) != msg {
+		t.Fatalf("echo over the tunnel: %q, %v", got, err)
+	}
+	if !sawPeer(echo, client.IP) {
+		t.Fatalf("the app on 8080 saw no connection from the client (peers %v)", echo.Peers())
+	}
+}
