@@ -88,15 +88,16 @@ func TestPortInUse(t *testing.T) {
 	}
 
 	ports := []struct {
-		name, addr string
+		name, network, addr string
 	}{
-		{"inbound HBONE 15008", "[::]:15008"},
-		{"inbound plaintext 15006", "[::]:15006"},
-		{"outbound 15001", "[::]:15001"},
-		{"admin 15000", "127.0.0.1:15000"},
-		{"stats 15020", "[::]:15020"},
-		{"readiness 15021", "[::]:15021"},
-		{"dns 15053", "127.0.0.1:15053"},
+		{"inbound HBONE 15008", "tcp", "[::]:15008"},
+		{"inbound plaintext 15006", "tcp", "[::]:15006"},
+		{"outbound 15001", "tcp", "[::]:15001"},
+		{"admin 15000", "tcp", "127.0.0.1:15000"},
+		{"stats 15020", "tcp", "[::]:15020"},
+		{"readiness 15021", "tcp", "[::]:15021"},
+		{"dns 15053", "tcp", "127.0.0.1:15053"},
+		{"dns 15053 udp", "udp", "127.0.0.1:15053"},
 	}
 	for _, p := range ports {
 		for _, reuse := range []bool{false, true} {
@@ -117,11 +118,20 @@ func TestPortInUse(t *testing.T) {
 						return serr
 					}
 				}
-				ln, err := pod.ListenWith(ctx, lc, "tcp", p.addr)
+				var held io.Closer
+				err := pod.Do(func() error {
+					var err error
+					if p.network == "udp" {
+						held, err = lc.ListenPacket(ctx, p.network, p.addr)
+					} else {
+						held, err = lc.Listen(ctx, p.network, p.addr)
+					}
+					return err
+				})
 				if err != nil {
-					t.Fatalf("holding %s: %v", p.addr, err)
+					t.Fatalf("holding %s/%s: %v", p.network, p.addr, err)
 				}
-				defer ln.Close()
+				defer held.Close()
 				d, err := start(ctx, true)
 				if err != nil {
 					t.Fatal(err)
