@@ -116,7 +116,7 @@ func TestInboundRefusalLogs(t *testing.T) {
 		}
 		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
 		defer wcancel()
-		if _, err := d.WaitLog(wctx, "access", "src.addr="+client.IP.String()+":",
+		if _, err := d.WaitLog(wctx, "\taccess\tconnection complete", "src.addr="+client.IP.String()+":", `direction="inbound"`,
 			`error="connection closed due to policy rejection: allow policies exist, but none allowed"`); err != nil {
 			t.Fatal(err)
 		}
@@ -132,7 +132,7 @@ func TestInboundRefusalLogs(t *testing.T) {
 		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
 		defer wcancel()
 		want := fmt.Sprintf(`error="ip mismatch: %s != %s"`, server.IP, client.IP)
-		if _, err := d.WaitLog(wctx, "access", want); err != nil {
+		if _, err := d.WaitLog(wctx, "\taccess\tconnection failed", "src.addr="+client.IP.String()+":", want); err != nil {
 			t.Fatal(err)
 		}
 	})
