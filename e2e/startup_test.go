@@ -237,7 +237,7 @@ func TestStartupServesNothingBeforeSync(t *testing.T) {
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer wcancel()
 	if _, err := c.Daemons["node-b"].WaitLog(wctx, `src.identity="spiffe://cluster.local/ns/default/sa/client"`,
-		"connection rejected by policy: explicitly denied by: default/deny-client"); err != nil {
+		"connection closed due to policy rejection: explicitly denied by: default/deny-client"); err != nil {
 		t.Fatalf("the probe's connections never reached the server's policy check: %v", err)
 	}
 	var slow *fakeIstiod

@@ -98,11 +98,30 @@ func TestAccessLogGolden(t *testing.T) {
 	failures := []struct {
 		name string
 		ci   *connInfo
-		err  string
+		err  error
 	}{
-		{"outbound with no route", &connInfo{src: ap("10.0.1.5:40006"), dst: ap("10.96.0.99:80")}, "no healthy upstream"},
+		{"outbound with no route", &connInfo{src: ap("10.0.1.5:40006"), dst: ap("10.96.0.99:80")}, errors.New("no healthy upstream")},
 		{"inbound HBONE refused before its context", &connInfo{inbound: true, src: ap("10.0.1.5:51003"), mtls: true,
-			ext: &connExt{hboneAddr: "10.0.9.9:8080", arrivedOn: ap("10.0.2.7:15008")}}, "ip mismatch"},
+			ext: &connExt{hboneAddr: "10.0.9.9:8080", arrivedOn: ap("10.0.2.7:15008")}},
+			errIPMismatch(netip.MustParseAddr("10.0.2.7"), netip.MustParseAddr("10.0.9.9"))},
+	}
+	// Connections refused once their context was known: "connection
+	// complete" with every field and the error (ztunnel's wording, which
+	// operators match).
+	refused := []struct {
+		name string
+		ci   *connInfo
+		err  error
+	}{
+		{"inbound HBONE refused by an ALLOW policy for another principal", &connInfo{
+			inbound: true, src: ap("10.0.1.5:51004"), dst: ap("10.0.2.7:8080"), mtls: true,
+			ext:         &connExt{hboneAddr: "10.0.2.7:8080", arrivedOn: ap("10.0.2.7:15008")},
+			srcWorkload: client, srcIdentity: &clientID, dstWorkload: server,
+		}, errPolicyRejection(state.ReasonNoAllowMatched)},
+		{"inbound plaintext refused by a DENY policy", &connInfo{
+			inbound: true, src: ap("10.0.1.5:51005"), dst: ap("10.0.2.7:8080"),
+			srcWorkload: client, dstWorkload: server,
+		}, errPolicyRejection("explicitly denied by: ns-b/deny-all")},
 	}
 	var got strings.Builder
 	for _, tc := range cases {
@@ -122,13 +141,25 @@ func TestAccessLogGolden(t *testing.T) {
 	}
 	for _, tc := range failures {
 		got.WriteString("# connection failed: " + tc.name + "\n")
-		for i, a := range tc.ci.failedAttrs(errors.New(tc.err)) {
+		for i, a := range tc.ci.failedAttrs(tc.err) {
 			if i > 0 {
 				got.WriteByte(' ')
 			}
 			got.WriteString(a.Key + "=" + a.Value.String())
 		}
 		got.WriteByte('\n')
+	}
+	for _, tc := range refused {
+		l := p.labels(tc.ci)
+		got.WriteString("# connection complete with an error: " + tc.name + "\n")
+		for _, a := range tc.ci.attrs(&l, true) {
+			v := a.Value.String()
+			if a.Key == "duration" {
+				v = "<ms>"
+			}
+			got.WriteString(a.Key + "=" + v + " ")
+		}
+		got.WriteString("error=" + tc.err.Error() + "\n")
 	}
 	const path = "testdata/accesslog.golden"
 	if *updateGolden {

@@ -151,6 +151,20 @@ func inboundErr(status int, format string, args ...any) error {
 	return &inboundError{status: status, err: fmt.Errorf(format, args...)}
 }
 
+// errPolicyRejection is the error of a connection a policy refused, in
+// ztunnel's words (its AuthorizationPolicyRejection), which operators match:
+// "connection closed due to policy rejection: " and the decision's reason.
+func errPolicyRejection(reason string) error {
+	return fmt.Errorf("connection closed due to policy rejection: %s", reason)
+}
+
+// errIPMismatch is the error of a CONNECT whose authority names another IP
+// than the one the tunnel arrived on, in ztunnel's words (its IPMismatch):
+// "ip mismatch: <connection's destination> != <authority's IP>".
+func errIPMismatch(conn, authority netip.Addr) error {
+	return fmt.Errorf("ip mismatch: %s != %s", conn, authority)
+}
+
 // serveHBONE handles one CONNECT stream: validate, authorize, dial the app,
 // answer 200 and relay.
 func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
@@ -248,7 +262,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	dec := snap.Authorize(ci.PolicyConn())
 	p.logDryRun(snap, ci.PolicyConn()) // dryrun.go
 	if !dec.Allowed {
-		return nil, nil, inboundErr(http.StatusUnauthorized, "connection rejected by policy: %s", dec.Reason)
+		return nil, nil, &inboundError{status: http.StatusUnauthorized, err: errPolicyRejection(dec.Reason)}
 	}
 	if t := proxyTunnel(w); t != nil { // apptunnel.go
 		tunnelDst, err := tunnelTarget(snap, w, host, authority, p.cfg.Network)

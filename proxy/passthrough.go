@@ -44,7 +44,7 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 	dec := snap.Authorize(ci.PolicyConn())
 	p.logDryRun(snap, ci.PolicyConn()) // dryrun.go
 	if !dec.Allowed {
-		p.complete(ci, metrics.FlagDeny, fmt.Errorf("connection rejected by policy: %s", dec.Reason))
+		p.complete(ci, metrics.FlagDeny, errPolicyRejection(dec.Reason))
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 		return
 	}

@@ -239,5 +239,5 @@ func (p *Proxy) validateDestination(snap *state.Snapshot, local *state.Workload,
 	if snap.IsWaypointFor(p.cfg.Network, target.Addr(), local, conn.Addr()) {
 		return nil
 	}
-	return inboundErr(http.StatusBadRequest, "ip mismatch: authority %s, connection to %s", target.Addr(), conn.Addr())
+	return &inboundError{status: http.StatusBadRequest, err: errIPMismatch(conn.Addr(), target.Addr())} // inbound.go
 }

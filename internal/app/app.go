@@ -222,7 +222,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			Pool:        d.pool,
 			HBONE:       h2,
 			Socket:      sock,
-			ReusePort:   cfg.PortReuse,
+			ReusePort:   reusePort(cfg), // env_compat.go
 			OrigSrc:     cfg.OrigSrc,
 			Control:     control,
 			Logger:      log,

@@ -62,7 +62,7 @@ func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) er
 		Upstreams:          f.rc.Servers,
 		Addrs:              cfg.DNSProxyAddrs,
 		Control:            control,
-		ListenControl:      listenControl(cfg.PacketMark, cfg.PortReuse),
+		ListenControl:      listenControl(cfg.PacketMark, reusePort(cfg)),
 		Dial:               dialer.DialContext,
 		Metrics:            f.metrics,
 		Logger:             f.log,
@@ -70,7 +70,7 @@ func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) er
 }
 
 // listenControl marks the DNS proxy's listening sockets and, with
-// INPOD_PORT_REUSE, lets a new daemon bind the same ports during an
+// INPOD_PORT_REUSE in shared mode (reusePort), lets a new daemon bind the same ports during an
 // upgrade (UDP and TCP alike).
 func listenControl(mark uint32, reusePort bool) func(network, address string, c syscall.RawConn) error {
 	markCtl := engine.SocketOptions{Mark: mark}.DialControl()

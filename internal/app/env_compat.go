@@ -151,6 +151,16 @@ func bindHost(cfg *Config) string {
 	return "0.0.0.0"
 }
 
+// reusePort reports whether listeners set SO_REUSEPORT: INPOD_PORT_REUSE,
+// in shared mode only, as ztunnel sets it only on in-pod sockets. There it
+// lets the next daemon of an upgrade join the pods' ports (and the
+// self-proxy's 15008); a dedicated daemon has no such upgrade, and with
+// SO_REUSEPORT a port held by another socket of the same user that set it
+// too would be shared with that stranger instead of failing the start.
+func reusePort(cfg *Config) bool {
+	return cfg.Mode == ModeShared && cfg.PortReuse
+}
+
 // userTimeout is TCP_USER_TIMEOUT for proxied sockets with
 // USER_TIMEOUT_ENABLED (ztunnel's formula, from the KEEPALIVE_* values
 // whether keepalive is on or not), else 0.

@@ -40,6 +40,10 @@ func TestCompatHonoured(t *testing.T) {
 		{"worker threads of ZTUNNEL_CPU_LIMIT", map[string]string{"ZTUNNEL_WORKER_THREADS": "100%", "ZTUNNEL_CPU_LIMIT": "5"},
 			func(c *Config) bool { return c.WorkerThreads == 5 }},
 		{"worker threads 0 means all", map[string]string{"ZTUNNEL_WORKER_THREADS": "0"}, func(c *Config) bool { return c.WorkerThreads == cpus }},
+		{"SO_REUSEPORT in shared mode", nil, func(c *Config) bool { return reusePort(c) }},
+		{"INPOD_PORT_REUSE=false", map[string]string{"INPOD_PORT_REUSE": "false"}, func(c *Config) bool { return !reusePort(c) }},
+		{"no SO_REUSEPORT in dedicated mode", map[string]string{"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "ns/a/sa", "INPOD_PORT_REUSE": "true"},
+			func(c *Config) bool { return c.PortReuse && !reusePort(c) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := ParseEnv(lookupFrom(tc.env))

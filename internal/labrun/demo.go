@@ -157,7 +157,7 @@ func Demo(ctx context.Context, o DemoOptions, out io.Writer) (err error) {
 	if rtErr == nil || len(got) != 0 {
 		return fail("policy", fmt.Errorf("the intruder got %q (err %v); want the connection refused", got, rtErr))
 	}
-	line, err = c.Daemons[c.Pods["server"].Node.Name].WaitLog(ctx, "connection complete", "rejected by policy")
+	line, err = c.Daemons[c.Pods["server"].Node.Name].WaitLog(ctx, "connection complete", "policy rejection")
 	if err != nil {
 		return fail("policy", err)
 	}

@@ -42,6 +42,9 @@ type SharedOptions struct {
 	// ReadOnlyProcSys runs every daemon with /proc/sys read-only, as the
 	// chart's non-privileged container has it.
 	ReadOnlyProcSys bool
+	// CA is the built-in CA every daemon signs with (BUILTIN_CA_CERT and
+	// _KEY); nil makes a fresh one for cluster.local.
+	CA *caclient.BuiltinCA
 }
 
 // DaemonStart adjusts one StartDaemonWith call.
@@ -99,8 +102,10 @@ func StartSharedCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o
 		opts: o, nodes: map[string]*netnslab.Node{}, workloads: map[string]*state.Workload{},
 		ztPods: map[string]int{}, stopped: map[*Daemon]bool{},
 	}
-	if c.CA, err = caclient.NewBuiltinCA(c.TrustDomain); err != nil {
-		return nil, err
+	if c.CA = o.CA; c.CA == nil {
+		if c.CA, err = caclient.NewBuiltinCA(c.TrustDomain); err != nil {
+			return nil, err
+		}
 	}
 	c.caCert, c.caKey = filepath.Join(o.Dir, "ca-cert.pem"), filepath.Join(o.Dir, "ca-key.pem")
 	c.ConfigPath = filepath.Join(o.Dir, "config.yaml")

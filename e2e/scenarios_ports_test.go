@@ -1,0 +1,319 @@
+package e2e
+
+// The port rows of docs/ztunnel-scenarios.md's security part (issue 21):
+// start-up with a port in use (direct.rs) and the in-pod port matrix
+// (namespaced.rs malicious_calls_inpod), through real daemons in the netns
+// lab.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/labrun"
+	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/mtls/caclient"
+	"golang.org/x/sys/unix"
+)
+
+// portInUseConfig is the one workload of the port-in-use daemons.
+const portInUseConfig = `
+workloads:
+- {uid: u-client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.1.2"], protocol: HBONE, node: node-a, services: {}}
+`
+
+// writeDaemonFiles writes config (LOCAL_XDS_PATH) and a fresh built-in CA's
+// root and key into a temporary directory and returns their paths.
+func writeDaemonFiles(t *testing.T, config string) (cfgPath, caCert, caKey string) {
+	t.Helper()
+	dir := t.TempDir()
+	ca, err := caclient.NewBuiltinCA("cluster.local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{"config.yaml": []byte(config), "ca.pem": ca.RootPEM(), "ca-key.pem": ca.KeyPEM()}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return filepath.Join(dir, "config.yaml"), filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
+}
+
+// TestPortInUse is ztunnel's test_conflicting_bind_error_* (direct.rs): a
+// daemon whose listener address is already bound fails to start, with an
+// error naming the address, instead of running without that listener. Each
+// port is held once by a plain listener (ztunnel's case) and once by a
+// listener that set SO_REUSEPORT, as the same user (root): a dedicated
+// daemon must not join that socket's reuseport group and share the port's
+// connections with a stranger (only shared mode sets SO_REUSEPORT, for its
+// upgrades, as ztunnel's in-pod sockets do; e2e.TestSharedUpgrade).
+func TestPortInUse(t *testing.T) {
+	lab := netnslab.New(t)
+	node, err := lab.AddNode("node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := node.AddPod("client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPath, caCert, caKey := writeDaemonFiles(t, portInUseConfig)
+	start := func(ctx context.Context, noWait bool) (*labrun.Daemon, error) {
+		return labrun.StartDaemon(ctx, pod, labrun.DaemonOptions{
+			Binary: ztunnelBin, ConfigPath: cfgPath, CACert: caCert, CAKey: caKey,
+			Workload: "default/client/client", NoWait: noWait,
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// With every port free the same daemon starts and is ready: what fails
+	// below is the held port.
+	d, err := start(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(); err != nil {
+		t.Fatalf("daemon with free ports: %v\n%s", err, d.Log())
+	}
+
+	ports := []struct {
+		name, network, addr string
+	}{
+		{"inbound HBONE 15008", "tcp", "[::]:15008"},
+		{"inbound plaintext 15006", "tcp", "[::]:15006"},
+		{"outbound 15001", "tcp", "[::]:15001"},
+		{"admin 15000", "tcp", "127.0.0.1:15000"},
+		{"stats 15020", "tcp", "[::]:15020"},
+		{"readiness 15021", "tcp", "[::]:15021"},
+		{"dns 15053", "tcp", "127.0.0.1:15053"},
+		{"dns 15053 udp", "udp", "127.0.0.1:15053"},
+	}
+	for _, p := range ports {
+		for _, reuse := range []bool{false, true} {
+			name := p.name + "/plain_holder"
+			if reuse {
+				name = p.name + "/holder_with_SO_REUSEPORT"
+			}
+			t.Run(name, func(t *testing.T) {
+				lc := &net.ListenConfig{}
+				if reuse {
+					lc.Control = func(_, _ string, c syscall.RawConn) error {
+						var serr error
+						if err := c.Control(func(fd uintptr) {
+							serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+						}); err != nil {
+							return err
+						}
+						return serr
+					}
+				}
+				var held io.Closer
+				err := pod.Do(func() error {
+					var err error
+					if p.network == "udp" {
+						held, err = lc.ListenPacket(ctx, p.network, p.addr)
+					} else {
+						held, err = lc.Listen(ctx, p.network, p.addr)
+					}
+					return err
+				})
+				if err != nil {
+					t.Fatalf("holding %s/%s: %v", p.network, p.addr, err)
+				}
+				defer held.Close()
+				d, err := start(ctx, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+				defer wcancel()
+				werr := d.Wait(wctx)
+				if wctx.Err() != nil {
+					d.Stop()
+					t.Fatalf("daemon still running with %s held:\n%s", p.addr, d.Log())
+				}
+				if werr == nil {
+					t.Fatalf("daemon exited 0 with %s held:\n%s", p.addr, d.Log())
+				}
+				line, err := d.WaitLog(ctx, "ztunnel: failed to start:")
+				if err != nil {
+					t.Fatalf("%v\n%s", err, d.Log())
+				}
+				if !strings.Contains(line, p.addr) || !strings.Contains(line, "address already in use") {
+					t.Fatalf("start-up error does not name %s as in use: %s", p.addr, line)
+				}
+			})
+		}
+	}
+}
+
+// maliciousConfig is malicious_calls_inpod's node (namespaced.rs, shared
+// mode): a captured client and an uncaptured pod (a TCP workload), and the
+// daemon's own pod (10.244.0.4, made after them) with its self-proxy on 15008.
+const maliciousConfig = `
+workloads:
+- {uid: cluster1//v1/Pod/default/client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.0.2"], protocol: HBONE, node: node-a, services: {}}
+- {uid: cluster1//v1/Pod/default/uncaptured, name: uncaptured, namespace: default, serviceAccount: uncaptured, workloadIps: ["10.244.0.3"], protocol: TCP, node: node-a, services: {}}
+`
+
+// callOutcome is what a call of the port matrix must meet (ztunnel's
+// Failure in malicious_calls_test).
+type callOutcome int
+
+const (
+	// refusedConn: the connection cannot even be made.
+	refusedConn callOutcome = iota
+	// failedRequest: it connects, but the request (15 bytes of garbage, 15
+	// bytes read back) fails: the proxy closes or resets it. A reset so
+	// quick that the dial reports it (ECONNRESET, not a refusal) counts.
+	failedRequest
+	// httpError: it connects and the answer starts "HTTP/1.1 400".
+	httpError
+)
+
+func (o callOutcome) String() string {
+	return [...]string{"connection refused", "request fails", "HTTP/1.1 400"}[o]
+}
+
+// TestMaliciousCallsInPod is ztunnel's malicious_calls_inpod (row 23): the
+// 21 calls of a captured pod and the 14 of an uncaptured one to the
+// daemon's pod IP, the captured pod's own IP and 127.0.0.1, on every port
+// the daemon serves (15001, 15006, 15008, 15080, 15000, 15020, 15021), each
+// with ztunnel's outcome. No call may loop through a proxy back into it, reach
+// the admin port or SOCKS5 from outside loopback, or hang: a refusal must
+// come within ztunnel's 1 s (3 s here, for a loaded lab).
+func TestMaliciousCallsInPod(t *testing.T) {
+	lab := netnslab.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := startSharedCluster(ctx, t, lab, maliciousConfig, labrun.SharedOptions{
+		Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: []string{"SERVICE_ACCOUNT=ztunnel"},
+	})
+	d := c.Daemons["node-a"]
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if _, err := d.WaitLog(wctx, "self-proxy started"); err != nil {
+		t.Fatal(err)
+	}
+	zt, ourself, localhost := d.Pod.IP, c.Pods["client"].IP, netip.MustParseAddr("127.0.0.1")
+	type call struct {
+		ip   netip.Addr
+		port uint16
+		want callOutcome
+	}
+	matrix := []struct {
+		from  string
+		calls []call
+	}{
+		{"client", []call{
+			{zt, 15001, failedRequest}, // outbound to the daemon's pod: nothing there, the outbound dial fails
+			{zt, 15006, failedRequest},
+			{zt, 15008, failedRequest},      // the self-proxy wants TLS
+			{zt, 15080, failedRequest},      // the pod's own outbound accepts, its dial fails (SOCKS5 is loopback only)
+			{zt, 15000, failedRequest},      // admin is on the daemon's loopback
+			{zt, 15020, httpError},          // metrics answer garbage with 400
+			{zt, 15021, httpError},          // readiness too
+			{ourself, 15001, failedRequest}, // a call into its own outbound listener: a loop, refused
+			{ourself, 15006, failedRequest}, // into its own plaintext inbound: a loop, refused
+			{ourself, 15008, failedRequest}, // HBONE wants TLS
+			{ourself, 15080, refusedConn},   // SOCKS5 is off
+			{ourself, 15000, refusedConn},   // no admin in the pod
+			{ourself, 15020, refusedConn},
+			{ourself, 15021, refusedConn},
+			{localhost, 15001, failedRequest},
+			{localhost, 15006, failedRequest},
+			{localhost, 15008, failedRequest},
+			{localhost, 15080, refusedConn},
+			{localhost, 15000, refusedConn},
+			{localhost, 15020, refusedConn},
+			{localhost, 15021, refusedConn},
+		}},
+		{"uncaptured", []call{
+			{zt, 15001, refusedConn}, // the daemon's own pod has no outbound listener
+			{zt, 15006, refusedConn}, // nor plaintext inbound (the self-proxy is HBONE only)
+			{zt, 15008, failedRequest},
+			{zt, 15080, refusedConn},
+			{zt, 15000, refusedConn}, // admin is loopback only
+			{zt, 15020, httpError},
+			{zt, 15021, httpError},
+			// Into the captured pod: all land on its inbound listeners
+			// (15008 directly, the rest through 15006) and are closed.
+			{ourself, 15001, failedRequest},
+			{ourself, 15006, failedRequest},
+			{ourself, 15008, failedRequest},
+			{ourself, 15080, failedRequest},
+			{ourself, 15000, failedRequest},
+			{ourself, 15020, failedRequest},
+			{ourself, 15021, failedRequest},
+		}},
+	}
+	const body = "hello world\r\n\r\n"
+	for _, m := range matrix {
+		pod := c.Pods[m.from]
+		for _, cl := range m.calls {
+			dst := netip.AddrPortFrom(cl.ip, cl.port)
+			who := "daemon"
+			switch cl.ip {
+			case ourself:
+				who = "client"
+			case localhost:
+				who = "localhost"
+			}
+			t.Run(fmt.Sprintf("%s_to_%s_%d", m.from, who, cl.port), func(t *testing.T) {
+				dctx, dcancel := context.WithTimeout(ctx, 3*time.Second)
+				defer dcancel()
+				conn, err := pod.Dial(dctx, "tcp", dst.String())
+				if cl.want == refusedConn {
+					if err == nil {
+						conn.Close()
+						t.Fatalf("%s connected to %s, want %s", m.from, dst, cl.want)
+					}
+					if !errors.Is(err, syscall.ECONNREFUSED) {
+						t.Fatalf("%s to %s: %v, want a refusal (nothing listens)", m.from, dst, err)
+					}
+					return
+				}
+				if cl.want == failedRequest && errors.Is(err, syscall.ECONNRESET) {
+					// Accepted and reset before the dial looked: a
+					// listener took the connection and dropped it, as
+					// a failed request means.
+					return
+				}
+				if err != nil {
+					t.Fatalf("%s to %s: %v, want a connection", m.from, dst, err)
+				}
+				defer conn.Close()
+				conn.SetDeadline(time.Now().Add(3 * time.Second))
+				got := make([]byte, len(body))
+				_, err = conn.Write([]byte(body))
+				if err == nil {
+					_, err = io.ReadFull(conn, got)
+				}
+				if errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("%s to %s: the connection hangs (no answer, no close within 3s), want %s", m.from, dst, cl.want)
+				}
+				switch cl.want {
+				case failedRequest:
+					if err == nil {
+						t.Fatalf("%s to %s: the request got %q back, want it to fail", m.from, dst, got)
+					}
+				case httpError:
+					if err != nil || !strings.HasPrefix(string(got), "HTTP/1.1 400") {
+						t.Fatalf("%s to %s: %q, %v, want HTTP/1.1 400", m.from, dst, got, err)
+					}
+				}
+			})
+		}
+	}
+}
