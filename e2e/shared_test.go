@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -147,12 +148,32 @@ type connLoad struct {
 	wg         sync.WaitGroup
 	mu         sync.Mutex
 	errs       []string
+
+	// Stall diagnosis: when an attempt has taken longer than stallAfter,
+	// onStall runs once (the upgrade tests dump the live daemons'
+	// goroutines there, while the stall lasts).
+	started   []atomic.Int64 // per worker: unix nanoseconds its attempt began, 0 between
+	onStall   func()
+	stallOnce sync.Once
 }
 
+// stallAfter is how long an echo through the lab may take before the
+// load calls it a stall (they take milliseconds).
+const stallAfter = time.Second
+
 func startConnLoad(ctx context.Context, s *sharedLab, podName string, workers int) *connLoad {
-	l := &connLoad{stop: make(chan struct{})}
+	return startConnLoadWatched(ctx, s, podName, workers, nil)
+}
+
+// startConnLoadWatched is startConnLoad with onStall called once if an
+// attempt stalls.
+func startConnLoadWatched(ctx context.Context, s *sharedLab, podName string, workers int, onStall func()) *connLoad {
+	l := &connLoad{stop: make(chan struct{}), started: make([]atomic.Int64, workers), onStall: onStall}
 	pod := s.c.Pods[podName] // read once: the cluster's maps are not for concurrent use
-	for range workers {
+	if onStall != nil {
+		l.wg.Go(l.watch)
+	}
+	for w := range workers {
 		l.wg.Go(func() {
 			for {
 				select {
@@ -160,7 +181,9 @@ func startConnLoad(ctx context.Context, s *sharedLab, podName string, workers in
 					return
 				default:
 				}
+				l.started[w].Store(time.Now().UnixNano())
 				c, err := s.echoFrom(ctx, pod)
+				l.started[w].Store(0)
 				if err != nil {
 					l.failed.Add(1)
 					l.mu.Lock()
@@ -176,6 +199,26 @@ func startConnLoad(ctx context.Context, s *sharedLab, podName string, workers in
 		})
 	}
 	return l
+}
+
+// watch calls onStall once when an attempt has run longer than stallAfter.
+func (l *connLoad) watch() {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+		}
+		now := time.Now().UnixNano()
+		for i := range l.started {
+			if st := l.started[i].Load(); st != 0 && time.Duration(now-st) > stallAfter {
+				l.stallOnce.Do(l.onStall)
+				return
+			}
+		}
+	}
 }
 
 func (l *connLoad) finish() (ok, failed int64, errs []string) {
@@ -378,17 +421,21 @@ func TestSharedUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer long.Close()
-	load := startConnLoad(ctx, s, "client", 8)
+	stalls := newStallDump(ctx, s.c)
+	load := startConnLoadWatched(ctx, s, "client", 8, stalls.dump)
 	start := time.Now()
 	for _, node := range []string{"node-a", "node-b"} {
 		old := s.c.Daemons[node]
-		if _, err := s.c.StartDaemon(ctx, node); err != nil {
+		next, err := s.c.StartDaemon(ctx, node)
+		if err != nil {
 			t.Fatal(err)
 		}
+		stalls.started(next)
 		time.Sleep(300 * time.Millisecond) // both serve for a while
 		if err := s.c.StopDaemon(old); err != nil {
 			t.Fatalf("old daemon on %s: %v", node, err)
 		}
+		stalls.stopped(old)
 		time.Sleep(300 * time.Millisecond) // the new one alone
 	}
 	ok, failed, errs := load.finish()
@@ -396,6 +443,9 @@ func TestSharedUpgrade(t *testing.T) {
 		ok+failed, time.Since(start).Round(time.Millisecond), failed, errs)
 	if failed != 0 {
 		t.Errorf("%d of %d new connections lost during the upgrades", failed, ok+failed)
+	}
+	if d := stalls.String(); d != "" && t.Failed() {
+		t.Log(d)
 	}
 	// A connection that lived through the old daemons was closed by their
 	// drain deadline (ztunnel behaves the same): show it.
@@ -496,4 +546,55 @@ func BenchmarkSharedPods100(b *testing.B) {
 		b.Logf("daemon with 0 pods: rss %d KiB, %d fds, %d threads; with %d: rss %d KiB, %d fds, %d threads",
 			rss0>>10, fds0, thr0, pods, rss1>>10, fds1, thr1)
 	}
+}
+
+// stallDump keeps the live daemons of an upgrade test so that a stalled
+// connection (connLoad's onStall, on the load's goroutine) can dump their
+// goroutines while the stall lasts; the test prints it if it fails.
+type stallDump struct {
+	ctx  context.Context
+	mu   sync.Mutex // guards the following fields
+	live []*labrun.Daemon
+	out  strings.Builder
+}
+
+func newStallDump(ctx context.Context, c *labrun.SharedCluster) *stallDump {
+	return &stallDump{ctx: ctx, live: c.AllDaemons()}
+}
+
+// started and stopped follow the test's daemon changes.
+func (d *stallDump) started(x *labrun.Daemon) {
+	d.mu.Lock()
+	d.live = append(d.live, x)
+	d.mu.Unlock()
+}
+
+func (d *stallDump) stopped(x *labrun.Daemon) {
+	d.mu.Lock()
+	d.live = slices.DeleteFunc(d.live, func(y *labrun.Daemon) bool { return y == x })
+	d.mu.Unlock()
+}
+
+// dump fetches every live daemon's goroutines from its admin server.
+func (d *stallDump) dump() {
+	d.mu.Lock()
+	live := slices.Clone(d.live)
+	d.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "a connection stalled over %v at %s; goroutines of the live daemons:\n", stallAfter, time.Now().UTC().Format("15:04:05.000"))
+	for _, x := range live {
+		ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
+		code, body, err := x.Get(ctx, "http://127.0.0.1:15000/debug/pprof/goroutine?debug=2")
+		cancel()
+		fmt.Fprintf(&b, "==== %s: %d %v\n%s\n", x.Pod.Name, code, err, body)
+	}
+	d.mu.Lock()
+	d.out.WriteString(b.String())
+	d.mu.Unlock()
+}
+
+func (d *stallDump) String() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.out.String()
 }

@@ -29,19 +29,23 @@ func TestSharedUpgradeReadOnlyProcSys(t *testing.T) {
 			t.Fatalf("daemon on %s failed the sysctl for another reason:\n%s", node, d.Log())
 		}
 	}
-	load := startConnLoad(ctx, s, "client", 8)
+	stalls := newStallDump(ctx, s.c)
+	load := startConnLoadWatched(ctx, s, "client", 8, stalls.dump)
 	start := time.Now()
 	// Three upgrades of each node: without steering, each close of an old
 	// daemon's listeners loses what its queue holds about half the time.
 	for _, node := range []string{"node-a", "node-b", "node-a", "node-b", "node-a", "node-b"} {
 		old := s.c.Daemons[node]
-		if _, err := s.c.StartDaemon(ctx, node); err != nil {
+		next, err := s.c.StartDaemon(ctx, node)
+		if err != nil {
 			t.Fatal(err)
 		}
+		stalls.started(next)
 		time.Sleep(300 * time.Millisecond) // both listen for a while
 		if err := s.c.StopDaemon(old); err != nil {
 			t.Fatalf("old daemon on %s: %v", node, err)
 		}
+		stalls.stopped(old)
 		time.Sleep(300 * time.Millisecond) // the new one alone
 	}
 	ok, failed, errs := load.finish()
@@ -52,5 +56,8 @@ func TestSharedUpgradeReadOnlyProcSys(t *testing.T) {
 	}
 	if failed != 0 {
 		t.Errorf("%d of %d new connections lost during the upgrades", failed, ok+failed)
+	}
+	if d := stalls.String(); d != "" && t.Failed() {
+		t.Log(d)
 	}
 }
