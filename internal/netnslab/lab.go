@@ -186,7 +186,7 @@ func NewLabWith(cfg Config) (l *Lab, err error) {
 	}
 	if err := ipBatch(logf, l.net.NetNS,
 		"link set lo up",
-		"link add br0 type bridge",
+		"link add br0 address "+bridgeMAC(0xff)+" type bridge",
 		"link set br0 up",
 	); err != nil {
 		return l, err
@@ -304,7 +304,7 @@ func (l *Lab) AddNode(name string) (*Node, error) {
 		"link set lo up",
 		fmt.Sprintf("addr add %s/%d dev eth0", n.IP, NodeNetwork.Bits()),
 		"link set eth0 up",
-		"link add cbr0 type bridge",
+		"link add cbr0 address "+bridgeMAC(idx)+" type bridge",
 		fmt.Sprintf("addr add %s/%d dev cbr0", n.Gateway(), n.PodCIDR.Bits()),
 		"link set cbr0 up",
 	}
@@ -323,6 +323,17 @@ func (l *Lab) AddNode(name string) (*Node, error) {
 	l.byName[name] = n
 	built = true
 	return n, nil
+}
+
+// bridgeMAC is the fixed address of a lab bridge (idx: the node's index;
+// 0xff: br0). Fixed because a Linux bridge without an address of its own
+// takes the lowest of its ports' addresses and changes it as ports come and
+// go: a pod added or deleted on a node (a daemon pod during an upgrade)
+// would then move the pods' gateway to another MAC, and every pod's ARP
+// entry for it would point nowhere until the kernel probed it again,
+// stalling all traffic through the gateway for seconds.
+func bridgeMAC(idx int) string {
+	return fmt.Sprintf("02:00:0a:f4:%02x:01", idx&0xff) // locally administered
 }
 
 // AddPod adds a pod to the node: a namespace with eth0 on the node's pod bridge, its

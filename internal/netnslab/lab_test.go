@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -510,4 +511,55 @@ func TestValidation(t *testing.T) {
 		t.Errorf("ExecIn with no netns: %v", err)
 	}
 
+}
+
+// TestGatewayMACStable: a node's pod bridge keeps its MAC address while
+// pods come and go (a Linux bridge without an address of its own takes its
+// lowest port's and follows it, which would leave every pod's ARP entry for
+// the gateway pointing nowhere: traffic through the gateway stalls for
+// seconds, as daemon pods come and go in the upgrade tests). The pods'
+// neighbour entries are never flushed here, so a changed MAC fails the
+// prompt round trip after it.
+func TestGatewayMACStable(t *testing.T) {
+	l := newLab(t, 2, 1)
+	n0, _ := l.Node("node0")
+	client, server := mustPod(t, l, "pod1-0"), mustPod(t, l, "pod0-0")
+	mac := func() string {
+		t.Helper()
+		out, err := exec.Command("ip", "-n", n0.NetNS, "-br", "link", "show", "cbr0").CombinedOutput()
+		if err != nil {
+			t.Fatalf("ip link show cbr0: %v: %s", err, out)
+		}
+		f := strings.Fields(string(out))
+		if len(f) < 3 {
+			t.Fatalf("ip link show cbr0: %q", out)
+		}
+		return f[2]
+	}
+	want := mac()
+	ch := serveOne(t, listen(t, server.NS, server.IP.String()+":8080"))
+	roundTrip(t, client.NS, dialer(0, netip.Addr{}), netip.AddrPortFrom(server.IP, 8080), "before")
+	await(t, ch, "server")
+	var added []*Pod
+	for i := range 8 {
+		p, err := n0.AddPod(fmt.Sprintf("churn-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		added = append(added, p)
+		if got := mac(); got != want {
+			t.Fatalf("pod %d added: cbr0's MAC moved from %s to %s", i, want, got)
+		}
+	}
+	for i, p := range added {
+		if err := p.Delete(); err != nil {
+			t.Fatal(err)
+		}
+		if got := mac(); got != want {
+			t.Fatalf("pod %d deleted: cbr0's MAC moved from %s to %s", i, want, got)
+		}
+	}
+	ch = serveOne(t, listen(t, server.NS, server.IP.String()+":8081"))
+	roundTrip(t, client.NS, dialer(0, netip.Addr{}), netip.AddrPortFrom(server.IP, 8081), "after")
+	await(t, ch, "server")
 }
