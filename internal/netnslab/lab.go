@@ -304,7 +304,7 @@ func (l *Lab) AddNode(name string) (*Node, error) {
 		"link set lo up",
 		fmt.Sprintf("addr add %s/%d dev eth0", n.IP, NodeNetwork.Bits()),
 		"link set eth0 up",
-		"link add cbr0 address "+bridgeMAC(idx)+" type bridge",
+		"link add cbr0 address " + bridgeMAC(idx) + " type bridge",
 		fmt.Sprintf("addr add %s/%d dev cbr0", n.Gateway(), n.PodCIDR.Bits()),
 		"link set cbr0 up",
 	}
