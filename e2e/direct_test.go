@@ -87,14 +87,15 @@ type directLab struct {
 // startDirectLab starts directConfig with SOCKS5 on and the resolver pod
 // answering tcp.reflect.internal with the TCP workload's address (ztunnel's
 // test DNS server "reflects" such names). node, when set, is every
-// daemon's NODE_NAME (the _local variants).
-func startDirectLab(t *testing.T, node string) *directLab {
+// daemon's NODE_NAME (the _local variants); env adds to every daemon's
+// environment (and wins over labrun's defaults).
+func startDirectLab(t *testing.T, node string, env ...string) *directLab {
 	t.Helper()
 	lab := netnslab.New(t)
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	env := []string{"UNSTABLE_ENABLE_SOCKS5=true", "ZTUNNEL_RESOLV_CONF=" + writeResolvConf(t, dir, directResolverIP)}
+	env = append([]string{"UNSTABLE_ENABLE_SOCKS5=true", "ZTUNNEL_RESOLV_CONF=" + writeResolvConf(t, dir, directResolverIP)}, env...)
 	if node != "" {
 		env = append(env, "NODE_NAME="+node)
 	}
