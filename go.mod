@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/HdrHistogram/hdrhistogram-go v1.4.0
+	github.com/andybalholm/brotli v1.3.0
 	github.com/bufbuild/protocompile v0.14.1
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/google/pprof v0.0.0-20261105003125-4bf881d7fb0b

@@ -11,14 +11,19 @@ import (
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
-// FuzzAcceptsGzip: the metrics server listens on every address, so its
-// Accept-Encoding parsing reads anyone's bytes.
-func FuzzAcceptsGzip(f *testing.F) {
-	for _, s := range []string{"gzip", "br, gzip;q=0.5", "gzip;q=0", "*;q=0.1", "gzip;q=", ";;,,", "gzip; q = 1 ; x=y"} {
+// FuzzNegotiate: the metrics server listens on every address, so its
+// Accept-Encoding parsing reads anyone's bytes. Whatever they are, the
+// answer is one of our codings, and a refusal is always identity.
+func FuzzNegotiate(f *testing.F) {
+	for _, s := range []string{"gzip", "br, gzip;q=0.5", "gzip;q=0", "*;q=0.1", "gzip;q=", ";;,,", "gzip; q = 1 ; x=y",
+		"zstd;q=0.999, br;q=1", "identity;q=0", "*;q=0, x-gzip"} {
 		fuzzseed.Add(f, s)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
-		acceptsGzip(http.Header{"Accept-Encoding": []string{v}})
+		enc, ok := negotiate(http.Header{"Accept-Encoding": []string{v}})
+		if enc >= numEncodings || (!ok && enc != encIdentity) {
+			t.Fatalf("%q: %v ok=%v", v, enc, ok)
+		}
 	})
 }
 

@@ -17,7 +17,8 @@ var metricsFormats = []expfmt.Format{expfmt.FmtText, expfmt.FmtOpenMetrics_1_0_0
 
 // MetricsHandler serves a Prometheus registry the way ztunnel's stats
 // server on 15020 does: /metrics and /stats/prometheus, text or
-// OpenMetrics by the Accept header, gzip when Accept-Encoding asks.
+// OpenMetrics by the Accept header, compressed as Accept-Encoding asks
+// (see negotiate).
 type MetricsHandler struct {
 	g   prometheus.Gatherer
 	log *slog.Logger

@@ -47,8 +47,9 @@ services:
   ports: {80: 8080}
 `
 
-// fakeResolver is the upstream DNS server, inside a pod: it answers
-// external.example.com and records who asked what.
+// fakeResolver is the upstream DNS server, inside a pod: it answers A
+// questions for the names it was given (external.example.com by default)
+// and records who asked what.
 type fakeResolver struct {
 	srvs []*dns.Server
 	mu   sync.Mutex // guards asked
@@ -57,6 +58,13 @@ type fakeResolver struct {
 }
 
 func startFakeResolver(t *testing.T, pod *netnslab.Pod) *fakeResolver {
+	t.Helper()
+	return startResolver(t, pod, map[string]string{"external.example.com.": "192.0.2.7"})
+}
+
+// startResolver serves answers (fully qualified name, any case -> IPv4
+// address) on port 53 of pod; other names get NXDOMAIN.
+func startResolver(t *testing.T, pod *netnslab.Pod, answers map[string]string) *fakeResolver {
 	t.Helper()
 	pc, err := pod.ListenPacket("udp", "0.0.0.0:53")
 	if err != nil {
@@ -75,10 +83,10 @@ func startFakeResolver(t *testing.T, pod *netnslab.Pod) *fakeResolver {
 		r.mu.Unlock()
 		resp := new(dns.Msg)
 		resp.SetReply(req)
-		if strings.EqualFold(req.Question[0].Name, "external.example.com.") && req.Question[0].Qtype == dns.TypeA {
-			rr, _ := dns.NewRR("external.example.com. 60 IN A 192.0.2.7")
+		if a, ok := answers[strings.ToLower(req.Question[0].Name)]; ok && req.Question[0].Qtype == dns.TypeA {
+			rr, _ := dns.NewRR(req.Question[0].Name + " 60 IN A " + a)
 			resp.Answer = append(resp.Answer, rr)
-		} else {
+		} else if !ok {
 			resp.Rcode = dns.RcodeNameError
 		}
 		w.WriteMsg(resp)

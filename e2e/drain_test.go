@@ -5,10 +5,16 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/labrun"
+	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/proxy/socks5"
 )
 
 // TestDrain checks ztunnel's shutdown contract on SIGTERM: listeners close at
@@ -90,5 +96,163 @@ func TestDrain(t *testing.T) {
 	}
 	if err := locked.Wait(ctx); err != nil {
 		t.Fatalf("daemon exit after /quitquitquit: %v, want status 0", err)
+	}
+}
+
+// drainDeadline is the termination deadline of the drain tests that must
+// end before it: long enough that an exit near it cannot pass for one
+// caused by the last connection closing.
+const drainDeadline = 30 * time.Second
+
+// TestDrainEndsWithLastConnection is ztunnel's test_shutdown_drain (row 36
+// of docs/ztunnel-scenarios.md): once shutdown starts, a daemon with a
+// proxied connection open stays up and the connection keeps working; when
+// it closes the daemon exits 0 within a second, long before the deadline.
+// Run on both daemons of a SOCKS5 connection to an HBONE workload: the
+// client's (its SOCKS5 relay) and the destination's (its HBONE inbound, with
+// the client daemon's pooled HBONE connection still open to it).
+func TestDrainEndsWithLastConnection(t *testing.T) {
+	for _, tc := range []struct{ name, daemon string }{
+		{"socks5 client's daemon", "source"},
+		{"destination's daemon", "hbone"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dl := startDirectLab(t, "", "CONNECTION_TERMINATION_DEADLINE="+drainDeadline.String(), noRaceExitSleep())
+			d := dl.c.Daemons[tc.daemon]
+			ctx, cancel := context.WithTimeout(context.Background(), 2*drainDeadline)
+			defer cancel()
+			conn := dl.socks5Connect(ctx, t, socks5.Target{Addr: netip.MustParseAddrPort("10.244.0.3:8080")})
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(2 * drainDeadline))
+			readWriteStream(t, conn)
+
+			if err := d.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.WaitLog(ctx, "draining"); err != nil {
+				t.Fatal(err)
+			}
+			// Still up: the held connection goes on working.
+			readWriteStream(t, conn)
+			readWriteStream(t, conn)
+			select {
+			case <-d.Exited():
+				t.Fatal("the daemon exited with a connection open")
+			default:
+			}
+
+			conn.Close()
+			closed := time.Now()
+			wctx, wcancel := context.WithTimeout(ctx, drainDeadline/2)
+			defer wcancel()
+			if err := d.Wait(wctx); err != nil {
+				t.Fatalf("daemon exit after the last connection closed: %v, want status 0", err)
+			}
+			if took := time.Since(closed); took > time.Second {
+				t.Errorf("the daemon exited %v after its last connection closed, want within 1s", took)
+			}
+			if !strings.Contains(d.Log(), "drain complete") {
+				t.Error("no drain complete in the log")
+			}
+		})
+	}
+}
+
+// noRaceExitSleep is the GORACE setting that stops a -race daemon from
+// sleeping a second at exit (the race runtime's atexit_sleep_ms), which
+// would hide how soon it exits.
+func noRaceExitSleep() string {
+	return "GORACE=" + strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0")
+}
+
+// drainSharedConfig: client and server pods on one node, one shared-mode
+// daemon for both (ztunnel's test_ztunnel_shutdown layout).
+const drainSharedConfig = `
+workloads:
+- uid: cluster1//v1/Pod/default/client
+  name: client
+  namespace: default
+  serviceAccount: client
+  workloadIps: ["10.244.0.2"]
+  protocol: HBONE
+  node: node-a
+  services: {}
+- uid: cluster1//v1/Pod/default/server
+  name: server
+  namespace: default
+  serviceAccount: server
+  workloadIps: ["10.244.0.3"]
+  protocol: HBONE
+  node: node-a
+  services: {}
+`
+
+// TestDrainShared is ztunnel's test_ztunnel_shutdown (row 17): in shared
+// mode, a connection between two pods of the node, held open, keeps
+// working after the node's daemon begins its shutdown; once it closes, new
+// connections fail within 2s. The daemon exits 0, before its deadline.
+func TestDrainShared(t *testing.T) {
+	lab := netnslab.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := startSharedCluster(ctx, t, lab, drainSharedConfig, labrun.SharedOptions{
+		Binary: ztunnelBin, Dir: t.TempDir(),
+		DaemonEnv: []string{"CONNECTION_TERMINATION_DEADLINE=" + drainDeadline.String(), noRaceExitSleep()},
+	})
+	srv := startEcho(t, c.Pods["server"], 8080)
+	d := c.Daemons["node-a"]
+	client := c.Pods["client"]
+
+	held, err := client.Dial(ctx, "tcp", srv.Addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if err := echoRound(held, "before shutdown"); err != nil {
+		t.Fatal(err)
+	}
+	// Through the daemon: the server saw the client pod's address over
+	// HBONE (the capture sends nothing else to the app's port).
+	if peers := srv.Peers(); len(peers) != 1 || peers[0].Addr() != client.IP {
+		t.Fatalf("server peers %v, want one from %s", peers, client.IP)
+	}
+	if err := d.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.WaitLog(ctx, "draining"); err != nil {
+		t.Fatal(err)
+	}
+	for _, msg := range []string{"during shutdown", "still during shutdown"} {
+		if err := echoRound(held, msg); err != nil {
+			t.Fatalf("held connection after shutdown began: %v", err)
+		}
+	}
+	held.Close()
+	closed := time.Now()
+	// It went through the daemon, over HBONE between the two pods.
+	if _, err := d.WaitLog(ctx, "connection complete", `direction="outbound"`, `dst.workload="server"`, `dst.hbone_addr="10.244.0.3:8080"`); err != nil {
+		t.Fatal(err)
+	}
+
+	// New connections fail within 2s (ztunnel's assert_eventually).
+	fctx, fcancel := context.WithDeadline(ctx, closed.Add(2*time.Second))
+	defer fcancel()
+	newFails := func() bool {
+		dctx, dcancel := context.WithTimeout(fctx, 500*time.Millisecond)
+		defer dcancel()
+		conn, err := client.Dial(dctx, "tcp", srv.Addr.String())
+		if err != nil {
+			return true
+		}
+		defer conn.Close()
+		return echoRound(conn, "after shutdown") != nil
+	}
+	if !pollUntil(fctx, newFails) {
+		t.Fatalf("new connections still work %v after the held one closed", time.Since(closed))
+	}
+	wctx, wcancel := context.WithTimeout(ctx, drainDeadline/2)
+	defer wcancel()
+	if err := d.Wait(wctx); err != nil {
+		t.Fatalf("daemon exit: %v, want status 0 before the %v deadline", err, drainDeadline)
 	}
 }

@@ -3,11 +3,14 @@ package hbone
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // countingDialer dials ts and counts dials.
@@ -301,5 +304,116 @@ func TestPoolStatusError(t *testing.T) {
 	}
 	if n := d.dials.Load(); n != 1 {
 		t.Fatalf("%d dials, want 1: a non-200 must not poison the connection", n)
+	}
+}
+
+// TestPoolIdleWithLiveStream is ztunnel's idle_eviction_with_persistent: a
+// connection that still carries a stream outlives the idle timeout however
+// long it runs, while one whose streams have all ended is released; once
+// the last stream ends, it is released too. Eviction of the pool's other,
+// later-idled connections (witnesses) shows the timeout has passed.
+func TestPoolIdleWithLiveStream(t *testing.T) {
+	ts := startServer(t, Config{}, echoHandler, false)
+	d := &countingDialer{ts: ts}
+	p := NewPool(PoolConfig{IdleTimeout: 50 * time.Millisecond, MaxStreamsPerConn: 4})
+	defer p.Close()
+	ctx := testContext(t)
+	req := &Request{Authority: "10.0.0.1:80"}
+	open := func(key string, n int) []*Stream {
+		t.Helper()
+		var ss []*Stream
+		for range n {
+			s, err := p.Connect(ctx, key, d.dial, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ss = append(ss, s)
+		}
+		return ss
+	}
+	closeAll := func(ss []*Stream) {
+		for _, s := range ss {
+			s.Close()
+		}
+	}
+	// witnessIdle idles a fresh connection of another key and waits until
+	// the pool releases it: a full idle timeout has passed since now.
+	witnessIdle := func() {
+		t.Helper()
+		key := fmt.Sprintf("witness-%d", d.dials.Load())
+		closeAll(open(key, 1))
+		w := poolConns(p, key)
+		if len(w) != 1 {
+			t.Fatalf("%d witness connections", len(w))
+		}
+		waitDone(t, w[0])
+	}
+
+	persistent := open("key", 1)[0]
+	defer persistent.Close()
+	closeAll(open("key", 2))
+	conns := poolConns(p, "key")
+	if len(conns) != 1 || d.dials.Load() != 1 {
+		t.Fatalf("%d connections after %d dials, want 1 and 1", len(conns), d.dials.Load())
+	}
+	first := conns[0]
+	for range 2 {
+		witnessIdle()
+	}
+	select {
+	case <-first.Done():
+		t.Fatalf("the connection with a live stream was released: %v", first.Err())
+	default:
+	}
+	// It still carries data (and stays open both ways).
+	if _, err := persistent.Write([]byte("still here")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len("still here"))
+	if _, err := io.ReadFull(persistent, got); err != nil || string(got) != "still here" {
+		t.Fatalf("echo on the live stream: %q, %v", got, err)
+	}
+
+	// Four more: three fit beside the live stream, the fourth spills over
+	// to a new connection, which is released once they end; the first is
+	// not.
+	spill := open("key", 4)
+	conns = poolConns(p, "key")
+	if len(conns) != 2 || d.dials.Load() != 4 { // two witnesses dialled too
+		t.Fatalf("%d connections after %d dials, want 2 and 4", len(conns), d.dials.Load())
+	}
+	second := conns[0]
+	if second == first {
+		second = conns[1]
+	}
+	closeAll(spill)
+	waitDone(t, second)
+	if err := second.Err(); !errors.Is(err, errIdle) {
+		t.Errorf("spill-over connection ended with %v, want idle release", err)
+	}
+	select {
+	case <-first.Done():
+		t.Fatalf("the connection with a live stream was released: %v", first.Err())
+	default:
+	}
+
+	// The last stream ends: now the first goes too.
+	persistent.Close()
+	waitDone(t, first)
+	if err := first.Err(); !errors.Is(err, errIdle) {
+		t.Errorf("connection ended with %v, want idle release", err)
+	}
+	if n := len(poolConns(p, "key")); n != 0 {
+		t.Fatalf("%d connections after idle release", n)
+	}
+}
+
+// waitDone waits, at most testTimeout, until c has ended.
+func waitDone(t *testing.T, c *ClientConn) {
+	t.Helper()
+	select {
+	case <-c.Done():
+	case <-time.After(testTimeout):
+		t.Fatal("the pooled connection was never released")
 	}
 }

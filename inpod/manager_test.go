@@ -145,6 +145,45 @@ func TestAddSameNetnsIsNoopNewNetnsReplaces(t *testing.T) {
 	}
 }
 
+// TestAddDeleteAddOneProxy is ztunnel's
+// add_delete_add_workload_starts_only_one_proxy: after a snapshot, an Add,
+// its Delete and an Add of the same pod in the same netns leave exactly
+// one proxy running, the second one, with the pod Up.
+func TestAddDeleteAddOneProxy(t *testing.T) {
+	r := newRig(t, nil)
+	c := r.accept()
+	send(t, c, snapReq(), nil, "")
+	// Both Adds name the same netns (the test's own), opened twice as the
+	// CNI agent would send it twice.
+	send(t, c, addReq("a"), openOwn(t), "")
+	send(t, c, delReq("a"), nil, "")
+	ps := r.fac.all()
+	if len(ps) != 1 {
+		t.Fatalf("%d proxies after Add and Delete, want 1", len(ps))
+	}
+	eventually(t, "deleted proxy ended", ps[0].isEnded)
+	if _, ok := r.mgr.WorkloadState()["a"]; ok {
+		t.Fatal("the deleted pod is still in the workload state")
+	}
+	send(t, c, addReq("a"), openOwn(t), "")
+	ps = r.fac.all()
+	if len(ps) != 2 {
+		t.Fatalf("%d proxies made after add, delete, add; want 2", len(ps))
+	}
+	var live []*fakeProxy
+	for _, p := range ps {
+		if !p.isEnded() {
+			live = append(live, p)
+		}
+	}
+	if len(live) != 1 || live[0] != ps[1] || !ps[1].wasStarted() {
+		t.Fatalf("%d proxies running, want one: the second, started", len(live))
+	}
+	if st := r.mgr.WorkloadState()["a"]; st.State != StateUp || st.Proxy != Proxy(ps[1]) {
+		t.Fatalf("state %+v, want Up with the second proxy", st)
+	}
+}
+
 func TestFailedStartIsPendingAndRetried(t *testing.T) {
 	r := newRig(t, func(c *Config) { c.RetryInterval = 20 * time.Millisecond })
 	r.fac.failNext("a", 2)

@@ -212,6 +212,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	if cfg.KeepAliveEnabled {
 		sock.KeepAlive = engine.KeepAlive{Idle: cfg.KeepAliveTime, Interval: cfg.KeepAliveInterval, Count: cfg.KeepAliveRetries}
 	}
+	resolver := onDemandResolver(cfg, log) // dns.go
 	proxyConfig := func(w proxy.WorkloadRef, control func(fn func() error) error) proxy.Config {
 		return proxy.Config{
 			Workload:    w,
@@ -238,6 +239,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			TLS:                       mtls.Policy{PQC: cfg.PQC},
 			PolicyInfoLogging:         cfg.PolicyInfoLogging,
 			BindHost:                  bindHost(cfg), // env_compat.go
+			Resolver:                  resolver,
 		}
 	}
 	newProxy := func(w proxy.WorkloadRef, control func(fn func() error) error) (*proxy.Proxy, error) {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -67,6 +68,28 @@ func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) er
 		Metrics:            f.metrics,
 		Logger:             f.log,
 	})
+}
+
+// onDemandResolver is the resolver of hostname-only workloads and of
+// SOCKS5 names that are no service's: ztunnel asks the nameservers of the
+// same resolv.conf its DNS proxy forwards to (ZTUNNEL_RESOLV_CONF here),
+// read once at start. Without a readable one with a nameserver it is nil,
+// Go's default resolver. Its sockets carry PACKET_MARK, as the DNS proxy's
+// do, so a pod's DNS capture lets them pass.
+func onDemandResolver(cfg *Config, log *slog.Logger) proxy.Resolver {
+	rc, err := dnsproxy.ReadResolvConf(cfg.ResolvConf)
+	if err != nil || len(rc.Servers) == 0 {
+		log.Debug("on-demand DNS uses the system resolver", "resolv_conf", cfg.ResolvConf, "error", err, "scope", "dns")
+		return nil
+	}
+	servers := rc.Servers
+	dialer := &net.Dialer{Control: engine.SocketOptions{Mark: cfg.PacketMark}.DialControl()}
+	var next atomic.Uint32
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		// Go's resolver walks the system's nameservers; each of its tries
+		// goes to the next of ours instead.
+		return dialer.DialContext(ctx, network, servers[int(next.Add(1)-1)%len(servers)])
+	}}
 }
 
 // listenControl marks the DNS proxy's listening sockets and, with

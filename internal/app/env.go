@@ -114,7 +114,8 @@ type Config struct {
 	// ClusterDomain is CLUSTER_DOMAIN, the DNS proxy's Kubernetes domain.
 	ClusterDomain string
 	// ResolvConf is ZTUNNEL_RESOLV_CONF (ours, not ztunnel's): the file the
-	// DNS proxy's upstream resolvers are read from, default /etc/resolv.conf.
+	// DNS proxy's upstream resolvers and the on-demand lookups' nameservers
+	// are read from, default /etc/resolv.conf.
 	ResolvConf string
 
 	// Engine is ZTUNNEL_ENGINE: the relay backend (auto, std, epoll, uring);

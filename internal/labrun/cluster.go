@@ -48,6 +48,7 @@ type Cluster struct {
 // StartCluster builds the topology config describes inside lab and starts the
 // daemons. The config's workload IPs must be the ones the lab assigns: pods
 // are created in file order per node, node N's pods get 10.244.N.2, .3, ...
+// A workload known by hostname only gets no pod.
 func StartCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o ClusterOptions) (*Cluster, error) {
 	lc, err := xdsconv.ParseLocalConfig(config)
 	if err != nil {
@@ -86,6 +87,9 @@ func StartCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o Clust
 	}
 	// Workloads in file order: the snapshot sorts, the raw config keeps order.
 	for _, w := range lc.Workloads {
+		if len(w.Addresses) == 0 && w.Hostname != "" {
+			continue // known by hostname only (on-demand DNS): no pod
+		}
 		if w.Node == "" {
 			return nil, fmt.Errorf("labrun: workload %s needs a node", w.UID)
 		}
@@ -116,10 +120,10 @@ func StartCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o Clust
 		}
 	}
 	for _, w := range lc.Workloads {
-		if w.Protocol != state.ProtocolHBONE {
+		p := c.Pods[w.Name]
+		if w.Protocol != state.ProtocolHBONE || p == nil {
 			continue
 		}
-		p := c.Pods[w.Name]
 		if err := p.InstallCaptureWith(o.Capture); err != nil {
 			c.Close()
 			return nil, err

@@ -208,6 +208,9 @@ func (d *Daemon) WaitLog(ctx context.Context, parts ...string) (string, error) {
 // Signal sends sig to the daemon without waiting.
 func (d *Daemon) Signal(sig os.Signal) error { return d.cmd.Process.Signal(sig) }
 
+// Exited is closed once the daemon has exited.
+func (d *Daemon) Exited() <-chan struct{} { return d.exited }
+
 // Wait waits for the daemon to exit (or ctx) and returns its exit error.
 func (d *Daemon) Wait(ctx context.Context) error {
 	select {
