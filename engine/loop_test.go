@@ -34,36 +34,33 @@ func loopbackPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
 func TestBackendChoice(t *testing.T) {
 	uringErr := probeUring()
 	auto := BackendEpoll
-	envUring := BackendUring
+	fallbackUring := BackendUring
 	if uringErr != nil {
-		envUring = auto
+		fallbackUring = auto
 	}
 	tests := []struct {
-		name    string
-		backend string
-		env     string
-		want    string
-		wantErr bool
+		name     string
+		backend  string
+		fallback bool
+		want     string
+		wantErr  bool
 	}{
 		{name: "zero config is auto", want: auto},
 		{name: "auto", backend: "auto", want: auto},
 		{name: "std", backend: "std", want: BackendStd},
 		{name: "epoll", backend: "epoll", want: BackendEpoll},
-		{name: "env std", env: "std", want: BackendStd},
-		{name: "env epoll", env: "epoll", want: BackendEpoll},
-		{name: "env auto", env: "auto", want: auto},
-		{name: "config wins over env", backend: "epoll", env: "std", want: BackendEpoll},
-		{name: "unknown config", backend: "kqueue", wantErr: true},
-		{name: "unknown env", env: "kqueue", wantErr: true},
-		// A refused io_uring named by the environment falls back to auto;
-		// named in Config it is an error.
-		{name: "env uring", env: "uring", want: envUring},
-		{name: "config uring", backend: "uring", want: BackendUring, wantErr: uringErr != nil},
+		{name: "epoll with fallback", backend: "epoll", fallback: true, want: BackendEpoll},
+		{name: "std with fallback", backend: "std", fallback: true, want: BackendStd},
+		{name: "unknown", backend: "kqueue", wantErr: true},
+		{name: "unknown with fallback", backend: "kqueue", fallback: true, wantErr: true},
+		// A refused io_uring falls back to auto when the caller allows it
+		// (the daemon does, for ZTUNNEL_ENGINE); otherwise it is an error.
+		{name: "uring with fallback", backend: "uring", fallback: true, want: fallbackUring},
+		{name: "uring", backend: "uring", want: BackendUring, wantErr: uringErr != nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Setenv(EnvBackend, tc.env)
-			e, err := New(Config{Backend: tc.backend})
+			e, err := New(Config{Backend: tc.backend, Fallback: tc.fallback})
 			if tc.wantErr {
 				if err == nil {
 					e.Close()
@@ -81,13 +78,16 @@ func TestBackendChoice(t *testing.T) {
 			if got := e.Stats().Backend; got != tc.want {
 				t.Fatalf("Stats().Backend = %q, want %q", got, tc.want)
 			}
+			// Fallback says why exactly when another backend than the one
+			// asked for runs.
+			asked := tc.backend
+			if asked == "" || asked == BackendAuto {
+				asked = auto
+			}
+			if fell := e.Fallback() != nil; fell != (tc.want != asked) {
+				t.Fatalf("Fallback() = %v with backend %q asked, %q running", e.Fallback(), asked, tc.want)
+			}
 		})
-	}
-}
-
-func TestDefaultEngineNamesItsBackend(t *testing.T) {
-	if BackendName() == "" || BackendName() == BackendAuto || BackendName() != Default().Backend() {
-		t.Fatalf("BackendName() = %q", BackendName())
 	}
 }
 
@@ -122,7 +122,7 @@ func TestLoopsParkWhenEmptyAndRestart(t *testing.T) {
 		client, a := loopbackPair(t)
 		b, server := loopbackPair(t)
 		res := make(chan Result, 1)
-		go func() { res <- e.Relay(TCPEndpoint{a}, TCPEndpoint{b}, nil) }()
+		e.Start(TCPEndpoint{a}, TCPEndpoint{b}, nil, func(r Result) { res <- r })
 		client.Write([]byte("hi"))
 		client.CloseWrite()
 		server.CloseWrite()
@@ -156,7 +156,7 @@ func TestNonTCPEndpointsRelayWithGoroutines(t *testing.T) {
 	b, server := loopbackPair(t)
 	var c Counters
 	res := make(chan Result, 1)
-	go func() { res <- e.Relay(wrapped{TCPEndpoint{a}}, TCPEndpoint{b}, &c) }()
+	e.Start(wrapped{TCPEndpoint{a}}, TCPEndpoint{b}, &c, func(r Result) { res <- r })
 	client.Write([]byte("through goroutines"))
 	client.CloseWrite()
 	if got, _ := io.ReadAll(server); string(got) != "through goroutines" {
