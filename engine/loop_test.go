@@ -92,23 +92,67 @@ func TestBackendChoice(t *testing.T) {
 }
 
 func TestIdleTimeoutResetsBothSides(t *testing.T) {
-	e, err := New(Config{Backend: BackendEpoll, IdleTimeout: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	client, a := loopbackPair(t)
-	b, server := loopbackPair(t)
-	done := make(chan Result, 1)
-	e.Start(TCPEndpoint{a}, TCPEndpoint{b}, nil, func(r Result) { done <- r })
-	// Nothing moves: the relay ends on its own.
-	if r := <-done; !errors.Is(r.Err, ErrIdleTimeout) {
-		t.Fatalf("result %v, want ErrIdleTimeout", r.Err)
-	}
-	for _, c := range []*net.TCPConn{client, server} {
-		if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
-			t.Fatalf("read %v, want ECONNRESET", err)
-		}
+	for _, name := range []string{BackendEpoll, BackendUring} {
+		t.Run(name, func(t *testing.T) {
+			const idle = 300 * time.Millisecond
+			e, err := New(Config{Backend: name, IdleTimeout: idle})
+			if err != nil {
+				if name == BackendUring {
+					t.Skipf("io_uring backend unavailable here: %v", err)
+				}
+				t.Fatal(err)
+			}
+			defer e.Close()
+			// Two relays: one kept busy, one idle from the start.
+			busyC, busyA := loopbackPair(t)
+			busyB, busyS := loopbackPair(t)
+			client, a := loopbackPair(t)
+			b, server := loopbackPair(t)
+			busyDone := make(chan Result, 1)
+			e.Start(TCPEndpoint{busyA}, TCPEndpoint{busyB}, nil, func(r Result) { busyDone <- r })
+			done := make(chan Result, 1)
+			start := time.Now()
+			e.Start(TCPEndpoint{a}, TCPEndpoint{b}, nil, func(r Result) { done <- r })
+			// Nothing moves on the second: it ends on its own, while the
+			// first, a byte each way every few milliseconds, stays up.
+			one := make([]byte, 1)
+			var res Result
+			for ended := false; !ended; {
+				select {
+				case res = <-done:
+					ended = true
+				case <-time.After(5 * time.Millisecond): // traffic pacing, not synchronisation
+					if time.Since(start) > 20*time.Second {
+						t.Fatal("the idle relay did not time out")
+					}
+					busyC.Write(one)
+					if _, err := io.ReadFull(busyS, one); err != nil {
+						t.Fatalf("busy relay: %v", err)
+					}
+				}
+			}
+			if !errors.Is(res.Err, ErrIdleTimeout) {
+				t.Fatalf("result %v, want ErrIdleTimeout", res.Err)
+			}
+			if d := time.Since(start); d < idle {
+				t.Fatalf("idle relay ended after %v, before its timeout of %v", d, idle)
+			}
+			for _, c := range []*net.TCPConn{client, server} {
+				if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+					t.Fatalf("read %v, want ECONNRESET", err)
+				}
+			}
+			select {
+			case r := <-busyDone:
+				t.Fatalf("the busy relay ended: %v", r.Err)
+			default:
+			}
+			busyC.CloseWrite()
+			busyS.CloseWrite()
+			if r := <-busyDone; r.Err != nil {
+				t.Fatalf("busy relay ended with %v", r.Err)
+			}
+		})
 	}
 }
 
