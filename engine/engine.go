@@ -94,6 +94,11 @@ type Engine struct {
 	// detachFault, set by tests before any relay starts, makes handOff's
 	// takeover of a socket fail with the error it returns for that conn.
 	detachFault func(*net.TCPConn) error
+	// noPeek, set by benchmarks before any relay starts, makes TCP⇄stream
+	// relays copy received stream bytes with TryRead even from a
+	// StreamPeeker, and read the socket with TryWrite even into a
+	// StreamFiller (export_linux_test.go).
+	noPeek bool
 }
 
 // backend is the seam between an Engine and one way of running TCP⇄TCP
