@@ -41,7 +41,7 @@
 //     baseline kept for comparison.
 //
 // The two event-loop backends share their loop core (loopcore_linux.go:
-// task queue, slot table, idle list, clock). Engine.Backend names the
+// task queue, slot table, idle list, clock, pipe pool). Engine.Backend names the
 // backend in use and Engine.Stats its load, for logs and /config_dump.
 //
 // Imports (of ours): engine/bufpool, engine/poll, engine/splice and

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine/poll"
-	"github.com/ztunnel-go/ztunnel/engine/splice"
 	"golang.org/x/sys/unix"
 )
 
@@ -67,11 +66,11 @@ func newEpollBackend(e *Engine) (backend, error) {
 			return nil, fmt.Errorf("engine: epoll: %w", err)
 		}
 		b.loops = append(b.loops, &eloop{
-			b:        b,
-			p:        p,
-			blocking: i < e.cfg.Loops,
-			pipes:    splice.NewPool(splice.PoolConfig{PipeSize: e.cfg.PipeSize, MaxFree: e.cfg.MaxFreePipes}),
-			events:   make([]poll.Event, 256),
+			b:         b,
+			p:         p,
+			blocking:  i < e.cfg.Loops,
+			loopPipes: newLoopPipes(e.cfg),
+			events:    make([]poll.Event, 256),
 		})
 	}
 	b.tcp, b.strm = b.loops[:e.cfg.Loops], b.loops[e.cfg.Loops:]
@@ -89,9 +88,7 @@ func (b *epollBackend) relayTCP(fa, fb int, s *session) {
 	r.dir[0].count = &s.counters.AToB
 	r.dir[1].count = &s.counters.BToA
 	if !l.submit(task{op: opAdd, r: r}) {
-		abortFD(fa)
-		abortFD(fb)
-		s.finish(ErrClosed)
+		refuseFDs(fa, fb, s)
 		return
 	}
 	s.setOwner(r)
@@ -105,9 +102,7 @@ func (b *epollBackend) relayDial(fa, fb int, dst netip.AddrPort, timeout time.Du
 	r.dir[0].count = &s.counters.AToB
 	r.dir[1].count = &s.counters.BToA
 	if !l.submit(task{op: opAdd, r: r, dial: &dialing{r: r, dst: dst, timeout: timeout}}) {
-		abortFD(fa)
-		abortFD(fb)
-		s.finish(ErrClosed)
+		refuseFDs(fa, fb, s)
 		return
 	}
 	s.setOwner(r)
@@ -119,8 +114,7 @@ func (b *epollBackend) close() {
 	}
 	b.wg.Wait()
 	for _, l := range b.loops {
-		l.pipes.Close()
-		l.nFree.Store(0)
+		l.closePipes()
 		l.p.Close()
 	}
 }
@@ -132,9 +126,7 @@ func (b *epollBackend) stats(st *Stats) {
 		if l.q.isRunning() {
 			st.Running++
 		}
-		st.LoopRelays += int(l.nRelays.Load())
-		st.PipesInUse += int(l.nInUse.Load())
-		st.PipesFree += int(l.nFree.Load())
+		l.addStats(st)
 		st.StreamBuffers += int(l.nBufs.Load())
 	}
 }
@@ -214,7 +206,7 @@ type eloop struct {
 	// Owned by the loop goroutine.
 	slots slotTable[loopRelay] // by the slot half of an event tag
 	loopClock
-	pipes      *splice.Pool
+	loopPipes
 	ready      []loopRelay // relays that stopped on their budget, not on EAGAIN
 	spareReady []loopRelay
 	idle       idleList[*relayBase] // least recently active last; only with IdleTimeout
@@ -222,8 +214,7 @@ type eloop struct {
 	events     []poll.Event
 
 	// Mirrors for Stats, written by the loop.
-	nRelays, nInUse, nFree atomic.Int32
-	nBufs                  atomic.Int32 // buffers held by stream relays
+	nBufs atomic.Int32 // buffers held by stream relays, for Stats
 }
 
 // submit queues t for the loop, starting the loop if it is parked; false
@@ -482,22 +473,6 @@ func (l *eloop) expireIdle() {
 	for r := l.idle.tail; r != nil && l.now-r.lastActive >= it; r = l.idle.tail {
 		r.self.end(ErrIdleTimeout, true)
 	}
-}
-
-func (l *eloop) getPipe() (*splice.Pipe, error) {
-	p, err := l.pipes.Get()
-	if err != nil {
-		return nil, err
-	}
-	l.nInUse.Store(int32(l.pipes.InUse()))
-	l.nFree.Store(int32(l.pipes.Free()))
-	return p, nil
-}
-
-func (l *eloop) putPipe(p *splice.Pipe) {
-	l.pipes.Put(p)
-	l.nInUse.Store(int32(l.pipes.InUse()))
-	l.nFree.Store(int32(l.pipes.Free()))
 }
 
 // scratchBuf returns the loop's copy buffer, made on first use: one per

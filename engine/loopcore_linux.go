@@ -2,13 +2,16 @@ package engine
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel/engine/splice"
 )
 
 // The core both event-loop backends share (epoll_linux.go, uring_linux.go):
 // the task queue other goroutines reach a loop through, the slot table its
-// relays live in, the idle list the idle timeout scans and the loop's
-// clock. What stays apart is how a loop waits (epoll_wait or a parked
+// relays live in, the idle list the idle timeout scans, the loop's clock
+// and its pipe pool with the figures Stats reads. What stays apart is how a loop waits (epoll_wait or a parked
 // netpoller, io_uring completions) and what a relay is.
 
 // taskQueue is how other goroutines hand work to a loop: a mutex-guarded
@@ -227,3 +230,55 @@ func (c *loopClock) wait(live int, linger, idleTimeout time.Duration, oldest *ti
 // lingered reports whether a loop with no relay has kept its thread for
 // linger.
 func (c *loopClock) lingered(linger time.Duration) bool { return c.now-c.emptySince >= linger }
+
+// loopPipes is a loop's pipe pool and the mirrors of its load that Stats
+// reads from other goroutines (written by the loop only).
+type loopPipes struct {
+	pipes                  *splice.Pool
+	nRelays, nInUse, nFree atomic.Int32
+}
+
+func newLoopPipes(cfg Config) loopPipes {
+	return loopPipes{pipes: splice.NewPool(splice.PoolConfig{PipeSize: cfg.PipeSize, MaxFree: cfg.MaxFreePipes})}
+}
+
+func (l *loopPipes) getPipe() (*splice.Pipe, error) {
+	p, err := l.pipes.Get()
+	if err != nil {
+		return nil, err
+	}
+	l.mirror()
+	return p, nil
+}
+
+// putPipe pools p, or closes it when it still holds bytes.
+func (l *loopPipes) putPipe(p *splice.Pipe) {
+	l.pipes.Put(p)
+	l.mirror()
+}
+
+func (l *loopPipes) mirror() {
+	l.nInUse.Store(int32(l.pipes.InUse()))
+	l.nFree.Store(int32(l.pipes.Free()))
+}
+
+// closePipes releases the pool once the loop has stopped.
+func (l *loopPipes) closePipes() {
+	l.pipes.Close()
+	l.nFree.Store(0)
+}
+
+// addStats adds the loop's figures to st.
+func (l *loopPipes) addStats(st *Stats) {
+	st.LoopRelays += int(l.nRelays.Load())
+	st.PipesInUse += int(l.nInUse.Load())
+	st.PipesFree += int(l.nFree.Load())
+}
+
+// refuseFDs ends a relay whose loop refused it (the engine is closing):
+// both sockets are reset.
+func refuseFDs(fa, fb int, s *session) {
+	abortFD(fa)
+	abortFD(fb)
+	s.finish(ErrClosed)
+}

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ztunnel-go/ztunnel/engine/splice"
 	"github.com/ztunnel-go/ztunnel/engine/uring"
 	"golang.org/x/sys/unix"
 )
@@ -85,11 +84,11 @@ func newUringBackend(e *Engine) (backend, error) {
 			return nil, fmt.Errorf("engine: eventfd: %w", err)
 		}
 		b.loops = append(b.loops, &uloop{
-			b:       b,
-			efd:     efd,
-			wakeBuf: make([]byte, 8),
-			pipes:   splice.NewPool(splice.PoolConfig{PipeSize: e.cfg.PipeSize, MaxFree: e.cfg.MaxFreePipes}),
-			cqes:    make([]uring.CQE, 512),
+			b:         b,
+			efd:       efd,
+			wakeBuf:   make([]byte, 8),
+			loopPipes: newLoopPipes(e.cfg),
+			cqes:      make([]uring.CQE, 512),
 		})
 	}
 	return b, nil
@@ -101,9 +100,7 @@ func (b *uringBackend) relayTCP(fa, fb int, s *session) {
 	r.dir[0].count = &s.counters.AToB
 	r.dir[1].count = &s.counters.BToA
 	if !l.submit(utask{op: opAdd, r: r}) {
-		abortFD(fa)
-		abortFD(fb)
-		s.finish(ErrClosed)
+		refuseFDs(fa, fb, s)
 		return
 	}
 	s.setOwner(r)
@@ -115,8 +112,7 @@ func (b *uringBackend) close() {
 	}
 	b.wg.Wait()
 	for _, l := range b.loops {
-		l.pipes.Close()
-		l.nFree.Store(0)
+		l.closePipes()
 		unix.Close(l.efd)
 	}
 }
@@ -127,9 +123,7 @@ func (b *uringBackend) stats(st *Stats) {
 		if l.q.isRunning() {
 			st.Running++
 		}
-		st.LoopRelays += int(l.nRelays.Load())
-		st.PipesInUse += int(l.nInUse.Load())
-		st.PipesFree += int(l.nFree.Load())
+		l.addStats(st)
 	}
 }
 
@@ -175,11 +169,9 @@ type uloop struct {
 	slots    slotTable[*uRelay]
 	gens     []uint32 // by slot: a completion for a slot's earlier relay is stale
 	loopClock
-	pipes *splice.Pool
-	cqes  []uring.CQE
-	idle  idleList[*uRelay]
-
-	nRelays, nInUse, nFree atomic.Int32
+	loopPipes
+	cqes []uring.CQE
+	idle idleList[*uRelay]
 }
 
 func (l *uloop) submit(t utask) bool { return l.q.submit(t, l.start, l.wakeLocked) }
@@ -384,20 +376,4 @@ func (l *uloop) expireIdle() {
 		l.idle.remove(r) // ending takes a while: keep it out of the scan
 		r.end(ErrIdleTimeout, true)
 	}
-}
-
-func (l *uloop) getPipe() (*splice.Pipe, error) {
-	p, err := l.pipes.Get()
-	if err != nil {
-		return nil, err
-	}
-	l.nInUse.Store(int32(l.pipes.InUse()))
-	l.nFree.Store(int32(l.pipes.Free()))
-	return p, nil
-}
-
-func (l *uloop) putPipe(p *splice.Pipe) {
-	l.pipes.Put(p)
-	l.nInUse.Store(int32(l.pipes.InUse()))
-	l.nFree.Store(int32(l.pipes.Free()))
 }
