@@ -22,6 +22,31 @@ type ConfigDump struct {
 	Config         any                          `json:"config"`
 	Certificates   []CertsDump                  `json:"certificates"`
 	WorkloadState  map[string]WorkloadStateDump `json:"workloadState,omitempty"`
+	// Engine is ztunnel-go's own: the relay engine's backend and load.
+	// istioctl ignores keys it does not know.
+	Engine *EngineDump `json:"engine,omitempty"`
+}
+
+// EngineDump is the relay engine's section of the dump (ztunnel-go only):
+// the backend that runs (ZTUNNEL_ENGINE, after any fallback), its loops and
+// the relays and buffers they hold now.
+type EngineDump struct {
+	Backend string `json:"backend"`
+	// Fallback says why another backend than the one asked for runs.
+	Fallback string `json:"fallback,omitempty"`
+	// Loops run TCP⇄TCP relays, StreamLoops TCP⇄HBONE-stream relays (the
+	// epoll backend's); Running is how many of either run right now.
+	Loops       int `json:"loops"`
+	StreamLoops int `json:"streamLoops"`
+	Running     int `json:"running"`
+	// Relays are the live relays, LoopRelays those held by event loops.
+	Relays     int `json:"relays"`
+	LoopRelays int `json:"loopRelays"`
+	// PipesInUse hold bytes in flight, PipesFree are pooled for reuse;
+	// StreamBuffers are the buffers stream relays hold for bytes in flight.
+	PipesInUse    int `json:"pipesInUse"`
+	PipesFree     int `json:"pipesFree"`
+	StreamBuffers int `json:"streamBuffers"`
 }
 
 // StaticDump is the local config as loaded, in ztunnel's LocalConfig shape.

@@ -1,9 +1,11 @@
 package admin
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -159,7 +161,10 @@ func TestConfigDumpAsIstioctlReadsIt(t *testing.T) {
 				Outbound: []OutboundConnDump{{Src: "10.0.0.1:5000", OriginalDst: "10.96.0.1:80", ActualDst: "10.0.0.7:15008", Protocol: "HBONE"}},
 			},
 		}}
-	}})
+	},
+		// ztunnel-go's own section, a key istioctl does not know.
+		Engine: func() EngineDump { return EngineDump{Backend: "epoll", Loops: 2, StreamLoops: 2, Relays: 3} },
+	})
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
 	resp, err := http.Get(srv.URL + "/config_dump")
@@ -167,9 +172,20 @@ func TestConfigDumpAsIstioctlReadsIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var d ictlDump
-	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
+	if err := json.NewDecoder(bytes.NewReader(body)).Decode(&d); err != nil {
 		t.Fatalf("istioctl cannot parse the dump: %v", err)
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(body, &raw); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := raw["engine"]; !ok {
+		t.Fatal("the dump istioctl parsed has no engine section: the unknown key was not exercised")
 	}
 
 	t.Run("workloads", func(t *testing.T) {

@@ -42,6 +42,9 @@ type Config struct {
 	// WorkloadState returns the in-pod (shared mode) pods for
 	// "workloadState"; nil omits the key.
 	WorkloadState func() map[string]WorkloadStateDump
+	// Engine returns the relay engine's section, "engine"; nil omits the
+	// key.
+	Engine func() EngineDump
 }
 
 // Server is the admin HTTP server (localhost only).
@@ -125,6 +128,10 @@ func (s *Server) Dump() ConfigDump {
 	d.Workloads, d.Services, d.Policies = dumpSnapshot(snap)
 	if s.cfg.WorkloadState != nil {
 		d.WorkloadState = s.cfg.WorkloadState()
+	}
+	if s.cfg.Engine != nil {
+		e := s.cfg.Engine()
+		d.Engine = &e
 	}
 	if s.cfg.Certs != nil {
 		for _, st := range s.cfg.Certs.CertStates() {

@@ -70,17 +70,14 @@ func (e *Engine) StartDial(ctx context.Context, a TCPEndpoint, d *Dialer, src ne
 	if counters == nil {
 		counters = new(Counters)
 	}
-	s, ok := e.begin(counters, done, nil)
+	s, ok := e.begin(counters, done)
 	if !ok {
 		abortFD(fb)
 		resetConn(a.TCPConn)
 		s.deliver(Result{Err: ErrClosed})
 		return s.handle()
 	}
-	// As StartByHandle: the relay is reset through its Handle only, so no
-	// per-socket record is kept for TCPEndpoint.Abort.
-	s.byHandle = true
-	fa, err := detach(a.TCPConn)
+	fa, err := e.detach(a.TCPConn)
 	if err != nil {
 		abortFD(fb)
 		resetConn(a.TCPConn)
@@ -91,15 +88,10 @@ func (e *Engine) StartDial(ctx context.Context, a TCPEndpoint, d *Dialer, src ne
 	return s.handle()
 }
 
-// StartDial is Engine.StartDial on the default engine.
-func StartDial(ctx context.Context, a TCPEndpoint, d *Dialer, src netip.Addr, dst netip.AddrPort, counters *Counters, done func(Result)) *Handle {
-	return Default().StartDial(ctx, a, d, src, dst, counters, done)
-}
-
 // failDial ends a relay whose connect failed before it began: a is reset
 // and done receives err.
 func (e *Engine) failDial(a TCPEndpoint, counters *Counters, done func(Result), err error) *Handle {
-	s, ok := e.begin(counters, done, nil)
+	s, ok := e.begin(counters, done)
 	resetConn(a.TCPConn)
 	if !ok {
 		s.deliver(Result{Err: ErrClosed})

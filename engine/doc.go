@@ -5,8 +5,14 @@
 //
 // Control in goroutines, data in the engine: the proxy decides a connection's
 // route in straight-line Go, then hands both ends to an Engine and forgets
-// them. Between two TCP sockets an event-loop backend takes the sockets over
-// and moves bytes with splice(2) through pooled pipes (epoll copies small
+// them. An Engine is a value its owner makes with New and closes (or
+// drains) when its users are done: the daemon (internal/app) makes one and
+// hands it to every proxy. The package keeps no state of its own.
+//
+// Engine.Start is the one way in (StartDial is Start with the connect to
+// the B side left to the engine), in one dispatch order (start.go):
+// between two TCP sockets an event-loop backend takes the sockets over and
+// moves bytes with splice(2) through pooled pipes (epoll copies small
 // messages through one buffer per loop, and splices once a flow is bulk):
 // an idle relay then holds no goroutine, no buffer and no pipe, only a few
 // hundred bytes of state in its loop. StartDial also leaves the connect to
@@ -15,26 +21,28 @@
 // StreamEndpoint, see stream.go) is relayed by the epoll loops too: the
 // socket is polled, the stream wakes the loop, and an idle relay holds no
 // goroutine and no buffer. Other pairs, and streams on the std and uring
-// backends, are relayed by two goroutines.
+// backends, are relayed by two goroutines (std.go). A relay is reset from
+// outside through the Handle Start returns.
 //
-// Backends, chosen by Config.Backend or, when that is empty, by the
-// ZTUNNEL_ENGINE environment variable:
+// Backends, chosen by Config.Backend (the daemon's ZTUNNEL_ENGINE):
 //
 //   - auto (default): the fastest the kernel allows, by measurement: epoll
 //     today (see autoOrder in engine.go), io_uring where epoll is missing;
-//   - epoll: event loops on epoll (engine/poll), one per core for TCP⇄TCP
-//     relays, each a goroutine blocked in epoll_wait, and one per core for
-//     TCP⇄stream relays, each parked in the runtime's netpoller when idle
-//     (with Config.LockOSThread, all on locked OS threads in epoll_wait);
-//   - uring: event loops on io_uring (engine/uring), one per core, each on
-//     a locked OS thread; refused kernels (seccomp, io_uring_disabled) make
-//     auto and ZTUNNEL_ENGINE=uring fall back to epoll;
-//   - std: a goroutine per direction with io.Copy, the portable baseline
-//     kept for comparison.
+//   - epoll (epoll_*.go): event loops on epoll (engine/poll), one per core
+//     for TCP⇄TCP relays, each a goroutine blocked in epoll_wait, and one
+//     per core for TCP⇄stream relays, each parked in the runtime's
+//     netpoller when idle (with Config.LockOSThread, all on locked OS
+//     threads in epoll_wait);
+//   - uring (uring_*.go): event loops on io_uring (engine/uring), one per
+//     core, each on a locked OS thread; a kernel that refuses io_uring
+//     (seccomp, io_uring_disabled) makes auto, and uring with
+//     Config.Fallback, fall back to epoll (Engine.Fallback says why);
+//   - std (std.go): a goroutine per direction with io.Copy, the portable
+//     baseline kept for comparison.
 //
-// Engine.Backend (and BackendName for the default engine) names the one in
-// use, for logs and /config_dump. The package-level Relay and Start use
-// Default, an engine built on first use from Config{}.
+// The two event-loop backends share their loop core (loopcore_linux.go:
+// task queue, slot table, idle list, clock, pipe pool). Engine.Backend names the
+// backend in use and Engine.Stats its load, for logs and /config_dump.
 //
 // Imports (of ours): engine/bufpool, engine/poll, engine/splice and
 // engine/uring (no TLS, no HTTP/2: streams reach it through the small

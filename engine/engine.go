@@ -4,19 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"net"
-	"os"
 	"runtime"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
-	"weak"
 )
 
-// Backend names, as Config.Backend, ZTUNNEL_ENGINE and Engine.Backend spell
-// them.
+// Backend names, as Config.Backend and Engine.Backend spell them (and the
+// daemon's ZTUNNEL_ENGINE, which internal/app reads into Config.Backend).
 const (
 	// BackendAuto picks the best backend the kernel allows, in the order
 	// of measured performance (see autoOrder): today epoll, then io_uring.
@@ -30,12 +25,6 @@ const (
 	BackendUring = "uring"
 )
 
-// EnvBackend is the environment variable that overrides the backend of an
-// Engine whose Config.Backend is empty: "std", "epoll", "uring" or "auto".
-// An unknown value is an error from New; a backend the kernel refuses falls
-// back to auto (the fallback is logged and Backend reports what runs).
-const EnvBackend = "ZTUNNEL_ENGINE"
-
 var (
 	// ErrClosed ends relays still running when their Engine is closed, and
 	// relays handed to an Engine that is already closed.
@@ -46,13 +35,18 @@ var (
 	ErrAborted = errors.New("engine: relay aborted")
 )
 
-// Config configures an Engine. The zero value is usable: auto backend (or
-// ZTUNNEL_ENGINE), one loop per GOMAXPROCS, 1 MiB pipes, no idle timeout.
+// Config configures an Engine. The zero value is usable: auto backend, one
+// loop per GOMAXPROCS, 1 MiB pipes, no idle timeout.
 type Config struct {
-	// Backend is one of the Backend* names; "" reads EnvBackend, and when
-	// that is unset means BackendAuto. A backend named here that the kernel
-	// refuses is an error from New.
+	// Backend is one of the Backend* names; "" means BackendAuto. A
+	// backend named here that the kernel refuses is an error from New,
+	// unless Fallback is set.
 	Backend string
+	// Fallback makes a named backend the kernel refuses fall back to
+	// BackendAuto instead of failing New; Engine.Fallback then says why.
+	// The daemon sets it, so ZTUNNEL_ENGINE=uring on a kernel that refuses
+	// io_uring runs epoll (and logs it).
+	Fallback bool
 	// Loops is the number of event loops; 0 means runtime.GOMAXPROCS(0).
 	// The epoll backend has this many for TCP⇄TCP relays and as many again
 	// for TCP⇄stream relays.
@@ -76,16 +70,18 @@ type Config struct {
 	// goroutine in epoll_wait (thread not locked) and its TCP⇄stream loops
 	// park in the runtime's netpoller, each the faster way for its kind.
 	LockOSThread bool
-	// Logf, if set, receives the engine's rare notes (backend choice,
-	// fallbacks). Nil discards them.
+	// Logf, if set, receives the engine's rare notes (a loop whose poller
+	// broke). Nil discards them. The backend choice and a fallback are the
+	// caller's to log (Backend, Fallback).
 	Logf func(format string, args ...any)
 }
 
 // Engine runs relays. It is safe for concurrent use.
 type Engine struct {
-	cfg     Config
-	name    string
-	backend backend // nil for BackendStd
+	cfg      Config
+	name     string
+	backend  backend // nil for BackendStd
+	fallback error   // why the backend asked for does not run, nil if it does
 
 	mu        sync.Mutex // guards the following fields
 	idle      sync.Cond  // signalled when active or callbacks drops to zero
@@ -98,11 +94,16 @@ type Engine struct {
 	// detachFault, set by tests before any relay starts, makes handOff's
 	// takeover of a socket fail with the error it returns for that conn.
 	detachFault func(*net.TCPConn) error
+	// noPeek, set by benchmarks before any relay starts, makes TCP⇄stream
+	// relays copy received stream bytes with TryRead even from a
+	// StreamPeeker, and read the socket with TryWrite even into a
+	// StreamFiller (export_linux_test.go).
+	noPeek bool
 }
 
 // backend is the seam between an Engine and one way of running TCP⇄TCP
-// relays in event loops (epoll_linux.go, uring_linux.go). Pairs that are not
-// TCP to TCP always take the goroutine relay.
+// relays in event loops (epoll_*.go, uring_*.go). Pairs that are not TCP
+// to TCP always take the goroutine relay (std.go).
 type backend interface {
 	// relayTCP takes ownership of two connected, non-blocking TCP sockets
 	// and relays between them; it ends s exactly once.
@@ -123,48 +124,9 @@ type streamBackend interface {
 	relayStream(fd, tcpSide int, st StreamEndpoint, s *session)
 }
 
-// streamPair reports whether a and b are a TCP socket and a stream a
-// stream backend can take, and which side the socket is on.
-func (e *Engine) streamPair(a, b Endpoint) (TCPEndpoint, StreamEndpoint, int, bool) {
-	if _, ok := e.backend.(streamBackend); !ok {
-		return TCPEndpoint{}, nil, 0, false
-	}
-	if t, ok := a.(TCPEndpoint); ok {
-		if st, ok := b.(StreamEndpoint); ok {
-			return t, st, 0, true
-		}
-	}
-	if t, ok := b.(TCPEndpoint); ok {
-		if st, ok := a.(StreamEndpoint); ok {
-			return t, st, 1, true
-		}
-	}
-	return TCPEndpoint{}, nil, 0, false
-}
-
-// handOffStream takes the socket from its *net.TCPConn and gives it, with
-// the stream, to the backend.
-func (e *Engine) handOffStream(t TCPEndpoint, st StreamEndpoint, tcpSide int, s *session) {
-	if !s.byHandle {
-		s.tcp = [2]weak.Pointer[net.TCPConn]{weak.Make(t.TCPConn)}
-		handedOff.add(s.tcp[0], s)
-	}
-	fd, err := detach(t.TCPConn)
-	if err != nil {
-		if !s.byHandle {
-			handedOff.remove(s.tcp[0])
-		}
-		_ = t.Abort()
-		_ = st.Abort()
-		_ = st.Close()
-		s.finish(fmt.Errorf("engine: take over socket: %w", err))
-		return
-	}
-	e.backend.(streamBackend).relayStream(fd, tcpSide, st, s)
-}
-
-// New starts an Engine. Its loops start with the first relay, so an Engine
-// with no relay holds no thread.
+// New makes an Engine. Its loops start with the first relay, so an Engine
+// with no relay holds no thread. Its owner (the daemon) closes or drains
+// it after the last user is done with it.
 func New(cfg Config) (*Engine, error) {
 	if cfg.Loops <= 0 {
 		cfg.Loops = runtime.GOMAXPROCS(0)
@@ -172,10 +134,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Linger <= 0 {
 		cfg.Linger = 100 * time.Millisecond
 	}
-	want, fromEnv := cfg.Backend, false
-	if want == "" {
-		want, fromEnv = strings.TrimSpace(os.Getenv(EnvBackend)), true
-	}
+	want := cfg.Backend
 	if want == "" {
 		want = BackendAuto
 	}
@@ -191,15 +150,12 @@ func New(cfg Config) (*Engine, error) {
 			e.name, e.backend = want, b
 			return e, nil
 		}
-		if !fromEnv {
+		if !cfg.Fallback {
 			return nil, err
 		}
-		e.logf("engine: %s=%s unavailable (%v); choosing automatically", EnvBackend, want, err)
+		e.fallback = fmt.Errorf("%s unavailable: %w", want, err)
 	case BackendAuto:
 	default:
-		if fromEnv {
-			return nil, fmt.Errorf("engine: %s=%q: unknown backend (want std, epoll, uring or auto)", EnvBackend, want)
-		}
 		return nil, fmt.Errorf("engine: unknown backend %q (want std, epoll, uring or auto)", want)
 	}
 	var errs []error
@@ -207,12 +163,12 @@ func New(cfg Config) (*Engine, error) {
 		b, err := newBackend(name, e)
 		if err == nil {
 			e.name, e.backend = name, b
-			e.logf("engine: backend %s", name)
 			return e, nil
 		}
 		errs = append(errs, err)
 	}
-	e.logf("engine: no event-loop backend (%v); relaying with goroutines", errors.Join(errs...))
+	// No event-loop backend: relaying with goroutines.
+	e.fallback = errors.Join(append([]error{e.fallback}, errs...)...)
 	e.name = BackendStd
 	return e, nil
 }
@@ -249,214 +205,10 @@ func (e *Engine) logf(format string, args ...any) {
 // the Backend* names other than auto), for logs and /config_dump.
 func (e *Engine) Backend() string { return e.name }
 
-var defaultEngine struct {
-	once sync.Once
-	e    *Engine
-}
-
-// Default returns the process's shared engine, built on first use from
-// Config{} (so ZTUNNEL_ENGINE applies). An invalid ZTUNNEL_ENGINE makes it
-// fall back to auto. Its loops park when they have no relay, so it holds no
-// thread or goroutine while unused. The package never closes it; the daemon
-// may Drain it at shutdown (relays handed over afterwards are refused).
-func Default() *Engine {
-	defaultEngine.once.Do(func() {
-		e, err := New(Config{})
-		if err != nil {
-			e, _ = New(Config{Backend: BackendAuto})
-		}
-		defaultEngine.e = e
-	})
-	return defaultEngine.e
-}
-
-// BackendName names the default engine's backend.
-func BackendName() string { return Default().Backend() }
-
-// Relay moves bytes both ways between a and b until both directions end,
-// propagating half-close and resets, updating counters as bytes move, and
-// closes both endpoints before it returns. The calling goroutine waits; see
-// Start for the form that does not hold it.
-func (e *Engine) Relay(a, b Endpoint, counters *Counters) Result {
-	if counters == nil {
-		counters = new(Counters)
-	}
-	ta, okA := a.(TCPEndpoint)
-	tb, okB := b.(TCPEndpoint)
-	if t, st, side, ok := e.streamPair(a, b); ok {
-		ch := make(chan Result, 1)
-		s, ok := e.begin(counters, nil, ch)
-		if !ok {
-			return e.refuse(a, b, s)
-		}
-		e.handOffStream(t, st, side, s)
-		return <-ch
-	}
-	if e.backend == nil || !okA || !okB {
-		// The goroutine relay runs on the caller's goroutine: no handoff.
-		s, ok := e.begin(counters, nil, nil)
-		if !ok {
-			return e.refuse(a, b, s)
-		}
-		r := &stdRelay{a: a, b: b}
-		if !e.trackStd(r, s) {
-			return Result{Err: ErrClosed}
-		}
-		err := r.run(counters)
-		e.untrackStd(r)
-		s.finish(err)
-		return Result{Err: err}
-	}
-	ch := make(chan Result, 1)
-	s, ok := e.begin(counters, nil, ch)
-	if !ok {
-		return e.refuse(a, b, s)
-	}
-	e.handOff(ta, tb, s)
-	return <-ch
-}
-
-// Start hands a relay between a and b to the engine and returns at once.
-// Between two TCPEndpoints on an event-loop backend the relay holds no
-// goroutine: the engine takes over both sockets (the *net.TCPConns are
-// closed at once; use nothing of them afterwards). Other pairs run on two
-// goroutines owned by the engine.
-//
-// done, if not nil, is called once with the result after both endpoints are
-// closed, on a goroutine of its own (it may block; Close waits for it).
-// counters, if not nil, moves as bytes flow.
-func (e *Engine) Start(a, b Endpoint, counters *Counters, done func(Result)) *Handle {
-	return e.start(a, b, counters, done, false)
-}
-
-// StartByHandle is Start for a caller that resets the relay only through the
-// returned Handle: TCPEndpoint.Abort on an endpoint handed to an event loop
-// then no longer reaches the relay (the *net.TCPConn is closed; Abort does
-// nothing), and the engine keeps no record per socket for that lookup
-// (~50 B per socket, which an idle relay would hold for its life).
-func (e *Engine) StartByHandle(a, b Endpoint, counters *Counters, done func(Result)) *Handle {
-	return e.start(a, b, counters, done, true)
-}
-
-func (e *Engine) start(a, b Endpoint, counters *Counters, done func(Result), byHandle bool) *Handle {
-	if counters == nil {
-		counters = new(Counters)
-	}
-	s, ok := e.begin(counters, done, nil)
-	s.byHandle = byHandle
-	if !ok {
-		e.refuse(a, b, s)
-		return s.handle()
-	}
-	ta, okA := a.(TCPEndpoint)
-	tb, okB := b.(TCPEndpoint)
-	if e.backend != nil && okA && okB {
-		e.handOff(ta, tb, s)
-		return s.handle()
-	}
-	if t, st, side, ok := e.streamPair(a, b); ok {
-		e.handOffStream(t, st, side, s)
-		return s.handle()
-	}
-	r := &stdRelay{a: a, b: b}
-	if !e.trackStd(r, s) {
-		return s.handle()
-	}
-	go func() {
-		err := r.run(counters)
-		e.untrackStd(r)
-		s.finish(err)
-	}()
-	return s.handle()
-}
-
-// handOff takes the sockets from their *net.TCPConns and gives them to the
-// backend.
-func (e *Engine) handOff(a, b TCPEndpoint, s *session) {
-	// Registered before the conns close, so an Abort racing with the
-	// handoff is not lost (session.abort keeps it for the owner).
-	if !s.byHandle {
-		s.tcp = [2]weak.Pointer[net.TCPConn]{weak.Make(a.TCPConn), weak.Make(b.TCPConn)}
-		handedOff.add(s.tcp[0], s)
-		handedOff.add(s.tcp[1], s)
-	}
-	// A failed takeover resets the conns directly: TCPEndpoint.Abort would
-	// find the session registered above and leave the abort pending for an
-	// owner that never comes.
-	fa, err := e.detach(a.TCPConn)
-	if err != nil {
-		resetConn(a.TCPConn)
-		resetConn(b.TCPConn)
-		s.finish(fmt.Errorf("engine: take over socket: %w", err))
-		return
-	}
-	fb, err := e.detach(b.TCPConn)
-	if err != nil {
-		abortFD(fa)
-		resetConn(b.TCPConn)
-		s.finish(fmt.Errorf("engine: take over socket: %w", err))
-		return
-	}
-	e.backend.relayTCP(fa, fb, s)
-}
-
-// detach is the package's detach, failing where a test asked it to.
-func (e *Engine) detach(c *net.TCPConn) (int, error) {
-	if e.detachFault != nil {
-		if err := e.detachFault(c); err != nil {
-			return -1, err
-		}
-	}
-	return detach(c)
-}
-
-// begin registers a relay with the engine; false means the engine is
-// closed.
-func (e *Engine) begin(c *Counters, done func(Result), ch chan Result) (*session, bool) {
-	s := &session{e: e, counters: c, done: done, ch: ch}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return s, false
-	}
-	e.active++
-	return s, true
-}
-
-// refuse ends a relay handed to a closed engine: both ends are reset.
-func (e *Engine) refuse(a, b Endpoint, s *session) Result {
-	_ = a.Abort()
-	_ = b.Abort()
-	s.deliver(Result{Err: ErrClosed})
-	return Result{Err: ErrClosed}
-}
-
-// trackStd records a goroutine relay so Close can abort it; false means
-// the engine closed meanwhile (the relay is then ended).
-func (e *Engine) trackStd(r *stdRelay, s *session) bool {
-	s.setOwner(r)
-	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		r.abort(ErrClosed)
-		_ = r.a.Close()
-		_ = r.b.Close()
-		s.finish(ErrClosed)
-		return false
-	}
-	if e.stdLive == nil {
-		e.stdLive = make(map[*stdRelay]struct{})
-	}
-	e.stdLive[r] = struct{}{}
-	e.mu.Unlock()
-	return true
-}
-
-func (e *Engine) untrackStd(r *stdRelay) {
-	e.mu.Lock()
-	delete(e.stdLive, r)
-	e.mu.Unlock()
-}
+// Fallback says why the engine runs another backend than the one asked
+// for (a kernel that refuses io_uring, no event-loop backend at all), nil
+// when it runs the one asked for or auto found an event-loop backend.
+func (e *Engine) Fallback() error { return e.fallback }
 
 // ended is called once per begun relay when it ends.
 func (e *Engine) ended() {
@@ -575,159 +327,3 @@ func (e *Engine) Stats() Stats {
 	}
 	return st
 }
-
-// aborter ends a running relay from outside its owner.
-type aborter interface{ abort(cause error) }
-
-// session is the engine's record of one relay, whatever runs it. An idle
-// relay holds one: 80 bytes, a size class (TestRelaySizeClass).
-type session struct {
-	e        *Engine
-	counters *Counters
-	done     func(Result)
-	ch       chan Result
-	finished atomic.Bool
-	byHandle bool                         // StartByHandle: tcp stays unset
-	tcp      [2]weak.Pointer[net.TCPConn] // registered in handedOff while a loop owns them
-
-	mu sync.Mutex // guards owner
-	// owner is what runs the relay, once it runs; before that, a
-	// *pendingAbort holds an abort that came first.
-	owner aborter
-}
-
-// pendingAbort is a session's owner until the real one is set: the cause of
-// an abort that came first (rare: a room of its own only then).
-type pendingAbort struct{ cause error }
-
-func (*pendingAbort) abort(error) {} // the first cause stands
-
-// setOwner records what runs the relay and passes on an abort that
-// arrived first. Backends call it after queueing the relay, so the abort
-// reaches the owner after the relay itself.
-func (s *session) setOwner(o aborter) {
-	s.mu.Lock()
-	prev := s.owner
-	s.owner = o
-	s.mu.Unlock()
-	if p, ok := prev.(*pendingAbort); ok {
-		o.abort(p.cause)
-	}
-}
-
-// abort ends the relay with cause, now or as soon as it has an owner.
-func (s *session) abort(cause error) {
-	if s.finished.Load() {
-		return
-	}
-	s.mu.Lock()
-	o := s.owner
-	if o == nil {
-		s.owner = &pendingAbort{cause}
-	}
-	s.mu.Unlock()
-	if o != nil {
-		o.abort(cause)
-	}
-}
-
-// finish reports the result once the relay has closed both endpoints.
-func (s *session) finish(err error) {
-	if s.finished.Swap(true) {
-		return
-	}
-	for _, c := range s.tcp {
-		if c != (weak.Pointer[net.TCPConn]{}) {
-			handedOff.remove(c)
-		}
-	}
-	// Deliver first, so the done goroutine is counted before Close can see
-	// no active relay.
-	s.deliver(Result{Err: err})
-	s.e.ended()
-}
-
-func (s *session) deliver(res Result) {
-	s.finished.Store(true)
-	if s.ch != nil {
-		s.ch <- res // buffered: never blocks the loop
-		return
-	}
-	if s.done != nil {
-		s.e.callback(s.done, res)
-	}
-}
-
-// handedOff maps the *net.TCPConn of each TCPEndpoint an event loop has
-// taken over to its relay's session. TCPEndpoint.Abort, which callers use
-// to reset a relayed connection from outside (a policy change), looks here
-// first: the conn itself is already closed and no longer owns the socket.
-// The keys are weak: a closed conn (its netFD and addresses, ~300 B) is not
-// kept alive for an idle relay's lifetime unless a caller still holds it,
-// and only a caller holding it can look it up.
-var handedOff = newConnRegistry()
-
-// connRegistry is a map sharded by key hash: plain maps cost about a
-// quarter of a sync.Map's memory per entry, which matters at two entries
-// per idle relay.
-type connRegistry struct {
-	seed   maphash.Seed
-	shards [64]struct {
-		mu sync.Mutex // guards m
-		m  map[weak.Pointer[net.TCPConn]]*session
-		_  [40]byte // keep shards on separate cache lines
-	}
-}
-
-func newConnRegistry() *connRegistry {
-	r := &connRegistry{seed: maphash.MakeSeed()}
-	for i := range r.shards {
-		r.shards[i].m = make(map[weak.Pointer[net.TCPConn]]*session)
-	}
-	return r
-}
-
-func (r *connRegistry) shard(c weak.Pointer[net.TCPConn]) int {
-	return int(maphash.Comparable(r.seed, c) % uint64(len(r.shards)))
-}
-
-func (r *connRegistry) add(c weak.Pointer[net.TCPConn], s *session) {
-	sh := &r.shards[r.shard(c)]
-	sh.mu.Lock()
-	sh.m[c] = s
-	sh.mu.Unlock()
-}
-
-func (r *connRegistry) remove(c weak.Pointer[net.TCPConn]) {
-	sh := &r.shards[r.shard(c)]
-	sh.mu.Lock()
-	delete(sh.m, c)
-	sh.mu.Unlock()
-}
-
-func (r *connRegistry) lookup(c weak.Pointer[net.TCPConn]) *session {
-	sh := &r.shards[r.shard(c)]
-	sh.mu.Lock()
-	s := sh.m[c]
-	sh.mu.Unlock()
-	return s
-}
-
-// Handle controls a relay started with Start or StartByHandle. It is the
-// relay's session seen from outside: no allocation of its own per relay.
-type Handle session
-
-func (s *session) handle() *Handle { return (*Handle)(s) }
-
-// Abort ends the relay with RST to both peers; its result carries cause
-// (ErrAborted when nil). It is safe from any goroutine and does nothing once
-// the relay has ended. Use it to close connections a policy change denies.
-func (h *Handle) Abort(cause error) {
-	if cause == nil {
-		cause = ErrAborted
-	}
-	(*session)(h).abort(cause)
-}
-
-// Done reports whether the relay has ended.
-func (h *Handle) Done() bool { return h.finished.Load() }

@@ -56,7 +56,12 @@ func relayPair(t *testing.T) (client, server *net.TCPConn, done chan Result, cou
 	}
 	counters = new(Counters)
 	done = make(chan Result, 1)
-	go func() { done <- Relay(TCPEndpoint{a}, TCPEndpoint{b}, counters) }()
+	e, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	e.Start(TCPEndpoint{a}, TCPEndpoint{b}, counters, func(r Result) { done <- r })
 	t.Cleanup(func() { cc.Close(); sc.Close() })
 	return cc, sc, done, counters
 }

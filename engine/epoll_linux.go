@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine/poll"
-	"github.com/ztunnel-go/ztunnel/engine/splice"
 	"golang.org/x/sys/unix"
 )
 
@@ -67,11 +66,11 @@ func newEpollBackend(e *Engine) (backend, error) {
 			return nil, fmt.Errorf("engine: epoll: %w", err)
 		}
 		b.loops = append(b.loops, &eloop{
-			b:        b,
-			p:        p,
-			blocking: i < e.cfg.Loops,
-			pipes:    splice.NewPool(splice.PoolConfig{PipeSize: e.cfg.PipeSize, MaxFree: e.cfg.MaxFreePipes}),
-			events:   make([]poll.Event, 256),
+			b:         b,
+			p:         p,
+			blocking:  i < e.cfg.Loops,
+			loopPipes: newLoopPipes(e.cfg),
+			events:    make([]poll.Event, 256),
 		})
 	}
 	b.tcp, b.strm = b.loops[:e.cfg.Loops], b.loops[e.cfg.Loops:]
@@ -89,9 +88,7 @@ func (b *epollBackend) relayTCP(fa, fb int, s *session) {
 	r.dir[0].count = &s.counters.AToB
 	r.dir[1].count = &s.counters.BToA
 	if !l.submit(task{op: opAdd, r: r}) {
-		abortFD(fa)
-		abortFD(fb)
-		s.finish(ErrClosed)
+		refuseFDs(fa, fb, s)
 		return
 	}
 	s.setOwner(r)
@@ -105,9 +102,7 @@ func (b *epollBackend) relayDial(fa, fb int, dst netip.AddrPort, timeout time.Du
 	r.dir[0].count = &s.counters.AToB
 	r.dir[1].count = &s.counters.BToA
 	if !l.submit(task{op: opAdd, r: r, dial: &dialing{r: r, dst: dst, timeout: timeout}}) {
-		abortFD(fa)
-		abortFD(fb)
-		s.finish(ErrClosed)
+		refuseFDs(fa, fb, s)
 		return
 	}
 	s.setOwner(r)
@@ -115,18 +110,11 @@ func (b *epollBackend) relayDial(fa, fb int, dst netip.AddrPort, timeout time.Du
 
 func (b *epollBackend) close() {
 	for _, l := range b.loops {
-		l.mu.Lock()
-		l.closed = true
-		if l.running {
-			l.tasks = append(l.tasks, task{op: opStop})
-			_ = l.p.Wake()
-		}
-		l.mu.Unlock()
+		l.q.shutdown(task{op: opStop}, l.wake)
 	}
 	b.wg.Wait()
 	for _, l := range b.loops {
-		l.pipes.Close()
-		l.nFree.Store(0)
+		l.closePipes()
 		l.p.Close()
 	}
 }
@@ -135,14 +123,10 @@ func (b *epollBackend) stats(st *Stats) {
 	st.Loops = len(b.tcp)
 	st.StreamLoops = len(b.strm)
 	for _, l := range b.loops {
-		l.mu.Lock()
-		if l.running {
+		if l.q.isRunning() {
 			st.Running++
 		}
-		l.mu.Unlock()
-		st.LoopRelays += int(l.nRelays.Load())
-		st.PipesInUse += int(l.nInUse.Load())
-		st.PipesFree += int(l.nFree.Load())
+		l.addStats(st)
 		st.StreamBuffers += int(l.nBufs.Load())
 	}
 }
@@ -196,8 +180,7 @@ type relayBase struct {
 	queued bool // in l.ready
 	closed bool
 
-	lastActive time.Duration // loop time of the last byte moved
-	prev, next *relayBase    // l.idle
+	idleLinks[*relayBase] // l.idle
 }
 
 func (b *relayBase) init(self loopRelay) {
@@ -207,60 +190,46 @@ func (b *relayBase) init(self loopRelay) {
 
 func (b *relayBase) base() *relayBase { return b }
 
+func (b *relayBase) links() *idleLinks[*relayBase] { return &b.idleLinks }
+
 // eloop is one epoll event loop.
 type eloop struct {
 	b *epollBackend
 	p *poll.Poller
 	// blocking: wait in epoll_wait, not parked in the netpoller.
 	blocking bool
-	iov      [][]byte // scratch for stream relays' writev (streamrelay_linux.go)
-	scratch  []byte   // TCP relays' copy buffer (tcprelay_linux.go)
+	iov      [][]byte // scratch for stream relays' writev (epoll_stream_linux.go)
+	scratch  []byte   // TCP relays' copy buffer (epoll_tcp_linux.go)
 
-	mu      sync.Mutex // guards the following fields
-	tasks   []task
-	running bool // a goroutine runs (or is about to run) the loop
-	closed  bool // the engine is closing: refuse new tasks
+	q taskQueue[task]
 
 	// Owned by the loop goroutine.
-	spare      []task
-	slots      []loopRelay // indexed by the slot half of an event tag
-	free       []int32     // free slots
-	live       int
-	pipes      *splice.Pool
+	slots slotTable[loopRelay] // by the slot half of an event tag
+	loopClock
+	loopPipes
 	ready      []loopRelay // relays that stopped on their budget, not on EAGAIN
 	spareReady []loopRelay
-	idle       relayList  // least recently active last; only with IdleTimeout
-	dialing    []*dialing // relays whose B side is connecting
+	idle       idleList[*relayBase] // least recently active last; only with IdleTimeout
+	dialing    []*dialing           // relays whose B side is connecting
 	events     []poll.Event
-	now        time.Duration // monotonic, since base, at the last wake
-	base       time.Time
-	emptySince time.Duration
 
 	// Mirrors for Stats, written by the loop.
-	nRelays, nInUse, nFree atomic.Int32
-	nBufs                  atomic.Int32 // buffers held by stream relays
+	nBufs atomic.Int32 // buffers held by stream relays, for Stats
 }
 
 // submit queues t for the loop, starting the loop if it is parked; false
 // means the engine is closing.
-func (l *eloop) submit(t task) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return false
-	}
-	l.tasks = append(l.tasks, t)
-	if !l.running {
-		l.running = true
-		l.b.wg.Add(1)
-		go l.run()
-		return true
-	}
-	// Under the lock, so the wake-up cannot reach a poller that close has
-	// already released.
-	_ = l.p.Wake()
-	return true
+func (l *eloop) submit(t task) bool { return l.q.submit(t, l.start, l.wake) }
+
+// start starts the loop goroutine (under l.q's lock).
+func (l *eloop) start() {
+	l.b.wg.Add(1)
+	go l.run()
 }
+
+// wake ends the loop's wait (under l.q's lock, so the wake-up cannot reach
+// a poller that close has already released).
+func (l *eloop) wake() { _ = l.p.Wake() }
 
 func (l *eloop) run() {
 	defer l.b.wg.Done()
@@ -273,17 +242,13 @@ func (l *eloop) run() {
 		defer runtime.UnlockOSThread()
 		wait = l.p.Wait
 	}
-	if l.base.IsZero() {
-		l.base = time.Now()
-	}
-	l.now = time.Since(l.base)
-	l.emptySince = l.now
+	l.loopClock.start()
 	if l.drainTasks() {
 		return
 	}
 	for {
 		n, woken, err := wait(l.events, l.timeout())
-		l.now = time.Since(l.base)
+		l.tick()
 		if err != nil {
 			// The poller is broken; nothing more can run here.
 			l.b.e.logf("engine: loop stopped: %v", err)
@@ -299,8 +264,8 @@ func (l *eloop) run() {
 		}
 		l.expireIdle()
 		l.expireDials()
-		if l.live == 0 && len(l.ready) == 0 && n == 0 && !woken && l.now-l.emptySince >= l.b.e.cfg.Linger {
-			if l.park() {
+		if l.slots.live == 0 && len(l.ready) == 0 && n == 0 && !woken && l.lingered(l.b.e.cfg.Linger) {
+			if l.q.park() {
 				return
 			}
 		}
@@ -325,39 +290,18 @@ func (l *eloop) relayTimeout() time.Duration {
 	if len(l.ready) > 0 {
 		return 0
 	}
-	if l.live == 0 {
-		if d := l.emptySince + l.b.e.cfg.Linger - l.now; d > 0 {
-			return d
-		}
-		return 0
+	var oldest *time.Duration
+	if l.idle.tail != nil {
+		oldest = &l.idle.tail.lastActive
 	}
-	if it := l.b.e.cfg.IdleTimeout; it > 0 && l.idle.tail != nil {
-		if d := l.idle.tail.lastActive + it - l.now; d > 0 {
-			return d
-		}
-		return 0
-	}
-	return -1
-}
-
-// park ends the loop goroutine if no task arrived meanwhile.
-func (l *eloop) park() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.tasks) > 0 {
-		return false
-	}
-	l.running = false
-	return true
+	return l.wait(l.slots.live, l.b.e.cfg.Linger, l.b.e.cfg.IdleTimeout, oldest)
 }
 
 // drainTasks runs the queued tasks; true means the loop has stopped.
 func (l *eloop) drainTasks() bool {
-	l.mu.Lock()
-	l.tasks, l.spare = l.spare[:0], l.tasks
-	l.mu.Unlock()
+	batch := l.q.take()
 	stop := false
-	for i, t := range l.spare {
+	for i, t := range batch {
 		switch t.op {
 		case opAdd:
 			if t.dial != nil {
@@ -374,7 +318,7 @@ func (l *eloop) drainTasks() bool {
 		case opStop:
 			stop = true
 		}
-		l.spare[i] = task{}
+		batch[i] = task{}
 	}
 	if stop {
 		l.stop(ErrClosed)
@@ -384,20 +328,14 @@ func (l *eloop) drainTasks() bool {
 
 // stop aborts every relay and ends the loop.
 func (l *eloop) stop(err error) {
-	for _, r := range l.slots {
+	for _, r := range l.slots.slots {
 		if r != nil {
 			r.end(err, true)
 		}
 	}
 	l.ready = l.ready[:0]
-	l.mu.Lock()
-	l.running = false
 	// Relays queued after the stop would never run: refuse them.
-	rest := l.tasks
-	l.tasks = nil
-	l.closed = true
-	l.mu.Unlock()
-	for _, t := range rest {
+	for _, t := range l.q.stop(true) {
 		if t.op == opAdd {
 			t.r.refuse(err)
 		}
@@ -406,17 +344,8 @@ func (l *eloop) stop(err error) {
 
 func (l *eloop) add(r loopRelay) {
 	b := r.base()
-	var slot int32
-	if n := len(l.free); n > 0 {
-		slot = l.free[n-1]
-		l.free = l.free[:n-1]
-	} else {
-		slot = int32(len(l.slots))
-		l.slots = append(l.slots, nil)
-	}
+	slot := l.slots.put(r)
 	b.slot = slot
-	l.slots[slot] = r
-	l.live++
 	l.nRelays.Add(1)
 	if l.b.e.cfg.IdleTimeout > 0 {
 		b.lastActive = l.now
@@ -442,24 +371,18 @@ func (l *eloop) add(r loopRelay) {
 
 // release forgets a relay that has ended.
 func (l *eloop) release(r *relayBase) {
-	l.slots[r.slot] = nil
-	l.free = append(l.free, r.slot)
-	l.live--
+	l.slots.drop(r.slot)
 	l.nRelays.Add(-1)
 	if l.b.e.cfg.IdleTimeout > 0 {
 		l.idle.remove(r)
 	}
-	if l.live == 0 {
+	if l.slots.live == 0 {
 		l.emptySince = l.now
 	}
 }
 
 func (l *eloop) handle(ev poll.Event) {
-	slot := int(ev.Tag >> 1)
-	if slot >= len(l.slots) {
-		return
-	}
-	r := l.slots[slot]
+	r := l.slots.get(int32(ev.Tag >> 1))
 	if r == nil {
 		return // ended earlier in this batch
 	}
@@ -468,12 +391,9 @@ func (l *eloop) handle(ev poll.Event) {
 
 // touch marks r active for the idle timeout.
 func (l *eloop) touch(r *relayBase) {
-	if l.b.e.cfg.IdleTimeout <= 0 || r.lastActive == l.now {
-		return
+	if l.b.e.cfg.IdleTimeout > 0 {
+		l.idle.touch(r, l.now)
 	}
-	r.lastActive = l.now
-	l.idle.remove(r)
-	l.idle.pushFront(r)
 }
 
 // event records the readiness of side's socket and services the relay.
@@ -553,22 +473,6 @@ func (l *eloop) expireIdle() {
 	for r := l.idle.tail; r != nil && l.now-r.lastActive >= it; r = l.idle.tail {
 		r.self.end(ErrIdleTimeout, true)
 	}
-}
-
-func (l *eloop) getPipe() (*splice.Pipe, error) {
-	p, err := l.pipes.Get()
-	if err != nil {
-		return nil, err
-	}
-	l.nInUse.Store(int32(l.pipes.InUse()))
-	l.nFree.Store(int32(l.pipes.Free()))
-	return p, nil
-}
-
-func (l *eloop) putPipe(p *splice.Pipe) {
-	l.pipes.Put(p)
-	l.nInUse.Store(int32(l.pipes.InUse()))
-	l.nFree.Store(int32(l.pipes.Free()))
 }
 
 // scratchBuf returns the loop's copy buffer, made on first use: one per

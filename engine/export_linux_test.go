@@ -1,6 +1,6 @@
 package engine
 
-// SetNoPeek makes new TCP⇄stream relays copy with TryRead even from a
+// SetNoPeek makes e's new TCP⇄stream relays copy with TryRead even from a
 // StreamPeeker (true) or lend its buffer as in production (false), so
-// benchmarks measure both in one run.
-func SetNoPeek(v bool) { noPeek = v }
+// benchmarks measure both in one run. Set it before the first relay.
+func SetNoPeek(e *Engine, v bool) { e.noPeek = v }

@@ -163,14 +163,14 @@ func BenchmarkHBONETwoHops(b *testing.B) {
 	// stream's own buffer (Peek).
 	for _, variant := range []string{engine.BackendStd, engine.BackendEpoll, "epoll-copy"} {
 		backend := strings.TrimSuffix(variant, "-copy")
-		setup := func() func() {
-			engine.SetNoPeek(variant != backend)
-			return func() { engine.SetNoPeek(false) }
+		setup := func(rig *hboneRig) {
+			engine.SetNoPeek(rig.cli, variant != backend)
+			engine.SetNoPeek(rig.srv, variant != backend)
 		}
 		for _, streams := range []int{1, 8} {
 			b.Run(variant+"/tput"+map[int]string{1: "1", 8: "8"}[streams], func(b *testing.B) {
-				defer setup()()
 				rig := newHBONERig(b, backend)
+				setup(rig)
 				defer rig.close()
 				conns := make([]benchConn, streams)
 				var drain sync.WaitGroup
@@ -224,8 +224,8 @@ func BenchmarkHBONETwoHops(b *testing.B) {
 			})
 		}
 		b.Run(variant+"/rr", func(b *testing.B) {
-			defer setup()()
 			rig := newHBONERig(b, backend)
+			setup(rig)
 			defer rig.close()
 			c := rig.connect(b)
 			defer c.close()

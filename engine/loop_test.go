@@ -34,36 +34,33 @@ func loopbackPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
 func TestBackendChoice(t *testing.T) {
 	uringErr := probeUring()
 	auto := BackendEpoll
-	envUring := BackendUring
+	fallbackUring := BackendUring
 	if uringErr != nil {
-		envUring = auto
+		fallbackUring = auto
 	}
 	tests := []struct {
-		name    string
-		backend string
-		env     string
-		want    string
-		wantErr bool
+		name     string
+		backend  string
+		fallback bool
+		want     string
+		wantErr  bool
 	}{
 		{name: "zero config is auto", want: auto},
 		{name: "auto", backend: "auto", want: auto},
 		{name: "std", backend: "std", want: BackendStd},
 		{name: "epoll", backend: "epoll", want: BackendEpoll},
-		{name: "env std", env: "std", want: BackendStd},
-		{name: "env epoll", env: "epoll", want: BackendEpoll},
-		{name: "env auto", env: "auto", want: auto},
-		{name: "config wins over env", backend: "epoll", env: "std", want: BackendEpoll},
-		{name: "unknown config", backend: "kqueue", wantErr: true},
-		{name: "unknown env", env: "kqueue", wantErr: true},
-		// A refused io_uring named by the environment falls back to auto;
-		// named in Config it is an error.
-		{name: "env uring", env: "uring", want: envUring},
-		{name: "config uring", backend: "uring", want: BackendUring, wantErr: uringErr != nil},
+		{name: "epoll with fallback", backend: "epoll", fallback: true, want: BackendEpoll},
+		{name: "std with fallback", backend: "std", fallback: true, want: BackendStd},
+		{name: "unknown", backend: "kqueue", wantErr: true},
+		{name: "unknown with fallback", backend: "kqueue", fallback: true, wantErr: true},
+		// A refused io_uring falls back to auto when the caller allows it
+		// (the daemon does, for ZTUNNEL_ENGINE); otherwise it is an error.
+		{name: "uring with fallback", backend: "uring", fallback: true, want: fallbackUring},
+		{name: "uring", backend: "uring", want: BackendUring, wantErr: uringErr != nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Setenv(EnvBackend, tc.env)
-			e, err := New(Config{Backend: tc.backend})
+			e, err := New(Config{Backend: tc.backend, Fallback: tc.fallback})
 			if tc.wantErr {
 				if err == nil {
 					e.Close()
@@ -81,34 +78,81 @@ func TestBackendChoice(t *testing.T) {
 			if got := e.Stats().Backend; got != tc.want {
 				t.Fatalf("Stats().Backend = %q, want %q", got, tc.want)
 			}
+			// Fallback says why exactly when another backend than the one
+			// asked for runs.
+			asked := tc.backend
+			if asked == "" || asked == BackendAuto {
+				asked = auto
+			}
+			if fell := e.Fallback() != nil; fell != (tc.want != asked) {
+				t.Fatalf("Fallback() = %v with backend %q asked, %q running", e.Fallback(), asked, tc.want)
+			}
 		})
 	}
 }
 
-func TestDefaultEngineNamesItsBackend(t *testing.T) {
-	if BackendName() == "" || BackendName() == BackendAuto || BackendName() != Default().Backend() {
-		t.Fatalf("BackendName() = %q", BackendName())
-	}
-}
-
 func TestIdleTimeoutResetsBothSides(t *testing.T) {
-	e, err := New(Config{Backend: BackendEpoll, IdleTimeout: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	client, a := loopbackPair(t)
-	b, server := loopbackPair(t)
-	done := make(chan Result, 1)
-	e.Start(TCPEndpoint{a}, TCPEndpoint{b}, nil, func(r Result) { done <- r })
-	// Nothing moves: the relay ends on its own.
-	if r := <-done; !errors.Is(r.Err, ErrIdleTimeout) {
-		t.Fatalf("result %v, want ErrIdleTimeout", r.Err)
-	}
-	for _, c := range []*net.TCPConn{client, server} {
-		if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
-			t.Fatalf("read %v, want ECONNRESET", err)
-		}
+	for _, name := range []string{BackendEpoll, BackendUring} {
+		t.Run(name, func(t *testing.T) {
+			const idle = 300 * time.Millisecond
+			e, err := New(Config{Backend: name, IdleTimeout: idle})
+			if err != nil {
+				if name == BackendUring {
+					t.Skipf("io_uring backend unavailable here: %v", err)
+				}
+				t.Fatal(err)
+			}
+			defer e.Close()
+			// Two relays: one kept busy, one idle from the start.
+			busyC, busyA := loopbackPair(t)
+			busyB, busyS := loopbackPair(t)
+			client, a := loopbackPair(t)
+			b, server := loopbackPair(t)
+			busyDone := make(chan Result, 1)
+			e.Start(TCPEndpoint{busyA}, TCPEndpoint{busyB}, nil, func(r Result) { busyDone <- r })
+			done := make(chan Result, 1)
+			start := time.Now()
+			e.Start(TCPEndpoint{a}, TCPEndpoint{b}, nil, func(r Result) { done <- r })
+			// Nothing moves on the second: it ends on its own, while the
+			// first, a byte each way every few milliseconds, stays up.
+			one := make([]byte, 1)
+			var res Result
+			for ended := false; !ended; {
+				select {
+				case res = <-done:
+					ended = true
+				case <-time.After(5 * time.Millisecond): // traffic pacing, not synchronisation
+					if time.Since(start) > 20*time.Second {
+						t.Fatal("the idle relay did not time out")
+					}
+					busyC.Write(one)
+					if _, err := io.ReadFull(busyS, one); err != nil {
+						t.Fatalf("busy relay: %v", err)
+					}
+				}
+			}
+			if !errors.Is(res.Err, ErrIdleTimeout) {
+				t.Fatalf("result %v, want ErrIdleTimeout", res.Err)
+			}
+			if d := time.Since(start); d < idle {
+				t.Fatalf("idle relay ended after %v, before its timeout of %v", d, idle)
+			}
+			for _, c := range []*net.TCPConn{client, server} {
+				if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+					t.Fatalf("read %v, want ECONNRESET", err)
+				}
+			}
+			select {
+			case r := <-busyDone:
+				t.Fatalf("the busy relay ended: %v", r.Err)
+			default:
+			}
+			busyC.CloseWrite()
+			busyS.CloseWrite()
+			if r := <-busyDone; r.Err != nil {
+				t.Fatalf("busy relay ended with %v", r.Err)
+			}
+		})
 	}
 }
 
@@ -122,7 +166,7 @@ func TestLoopsParkWhenEmptyAndRestart(t *testing.T) {
 		client, a := loopbackPair(t)
 		b, server := loopbackPair(t)
 		res := make(chan Result, 1)
-		go func() { res <- e.Relay(TCPEndpoint{a}, TCPEndpoint{b}, nil) }()
+		e.Start(TCPEndpoint{a}, TCPEndpoint{b}, nil, func(r Result) { res <- r })
 		client.Write([]byte("hi"))
 		client.CloseWrite()
 		server.CloseWrite()
@@ -156,7 +200,7 @@ func TestNonTCPEndpointsRelayWithGoroutines(t *testing.T) {
 	b, server := loopbackPair(t)
 	var c Counters
 	res := make(chan Result, 1)
-	go func() { res <- e.Relay(wrapped{TCPEndpoint{a}}, TCPEndpoint{b}, &c) }()
+	e.Start(wrapped{TCPEndpoint{a}}, TCPEndpoint{b}, &c, func(r Result) { res <- r })
 	client.Write([]byte("through goroutines"))
 	client.CloseWrite()
 	if got, _ := io.ReadAll(server); string(got) != "through goroutines" {

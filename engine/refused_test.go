@@ -40,19 +40,19 @@ func refusedChild(t *testing.T) {
 	if _, err := New(Config{Backend: BackendUring}); !errors.Is(err, unix.EPERM) {
 		t.Fatalf("New(uring) = %v, want an error wrapping EPERM", err)
 	}
-	// Named by the environment, or chosen automatically, it falls back.
-	for _, env := range []string{"uring", "auto", ""} {
-		t.Setenv(EnvBackend, env)
-		var notes []string
-		e, err := New(Config{Logf: func(f string, a ...any) { notes = append(notes, f) }})
+	// Asked for with Fallback (as the daemon asks for ZTUNNEL_ENGINE), or
+	// chosen automatically, it falls back; Fallback says why only when it
+	// was asked for.
+	for _, backend := range []string{BackendUring, BackendAuto, ""} {
+		e, err := New(Config{Backend: backend, Fallback: true})
 		if err != nil {
-			t.Fatalf("%s=%q: %v", EnvBackend, env, err)
+			t.Fatalf("backend %q: %v", backend, err)
 		}
 		if e.Backend() != BackendEpoll {
-			t.Fatalf("%s=%q: backend %q, want epoll", EnvBackend, env, e.Backend())
+			t.Fatalf("backend %q: running %q, want epoll", backend, e.Backend())
 		}
-		if env == "uring" && len(notes) == 0 {
-			t.Fatal("the fallback from a requested io_uring was not logged")
+		if got := e.Fallback(); (backend == BackendUring) != (got != nil) || (got != nil && !errors.Is(got, unix.EPERM)) {
+			t.Fatalf("backend %q: Fallback() = %v", backend, got)
 		}
 		e.Close()
 	}

@@ -15,7 +15,7 @@ func TestRelaySizeClass(t *testing.T) {
 	}{
 		{"streamRelay", unsafe.Sizeof(streamRelay{}), 224},
 		{"tcpRelay", unsafe.Sizeof(tcpRelay{}), 144},
-		{"session", unsafe.Sizeof(session{}), 80},
+		{"session", unsafe.Sizeof(session{}), 64},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.size > tc.max {

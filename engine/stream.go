@@ -3,8 +3,8 @@ package engine
 import "io"
 
 // This file is the seam for TCP⇄stream relays in the event loops (the
-// HBONE issue). Start and Relay hand a TCPEndpoint paired with a
-// StreamEndpoint to the epoll loops (streamrelay_linux.go); the std and
+// HBONE issue). Start hands a TCPEndpoint paired with a
+// StreamEndpoint to the epoll loops (epoll_stream_linux.go); the std and
 // io_uring backends relay such pairs with goroutines through the Endpoint
 // methods.
 //

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ztunnel-go/ztunnel/engine/splice"
 	"github.com/ztunnel-go/ztunnel/engine/uring"
 	"golang.org/x/sys/unix"
 )
@@ -85,11 +84,11 @@ func newUringBackend(e *Engine) (backend, error) {
 			return nil, fmt.Errorf("engine: eventfd: %w", err)
 		}
 		b.loops = append(b.loops, &uloop{
-			b:       b,
-			efd:     efd,
-			wakeBuf: make([]byte, 8),
-			pipes:   splice.NewPool(splice.PoolConfig{PipeSize: e.cfg.PipeSize, MaxFree: e.cfg.MaxFreePipes}),
-			cqes:    make([]uring.CQE, 512),
+			b:         b,
+			efd:       efd,
+			wakeBuf:   make([]byte, 8),
+			loopPipes: newLoopPipes(e.cfg),
+			cqes:      make([]uring.CQE, 512),
 		})
 	}
 	return b, nil
@@ -101,9 +100,7 @@ func (b *uringBackend) relayTCP(fa, fb int, s *session) {
 	r.dir[0].count = &s.counters.AToB
 	r.dir[1].count = &s.counters.BToA
 	if !l.submit(utask{op: opAdd, r: r}) {
-		abortFD(fa)
-		abortFD(fb)
-		s.finish(ErrClosed)
+		refuseFDs(fa, fb, s)
 		return
 	}
 	s.setOwner(r)
@@ -111,18 +108,11 @@ func (b *uringBackend) relayTCP(fa, fb int, s *session) {
 
 func (b *uringBackend) close() {
 	for _, l := range b.loops {
-		l.mu.Lock()
-		l.closed = true
-		if l.running {
-			l.tasks = append(l.tasks, utask{op: opStop})
-			l.wakeLocked()
-		}
-		l.mu.Unlock()
+		l.q.shutdown(utask{op: opStop}, l.wakeLocked)
 	}
 	b.wg.Wait()
 	for _, l := range b.loops {
-		l.pipes.Close()
-		l.nFree.Store(0)
+		l.closePipes()
 		unix.Close(l.efd)
 	}
 }
@@ -130,14 +120,10 @@ func (b *uringBackend) close() {
 func (b *uringBackend) stats(st *Stats) {
 	st.Loops = len(b.loops)
 	for _, l := range b.loops {
-		l.mu.Lock()
-		if l.running {
+		if l.q.isRunning() {
 			st.Running++
 		}
-		l.mu.Unlock()
-		st.LoopRelays += int(l.nRelays.Load())
-		st.PipesInUse += int(l.nInUse.Load())
-		st.PipesFree += int(l.nFree.Load())
+		l.addStats(st)
 	}
 }
 
@@ -173,50 +159,31 @@ type uloop struct {
 	efd     int
 	pending atomic.Uint32 // a wake-up is written and not yet consumed
 
-	mu      sync.Mutex // guards the following fields
-	tasks   []utask
-	running bool
-	closed  bool
+	q taskQueue[utask]
 
 	// Owned by the loop goroutine.
-	ring       *uring.Ring
-	wakeBuf    []byte
-	woken      bool
-	stopping   bool
-	spare      []utask
-	slots      []*uRelay
-	gens       []uint32
-	free       []int32
-	live       int
-	pipes      *splice.Pool
-	cqes       []uring.CQE
-	idle       uRelayList
-	now        time.Duration
-	base       time.Time
-	emptySince time.Duration
-
-	nRelays, nInUse, nFree atomic.Int32
+	ring     *uring.Ring
+	wakeBuf  []byte
+	woken    bool
+	stopping bool
+	slots    slotTable[*uRelay]
+	gens     []uint32 // by slot: a completion for a slot's earlier relay is stale
+	loopClock
+	loopPipes
+	cqes []uring.CQE
+	idle idleList[*uRelay]
 }
 
-func (l *uloop) submit(t utask) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return false
-	}
-	l.tasks = append(l.tasks, t)
-	if !l.running {
-		l.running = true
-		l.b.wg.Add(1)
-		go l.run()
-		return true
-	}
-	l.wakeLocked()
-	return true
+func (l *uloop) submit(t utask) bool { return l.q.submit(t, l.start, l.wakeLocked) }
+
+// start starts the loop goroutine (under l.q's lock).
+func (l *uloop) start() {
+	l.b.wg.Add(1)
+	go l.run()
 }
 
 // wakeLocked writes the eventfd unless a wake-up is already pending; under
-// l.mu so it never races with close releasing the eventfd.
+// l.q's lock so it never races with close releasing the eventfd.
 func (l *uloop) wakeLocked() {
 	if l.pending.CompareAndSwap(0, 1) {
 		one := [8]byte{1}
@@ -228,11 +195,7 @@ func (l *uloop) run() {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	defer l.b.wg.Done()
-	if l.base.IsZero() {
-		l.base = time.Now()
-	}
-	l.now = time.Since(l.base)
-	l.emptySince = l.now
+	l.loopClock.start()
 	ring, err := uring.New(uring.Config{Entries: 1024, CQEntries: 8192, Flags: uringSetupFlags})
 	if err != nil {
 		l.b.e.logf("engine: io_uring loop cannot start: %v", err)
@@ -250,7 +213,7 @@ func (l *uloop) run() {
 			l.b.e.logf("engine: io_uring loop stopped: %v", err)
 			l.stopping = true
 		}
-		l.now = time.Since(l.base)
+		l.tick()
 		for {
 			n := l.ring.Reap(l.cqes)
 			for i := range n {
@@ -266,11 +229,11 @@ func (l *uloop) run() {
 			l.armWake()
 		}
 		l.expireIdle()
-		if l.stopping && l.live == 0 {
+		if l.stopping && l.slots.live == 0 {
 			l.finishStop()
 			return
 		}
-		if !l.stopping && l.live == 0 && l.now-l.emptySince >= l.b.e.cfg.Linger && l.park() {
+		if !l.stopping && l.slots.live == 0 && l.lingered(l.b.e.cfg.Linger) && l.q.park() {
 			return
 		}
 	}
@@ -278,12 +241,7 @@ func (l *uloop) run() {
 
 // fail refuses everything queued when the loop cannot run at all.
 func (l *uloop) fail(err error) {
-	l.mu.Lock()
-	rest := l.tasks
-	l.tasks = nil
-	l.running = false
-	l.mu.Unlock()
-	for _, t := range rest {
+	for _, t := range l.q.stop(false) {
 		if t.op == opAdd {
 			t.r.closing = true
 			abortFD(t.r.fd[0])
@@ -297,40 +255,16 @@ func (l *uloop) timeout() time.Duration {
 	if l.stopping {
 		return 10 * time.Millisecond
 	}
-	if l.live == 0 {
-		if d := l.emptySince + l.b.e.cfg.Linger - l.now; d > 0 {
-			return d
-		}
-		return 0
+	var oldest *time.Duration
+	if l.idle.tail != nil {
+		oldest = &l.idle.tail.lastActive
 	}
-	if it := l.b.e.cfg.IdleTimeout; it > 0 && l.idle.tail != nil {
-		if d := l.idle.tail.lastActive + it - l.now; d > 0 {
-			return d
-		}
-		return 0
-	}
-	return -1
-}
-
-func (l *uloop) park() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.tasks) > 0 {
-		return false
-	}
-	l.running = false
-	return true
+	return l.wait(l.slots.live, l.b.e.cfg.Linger, l.b.e.cfg.IdleTimeout, oldest)
 }
 
 // finishStop ends the loop after a stop, refusing late tasks.
 func (l *uloop) finishStop() {
-	l.mu.Lock()
-	rest := l.tasks
-	l.tasks = nil
-	l.running = false
-	l.closed = true
-	l.mu.Unlock()
-	for _, t := range rest {
+	for _, t := range l.q.stop(true) {
 		if t.op == opAdd {
 			t.r.closing = true
 			abortFD(t.r.fd[0])
@@ -358,10 +292,8 @@ func (l *uloop) armWake() {
 }
 
 func (l *uloop) drainTasks() {
-	l.mu.Lock()
-	l.tasks, l.spare = l.spare[:0], l.tasks
-	l.mu.Unlock()
-	for i, t := range l.spare {
+	batch := l.q.take()
+	for i, t := range batch {
 		switch t.op {
 		case opAdd:
 			if l.stopping {
@@ -376,30 +308,23 @@ func (l *uloop) drainTasks() {
 			t.r.end(t.err, true)
 		case opStop:
 			l.stopping = true
-			for _, r := range l.slots {
+			for _, r := range l.slots.slots {
 				if r != nil {
 					r.end(ErrClosed, true)
 				}
 			}
 		}
-		l.spare[i] = utask{}
+		batch[i] = utask{}
 	}
 }
 
 func (l *uloop) add(r *uRelay) {
-	var slot int32
-	if n := len(l.free); n > 0 {
-		slot = l.free[n-1]
-		l.free = l.free[:n-1]
-	} else {
-		slot = int32(len(l.slots))
-		l.slots = append(l.slots, nil)
+	slot := l.slots.put(r)
+	if int(slot) == len(l.gens) {
 		l.gens = append(l.gens, 0)
 	}
 	l.gens[slot]++
 	r.slot, r.gen = slot, l.gens[slot]
-	l.slots[slot] = r
-	l.live++
 	l.nRelays.Add(1)
 	if l.b.e.cfg.IdleTimeout > 0 {
 		r.lastActive = l.now
@@ -423,10 +348,7 @@ func (l *uloop) handle(c *uring.CQE) {
 	}
 	slot := int32(uint32(c.UserData >> 8))
 	gen := uint32(c.UserData>>40) & 0xffffff
-	if int(slot) >= len(l.slots) {
-		return
-	}
-	r := l.slots[slot]
+	r := l.slots.get(slot)
 	if r == nil || r.gen&0xffffff != gen {
 		return
 	}
@@ -435,14 +357,12 @@ func (l *uloop) handle(c *uring.CQE) {
 
 // release forgets a relay whose last request has completed.
 func (l *uloop) release(r *uRelay) {
-	l.slots[r.slot] = nil
-	l.free = append(l.free, r.slot)
-	l.live--
+	l.slots.drop(r.slot)
 	l.nRelays.Add(-1)
 	if l.b.e.cfg.IdleTimeout > 0 {
 		l.idle.remove(r)
 	}
-	if l.live == 0 {
+	if l.slots.live == 0 {
 		l.emptySince = l.now
 	}
 }
@@ -456,20 +376,4 @@ func (l *uloop) expireIdle() {
 		l.idle.remove(r) // ending takes a while: keep it out of the scan
 		r.end(ErrIdleTimeout, true)
 	}
-}
-
-func (l *uloop) getPipe() (*splice.Pipe, error) {
-	p, err := l.pipes.Get()
-	if err != nil {
-		return nil, err
-	}
-	l.nInUse.Store(int32(l.pipes.InUse()))
-	l.nFree.Store(int32(l.pipes.Free()))
-	return p, nil
-}
-
-func (l *uloop) putPipe(p *splice.Pipe) {
-	l.pipes.Put(p)
-	l.nInUse.Store(int32(l.pipes.InUse()))
-	l.nFree.Store(int32(l.pipes.Free()))
 }

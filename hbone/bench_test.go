@@ -63,7 +63,7 @@ func BenchmarkStreamThroughput(b *testing.B) {
 	for _, tc := range []struct {
 		name string
 		tp   transport
-	}{{"hbone-tcp", overTCP}, {"hbone-tls", overTLS}, {"hbone-tls-batched", overBatch}, {"hbone-tls-record", overRecord}} {
+	}{{"hbone-tcp", overTCP}, {"hbone-tls", overTLS}, {"hbone-tls-record", overRecord}} {
 		b.Run(tc.name, func(b *testing.B) {
 			ts := startServerOver(b, Config{}, discardHandler, tc.tp)
 			cc := ts.client(b, Config{})

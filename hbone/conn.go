@@ -86,12 +86,11 @@ func (b *blockReader) Read(p []byte) (int, error) {
 // Lock order: mu before wmu, mu before Stream.mu. Stream.mu and wmu are
 // leaves: nothing is locked while holding them.
 type conn struct {
-	nc      net.Conn
-	batcher Batcher      // nil unless the transport can gather writes
-	direct  directWriter // nil unless the transport can write without blocking
-	cfg     Config
-	client  bool
-	logf    func(format string, args ...any)
+	nc     net.Conn
+	direct directWriter // nil unless the transport can write without blocking
+	cfg    Config
+	client bool
+	logf   func(format string, args ...any)
 
 	// Reader goroutine only.
 	nr          netReader
@@ -196,7 +195,6 @@ func newConn(nc net.Conn, cfg Config, client bool) *conn {
 		readDone:           make(chan struct{}),
 		done:               make(chan struct{}),
 	}
-	c.batcher = batcherOf(nc)
 	c.direct, _ = nc.(directWriter)
 	c.nr.nc = nc
 	c.br = bufio.NewReaderSize(&c.nr, readBufSize)
@@ -438,17 +436,10 @@ func (c *conn) writeLoop() {
 	c.closeConn(err != nil)
 }
 
-// write sends one batch, gathered into one syscall if the transport can.
+// write sends one batch with one Write (the daemon's mtls/record
+// connection seals it and sends it with one syscall).
 func (c *conn) write(b []byte) error {
-	if c.batcher == nil {
-		_, err := c.nc.Write(b)
-		return err
-	}
-	c.batcher.BeginBatch()
 	_, err := c.nc.Write(b)
-	if berr := c.batcher.EndBatch(); err == nil {
-		err = berr
-	}
 	return err
 }
 

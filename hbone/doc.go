@@ -26,9 +26,8 @@
 // net.Conn (in production a *tls.Conn that negotiated ALPN "h2") and hands
 // CONNECT requests to a [Handler]. The writer hands each batch of frames to
 // the connection with one Write: the daemon's mtls/record connection seals
-// it into records and sends them with one syscall. crypto/tls instead writes
-// each 16 KiB record with its own syscall; building a *tls.Conn on
-// [NewBatchConn] gathers a batch into one. An event loop can also read its
+// it into records and sends them with one syscall (crypto/tls instead writes
+// each 16 KiB record with its own syscall). An event loop can also read its
 // socket straight into the write buffer ([Stream.WriteFrom]).
 //
 // # Conformance

@@ -54,7 +54,7 @@ func TestEchoLarge(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		tp   transport
-	}{{"tcp", overTCP}, {"tls", overTLS}, {"tls batched", overBatch}, {"tls record layer", overRecord}} {
+	}{{"tcp", overTCP}, {"tls", overTLS}, {"tls record layer", overRecord}} {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := startServerOver(t, Config{}, echoHandler, tc.tp)
 			cc := ts.client(t, Config{})

@@ -92,7 +92,6 @@ type testServer struct {
 	*Server
 	addr      string
 	tlsClient *tls.Config // nil for plain TCP
-	batch     bool        // TLS over NewBatchConn
 	record    bool        // TLS through mtls/record (direct writes)
 	serveErrs chan error
 }
@@ -113,19 +112,18 @@ type transport int
 const (
 	overTCP    transport = iota // plain TCP
 	overTLS                     // crypto/tls
-	overBatch                   // crypto/tls over NewBatchConn
 	overRecord                  // mtls/record: the daemon's transport, with direct writes
 )
 
 // startServerOver is startServer with both sides on transport tp.
 func startServerOver(t testing.TB, cfg Config, h Handler, tp transport) *testServer {
 	t.Helper()
-	useTLS, batch := tp != overTCP, tp == overBatch
+	useTLS := tp != overTCP
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := &testServer{Server: NewServer(cfg, h), addr: ln.Addr().String(), serveErrs: make(chan error, 100), batch: batch, record: tp == overRecord}
+	ts := &testServer{Server: NewServer(cfg, h), addr: ln.Addr().String(), serveErrs: make(chan error, 100), record: tp == overRecord}
 	var serverTLS *tls.Config
 	if useTLS {
 		serverTLS, ts.tlsClient = testTLS(t)
@@ -143,9 +141,6 @@ func startServerOver(t testing.TB, cfg Config, h Handler, tp transport) *testSer
 			wg.Go(func() {
 				if serverTLS != nil {
 					raw := nc
-					if batch {
-						raw = NewBatchConn(nc)
-					}
 					var tc interface {
 						net.Conn
 						HandshakeContext(context.Context) error
@@ -183,9 +178,6 @@ func (ts *testServer) dial(ctx context.Context) (net.Conn, error) {
 		return nc, err
 	}
 	raw := nc
-	if ts.batch {
-		raw = NewBatchConn(nc)
-	}
 	var tc interface {
 		net.Conn
 		HandshakeContext(context.Context) error

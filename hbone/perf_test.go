@@ -1,8 +1,6 @@
 package hbone
 
 import (
-	"context"
-	"crypto/tls"
 	"io"
 	"net"
 	"sync/atomic"
@@ -57,66 +55,6 @@ func TestWriteCoalescing(t *testing.T) {
 		t.Fatalf("%d Writes for %d bytes in %d-byte Stream.Writes; want at most %d", writes, total, chunk, limit)
 	}
 	t.Logf("%d Writes, %.1f KiB each on average", writes, float64(total)/float64(writes)/1024)
-}
-
-// TestBatchConnSyscalls checks that over TLS on NewBatchConn a batch leaves
-// in one Write on the raw connection, although crypto/tls cuts it into
-// 16 KiB records.
-func TestBatchConnSyscalls(t *testing.T) {
-	serverTLS, clientTLS := testTLS(t)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", serverTLS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	srv := NewServer(Config{}, discardHandler)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		nc, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		_ = srv.ServeConn(context.Background(), nc)
-	}()
-	defer func() {
-		_ = srv.Close()
-		<-served
-	}()
-	raw, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	counted := &countingConn{Conn: raw}
-	tc := tls.Client(NewBatchConn(counted), clientTLS)
-	if err := tc.HandshakeContext(testContext(t)); err != nil {
-		t.Fatal(err)
-	}
-	cc, err := NewClientConn(tc, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	before := counted.writes.Load()
-	const total = 16 << 20
-	buf := make([]byte, 64<<10)
-	for range total / len(buf) {
-		if _, err := s.Write(buf); err != nil {
-			t.Fatal(err)
-		}
-	}
-	_ = s.CloseWrite()
-	_, _ = io.Copy(io.Discard, s)
-	writes := counted.writes.Load() - before
-	if limit := int64(total/(48<<10)) + 64; writes > limit {
-		t.Fatalf("%d raw Writes for %d bytes over TLS; want at most %d", writes, total, limit)
-	}
-	t.Logf("%d raw Writes, %.1f KiB each on average", writes, float64(counted.bytes.Load())/float64(counted.writes.Load())/1024)
 }
 
 // TestSteadyStateAllocs guards the data path: an echo round trip of 64 KiB

@@ -87,6 +87,9 @@ type labWorld struct {
 	log    *slog.Logger
 	agents map[string]*zdstest.Server // by node
 	pods   map[string]*netnslab.Pod
+	// engine relays for every pod's proxy, as the daemon's one engine
+	// does; closed after the managers (cleanups run last-in first-out).
+	engine *engine.Engine
 }
 
 func newLabWorld(t *testing.T) *labWorld {
@@ -112,6 +115,10 @@ func newWorld(t testing.TB, lab *netnslab.Lab, config string) *labWorld {
 		log: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
 	t.Cleanup(w.certs.Close)
+	if w.engine, err = engine.New(engine.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.engine.Close() })
 	return w
 }
 
@@ -130,7 +137,7 @@ func (w *labWorld) newProxy(pool *hbone.Pool, m *metrics.Metrics) func(Pod) (Pro
 	return func(pod Pod) (Proxy, error) {
 		return proxy.New(proxy.Config{
 			Workload: proxy.WorkloadRef{Namespace: pod.Namespace, Name: pod.Name, ServiceAccount: pod.ServiceAccount},
-			State:    w.store, Certs: w.certs, Pool: pool, Metrics: m,
+			State:    w.store, Certs: w.certs, Pool: pool, Metrics: m, Engine: w.engine,
 			Socket:    engine.SocketOptions{Mark: 1337},
 			ReusePort: true,
 			Control:   pod.Netns.Run,

@@ -106,12 +106,10 @@ func (ci *connInfo) PolicyClose(reason string) {
 }
 
 // startRelay hands the relay between a and b to the engine; relayEnded runs
-// when it ends. The proxy resets relays only through their Handle
-// (abortRelay), so the engine keeps no per-socket record for
-// TCPEndpoint.Abort (StartByHandle).
+// when it ends. The proxy resets relays through their Handle (abortRelay).
 func (p *Proxy) startRelay(ci *connInfo, a, b engine.Endpoint) {
 	ci.p = p
-	ci.holdRelay(engine.StartByHandle(a, b, &ci.counters, ci.relayEnded))
+	ci.holdRelay(p.engine.Start(a, b, &ci.counters, ci.relayEnded))
 }
 
 // holdRelay keeps the relay's handle for abortRelay. An abort asked for
@@ -145,12 +143,12 @@ func (ci *connInfo) relayEnded(res engine.Result) {
 }
 
 // startDial connects to dst with d and relays between c and the new
-// connection (engine.StartDial: on the epoll backend the event loop
+// connection (Engine.StartDial: on the epoll backend the event loop
 // completes the connect); relayEnded runs when it ends, and reports a
 // failed connect as such.
 func (p *Proxy) startDial(ctx context.Context, ci *connInfo, c *net.TCPConn, d *engine.Dialer, dst netip.AddrPort) {
 	ci.p = p
-	ci.holdRelay(engine.StartDial(ctx, engine.TCPEndpoint{TCPConn: c}, d, netip.Addr{}, dst, &ci.counters, ci.relayEnded))
+	ci.holdRelay(p.engine.StartDial(ctx, engine.TCPEndpoint{TCPConn: c}, d, netip.Addr{}, dst, &ci.counters, ci.relayEnded))
 }
 
 // abortRelay resets the connection's relay (RST to both peers), now or as

@@ -7,9 +7,10 @@
 // get a PROXY v2 header in front of each inbound stream.
 //
 // Each decision runs once per connection in an ordinary goroutine and ends by
-// handing both ends to the engine (engine.StartByHandle, or engine.StartDial
-// for passthrough, whose upstream connect the event loop completes). The proxy reads the workload/policy
-// snapshot once per connection and never locks on it.
+// handing both ends to the engine (Config.Engine, the daemon's one engine:
+// Engine.Start, or Engine.StartDial for passthrough, whose upstream connect
+// the event loop completes). The proxy reads the workload/policy snapshot
+// once per connection and never locks on it.
 // With a CRL (Config.CRL) a reload that revokes a peer closes its HBONE
 // connections: the proxy's inbound ones, and the pool's through
 // CloseRevokedOutbound.

@@ -120,14 +120,16 @@ workloads:
 // servePassthrough has returned; a serve that dialed first would wait until
 // its connect timed out and reset the client.
 func TestPassthroughConnectInEngine(t *testing.T) {
-	if b := engine.BackendName(); b != engine.BackendEpoll {
-		t.Skipf("the %s backend dials before it relays", b)
+	e, err := engine.New(engine.Config{Backend: engine.BackendEpoll})
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { e.Close() }) // after the proxy's cleanup
 	const yaml = `
 workloads:
 - {uid: u-srv, name: srv, namespace: ns, serviceAccount: srv, workloadIps: ["127.0.0.1"], protocol: TCP, services: {}}
 `
-	rig := startProxy(t, yaml, "srv", nil)
+	rig := startProxy(t, yaml, "srv", func(c *Config) { c.Engine = e })
 	app := tinyBacklogListener(t)
 	client, err := net.DialTCP("tcp", nil, app.Addr().(*net.TCPAddr))
 	if err != nil {

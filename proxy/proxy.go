@@ -74,6 +74,11 @@ type Config struct {
 	// cost is that the gateway balances connections, not streams, so the
 	// streams of one inner connection all reach the endpoint it chose first.
 	PoolInnerHBONE bool
+	// Engine runs the relays. The daemon makes one and hands it to every
+	// proxy (the in-pod manager's per-pod proxies too) and closes it after
+	// they are drained. Nil gives the proxy an engine of its own
+	// (engine.Config{}), closed when the proxy is.
+	Engine *engine.Engine
 	// Socket options for every socket made for this workload (PACKET_MARK,
 	// keepalive). Listeners additionally get SO_REUSEPORT when ReusePort.
 	Socket engine.SocketOptions
@@ -168,6 +173,9 @@ type Proxy struct {
 	access *slog.Logger // log.With("scope", "access"), made once
 	hbsrv  *hbone.Server
 	dialer engine.Dialer
+	engine *engine.Engine
+	// ownEngine: cfg.Engine was nil, so the proxy made engine and closes it.
+	ownEngine bool
 
 	origSrc bool
 	info    state.WorkloadInfo
@@ -236,6 +244,13 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, log: log, access: log.With("scope", "access"), conns: make(map[*net.TCPConn]struct{}),
 		peers: make(map[netip.Addr]*peerCount)}
 	p.info = cfg.Workload.Info()
+	if p.engine = cfg.Engine; p.engine == nil {
+		e, err := engine.New(engine.Config{})
+		if err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+		p.engine, p.ownEngine = e, true
+	}
 	p.dialer = engine.Dialer{Options: cfg.Socket}
 	if cfg.Control != nil {
 		p.dialer.Control = func(dial func() (net.Conn, error)) (c net.Conn, err error) {
@@ -479,6 +494,10 @@ func (p *Proxy) unlistLocked(ci *connInfo) {
 // open connections finish until ctx is done, then closes the rest. It returns
 // once every goroutine the proxy started has ended.
 func (p *Proxy) Drain(ctx context.Context) {
+	if p.ownEngine {
+		// After the relays: they have ended once p.wg is done.
+		defer p.engine.Close()
+	}
 	p.mu.Lock()
 	lns := p.listeners
 	p.listeners = nil

@@ -17,6 +17,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
+	"github.com/ztunnel-go/ztunnel/mtls/record"
 )
 
 // Conn is a connection of any transport the load modes use: a TCP
@@ -134,11 +135,9 @@ func (d *Dialer) Dial(ctx context.Context) (Conn, error) {
 	defer cancel()
 	switch d.cfg.Transport {
 	case TLS:
-		return d.dialTLS(ctx, false)
+		return d.dialTLS(ctx)
 	case HBONE:
-		s, err := d.pool.Connect(ctx, "load", func(ctx context.Context) (net.Conn, error) {
-			return d.dialTLS(ctx, true)
-		}, &hbone.Request{Authority: d.cfg.Authority})
+		s, err := d.pool.Connect(ctx, "load", d.dialRecord, &hbone.Request{Authority: d.cfg.Authority})
 		if err != nil {
 			return nil, fmt.Errorf("load: connect %s via %s: %w", d.cfg.Authority, d.cfg.Target, err)
 		}
@@ -152,17 +151,27 @@ func (d *Dialer) Dial(ctx context.Context) (Conn, error) {
 	}
 }
 
-func (d *Dialer) dialTLS(ctx context.Context, batch bool) (*tls.Conn, error) {
+func (d *Dialer) dialTLS(ctx context.Context) (*tls.Conn, error) {
 	raw, err := d.cfg.NetDialer.DialContext(ctx, "tcp", d.cfg.Target)
 	if err != nil {
 		return nil, err
 	}
-	under := net.Conn(raw)
-	if batch {
-		// As the daemon does: one syscall per batch of HTTP/2 frames.
-		under = hbone.NewBatchConn(raw)
+	tc := tls.Client(raw, d.tls)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("load: tls handshake with %s: %w", d.cfg.Target, err)
 	}
-	tc := tls.Client(under, d.tls)
+	return tc, nil
+}
+
+// dialRecord is dialTLS for HBONE, over mtls/record as the daemon's own
+// HBONE client: each batch of HTTP/2 frames leaves in one syscall.
+func (d *Dialer) dialRecord(ctx context.Context) (net.Conn, error) {
+	raw, err := d.cfg.NetDialer.DialContext(ctx, "tcp", d.cfg.Target)
+	if err != nil {
+		return nil, err
+	}
+	tc := record.Client(raw, d.tls)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("load: tls handshake with %s: %w", d.cfg.Target, err)

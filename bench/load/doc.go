@@ -14,7 +14,7 @@
 // server. Every run is bounded by a duration or a count, with maximums
 // enforced by Validate.
 //
-// Imports (of ours): hbone, identity, mtls and mtls/caclient. Imported by:
-// bench/cmd/zpeer, bench/harness, bench/report (for the result types),
-// cmd/zload and tests.
+// Imports (of ours): hbone, identity, mtls, mtls/caclient and mtls/record.
+// Imported by: bench/cmd/zpeer, bench/harness, bench/report (for the result
+// types), cmd/zload and tests.
 package load

@@ -34,7 +34,6 @@ func Run(t *testing.T, rig Rig) {
 		fn   func(t *testing.T, e *engine.Engine, k kit)
 	}{
 		{"Echo", testEcho},
-		{"BlockingRelay", testBlockingRelay},
 		{"LargeTransferBothWays", testLarge},
 		{"ManyConcurrent", testMany},
 		{"HalfCloseFromA", func(t *testing.T, e *engine.Engine, k kit) { testHalfClose(t, e, k, true) }},
@@ -48,19 +47,12 @@ func Run(t *testing.T, rig Rig) {
 		{"PeerVanishes", testPeerVanishes},
 		{"CountersMoveDuringTransfer", testCountersMove},
 		{"HandleAbort", testHandleAbort},
-		{"EndpointAbortAfterHandoff", testEndpointAbort},
+		{"EndpointAbortDoesNotReach", testEndpointAbortDoesNotReach},
 		{"DrainWaitsForRelays", testDrainWaits},
 		{"DrainDeadlineAborts", testDrainDeadline},
 		{"CloseAbortsAndRefuses", testClose},
 		{"IdleHoldsNothing", testIdleHoldsNothing},
-		// Relays started with StartByHandle: the same relaying, reset
-		// only through the Handle.
-		{"ByHandle/Echo", byHandle(testEcho)},
-		{"ByHandle/HalfCloseFromA", byHandle(func(t *testing.T, e *engine.Engine, k kit) { testHalfClose(t, e, k, true) })},
-		{"ByHandle/ResetFromB", byHandle(func(t *testing.T, e *engine.Engine, k kit) { testReset(t, e, k, false) })},
-		{"ByHandle/HandleAbort", byHandle(testHandleAbort)},
-		{"ByHandle/EndpointAbortDoesNotReach", testEndpointAbortByHandle},
-		{"ByHandle/CloseAbortsAndRefuses", byHandle(testClose)},
+		{"CloseEndsEveryGoroutine", testCloseEndsGoroutines},
 	}
 	// Every scenario runs with TCP on both sides and with a stream (see
 	// Stream) on the B side: the TCP⇄stream relays.
@@ -79,24 +71,7 @@ func Run(t *testing.T, rig Rig) {
 
 // kit builds the relays of one variant of the suite.
 type kit struct {
-	stream   bool // the B side is a Stream rather than a TCP socket
-	byHandle bool // relays start with StartByHandle rather than Start
-}
-
-// byHandle runs a scenario on relays started with StartByHandle.
-func byHandle(fn func(t *testing.T, e *engine.Engine, k kit)) func(t *testing.T, e *engine.Engine, k kit) {
-	return func(t *testing.T, e *engine.Engine, k kit) {
-		k.byHandle = true
-		fn(t, e, k)
-	}
-}
-
-// start starts a relay as the kit says.
-func (k kit) start(e *engine.Engine, a, b engine.Endpoint, c *engine.Counters, done func(engine.Result)) *engine.Handle {
-	if k.byHandle {
-		return e.StartByHandle(a, b, c, done)
-	}
-	return e.Start(a, b, c, done)
+	stream bool // the B side is a Stream rather than a TCP socket
 }
 
 func (k kit) name() string {
@@ -121,12 +96,12 @@ func (k kit) ends(t testing.TB) (client *net.TCPConn, a, b engine.Endpoint, serv
 }
 
 func (k kit) pair(t testing.TB, e *engine.Engine) *Pair {
-	if !k.stream && !k.byHandle {
+	if !k.stream {
 		return NewPair(t, e)
 	}
 	client, a, b, server := k.ends(t)
 	p := &Pair{Client: client, Server: server, Counters: new(engine.Counters), Done: make(chan engine.Result, 1)}
-	p.Handle = k.start(e, a, b, p.Counters, func(r engine.Result) { p.Done <- r })
+	p.Handle = e.Start(a, b, p.Counters, func(r engine.Result) { p.Done <- r })
 	return p
 }
 
@@ -259,24 +234,6 @@ func roundTrip(t testing.TB, p *Pair, size int64, seed uint64) {
 func testEcho(t *testing.T, e *engine.Engine, k kit) {
 	for i, size := range []int64{0, 1, 1000, 65536 + 3, 1 << 20} {
 		roundTrip(t, k.pair(t, e), size, uint64(i))
-	}
-}
-
-func testBlockingRelay(t *testing.T, e *engine.Engine, k kit) {
-	client, a, b, server := k.ends(t)
-	deadline(client, server)
-	var c engine.Counters
-	res := make(chan engine.Result, 1)
-	go func() { res <- e.Relay(a, b, &c) }()
-	go echo(server)
-	client.Write([]byte("ping"))
-	client.CloseWrite()
-	got, err := io.ReadAll(client)
-	if err != nil || string(got) != "ping" {
-		t.Fatalf("read %q, %v", got, err)
-	}
-	if r := <-res; r.Err != nil || c.AToB.Load() != 4 || c.BToA.Load() != 4 {
-		t.Fatalf("result %v, counters %d/%d", r.Err, c.AToB.Load(), c.BToA.Load())
 	}
 }
 
@@ -539,21 +496,20 @@ func testHandleAbort(t *testing.T, e *engine.Engine, k kit) {
 	p.Handle.Abort(nil) // after the end: a no-op
 }
 
-// testEndpointAbortByHandle: an endpoint handed over with StartByHandle is
-// no way to the relay on an event loop (the engine keeps no record of it):
-// its Abort leaves the relay running, and the Handle still resets it.
-func testEndpointAbortByHandle(t *testing.T, e *engine.Engine, k kit) {
+// testEndpointAbortDoesNotReach: an endpoint handed to an event loop is no
+// way to the relay (the engine keeps no record of it): its Abort leaves the
+// relay running, and the Handle still resets it.
+func testEndpointAbortDoesNotReach(t *testing.T, e *engine.Engine, k kit) {
 	if e.Backend() == engine.BackendStd {
 		t.Skip("the std backend keeps the endpoints: their Abort resets the relay")
 	}
 	if k.stream && e.Backend() != engine.BackendEpoll {
 		t.Skipf("the %s backend relays streams with goroutines, on the endpoints", e.Backend())
 	}
-	k.byHandle = true
 	client, ea, b, server := k.ends(t)
 	deadline(client, server)
 	done := make(chan engine.Result, 1)
-	h := k.start(e, ea, b, nil, func(r engine.Result) { done <- r })
+	h := e.Start(ea, b, nil, func(r engine.Result) { done <- r })
 	client.Write([]byte("x"))
 	if _, err := io.ReadFull(server, make([]byte, 1)); err != nil {
 		t.Fatal(err)
@@ -572,33 +528,6 @@ func testEndpointAbortByHandle(t *testing.T, e *engine.Engine, k kit) {
 		}
 	case <-time.After(hang):
 		t.Fatal("relay did not end after its Handle's Abort")
-	}
-	for _, c := range []*net.TCPConn{client, server} {
-		if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
-			t.Fatalf("peer read %v after abort, want ECONNRESET", err)
-		}
-	}
-}
-
-// testEndpointAbort resets a relayed connection through the endpoint
-// handed to the engine, as the proxy does when a policy change denies it.
-func testEndpointAbort(t *testing.T, e *engine.Engine, k kit) {
-	client, ea, b, server := k.ends(t)
-	deadline(client, server)
-	done := make(chan engine.Result, 1)
-	e.Start(ea, b, nil, func(r engine.Result) { done <- r })
-	client.Write([]byte("x"))
-	if _, err := io.ReadFull(server, make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
-	ea.Abort()
-	select {
-	case r := <-done:
-		if r.Err == nil {
-			t.Fatal("relay reported a clean end after an abort")
-		}
-	case <-time.After(hang):
-		t.Fatal("relay did not end after its endpoint was aborted")
 	}
 	for _, c := range []*net.TCPConn{client, server} {
 		if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
@@ -861,5 +790,51 @@ func testResetAfterSmall(t *testing.T, e *engine.Engine, k kit) {
 	}
 	if res := p.Result(t); res.Err == nil {
 		t.Fatal("relay reported a clean end after a reset")
+	}
+}
+
+// testCloseEndsGoroutines: an engine that ran relays leaves nothing behind
+// once closed. Its loops (or relay goroutines), the done callbacks and the
+// test Streams' goroutines all end: the goroutine count is back to what it
+// was before the engine's first relay.
+func testCloseEndsGoroutines(t *testing.T, e *engine.Engine, k kit) {
+	const n = 20
+	before := runtime.NumGoroutine()
+	pairs := make([]*Pair, n)
+	for i := range pairs {
+		p := k.pair(t, e)
+		pairs[i] = p
+		deadline(p.Client, p.Server)
+		p.Client.Write([]byte("ping"))
+		if _, err := io.ReadFull(p.Server, make([]byte, 4)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inLoops := e.Backend() == engine.BackendEpoll || (!k.stream && e.Backend() == engine.BackendUring)
+	if st := e.Stats(); st.Relays != n || inLoops != (st.Running > 0) {
+		t.Fatalf("stats %+v: want %d relays, in running loops: %v", st, n, inLoops)
+	}
+	if runtime.NumGoroutine() <= before {
+		t.Fatal("the running relays added no goroutine: the check below would prove nothing")
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pairs {
+		if res := p.Result(t); !errors.Is(res.Err, engine.ErrClosed) {
+			t.Fatalf("result %v, want ErrClosed", res.Err)
+		}
+	}
+	if st := e.Stats(); st.Running != 0 || st.Relays != 0 || st.LoopRelays != 0 {
+		t.Fatalf("stats %+v after Close: want no loop running and no relay", st)
+	}
+	// Goroutines that delivered their last result return just after it.
+	got := runtime.NumGoroutine()
+	for stop := time.Now().Add(hang); got > before && time.Now().Before(stop); got = runtime.NumGoroutine() {
+		time.Sleep(time.Millisecond)
+	}
+	if got > before {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%d goroutines after Close, %d before the relays:\n%s", got, before, buf[:runtime.Stack(buf, true)])
 	}
 }

@@ -44,6 +44,7 @@ type Daemon struct {
 	store     *state.Store
 	certs     *mtls.Store
 	pool      *hbone.Pool
+	engine    *engine.Engine // relays of every proxy; closed after them
 	proxies   []*proxy.Proxy
 	dns       []*dnsproxy.Server // dedicated mode's DNS proxy
 	admin     *admin.HTTPServer
@@ -147,6 +148,11 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	poolCfg.Config.Logf = func(f string, a ...any) { log.Debug(fmt.Sprintf(f, a...), "scope", "hbone") }
 	poolCfg.Config.Admit = proxy.AdmitOutbound(d.crl.Load, log, m) // the CRL, once startCRL has loaded it
 	d.pool = hbone.NewPool(poolCfg)
+	if d.engine, err = newEngine(cfg, log); err != nil { // engine.go
+		d.Close()
+		return nil, err
+	}
+	eng := d.engine
 
 	ready := admin.NewReadiness()
 	proxyDone := ready.Register("proxy")
@@ -191,6 +197,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		StaticConfig: snap, // nil without a local config
 		Quit:         d.requestQuit,
 		Logging:      levels,
+		Engine:       func() admin.EngineDump { return engineDump(eng) },
 	}
 	if cfg.Mode == ModeShared {
 		admCfg.WorkloadState = func() map[string]admin.WorkloadStateDump { return workloadStateDump(d.inpod.Load()) }
@@ -221,6 +228,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			State:       store,
 			Certs:       certs,
 			Pool:        d.pool,
+			Engine:      eng,
 			HBONE:       h2,
 			Socket:      sock,
 			ReusePort:   reusePort(cfg), // env_compat.go
@@ -310,7 +318,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			return nil, err
 		}
 	}
-	cfg.Engine = engine.BackendName()
+	cfg.Engine = eng.Backend()
 	log.Info("ztunnel-go started", "mode", string(cfg.Mode), "engine", cfg.Engine, "workload", cfg.Workload.Namespace+"/"+cfg.Workload.Name,
 		"workloads", len(store.Load().Workloads()), "services", len(store.Load().Services()), "policies", len(store.Load().Policies()),
 		"xds", cfg.XDSAddress,
@@ -490,6 +498,11 @@ func (d *Daemon) Drain() {
 	for _, p := range proxies {
 		p.Drain(ctx)
 	}
+	// The engine last: the proxies have ended or aborted their relays; any
+	// left get what remains of the grace period.
+	if d.engine != nil {
+		_ = d.engine.Drain(ctx)
+	}
 	d.log.Info("drain complete", "duration", time.Since(start).Round(time.Millisecond).String())
 	d.Close()
 }
@@ -508,6 +521,9 @@ func (d *Daemon) Close() {
 	}
 	for _, p := range proxies {
 		p.Close()
+	}
+	if d.engine != nil {
+		_ = d.engine.Close() // after the proxies; ErrClosed after Drain
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()

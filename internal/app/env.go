@@ -118,8 +118,9 @@ type Config struct {
 	// are read from, default /etc/resolv.conf.
 	ResolvConf string
 
-	// Engine is ZTUNNEL_ENGINE: the relay backend (auto, std, epoll, uring);
-	// the engine package reads it, this validates it and shows the choice.
+	// Engine is ZTUNNEL_ENGINE: the relay backend (auto, std, epoll, uring),
+	// validated here and handed to engine.New (engine.go); once the daemon
+	// has started it names the backend that runs.
 	Engine string
 
 	// PreferredServiceNamespace is PREFERED_SERVICE_NAMESPACE (sic): the

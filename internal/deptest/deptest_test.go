@@ -23,7 +23,7 @@ var allowed = map[string][]string{
 	"internal/labrun":        {"internal/netnslab", "identity", "mtls", "mtls/caclient", "state", "state/xdsconv", "hbone", "inpod/zdstest"},
 	"inpod":                  {"api/zdsapi", "metrics"},
 	"cmd/zload":              {"bench/load"},
-	"bench/load":             {"hbone", "identity", "mtls", "mtls/caclient"},
+	"bench/load":             {"hbone", "identity", "mtls", "mtls/caclient", "mtls/record"},
 	"bench/peers":            {"mtls"},
 	"bench/report":           {"bench/load"},
 	"bench/harness":          {"bench/load", "bench/report", "internal/netnslab", "internal/labrun"},

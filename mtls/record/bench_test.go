@@ -9,8 +9,9 @@ import (
 
 const benchSize = 256 << 10
 
-// gatherConn imitates hbone.NewBatchConn: between begin and end, writes
-// accumulate and leave in one socket write.
+// gatherConn gathers writes: between begin and end they accumulate and
+// leave in one socket write (what crypto/tls needs to match one record
+// Write per batch).
 type gatherConn struct {
 	net.Conn
 	batching bool

@@ -25,5 +25,6 @@
 // that stopped reading, then closes the socket without it.
 //
 // Packages that carry HBONE over TLS may import it. Imports (of ours): nothing
-// of ours (only the standard library). Imported by: proxy and tests.
+// of ours (only the standard library). Imported by: bench/load, proxy and
+// tests.
 package record

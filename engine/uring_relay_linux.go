@@ -3,7 +3,6 @@ package engine
 import (
 	"fmt"
 	"sync/atomic"
-	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine/splice"
 	"github.com/ztunnel-go/ztunnel/engine/uring"
@@ -34,9 +33,10 @@ type uRelay struct {
 	closing bool
 	err     error
 
-	lastActive time.Duration
-	prev, next *uRelay
+	idleLinks[*uRelay] // l.idle
 }
+
+func (r *uRelay) links() *idleLinks[*uRelay] { return &r.idleLinks }
 
 // udir is one way of a uRelay.
 type udir struct {
@@ -246,12 +246,9 @@ func (r *uRelay) kick(d int) {
 }
 
 func (r *uRelay) touch() {
-	if r.l.b.e.cfg.IdleTimeout <= 0 || r.closing || r.lastActive == r.l.now {
-		return
+	if r.l.b.e.cfg.IdleTimeout > 0 && !r.closing {
+		r.l.idle.touch(r, r.l.now)
 	}
-	r.lastActive = r.l.now
-	r.l.idle.remove(r)
-	r.l.idle.pushFront(r)
 }
 
 // end starts tearing the relay down: its requests are cancelled (before
@@ -300,32 +297,4 @@ func (r *uRelay) finalize() {
 
 func (r *uRelay) opErr(op string, side int, err error) error {
 	return (&tcpRelay{}).opErr(op, side, err)
-}
-
-// uRelayList is an intrusive doubly-linked list of relays, most recently
-// active first.
-type uRelayList struct{ head, tail *uRelay }
-
-func (q *uRelayList) pushFront(r *uRelay) {
-	r.prev, r.next = nil, q.head
-	if q.head != nil {
-		q.head.prev = r
-	} else {
-		q.tail = r
-	}
-	q.head = r
-}
-
-func (q *uRelayList) remove(r *uRelay) {
-	if r.prev != nil {
-		r.prev.next = r.next
-	} else if q.head == r {
-		q.head = r.next
-	}
-	if r.next != nil {
-		r.next.prev = r.prev
-	} else if q.tail == r {
-		q.tail = r.prev
-	}
-	r.prev, r.next = nil, nil
 }

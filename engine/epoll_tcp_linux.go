@@ -303,7 +303,7 @@ func (r *tcpRelay) check() {
 			panic("engine: relay shut a destination with bytes still in flight")
 		}
 	}
-	if r.l.slots[r.slot] != loopRelay(r) {
+	if r.l.slots.get(r.slot) != loopRelay(r) {
 		panic("engine: relay lost its slot")
 	}
 }
@@ -343,31 +343,3 @@ func (r *tcpRelay) opErr(op string, side int, err error) error {
 }
 
 var sideName = [2]string{"A", "B"}
-
-// relayList is an intrusive doubly-linked list of relays, most recently
-// active first.
-type relayList struct{ head, tail *relayBase }
-
-func (q *relayList) pushFront(r *relayBase) {
-	r.prev, r.next = nil, q.head
-	if q.head != nil {
-		q.head.prev = r
-	} else {
-		q.tail = r
-	}
-	q.head = r
-}
-
-func (q *relayList) remove(r *relayBase) {
-	if r.prev != nil {
-		r.prev.next = r.next
-	} else if q.head == r {
-		q.head = r.next
-	}
-	if r.next != nil {
-		r.next.prev = r.prev
-	} else if q.tail == r {
-		q.tail = r.prev
-	}
-	r.prev, r.next = nil, nil
-}

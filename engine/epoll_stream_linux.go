@@ -22,10 +22,6 @@ var streamBufSizes = [...]int{1 << 10, 16 << 10, 256 << 10}
 // maxPeekViews bounds the views of a StreamPeeker one writev sends.
 const maxPeekViews = 16
 
-// noPeek makes relays copy received stream bytes with TryRead even from a
-// StreamPeeker: benchmarks compare the two (export_test.go).
-var noPeek bool
-
 // streamRelay is one TCP⇄stream relay owned by an epoll loop (see
 // stream.go for the contract). The TCP socket is registered with the
 // loop's poller; the stream tells the loop through Wake (a task on the
@@ -87,10 +83,10 @@ func (d *sdir) filled(n int) {
 func (b *epollBackend) relayStream(fd, tcpSide int, st StreamEndpoint, s *session) {
 	l := b.strm[int(b.next.Add(1))%len(b.strm)]
 	r := &streamRelay{l: l, s: s, fd: fd, st: st, tcpSide: tcpSide}
-	if pk, ok := st.(StreamPeeker); ok && !noPeek {
+	if pk, ok := st.(StreamPeeker); ok && !b.e.noPeek {
 		r.pk = pk
 	}
-	if fl, ok := st.(StreamFiller); ok && !noPeek {
+	if fl, ok := st.(StreamFiller); ok && !b.e.noPeek {
 		r.fl = fl
 	}
 	r.init(r)

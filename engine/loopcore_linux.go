@@ -1,0 +1,284 @@
+package engine
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/engine/splice"
+)
+
+// The core both event-loop backends share (epoll_linux.go, uring_linux.go):
+// the task queue other goroutines reach a loop through, the slot table its
+// relays live in, the idle list the idle timeout scans, the loop's clock
+// and its pipe pool with the figures Stats reads. What stays apart is how a loop waits (epoll_wait or a parked
+// netpoller, io_uring completions) and what a relay is.
+
+// taskQueue is how other goroutines hand work to a loop: a mutex-guarded
+// slice plus the flags that say whether a goroutine runs the loop and
+// whether the engine is closing. The loop goroutine takes the queued tasks
+// in batches (take), reusing the slices.
+type taskQueue[T any] struct {
+	mu      sync.Mutex // guards tasks, running, closed
+	tasks   []T
+	running bool // a goroutine runs (or is about to run) the loop
+	closed  bool // the engine is closing: refuse new tasks
+
+	spare []T // owned by the loop goroutine
+}
+
+// submit queues t. With the loop parked it marks it running and calls
+// start (which starts the loop goroutine); otherwise it calls wake. Both
+// run under the lock, so a wake-up cannot reach a loop that close has
+// already released. False means the engine is closing.
+func (q *taskQueue[T]) submit(t T, start, wake func()) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return false
+	}
+	q.tasks = append(q.tasks, t)
+	if !q.running {
+		q.running = true
+		start()
+		return true
+	}
+	wake()
+	return true
+}
+
+// shutdown refuses new tasks and, if the loop runs, queues stop and wakes
+// it (under the lock, as submit).
+func (q *taskQueue[T]) shutdown(stop T, wake func()) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.closed = true
+	if q.running {
+		q.tasks = append(q.tasks, stop)
+		wake()
+	}
+}
+
+// take returns the queued tasks; the loop clears each one it has run (so
+// the slice holds no relay) and the slice is reused by the next take.
+func (q *taskQueue[T]) take() []T {
+	q.mu.Lock()
+	q.tasks, q.spare = q.spare[:0], q.tasks
+	q.mu.Unlock()
+	return q.spare
+}
+
+// park ends the loop's run if no task arrived meanwhile.
+func (q *taskQueue[T]) park() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.tasks) > 0 {
+		return false
+	}
+	q.running = false
+	return true
+}
+
+// stop ends the loop's run and returns the tasks still queued, for the
+// loop to refuse; closing also refuses every later task.
+func (q *taskQueue[T]) stop(closing bool) []T {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	rest := q.tasks
+	q.tasks = nil
+	q.running = false
+	if closing {
+		q.closed = true
+	}
+	return rest
+}
+
+// isRunning reports whether a goroutine runs the loop, for Stats.
+func (q *taskQueue[T]) isRunning() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.running
+}
+
+// slotTable holds a loop's relays by slot, the number their events and
+// completions carry; freed slots are reused.
+type slotTable[R comparable] struct {
+	slots []R
+	free  []int32
+	live  int
+}
+
+// put stores r in a free slot and returns it.
+func (t *slotTable[R]) put(r R) int32 {
+	t.live++
+	if n := len(t.free); n > 0 {
+		slot := t.free[n-1]
+		t.free = t.free[:n-1]
+		t.slots[slot] = r
+		return slot
+	}
+	t.slots = append(t.slots, r)
+	return int32(len(t.slots) - 1)
+}
+
+// get returns the relay in slot, the zero R for a free or unknown one.
+func (t *slotTable[R]) get(slot int32) R {
+	if slot < 0 || int(slot) >= len(t.slots) {
+		var zero R
+		return zero
+	}
+	return t.slots[slot]
+}
+
+// drop frees slot.
+func (t *slotTable[R]) drop(slot int32) {
+	var zero R
+	t.slots[slot] = zero
+	t.free = append(t.free, slot)
+	t.live--
+}
+
+// idleNode is a relay on a loop's idle list: it carries its links.
+type idleNode[N any] interface {
+	comparable
+	links() *idleLinks[N]
+}
+
+// idleLinks are a relay's place on its loop's idle list.
+type idleLinks[N any] struct {
+	lastActive time.Duration // loop time of the last byte moved
+	prev, next N
+}
+
+// idleList is an intrusive doubly-linked list of relays, most recently
+// active first: the idle timeout looks at the tail only. Loops keep it
+// only with Config.IdleTimeout.
+type idleList[N idleNode[N]] struct{ head, tail N }
+
+func (q *idleList[N]) pushFront(r N) {
+	var zero N
+	l := r.links()
+	l.prev, l.next = zero, q.head
+	if q.head != zero {
+		q.head.links().prev = r
+	} else {
+		q.tail = r
+	}
+	q.head = r
+}
+
+func (q *idleList[N]) remove(r N) {
+	var zero N
+	l := r.links()
+	if l.prev != zero {
+		l.prev.links().next = l.next
+	} else if q.head == r {
+		q.head = l.next
+	}
+	if l.next != zero {
+		l.next.links().prev = l.prev
+	} else if q.tail == r {
+		q.tail = l.prev
+	}
+	l.prev, l.next = zero, zero
+}
+
+// touch marks r active at now, moving it to the front.
+func (q *idleList[N]) touch(r N, now time.Duration) {
+	l := r.links()
+	if l.lastActive == now {
+		return
+	}
+	l.lastActive = now
+	q.remove(r)
+	q.pushFront(r)
+}
+
+// loopClock is a loop's monotonic time, read once per wake-up, and since
+// when it has had no relay (for Config.Linger).
+type loopClock struct {
+	base       time.Time
+	now        time.Duration // since base, at the last wake-up
+	emptySince time.Duration
+}
+
+// start begins a run of the loop (the clock's base survives parking).
+func (c *loopClock) start() {
+	if c.base.IsZero() {
+		c.base = time.Now()
+	}
+	c.now = time.Since(c.base)
+	c.emptySince = c.now
+}
+
+// tick reads the time after a wait.
+func (c *loopClock) tick() { c.now = time.Since(c.base) }
+
+// wait is how long a loop may block for its relays' sake: the rest of the
+// linger with no relay, until the least recently active relay's idle
+// timeout, or -1 for ever.
+func (c *loopClock) wait(live int, linger, idleTimeout time.Duration, oldest *time.Duration) time.Duration {
+	if live == 0 {
+		return max(c.emptySince+linger-c.now, 0)
+	}
+	if idleTimeout > 0 && oldest != nil {
+		return max(*oldest+idleTimeout-c.now, 0)
+	}
+	return -1
+}
+
+// lingered reports whether a loop with no relay has kept its thread for
+// linger.
+func (c *loopClock) lingered(linger time.Duration) bool { return c.now-c.emptySince >= linger }
+
+// loopPipes is a loop's pipe pool and the mirrors of its load that Stats
+// reads from other goroutines (written by the loop only).
+type loopPipes struct {
+	pipes                  *splice.Pool
+	nRelays, nInUse, nFree atomic.Int32
+}
+
+func newLoopPipes(cfg Config) loopPipes {
+	return loopPipes{pipes: splice.NewPool(splice.PoolConfig{PipeSize: cfg.PipeSize, MaxFree: cfg.MaxFreePipes})}
+}
+
+func (l *loopPipes) getPipe() (*splice.Pipe, error) {
+	p, err := l.pipes.Get()
+	if err != nil {
+		return nil, err
+	}
+	l.mirror()
+	return p, nil
+}
+
+// putPipe pools p, or closes it when it still holds bytes.
+func (l *loopPipes) putPipe(p *splice.Pipe) {
+	l.pipes.Put(p)
+	l.mirror()
+}
+
+func (l *loopPipes) mirror() {
+	l.nInUse.Store(int32(l.pipes.InUse()))
+	l.nFree.Store(int32(l.pipes.Free()))
+}
+
+// closePipes releases the pool once the loop has stopped.
+func (l *loopPipes) closePipes() {
+	l.pipes.Close()
+	l.nFree.Store(0)
+}
+
+// addStats adds the loop's figures to st.
+func (l *loopPipes) addStats(st *Stats) {
+	st.LoopRelays += int(l.nRelays.Load())
+	st.PipesInUse += int(l.nInUse.Load())
+	st.PipesFree += int(l.nFree.Load())
+}
+
+// refuseFDs ends a relay whose loop refused it (the engine is closing):
+// both sockets are reset.
+func refuseFDs(fa, fb int, s *session) {
+	abortFD(fa)
+	abortFD(fb)
+	s.finish(ErrClosed)
+}
