@@ -1,0 +1,192 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/labrun"
+)
+
+// Cases of istio/istio's tests/integration/ambient that exercise ztunnel
+// itself (docs/ztunnel-scenarios.md, section "istio/istio
+// tests/integration/ambient"). Istio applies each policy in turn to one
+// destination; here every case has a destination pod of its own with the
+// policy istiod would send for it, so one cluster serves them all.
+
+// istioAuthzConfig: client (captured, node-a) and outsider (uncaptured, no
+// daemon, node-c) call the captured pods on node-b, each with one policy in
+// the shape istiod converts it to, and plain (uncaptured, node-c), which a
+// policy names but no ztunnel serves.
+const istioAuthzConfig = `
+workloads:
+- {uid: u-client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.0.2"], protocol: HBONE, node: node-a, services: {}}
+- {uid: u-open, name: open, namespace: default, serviceAccount: open, workloadIps: ["10.244.1.2"], protocol: HBONE, node: node-b, services: {}}
+- {uid: u-allowed, name: allowed, namespace: default, serviceAccount: allowed, workloadIps: ["10.244.1.3"], protocol: HBONE, node: node-b, services: {}, authorizationPolicies: ["default/allow-client"]}
+- {uid: u-notallowed, name: notallowed, namespace: default, serviceAccount: notallowed, workloadIps: ["10.244.1.4"], protocol: HBONE, node: node-b, services: {}, authorizationPolicies: ["default/allow-else"]}
+- {uid: u-strict, name: strict, namespace: default, serviceAccount: strict, workloadIps: ["10.244.1.5"], protocol: HBONE, node: node-b, services: {}, authorizationPolicies: ["default/pa-strict"]}
+- {uid: u-strictport, name: strictport, namespace: default, serviceAccount: strictport, workloadIps: ["10.244.1.6"], protocol: HBONE, node: node-b, services: {}, authorizationPolicies: ["default/pa-strict-permissive-8080"]}
+- {uid: u-permport, name: permport, namespace: default, serviceAccount: permport, workloadIps: ["10.244.1.7"], protocol: HBONE, node: node-b, services: {}, authorizationPolicies: ["default/pa-permissive-strict-8080"]}
+- {uid: u-plain, name: plain, namespace: default, serviceAccount: plain, workloadIps: ["10.244.2.2"], protocol: TCP, node: node-c, services: {}, authorizationPolicies: ["default/deny-all"]}
+- {uid: u-outsider, name: outsider, namespace: default, serviceAccount: outsider, workloadIps: ["10.244.2.3"], protocol: TCP, node: node-c, services: {}}
+policies:
+# TestAuthorizationL4 "allow": the source's principal.
+- name: allow-client
+  namespace: default
+  scope: WorkloadSelector
+  action: Allow
+  dryRun: false
+  rules:
+  - - - principals:
+        - Exact: cluster.local/ns/default/sa/client
+# TestAuthorizationL4 "not allow": a principal nobody has.
+- name: allow-else
+  namespace: default
+  scope: WorkloadSelector
+  action: Allow
+  dryRun: false
+  rules:
+  - - - principals:
+        - Exact: cluster.local/ns/something/sa/else
+# PeerAuthentication STRICT: deny a peer without a principal.
+- name: pa-strict
+  namespace: default
+  scope: WorkloadSelector
+  action: Deny
+  dryRun: false
+  rules:
+  - - - notPrincipals:
+        - Presence: []
+# STRICT with port 8080 PERMISSIVE: one rule of two clauses.
+- name: pa-strict-permissive-8080
+  namespace: default
+  scope: WorkloadSelector
+  action: Deny
+  dryRun: false
+  rules:
+  - - - notPrincipals:
+        - Presence: []
+    - - notDestinationPorts: [8080]
+# PERMISSIVE with port 8080 STRICT: one rule per STRICT port.
+- name: pa-permissive-strict-8080
+  namespace: default
+  scope: WorkloadSelector
+  action: Deny
+  dryRun: false
+  rules:
+  - - - destinationPorts: [8080]
+        notPrincipals:
+        - Presence: []
+# On a workload no ztunnel serves: nothing enforces it.
+- name: deny-all
+  namespace: default
+  scope: WorkloadSelector
+  action: Deny
+  dryRun: false
+  rules:
+  - - - destinationPorts: [8080, 9090]
+`
+
+// istioCall connects from pod to dst, sends a line and reads everything
+// back until the server closes; it returns what came back.
+func istioCall(ctx context.Context, l *trafficLab, from, to string, port uint16) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	dst := netip.AddrPortFrom(l.pods[to].IP, port).String()
+	c, err := l.pods[from].Dial(ctx, "tcp", dst)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return roundTrip(c.(*net.TCPConn), []byte(fmt.Sprintf("%s to %s:%d", from, to, port)))
+}
+
+// TestIstioAuthorizationL4 is istio/istio's TestAuthorizationL4 (allow /
+// not allow, L4 TCP) and TestPeerAuthentication (strict, permissive, and
+// the port-level overrides), from a captured and an uncaptured client, in
+// both modes. Istio's expectations: the allowed principal passes; another
+// principal, and any plaintext client into a pod with a policy, is denied
+// (the connection ends without the app's answer, here also: the app never
+// sees it, and the destination's ztunnel logs the rejection); PERMISSIVE
+// ports take plaintext; a destination without a ztunnel applies no policy.
+// An admitted connection reaches the app from the client's own address
+// (TestServices' original-source check).
+func TestIstioAuthorizationL4(t *testing.T) {
+	cases := []struct {
+		name string
+		from string
+		to   string
+		port uint16
+		// denied is the access log text of the rejection; empty: admitted.
+		denied string
+	}{
+		{"allow/captured", "client", "allowed", 9090, ""},
+		{"allow/uncaptured", "outsider", "allowed", 9090, "none allowed"},
+		{"not allow/captured", "client", "notallowed", 9090, "none allowed"},
+		{"not allow/uncaptured", "outsider", "notallowed", 9090, "none allowed"},
+		{"permissive/captured", "client", "open", 9090, ""},
+		{"permissive/uncaptured", "outsider", "open", 9090, ""},
+		{"strict/captured", "client", "strict", 9090, ""},
+		{"strict/uncaptured", "outsider", "strict", 9090, "default/pa-strict"},
+		{"strict-permissive-ports/captured", "client", "strictport", 8080, ""},
+		{"strict-permissive-ports/uncaptured to the permissive port", "outsider", "strictport", 8080, ""},
+		{"strict-permissive-ports/uncaptured to another port", "outsider", "strictport", 9090, "default/pa-strict-permissive-8080"},
+		{"permissive-strict-ports/captured", "client", "permport", 8080, ""},
+		{"permissive-strict-ports/uncaptured to the strict port", "outsider", "permport", 8080, "default/pa-permissive-strict-8080"},
+		{"permissive-strict-ports/uncaptured to another port", "outsider", "permport", 9090, ""},
+		{"uncaptured destination/captured", "client", "plain", 9090, ""},
+	}
+	for _, mode := range []string{"shared", "dedicated"} {
+		t.Run(mode, func(t *testing.T) {
+			l := startTrafficLab(t, mode == "shared", istioAuthzConfig)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			echo := map[string]*labrun.EchoServer{}
+			for _, pod := range []string{"open", "allowed", "notallowed", "strict", "strictport", "permport", "plain"} {
+				for _, port := range []uint16{8080, 9090} {
+					echo[fmt.Sprintf("%s:%d", pod, port)] = startEcho(t, l.pods[pod], port)
+				}
+			}
+			for _, tc := range cases {
+				t.Run(tc.name, func(t *testing.T) {
+					app := echo[fmt.Sprintf("%s:%d", tc.to, tc.port)]
+					before := len(app.Peers())
+					want := fmt.Sprintf("%s to %s:%d", tc.from, tc.to, tc.port)
+					got, err := istioCall(ctx, l, tc.from, tc.to, tc.port)
+					if tc.denied == "" {
+						if err != nil || string(got) != want {
+							t.Fatalf("%s -> %s:%d: read %q, %v; want the echo", tc.from, tc.to, tc.port, got, err)
+						}
+						peers := app.Peers()
+						if len(peers) != before+1 {
+							t.Fatalf("the app saw %d new connections, want 1", len(peers)-before)
+						}
+						if src := peers[len(peers)-1].Addr(); src != l.pods[tc.from].IP {
+							t.Errorf("the app saw the connection from %s, want the client's address %s", src, l.pods[tc.from].IP)
+						}
+						return
+					}
+					if len(got) != 0 {
+						t.Fatalf("%s -> %s:%d: read %q (%v), want nothing: a policy denies it", tc.from, tc.to, tc.port, got, err)
+					}
+					if n := len(app.Peers()); n != before {
+						t.Errorf("the app behind the policy saw %d connections", n-before)
+					}
+					lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
+					defer lcancel()
+					line, err := l.daemon(tc.to).WaitLog(lctx, "connection complete", tc.denied, l.pods[tc.from].IP.String())
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !strings.Contains(line, "policy") {
+						t.Errorf("the rejection's log line names no policy: %s", line)
+					}
+				})
+			}
+		})
+	}
+}
