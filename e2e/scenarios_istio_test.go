@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
+	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 )
 
 // Cases of istio/istio's tests/integration/ambient that exercise ztunnel
@@ -189,4 +191,109 @@ func TestIstioAuthorizationL4(t *testing.T) {
 			}
 		})
 	}
+}
+
+// istioServicesConfig: client (captured, node-a); server (captured, node-b)
+// behind the service web; uncaptured (TCP, node-b) behind a ServiceEntry
+// test.example.com with a VIP, port 80 to target port 8080, as istio's
+// TestServiceEntrySelectsUncapturedPod declares it. The lab adds a
+// resolver pod on node-b, the pods' nameserver, whose queries the DNS
+// capture hands to the daemon's proxy.
+const istioServicesConfig = `
+workloads:
+- {uid: u-client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.0.2"], protocol: HBONE, node: node-a, services: {}}
+- {uid: u-server, name: server, namespace: default, serviceAccount: server, workloadIps: ["10.244.1.2"], protocol: HBONE, node: node-b, services: {"default/web.default.svc.cluster.local": {80: 8080}}}
+- {uid: u-uncaptured, name: uncaptured, namespace: default, serviceAccount: uncaptured, workloadIps: ["10.244.1.3"], protocol: TCP, node: node-b, services: {"default/test.example.com": {80: 8080}}}
+services:
+- {name: web, namespace: default, hostname: web.default.svc.cluster.local, vips: ["/10.96.0.10"], ports: {80: 8080}}
+- {name: test.example.com, namespace: default, hostname: test.example.com, vips: ["/240.240.240.251"], ports: {80: 8080}}
+`
+
+// TestIstioServices is the ztunnel part of istio/istio's TestServices,
+// TestPodIP and TestServiceEntrySelectsUncapturedPod (with
+// TestServiceEntryDNSWithAutoAssign, whose auto-assigned VIP reaches
+// ztunnel as any VIP), in shared mode with DNS capture: a service VIP and a
+// pod IP reach the captured server from the client's own address; an app
+// listening on localhost only cannot be reached; the ServiceEntry's host is
+// answered by ztunnel's DNS proxy with its VIP, and the VIP reaches the
+// uncaptured pod it selects on the target port.
+func TestIstioServices(t *testing.T) {
+	lab := netnslab.New(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := startSharedCluster(ctx, t, lab, istioServicesConfig, labrun.SharedOptions{
+		Binary: ztunnelBin, Dir: dir, ExtraPods: map[string][]string{"node-b": {"resolver"}},
+		Capture:   netnslab.CaptureOptions{RedirectDNS: true},
+		DaemonEnv: []string{"ISTIO_META_DNS_CAPTURE=true", "ZTUNNEL_RESOLV_CONF=" + writeResolvConf(t, dir, "10.244.1.4")},
+	})
+	if ip := c.Pods["resolver"].IP.String(); ip != "10.244.1.4" {
+		t.Fatalf("resolver pod got %s; the resolv.conf names 10.244.1.4", ip)
+	}
+	client := c.Pods["client"]
+	server := startEcho(t, c.Pods["server"], 8080)
+	uncaptured := startEcho(t, c.Pods["uncaptured"], 8080)
+	// An app of the server pod listening on localhost only (istio's
+	// LocalhostIP port).
+	ln, err := c.Pods["server"].Listen("tcp", "127.0.0.1:8081")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.Write([]byte("localhost app"))
+			conn.Close()
+		}
+	}()
+
+	reach := func(t *testing.T, dst string, app *labrun.EchoServer) {
+		t.Helper()
+		before := len(app.Peers())
+		msg := []byte("to " + dst)
+		if got := roundTripTo(t, client, dst, msg); string(got) != string(msg) {
+			t.Fatalf("%s: read %q, want the echo", dst, got)
+		}
+		peers := app.Peers()
+		if len(peers) != before+1 {
+			t.Fatalf("%s: the app saw %d new connections, want 1", dst, len(peers)-before)
+		}
+		if src := peers[len(peers)-1].Addr(); src != client.IP {
+			t.Errorf("%s: the app saw the connection from %s, want the client's address %s", dst, src, client.IP)
+		}
+	}
+	t.Run("service VIP keeps the original source", func(t *testing.T) { reach(t, "10.96.0.10:80", server) })
+	t.Run("pod IP keeps the original source", func(t *testing.T) { reach(t, "10.244.1.2:8080", server) })
+	t.Run("app on localhost only is not reachable", func(t *testing.T) {
+		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+		defer ccancel()
+		conn, err := client.Dial(cctx, "tcp", "10.244.1.2:8081")
+		if err != nil {
+			return // refused: what istio accepts
+		}
+		defer conn.Close()
+		got, _ := roundTrip(conn.(*net.TCPConn), []byte("hello"))
+		if len(got) != 0 {
+			t.Fatalf("the localhost-only app answered %q through the mesh", got)
+		}
+	})
+	t.Run("ServiceEntry host answered with its VIP", func(t *testing.T) {
+		resp := podQuery(ctx, t, client, "udp", "10.244.1.4:53", "test.example.com")
+		var got []string
+		for _, rr := range resp.Answer {
+			if a, ok := rr.(*dns.A); ok {
+				got = append(got, a.A.String())
+			}
+		}
+		if resp.Rcode != dns.RcodeSuccess || len(got) != 1 || got[0] != "240.240.240.251" {
+			t.Fatalf("%s %q, want the VIP 240.240.240.251", dns.RcodeToString[resp.Rcode], got)
+		}
+	})
+	t.Run("ServiceEntry VIP reaches the uncaptured pod on the target port", func(t *testing.T) {
+		reach(t, "240.240.240.251:80", uncaptured)
+	})
 }
