@@ -297,3 +297,31 @@ func TestIstioServices(t *testing.T) {
 		reach(t, "240.240.240.251:80", uncaptured)
 	})
 }
+
+// TestIstioCRLRevokedIntermediate is istio/istio's crl TestZtunnelCrlInbound
+// in the lab, both modes: the client's chain goes through an intermediate
+// CA; once the root's CRL revokes that intermediate (the leaf itself is
+// revoked by nobody), the destination's ztunnel refuses the client and
+// counts istio_crl_policy_rejections_total{reporter="destination"}, while
+// a client signed by the root directly is still served.
+func TestIstioCRLRevokedIntermediate(t *testing.T) {
+	for _, mode := range []string{"dedicated", "shared"} {
+		t.Run(mode, func(t *testing.T) {
+			l := startCRLLab(t, mode == "shared")
+			inter, interKey := intermediateCA(t, l.caCert, l.caKey)
+			leaf := leafFrom(t, inter, interKey, "spiffe://cluster.local/ns/default/sa/outsider")
+			l.reload(t, crl(t, l.caCert, l.caKey))
+			if err := l.connectAs(t, leaf); err != nil {
+				t.Fatalf("baseline: a leaf of the intermediate before any revocation: %v", err)
+			}
+			before := l.metric(t, "server", rejections, destination)
+			l.reload(t, crl(t, l.caCert, l.caKey, inter.SerialNumber))
+			if err := l.connectAs(t, leaf); err == nil {
+				t.Fatal("a leaf of a revoked intermediate got a tunnel")
+			}
+			l.waitMetric(t, "server", rejections, destination, before+1)
+			c := l.open(t) // the client pod's certificate comes from the root
+			c.Close()
+		})
+	}
+}
