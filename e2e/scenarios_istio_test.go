@@ -198,7 +198,8 @@ func TestIstioAuthorizationL4(t *testing.T) {
 // test.example.com with a VIP, port 80 to target port 8080, as istio's
 // TestServiceEntrySelectsUncapturedPod declares it. The lab adds a
 // resolver pod on node-b, the pods' nameserver, whose queries the DNS
-// capture hands to the daemon's proxy.
+// capture hands to the daemon's proxy, and external, a pod in no config
+// (outside the mesh, like the API server).
 const istioServicesConfig = `
 workloads:
 - {uid: u-client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.0.2"], protocol: HBONE, node: node-a, services: {}}
@@ -212,8 +213,10 @@ services:
 // TestIstioServices is the ztunnel part of istio/istio's TestServices,
 // TestPodIP and TestServiceEntrySelectsUncapturedPod (with
 // TestServiceEntryDNSWithAutoAssign, whose auto-assigned VIP reaches
-// ztunnel as any VIP), in shared mode with DNS capture: a service VIP and a
-// pod IP reach the captured server from the client's own address; an app
+// ztunnel as any VIP), TestAPIServer and TestMetadataServer, in shared mode
+// with DNS capture: a service VIP, a pod IP and an address outside the
+// mesh reach their app from the client's own address, and so does the
+// client's own pod IP; an app
 // listening on localhost only cannot be reached; the ServiceEntry's host is
 // answered by ztunnel's DNS proxy with its VIP, and the VIP reaches the
 // uncaptured pod it selects on the target port.
@@ -223,7 +226,7 @@ func TestIstioServices(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := startSharedCluster(ctx, t, lab, istioServicesConfig, labrun.SharedOptions{
-		Binary: ztunnelBin, Dir: dir, ExtraPods: map[string][]string{"node-b": {"resolver"}},
+		Binary: ztunnelBin, Dir: dir, ExtraPods: map[string][]string{"node-b": {"resolver", "external"}},
 		Capture:   netnslab.CaptureOptions{RedirectDNS: true},
 		DaemonEnv: []string{"ISTIO_META_DNS_CAPTURE=true", "ZTUNNEL_RESOLV_CONF=" + writeResolvConf(t, dir, "10.244.1.4")},
 	})
@@ -233,6 +236,8 @@ func TestIstioServices(t *testing.T) {
 	client := c.Pods["client"]
 	server := startEcho(t, c.Pods["server"], 8080)
 	uncaptured := startEcho(t, c.Pods["uncaptured"], 8080)
+	external := startEcho(t, c.Pods["external"], 443)
+	self := startEcho(t, client, 7070)
 	// An app of the server pod listening on localhost only (istio's
 	// LocalhostIP port).
 	ln, err := c.Pods["server"].Listen("tcp", "127.0.0.1:8081")
@@ -268,6 +273,13 @@ func TestIstioServices(t *testing.T) {
 	}
 	t.Run("service VIP keeps the original source", func(t *testing.T) { reach(t, "10.96.0.10:80", server) })
 	t.Run("pod IP keeps the original source", func(t *testing.T) { reach(t, "10.244.1.2:8080", server) })
+	// TestPodIP's self call: a pod calling its own address.
+	t.Run("pod IP of the caller itself", func(t *testing.T) { reach(t, "10.244.0.2:7070", self) })
+	// TestAPIServer, TestMetadataServer: a destination outside the mesh
+	// (passthrough) sees the pod's own address, not ztunnel's.
+	t.Run("passthrough to an address outside the mesh keeps the original source", func(t *testing.T) {
+		reach(t, netip.AddrPortFrom(c.Pods["external"].IP, 443).String(), external)
+	})
 	t.Run("app on localhost only is not reachable", func(t *testing.T) {
 		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
 		defer ccancel()
