@@ -337,3 +337,56 @@ func TestIstioCRLRevokedIntermediate(t *testing.T) {
 		})
 	}
 }
+
+// istioTelemetryConfig: two captured pods with the workload names and
+// canonical labels of istio's echo deployments, the server behind the
+// service server.
+const istioTelemetryConfig = `
+workloads:
+- {uid: u-client, name: client-v1-abc, namespace: default, serviceAccount: client, workloadName: client-v1, canonicalName: client, canonicalRevision: v1, workloadIps: ["10.244.0.2"], protocol: HBONE, node: node-a, services: {}}
+- {uid: u-server, name: server-v1-def, namespace: default, serviceAccount: server, workloadName: server-v1, canonicalName: server, canonicalRevision: v1, workloadIps: ["10.244.1.2"], protocol: HBONE, node: node-b, services: {"default/server.default.svc.cluster.local": {80: 8080}}}
+services:
+- {name: server, namespace: default, hostname: server.default.svc.cluster.local, vips: ["/10.96.0.20"], ports: {80: 8080}}
+`
+
+// TestIstioL4Telemetry is istio/istio's TestL4Telemetry in shared mode:
+// five TCP connections from a captured client to a captured service are
+// counted by the destination's ztunnel under every label istio's
+// Prometheus query names (reporter, security policy, canonical service
+// and revision, version, workload, namespaces, principals, service), here
+// with the exact counts: 5 opened, 5 closed, and their bytes.
+func TestIstioL4Telemetry(t *testing.T) {
+	l := startTrafficLab(t, true, istioTelemetryConfig)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	client, server := l.pods["client-v1-abc"], l.pods["server-v1-def"]
+	startDoubler(t, server, 8080)
+	labels := map[string]string{
+		"reporter":                       "destination",
+		"connection_security_policy":     "mutual_tls",
+		"destination_canonical_service":  "server",
+		"destination_canonical_revision": "v1",
+		"destination_service":            "server.default.svc.cluster.local",
+		"destination_service_name":       "server",
+		"destination_service_namespace":  "default",
+		"destination_principal":          spiffe("server"),
+		"destination_version":            "v1",
+		"destination_workload":           "server-v1",
+		"destination_workload_namespace": "default",
+		"source_canonical_service":       "client",
+		"source_canonical_revision":      "v1",
+		"source_principal":               spiffe("client"),
+		"source_version":                 "v1",
+		"source_workload":                "client-v1",
+		"source_workload_namespace":      "default",
+	}
+	d := l.daemon("server-v1-def")
+	base := readCounts(ctx, t, d, labels)
+	const n = 5
+	for i := 0; i < n; i++ {
+		if err := helloDouble(ctx, client, "10.96.0.20:80"); err != nil {
+			t.Fatalf("connection %d to the service: %v", i, err)
+		}
+	}
+	checkCounts(ctx, t, d, labels, base, tcpCounts{n, n, n * float64(helloSize), n * float64(2*helloSize)})
+}
