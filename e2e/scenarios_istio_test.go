@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"strings"
@@ -10,8 +11,12 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/ztunnel-go/ztunnel/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/mtls/caclient/catest"
+	"github.com/ztunnel-go/ztunnel/state/xdsconv"
+	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
 
 // Cases of istio/istio's tests/integration/ambient that exercise ztunnel
@@ -389,4 +394,101 @@ func TestIstioL4Telemetry(t *testing.T) {
 		}
 	}
 	checkCounts(ctx, t, d, labels, base, tcpCounts{n, n, n * float64(helloSize), n * float64(2*helloSize)})
+}
+
+// istioSERemovedTopology places the pods of TestIstioServiceEntryRemoved;
+// their workloads and the ServiceEntry come from xDS.
+const istioSERemovedTopology = `
+workloads:
+- {uid: u-client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.1.2"], protocol: HBONE, node: node-a, services: {}}
+- {uid: u-uncaptured, name: uncaptured, namespace: default, serviceAccount: uncaptured, workloadIps: ["10.244.2.2"], protocol: TCP, node: node-b, services: {}}
+`
+
+const istioSEKey = "default/serviceentry.istio.io"
+
+// TestIstioServiceEntryRemoved is the second half of istio/istio's
+// TestServiceEntryDNSWithAutoAssign on xDS: a ServiceEntry (VIP, port 80
+// to 8080) selecting an uncaptured pod is reached through its VIP; once
+// the control plane removes it, calls to the VIP no longer reach the pod.
+func TestIstioServiceEntryRemoved(t *testing.T) {
+	lab := netnslab.New(t)
+	cp, err := lab.AddNode("cp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"istiod.istio-system.svc", cp.IP.String()}
+	xdsLn, err := cp.Listen("tcp", cp.IP.String()+":15012")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caLn, err := cp.Listen("tcp", cp.IP.String()+":15013")
+	if err != nil {
+		t.Fatal(err)
+	}
+	xds := xdstest.NewServer(t, xdstest.Options{Listener: xdsLn, ServerNames: names})
+	ca := catest.NewServer(t, catest.Options{Listener: caLn, ServerNames: names})
+	xds.Set(xdsconv.AddressType, "u-client", "1", xdsWorkload("client", "10.244.1.2", "node-a"))
+	unc := xdsWorkload("uncaptured", "10.244.2.2", "node-b")
+	unc.GetWorkload().TunnelProtocol = workloadapi.TunnelProtocol_NONE
+	unc.GetWorkload().Services = map[string]*workloadapi.PortList{istioSEKey: {Ports: []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}}}}
+	xds.Set(xdsconv.AddressType, "u-uncaptured", "1", unc)
+	xds.Set(xdsconv.AddressType, istioSEKey, "1", &workloadapi.Address{Type: &workloadapi.Address_Service{Service: &workloadapi.Service{
+		Name: "serviceentry.istio.io", Namespace: "default", Hostname: "serviceentry.istio.io",
+		Addresses: []*workloadapi.NetworkAddress{{Address: netip.MustParseAddr("240.240.240.1").AsSlice()}},
+		Ports:     []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}},
+	}}})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := labrun.StartCluster(ctx, lab, []byte(istioSERemovedTopology), labrun.ClusterOptions{
+		Binary: ztunnelBin, Dir: t.TempDir(),
+		DaemonEnv: []string{
+			"LOCAL_XDS_PATH=", "BUILTIN_CA_CERT=", "BUILTIN_CA_KEY=", "FAKE_CA=false",
+			"XDS_ADDRESS=" + xds.Address(), "XDS_ROOT_CA=" + xds.TLS().RootFile,
+			"CA_ADDRESS=" + ca.Address(), "CA_ROOT_CA=" + ca.TLS().RootFile,
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("stopping daemons: %v", err)
+		}
+		if t.Failed() {
+			for name, d := range c.Daemons {
+				t.Logf("daemon %s log:\n%s", name, d.Log())
+			}
+		}
+	})
+	t.Cleanup(startNamer(t, c.Pods["uncaptured"], 8080, "uncaptured"))
+	// call reports who answered on the VIP, "" when nobody did.
+	call := func() string {
+		cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
+		defer ccancel()
+		conn, err := c.Pods["client"].Dial(cctx, "tcp", "240.240.240.1:80")
+		if err != nil {
+			return ""
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(3 * time.Second))
+		got, _ := io.ReadAll(conn)
+		return string(got)
+	}
+	if got := call(); got != "uncaptured" {
+		t.Fatalf("the ServiceEntry's VIP answered %q, want the uncaptured pod", got)
+	}
+	xds.Remove(xdsconv.AddressType, istioSEKey)
+	gone := false
+	for i := 0; i < 100 && !gone; i++ {
+		gone = call() == ""
+	}
+	if !gone {
+		t.Fatal("the VIP still reaches the pod 100 calls after the ServiceEntry was removed")
+	}
+	for i := 0; i < 3; i++ {
+		if got := call(); got != "" {
+			t.Fatalf("call %d after the removal answered %q", i, got)
+		}
+	}
 }
