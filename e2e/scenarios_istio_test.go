@@ -406,11 +406,10 @@ workloads:
 
 const istioSEKey = "default/serviceentry.istio.io"
 
-// TestIstioServiceEntryRemoved is the second half of istio/istio's
-// TestServiceEntryDNSWithAutoAssign on xDS: a ServiceEntry (VIP, port 80
-// to 8080) selecting an uncaptured pod is reached through its VIP; once
-// the control plane removes it, calls to the VIP no longer reach the pod.
-func TestIstioServiceEntryRemoved(t *testing.T) {
+// startIstioXDSCluster runs topology's pods in dedicated mode on xDS and the
+// Istio CA; set fills the xDS server before the daemons start.
+func startIstioXDSCluster(t *testing.T, topology string, o labrun.ClusterOptions, set func(*xdstest.Server)) *labrun.Cluster {
+	t.Helper()
 	lab := netnslab.New(t)
 	cp, err := lab.AddNode("cp")
 	if err != nil {
@@ -427,27 +426,15 @@ func TestIstioServiceEntryRemoved(t *testing.T) {
 	}
 	xds := xdstest.NewServer(t, xdstest.Options{Listener: xdsLn, ServerNames: names})
 	ca := catest.NewServer(t, catest.Options{Listener: caLn, ServerNames: names})
-	xds.Set(xdsconv.AddressType, "u-client", "1", xdsWorkload("client", "10.244.1.2", "node-a"))
-	unc := xdsWorkload("uncaptured", "10.244.2.2", "node-b")
-	unc.GetWorkload().TunnelProtocol = workloadapi.TunnelProtocol_NONE
-	unc.GetWorkload().Services = map[string]*workloadapi.PortList{istioSEKey: {Ports: []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}}}}
-	xds.Set(xdsconv.AddressType, "u-uncaptured", "1", unc)
-	xds.Set(xdsconv.AddressType, istioSEKey, "1", &workloadapi.Address{Type: &workloadapi.Address_Service{Service: &workloadapi.Service{
-		Name: "serviceentry.istio.io", Namespace: "default", Hostname: "serviceentry.istio.io",
-		Addresses: []*workloadapi.NetworkAddress{{Address: netip.MustParseAddr("240.240.240.1").AsSlice()}},
-		Ports:     []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}},
-	}}})
-
+	set(xds)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartCluster(ctx, lab, []byte(istioSERemovedTopology), labrun.ClusterOptions{
-		Binary: ztunnelBin, Dir: t.TempDir(),
-		DaemonEnv: []string{
-			"LOCAL_XDS_PATH=", "BUILTIN_CA_CERT=", "BUILTIN_CA_KEY=", "FAKE_CA=false",
-			"XDS_ADDRESS=" + xds.Address(), "XDS_ROOT_CA=" + xds.TLS().RootFile,
-			"CA_ADDRESS=" + ca.Address(), "CA_ROOT_CA=" + ca.TLS().RootFile,
-		},
-	})
+	o.Binary, o.Dir = ztunnelBin, t.TempDir()
+	o.DaemonEnv = append(o.DaemonEnv,
+		"LOCAL_XDS_PATH=", "BUILTIN_CA_CERT=", "BUILTIN_CA_KEY=", "FAKE_CA=false",
+		"XDS_ADDRESS="+xds.Address(), "XDS_ROOT_CA="+xds.TLS().RootFile,
+		"CA_ADDRESS="+ca.Address(), "CA_ROOT_CA="+ca.TLS().RootFile)
+	c, err := labrun.StartCluster(ctx, lab, []byte(topology), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -461,20 +448,58 @@ func TestIstioServiceEntryRemoved(t *testing.T) {
 			}
 		}
 	})
-	t.Cleanup(startNamer(t, c.Pods["uncaptured"], 8080, "uncaptured"))
-	// call reports who answered on the VIP, "" when nobody did.
-	call := func() string {
-		cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
-		defer ccancel()
-		conn, err := c.Pods["client"].Dial(cctx, "tcp", "240.240.240.1:80")
-		if err != nil {
-			return ""
-		}
-		defer conn.Close()
-		conn.SetDeadline(time.Now().Add(3 * time.Second))
-		got, _ := io.ReadAll(conn)
-		return string(got)
+	return c
+}
+
+// istioSEService is a ServiceEntry of host with one VIP, port 80 to 8080.
+func istioSEService(host, vip string) *workloadapi.Address {
+	return &workloadapi.Address{Type: &workloadapi.Address_Service{Service: &workloadapi.Service{
+		Name: host, Namespace: "default", Hostname: host,
+		Addresses: []*workloadapi.NetworkAddress{{Address: netip.MustParseAddr(vip).AsSlice()}},
+		Ports:     []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}},
+	}}}
+}
+
+// istioSEEndpoint makes w an uncaptured endpoint of the ServiceEntry key.
+func istioSEEndpoint(a *workloadapi.Address, key string) *workloadapi.Address {
+	w := a.GetWorkload()
+	w.TunnelProtocol = workloadapi.TunnelProtocol_NONE
+	w.Services = map[string]*workloadapi.PortList{key: {Ports: []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}}}}
+	return a
+}
+
+// callName connects from pod to dst and returns what the server wrote
+// before closing, "" when nobody answered within 3s.
+func callName(ctx context.Context, pod *netnslab.Pod, dst string) string {
+	cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
+	defer ccancel()
+	conn, err := pod.Dial(cctx, "tcp", dst)
+	if err != nil {
+		return ""
 	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(3 * time.Second))
+	got, _ := io.ReadAll(conn)
+	return string(got)
+}
+
+// TestIstioServiceEntryRemoved is the second half of istio/istio's
+// TestServiceEntryDNSWithAutoAssign on xDS: a ServiceEntry (VIP, port 80
+// to 8080) selecting an uncaptured pod is reached through its VIP; once
+// the control plane removes it, calls to the VIP no longer reach the pod.
+func TestIstioServiceEntryRemoved(t *testing.T) {
+	xdsRef := new(*xdstest.Server)
+	c := startIstioXDSCluster(t, istioSERemovedTopology, labrun.ClusterOptions{}, func(xds *xdstest.Server) {
+		*xdsRef = xds
+		xds.Set(xdsconv.AddressType, "u-client", "1", xdsWorkload("client", "10.244.1.2", "node-a"))
+		xds.Set(xdsconv.AddressType, "u-uncaptured", "1", istioSEEndpoint(xdsWorkload("uncaptured", "10.244.2.2", "node-b"), istioSEKey))
+		xds.Set(xdsconv.AddressType, istioSEKey, "1", istioSEService("serviceentry.istio.io", "240.240.240.1"))
+	})
+	xds := *xdsRef
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	t.Cleanup(startNamer(t, c.Pods["uncaptured"], 8080, "uncaptured"))
+	call := func() string { return callName(ctx, c.Pods["client"], "240.240.240.1:80") }
 	if got := call(); got != "uncaptured" {
 		t.Fatalf("the ServiceEntry's VIP answered %q, want the uncaptured pod", got)
 	}
