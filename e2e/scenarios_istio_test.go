@@ -517,3 +517,85 @@ func TestIstioServiceEntryRemoved(t *testing.T) {
 		}
 	}
 }
+
+const istioRestartTopology = `
+workloads:
+- {uid: u-client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.1.2"], protocol: HBONE, node: node-a, services: {}}
+- {uid: u-old, name: old, namespace: default, serviceAccount: web, workloadIps: ["10.244.2.2"], protocol: HBONE, node: node-b, services: {}}
+- {uid: u-new, name: new, namespace: default, serviceAccount: web, workloadIps: ["10.244.2.3"], protocol: HBONE, node: node-b, services: {}}
+`
+
+// TestIstioServiceRestart is istio/istio's TestServiceRestart on xDS, in
+// the order Kubernetes replaces a pod: the new pod joins the service, the
+// old one leaves the service (while its app still runs), then it is gone.
+// Every connection to the service VIP must succeed throughout (istio's
+// threshold is 100%), and the traffic moves from the old pod to the new.
+func TestIstioServiceRestart(t *testing.T) {
+	const key = "default/web.default.svc.cluster.local"
+	member := func(a *workloadapi.Address) *workloadapi.Address {
+		a.GetWorkload().Services = map[string]*workloadapi.PortList{key: {Ports: []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}}}}
+		return a
+	}
+	xdsRef := new(*xdstest.Server)
+	c := startIstioXDSCluster(t, istioRestartTopology, labrun.ClusterOptions{}, func(xds *xdstest.Server) {
+		*xdsRef = xds
+		xds.Set(xdsconv.AddressType, "u-client", "1", xdsWorkload("client", "10.244.1.2", "node-a"))
+		old := member(xdsWorkload("old", "10.244.2.2", "node-b"))
+		old.GetWorkload().ServiceAccount = "web"
+		xds.Set(xdsconv.AddressType, "u-old", "1", old)
+		nw := xdsWorkload("new", "10.244.2.3", "node-b")
+		nw.GetWorkload().ServiceAccount = "web"
+		xds.Set(xdsconv.AddressType, "u-new", "1", nw)
+		xds.Set(xdsconv.AddressType, key, "1", &workloadapi.Address{Type: &workloadapi.Address_Service{Service: &workloadapi.Service{
+			Name: "web", Namespace: "default", Hostname: "web.default.svc.cluster.local",
+			Addresses: []*workloadapi.NetworkAddress{{Address: netip.MustParseAddr("10.96.0.30").AsSlice()}},
+			Ports:     []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}},
+		}}})
+	})
+	xds := *xdsRef
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, name := range []string{"old", "new"} {
+		t.Cleanup(startNamer(t, c.Pods[name], 8080, name))
+	}
+	calls := 0
+	call := func() string {
+		t.Helper()
+		calls++
+		got := callName(ctx, c.Pods["client"], "10.96.0.30:80")
+		if got != "old" && got != "new" {
+			t.Fatalf("call %d to the service failed (%q): every call must succeed", calls, got)
+		}
+		return got
+	}
+	// until calls until want has answered n times in a row, at most max calls.
+	until := func(want string, n, max int) {
+		t.Helper()
+		run := 0
+		for i := 0; i < max && run < n; i++ {
+			if call() == want {
+				run++
+			} else {
+				run = 0
+			}
+		}
+		if run < n {
+			t.Fatalf("%s did not answer %d calls in a row within %d calls", want, n, max)
+		}
+	}
+	until("old", 5, 5)
+	// The new pod joins the service.
+	nw := member(xdsWorkload("new", "10.244.2.3", "node-b"))
+	nw.GetWorkload().ServiceAccount = "web"
+	xds.Set(xdsconv.AddressType, "u-new", "2", nw)
+	until("new", 1, 400)
+	// The old pod leaves the service; its app still serves.
+	old := xdsWorkload("old", "10.244.2.2", "node-b")
+	old.GetWorkload().ServiceAccount = "web"
+	xds.Set(xdsconv.AddressType, "u-old", "2", old)
+	until("new", 20, 400)
+	// The old pod is gone.
+	xds.Remove(xdsconv.AddressType, "u-old")
+	until("new", 20, 20)
+	t.Logf("%d calls, all served", calls)
+}
