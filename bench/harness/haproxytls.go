@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/ztunnel-go/ztunnel/bench/load"
 	"github.com/ztunnel-go/ztunnel/bench/report"
@@ -99,22 +97,8 @@ func (b *bench) writeHAProxyCert(ctx context.Context, sa string) (string, error)
 // startHAProxyTLS starts one HAProxy TLS half in pod, listening on
 // listen, and waits until it accepts on port.
 func (b *bench) startHAProxyTLS(ctx context.Context, pod *netnslab.Pod, name string, role haproxyTLSRole, listen string, port int, backend, crt string) (*proc, error) {
-	cfgPath := filepath.Join(b.dir, fmt.Sprintf("haproxy-tls-%d.cfg", port))
-	if err := os.WriteFile(cfgPath, []byte(haproxyTLSConfig(role, listen, backend, crt, b.caCert)), 0o644); err != nil {
-		return nil, err
-	}
-	if out, err := exec.CommandContext(ctx, b.o.HAProxy, "-c", "-q", "-f", cfgPath).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("harness: haproxy config: %v: %s", err, out)
-	}
-	c, err := startChild(ctx, pod.NS, name, nil, b.o.HAProxy, "-db", "-f", cfgPath)
-	if err != nil {
-		return nil, err
-	}
-	b.children = append(b.children, c)
-	if err := waitListening(ctx, pod.NS, fmt.Sprintf("127.0.0.1:%d", port), c, 10*time.Second); err != nil {
-		return nil, err
-	}
-	return &proc{name: name, pid: c.pid(), ns: pod.NS}, nil
+	cfg := haproxyTLSConfig(role, listen, backend, crt, b.caCert)
+	return b.runHAProxy(ctx, pod, name, fmt.Sprintf("haproxy-tls-%d.cfg", port), cfg, port)
 }
 
 // addHAProxyTLSTargets adds the one-hop HAProxy mTLS terminator (zload is

@@ -82,8 +82,16 @@ backend up
 }
 
 func (b *bench) startHAProxy(ctx context.Context, pod *netnslab.Pod, name string, port int, backend string, splice bool) (*proc, error) {
-	cfgPath := filepath.Join(b.dir, fmt.Sprintf("haproxy-%d.cfg", port))
-	if err := os.WriteFile(cfgPath, []byte(haproxyConfig(fmt.Sprintf("127.0.0.1:%d", port), backend, splice)), 0o644); err != nil {
+	cfg := haproxyConfig(fmt.Sprintf("127.0.0.1:%d", port), backend, splice)
+	return b.runHAProxy(ctx, pod, name, fmt.Sprintf("haproxy-%d.cfg", port), cfg, port)
+}
+
+// runHAProxy writes cfg to file in the scratch directory, has HAProxy check
+// it, starts HAProxy with it in pod and waits until it accepts on port of
+// the pod's loopback.
+func (b *bench) runHAProxy(ctx context.Context, pod *netnslab.Pod, name, file, cfg string, port int) (*proc, error) {
+	cfgPath := filepath.Join(b.dir, file)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return nil, err
 	}
 	if out, err := exec.CommandContext(ctx, b.o.HAProxy, "-c", "-q", "-f", cfgPath).CombinedOutput(); err != nil {
