@@ -81,6 +81,7 @@ type SharedCluster struct {
 	all           []*Daemon                  // every daemon started, in order
 	ztPods        map[string]int             // ztunnel pods made per node
 	stopped       map[*Daemon]bool           // by StopDaemon
+	agentStopped  map[string]bool            // by StopAgent, per node
 }
 
 // StartSharedCluster builds the topology config describes inside lab (as
@@ -100,7 +101,7 @@ func StartSharedCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o
 		Lab: lab, Snapshot: snap, TrustDomain: identity.DefaultTrustDomain,
 		Pods: map[string]*netnslab.Pod{}, Agents: map[string]*zdstest.Server{}, Daemons: map[string]*Daemon{},
 		opts: o, nodes: map[string]*netnslab.Node{}, workloads: map[string]*state.Workload{},
-		ztPods: map[string]int{}, stopped: map[*Daemon]bool{},
+		ztPods: map[string]int{}, stopped: map[*Daemon]bool{}, agentStopped: map[string]bool{},
 	}
 	if c.CA = o.CA; c.CA == nil {
 		if c.CA, err = caclient.NewBuiltinCA(c.TrustDomain); err != nil {
@@ -209,6 +210,9 @@ func (c *SharedCluster) mesh(name string) error {
 	if p == nil || w == nil {
 		return fmt.Errorf("labrun: no workload %q", name)
 	}
+	if c.agentStopped[p.Node.Name] {
+		return fmt.Errorf("labrun: the CNI agent of node %s is stopped", p.Node.Name)
+	}
 	if err := p.InstallCaptureWith(c.opts.Capture); err != nil {
 		return err
 	}
@@ -229,12 +233,21 @@ func (c *SharedCluster) mesh(name string) error {
 // which answers once the pod's proxy is listening.
 func (c *SharedCluster) AddToMesh(name string) error { return c.mesh(name) }
 
-// RemoveFromMesh tells the pod's daemon to drop it (Del): its proxy closes
-// at once. The pod's namespace and capture rules stay.
+// RemoveFromMesh takes a running pod out of the mesh as istio-cni does:
+// first its capture rules go (so its traffic flows straight to and from its
+// apps), then its daemon is told to drop it (Del) and its proxy closes at
+// once. The pod's namespace stays. A pod whose namespace is gone (Pod.Delete)
+// only gets the Del.
 func (c *SharedCluster) RemoveFromMesh(name string) error {
 	p := c.Pods[name]
 	if p == nil {
 		return fmt.Errorf("labrun: no pod %q", name)
+	}
+	if err := p.RemoveCapture(); err != nil {
+		return err
+	}
+	if c.agentStopped[p.Node.Name] {
+		return nil
 	}
 	ack, err := c.Agents[p.Node.Name].Del(c.UID(name))
 	if err != nil && !errors.Is(err, zdstest.ErrNotConnected) {
@@ -244,6 +257,23 @@ func (c *SharedCluster) RemoveFromMesh(name string) error {
 		return fmt.Errorf("labrun: daemon refused to delete pod %s: %s", name, ack)
 	}
 	return nil
+}
+
+// StopAgent stops node's CNI agent for good, as removing istio-cni from the
+// node does: its socket goes, the daemon's stream ends and it finds no agent
+// to reconnect to; the pods it meshed stay captured and served. The cluster
+// can no longer mesh pods on that node (AddToMesh fails; RemoveFromMesh only
+// removes capture rules), and Close does not close the agent again.
+func (c *SharedCluster) StopAgent(node string) error {
+	a, ok := c.Agents[node]
+	if !ok {
+		return fmt.Errorf("labrun: no agent on node %q", node)
+	}
+	if c.agentStopped[node] {
+		return nil
+	}
+	c.agentStopped[node] = true
+	return a.Close()
 }
 
 // StartDaemon starts a daemon for node in a new ztunnel pod on that node
@@ -306,8 +336,10 @@ func (c *SharedCluster) Close() error {
 			errs = append(errs, fmt.Errorf("daemon %s: %w", d.Pod.Name, err))
 		}
 	}
-	for _, a := range c.Agents {
-		errs = append(errs, a.Close())
+	for node, a := range c.Agents {
+		if !c.agentStopped[node] {
+			errs = append(errs, a.Close())
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -90,6 +90,45 @@ func (p *Pod) InstallCaptureWith(opts CaptureOptions) error {
 	return nil
 }
 
+// RemoveCapture takes the pod's capture rules and routes out again, as
+// istio-cni does when a running pod leaves the mesh (DeleteInpodRules before
+// it tells ztunnel): afterwards the pod's traffic goes straight to and from its
+// apps. A pod without capture is left as it is.
+func (p *Pod) RemoveCapture() error {
+	l := p.lab
+	if l == nil {
+		return ErrNotInLab
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lock == nil {
+		return ErrClosed
+	}
+	if !p.Captured {
+		return nil
+	}
+	var b strings.Builder
+	for _, table := range []string{"mangle", "nat"} {
+		fmt.Fprintf(&b, "*%s\n-D PREROUTING -j ISTIO_PRERT\n-D OUTPUT -j ISTIO_OUTPUT\n", table)
+		fmt.Fprintf(&b, "-F ISTIO_PRERT\n-F ISTIO_OUTPUT\n-X ISTIO_PRERT\n-X ISTIO_OUTPUT\nCOMMIT\n")
+	}
+	restore := p.capture.IPTablesRestore
+	if restore == "" {
+		restore = "iptables-restore"
+	}
+	if err := run(l.logf, b.String(), "ip", "netns", "exec", p.NetNS, restore, "--noflush", "--wait", "10"); err != nil {
+		return err
+	}
+	if err := ipBatch(l.logf, p.NetNS,
+		fmt.Sprintf("rule del fwmark 0x%x/0x%x pref %d lookup %d", ConnMark, MarkMask, OrigSrcRulePref, OrigSrcTable),
+		fmt.Sprintf("route del local 0.0.0.0/0 dev lo table %d", OrigSrcTable),
+	); err != nil {
+		return err
+	}
+	p.Captured, p.capture = false, CaptureOptions{}
+	return nil
+}
+
 // CaptureRules returns the iptables-restore input (IPv4) that InstallCaptureWith
 // applies with --noflush.
 //

@@ -431,6 +431,7 @@ func (p *Pod) Delete() error {
 		}
 	}
 	p.Node.Pods = pods
+	p.Captured = false // the rules went with the namespace
 	return nil
 }
 

@@ -563,3 +563,54 @@ func TestGatewayMACStable(t *testing.T) {
 	roundTrip(t, client.NS, dialer(0, netip.Addr{}), netip.AddrPortFrom(server.IP, 8081), "after")
 	await(t, ch, "server")
 }
+
+// TestRemoveCapture: after RemoveCapture the pod's outbound TCP reaches its
+// destination directly, its iptables and the original-source route are gone,
+// and the capture can be installed again.
+func TestRemoveCapture(t *testing.T) {
+	l := newLab(t, 1, 2)
+	c, r := mustPod(t, l, "pod0-0"), mustPod(t, l, "pod0-1")
+	to := netip.AddrPortFrom(r.IP, 8080)
+	if err := c.InstallCapture(); err != nil {
+		t.Fatal(err)
+	}
+	proxy := serveOne(t, listen(t, c.NS, ":15001"))
+	roundTrip(t, c.NS, dialer(0, netip.Addr{}), to, "captured")
+	if a := await(t, proxy, "proxy 15001"); a.origDst != to {
+		t.Fatalf("captured to %s, want %s", a.origDst, to)
+	}
+	if err := c.RemoveCapture(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Captured {
+		t.Fatal("Captured still set after RemoveCapture")
+	}
+	direct := serveOne(t, listen(t, r.NS, to.String()))
+	roundTrip(t, c.NS, dialer(0, netip.Addr{}), to, "uncaptured")
+	if a := await(t, direct, "target"); a.local != to {
+		t.Fatalf("target accepted on %s, want %s", a.local, to)
+	}
+	show := func() string {
+		var b strings.Builder
+		for _, args := range [][]string{{"iptables-save"}, {"ip", "rule"}, {"ip", "route", "show", "table", "100"}} {
+			out, err := c.Command(context.Background(), args[0], args[1:]...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("%v: %v %s", args, err, out)
+			}
+			b.Write(out)
+		}
+		return b.String()
+	}
+	if s := show(); strings.Contains(s, "ISTIO_") || strings.Contains(s, "lookup 100") || strings.Contains(s, "local default") {
+		t.Fatalf("the capture is still there:\n%s", s)
+	}
+	if err := c.RemoveCapture(); err != nil {
+		t.Errorf("RemoveCapture without capture: %v", err)
+	}
+	if err := c.InstallCapture(); err != nil {
+		t.Fatalf("capture installed again: %v", err)
+	}
+	if s := show(); !strings.Contains(s, "ISTIO_PRERT") || !strings.Contains(s, "lookup 100") {
+		t.Fatalf("the capture installed again is incomplete:\n%s", s)
+	}
+}
