@@ -1,0 +1,95 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/labrun"
+	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+)
+
+// inpodConfig is the mesh of istio/istio's ambient baseline tests run here
+// in-pod: client (captured, node-a) and server (captured, node-b, no policy,
+// so uncaptured peers are served through its inbound passthrough). The lab
+// adds outsider, an uncaptured pod on node-a (10.244.0.3) in no config.
+const inpodConfig = `
+workloads:
+- {uid: cluster1//v1/Pod/default/client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.0.2"], protocol: HBONE, node: node-a, services: {}}
+- {uid: cluster1//v1/Pod/default/server, name: server, namespace: default, serviceAccount: server, workloadIps: ["10.244.1.2"], protocol: HBONE, node: node-b, services: {}}
+`
+
+func startInpod(t *testing.T) *sharedLab {
+	t.Helper()
+	lab := netnslab.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := startSharedCluster(ctx, t, lab, inpodConfig, labrun.SharedOptions{
+		Binary: ztunnelBin, Dir: t.TempDir(), ExtraPods: map[string][]string{"node-a": {"outsider"}},
+	})
+	s := &sharedLab{c: c, srvAddr: startEcho(t, c.Pods["server"], 8080).Addr}
+	// The server's inbound passthrough is what the uncaptured client goes
+	// through.
+	if n, err := labrun.Listeners(c.Pods["server"].NS, netnslab.InboundPlaintextPort); err != nil || n == 0 {
+		t.Fatalf("server's %d listeners: %d %v", netnslab.InboundPlaintextPort, n, err)
+	}
+	return s
+}
+
+// echoN opens n connections from pod to the server one after the other,
+// each with one round trip.
+func (s *sharedLab) echoN(ctx context.Context, t *testing.T, pod string, n int) {
+	t.Helper()
+	for i := range n {
+		c, err := s.echoOnce(ctx, pod)
+		if err != nil {
+			t.Fatalf("%s -> server, connection %d of %d: %v", pod, i+1, n, err)
+		}
+		c.Close()
+	}
+}
+
+// TestIstioTrafficWithEstablishedPodsIfCNIMissing is istio/istio's
+// cni TestTrafficWithEstablishedPodsIfCNIMissing: with the CNI agent gone
+// from every node, the pods meshed before keep being served: a connection
+// opened before, new connections from the captured client, and new ones
+// from an uncaptured client through the server's inbound passthrough; the
+// daemons stay up and keep the pods in their workload state.
+func TestIstioTrafficWithEstablishedPodsIfCNIMissing(t *testing.T) {
+	s := startInpod(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := s.c
+	held, err := s.echoOnce(ctx, "client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	for _, node := range []string{"node-a", "node-b"} {
+		if err := c.StopAgent(node); err != nil {
+			t.Fatalf("stopping %s's agent: %v", node, err)
+		}
+	}
+	// Long enough for the daemons to have found the agents gone and tried
+	// to reconnect at least once.
+	time.Sleep(2 * time.Second)
+	if err := echoRound(held, "after the agents left"); err != nil {
+		t.Fatalf("the connection opened before the agents left: %v", err)
+	}
+	s.echoN(ctx, t, "client", 20)
+	s.echoN(ctx, t, "outsider", 20)
+	for node, pod := range map[string]string{"node-a": "client", "node-b": "server"} {
+		d := c.Daemons[node]
+		select {
+		case <-d.Exited():
+			t.Fatalf("%s's daemon exited without its agent: %v", node, d.Wait(ctx))
+		default:
+		}
+		if st := workloadState(ctx, t, d)[c.UID(pod)]; st.State != "Up" {
+			t.Errorf("%s's workloadState for %s: %+v, want Up", node, pod, st)
+		}
+	}
+	if err := c.AddToMesh("server"); err == nil {
+		t.Error("AddToMesh succeeded with the node's agent stopped")
+	}
+}
