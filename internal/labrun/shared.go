@@ -233,21 +233,22 @@ func (c *SharedCluster) mesh(name string) error {
 // which answers once the pod's proxy is listening.
 func (c *SharedCluster) AddToMesh(name string) error { return c.mesh(name) }
 
-// RemoveFromMesh takes a running pod out of the mesh as istio-cni does:
-// first its capture rules go (so its traffic flows straight to and from its
-// apps), then its daemon is told to drop it (Del) and its proxy closes at
-// once. The pod's namespace stays. A pod whose namespace is gone (Pod.Delete)
-// only gets the Del.
+// RemoveFromMesh takes a running pod out of the mesh: its daemon is told to
+// drop it (Del), so its proxy closes at once, and its capture rules go, so
+// its traffic flows straight to and from its apps again. istio-cni removes
+// the rules before the Del, but once the lab's rules are gone (iptables-nft)
+// the kernel no longer translates the proxy's close of a redirected
+// connection back to the app's socket, which then hangs; with the Del first
+// the app sees its connections close, as ztunnel's Del means. The pod's
+// namespace stays. A pod whose namespace is gone (Pod.Delete) has no rules
+// left to remove.
 func (c *SharedCluster) RemoveFromMesh(name string) error {
 	p := c.Pods[name]
 	if p == nil {
 		return fmt.Errorf("labrun: no pod %q", name)
 	}
-	if err := p.RemoveCapture(); err != nil {
-		return err
-	}
 	if c.agentStopped[p.Node.Name] {
-		return nil
+		return p.RemoveCapture()
 	}
 	ack, err := c.Agents[p.Node.Name].Del(c.UID(name))
 	if err != nil && !errors.Is(err, zdstest.ErrNotConnected) {
@@ -256,7 +257,7 @@ func (c *SharedCluster) RemoveFromMesh(name string) error {
 	if ack != "" {
 		return fmt.Errorf("labrun: daemon refused to delete pod %s: %s", name, ack)
 	}
-	return nil
+	return p.RemoveCapture()
 }
 
 // StopAgent stops node's CNI agent for good, as removing istio-cni from the
