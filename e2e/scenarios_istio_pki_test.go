@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"net/netip"
@@ -13,6 +14,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/mtls"
 )
 
 // Scenarios of Istio's ambient integration tests about certificates and
@@ -209,4 +211,62 @@ func TestMulticlusterFailover(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestZtunnelCrlOutbound mirrors Istio's crl TestZtunnelCrlOutbound: the
+// server's certificate chains through an intermediate CA of the mesh's
+// root, and the client side's CRL revokes that intermediate. The client's
+// daemon refuses the server in the handshake (no CONNECT is answered) and
+// counts the rejection with reporter=source. The server is an HBONE server
+// in the server's pod (its daemon stopped) presenting [leaf, intermediate]:
+// the lab's daemons sign with the root only.
+func TestZtunnelCrlOutbound(t *testing.T) {
+	l := startCRLLab(t, false)
+	if err := l.daemons["server"].Stop(); err != nil {
+		t.Fatalf("stopping the server's daemon: %v", err)
+	}
+	inter, interKey := intermediateCA(t, l.caCert, l.caKey)
+	leaf := leafFrom(t, inter, interKey, "spiffe://cluster.local/ns/default/sa/server")
+	roots := x509.NewCertPool()
+	roots.AddCert(l.caCert)
+	srv, err := labrun.StartWaypoint(l.pods["server"], 15008, &mtls.WorkloadCert{
+		Identity: identity.New("", "default", "server"), Certificate: leaf, Roots: roots,
+		NotBefore: leaf.Leaf.NotBefore, NotAfter: leaf.Leaf.NotAfter,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	ask := func() (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := l.pods["client"].Dial(ctx, "tcp", l.srv.String())
+		if err != nil {
+			return "", err
+		}
+		defer conn.Close()
+		got, err := roundTrip(conn.(*net.TCPConn), []byte("hello"))
+		return string(got), err
+	}
+
+	// Not revoked: the chain [leaf, intermediate] verifies to the root.
+	want := "waypoint " + l.srv.String() + "\nhello"
+	if got, err := ask(); err != nil || got != want {
+		t.Fatalf("before the CRL: %q, %v; want %q", got, err, want)
+	}
+	if n := len(srv.Requests()); n != 1 {
+		t.Fatalf("server saw %d CONNECTs, want 1", n)
+	}
+
+	// The root's CRL revokes the intermediate; the client's daemon reloads
+	// the file (the server's is stopped).
+	before := l.metric(t, "client", rejections, source)
+	reloads := logCount(l.daemons["client"], "crl reloaded")
+	l.write(t, crl(t, l.caCert, l.caKey, inter.SerialNumber))
+	waitLogCount(t, l.daemons["client"], reloads+1, "crl reloaded")
+	l.expectNoEcho(t)
+	l.waitMetric(t, "client", rejections, source, before+1)
+	if n := len(srv.Requests()); n != 1 {
+		t.Errorf("server saw %d CONNECTs after the revocation, want still 1", n)
+	}
 }
