@@ -39,7 +39,7 @@ func (p *Proxy) dialAppTunnel(ctx context.Context, ci *connInfo, target, tunnelD
 		err error
 	)
 	if p.cfg.DirectAppTunnel {
-		c, err = p.dialAppDirect(ctx, ci.src.Addr(), netip.AddrPortFrom(target.Addr(), port))
+		c, err = p.dialApp(ctx, ci.src.Addr(), netip.AddrPortFrom(target.Addr(), port))
 	} else {
 		// Over loopback the source cannot be the client's; the header says who it is.
 		lo := netip.IPv6Loopback()

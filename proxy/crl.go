@@ -43,14 +43,11 @@ func (p *Proxy) closeRevokedInbound() int {
 // it registers it for revocation: its handshake may have been verified
 // against the CRLs a reload replaced while the reload's sweep ran.
 func (p *Proxy) admitInbound(nc net.Conn) error {
-	if revokedPeer(p.cfg.CRL, func(peer string, c *x509.Certificate) {
+	return admitUnrevoked(p.cfg.CRL, nc, func(peer string, c *x509.Certificate) {
 		p.log.Info("rejecting inbound connection: peer certificate revoked by CRL update",
 			"peer", peer, "serial", c.SerialNumber.String(), "workload", p.cfg.Workload.String())
 		p.cfg.Metrics.CRLRejected(metrics.ReporterDestination)
-	})(nc) {
-		return ErrPeerRevoked
-	}
-	return nil
+	})
 }
 
 // AdmitOutbound returns the hbone.Config.Admit of the pool behind
@@ -60,19 +57,21 @@ func (p *Proxy) admitInbound(nc net.Conn) error {
 // nil while no CRL is configured.
 func AdmitOutbound(crl func() *mtls.CRL, log *slog.Logger, m *metrics.Metrics) func(net.Conn) error {
 	return func(nc net.Conn) error {
-		c := crl()
-		if c == nil {
-			return nil
-		}
-		if revokedPeer(c, func(peer string, cert *x509.Certificate) {
+		return admitUnrevoked(crl(), nc, func(peer string, c *x509.Certificate) {
 			log.Info("rejecting outbound connection: upstream certificate revoked by CRL update",
-				"peer", peer, "serial", cert.SerialNumber.String())
+				"peer", peer, "serial", c.SerialNumber.String())
 			m.CRLRejected(metrics.ReporterSource)
-		})(nc) {
-			return ErrPeerRevoked
-		}
-		return nil
+		})
 	}
+}
+
+// admitUnrevoked is ErrPeerRevoked, after found, when crl revokes nc's peer;
+// nil otherwise, and always without a CRL.
+func admitUnrevoked(crl *mtls.CRL, nc net.Conn, found func(peer string, c *x509.Certificate)) error {
+	if crl != nil && revokedPeer(crl, found)(nc) {
+		return ErrPeerRevoked
+	}
+	return nil
 }
 
 // CloseRevokedOutbound closes every connection of pool whose server

@@ -282,30 +282,19 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	return app, snap, nil
 }
 
-// dialApp connects to the local app, presenting the original client's IP as
-// the source when original-source spoofing is possible. An inbound HBONE
-// connection to a workload with a PROXY application tunnel is dialled by
-// dialAppTunnel instead (inboundAuthorize).
-func (p *Proxy) dialApp(ctx context.Context, src netip.Addr, dst netip.AddrPort) (*net.TCPConn, error) {
-	return p.dialAppDirect(ctx, src, dst)
-}
-
-// plainAppDial reports whether dialApp would connect to dst with p.dialer
-// as it is, from the proxy's own address: no original-source spoofing
-// (with its fallback). Such a connect can be left to the engine's event
-// loop (engine.StartDial), and fails with the same error dialApp's would.
-func (p *Proxy) plainAppDial(src netip.Addr, dst netip.AddrPort) bool {
-	return !p.spoofsSource(src, dst)
-}
-
-// spoofsSource reports whether dialAppDirect tries src as the source of its
-// connect to dst.
+// spoofsSource reports whether dialApp tries src as the source of its
+// connect to dst. A connect that does not (nothing to try first) can be left
+// to the engine's event loop (engine.StartDial), and fails with the same
+// error dialApp's would.
 func (p *Proxy) spoofsSource(src netip.Addr, dst netip.AddrPort) bool {
 	return p.origSrc && src.IsValid() && src.Is4() == dst.Addr().Is4()
 }
 
-// dialAppDirect connects to the app at dst.
-func (p *Proxy) dialAppDirect(ctx context.Context, src netip.Addr, dst netip.AddrPort) (*net.TCPConn, error) {
+// dialApp connects to the local app at dst, presenting the original
+// client's IP src as the source when original-source spoofing is possible.
+// An inbound HBONE connection to a workload with a PROXY application tunnel
+// is dialled by dialAppTunnel instead (inboundAuthorize).
+func (p *Proxy) dialApp(ctx context.Context, src netip.Addr, dst netip.AddrPort) (*net.TCPConn, error) {
 	if p.spoofsSource(src, dst) {
 		d := p.dialer
 		d.Options.Transparent = true

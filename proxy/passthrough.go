@@ -48,7 +48,7 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 		return
 	}
-	if p.plainAppDial(ci.src.Addr(), dst) {
+	if !p.spoofsSource(ci.src.Addr(), dst) {
 		// TCP to TCP with nothing to try first: the engine connects and
 		// relays (on the epoll backend its event loop completes the
 		// connect; a failed one reaches relayEnded as a connect error,
