@@ -129,8 +129,7 @@ func (ci *connInfo) holdRelay(h *engine.Handle) {
 func (ci *connInfo) relayEnded(res engine.Result) {
 	ci.tracked.Untrack()
 	p := ci.p
-	flags, err := ci.relayOutcome(res)
-	p.complete(ci, flags, err)
+	p.complete(ci, ci.relayOutcome(res))
 	switch {
 	case ci.accepted:
 		p.cfg.Metrics.SocketClosed(ci.reporter())
@@ -160,20 +159,22 @@ func (ci *connInfo) abortRelay() {
 	}
 }
 
-// relayOutcome turns a relay's result into flags and the logged error,
-// reporting a policy-change close as a DENY.
-func (ci *connInfo) relayOutcome(r engine.Result) (metrics.ResponseFlags, error) {
+// relayOutcome is the error a relay's result ends the connection with
+// (nil for an ordinary end, see relayErr), marked with its response flags:
+// a policy-change close is a DENY, a failed connect a CONNECT failure, a
+// tunnel closed under it by a CRL reload (crl.go) CERT_REVOKED.
+func (ci *connInfo) relayOutcome(r engine.Result) error {
 	if reason := ci.policyClosed.Load(); reason != nil {
-		return metrics.FlagDeny, errors.New(*reason)
+		return withFlags(metrics.FlagDeny, errors.New(*reason))
 	}
 	if ce, ok := errors.AsType[*engine.ConnectError](r.Err); ok {
-		return metrics.FlagConnect, fmt.Errorf("connect to %s: %w", ce.Dst, ce.Err)
+		return withFlags(metrics.FlagConnect, fmt.Errorf("connect to %s: %w", ce.Dst, ce.Err))
 	}
 	if errors.Is(r.Err, ErrPeerRevoked) {
-		// The tunnel was closed under it by a CRL reload (crl.go).
-		return metrics.FlagCertRevoked, relayErr(r)
+		// Not an ordinary end (relayErr), whatever else the error says.
+		return withFlags(metrics.FlagCertRevoked, r.Err)
 	}
-	return metrics.FlagNone, relayErr(r)
+	return relayErr(r)
 }
 
 func newConnInfo(direction string, src netip.AddrPort) *connInfo {
@@ -263,13 +264,14 @@ func (ci *connInfo) attrs(l *metrics.ConnLabels, withBytes bool) []slog.Attr {
 	return a
 }
 
-// complete ends a connection that was opened: metrics closed with flags,
-// "connection complete" at INFO, or at ERROR with the error.
-func (p *Proxy) complete(ci *connInfo, flags metrics.ResponseFlags, err error) {
+// complete ends a connection that was opened: metrics closed with the
+// error's response flags (responseFlags), "connection complete" at INFO,
+// or at ERROR with the error.
+func (p *Proxy) complete(ci *connInfo, err error) {
 	if ci.metric == nil {
 		p.open(ci)
 	}
-	ci.metric.Closed(flags)
+	ci.metric.Closed(responseFlags(err))
 	level := slog.LevelInfo
 	if err != nil {
 		level = slog.LevelError

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -103,17 +102,18 @@ func (p *Proxy) routeViaGateway(ctx context.Context, snap *state.Snapshot, src, 
 // the inner TLS session and CONNECT to the destination. Without inner
 // pooling (ztunnel's behaviour) every call makes a new inner connection
 // that closes once the returned stream ends.
-func (p *Proxy) connectDoubleHBONE(ctx context.Context, srcW *state.Workload, client netip.AddrPort, r outboundRoute) (*hbone.Stream, metrics.ResponseFlags, error) {
+func (p *Proxy) connectDoubleHBONE(ctx context.Context, srcW *state.Workload, client netip.AddrPort, r outboundRoute) (*hbone.Stream, error) {
 	g := r.gateway
 	srcID := p.identityOf(srcW)
 	cert, err := p.cfg.Certs.Get(ctx, srcID)
 	if err != nil {
-		return nil, metrics.FlagIdentityError, fmt.Errorf("certificate for %s: %w", srcID, err)
+		return nil, withFlags(metrics.FlagIdentityError, fmt.Errorf("certificate for %s: %w", srcID, err))
 	}
 	dial := func(ctx context.Context) (net.Conn, error) {
-		outer, flags, err := p.connectHBONE(ctx, srcW, client, r)
+		outer, err := p.connectHBONE(ctx, srcW, client, r)
 		if err != nil {
-			return nil, &dialError{flags, fmt.Errorf("network gateway %s: %w", r.dst, err)}
+			// The outer error says what failed (responseFlags).
+			return nil, fmt.Errorf("network gateway %s: %w", r.dst, err)
 		}
 		// The outer stream is a net.Conn with deadlines; tls bounds its
 		// close_notify with one, so closing cannot hang on a full window.
@@ -125,7 +125,7 @@ func (p *Proxy) connectDoubleHBONE(ctx context.Context, srcW *state.Workload, cl
 			if errors.Is(err, mtls.ErrRevoked) {
 				p.cfg.Metrics.CRLRejected(metrics.ReporterSource)
 			}
-			return nil, &dialError{metrics.FlagTLSFailure, fmt.Errorf("inner tls handshake with %s through network gateway %s: %w", g.authority, r.dst, err)}
+			return nil, withFlags(metrics.FlagTLSFailure, fmt.Errorf("inner tls handshake with %s through network gateway %s: %w", g.authority, r.dst, err))
 		}
 		if id, err := mtls.PeerIdentity(conn.ConnectionState()); err == nil {
 			g.peerID = id
@@ -147,19 +147,7 @@ func (p *Proxy) connectDoubleHBONE(ctx context.Context, srcW *state.Workload, cl
 		}
 	}
 	if err != nil {
-		var se *hbone.StatusError
-		var de *dialError
-		switch {
-		case errors.As(err, &se):
-			flags := metrics.FlagConnect
-			if se.Code == http.StatusUnauthorized {
-				flags = metrics.FlagDeny
-			}
-			return nil, flags, fmt.Errorf("destination refused inner CONNECT %s: %w", g.authority, err)
-		case errors.As(err, &de):
-			return nil, de.flags, err
-		}
-		return nil, metrics.FlagH2HandshakeFailure, fmt.Errorf("inner tunnel to %s: %w", g.authority, err)
+		return nil, connectFailed(err, "destination refused inner CONNECT "+g.authority, "inner tunnel to "+g.authority)
 	}
-	return s, metrics.FlagNone, nil
+	return s, nil
 }

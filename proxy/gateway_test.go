@@ -327,7 +327,8 @@ func (r *multiNetRig) connect(t testing.TB, route outboundRoute) (*hbone.Stream,
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	return r.client.connectDoubleHBONE(ctx, r.srcW, netip.MustParseAddrPort("127.0.0.2:40000"), route)
+	s, err := r.client.connectDoubleHBONE(ctx, r.srcW, netip.MustParseAddrPort("127.0.0.2:40000"), route)
+	return s, responseFlags(err), err
 }
 
 // checksumEcho sends n random bytes through s and compares the echo's hash.

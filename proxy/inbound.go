@@ -172,24 +172,21 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 	ci.mtls = true
 	app, authorized, err := p.inboundUpstream(ctx, req, ci)
 	if err != nil {
-		status := http.StatusServiceUnavailable
-		var ie *inboundError
-		if errors.As(err, &ie) {
-			status = ie.status
+		ie, ok := errors.AsType[*inboundError](err)
+		if !ok {
+			ie = &inboundError{status: http.StatusServiceUnavailable, err: err}
+			err = ie
 		}
 		// As ztunnel: a request refused before its context was complete
 		// (bad authority, ip mismatch, unknown service) is only logged; one
-		// refused by policy or by the app is counted too.
+		// refused by policy or by the app is counted too, its flags from
+		// the status (responseFlags).
 		if ci.metric != nil {
-			flags := metrics.FlagConnect
-			if status == http.StatusUnauthorized {
-				flags = metrics.FlagDeny
-			}
-			p.complete(ci, flags, err)
+			p.complete(ci, err)
 		} else {
 			p.failed(ci, err)
 		}
-		if _, rerr := req.Respond(status, nil); rerr != nil {
+		if _, rerr := req.Respond(ie.status, nil); rerr != nil {
 			p.log.Debug("respond failed", "error", rerr)
 		}
 		return
@@ -197,7 +194,7 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 	s, err := req.Respond(http.StatusOK, p.responseHeader(ci.dstWorkload))
 	if err != nil {
 		app.Close()
-		p.complete(ci, metrics.FlagConnect, err)
+		p.complete(ci, withFlags(metrics.FlagConnect, err))
 		return
 	}
 	p.trackPolicy(ci, authorized)

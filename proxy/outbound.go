@@ -100,9 +100,9 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 		} else {
 			p.open(ci)
 		}
-		s, flags, err := connect(ctx, srcW, ci.src, route)
+		s, err := connect(ctx, srcW, ci.src, route)
 		if err != nil {
-			p.complete(ci, flags, err)
+			p.complete(ci, err)
 			engine.TCPEndpoint{TCPConn: c}.Abort()
 			return
 		}
@@ -129,12 +129,12 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 }
 
 // connectHBONE opens (or reuses) a tunnel to the route's peer and sends CONNECT.
-// The response flags say which step failed, for the metrics.
-func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client netip.AddrPort, r outboundRoute) (*hbone.Stream, metrics.ResponseFlags, error) {
+// The error's response flags say which step failed, for the metrics.
+func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client netip.AddrPort, r outboundRoute) (*hbone.Stream, error) {
 	srcID := p.identityOf(srcW)
 	cert, err := p.cfg.Certs.Get(ctx, srcID)
 	if err != nil {
-		return nil, metrics.FlagIdentityError, fmt.Errorf("certificate for %s: %w", srcID, err)
+		return nil, withFlags(metrics.FlagIdentityError, fmt.Errorf("certificate for %s: %w", srcID, err))
 	}
 	var srcIP netip.Addr
 	if len(srcW.Addresses) > 0 {
@@ -144,7 +144,7 @@ func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client n
 	dial := func(ctx context.Context) (net.Conn, error) {
 		tc, err := p.dialer.Dial(ctx, netip.Addr{}, r.dst)
 		if err != nil {
-			return nil, &dialError{metrics.FlagNetworkPolicy, fmt.Errorf("connect to %s (maybe a NetworkPolicy is blocking HBONE port 15008): %w", r.dst, err)}
+			return nil, withFlags(metrics.FlagNetworkPolicy, fmt.Errorf("connect to %s (maybe a NetworkPolicy is blocking HBONE port 15008): %w", r.dst, err))
 		}
 		// The pool may outlive this cert; the TLS config pins the one in force
 		// when the connection was made, which is what rotation needs.
@@ -158,35 +158,31 @@ func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client n
 			if errors.Is(err, mtls.ErrRevoked) {
 				p.cfg.Metrics.CRLRejected(metrics.ReporterSource)
 			}
-			return nil, &dialError{metrics.FlagTLSFailure, fmt.Errorf("tls handshake with %s: %w", r.dst, err)}
+			return nil, withFlags(metrics.FlagTLSFailure, fmt.Errorf("tls handshake with %s: %w", r.dst, err))
 		}
 		return conn, nil
 	}
 	hdr := p.connectHeader(srcW, client, r.service)
 	s, err := p.cfg.Pool.Connect(ctx, key, dial, &hbone.Request{Authority: r.authority, Header: hdr})
 	if err != nil {
-		var se *hbone.StatusError
-		var de *dialError
-		switch {
-		case errors.As(err, &se):
-			flags := metrics.FlagConnect
-			if se.Code == 401 {
-				flags = metrics.FlagDeny
-			}
-			return nil, flags, fmt.Errorf("upstream refused CONNECT %s: %w", r.authority, err)
-		case errors.As(err, &de):
-			return nil, de.flags, err
-		}
-		return nil, metrics.FlagH2HandshakeFailure, err
+		return nil, connectFailed(err, "upstream refused CONNECT "+r.authority, "")
 	}
-	return s, metrics.FlagNone, nil
+	return s, nil
 }
 
-// dialError marks which step of opening a tunnel connection failed.
-type dialError struct {
-	flags metrics.ResponseFlags
-	err   error
+// connectFailed is the error of a CONNECT through the pool that failed:
+// refused by the peer (refused says what; responseFlags reads the status),
+// a step of the dial that marked its error, or else the HTTP/2 handshake
+// (other, when set, says with what).
+func connectFailed(err error, refused, other string) error {
+	if _, ok := errors.AsType[*hbone.StatusError](err); ok {
+		return fmt.Errorf("%s: %w", refused, err)
+	}
+	if _, ok := errors.AsType[*flaggedError](err); ok {
+		return err
+	}
+	if other != "" {
+		err = fmt.Errorf("%s: %w", other, err)
+	}
+	return withFlags(metrics.FlagH2HandshakeFailure, err)
 }
-
-func (e *dialError) Error() string { return e.err.Error() }
-func (e *dialError) Unwrap() error { return e.err }

@@ -44,7 +44,7 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 	dec := snap.Authorize(ci.PolicyConn())
 	p.logDryRun(snap, ci.PolicyConn()) // dryrun.go
 	if !dec.Allowed {
-		p.complete(ci, metrics.FlagDeny, errPolicyRejection(dec.Reason))
+		p.complete(ci, withFlags(metrics.FlagDeny, errPolicyRejection(dec.Reason)))
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 		return
 	}
@@ -60,7 +60,7 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 	}
 	app, err := p.dialApp(p.ctx, ci.src.Addr(), dst)
 	if err != nil {
-		p.complete(ci, metrics.FlagConnect, fmt.Errorf("connect to %s: %w", dst, err))
+		p.complete(ci, withFlags(metrics.FlagConnect, fmt.Errorf("connect to %s: %w", dst, err)))
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 		return
 	}
