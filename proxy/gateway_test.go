@@ -174,8 +174,8 @@ func TestRouteViaGateway(t *testing.T) {
 			if r.gateway.pool != tc.wantPool {
 				t.Errorf("inner pooling %v, want %v", r.gateway.pool, tc.wantPool)
 			}
-			if tc.wantPool && !strings.Contains(r.gateway.poolKey, "spiffe://cluster.local/ns/ns/sa/client") {
-				t.Errorf("pool key %q lacks the source identity", r.gateway.poolKey)
+			if tc.wantPool && !strings.Contains(r.gateway.key.String(), "spiffe://cluster.local/ns/ns/sa/client") {
+				t.Errorf("pool key %q lacks the source identity", r.gateway.key.String())
 			}
 		})
 	}
@@ -327,7 +327,7 @@ func (r *multiNetRig) connect(t testing.TB, route outboundRoute) (*hbone.Stream,
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	s, err := r.client.connectDoubleHBONE(ctx, r.srcW, netip.MustParseAddrPort("127.0.0.2:40000"), route)
+	s, err := r.client.newTunnel(r.srcW, netip.MustParseAddrPort("127.0.0.2:40000"), &route).openInner(ctx)
 	return s, responseFlags(err), err
 }
 

@@ -1,19 +1,13 @@
 package proxy
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"strings"
-	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
-	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/metrics"
-	"github.com/ztunnel-go/ztunnel/mtls"
-	"github.com/ztunnel-go/ztunnel/mtls/record"
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
@@ -92,15 +86,16 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 	if route.hbone {
 		ci.mtls = true
 		ci.srcIdentity = p.ownIdentity(srcW)
-		connect := p.connectHBONE
+		t := p.newTunnel(srcW, ci.src, &route)
+		open := t.open
 		if route.gateway != nil {
 			// As ztunnel: a double HBONE connection is opened once the
 			// destination answered, as its labels come from that answer.
-			connect = p.connectDoubleHBONE
+			open = t.openInner
 		} else {
 			p.open(ci)
 		}
-		s, err := connect(ctx, srcW, ci.src, route)
+		s, err := open(ctx)
 		if err != nil {
 			p.complete(ci, err)
 			engine.TCPEndpoint{TCPConn: c}.Abort()
@@ -126,63 +121,4 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 	p.relayed(c, ci)
 	p.startRelay(ci, engine.TCPEndpoint{TCPConn: c}, upstream)
 	return true
-}
-
-// connectHBONE opens (or reuses) a tunnel to the route's peer and sends CONNECT.
-// The error's response flags say which step failed, for the metrics.
-func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client netip.AddrPort, r outboundRoute) (*hbone.Stream, error) {
-	srcID := p.identityOf(srcW)
-	cert, err := p.cfg.Certs.Get(ctx, srcID)
-	if err != nil {
-		return nil, withFlags(metrics.FlagIdentityError, fmt.Errorf("certificate for %s: %w", srcID, err))
-	}
-	var srcIP netip.Addr
-	if len(srcW.Addresses) > 0 {
-		srcIP = srcW.Addresses[0]
-	}
-	key := strings.Join([]string{srcID.String(), strings.Join(r.sans, ","), srcIP.String(), r.dst.String()}, "|")
-	dial := func(ctx context.Context) (net.Conn, error) {
-		tc, err := p.dialer.Dial(ctx, netip.Addr{}, r.dst)
-		if err != nil {
-			return nil, withFlags(metrics.FlagNetworkPolicy, fmt.Errorf("connect to %s (maybe a NetworkPolicy is blocking HBONE port 15008): %w", r.dst, err))
-		}
-		// The pool may outlive this cert; the TLS config pins the one in force
-		// when the connection was made, which is what rotation needs.
-		// crypto/tls runs the handshake; mtls/record then seals each batch of
-		// HBONE frames into records in one buffer and one syscall.
-		conn := record.Client(tc, p.cfg.TLS.ClientConfig(cert, r.sans, mtls.WithCRL(p.cfg.CRL)))
-		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		if err := conn.HandshakeContext(hctx); err != nil {
-			tc.Close()
-			if errors.Is(err, mtls.ErrRevoked) {
-				p.cfg.Metrics.CRLRejected(metrics.ReporterSource)
-			}
-			return nil, withFlags(metrics.FlagTLSFailure, fmt.Errorf("tls handshake with %s: %w", r.dst, err))
-		}
-		return conn, nil
-	}
-	hdr := p.connectHeader(srcW, client, r.service)
-	s, err := p.cfg.Pool.Connect(ctx, key, dial, &hbone.Request{Authority: r.authority, Header: hdr})
-	if err != nil {
-		return nil, connectFailed(err, "upstream refused CONNECT "+r.authority, "")
-	}
-	return s, nil
-}
-
-// connectFailed is the error of a CONNECT through the pool that failed:
-// refused by the peer (refused says what; responseFlags reads the status),
-// a step of the dial that marked its error, or else the HTTP/2 handshake
-// (other, when set, says with what).
-func connectFailed(err error, refused, other string) error {
-	if _, ok := errors.AsType[*hbone.StatusError](err); ok {
-		return fmt.Errorf("%s: %w", refused, err)
-	}
-	if _, ok := errors.AsType[*flaggedError](err); ok {
-		return err
-	}
-	if other != "" {
-		err = fmt.Errorf("%s: %w", other, err)
-	}
-	return withFlags(metrics.FlagH2HandshakeFailure, err)
 }
