@@ -26,18 +26,18 @@ type outboundRoute struct {
 // the one the app dialed (SO_ORIGINAL_DST).
 func (p *Proxy) handleOutbound(c *net.TCPConn) bool {
 	p.cfg.Metrics.SocketOpened(metrics.ReporterSource)
-	ci := newConnInfo(dirOutbound, addrPortOf(c.RemoteAddr()))
+	cn := newConn(p, dirOutbound, addrPortOf(c.RemoteAddr()))
 	origDst, err := engine.OriginalDst(c)
 	if err != nil {
-		p.abortOutbound(c, ci, err)
+		p.abortOutbound(c, cn, err)
 		return false
 	}
-	return p.proxyOutbound(c, ci, origDst)
+	return p.proxyOutbound(c, cn, origDst)
 }
 
 // abortOutbound ends an outbound connection that never got a route.
-func (p *Proxy) abortOutbound(c *net.TCPConn, ci *connInfo, err error) {
-	p.failed(ci, err)
+func (p *Proxy) abortOutbound(c *net.TCPConn, cn *conn, err error) {
+	cn.fail(err)
 	engine.TCPEndpoint{TCPConn: c}.Abort()
 	p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
 }
@@ -46,17 +46,17 @@ func (p *Proxy) abortOutbound(c *net.TCPConn, ci *connInfo, err error) {
 // origDst, the destination the app asked for (captured or named over
 // SOCKS5). The caller counted the socket opened; it is counted closed here
 // or, once handed to the engine, when the relay ends.
-func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPort) (handedOff bool) {
+func (p *Proxy) proxyOutbound(c *net.TCPConn, cn *conn, origDst netip.AddrPort) (handedOff bool) {
 	defer func() {
 		if !handedOff {
 			p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
 		}
 	}()
 	abort := func(err error) {
-		p.failed(ci, err)
+		cn.fail(err)
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 	}
-	ci.dst = origDst
+	cn.dst = origDst
 	if origDst.Addr().IsLoopback() && p.isIllegalPort(origDst.Port()) {
 		abort(fmt.Errorf("self call to illegal port %d refused", origDst.Port()))
 		return
@@ -67,58 +67,58 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 		abort(err)
 		return
 	}
-	route, err := p.routeOutbound(ctx, snap, srcW, ci.src, origDst)
+	route, err := p.routeOutbound(ctx, snap, srcW, cn.src, origDst)
 	if err != nil {
 		abort(err)
 		return
 	}
-	ci.srcWorkload = srcW
-	ci.dstWorkload, ci.service = route.workload, route.service
+	cn.srcWorkload = srcW
+	cn.dstWorkload, cn.service = route.workload, route.service
 	// From here dst is the address dialled, what ztunnel logs as dst.addr
 	// (an endpoint's ip:15008, a waypoint, a gateway); the original
 	// destination is kept when it differs, for the connections dump.
 	if route.hbone || route.dst != origDst {
-		e := ci.extOf()
+		e := cn.extOf()
 		e.origDst, e.hboneAddr, e.double = origDst, route.authority, route.gateway != nil
 	}
-	ci.dst = route.dst
+	cn.dst = route.dst
 	var upstream engine.Endpoint
 	if route.hbone {
-		ci.mtls = true
-		ci.srcIdentity = p.ownIdentity(srcW)
-		t := p.newTunnel(srcW, ci.src, &route)
+		cn.mtls = true
+		cn.srcIdentity = p.ownIdentity(srcW)
+		t := p.newTunnel(srcW, cn.src, &route)
 		open := t.open
 		if route.gateway != nil {
 			// As ztunnel: a double HBONE connection is opened once the
 			// destination answered, as its labels come from that answer.
 			open = t.openInner
 		} else {
-			p.open(ci)
+			cn.open()
 		}
 		s, err := open(ctx)
 		if err != nil {
-			p.complete(ci, err)
+			cn.end(err)
 			engine.TCPEndpoint{TCPConn: c}.Abort()
 			return
 		}
 		if g := route.gateway; g != nil {
-			ci.ext.hasBaggage = true
-			ci.ext.baggage = strings.Join(s.ResponseHeader().Values("Baggage"), ",")
-			ci.ext.peerID = &g.peerID
-			p.open(ci)
+			cn.ext.hasBaggage = true
+			cn.ext.baggage = strings.Join(s.ResponseHeader().Values("Baggage"), ",")
+			cn.ext.peerID = &g.peerID
+			cn.open()
 		}
 		upstream = streamEndpoint{s}
 	} else {
 		// TCP to TCP: the engine connects and relays (on the epoll backend
 		// its event loop completes the connect; see engine.StartDial).
-		p.open(ci)
-		p.relayed(c, ci)
-		p.startDial(ctx, ci, c, &p.dialer, route.dst)
+		cn.open()
+		cn.listAccepted(c)
+		cn.relayDial(ctx, c, &p.dialer, route.dst)
 		return true
 	}
 	// The engine's event loop owns the relay from here (for a stream, the
 	// goroutine relay on backends without stream support).
-	p.relayed(c, ci)
-	p.startRelay(ci, engine.TCPEndpoint{TCPConn: c}, upstream)
+	cn.listAccepted(c)
+	cn.relay(engine.TCPEndpoint{TCPConn: c}, upstream)
 	return true
 }

@@ -194,7 +194,7 @@ type Proxy struct {
 	conns     map[*net.TCPConn]struct{} // accepted connections until relayed
 	// relays are the relayed connections, each at its relayIdx: a slice
 	// costs an idle connection 8 bytes where a map entry costs ~36.
-	relays []*connInfo
+	relays []*conn
 	closed bool
 	peers  map[netip.Addr]*peerCount // 15008 connections per source IP
 }
@@ -437,18 +437,6 @@ func (p *Proxy) track(c *net.TCPConn) bool {
 	return true
 }
 
-// relayed is called as accepted connection c is handed to the engine: from
-// then on its relay is tracked through ci (Drain resets it with
-// ci.abortRelay), and nothing keeps c, which the engine closes at once.
-func (p *Proxy) relayed(c *net.TCPConn, ci *connInfo) {
-	ci.accepted = true
-	p.mu.Lock()
-	delete(p.conns, c)
-	ci.relayIdx = len(p.relays)
-	p.relays = append(p.relays, ci)
-	p.mu.Unlock()
-}
-
 // release ends the proxy's ownership of an accepted connection c that was
 // not relayed.
 func (p *Proxy) release(c *net.TCPConn) {
@@ -456,38 +444,6 @@ func (p *Proxy) release(c *net.TCPConn) {
 	delete(p.conns, c)
 	p.mu.Unlock()
 	p.wg.Done()
-}
-
-// releaseRelayed ends the proxy's ownership of a relayed connection.
-func (p *Proxy) releaseRelayed(ci *connInfo) {
-	p.mu.Lock()
-	p.unlistLocked(ci)
-	p.mu.Unlock()
-	p.wg.Done()
-}
-
-// listStream lists an inbound HBONE connection, whose relay is about to
-// start, with the relayed ones: for the connections dump and Drain's
-// resets. Its relay's end unlists it.
-func (p *Proxy) listStream(ci *connInfo) {
-	ci.listed = true
-	p.mu.Lock()
-	ci.relayIdx = len(p.relays)
-	p.relays = append(p.relays, ci)
-	p.mu.Unlock()
-}
-
-// unlistLocked removes ci from p.relays.
-func (p *Proxy) unlistLocked(ci *connInfo) {
-	i, last := ci.relayIdx, len(p.relays)-1
-	p.relays[i] = p.relays[last]
-	p.relays[i].relayIdx = i
-	p.relays[last] = nil
-	p.relays = p.relays[:last]
-	// Give memory back after a burst of connections.
-	if c := cap(p.relays); c > 1024 && last < c/4 {
-		p.relays = append(make([]*connInfo, 0, c/2), p.relays...)
-	}
 }
 
 // Drain stops accepting at once, asks HBONE peers to go away (GOAWAY), lets
@@ -525,8 +481,8 @@ func (p *Proxy) Drain(ctx context.Context) {
 	for c := range p.conns {
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 	}
-	for _, ci := range p.relays {
-		ci.abortRelay()
+	for _, cn := range p.relays {
+		cn.abortRelay()
 	}
 	p.mu.Unlock()
 	<-done
