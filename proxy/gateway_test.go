@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
@@ -249,7 +250,7 @@ type multiNetRig struct {
 
 // startMultiNet runs the destination's proxy (net-b), the E/W gateway and a
 // client proxy (net-a, not listening: the tests call its outbound steps).
-func startMultiNet(t testing.TB, poolInner bool) *multiNetRig {
+func startMultiNet(t testing.TB, poolInner bool, opts ...func(*Config)) *multiNetRig {
 	t.Helper()
 	app := echoApp(t)
 	gwLn, err := net.Listen("tcp", "127.0.0.3:0")
@@ -268,13 +269,17 @@ func startMultiNet(t testing.TB, poolInner bool) *multiNetRig {
 	certs := mtls.NewStore(mtls.StoreConfig{Source: caclient.New(caclient.Config{Signer: ca})})
 	dstPool, clientPool := hbone.NewPool(hbone.PoolConfig{}), hbone.NewPool(hbone.PoolConfig{})
 	rig := &multiNetRig{snap: snap, srcW: snap.WorkloadByUID("client"), dstLog: &syncBuffer{}}
-	dst, err := New(Config{
+	dcfg := Config{
 		Workload: WorkloadRef{Namespace: "ns", Name: "srv", ServiceAccount: "srv"}, Network: "net-b",
 		State: store, Certs: certs, Pool: dstPool,
 		BindHost: "127.0.0.1", OutboundPort: freePort(t), InboundPlainPort: freePort(t), InboundHBONEPort: dstPort,
 		OrigSrc: new(bool),
 		Logger:  slog.New(slog.NewTextHandler(rig.dstLog, &slog.HandlerOptions{Level: slog.LevelDebug})),
-	})
+	}
+	for _, o := range opts {
+		o(&dcfg)
+	}
+	dst, err := New(dcfg)
 	if err != nil {
 		gwLn.Close()
 		t.Fatal(err)
@@ -375,49 +380,51 @@ func waitLines(t *testing.T, log *syncBuffer, count int, substrs ...string) []st
 // TestDoubleHBONE sends connections through the gateway to the destination
 // proxy, without and with inner pooling, and checks what each hop saw.
 func TestDoubleHBONE(t *testing.T) {
-	const conns = 5
-	tests := []struct {
-		name        string
-		poolInner   bool
-		wantTunnels int64 // CONNECTs the gateway spliced = inner connections
-	}{
-		{"one inner connection per connection", false, conns},
-		{"pooled inner connection", true, 1},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			rig := startMultiNet(t, tc.poolInner)
-			route := rig.route(t)
-			for i := range conns {
-				s, flags, err := rig.connect(t, route)
-				if err != nil {
-					t.Fatalf("connection %d: %v (flags %v)", i, err, flags)
+	onEachBackend(t, func(t *testing.T, eng *engine.Engine) {
+		const conns = 5
+		tests := []struct {
+			name        string
+			poolInner   bool
+			wantTunnels int64 // CONNECTs the gateway spliced = inner connections
+		}{
+			{"one inner connection per connection", false, conns},
+			{"pooled inner connection", true, 1},
+		}
+		for _, tc := range tests {
+			t.Run(tc.name, func(t *testing.T) {
+				rig := startMultiNet(t, tc.poolInner, withEngine(eng))
+				route := rig.route(t)
+				for i := range conns {
+					s, flags, err := rig.connect(t, route)
+					if err != nil {
+						t.Fatalf("connection %d: %v (flags %v)", i, err, flags)
+					}
+					checksumEcho(t, s, 256<<10+i)
+					s.Close()
 				}
-				checksumEcho(t, s, 256<<10+i)
-				s.Close()
-			}
-			if got := rig.gw.Conns(); got != 1 {
-				t.Errorf("gateway accepted %d outer connections, want 1 (pooled)", got)
-			}
-			if got := rig.gw.Tunnels(); got != tc.wantTunnels {
-				t.Errorf("gateway spliced %d tunnels, want %d", got, tc.wantTunnels)
-			}
-			// The destination mapped service port 80 to the endpoint's
-			// port, saw the client's identity, and did not take the
-			// gateway's address for the client's workload: the client is what
-			// its baggage says (namespace; no canonical name to log it by),
-			// and the service is the one the inner Forwarded host= named.
-			done := waitLines(t, rig.dstLog, conns, "connection complete", "dst.hbone_addr=echo.ns.svc.cluster.local:80")
-			for _, l := range done {
-				if !strings.Contains(l, "src.identity=spiffe://cluster.local/ns/ns/sa/client") || strings.Contains(l, "src.workload=") ||
-					!strings.Contains(l, "src.namespace=ns") || !strings.Contains(l, "dst.service=echo.ns.svc.cluster.local") ||
-					!strings.Contains(l, "dst.addr=127.0.0.1:") || strings.Contains(l, "level=ERROR") {
-					t.Errorf("destination access log: %s", l)
+				if got := rig.gw.Conns(); got != 1 {
+					t.Errorf("gateway accepted %d outer connections, want 1 (pooled)", got)
 				}
-			}
-			waitLines(t, rig.dstLog, conns, "connection from another network", "src.network=net-a")
-		})
-	}
+				if got := rig.gw.Tunnels(); got != tc.wantTunnels {
+					t.Errorf("gateway spliced %d tunnels, want %d", got, tc.wantTunnels)
+				}
+				// The destination mapped service port 80 to the endpoint's
+				// port, saw the client's identity, and did not take the
+				// gateway's address for the client's workload: the client is what
+				// its baggage says (namespace; no canonical name to log it by),
+				// and the service is the one the inner Forwarded host= named.
+				done := waitLines(t, rig.dstLog, conns, "connection complete", "dst.hbone_addr=echo.ns.svc.cluster.local:80")
+				for _, l := range done {
+					if !strings.Contains(l, "src.identity=spiffe://cluster.local/ns/ns/sa/client") || strings.Contains(l, "src.workload=") ||
+						!strings.Contains(l, "src.namespace=ns") || !strings.Contains(l, "dst.service=echo.ns.svc.cluster.local") ||
+						!strings.Contains(l, "dst.addr=127.0.0.1:") || strings.Contains(l, "level=ERROR") {
+						t.Errorf("destination access log: %s", l)
+					}
+				}
+				waitLines(t, rig.dstLog, conns, "connection from another network", "src.network=net-a")
+			})
+		}
+	})
 }
 
 // TestDoubleHBONEFailures: each hop's refusal surfaces as an error with the

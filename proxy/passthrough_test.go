@@ -34,7 +34,8 @@ func (r *proxyRig) servePassthrough(c *net.TCPConn) {
 // a connect the app refuses resets the client, and both are logged as
 // before the connect moved into the engine (engine.StartDial).
 func TestPassthroughInbound(t *testing.T) {
-	const yaml = `
+	onEachBackend(t, func(t *testing.T, eng *engine.Engine) {
+		const yaml = `
 workloads:
 - uid: u-srv
   name: srv
@@ -44,73 +45,74 @@ workloads:
   protocol: TCP
   services: {}
 `
-	for _, tc := range []struct {
-		name    string
-		refused bool // nothing listens at the destination any more
-	}{
-		{"relays to the app", false},
-		{"refused connect resets the client", true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			rig := startProxy(t, yaml, "srv", nil)
-			app, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer app.Close()
-			dst := app.Addr().String()
-			client, err := net.DialTCP("tcp", nil, app.Addr().(*net.TCPAddr))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer client.Close()
-			client.SetDeadline(time.Now().Add(20 * time.Second))
-			captured, err := app.AcceptTCP()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tc.refused {
-				app.Close()
-			}
-			rig.servePassthrough(captured)
-
-			var m map[string]string
-			if tc.refused {
-				if _, err := io.ReadAll(client); !errors.Is(err, syscall.ECONNRESET) {
-					t.Fatalf("client read %v, want a reset", err)
-				}
-				m = nextLog(t, rig.logs)
-				want := fmt.Sprintf("connect to %s: dial tcp %s: connect: connection refused", dst, dst)
-				if m["error"] != want {
-					t.Fatalf("access log error %q, want %q", m["error"], want)
-				}
-			} else {
-				upstream, err := app.AcceptTCP()
+		for _, tc := range []struct {
+			name    string
+			refused bool // nothing listens at the destination any more
+		}{
+			{"relays to the app", false},
+			{"refused connect resets the client", true},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				rig := startProxy(t, yaml, "srv", withEngine(eng))
+				app, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 				if err != nil {
 					t.Fatal(err)
 				}
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					defer upstream.Close()
-					io.Copy(upstream, upstream)
-					upstream.CloseWrite()
-				}()
-				got, err := echoOver(client, "plaintext in")
-				<-done
-				if err != nil || got != "plaintext in" {
-					t.Fatalf("echo: %q, %v", got, err)
+				defer app.Close()
+				dst := app.Addr().String()
+				client, err := net.DialTCP("tcp", nil, app.Addr().(*net.TCPAddr))
+				if err != nil {
+					t.Fatal(err)
 				}
-				m = nextLog(t, rig.logs)
-				if _, ok := m["error"]; ok {
-					t.Fatalf("access log error %q after a clean relay", m["error"])
+				defer client.Close()
+				client.SetDeadline(time.Now().Add(20 * time.Second))
+				captured, err := app.AcceptTCP()
+				if err != nil {
+					t.Fatal(err)
 				}
-			}
-			if m["msg"] != "connection complete" || m["direction"] != "inbound" || m["dst.addr"] != dst || m["src.addr"] != client.LocalAddr().String() {
-				t.Fatalf("access log %v, want a complete inbound connection %s -> %s", m, client.LocalAddr(), dst)
-			}
-		})
-	}
+				if tc.refused {
+					app.Close()
+				}
+				rig.servePassthrough(captured)
+
+				var m map[string]string
+				if tc.refused {
+					if _, err := io.ReadAll(client); !errors.Is(err, syscall.ECONNRESET) {
+						t.Fatalf("client read %v, want a reset", err)
+					}
+					m = nextLog(t, rig.logs)
+					want := fmt.Sprintf("connect to %s: dial tcp %s: connect: connection refused", dst, dst)
+					if m["error"] != want {
+						t.Fatalf("access log error %q, want %q", m["error"], want)
+					}
+				} else {
+					upstream, err := app.AcceptTCP()
+					if err != nil {
+						t.Fatal(err)
+					}
+					done := make(chan struct{})
+					go func() {
+						defer close(done)
+						defer upstream.Close()
+						io.Copy(upstream, upstream)
+						upstream.CloseWrite()
+					}()
+					got, err := echoOver(client, "plaintext in")
+					<-done
+					if err != nil || got != "plaintext in" {
+						t.Fatalf("echo: %q, %v", got, err)
+					}
+					m = nextLog(t, rig.logs)
+					if _, ok := m["error"]; ok {
+						t.Fatalf("access log error %q after a clean relay", m["error"])
+					}
+				}
+				if m["msg"] != "connection complete" || m["direction"] != "inbound" || m["dst.addr"] != dst || m["src.addr"] != client.LocalAddr().String() {
+					t.Fatalf("access log %v, want a complete inbound connection %s -> %s", m, client.LocalAddr(), dst)
+				}
+			})
+		}
+	})
 }
 
 // TestPassthroughConnectInEngine: on the epoll backend the engine's event
@@ -129,7 +131,7 @@ func TestPassthroughConnectInEngine(t *testing.T) {
 workloads:
 - {uid: u-srv, name: srv, namespace: ns, serviceAccount: srv, workloadIps: ["127.0.0.1"], protocol: TCP, services: {}}
 `
-	rig := startProxy(t, yaml, "srv", func(c *Config) { c.Engine = e })
+	rig := startProxy(t, yaml, "srv", withEngine(e))
 	app := tinyBacklogListener(t)
 	client, err := net.DialTCP("tcp", nil, app.Addr().(*net.TCPAddr))
 	if err != nil {
