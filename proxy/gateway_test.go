@@ -332,7 +332,7 @@ func (r *multiNetRig) connect(t testing.TB, route outboundRoute) (*hbone.Stream,
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	s, err := r.client.newTunnel(r.srcW, netip.MustParseAddrPort("127.0.0.2:40000"), &route).openInner(ctx)
+	s, err := newTunnel(r.client, r.srcW, netip.MustParseAddrPort("127.0.0.2:40000"), &route).openInner(ctx)
 	return s, responseFlags(err), err
 }
 

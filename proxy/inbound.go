@@ -170,7 +170,8 @@ func errIPMismatch(conn, authority netip.Addr) error {
 func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 	cn := newConn(p, dirInbound, addrPortOf(req.Conn.RemoteAddr()))
 	cn.mtls = true
-	app, authorized, err := p.inboundUpstream(ctx, req, cn)
+	cn.inboundMeta(req) // headers.go
+	app, authorized, err := p.inboundAuthorize(ctx, req, cn)
 	if err != nil {
 		ie, ok := errors.AsType[*inboundError](err)
 		if !ok {
@@ -203,14 +204,9 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 	cn.relay(streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app})
 }
 
-// inboundUpstream authorizes a CONNECT and dials the app; the snapshot
-// returned allowed cn.PolicyConn(), for the connection manager's later
-// re-checks.
-func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, cn *conn) (*net.TCPConn, *state.Snapshot, error) {
-	p.inboundMeta(req, cn)
-	return p.inboundAuthorize(ctx, req, cn)
-}
-
+// inboundAuthorize validates and authorizes a CONNECT and dials the app;
+// the snapshot returned allowed cn.PolicyConn(), for the connection
+// manager's later re-checks.
 func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, cn *conn) (*net.TCPConn, *state.Snapshot, error) {
 	host, target, err := splitAuthority(req.Authority) // authority.go
 	if err != nil {

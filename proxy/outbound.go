@@ -86,7 +86,7 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, cn *conn, origDst netip.AddrPort) 
 	if route.hbone {
 		cn.mtls = true
 		cn.srcIdentity = p.ownIdentity(srcW)
-		t := p.newTunnel(srcW, cn.src, &route)
+		t := newTunnel(p, srcW, cn.src, &route)
 		open := t.open
 		if route.gateway != nil {
 			// As ztunnel: a double HBONE connection is opened once the

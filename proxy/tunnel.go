@@ -62,9 +62,9 @@ type tunnel struct {
 	cert   *mtls.WorkloadCert // certificate's, fetched once
 }
 
-// newTunnel is the tunnel of an outbound connection from client, an app of
-// workload src, along route.
-func (p *Proxy) newTunnel(src *state.Workload, client netip.AddrPort, route *outboundRoute) *tunnel {
+// newTunnel is the tunnel of an outbound connection of p from client, an
+// app of workload src, along route.
+func newTunnel(p *Proxy, src *state.Workload, client netip.AddrPort, route *outboundRoute) *tunnel {
 	return &tunnel{p: p, src: src, client: client, route: route}
 }
 
