@@ -86,11 +86,11 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 		return false
 	}
 	defer p.peerDone(ip)
-	conn := record.Server(c, p.cfg.TLS.ServerConfig(p.serverCert, mtls.WithCRL(p.cfg.CRL)))
+	tlsConn := record.Server(c, p.cfg.TLS.ServerConfig(p.serverCert, mtls.WithCRL(p.cfg.CRL)))
 	p.cfg.Metrics.SocketOpened(metrics.ReporterDestination)
 	defer p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
 	hctx, cancel := context.WithTimeout(p.ctx, p.cfg.HandshakeTimeout)
-	err := conn.HandshakeContext(hctx)
+	err := tlsConn.HandshakeContext(hctx)
 	cancel()
 	p.handshakeDone(ip)
 	if err != nil {
@@ -107,12 +107,12 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 	// for every CONNECT stream the connection carries.
 	// Its streams' records point at it rather than each holding a copy.
 	peer := new(peerIdentity)
-	peer.id, peer.err = mtls.PeerIdentity(conn.ConnectionState())
+	peer.id, peer.err = mtls.PeerIdentity(tlsConn.ConnectionState())
 	ctx := context.WithValue(p.ctx, peerIdentityKey{}, peer)
-	if err := p.hbsrv.ServeConn(ctx, conn); err != nil && !errors.Is(err, net.ErrClosed) {
+	if err := p.hbsrv.ServeConn(ctx, tlsConn); err != nil && !errors.Is(err, net.ErrClosed) {
 		p.log.Debug("hbone connection ended", "src.addr", src.String(), "error", err)
 	}
-	conn.Close()
+	tlsConn.Close()
 	return false
 }
 

@@ -109,11 +109,11 @@ func (t *tunnel) open(ctx context.Context) (*hbone.Stream, error) {
 		// when the connection was made, which is what rotation needs.
 		// crypto/tls runs the handshake; mtls/record then seals each batch of
 		// HBONE frames into records in one buffer and one syscall.
-		conn := record.Client(tc, p.cfg.TLS.ClientConfig(cert, r.sans, mtls.WithCRL(p.cfg.CRL)))
-		if err := t.handshake(ctx, conn, tc); err != nil {
+		tlsConn := record.Client(tc, p.cfg.TLS.ClientConfig(cert, r.sans, mtls.WithCRL(p.cfg.CRL)))
+		if err := t.handshake(ctx, tlsConn, tc); err != nil {
 			return nil, withFlags(metrics.FlagTLSFailure, fmt.Errorf("tls handshake with %s: %w", r.dst, err))
 		}
-		return conn, nil
+		return tlsConn, nil
 	}
 	req := &hbone.Request{Authority: r.authority, Header: p.connectHeader(t.src, t.client, r.service)}
 	s, err := p.cfg.Pool.Connect(ctx, t.key().String(), dial, req)
@@ -141,14 +141,14 @@ func (t *tunnel) openInner(ctx context.Context) (*hbone.Stream, error) {
 		}
 		// The outer stream is a net.Conn with deadlines; tls bounds its
 		// close_notify with one, so closing cannot hang on a full window.
-		conn := tls.Client(outer, p.cfg.TLS.ClientConfig(cert, g.sans, mtls.WithCRL(p.cfg.CRL)))
-		if err := t.handshake(ctx, conn, outer); err != nil {
+		tlsConn := tls.Client(outer, p.cfg.TLS.ClientConfig(cert, g.sans, mtls.WithCRL(p.cfg.CRL)))
+		if err := t.handshake(ctx, tlsConn, outer); err != nil {
 			return nil, withFlags(metrics.FlagTLSFailure, fmt.Errorf("inner tls handshake with %s through network gateway %s: %w", g.authority, r.dst, err))
 		}
-		if id, err := mtls.PeerIdentity(conn.ConnectionState()); err == nil {
+		if id, err := mtls.PeerIdentity(tlsConn.ConnectionState()); err == nil {
 			g.peerID = id
 		}
-		return conn, nil
+		return tlsConn, nil
 	}
 	// The inner request carries what any CONNECT does (Forwarded with the
 	// service, baggage, traceparent), and our network (ztunnel's).
@@ -170,15 +170,15 @@ func (t *tunnel) openInner(ctx context.Context) (*hbone.Stream, error) {
 	return s, nil
 }
 
-// handshake runs conn's client TLS handshake within
-// tunnelHandshakeTimeout. On failure it closes under (what conn runs over:
+// handshake runs tlsConn's client TLS handshake within
+// tunnelHandshakeTimeout. On failure it closes under (what tlsConn runs over:
 // the socket, or the outer stream) and counts a peer the CRL revokes.
-func (t *tunnel) handshake(ctx context.Context, conn interface {
+func (t *tunnel) handshake(ctx context.Context, tlsConn interface {
 	HandshakeContext(context.Context) error
 }, under net.Conn) error {
 	hctx, cancel := context.WithTimeout(ctx, tunnelHandshakeTimeout)
 	defer cancel()
-	err := conn.HandshakeContext(hctx)
+	err := tlsConn.HandshakeContext(hctx)
 	if err != nil {
 		under.Close()
 		if errors.Is(err, mtls.ErrRevoked) {
