@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/mtls"
@@ -187,62 +188,64 @@ func proxyApp(t *testing.T) (int, chan *proxyproto.Header) {
 }
 
 func TestApplicationTunnel(t *testing.T) {
-	tunnelPort, headers := proxyApp(t)
-	spiffe := "spiffe://cluster.local/ns/ns/sa/client"
-	tests := []struct {
-		name       string
-		tunnelPort int  // 0: the target port
-		direct     bool // LOCALHOST_APP_TUNNEL=false
-		targetPort int
-		// authority, when set, names another address than the pod's (a
-		// waypoint's tunnel carries its destination's): the header names
-		// it, as ztunnel's tunnel_target, while the app is still dialled
-		// on the pod's tunnel port.
-		authority string
-	}{
-		{"dedicated tunnel port", tunnelPort, false, 8080, ""},
-		{"target port", 0, false, tunnelPort, ""},
-		{"direct to the pod address", tunnelPort, true, 8080, ""},
-		{"authority of another address is the header's destination", tunnelPort, false, 8080, "10.96.7.7:8080"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			extra := fmt.Sprintf("  applicationTunnel: {protocol: PROXY, port: %d}", tc.tunnelPort)
-			rig := startProxy(t, fmt.Sprintf(srvConfig, extra), "srv", func(c *Config) { c.DirectAppTunnel = tc.direct })
-			target := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(tc.targetPort))
-			if tc.authority != "" {
-				target = netip.MustParseAddrPort(tc.authority)
-			}
-			s, local, err := rig.connectWith(t, target.String(), nil)
+	onEachBackend(t, func(t *testing.T, eng *engine.Engine) {
+		tunnelPort, headers := proxyApp(t)
+		spiffe := "spiffe://cluster.local/ns/ns/sa/client"
+		tests := []struct {
+			name       string
+			tunnelPort int  // 0: the target port
+			direct     bool // LOCALHOST_APP_TUNNEL=false
+			targetPort int
+			// authority, when set, names another address than the pod's (a
+			// waypoint's tunnel carries its destination's): the header names
+			// it, as ztunnel's tunnel_target, while the app is still dialled
+			// on the pod's tunnel port.
+			authority string
+		}{
+			{"dedicated tunnel port", tunnelPort, false, 8080, ""},
+			{"target port", 0, false, tunnelPort, ""},
+			{"direct to the pod address", tunnelPort, true, 8080, ""},
+			{"authority of another address is the header's destination", tunnelPort, false, 8080, "10.96.7.7:8080"},
+		}
+		for _, tc := range tests {
+			t.Run(tc.name, func(t *testing.T) {
+				extra := fmt.Sprintf("  applicationTunnel: {protocol: PROXY, port: %d}", tc.tunnelPort)
+				rig := startProxy(t, fmt.Sprintf(srvConfig, extra), "srv", func(c *Config) { c.DirectAppTunnel, c.Engine = tc.direct, eng })
+				target := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(tc.targetPort))
+				if tc.authority != "" {
+					target = netip.MustParseAddrPort(tc.authority)
+				}
+				s, local, err := rig.connectWith(t, target.String(), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				streamEcho(t, s, "tunneled bytes")
+				var h *proxyproto.Header
+				select {
+				case h = <-headers:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the app got no PROXY header")
+				}
+				if h.Command != proxyproto.Proxy || h.Src != local || h.Dst != target {
+					t.Errorf("header %v %s -> %s, want PROXY %s -> %s", h.Command, h.Src, h.Dst, local, target)
+				}
+				if id, ok := h.TLV(proxyproto.TypeSPIFFEID); !ok || string(id) != spiffe {
+					t.Errorf("TLV 0xD0 = %q (%v), want %q", id, ok, spiffe)
+				}
+				nextLog(t, rig.logs)
+			})
+		}
+
+		t.Run("no tunnel, no header", func(t *testing.T) {
+			app := echoApp(t)
+			rig := startProxy(t, fmt.Sprintf(srvConfig, ""), "srv", withEngine(eng))
+			s, _, err := rig.connectWith(t, fmt.Sprintf("127.0.0.1:%d", app), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			streamEcho(t, s, "tunneled bytes")
-			var h *proxyproto.Header
-			select {
-			case h = <-headers:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the app got no PROXY header")
-			}
-			if h.Command != proxyproto.Proxy || h.Src != local || h.Dst != target {
-				t.Errorf("header %v %s -> %s, want PROXY %s -> %s", h.Command, h.Src, h.Dst, local, target)
-			}
-			if id, ok := h.TLV(proxyproto.TypeSPIFFEID); !ok || string(id) != spiffe {
-				t.Errorf("TLV 0xD0 = %q (%v), want %q", id, ok, spiffe)
-			}
+			streamEcho(t, s, "plain") // an echo app would return a header too
 			nextLog(t, rig.logs)
 		})
-	}
-
-	t.Run("no tunnel, no header", func(t *testing.T) {
-		app := echoApp(t)
-		rig := startProxy(t, fmt.Sprintf(srvConfig, ""), "srv", nil)
-		s, _, err := rig.connectWith(t, fmt.Sprintf("127.0.0.1:%d", app), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		streamEcho(t, s, "plain") // an echo app would return a header too
-		nextLog(t, rig.logs)
 	})
 }
 
