@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/ztunnel-go/ztunnel/engine"
+	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/state"
 )
@@ -87,15 +88,15 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, cn *conn, origDst netip.AddrPort) 
 		cn.mtls = true
 		cn.srcIdentity = p.ownIdentity(srcW)
 		t := newTunnel(p, srcW, cn.src, &route)
-		open := t.open
+		var s *hbone.Stream
 		if route.gateway != nil {
 			// As ztunnel: a double HBONE connection is opened once the
 			// destination answered, as its labels come from that answer.
-			open = t.openInner
+			s, err = t.openInner(ctx)
 		} else {
 			cn.open()
+			s, err = t.open(ctx)
 		}
-		s, err := open(ctx)
 		if err != nil {
 			cn.end(err)
 			engine.TCPEndpoint{TCPConn: c}.Abort()
