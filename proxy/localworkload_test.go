@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -16,16 +17,7 @@ import (
 // it. Only timers and the store's channel are involved, so the bubble's
 // clock makes both waits exact.
 func TestLocalWorkloadWait(t *testing.T) {
-	snap, err := xdsconv.LocalSnapshot([]byte(`
-workloads:
-- uid: u-srv
-  name: srv
-  namespace: ns
-  serviceAccount: srv
-  workloadIps: ["127.0.0.1"]
-  protocol: HBONE
-  services: {}
-`))
+	snap, err := xdsconv.LocalSnapshot(fmt.Appendf(nil, srvConfig, "")) // apptunnel_test.go
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,6 +67,20 @@ func echoApp(t testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// srvPolicyConfig starts the snapshots of the inbound rigs: the workload
+// "srv" at 127.0.0.1 (HBONE), then the policies each test appends.
+const srvPolicyConfig = `
+workloads:
+- uid: u-srv
+  name: srv
+  namespace: ns
+  serviceAccount: srv
+  workloadIps: ["127.0.0.1"]
+  protocol: HBONE
+  services: {}
+policies:
+`
+
 type inboundRig struct {
 	hbonePort int
 	ca        *caclient.BuiltinCA
@@ -77,17 +91,7 @@ type inboundRig struct {
 // DENY policy on denyPort; opts adjust its Config.
 func startInbound(t *testing.T, denyPort int, opts ...func(*Config)) *inboundRig {
 	t.Helper()
-	cfg := fmt.Sprintf(`
-workloads:
-- uid: u-srv
-  name: srv
-  namespace: ns
-  serviceAccount: srv
-  workloadIps: ["127.0.0.1"]
-  protocol: HBONE
-  services: {}
-policies:
-- name: deny-port
+	cfg := fmt.Sprintf(srvPolicyConfig+`- name: deny-port
   namespace: ns
   scope: Namespace
   action: Deny
