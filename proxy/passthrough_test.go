@@ -90,18 +90,7 @@ workloads:
 					if err != nil {
 						t.Fatal(err)
 					}
-					done := make(chan struct{})
-					go func() {
-						defer close(done)
-						defer upstream.Close()
-						io.Copy(upstream, upstream)
-						upstream.CloseWrite()
-					}()
-					got, err := echoOver(client, "plaintext in")
-					<-done
-					if err != nil || got != "plaintext in" {
-						t.Fatalf("echo: %q, %v", got, err)
-					}
+					echoThrough(t, client, upstream, "plaintext in")
 					m = nextLog(t, rig.logs)
 					if _, ok := m["error"]; ok {
 						t.Fatalf("access log error %q after a clean relay", m["error"])
@@ -162,6 +151,16 @@ workloads:
 	if err != nil {
 		t.Fatalf("the connect to the app did not survive until its queue drained: %v", err)
 	}
+	echoThrough(t, client, upstream, "after the queue drained")
+	if m := nextLog(t, rig.logs); m["msg"] != "connection complete" || m["error"] != "" {
+		t.Fatalf("access log %v, want a clean complete connection", m)
+	}
+}
+
+// echoThrough echoes on upstream, the app's end of a relayed connection,
+// and checks that msg sent from client comes back through the relay.
+func echoThrough(t *testing.T, client, upstream *net.TCPConn, msg string) {
+	t.Helper()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -169,13 +168,10 @@ workloads:
 		io.Copy(upstream, upstream)
 		upstream.CloseWrite()
 	}()
-	got, err := echoOver(client, "after the queue drained")
+	got, err := echoOver(client, msg)
 	<-done
-	if err != nil || got != "after the queue drained" {
+	if err != nil || got != msg {
 		t.Fatalf("echo: %q, %v", got, err)
-	}
-	if m := nextLog(t, rig.logs); m["msg"] != "connection complete" || m["error"] != "" {
-		t.Fatalf("access log %v, want a clean complete connection", m)
 	}
 }
 
