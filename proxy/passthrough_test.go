@@ -60,16 +60,7 @@ workloads:
 				}
 				defer app.Close()
 				dst := app.Addr().String()
-				client, err := net.DialTCP("tcp", nil, app.Addr().(*net.TCPAddr))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer client.Close()
-				client.SetDeadline(time.Now().Add(20 * time.Second))
-				captured, err := app.AcceptTCP()
-				if err != nil {
-					t.Fatal(err)
-				}
+				client, captured := dialCaptured(t, app)
 				if tc.refused {
 					app.Close()
 				}
@@ -122,16 +113,7 @@ workloads:
 `
 	rig := startProxy(t, yaml, "srv", withEngine(e))
 	app := tinyBacklogListener(t)
-	client, err := net.DialTCP("tcp", nil, app.Addr().(*net.TCPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	client.SetDeadline(time.Now().Add(20 * time.Second))
-	captured, err := app.AcceptTCP()
-	if err != nil {
-		t.Fatal(err)
-	}
+	client, captured := dialCaptured(t, app)
 	// The filler takes the queue's one place.
 	filler, err := net.DialTCP("tcp", nil, app.Addr().(*net.TCPAddr))
 	if err != nil {
@@ -155,6 +137,24 @@ workloads:
 	if m := nextLog(t, rig.logs); m["msg"] != "connection complete" || m["error"] != "" {
 		t.Fatalf("access log %v, want a clean complete connection", m)
 	}
+}
+
+// dialCaptured connects a client to app, which stands for the app behind a
+// captured address, and returns both ends: the client's (closed at the
+// test's end) and the one the capture would have handed the proxy.
+func dialCaptured(t *testing.T, app *net.TCPListener) (client, captured *net.TCPConn) {
+	t.Helper()
+	client, err := net.DialTCP("tcp", nil, app.Addr().(*net.TCPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	client.SetDeadline(time.Now().Add(20 * time.Second))
+	captured, err = app.AcceptTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client, captured
 }
 
 // echoThrough echoes on upstream, the app's end of a relayed connection,
