@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"context"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -13,9 +11,6 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
-	"github.com/ztunnel-go/ztunnel/identity"
-	"github.com/ztunnel-go/ztunnel/mtls"
-	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 	"github.com/ztunnel-go/ztunnel/proxy/meta"
 	"github.com/ztunnel-go/ztunnel/proxy/proxyproto"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
@@ -25,25 +20,7 @@ import (
 // extra request headers, returning the raw connection's local address.
 func (r *proxyRig) connectWith(t *testing.T, authority string, hdr http.Header) (*hbone.Stream, netip.AddrPort, error) {
 	t.Helper()
-	cert := tlstest.Cert(t, r.ca, identity.New("", "ns", "client"))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	raw, err := net.Dial("tcp", r.p.Addrs()[2].String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	local := raw.LocalAddr().(*net.TCPAddr).AddrPort()
-	tc := tls.Client(raw, mtls.ClientConfig(cert, []string{"spiffe://cluster.local/ns/ns/sa/srv"}))
-	if err := tc.HandshakeContext(ctx); err != nil {
-		raw.Close()
-		t.Fatal(err)
-	}
-	cc, err := hbone.NewClientConn(tc, hbone.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	s, err := cc.Connect(ctx, &hbone.Request{Authority: authority, Header: hdr})
+	s, local, err := connectHBONE(t, r.ca, r.hbonePort(), "client", "srv", &hbone.Request{Authority: authority, Header: hdr})
 	if s != nil {
 		s.SetDeadline(time.Now().Add(20 * time.Second))
 	}

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -16,12 +15,8 @@ import (
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/identity"
-	"github.com/ztunnel-go/ztunnel/mtls"
-	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
-	"github.com/ztunnel-go/ztunnel/proxy/connmgr"
 	"github.com/ztunnel-go/ztunnel/state"
-	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
 
 func TestMain(m *testing.M) {
@@ -29,42 +24,6 @@ func TestMain(m *testing.M) {
 		os.Exit(runIdleHelper(role)) // BenchmarkIdleConnMemory's proxies
 	}
 	goleak.VerifyTestMain(m)
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// echoApp is the local application behind the proxy.
-func echoApp(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.Copy(c, c)
-				c.(*net.TCPConn).CloseWrite()
-			}()
-		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // srvPolicyConfig starts the snapshots of the inbound rigs: the workload
@@ -80,84 +39,6 @@ workloads:
   services: {}
 policies:
 `
-
-type inboundRig struct {
-	hbonePort int
-	ca        *caclient.BuiltinCA
-	store     *state.Store
-}
-
-// startInbound runs a proxy serving the workload "srv" at 127.0.0.1, with a
-// DENY policy on denyPort; opts adjust its Config.
-func startInbound(t *testing.T, denyPort int, opts ...func(*Config)) *inboundRig {
-	t.Helper()
-	cfg := fmt.Sprintf(srvPolicyConfig+`- name: deny-port
-  namespace: ns
-  scope: Namespace
-  action: Deny
-  dryRun: false
-  rules:
-  - - - destinationPorts: [%d]
-`, denyPort)
-	snap, err := xdsconv.LocalSnapshot([]byte(cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := tlstest.NewCA(t, "cluster.local")
-	certs := mtls.NewStore(mtls.StoreConfig{Source: caclient.New(caclient.Config{Signer: ca})})
-	pool := hbone.NewPool(hbone.PoolConfig{})
-	rig := &inboundRig{hbonePort: freePort(t), ca: ca, store: state.NewStore(snap)}
-	conns := connmgr.New(connmgr.Config{Store: rig.store})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); conns.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	pcfg := Config{
-		Workload: WorkloadRef{Namespace: "ns", Name: "srv", ServiceAccount: "srv"},
-		State:    rig.store, Certs: certs, Pool: pool, Conns: conns,
-		BindHost: "127.0.0.1", OutboundPort: freePort(t), InboundPlainPort: freePort(t), InboundHBONEPort: rig.hbonePort,
-		OrigSrc: new(bool), // no spoofing on loopback
-	}
-	for _, o := range opts {
-		o(&pcfg)
-	}
-	p, err := New(pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Close()
-		pool.Close()
-		certs.Close()
-	})
-	return rig
-}
-
-// connect opens an HBONE stream to the rig as identity sa.
-func (r *inboundRig) connect(t *testing.T, sa, authority string) (*hbone.Stream, error) {
-	t.Helper()
-	cert := tlstest.Cert(t, r.ca, identity.New("", "ns", sa))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	raw, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", r.hbonePort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc := tls.Client(raw, mtls.ClientConfig(cert, []string{"spiffe://cluster.local/ns/ns/sa/srv"}))
-	if err := tc.HandshakeContext(ctx); err != nil {
-		raw.Close()
-		t.Fatal(err)
-	}
-	cc, err := hbone.NewClientConn(tc, hbone.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return cc.Connect(ctx, &hbone.Request{Authority: authority})
-}
 
 func TestInboundHBONE(t *testing.T) {
 	onEachBackend(t, func(t *testing.T, eng *engine.Engine) {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -23,94 +22,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 	"github.com/ztunnel-go/ztunnel/proxy/meta"
 	"github.com/ztunnel-go/ztunnel/proxy/socks5"
-	"github.com/ztunnel-go/ztunnel/state"
-	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
-
-// logCapture is a slog handler that hands every "connection complete"
-// record's attributes to a channel.
-type logCapture struct {
-	attrs []slog.Attr
-	ch    chan map[string]string
-}
-
-func (h *logCapture) Enabled(context.Context, slog.Level) bool { return true }
-func (h *logCapture) WithGroup(string) slog.Handler            { return h }
-func (h *logCapture) WithAttrs(a []slog.Attr) slog.Handler {
-	return &logCapture{attrs: append(append([]slog.Attr(nil), h.attrs...), a...), ch: h.ch}
-}
-func (h *logCapture) Handle(_ context.Context, r slog.Record) error {
-	if r.Message != "connection complete" && r.Message != "connection failed" {
-		return nil
-	}
-	m := map[string]string{"msg": r.Message}
-	for _, a := range h.attrs {
-		m[a.Key] = a.Value.String()
-	}
-	r.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.String(); return true })
-	select {
-	case h.ch <- m:
-	default: // a test that does not read its log must not block the proxy
-	}
-	return nil
-}
-
-// nextLog waits for the next connection record.
-func nextLog(t *testing.T, ch chan map[string]string) map[string]string {
-	t.Helper()
-	select {
-	case m := <-ch:
-		return m
-	case <-time.After(10 * time.Second):
-		t.Fatal("no connection record logged")
-		return nil
-	}
-}
-
-type proxyRig struct {
-	p     *Proxy
-	ca    *caclient.BuiltinCA
-	store *state.Store
-	logs  chan map[string]string
-}
-
-// startProxy runs a proxy for workload ns/name (service account = name)
-// over the local config yaml, on loopback with free ports; mutate adjusts
-// its Config first.
-func startProxy(t *testing.T, yaml, name string, mutate func(*Config)) *proxyRig {
-	t.Helper()
-	snap, err := xdsconv.LocalSnapshot([]byte(yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := tlstest.NewCA(t, "cluster.local")
-	certs := mtls.NewStore(mtls.StoreConfig{Source: caclient.New(caclient.Config{Signer: ca})})
-	pool := hbone.NewPool(hbone.PoolConfig{})
-	rig := &proxyRig{ca: ca, store: state.NewStore(snap), logs: make(chan map[string]string, 16)}
-	cfg := Config{
-		Workload: WorkloadRef{Namespace: "ns", Name: name, ServiceAccount: name},
-		State:    rig.store, Certs: certs, Pool: pool,
-		BindHost: "127.0.0.1", OutboundPort: freePort(t), InboundPlainPort: freePort(t), InboundHBONEPort: freePort(t),
-		OrigSrc: new(bool), Logger: slog.New(&logCapture{ch: rig.logs}),
-	}
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	p, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	rig.p = p
-	t.Cleanup(func() {
-		p.Close()
-		pool.Close()
-		certs.Close()
-	})
-	return rig
-}
 
 // socksDial runs the SOCKS5 handshake for target against the rig.
 func (r *proxyRig) socksDial(t *testing.T, target socks5.Target) (net.Conn, socks5.Reply, error) {
