@@ -134,34 +134,18 @@ func TestInboundMetadata(t *testing.T) {
 // header, reports it, then echoes.
 func proxyApp(t *testing.T) (int, chan *proxyproto.Header) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	headers := make(chan *proxyproto.Header, 4)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(20 * time.Second))
-				h, err := proxyproto.Read(c)
-				if err != nil {
-					return
-				}
-				headers <- h
-				io.Copy(c, c)
-				c.(*net.TCPConn).CloseWrite()
-			}()
+	port := serveApp(t, func(c *net.TCPConn) {
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		h, err := proxyproto.Read(c)
+		if err != nil {
+			return
 		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
-	return ln.Addr().(*net.TCPAddr).Port, headers
+		headers <- h
+		io.Copy(c, c)
+		c.CloseWrite()
+	})
+	return port, headers
 }
 
 func TestApplicationTunnel(t *testing.T) {

@@ -40,6 +40,17 @@ func freePort(t testing.TB) int {
 // echoApp is the local application behind the proxy.
 func echoApp(t testing.TB) int {
 	t.Helper()
+	return serveApp(t, func(c *net.TCPConn) {
+		io.Copy(c, c)
+		c.CloseWrite()
+	})
+}
+
+// serveApp runs an app on a loopback port, serving each connection with
+// serve (which need not close it) in a goroutine of its own, until the
+// test ends.
+func serveApp(t testing.TB, serve func(c *net.TCPConn)) int {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -54,8 +65,7 @@ func echoApp(t testing.TB) int {
 			}
 			go func() {
 				defer c.Close()
-				io.Copy(c, c)
-				c.(*net.TCPConn).CloseWrite()
+				serve(c.(*net.TCPConn))
 			}()
 		}
 	}()
