@@ -38,7 +38,7 @@ func TestAccessLogGolden(t *testing.T) {
 	svc := &state.Service{Name: "server", Namespace: "ns-b", Hostname: "server.ns-b.svc.cluster.local"}
 	clientID, serverID := client.Identity(), server.Identity()
 	ap := netip.MustParseAddrPort
-	withBytes := func(ci *connInfo) *connInfo {
+	withBytes := func(ci *conn) *conn {
 		ci.counters.AToB.Store(11)
 		ci.counters.BToA.Store(22)
 		return ci
@@ -46,50 +46,50 @@ func TestAccessLogGolden(t *testing.T) {
 
 	cases := []struct {
 		name string
-		ci   *connInfo
+		ci   *conn
 	}{
-		{"outbound HBONE to a service endpoint", withBytes(&connInfo{
+		{"outbound HBONE to a service endpoint", withBytes(&conn{
 			src: ap("10.0.1.5:40000"), dst: ap("10.0.2.7:15008"), mtls: true,
 			ext:         &connExt{hboneAddr: "10.0.2.7:8080", origDst: ap("10.96.0.10:80")},
 			srcWorkload: client, srcIdentity: &clientID, dstWorkload: server, service: svc,
 		})},
-		{"outbound plain TCP to a workload", withBytes(&connInfo{
+		{"outbound plain TCP to a workload", withBytes(&conn{
 			src: ap("10.0.1.5:40001"), dst: ap("10.0.2.7:8080"),
 			srcWorkload: client, dstWorkload: server,
 		})},
-		{"outbound passthrough to an unknown address", withBytes(&connInfo{
+		{"outbound passthrough to an unknown address", withBytes(&conn{
 			src: ap("10.0.1.5:40002"), dst: ap("93.184.216.34:443"), srcWorkload: client,
 		})},
-		{"outbound through a service waypoint", withBytes(&connInfo{
+		{"outbound through a service waypoint", withBytes(&conn{
 			src: ap("10.0.1.5:40003"), dst: ap("10.0.2.9:15008"), mtls: true,
 			ext:         &connExt{hboneAddr: "10.96.0.10:80", origDst: ap("10.96.0.10:80")},
 			srcWorkload: client, srcIdentity: &clientID, dstWorkload: waypoint, service: svc,
 		})},
-		{"outbound double HBONE", withBytes(&connInfo{
+		{"outbound double HBONE", withBytes(&conn{
 			src: ap("10.0.1.5:40004"), dst: ap("172.30.0.20:15008"), mtls: true,
 			ext: &connExt{hboneAddr: "server.ns-b.svc.cluster.local:80", origDst: ap("10.96.0.10:80"), double: true, hasBaggage: true,
 				baggage: "k8s.cluster.name=c2,k8s.namespace.name=ns-b,k8s.deployment.name=server,service.name=server,service.version=v2",
 				peerID:  &serverID},
 			srcWorkload: client, srcIdentity: &clientID, dstWorkload: gateway, service: svc,
 		})},
-		{"inbound HBONE", withBytes(&connInfo{
+		{"inbound HBONE", withBytes(&conn{
 			inbound: true, src: ap("10.0.1.5:51000"), dst: ap("10.0.2.7:8080"), mtls: true,
 			ext: &connExt{hboneAddr: "10.0.2.7:8080", arrivedOn: ap("10.0.2.7:15008"), forHost: "server.ns-b.svc.cluster.local",
 				baggage: "k8s.cluster.name=c1,k8s.namespace.name=ns-a,k8s.deployment.name=client,service.name=client,service.version=v1"},
 			srcWorkload: client, srcIdentity: &clientID, dstWorkload: server, service: svc,
 		})},
-		{"inbound HBONE through a network gateway", withBytes(&connInfo{
+		{"inbound HBONE through a network gateway", withBytes(&conn{
 			inbound: true, src: ap("172.30.0.20:51001"), dst: ap("10.0.2.7:8080"), mtls: true,
 			ext: &connExt{hboneAddr: "server.ns-b.svc.cluster.local:80", arrivedOn: ap("10.0.2.7:15008"),
 				baggage: "k8s.cluster.name=c2,k8s.namespace.name=ns-far,k8s.deployment.name=remote,service.name=remote-app"},
 			srcIdentity: &identity.Identity{TrustDomain: "cluster.local", Namespace: "ns-far", ServiceAccount: "remote"},
 			dstWorkload: server, service: svc,
 		})},
-		{"inbound plaintext", withBytes(&connInfo{
+		{"inbound plaintext", withBytes(&conn{
 			inbound: true, src: ap("10.0.1.5:51002"), dst: ap("10.0.2.7:8080"),
 			srcWorkload: client, dstWorkload: server, service: svc,
 		})},
-		{"SOCKS5 to a service hostname (resolved to its VIP, then as outbound)", withBytes(&connInfo{
+		{"SOCKS5 to a service hostname (resolved to its VIP, then as outbound)", withBytes(&conn{
 			src: ap("127.0.0.1:40005"), dst: ap("10.0.2.7:15008"), mtls: true,
 			ext:         &connExt{hboneAddr: "10.0.2.7:8080", origDst: ap("10.96.0.10:80")},
 			srcWorkload: client, srcIdentity: &clientID, dstWorkload: server, service: svc,
@@ -97,11 +97,11 @@ func TestAccessLogGolden(t *testing.T) {
 	}
 	failures := []struct {
 		name string
-		ci   *connInfo
+		ci   *conn
 		err  error
 	}{
-		{"outbound with no route", &connInfo{src: ap("10.0.1.5:40006"), dst: ap("10.96.0.99:80")}, errors.New("no healthy upstream")},
-		{"inbound HBONE refused before its context", &connInfo{inbound: true, src: ap("10.0.1.5:51003"), mtls: true,
+		{"outbound with no route", &conn{src: ap("10.0.1.5:40006"), dst: ap("10.96.0.99:80")}, errors.New("no healthy upstream")},
+		{"inbound HBONE refused before its context", &conn{inbound: true, src: ap("10.0.1.5:51003"), mtls: true,
 			ext: &connExt{hboneAddr: "10.0.9.9:8080", arrivedOn: ap("10.0.2.7:15008")}},
 			errIPMismatch(netip.MustParseAddr("10.0.2.7"), netip.MustParseAddr("10.0.9.9"))},
 	}
@@ -110,22 +110,23 @@ func TestAccessLogGolden(t *testing.T) {
 	// operators match).
 	refused := []struct {
 		name string
-		ci   *connInfo
+		ci   *conn
 		err  error
 	}{
-		{"inbound HBONE refused by an ALLOW policy for another principal", &connInfo{
+		{"inbound HBONE refused by an ALLOW policy for another principal", &conn{
 			inbound: true, src: ap("10.0.1.5:51004"), dst: ap("10.0.2.7:8080"), mtls: true,
 			ext:         &connExt{hboneAddr: "10.0.2.7:8080", arrivedOn: ap("10.0.2.7:15008")},
 			srcWorkload: client, srcIdentity: &clientID, dstWorkload: server,
 		}, errPolicyRejection(state.ReasonNoAllowMatched)},
-		{"inbound plaintext refused by a DENY policy", &connInfo{
+		{"inbound plaintext refused by a DENY policy", &conn{
 			inbound: true, src: ap("10.0.1.5:51005"), dst: ap("10.0.2.7:8080"),
 			srcWorkload: client, dstWorkload: server,
 		}, errPolicyRejection("explicitly denied by: ns-b/deny-all")},
 	}
 	var got strings.Builder
 	for _, tc := range cases {
-		l := p.labels(tc.ci)
+		tc.ci.p = p
+		l := tc.ci.labels()
 		got.WriteString("# " + tc.name + "\n")
 		for i, a := range tc.ci.attrs(&l, true) {
 			if i > 0 {
@@ -150,7 +151,8 @@ func TestAccessLogGolden(t *testing.T) {
 		got.WriteByte('\n')
 	}
 	for _, tc := range refused {
-		l := p.labels(tc.ci)
+		tc.ci.p = p
+		l := tc.ci.labels()
 		got.WriteString("# connection complete with an error: " + tc.name + "\n")
 		for _, a := range tc.ci.attrs(&l, true) {
 			v := a.Value.String()

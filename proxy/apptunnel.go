@@ -30,7 +30,7 @@ const appTunnelWriteTimeout = 10 * time.Second
 // when 0), over loopback unless DirectAppTunnel, and writes a PROXY v2
 // header naming the client, tunnelDst (see tunnelTarget) and, in TLV 0xD0,
 // the client's SPIFFE ID.
-func (p *Proxy) dialAppTunnel(ctx context.Context, ci *connInfo, target, tunnelDst netip.AddrPort, port uint16) (*net.TCPConn, error) {
+func (p *Proxy) dialAppTunnel(ctx context.Context, cn *conn, target, tunnelDst netip.AddrPort, port uint16) (*net.TCPConn, error) {
 	if port == 0 {
 		port = target.Port()
 	}
@@ -39,7 +39,7 @@ func (p *Proxy) dialAppTunnel(ctx context.Context, ci *connInfo, target, tunnelD
 		err error
 	)
 	if p.cfg.DirectAppTunnel {
-		c, err = p.dialApp(ctx, ci.src.Addr(), netip.AddrPortFrom(target.Addr(), port))
+		c, err = p.dialApp(ctx, cn.src.Addr(), netip.AddrPortFrom(target.Addr(), port))
 	} else {
 		// Over loopback the source cannot be the client's; the header says who it is.
 		lo := netip.IPv6Loopback()
@@ -51,8 +51,8 @@ func (p *Proxy) dialAppTunnel(ctx context.Context, ci *connInfo, target, tunnelD
 	if err != nil {
 		return nil, fmt.Errorf("application tunnel: %w", err)
 	}
-	h := proxyproto.Header{Command: proxyproto.Proxy, Src: ci.src, Dst: tunnelDst}
-	if id := ci.srcID(); id != (identity.Identity{}) {
+	h := proxyproto.Header{Command: proxyproto.Proxy, Src: cn.src, Dst: tunnelDst}
+	if id := cn.srcID(); id != (identity.Identity{}) {
 		h.TLVs = []proxyproto.TLV{{Type: proxyproto.TypeSPIFFEID, Value: []byte(id.String())}}
 	}
 	_ = c.SetWriteDeadline(time.Now().Add(appTunnelWriteTimeout))

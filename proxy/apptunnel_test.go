@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"context"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -11,10 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
-	"github.com/ztunnel-go/ztunnel/identity"
-	"github.com/ztunnel-go/ztunnel/mtls"
-	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 	"github.com/ztunnel-go/ztunnel/proxy/meta"
 	"github.com/ztunnel-go/ztunnel/proxy/proxyproto"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
@@ -24,25 +20,7 @@ import (
 // extra request headers, returning the raw connection's local address.
 func (r *proxyRig) connectWith(t *testing.T, authority string, hdr http.Header) (*hbone.Stream, netip.AddrPort, error) {
 	t.Helper()
-	cert := tlstest.Cert(t, r.ca, identity.New("", "ns", "client"))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	raw, err := net.Dial("tcp", r.p.Addrs()[2].String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	local := raw.LocalAddr().(*net.TCPAddr).AddrPort()
-	tc := tls.Client(raw, mtls.ClientConfig(cert, []string{"spiffe://cluster.local/ns/ns/sa/srv"}))
-	if err := tc.HandshakeContext(ctx); err != nil {
-		raw.Close()
-		t.Fatal(err)
-	}
-	cc, err := hbone.NewClientConn(tc, hbone.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	s, err := cc.Connect(ctx, &hbone.Request{Authority: authority, Header: hdr})
+	s, local, err := connectHBONE(t, r.ca, r.hbonePort(), "client", "srv", &hbone.Request{Authority: authority, Header: hdr})
 	if s != nil {
 		s.SetDeadline(time.Now().Add(20 * time.Second))
 	}
@@ -156,93 +134,79 @@ func TestInboundMetadata(t *testing.T) {
 // header, reports it, then echoes.
 func proxyApp(t *testing.T) (int, chan *proxyproto.Header) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	headers := make(chan *proxyproto.Header, 4)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(20 * time.Second))
-				h, err := proxyproto.Read(c)
-				if err != nil {
-					return
-				}
-				headers <- h
-				io.Copy(c, c)
-				c.(*net.TCPConn).CloseWrite()
-			}()
+	port := serveApp(t, func(c *net.TCPConn) {
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		h, err := proxyproto.Read(c)
+		if err != nil {
+			return
 		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
-	return ln.Addr().(*net.TCPAddr).Port, headers
+		headers <- h
+		io.Copy(c, c)
+		c.CloseWrite()
+	})
+	return port, headers
 }
 
 func TestApplicationTunnel(t *testing.T) {
-	tunnelPort, headers := proxyApp(t)
-	spiffe := "spiffe://cluster.local/ns/ns/sa/client"
-	tests := []struct {
-		name       string
-		tunnelPort int  // 0: the target port
-		direct     bool // LOCALHOST_APP_TUNNEL=false
-		targetPort int
-		// authority, when set, names another address than the pod's (a
-		// waypoint's tunnel carries its destination's): the header names
-		// it, as ztunnel's tunnel_target, while the app is still dialled
-		// on the pod's tunnel port.
-		authority string
-	}{
-		{"dedicated tunnel port", tunnelPort, false, 8080, ""},
-		{"target port", 0, false, tunnelPort, ""},
-		{"direct to the pod address", tunnelPort, true, 8080, ""},
-		{"authority of another address is the header's destination", tunnelPort, false, 8080, "10.96.7.7:8080"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			extra := fmt.Sprintf("  applicationTunnel: {protocol: PROXY, port: %d}", tc.tunnelPort)
-			rig := startProxy(t, fmt.Sprintf(srvConfig, extra), "srv", func(c *Config) { c.DirectAppTunnel = tc.direct })
-			target := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(tc.targetPort))
-			if tc.authority != "" {
-				target = netip.MustParseAddrPort(tc.authority)
-			}
-			s, local, err := rig.connectWith(t, target.String(), nil)
+	onEachBackend(t, func(t *testing.T, eng *engine.Engine) {
+		tunnelPort, headers := proxyApp(t)
+		spiffe := "spiffe://cluster.local/ns/ns/sa/client"
+		tests := []struct {
+			name       string
+			tunnelPort int  // 0: the target port
+			direct     bool // LOCALHOST_APP_TUNNEL=false
+			targetPort int
+			// authority, when set, names another address than the pod's (a
+			// waypoint's tunnel carries its destination's): the header names
+			// it, as ztunnel's tunnel_target, while the app is still dialled
+			// on the pod's tunnel port.
+			authority string
+		}{
+			{"dedicated tunnel port", tunnelPort, false, 8080, ""},
+			{"target port", 0, false, tunnelPort, ""},
+			{"direct to the pod address", tunnelPort, true, 8080, ""},
+			{"authority of another address is the header's destination", tunnelPort, false, 8080, "10.96.7.7:8080"},
+		}
+		for _, tc := range tests {
+			t.Run(tc.name, func(t *testing.T) {
+				extra := fmt.Sprintf("  applicationTunnel: {protocol: PROXY, port: %d}", tc.tunnelPort)
+				rig := startProxy(t, fmt.Sprintf(srvConfig, extra), "srv", func(c *Config) { c.DirectAppTunnel, c.Engine = tc.direct, eng })
+				target := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(tc.targetPort))
+				if tc.authority != "" {
+					target = netip.MustParseAddrPort(tc.authority)
+				}
+				s, local, err := rig.connectWith(t, target.String(), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				streamEcho(t, s, "tunneled bytes")
+				var h *proxyproto.Header
+				select {
+				case h = <-headers:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the app got no PROXY header")
+				}
+				if h.Command != proxyproto.Proxy || h.Src != local || h.Dst != target {
+					t.Errorf("header %v %s -> %s, want PROXY %s -> %s", h.Command, h.Src, h.Dst, local, target)
+				}
+				if id, ok := h.TLV(proxyproto.TypeSPIFFEID); !ok || string(id) != spiffe {
+					t.Errorf("TLV 0xD0 = %q (%v), want %q", id, ok, spiffe)
+				}
+				nextLog(t, rig.logs)
+			})
+		}
+
+		t.Run("no tunnel, no header", func(t *testing.T) {
+			app := echoApp(t)
+			rig := startProxy(t, fmt.Sprintf(srvConfig, ""), "srv", withEngine(eng))
+			s, _, err := rig.connectWith(t, fmt.Sprintf("127.0.0.1:%d", app), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			streamEcho(t, s, "tunneled bytes")
-			var h *proxyproto.Header
-			select {
-			case h = <-headers:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the app got no PROXY header")
-			}
-			if h.Command != proxyproto.Proxy || h.Src != local || h.Dst != target {
-				t.Errorf("header %v %s -> %s, want PROXY %s -> %s", h.Command, h.Src, h.Dst, local, target)
-			}
-			if id, ok := h.TLV(proxyproto.TypeSPIFFEID); !ok || string(id) != spiffe {
-				t.Errorf("TLV 0xD0 = %q (%v), want %q", id, ok, spiffe)
-			}
+			streamEcho(t, s, "plain") // an echo app would return a header too
 			nextLog(t, rig.logs)
 		})
-	}
-
-	t.Run("no tunnel, no header", func(t *testing.T) {
-		app := echoApp(t)
-		rig := startProxy(t, fmt.Sprintf(srvConfig, ""), "srv", nil)
-		s, _, err := rig.connectWith(t, fmt.Sprintf("127.0.0.1:%d", app), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		streamEcho(t, s, "plain") // an echo app would return a header too
-		nextLog(t, rig.logs)
 	})
 }
 

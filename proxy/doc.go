@@ -15,6 +15,19 @@
 // connections: the proxy's inbound ones, and the pool's through
 // CloseRevokedOutbound.
 //
+// The parts, each with one owner: *Proxy (proxy.go, config.go) owns the
+// listeners and their accept workers, the per-peer limits on 15008, Drain,
+// and the four handlers (outbound.go, inbound.go, passthrough.go,
+// socks5.go) with the routing decisions they make (route.go, gateway.go,
+// ondemand.go, authority.go). A conn (conn.go) is one connection's record
+// and lifecycle: newConn, then fail (no route) or open, relay, end, with
+// the connection manager's policy hooks and the /config_dump list. A
+// tunnel (tunnel.go) opens an outbound HBONE stream: TLS to the peer's
+// 15008 and CONNECT through the pool (open), or double HBONE through a
+// network gateway (openInner), pooled by a tunnelKey. Errors carry their
+// response flags (flags.go), so a conn ends with one error. stream.go
+// adapts an HBONE stream to the engine's stream endpoint.
+//
 // Telemetry is ztunnel's: the CONNECT metadata it sends and reads
 // (Forwarded host=, baggage), the service attribution of both reporters,
 // the metric labels and the access-log fields derived from them

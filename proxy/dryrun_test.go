@@ -58,17 +58,7 @@ func (h *recordLog) find(msg string) []map[string]string {
 // not match; at debug, or at info with AUTHZ_POLICY_INFO_LOGGING.
 func TestDryRunPolicies(t *testing.T) {
 	app := echoApp(t)
-	yaml := fmt.Sprintf(`
-workloads:
-- uid: u-srv
-  name: srv
-  namespace: ns
-  serviceAccount: srv
-  workloadIps: ["127.0.0.1"]
-  protocol: HBONE
-  services: {}
-policies:
-- name: deny-app
+	yaml := fmt.Sprintf(srvPolicyConfig+`- name: deny-app
   namespace: ns
   scope: Namespace
   action: Deny

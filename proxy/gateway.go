@@ -2,20 +2,12 @@ package proxy
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/netip"
 	"strconv"
-	"strings"
-	"time"
 
-	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/identity"
-	"github.com/ztunnel-go/ztunnel/metrics"
-	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
@@ -39,8 +31,8 @@ type doubleHBONE struct {
 	sans      []string // the destination's identities: workload identity + service SANs
 	// pool lets inner connections carry many streams (Config.PoolInnerHBONE).
 	pool bool
-	// poolKey groups interchangeable inner connections.
-	poolKey string
+	// key groups interchangeable inner connections (when pool).
+	key tunnelKey
 	// peerID is the identity the inner TLS peer proved, set by the dial
 	// of this connection's inner tunnel (the derived destination's
 	// principal); a pooled inner connection dialled earlier leaves the
@@ -89,7 +81,7 @@ func (p *Proxy) routeViaGateway(ctx context.Context, snap *state.Snapshot, src, 
 		pool: p.cfg.PoolInnerHBONE && w.Protocol == state.ProtocolHBONE,
 	}
 	if inner.pool {
-		inner.poolKey = strings.Join([]string{"inner", p.identityOf(src).String(), strings.Join(final, ","), gw.String(), svc.Key()}, "|")
+		inner.key = tunnelKey{srcID: p.identityOf(src), dstIDs: final, dst: gw, inner: svc.Key()}
 	}
 	// As ztunnel, the connection's destination workload is the gateway
 	// (the next hop); its labels come from the destination's answer.
@@ -97,69 +89,4 @@ func (p *Proxy) routeViaGateway(ctx context.Context, snap *state.Snapshot, src, 
 		hbone: true, dst: gw, authority: authority, sans: p.upstreamSANs(up),
 		workload: up.Workload, service: svc, gateway: inner,
 	}, nil
-}
-
-// connectDoubleHBONE opens the outer tunnel to the gateway and, inside it,
-// the inner TLS session and CONNECT to the destination. Without inner
-// pooling (ztunnel's behaviour) every call makes a new inner connection
-// that closes once the returned stream ends.
-func (p *Proxy) connectDoubleHBONE(ctx context.Context, srcW *state.Workload, client netip.AddrPort, r outboundRoute) (*hbone.Stream, metrics.ResponseFlags, error) {
-	g := r.gateway
-	srcID := p.identityOf(srcW)
-	cert, err := p.cfg.Certs.Get(ctx, srcID)
-	if err != nil {
-		return nil, metrics.FlagIdentityError, fmt.Errorf("certificate for %s: %w", srcID, err)
-	}
-	dial := func(ctx context.Context) (net.Conn, error) {
-		outer, flags, err := p.connectHBONE(ctx, srcW, client, r)
-		if err != nil {
-			return nil, &dialError{flags, fmt.Errorf("network gateway %s: %w", r.dst, err)}
-		}
-		// The outer stream is a net.Conn with deadlines; tls bounds its
-		// close_notify with one, so closing cannot hang on a full window.
-		conn := tls.Client(outer, p.cfg.TLS.ClientConfig(cert, g.sans, mtls.WithCRL(p.cfg.CRL)))
-		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		if err := conn.HandshakeContext(hctx); err != nil {
-			outer.Close()
-			if errors.Is(err, mtls.ErrRevoked) {
-				p.cfg.Metrics.CRLRejected(metrics.ReporterSource)
-			}
-			return nil, &dialError{metrics.FlagTLSFailure, fmt.Errorf("inner tls handshake with %s through network gateway %s: %w", g.authority, r.dst, err)}
-		}
-		if id, err := mtls.PeerIdentity(conn.ConnectionState()); err == nil {
-			g.peerID = id
-		}
-		return conn, nil
-	}
-	// The inner request carries what any CONNECT does (Forwarded with the
-	// service, baggage, traceparent), and our network (ztunnel's).
-	hdr := p.connectHeader(srcW, client, r.service)
-	hdr.Set(headerForwardedNetwork, p.cfg.Network)
-	req := &hbone.Request{Authority: g.authority, Header: hdr}
-	var s *hbone.Stream
-	if g.pool {
-		s, err = p.cfg.Pool.Connect(ctx, g.poolKey, dial, req)
-	} else {
-		var nc net.Conn
-		if nc, err = dial(ctx); err == nil {
-			s, err = hbone.ConnectOnce(ctx, nc, p.cfg.HBONE, req)
-		}
-	}
-	if err != nil {
-		var se *hbone.StatusError
-		var de *dialError
-		switch {
-		case errors.As(err, &se):
-			flags := metrics.FlagConnect
-			if se.Code == http.StatusUnauthorized {
-				flags = metrics.FlagDeny
-			}
-			return nil, flags, fmt.Errorf("destination refused inner CONNECT %s: %w", g.authority, err)
-		case errors.As(err, &de):
-			return nil, de.flags, err
-		}
-		return nil, metrics.FlagH2HandshakeFailure, fmt.Errorf("inner tunnel to %s: %w", g.authority, err)
-	}
-	return s, metrics.FlagNone, nil
 }

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
@@ -174,8 +175,8 @@ func TestRouteViaGateway(t *testing.T) {
 			if r.gateway.pool != tc.wantPool {
 				t.Errorf("inner pooling %v, want %v", r.gateway.pool, tc.wantPool)
 			}
-			if tc.wantPool && !strings.Contains(r.gateway.poolKey, "spiffe://cluster.local/ns/ns/sa/client") {
-				t.Errorf("pool key %q lacks the source identity", r.gateway.poolKey)
+			if tc.wantPool && !strings.Contains(r.gateway.key.String(), "spiffe://cluster.local/ns/ns/sa/client") {
+				t.Errorf("pool key %q lacks the source identity", r.gateway.key.String())
 			}
 		})
 	}
@@ -249,7 +250,7 @@ type multiNetRig struct {
 
 // startMultiNet runs the destination's proxy (net-b), the E/W gateway and a
 // client proxy (net-a, not listening: the tests call its outbound steps).
-func startMultiNet(t testing.TB, poolInner bool) *multiNetRig {
+func startMultiNet(t testing.TB, poolInner bool, opts ...func(*Config)) *multiNetRig {
 	t.Helper()
 	app := echoApp(t)
 	gwLn, err := net.Listen("tcp", "127.0.0.3:0")
@@ -268,13 +269,17 @@ func startMultiNet(t testing.TB, poolInner bool) *multiNetRig {
 	certs := mtls.NewStore(mtls.StoreConfig{Source: caclient.New(caclient.Config{Signer: ca})})
 	dstPool, clientPool := hbone.NewPool(hbone.PoolConfig{}), hbone.NewPool(hbone.PoolConfig{})
 	rig := &multiNetRig{snap: snap, srcW: snap.WorkloadByUID("client"), dstLog: &syncBuffer{}}
-	dst, err := New(Config{
+	dcfg := Config{
 		Workload: WorkloadRef{Namespace: "ns", Name: "srv", ServiceAccount: "srv"}, Network: "net-b",
 		State: store, Certs: certs, Pool: dstPool,
 		BindHost: "127.0.0.1", OutboundPort: freePort(t), InboundPlainPort: freePort(t), InboundHBONEPort: dstPort,
 		OrigSrc: new(bool),
 		Logger:  slog.New(slog.NewTextHandler(rig.dstLog, &slog.HandlerOptions{Level: slog.LevelDebug})),
-	})
+	}
+	for _, o := range opts {
+		o(&dcfg)
+	}
+	dst, err := New(dcfg)
 	if err != nil {
 		gwLn.Close()
 		t.Fatal(err)
@@ -327,7 +332,8 @@ func (r *multiNetRig) connect(t testing.TB, route outboundRoute) (*hbone.Stream,
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	return r.client.connectDoubleHBONE(ctx, r.srcW, netip.MustParseAddrPort("127.0.0.2:40000"), route)
+	s, err := newTunnel(r.client, r.srcW, netip.MustParseAddrPort("127.0.0.2:40000"), &route).openInner(ctx)
+	return s, responseFlags(err), err
 }
 
 // checksumEcho sends n random bytes through s and compares the echo's hash.
@@ -374,49 +380,51 @@ func waitLines(t *testing.T, log *syncBuffer, count int, substrs ...string) []st
 // TestDoubleHBONE sends connections through the gateway to the destination
 // proxy, without and with inner pooling, and checks what each hop saw.
 func TestDoubleHBONE(t *testing.T) {
-	const conns = 5
-	tests := []struct {
-		name        string
-		poolInner   bool
-		wantTunnels int64 // CONNECTs the gateway spliced = inner connections
-	}{
-		{"one inner connection per connection", false, conns},
-		{"pooled inner connection", true, 1},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			rig := startMultiNet(t, tc.poolInner)
-			route := rig.route(t)
-			for i := range conns {
-				s, flags, err := rig.connect(t, route)
-				if err != nil {
-					t.Fatalf("connection %d: %v (flags %v)", i, err, flags)
+	onEachBackend(t, func(t *testing.T, eng *engine.Engine) {
+		const conns = 5
+		tests := []struct {
+			name        string
+			poolInner   bool
+			wantTunnels int64 // CONNECTs the gateway spliced = inner connections
+		}{
+			{"one inner connection per connection", false, conns},
+			{"pooled inner connection", true, 1},
+		}
+		for _, tc := range tests {
+			t.Run(tc.name, func(t *testing.T) {
+				rig := startMultiNet(t, tc.poolInner, withEngine(eng))
+				route := rig.route(t)
+				for i := range conns {
+					s, flags, err := rig.connect(t, route)
+					if err != nil {
+						t.Fatalf("connection %d: %v (flags %v)", i, err, flags)
+					}
+					checksumEcho(t, s, 256<<10+i)
+					s.Close()
 				}
-				checksumEcho(t, s, 256<<10+i)
-				s.Close()
-			}
-			if got := rig.gw.Conns(); got != 1 {
-				t.Errorf("gateway accepted %d outer connections, want 1 (pooled)", got)
-			}
-			if got := rig.gw.Tunnels(); got != tc.wantTunnels {
-				t.Errorf("gateway spliced %d tunnels, want %d", got, tc.wantTunnels)
-			}
-			// The destination mapped service port 80 to the endpoint's
-			// port, saw the client's identity, and did not take the
-			// gateway's address for the client's workload: the client is what
-			// its baggage says (namespace; no canonical name to log it by),
-			// and the service is the one the inner Forwarded host= named.
-			done := waitLines(t, rig.dstLog, conns, "connection complete", "dst.hbone_addr=echo.ns.svc.cluster.local:80")
-			for _, l := range done {
-				if !strings.Contains(l, "src.identity=spiffe://cluster.local/ns/ns/sa/client") || strings.Contains(l, "src.workload=") ||
-					!strings.Contains(l, "src.namespace=ns") || !strings.Contains(l, "dst.service=echo.ns.svc.cluster.local") ||
-					!strings.Contains(l, "dst.addr=127.0.0.1:") || strings.Contains(l, "level=ERROR") {
-					t.Errorf("destination access log: %s", l)
+				if got := rig.gw.Conns(); got != 1 {
+					t.Errorf("gateway accepted %d outer connections, want 1 (pooled)", got)
 				}
-			}
-			waitLines(t, rig.dstLog, conns, "connection from another network", "src.network=net-a")
-		})
-	}
+				if got := rig.gw.Tunnels(); got != tc.wantTunnels {
+					t.Errorf("gateway spliced %d tunnels, want %d", got, tc.wantTunnels)
+				}
+				// The destination mapped service port 80 to the endpoint's
+				// port, saw the client's identity, and did not take the
+				// gateway's address for the client's workload: the client is what
+				// its baggage says (namespace; no canonical name to log it by),
+				// and the service is the one the inner Forwarded host= named.
+				done := waitLines(t, rig.dstLog, conns, "connection complete", "dst.hbone_addr=echo.ns.svc.cluster.local:80")
+				for _, l := range done {
+					if !strings.Contains(l, "src.identity=spiffe://cluster.local/ns/ns/sa/client") || strings.Contains(l, "src.workload=") ||
+						!strings.Contains(l, "src.namespace=ns") || !strings.Contains(l, "dst.service=echo.ns.svc.cluster.local") ||
+						!strings.Contains(l, "dst.addr=127.0.0.1:") || strings.Contains(l, "level=ERROR") {
+						t.Errorf("destination access log: %s", l)
+					}
+				}
+				waitLines(t, rig.dstLog, conns, "connection from another network", "src.network=net-a")
+			})
+		}
+	})
 }
 
 // TestDoubleHBONEFailures: each hop's refusal surfaces as an error with the
@@ -469,114 +477,4 @@ func TestDoubleHBONEFailures(t *testing.T) {
 	}
 	checksumEcho(t, s, 1<<10)
 	s.Close()
-}
-
-func TestSplitAuthority(t *testing.T) {
-	tests := []struct {
-		name      string
-		in        string
-		wantHost  string
-		wantAddr  string // "" for a hostname
-		wantPort  uint16
-		wantError bool
-	}{
-		{name: "ipv4", in: "10.0.0.1:8080", wantAddr: "10.0.0.1", wantPort: 8080},
-		{name: "ipv6", in: "[fd00::1]:80", wantAddr: "fd00::1", wantPort: 80},
-		{name: "mapped ipv4 is unmapped", in: "[::ffff:10.0.0.1]:80", wantAddr: "10.0.0.1", wantPort: 80},
-		{name: "service hostname", in: "echo.ns.svc.cluster.local:80", wantHost: "echo.ns.svc.cluster.local", wantPort: 80},
-		{name: "short hostname", in: "echo:9090", wantHost: "echo", wantPort: 9090},
-		{name: "no port", in: "echo.ns.svc.cluster.local", wantError: true},
-		{name: "port zero", in: "10.0.0.1:0", wantError: true},
-		{name: "port too big", in: "10.0.0.1:65536", wantError: true},
-		{name: "signed port", in: "echo:+80", wantError: true},
-		{name: "leading zero port", in: "echo:080", wantError: true},
-		{name: "empty host", in: ":80", wantError: true},
-		{name: "zoned address", in: "[fe80::1%eth0]:80", wantError: true},
-		{name: "underscore", in: "ec_ho:80", wantError: true},
-		{name: "empty label", in: "echo..ns:80", wantError: true},
-		{name: "label ends with dash", in: "echo-.ns:80", wantError: true},
-		{name: "label starts with dash", in: "-echo:80", wantError: true},
-		{name: "label too long", in: strings.Repeat("a", 64) + ":80", wantError: true},
-		{name: "name too long", in: strings.Repeat("a.", 127) + "a:80", wantError: true},
-		{name: "path", in: "echo/x:80", wantError: true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			host, target, err := splitAuthority(tc.in)
-			if tc.wantError {
-				if err == nil {
-					t.Fatalf("splitAuthority(%q) = %q, %v; want an error", tc.in, host, target)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			var wantAddr netip.Addr
-			if tc.wantAddr != "" {
-				wantAddr = netip.MustParseAddr(tc.wantAddr)
-			}
-			if host != tc.wantHost || target.Addr() != wantAddr || target.Port() != tc.wantPort {
-				t.Fatalf("splitAuthority(%q) = %q, %v", tc.in, host, target)
-			}
-		})
-	}
-}
-
-func FuzzSplitAuthority(f *testing.F) {
-	for _, s := range []string{"10.0.0.1:80", "[fd00::1]:443", "echo.ns.svc.cluster.local:80", "a:1", ":80", "x:0", "[::1%lo]:1"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, in string) {
-		host, target, err := splitAuthority(in)
-		if err != nil {
-			return
-		}
-		if target.Port() == 0 {
-			t.Fatalf("%q: accepted port 0", in)
-		}
-		if (host == "") == !target.Addr().IsValid() {
-			t.Fatalf("%q: host %q with address %v", in, host, target.Addr())
-		}
-		if host != "" && (!validHostname(host) || strings.ContainsAny(host, ":/[]% ")) {
-			t.Fatalf("%q: accepted host %q", in, host)
-		}
-	})
-}
-
-func TestHostAuthorityTarget(t *testing.T) {
-	snap, err := xdsconv.LocalSnapshot(fmt.Appendf(nil, multiNetConfig, 15008, 7070))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := snap.WorkloadByUID("srv")
-	local := netip.MustParseAddr("127.0.0.1")
-	tests := []struct {
-		name       string
-		host       string
-		port       uint16
-		want       string
-		wantStatus int
-	}{
-		{name: "endpoint port wins over the service's", host: "echo.ns.svc.cluster.local", port: 80, want: "127.0.0.1:7070"},
-		{name: "neither maps the port", host: "echo.ns.svc.cluster.local", port: 81, wantStatus: 503},
-		{name: "port the service lacks", host: "echo.ns.svc.cluster.local", port: 82, wantStatus: 503},
-		{name: "not an endpoint", host: "other.ns.svc.cluster.local", port: 80, wantStatus: 400},
-		{name: "unknown hostname", host: "missing.ns.svc.cluster.local", port: 80, wantStatus: 400},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := hostAuthorityTarget(snap, w, tc.host, tc.port, local)
-			if tc.wantStatus != 0 {
-				var ie *inboundError
-				if !errors.As(err, &ie) || ie.status != tc.wantStatus {
-					t.Fatalf("got %v, %v; want status %d", got, err, tc.wantStatus)
-				}
-				return
-			}
-			if err != nil || got.String() != tc.want {
-				t.Fatalf("got %v, %v; want %s", got, err, tc.want)
-			}
-		})
-	}
 }

@@ -89,8 +89,8 @@ func (p *Proxy) responseHeader(w *state.Workload) http.Header {
 // only label telemetry: the service is believed only among the
 // destination's own (guessInboundService) and the principal only from the
 // TLS handshake.
-func (p *Proxy) inboundMeta(req *hbone.ServerRequest, ci *connInfo) {
-	e := ci.extOf()
+func (c *conn) inboundMeta(req *hbone.ServerRequest) {
+	e := c.extOf()
 	e.hboneAddr = req.Authority
 	e.arrivedOn = addrPortOf(req.Conn.LocalAddr())
 	e.forHost = parseForwardedHost(req.Header.Get("Forwarded"))

@@ -77,29 +77,29 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 		// A flood must not flood the log too: the 1st, 2nd, 4th, 8th...
 		// refusal of a peer is logged.
 		if refused&(refused-1) == 0 {
-			ci := newConnInfo(dirInbound, src)
-			ci.dst = addrPortOf(c.LocalAddr()) // as ztunnel logs an early deny: the address it arrived on
-			p.failed(ci, fmt.Errorf("%w (refused %d so far)", err, refused))
+			cn := newConn(p, dirInbound, src)
+			cn.dst = addrPortOf(c.LocalAddr()) // as ztunnel logs an early deny: the address it arrived on
+			cn.fail(fmt.Errorf("%w (refused %d so far)", err, refused))
 		}
 		_ = c.SetLinger(0)
 		c.Close()
 		return false
 	}
 	defer p.peerDone(ip)
-	conn := record.Server(c, p.cfg.TLS.ServerConfig(p.serverCert, mtls.WithCRL(p.cfg.CRL)))
+	tlsConn := record.Server(c, p.cfg.TLS.ServerConfig(p.serverCert, mtls.WithCRL(p.cfg.CRL)))
 	p.cfg.Metrics.SocketOpened(metrics.ReporterDestination)
 	defer p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
 	hctx, cancel := context.WithTimeout(p.ctx, p.cfg.HandshakeTimeout)
-	err := conn.HandshakeContext(hctx)
+	err := tlsConn.HandshakeContext(hctx)
 	cancel()
 	p.handshakeDone(ip)
 	if err != nil {
 		if errors.Is(err, mtls.ErrRevoked) {
 			p.cfg.Metrics.CRLRejected(metrics.ReporterDestination)
 		}
-		ci := newConnInfo(dirInbound, src)
-		ci.dst = addrPortOf(c.LocalAddr())
-		p.failed(ci, fmt.Errorf("tls handshake: %w", err))
+		cn := newConn(p, dirInbound, src)
+		cn.dst = addrPortOf(c.LocalAddr())
+		cn.fail(fmt.Errorf("tls handshake: %w", err))
 		c.Close()
 		return false
 	}
@@ -107,12 +107,12 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 	// for every CONNECT stream the connection carries.
 	// Its streams' records point at it rather than each holding a copy.
 	peer := new(peerIdentity)
-	peer.id, peer.err = mtls.PeerIdentity(conn.ConnectionState())
+	peer.id, peer.err = mtls.PeerIdentity(tlsConn.ConnectionState())
 	ctx := context.WithValue(p.ctx, peerIdentityKey{}, peer)
-	if err := p.hbsrv.ServeConn(ctx, conn); err != nil && !errors.Is(err, net.ErrClosed) {
+	if err := p.hbsrv.ServeConn(ctx, tlsConn); err != nil && !errors.Is(err, net.ErrClosed) {
 		p.log.Debug("hbone connection ended", "src.addr", src.String(), "error", err)
 	}
-	conn.Close()
+	tlsConn.Close()
 	return false
 }
 
@@ -168,59 +168,52 @@ func errIPMismatch(conn, authority netip.Addr) error {
 // serveHBONE handles one CONNECT stream: validate, authorize, dial the app,
 // answer 200 and relay.
 func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
-	ci := newConnInfo(dirInbound, addrPortOf(req.Conn.RemoteAddr()))
-	ci.mtls = true
-	app, authorized, err := p.inboundUpstream(ctx, req, ci)
+	cn := newConn(p, dirInbound, addrPortOf(req.Conn.RemoteAddr()))
+	cn.mtls = true
+	cn.inboundMeta(req) // headers.go
+	app, authorized, err := p.inboundAuthorize(ctx, req, cn)
 	if err != nil {
-		status := http.StatusServiceUnavailable
-		var ie *inboundError
-		if errors.As(err, &ie) {
-			status = ie.status
+		ie, ok := errors.AsType[*inboundError](err)
+		if !ok {
+			ie = &inboundError{status: http.StatusServiceUnavailable, err: err}
+			err = ie
 		}
 		// As ztunnel: a request refused before its context was complete
 		// (bad authority, ip mismatch, unknown service) is only logged; one
-		// refused by policy or by the app is counted too.
-		if ci.metric != nil {
-			flags := metrics.FlagConnect
-			if status == http.StatusUnauthorized {
-				flags = metrics.FlagDeny
-			}
-			p.complete(ci, flags, err)
+		// refused by policy or by the app is counted too, its flags from
+		// the status (responseFlags).
+		if cn.metric != nil {
+			cn.end(err)
 		} else {
-			p.failed(ci, err)
+			cn.fail(err)
 		}
-		if _, rerr := req.Respond(status, nil); rerr != nil {
+		if _, rerr := req.Respond(ie.status, nil); rerr != nil {
 			p.log.Debug("respond failed", "error", rerr)
 		}
 		return
 	}
-	s, err := req.Respond(http.StatusOK, p.responseHeader(ci.dstWorkload))
+	s, err := req.Respond(http.StatusOK, p.responseHeader(cn.dstWorkload))
 	if err != nil {
 		app.Close()
-		p.complete(ci, metrics.FlagConnect, err)
+		cn.end(withFlags(metrics.FlagConnect, err))
 		return
 	}
-	p.trackPolicy(ci, authorized)
-	p.listStream(ci)
+	cn.trackPolicy(authorized)
+	cn.listStream()
 	// The handler returns at once; the engine owns the relay.
-	p.startRelay(ci, streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app})
+	cn.relay(streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app})
 }
 
-// inboundUpstream authorizes a CONNECT and dials the app; the snapshot
-// returned allowed ci.PolicyConn(), for the connection manager's later
-// re-checks.
-func (p *Proxy) inboundUpstream(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, *state.Snapshot, error) {
-	p.inboundMeta(req, ci)
-	return p.inboundAuthorize(ctx, req, ci)
-}
-
-func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, ci *connInfo) (*net.TCPConn, *state.Snapshot, error) {
+// inboundAuthorize validates and authorizes a CONNECT and dials the app;
+// the snapshot returned allowed cn.PolicyConn(), for the connection
+// manager's later re-checks.
+func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, cn *conn) (*net.TCPConn, *state.Snapshot, error) {
 	host, target, err := splitAuthority(req.Authority) // authority.go
 	if err != nil {
 		return nil, nil, inboundErr(http.StatusBadRequest, "%w", err)
 	}
 	authority := target
-	ci.dst = target
+	cn.dst = target
 	peer, ok := ctx.Value(peerIdentityKey{}).(*peerIdentity)
 	if !ok {
 		return nil, nil, inboundErr(http.StatusBadRequest, "connection is not mutual TLS")
@@ -228,14 +221,14 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	if peer.err != nil {
 		return nil, nil, inboundErr(http.StatusUnauthorized, "peer identity: %w", peer.err)
 	}
-	ci.srcIdentity = &peer.id
+	cn.srcIdentity = &peer.id
 
 	w, snap, err := p.localWorkload(ctx)
 	if err != nil {
 		return nil, nil, inboundErr(http.StatusServiceUnavailable, "%w", err)
 	}
-	ci.dstWorkload = w
-	ci.srcWorkload = p.inboundSource(ctx, snap, req, ci.src)
+	cn.dstWorkload = w
+	cn.srcWorkload = p.inboundSource(ctx, snap, req, cn.src)
 
 	local := addrPortOf(req.Conn.LocalAddr())
 	if host != "" {
@@ -243,7 +236,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		if target, err = hostAuthorityTarget(snap, w, host, target.Port(), local.Addr()); err != nil {
 			return nil, nil, err
 		}
-		ci.dst = target
+		cn.dst = target
 	}
 	snap = p.fetchTunnelTarget(ctx, snap, w, target, local) // ondemand.go
 	if err := p.validateDestination(snap, w, target, local); err != nil {
@@ -252,15 +245,15 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	// The app is always this pod; the authority gives the port (and may
 	// name another IP in the exceptions validateDestination allows).
 	target = netip.AddrPortFrom(local.Addr(), target.Port())
-	ci.dst = target
+	cn.dst = target
 	if p.isIllegalPort(target.Port()) {
 		return nil, nil, inboundErr(http.StatusBadRequest, "illegal target port %d", target.Port())
 	}
-	ci.service = guessInboundService(inboundCandidates(snap, w, host), ci.ext.forHost, w, appPort(w, target.Port()))
-	p.open(ci)
-	// What re-checks evaluate too (connmgr reads it from ci).
-	dec := snap.Authorize(ci.PolicyConn())
-	p.logDryRun(snap, ci.PolicyConn()) // dryrun.go
+	cn.service = guessInboundService(inboundCandidates(snap, w, host), cn.ext.forHost, w, appPort(w, target.Port()))
+	cn.open()
+	// What re-checks evaluate too (connmgr reads it from cn).
+	dec := snap.Authorize(cn.PolicyConn())
+	p.logDryRun(snap, cn.PolicyConn()) // dryrun.go
 	if !dec.Allowed {
 		return nil, nil, &inboundError{status: http.StatusUnauthorized, err: errPolicyRejection(dec.Reason)}
 	}
@@ -269,13 +262,13 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		if err != nil {
 			return nil, nil, inboundErr(http.StatusServiceUnavailable, "%w", err)
 		}
-		app, err := p.dialAppTunnel(ctx, ci, target, tunnelDst, t.Port)
+		app, err := p.dialAppTunnel(ctx, cn, target, tunnelDst, t.Port)
 		if err != nil {
 			return nil, nil, inboundErr(http.StatusServiceUnavailable, "connect to %s: %w", target, err)
 		}
 		return app, snap, nil
 	}
-	app, err := p.dialApp(ctx, ci.src.Addr(), target)
+	app, err := p.dialApp(ctx, cn.src.Addr(), target)
 	if err != nil {
 		return nil, nil, inboundErr(http.StatusServiceUnavailable, "connect to %s: %w", target, err)
 	}

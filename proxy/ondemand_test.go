@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -17,9 +16,6 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel/hbone"
-	"github.com/ztunnel-go/ztunnel/identity"
-	"github.com/ztunnel-go/ztunnel/mtls"
-	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 	"github.com/ztunnel-go/ztunnel/proxy/socks5"
 	"github.com/ztunnel-go/ztunnel/state"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
@@ -224,22 +220,6 @@ workloads:
 // the server to be ns/serverSA.
 func inConnect(t *testing.T, in *inboundRig, serverSA, authority string) (*hbone.Stream, error) {
 	t.Helper()
-	cert := tlstest.Cert(t, in.ca, identity.New("", "ns", "client"))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	raw, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", in.hbonePort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc := tls.Client(raw, mtls.ClientConfig(cert, []string{"spiffe://cluster.local/ns/ns/sa/" + serverSA}))
-	if err := tc.HandshakeContext(ctx); err != nil {
-		raw.Close()
-		t.Fatal(err)
-	}
-	cc, err := hbone.NewClientConn(tc, hbone.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return cc.Connect(ctx, &hbone.Request{Authority: authority})
+	s, _, err := connectHBONE(t, in.ca, in.hbonePort, "client", serverSA, &hbone.Request{Authority: authority})
+	return s, err
 }

@@ -1,19 +1,14 @@
 package proxy
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"strings"
-	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/metrics"
-	"github.com/ztunnel-go/ztunnel/mtls"
-	"github.com/ztunnel-go/ztunnel/mtls/record"
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
@@ -32,18 +27,18 @@ type outboundRoute struct {
 // the one the app dialed (SO_ORIGINAL_DST).
 func (p *Proxy) handleOutbound(c *net.TCPConn) bool {
 	p.cfg.Metrics.SocketOpened(metrics.ReporterSource)
-	ci := newConnInfo(dirOutbound, addrPortOf(c.RemoteAddr()))
+	cn := newConn(p, dirOutbound, addrPortOf(c.RemoteAddr()))
 	origDst, err := engine.OriginalDst(c)
 	if err != nil {
-		p.abortOutbound(c, ci, err)
+		p.abortOutbound(c, cn, err)
 		return false
 	}
-	return p.proxyOutbound(c, ci, origDst)
+	return p.proxyOutbound(c, cn, origDst)
 }
 
 // abortOutbound ends an outbound connection that never got a route.
-func (p *Proxy) abortOutbound(c *net.TCPConn, ci *connInfo, err error) {
-	p.failed(ci, err)
+func (p *Proxy) abortOutbound(c *net.TCPConn, cn *conn, err error) {
+	cn.fail(err)
 	engine.TCPEndpoint{TCPConn: c}.Abort()
 	p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
 }
@@ -52,17 +47,17 @@ func (p *Proxy) abortOutbound(c *net.TCPConn, ci *connInfo, err error) {
 // origDst, the destination the app asked for (captured or named over
 // SOCKS5). The caller counted the socket opened; it is counted closed here
 // or, once handed to the engine, when the relay ends.
-func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPort) (handedOff bool) {
+func (p *Proxy) proxyOutbound(c *net.TCPConn, cn *conn, origDst netip.AddrPort) (handedOff bool) {
 	defer func() {
 		if !handedOff {
 			p.cfg.Metrics.SocketClosed(metrics.ReporterSource)
 		}
 	}()
 	abort := func(err error) {
-		p.failed(ci, err)
+		cn.fail(err)
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 	}
-	ci.dst = origDst
+	cn.dst = origDst
 	if origDst.Addr().IsLoopback() && p.isIllegalPort(origDst.Port()) {
 		abort(fmt.Errorf("self call to illegal port %d refused", origDst.Port()))
 		return
@@ -73,120 +68,58 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, ci *connInfo, origDst netip.AddrPo
 		abort(err)
 		return
 	}
-	route, err := p.routeOutbound(ctx, snap, srcW, ci.src, origDst)
+	route, err := p.routeOutbound(ctx, snap, srcW, cn.src, origDst)
 	if err != nil {
 		abort(err)
 		return
 	}
-	ci.srcWorkload = srcW
-	ci.dstWorkload, ci.service = route.workload, route.service
+	cn.srcWorkload = srcW
+	cn.dstWorkload, cn.service = route.workload, route.service
 	// From here dst is the address dialled, what ztunnel logs as dst.addr
 	// (an endpoint's ip:15008, a waypoint, a gateway); the original
 	// destination is kept when it differs, for the connections dump.
 	if route.hbone || route.dst != origDst {
-		e := ci.extOf()
+		e := cn.extOf()
 		e.origDst, e.hboneAddr, e.double = origDst, route.authority, route.gateway != nil
 	}
-	ci.dst = route.dst
+	cn.dst = route.dst
 	var upstream engine.Endpoint
 	if route.hbone {
-		ci.mtls = true
-		ci.srcIdentity = p.ownIdentity(srcW)
-		connect := p.connectHBONE
+		cn.mtls = true
+		cn.srcIdentity = p.ownIdentity(srcW)
+		t := newTunnel(p, srcW, cn.src, &route)
+		var s *hbone.Stream
 		if route.gateway != nil {
 			// As ztunnel: a double HBONE connection is opened once the
 			// destination answered, as its labels come from that answer.
-			connect = p.connectDoubleHBONE
+			s, err = t.openInner(ctx)
 		} else {
-			p.open(ci)
+			cn.open()
+			s, err = t.open(ctx)
 		}
-		s, flags, err := connect(ctx, srcW, ci.src, route)
 		if err != nil {
-			p.complete(ci, flags, err)
+			cn.end(err)
 			engine.TCPEndpoint{TCPConn: c}.Abort()
 			return
 		}
 		if g := route.gateway; g != nil {
-			ci.ext.hasBaggage = true
-			ci.ext.baggage = strings.Join(s.ResponseHeader().Values("Baggage"), ",")
-			ci.ext.peerID = &g.peerID
-			p.open(ci)
+			cn.ext.hasBaggage = true
+			cn.ext.baggage = strings.Join(s.ResponseHeader().Values("Baggage"), ",")
+			cn.ext.peerID = &g.peerID
+			cn.open()
 		}
 		upstream = streamEndpoint{s}
 	} else {
 		// TCP to TCP: the engine connects and relays (on the epoll backend
 		// its event loop completes the connect; see engine.StartDial).
-		p.open(ci)
-		p.relayed(c, ci)
-		p.startDial(ctx, ci, c, &p.dialer, route.dst)
+		cn.open()
+		cn.listAccepted(c)
+		cn.relayDial(ctx, c, &p.dialer, route.dst)
 		return true
 	}
 	// The engine's event loop owns the relay from here (for a stream, the
 	// goroutine relay on backends without stream support).
-	p.relayed(c, ci)
-	p.startRelay(ci, engine.TCPEndpoint{TCPConn: c}, upstream)
+	cn.listAccepted(c)
+	cn.relay(engine.TCPEndpoint{TCPConn: c}, upstream)
 	return true
 }
-
-// connectHBONE opens (or reuses) a tunnel to the route's peer and sends CONNECT.
-// The response flags say which step failed, for the metrics.
-func (p *Proxy) connectHBONE(ctx context.Context, srcW *state.Workload, client netip.AddrPort, r outboundRoute) (*hbone.Stream, metrics.ResponseFlags, error) {
-	srcID := p.identityOf(srcW)
-	cert, err := p.cfg.Certs.Get(ctx, srcID)
-	if err != nil {
-		return nil, metrics.FlagIdentityError, fmt.Errorf("certificate for %s: %w", srcID, err)
-	}
-	var srcIP netip.Addr
-	if len(srcW.Addresses) > 0 {
-		srcIP = srcW.Addresses[0]
-	}
-	key := strings.Join([]string{srcID.String(), strings.Join(r.sans, ","), srcIP.String(), r.dst.String()}, "|")
-	dial := func(ctx context.Context) (net.Conn, error) {
-		tc, err := p.dialer.Dial(ctx, netip.Addr{}, r.dst)
-		if err != nil {
-			return nil, &dialError{metrics.FlagNetworkPolicy, fmt.Errorf("connect to %s (maybe a NetworkPolicy is blocking HBONE port 15008): %w", r.dst, err)}
-		}
-		// The pool may outlive this cert; the TLS config pins the one in force
-		// when the connection was made, which is what rotation needs.
-		// crypto/tls runs the handshake; mtls/record then seals each batch of
-		// HBONE frames into records in one buffer and one syscall.
-		conn := record.Client(tc, p.cfg.TLS.ClientConfig(cert, r.sans, mtls.WithCRL(p.cfg.CRL)))
-		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		if err := conn.HandshakeContext(hctx); err != nil {
-			tc.Close()
-			if errors.Is(err, mtls.ErrRevoked) {
-				p.cfg.Metrics.CRLRejected(metrics.ReporterSource)
-			}
-			return nil, &dialError{metrics.FlagTLSFailure, fmt.Errorf("tls handshake with %s: %w", r.dst, err)}
-		}
-		return conn, nil
-	}
-	hdr := p.connectHeader(srcW, client, r.service)
-	s, err := p.cfg.Pool.Connect(ctx, key, dial, &hbone.Request{Authority: r.authority, Header: hdr})
-	if err != nil {
-		var se *hbone.StatusError
-		var de *dialError
-		switch {
-		case errors.As(err, &se):
-			flags := metrics.FlagConnect
-			if se.Code == 401 {
-				flags = metrics.FlagDeny
-			}
-			return nil, flags, fmt.Errorf("upstream refused CONNECT %s: %w", r.authority, err)
-		case errors.As(err, &de):
-			return nil, de.flags, err
-		}
-		return nil, metrics.FlagH2HandshakeFailure, err
-	}
-	return s, metrics.FlagNone, nil
-}
-
-// dialError marks which step of opening a tunnel connection failed.
-type dialError struct {
-	flags metrics.ResponseFlags
-	err   error
-}
-
-func (e *dialError) Error() string { return e.err.Error() }
-func (e *dialError) Unwrap() error { return e.err }

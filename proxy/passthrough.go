@@ -17,9 +17,9 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 			p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
 		}
 	}()
-	ci := newConnInfo(dirInbound, addrPortOf(c.RemoteAddr()))
+	cn := newConn(p, dirInbound, addrPortOf(c.RemoteAddr()))
 	abort := func(err error) {
-		p.failed(ci, err)
+		cn.fail(err)
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 	}
 	dst, err := engine.OriginalDst(c)
@@ -27,7 +27,7 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 		abort(err)
 		return
 	}
-	ci.dst = dst
+	cn.dst = dst
 	if p.isIllegalPort(dst.Port()) {
 		abort(fmt.Errorf("illegal target port %d", dst.Port()))
 		return
@@ -37,36 +37,36 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 		abort(err)
 		return
 	}
-	ci.dstWorkload = w
-	ci.srcWorkload = p.fetchWorkloadByAddr(p.ctx, snap, ci.src.Addr()) // ondemand.go
-	p.open(ci)
-	// What re-checks evaluate too (connmgr reads it from ci): no identity.
-	dec := snap.Authorize(ci.PolicyConn())
-	p.logDryRun(snap, ci.PolicyConn()) // dryrun.go
+	cn.dstWorkload = w
+	cn.srcWorkload = p.fetchWorkloadByAddr(p.ctx, snap, cn.src.Addr()) // ondemand.go
+	cn.open()
+	// What re-checks evaluate too (connmgr reads it from cn): no identity.
+	dec := snap.Authorize(cn.PolicyConn())
+	p.logDryRun(snap, cn.PolicyConn()) // dryrun.go
 	if !dec.Allowed {
-		p.complete(ci, metrics.FlagDeny, errPolicyRejection(dec.Reason))
+		cn.end(withFlags(metrics.FlagDeny, errPolicyRejection(dec.Reason)))
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 		return
 	}
-	if !p.spoofsSource(ci.src.Addr(), dst) {
+	if !p.spoofsSource(cn.src.Addr(), dst) {
 		// TCP to TCP with nothing to try first: the engine connects and
 		// relays (on the epoll backend its event loop completes the
 		// connect; a failed one reaches relayEnded as a connect error,
 		// logged and counted as below).
-		p.trackPolicy(ci, snap)
-		p.relayed(c, ci)
-		p.startDial(p.ctx, ci, c, &p.dialer, dst)
+		cn.trackPolicy(snap)
+		cn.listAccepted(c)
+		cn.relayDial(p.ctx, c, &p.dialer, dst)
 		return true
 	}
-	app, err := p.dialApp(p.ctx, ci.src.Addr(), dst)
+	app, err := p.dialApp(p.ctx, cn.src.Addr(), dst)
 	if err != nil {
-		p.complete(ci, metrics.FlagConnect, fmt.Errorf("connect to %s: %w", dst, err))
+		cn.end(withFlags(metrics.FlagConnect, fmt.Errorf("connect to %s: %w", dst, err)))
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 		return
 	}
-	p.trackPolicy(ci, snap)
+	cn.trackPolicy(snap)
 	// TCP to TCP: the engine's event loop owns the relay from here.
-	p.relayed(c, ci)
-	p.startRelay(ci, engine.TCPEndpoint{TCPConn: c}, engine.TCPEndpoint{TCPConn: app})
+	cn.listAccepted(c)
+	cn.relay(engine.TCPEndpoint{TCPConn: c}, engine.TCPEndpoint{TCPConn: app})
 	return true
 }

@@ -34,7 +34,8 @@ func (r *proxyRig) servePassthrough(c *net.TCPConn) {
 // a connect the app refuses resets the client, and both are logged as
 // before the connect moved into the engine (engine.StartDial).
 func TestPassthroughInbound(t *testing.T) {
-	const yaml = `
+	onEachBackend(t, func(t *testing.T, eng *engine.Engine) {
+		const yaml = `
 workloads:
 - uid: u-srv
   name: srv
@@ -44,73 +45,54 @@ workloads:
   protocol: TCP
   services: {}
 `
-	for _, tc := range []struct {
-		name    string
-		refused bool // nothing listens at the destination any more
-	}{
-		{"relays to the app", false},
-		{"refused connect resets the client", true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			rig := startProxy(t, yaml, "srv", nil)
-			app, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer app.Close()
-			dst := app.Addr().String()
-			client, err := net.DialTCP("tcp", nil, app.Addr().(*net.TCPAddr))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer client.Close()
-			client.SetDeadline(time.Now().Add(20 * time.Second))
-			captured, err := app.AcceptTCP()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tc.refused {
-				app.Close()
-			}
-			rig.servePassthrough(captured)
-
-			var m map[string]string
-			if tc.refused {
-				if _, err := io.ReadAll(client); !errors.Is(err, syscall.ECONNRESET) {
-					t.Fatalf("client read %v, want a reset", err)
-				}
-				m = nextLog(t, rig.logs)
-				want := fmt.Sprintf("connect to %s: dial tcp %s: connect: connection refused", dst, dst)
-				if m["error"] != want {
-					t.Fatalf("access log error %q, want %q", m["error"], want)
-				}
-			} else {
-				upstream, err := app.AcceptTCP()
+		for _, tc := range []struct {
+			name    string
+			refused bool // nothing listens at the destination any more
+		}{
+			{"relays to the app", false},
+			{"refused connect resets the client", true},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				rig := startProxy(t, yaml, "srv", withEngine(eng))
+				app, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 				if err != nil {
 					t.Fatal(err)
 				}
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					defer upstream.Close()
-					io.Copy(upstream, upstream)
-					upstream.CloseWrite()
-				}()
-				got, err := echoOver(client, "plaintext in")
-				<-done
-				if err != nil || got != "plaintext in" {
-					t.Fatalf("echo: %q, %v", got, err)
+				defer app.Close()
+				dst := app.Addr().String()
+				client, captured := dialCaptured(t, app)
+				if tc.refused {
+					app.Close()
 				}
-				m = nextLog(t, rig.logs)
-				if _, ok := m["error"]; ok {
-					t.Fatalf("access log error %q after a clean relay", m["error"])
+				rig.servePassthrough(captured)
+
+				var m map[string]string
+				if tc.refused {
+					if _, err := io.ReadAll(client); !errors.Is(err, syscall.ECONNRESET) {
+						t.Fatalf("client read %v, want a reset", err)
+					}
+					m = nextLog(t, rig.logs)
+					want := fmt.Sprintf("connect to %s: dial tcp %s: connect: connection refused", dst, dst)
+					if m["error"] != want {
+						t.Fatalf("access log error %q, want %q", m["error"], want)
+					}
+				} else {
+					upstream, err := app.AcceptTCP()
+					if err != nil {
+						t.Fatal(err)
+					}
+					echoThrough(t, client, upstream, "plaintext in")
+					m = nextLog(t, rig.logs)
+					if _, ok := m["error"]; ok {
+						t.Fatalf("access log error %q after a clean relay", m["error"])
+					}
 				}
-			}
-			if m["msg"] != "connection complete" || m["direction"] != "inbound" || m["dst.addr"] != dst || m["src.addr"] != client.LocalAddr().String() {
-				t.Fatalf("access log %v, want a complete inbound connection %s -> %s", m, client.LocalAddr(), dst)
-			}
-		})
-	}
+				if m["msg"] != "connection complete" || m["direction"] != "inbound" || m["dst.addr"] != dst || m["src.addr"] != client.LocalAddr().String() {
+					t.Fatalf("access log %v, want a complete inbound connection %s -> %s", m, client.LocalAddr(), dst)
+				}
+			})
+		}
+	})
 }
 
 // TestPassthroughConnectInEngine: on the epoll backend the engine's event
@@ -129,18 +111,9 @@ func TestPassthroughConnectInEngine(t *testing.T) {
 workloads:
 - {uid: u-srv, name: srv, namespace: ns, serviceAccount: srv, workloadIps: ["127.0.0.1"], protocol: TCP, services: {}}
 `
-	rig := startProxy(t, yaml, "srv", func(c *Config) { c.Engine = e })
+	rig := startProxy(t, yaml, "srv", withEngine(e))
 	app := tinyBacklogListener(t)
-	client, err := net.DialTCP("tcp", nil, app.Addr().(*net.TCPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	client.SetDeadline(time.Now().Add(20 * time.Second))
-	captured, err := app.AcceptTCP()
-	if err != nil {
-		t.Fatal(err)
-	}
+	client, captured := dialCaptured(t, app)
 	// The filler takes the queue's one place.
 	filler, err := net.DialTCP("tcp", nil, app.Addr().(*net.TCPAddr))
 	if err != nil {
@@ -160,6 +133,34 @@ workloads:
 	if err != nil {
 		t.Fatalf("the connect to the app did not survive until its queue drained: %v", err)
 	}
+	echoThrough(t, client, upstream, "after the queue drained")
+	if m := nextLog(t, rig.logs); m["msg"] != "connection complete" || m["error"] != "" {
+		t.Fatalf("access log %v, want a clean complete connection", m)
+	}
+}
+
+// dialCaptured connects a client to app, which stands for the app behind a
+// captured address, and returns both ends: the client's (closed at the
+// test's end) and the one the capture would have handed the proxy.
+func dialCaptured(t *testing.T, app *net.TCPListener) (client, captured *net.TCPConn) {
+	t.Helper()
+	client, err := net.DialTCP("tcp", nil, app.Addr().(*net.TCPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	client.SetDeadline(time.Now().Add(20 * time.Second))
+	captured, err = app.AcceptTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client, captured
+}
+
+// echoThrough echoes on upstream, the app's end of a relayed connection,
+// and checks that msg sent from client comes back through the relay.
+func echoThrough(t *testing.T, client, upstream *net.TCPConn, msg string) {
+	t.Helper()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -167,13 +168,10 @@ workloads:
 		io.Copy(upstream, upstream)
 		upstream.CloseWrite()
 	}()
-	got, err := echoOver(client, "after the queue drained")
+	got, err := echoOver(client, msg)
 	<-done
-	if err != nil || got != "after the queue drained" {
+	if err != nil || got != msg {
 		t.Fatalf("echo: %q, %v", got, err)
-	}
-	if m := nextLog(t, rig.logs); m["msg"] != "connection complete" || m["error"] != "" {
-		t.Fatalf("access log %v, want a clean complete connection", m)
 	}
 }
 

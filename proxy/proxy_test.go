@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -13,14 +12,11 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/identity"
-	"github.com/ztunnel-go/ztunnel/mtls"
-	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
-	"github.com/ztunnel-go/ztunnel/proxy/connmgr"
 	"github.com/ztunnel-go/ztunnel/state"
-	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
 
 func TestMain(m *testing.M) {
@@ -30,53 +26,9 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// echoApp is the local application behind the proxy.
-func echoApp(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.Copy(c, c)
-				c.(*net.TCPConn).CloseWrite()
-			}()
-		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-type inboundRig struct {
-	hbonePort int
-	ca        *caclient.BuiltinCA
-	store     *state.Store
-}
-
-// startInbound runs a proxy serving the workload "srv" at 127.0.0.1, with a
-// DENY policy on denyPort; opts adjust its Config.
-func startInbound(t *testing.T, denyPort int, opts ...func(*Config)) *inboundRig {
-	t.Helper()
-	cfg := fmt.Sprintf(`
+// srvPolicyConfig starts the snapshots of the inbound rigs: the workload
+// "srv" at 127.0.0.1 (HBONE), then the policies each test appends.
+const srvPolicyConfig = `
 workloads:
 - uid: u-srv
   name: srv
@@ -86,113 +38,49 @@ workloads:
   protocol: HBONE
   services: {}
 policies:
-- name: deny-port
-  namespace: ns
-  scope: Namespace
-  action: Deny
-  dryRun: false
-  rules:
-  - - - destinationPorts: [%d]
-`, denyPort)
-	snap, err := xdsconv.LocalSnapshot([]byte(cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := tlstest.NewCA(t, "cluster.local")
-	certs := mtls.NewStore(mtls.StoreConfig{Source: caclient.New(caclient.Config{Signer: ca})})
-	pool := hbone.NewPool(hbone.PoolConfig{})
-	rig := &inboundRig{hbonePort: freePort(t), ca: ca, store: state.NewStore(snap)}
-	conns := connmgr.New(connmgr.Config{Store: rig.store})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); conns.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	pcfg := Config{
-		Workload: WorkloadRef{Namespace: "ns", Name: "srv", ServiceAccount: "srv"},
-		State:    rig.store, Certs: certs, Pool: pool, Conns: conns,
-		BindHost: "127.0.0.1", OutboundPort: freePort(t), InboundPlainPort: freePort(t), InboundHBONEPort: rig.hbonePort,
-		OrigSrc: new(bool), // no spoofing on loopback
-	}
-	for _, o := range opts {
-		o(&pcfg)
-	}
-	p, err := New(pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Close()
-		pool.Close()
-		certs.Close()
-	})
-	return rig
-}
-
-// connect opens an HBONE stream to the rig as identity sa.
-func (r *inboundRig) connect(t *testing.T, sa, authority string) (*hbone.Stream, error) {
-	t.Helper()
-	cert := tlstest.Cert(t, r.ca, identity.New("", "ns", sa))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	raw, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", r.hbonePort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc := tls.Client(raw, mtls.ClientConfig(cert, []string{"spiffe://cluster.local/ns/ns/sa/srv"}))
-	if err := tc.HandshakeContext(ctx); err != nil {
-		raw.Close()
-		t.Fatal(err)
-	}
-	cc, err := hbone.NewClientConn(tc, hbone.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return cc.Connect(ctx, &hbone.Request{Authority: authority})
-}
+`
 
 func TestInboundHBONE(t *testing.T) {
-	app := echoApp(t)
-	denied := echoApp(t)
-	rig := startInbound(t, denied)
+	onEachBackend(t, func(t *testing.T, eng *engine.Engine) {
+		app := echoApp(t)
+		denied := echoApp(t)
+		rig := startInbound(t, denied, withEngine(eng))
 
-	t.Run("echo", func(t *testing.T) {
-		s, err := rig.connect(t, "client", fmt.Sprintf("127.0.0.1:%d", app))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		s.Write([]byte("hello through the tunnel"))
-		s.CloseWrite()
-		got, err := io.ReadAll(s)
-		if err != nil || string(got) != "hello through the tunnel" {
-			t.Fatalf("got %q, %v", got, err)
-		}
-	})
-
-	statusTests := []struct {
-		name      string
-		authority string
-		want      int
-	}{
-		{"denied by policy", fmt.Sprintf("127.0.0.1:%d", denied), 401},
-		{"unparsable authority", "example.com", 400},
-		{"authority ip mismatch", fmt.Sprintf("127.0.0.2:%d", app), 400},
-		{"illegal port", fmt.Sprintf("127.0.0.1:%d", rig.hbonePort), 400},
-		{"nothing listening", fmt.Sprintf("127.0.0.1:%d", freePort(t)), 503},
-	}
-	for _, tc := range statusTests {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := rig.connect(t, "client", tc.authority)
-			var se *hbone.StatusError
-			if !errors.As(err, &se) || se.Code != tc.want {
-				t.Fatalf("CONNECT %s: %v, want status %d", tc.authority, err, tc.want)
+		t.Run("echo", func(t *testing.T) {
+			s, err := rig.connect(t, "client", fmt.Sprintf("127.0.0.1:%d", app))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			s.Write([]byte("hello through the tunnel"))
+			s.CloseWrite()
+			got, err := io.ReadAll(s)
+			if err != nil || string(got) != "hello through the tunnel" {
+				t.Fatalf("got %q, %v", got, err)
 			}
 		})
-	}
+
+		statusTests := []struct {
+			name      string
+			authority string
+			want      int
+		}{
+			{"denied by policy", fmt.Sprintf("127.0.0.1:%d", denied), 401},
+			{"unparsable authority", "example.com", 400},
+			{"authority ip mismatch", fmt.Sprintf("127.0.0.2:%d", app), 400},
+			{"illegal port", fmt.Sprintf("127.0.0.1:%d", rig.hbonePort), 400},
+			{"nothing listening", fmt.Sprintf("127.0.0.1:%d", freePort(t)), 503},
+		}
+		for _, tc := range statusTests {
+			t.Run(tc.name, func(t *testing.T) {
+				_, err := rig.connect(t, "client", tc.authority)
+				var se *hbone.StatusError
+				if !errors.As(err, &se) || se.Code != tc.want {
+					t.Fatalf("CONNECT %s: %v, want status %d", tc.authority, err, tc.want)
+				}
+			})
+		}
+	})
 }
 
 func TestInboundRejectsForeignTrustDomain(t *testing.T) {
@@ -222,49 +110,51 @@ func TestInboundRejectsForeignTrustDomain(t *testing.T) {
 // TestPolicyChangeClosesOpenConnections pushes a policy while two tunnels
 // are open: the one it denies is reset, the one it still allows goes on.
 func TestPolicyChangeClosesOpenConnections(t *testing.T) {
-	app := echoApp(t)
-	rig := startInbound(t, 1)
-	authority := fmt.Sprintf("127.0.0.1:%d", app)
-	open := func(sa string) *hbone.Stream {
-		s, err := rig.connect(t, sa, authority)
+	onEachBackend(t, func(t *testing.T, eng *engine.Engine) {
+		app := echoApp(t)
+		rig := startInbound(t, 1, withEngine(eng))
+		authority := fmt.Sprintf("127.0.0.1:%d", app)
+		open := func(sa string) *hbone.Stream {
+			s, err := rig.connect(t, sa, authority)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := s.Write([]byte("ping")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(s, make([]byte, 4)); err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}
+		good, bad := open("good"), open("bad")
+		defer good.Close()
+		defer bad.Close()
+
+		// Push: DENY the "bad" service account (keep the rig's port DENY).
+		old := rig.store.Load()
+		deny := &state.Policy{
+			Name: "deny-bad", Namespace: "ns", Scope: state.ScopeNamespace, Action: state.ActionDeny,
+			Rules: [][][]state.Match{{{{Principals: []state.StringMatch{{Kind: state.MatchSuffix, Value: "/sa/bad"}}}}}},
+		}
+		next, err := state.NewSnapshot(old.Workloads(), old.Services(), append(append([]*state.Policy(nil), old.Policies()...), deny))
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := s.Write([]byte("ping")); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.ReadFull(s, make([]byte, 4)); err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	good, bad := open("good"), open("bad")
-	defer good.Close()
-	defer bad.Close()
+		rig.store.Publish(next)
 
-	// Push: DENY the "bad" service account (keep the rig's port DENY).
-	old := rig.store.Load()
-	deny := &state.Policy{
-		Name: "deny-bad", Namespace: "ns", Scope: state.ScopeNamespace, Action: state.ActionDeny,
-		Rules: [][][]state.Match{{{{Principals: []state.StringMatch{{Kind: state.MatchSuffix, Value: "/sa/bad"}}}}}},
-	}
-	next, err := state.NewSnapshot(old.Workloads(), old.Services(), append(append([]*state.Policy(nil), old.Policies()...), deny))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rig.store.Publish(next)
-
-	_, err = io.ReadAll(bad)
-	var se *hbone.StreamError
-	if !errors.As(err, &se) {
-		t.Fatalf("denied tunnel read: %v, want a stream reset", err)
-	}
-	if _, err := good.Write([]byte("pong")); err != nil {
-		t.Fatalf("allowed tunnel after the push: %v", err)
-	}
-	buf := make([]byte, 4)
-	if _, err := io.ReadFull(good, buf); err != nil || string(buf) != "pong" {
-		t.Fatalf("allowed tunnel after the push: %q, %v", buf, err)
-	}
+		_, err = io.ReadAll(bad)
+		var se *hbone.StreamError
+		if !errors.As(err, &se) {
+			t.Fatalf("denied tunnel read: %v, want a stream reset", err)
+		}
+		if _, err := good.Write([]byte("pong")); err != nil {
+			t.Fatalf("allowed tunnel after the push: %v", err)
+		}
+		buf := make([]byte, 4)
+		if _, err := io.ReadFull(good, buf); err != nil || string(buf) != "pong" {
+			t.Fatalf("allowed tunnel after the push: %q, %v", buf, err)
+		}
+	})
 }

@@ -5,15 +5,15 @@ import (
 	"unsafe"
 )
 
-// TestConnInfoSizeClass guards the size of the record every idle relayed
+// TestConnSizeClass guards the size of the record every idle relayed
 // connection holds: a field more moves it to the next malloc size class
 // (208 after 192) for every connection.
-func TestConnInfoSizeClass(t *testing.T) {
+func TestConnSizeClass(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		size, max uintptr
 	}{
-		{"connInfo", unsafe.Sizeof(connInfo{}), 192},
+		{"conn", unsafe.Sizeof(conn{}), 192},
 		// Held by every HBONE-carried or redirected connection.
 		{"connExt", unsafe.Sizeof(connExt{}), 128},
 	} {

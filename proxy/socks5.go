@@ -21,11 +21,11 @@ const socksHandshakeTimeout = 10 * time.Second
 // the connection takes the normal outbound path.
 func (p *Proxy) handleSOCKS5(c *net.TCPConn) bool {
 	p.cfg.Metrics.SocketOpened(metrics.ReporterSource)
-	ci := newConnInfo(dirOutbound, addrPortOf(c.RemoteAddr()))
+	cn := newConn(p, dirOutbound, addrPortOf(c.RemoteAddr()))
 	_ = c.SetDeadline(time.Now().Add(socksHandshakeTimeout))
 	t, err := socks5.Handshake(c)
 	if err != nil {
-		p.abortOutbound(c, ci, err)
+		p.abortOutbound(c, cn, err)
 		return false
 	}
 	ctx, cancel := context.WithTimeout(p.ctx, socksHandshakeTimeout)
@@ -34,17 +34,17 @@ func (p *Proxy) handleSOCKS5(c *net.TCPConn) bool {
 	if err != nil {
 		// The client learns why; the error is logged as the connection's.
 		_ = socks5.WriteReply(c, socks5.ReplyHostUnreachable, netip.AddrPort{})
-		p.abortOutbound(c, ci, fmt.Errorf("socks5: %w", err))
+		p.abortOutbound(c, cn, fmt.Errorf("socks5: %w", err))
 		return false
 	}
 	// As ztunnel: success is answered before the upstream is connected; a
 	// later failure resets the connection.
 	if err := socks5.WriteReply(c, socks5.ReplySucceeded, netip.AddrPort{}); err != nil {
-		p.abortOutbound(c, ci, err)
+		p.abortOutbound(c, cn, err)
 		return false
 	}
 	_ = c.SetDeadline(time.Time{})
-	return p.proxyOutbound(c, ci, dst)
+	return p.proxyOutbound(c, cn, dst)
 }
 
 // resolveSOCKS turns a SOCKS5 target into an address. A service hostname

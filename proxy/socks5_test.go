@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -15,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/mtls"
@@ -22,94 +22,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 	"github.com/ztunnel-go/ztunnel/proxy/meta"
 	"github.com/ztunnel-go/ztunnel/proxy/socks5"
-	"github.com/ztunnel-go/ztunnel/state"
-	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
-
-// logCapture is a slog handler that hands every "connection complete"
-// record's attributes to a channel.
-type logCapture struct {
-	attrs []slog.Attr
-	ch    chan map[string]string
-}
-
-func (h *logCapture) Enabled(context.Context, slog.Level) bool { return true }
-func (h *logCapture) WithGroup(string) slog.Handler            { return h }
-func (h *logCapture) WithAttrs(a []slog.Attr) slog.Handler {
-	return &logCapture{attrs: append(append([]slog.Attr(nil), h.attrs...), a...), ch: h.ch}
-}
-func (h *logCapture) Handle(_ context.Context, r slog.Record) error {
-	if r.Message != "connection complete" && r.Message != "connection failed" {
-		return nil
-	}
-	m := map[string]string{"msg": r.Message}
-	for _, a := range h.attrs {
-		m[a.Key] = a.Value.String()
-	}
-	r.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.String(); return true })
-	select {
-	case h.ch <- m:
-	default: // a test that does not read its log must not block the proxy
-	}
-	return nil
-}
-
-// nextLog waits for the next connection record.
-func nextLog(t *testing.T, ch chan map[string]string) map[string]string {
-	t.Helper()
-	select {
-	case m := <-ch:
-		return m
-	case <-time.After(10 * time.Second):
-		t.Fatal("no connection record logged")
-		return nil
-	}
-}
-
-type proxyRig struct {
-	p     *Proxy
-	ca    *caclient.BuiltinCA
-	store *state.Store
-	logs  chan map[string]string
-}
-
-// startProxy runs a proxy for workload ns/name (service account = name)
-// over the local config yaml, on loopback with free ports; mutate adjusts
-// its Config first.
-func startProxy(t *testing.T, yaml, name string, mutate func(*Config)) *proxyRig {
-	t.Helper()
-	snap, err := xdsconv.LocalSnapshot([]byte(yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := tlstest.NewCA(t, "cluster.local")
-	certs := mtls.NewStore(mtls.StoreConfig{Source: caclient.New(caclient.Config{Signer: ca})})
-	pool := hbone.NewPool(hbone.PoolConfig{})
-	rig := &proxyRig{ca: ca, store: state.NewStore(snap), logs: make(chan map[string]string, 16)}
-	cfg := Config{
-		Workload: WorkloadRef{Namespace: "ns", Name: name, ServiceAccount: name},
-		State:    rig.store, Certs: certs, Pool: pool,
-		BindHost: "127.0.0.1", OutboundPort: freePort(t), InboundPlainPort: freePort(t), InboundHBONEPort: freePort(t),
-		OrigSrc: new(bool), Logger: slog.New(&logCapture{ch: rig.logs}),
-	}
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	p, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	rig.p = p
-	t.Cleanup(func() {
-		p.Close()
-		pool.Close()
-		certs.Close()
-	})
-	return rig
-}
 
 // socksDial runs the SOCKS5 handshake for target against the rig.
 func (r *proxyRig) socksDial(t *testing.T, target socks5.Target) (net.Conn, socks5.Reply, error) {
@@ -144,8 +57,9 @@ var noDNS = &net.Resolver{PreferGo: true, Dial: func(context.Context, string, st
 }}
 
 func TestSOCKS5(t *testing.T) {
-	app := echoApp(t)
-	yaml := fmt.Sprintf(`
+	onEachBackend(t, func(t *testing.T, eng *engine.Engine) {
+		app := echoApp(t)
+		yaml := fmt.Sprintf(`
 workloads:
 - uid: u-cli
   name: cli
@@ -175,98 +89,99 @@ services:
   ports: {80: %d}
   visibility: Namespace
 `, app, app, app)
-	rig := startProxy(t, yaml, "cli", func(c *Config) {
-		c.SOCKS5, c.SOCKS5Port, c.Resolver = true, freePort(t), noDNS
-	})
+		rig := startProxy(t, yaml, "cli", func(c *Config) {
+			c.SOCKS5, c.SOCKS5Port, c.Resolver, c.Engine = true, freePort(t), noDNS, eng
+		})
 
-	ok := []struct {
-		name   string
-		target socks5.Target
-		dst    string // dst.addr in the access log: the address dialled, as ztunnel logs it
-	}{
-		{"ipv4 passthrough", socks5.Target{Addr: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(app))}, fmt.Sprintf("127.0.0.1:%d", app)},
-		{"service vip", socks5.Target{Addr: netip.MustParseAddrPort("127.0.0.3:80")}, fmt.Sprintf("127.0.0.1:%d", app)},
-		{"service hostname to its vip", socks5.Target{Host: "echo.ns.svc.cluster.local", Port: 80}, fmt.Sprintf("127.0.0.1:%d", app)},
-		{"name from the system resolver", socks5.Target{Host: "localhost", Port: uint16(app)}, fmt.Sprintf("127.0.0.1:%d", app)},
-	}
-	for _, tc := range ok {
-		t.Run(tc.name, func(t *testing.T) {
-			c, rep, err := rig.socksDial(t, tc.target)
+		ok := []struct {
+			name   string
+			target socks5.Target
+			dst    string // dst.addr in the access log: the address dialled, as ztunnel logs it
+		}{
+			{"ipv4 passthrough", socks5.Target{Addr: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(app))}, fmt.Sprintf("127.0.0.1:%d", app)},
+			{"service vip", socks5.Target{Addr: netip.MustParseAddrPort("127.0.0.3:80")}, fmt.Sprintf("127.0.0.1:%d", app)},
+			{"service hostname to its vip", socks5.Target{Host: "echo.ns.svc.cluster.local", Port: 80}, fmt.Sprintf("127.0.0.1:%d", app)},
+			{"name from the system resolver", socks5.Target{Host: "localhost", Port: uint16(app)}, fmt.Sprintf("127.0.0.1:%d", app)},
+		}
+		for _, tc := range ok {
+			t.Run(tc.name, func(t *testing.T) {
+				c, rep, err := rig.socksDial(t, tc.target)
+				if err != nil || rep != socks5.ReplySucceeded {
+					t.Fatalf("handshake: %v, %v", rep, err)
+				}
+				got, err := echoOver(c, "through socks")
+				if err != nil || got != "through socks" {
+					t.Fatalf("echo: %q, %v", got, err)
+				}
+				m := nextLog(t, rig.logs)
+				if m["msg"] != "connection complete" || m["dst.addr"] != tc.dst || m["direction"] != "outbound" {
+					t.Fatalf("access log %v, want a complete outbound connection to %s", m, tc.dst)
+				}
+			})
+		}
+
+		refused := []struct {
+			name   string
+			target socks5.Target
+			cmd    byte
+			want   socks5.Reply
+		}{
+			{"bind", socks5.Target{Addr: netip.MustParseAddrPort("127.0.0.1:80")}, socks5.CmdBind, socks5.ReplyCommandNotSupported},
+			{"unknown name", socks5.Target{Host: "nothing.invalid", Port: 80}, socks5.CmdConnect, socks5.ReplyHostUnreachable},
+			{"service hidden from the namespace", socks5.Target{Host: "hidden.other.svc.cluster.local", Port: 80}, socks5.CmdConnect, socks5.ReplyHostUnreachable},
+		}
+		for _, tc := range refused {
+			t.Run(tc.name, func(t *testing.T) {
+				c, err := net.Dial("tcp", rig.p.Addrs()[3].String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(20 * time.Second))
+				req, _ := socks5.AppendRequest([]byte{5, 1, 0}, tc.cmd, tc.target)
+				c.Write(req)
+				resp := make([]byte, 2+10)
+				if _, err := io.ReadFull(c, resp); err != nil {
+					t.Fatal(err)
+				}
+				if socks5.Reply(resp[3]) != tc.want {
+					t.Fatalf("reply % x, want code %#x", resp, byte(tc.want))
+				}
+				if m := nextLog(t, rig.logs); m["msg"] != "connection failed" {
+					t.Fatalf("access log %v, want a failed connection", m)
+				}
+			})
+		}
+
+		t.Run("refused upstream is reset after success", func(t *testing.T) {
+			dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(freePort(t)))
+			c, rep, err := rig.socksDial(t, socks5.Target{Addr: dst})
 			if err != nil || rep != socks5.ReplySucceeded {
 				t.Fatalf("handshake: %v, %v", rep, err)
 			}
-			got, err := echoOver(c, "through socks")
-			if err != nil || got != "through socks" {
-				t.Fatalf("echo: %q, %v", got, err)
+			if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("client read %v, want a reset", err)
 			}
 			m := nextLog(t, rig.logs)
-			if m["msg"] != "connection complete" || m["dst.addr"] != tc.dst || m["direction"] != "outbound" {
-				t.Fatalf("access log %v, want a complete outbound connection to %s", m, tc.dst)
+			want := fmt.Sprintf("connect to %s: dial tcp %s: connect: connection refused", dst, dst)
+			if m["msg"] != "connection complete" || m["error"] != want {
+				t.Fatalf("access log %v, want a complete connection with error %q", m, want)
 			}
 		})
-	}
 
-	refused := []struct {
-		name   string
-		target socks5.Target
-		cmd    byte
-		want   socks5.Reply
-	}{
-		{"bind", socks5.Target{Addr: netip.MustParseAddrPort("127.0.0.1:80")}, socks5.CmdBind, socks5.ReplyCommandNotSupported},
-		{"unknown name", socks5.Target{Host: "nothing.invalid", Port: 80}, socks5.CmdConnect, socks5.ReplyHostUnreachable},
-		{"service hidden from the namespace", socks5.Target{Host: "hidden.other.svc.cluster.local", Port: 80}, socks5.CmdConnect, socks5.ReplyHostUnreachable},
-	}
-	for _, tc := range refused {
-		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", rig.p.Addrs()[3].String())
-			if err != nil {
-				t.Fatal(err)
+		t.Run("illegal port is reset after success", func(t *testing.T) {
+			own := rig.p.Addrs()[0].(*net.TCPAddr).AddrPort()
+			c, rep, err := rig.socksDial(t, socks5.Target{Addr: own})
+			if err != nil || rep != socks5.ReplySucceeded {
+				t.Fatalf("handshake: %v, %v", rep, err)
 			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(20 * time.Second))
-			req, _ := socks5.AppendRequest([]byte{5, 1, 0}, tc.cmd, tc.target)
-			c.Write(req)
-			resp := make([]byte, 2+10)
-			if _, err := io.ReadFull(c, resp); err != nil {
-				t.Fatal(err)
-			}
-			if socks5.Reply(resp[3]) != tc.want {
-				t.Fatalf("reply % x, want code %#x", resp, byte(tc.want))
+			if got, err := echoOver(c, "loop"); err == nil && got != "" {
+				t.Fatalf("self call answered %q", got)
 			}
 			if m := nextLog(t, rig.logs); m["msg"] != "connection failed" {
 				t.Fatalf("access log %v, want a failed connection", m)
 			}
 		})
-	}
-
-	t.Run("refused upstream is reset after success", func(t *testing.T) {
-		dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(freePort(t)))
-		c, rep, err := rig.socksDial(t, socks5.Target{Addr: dst})
-		if err != nil || rep != socks5.ReplySucceeded {
-			t.Fatalf("handshake: %v, %v", rep, err)
-		}
-		if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
-			t.Fatalf("client read %v, want a reset", err)
-		}
-		m := nextLog(t, rig.logs)
-		want := fmt.Sprintf("connect to %s: dial tcp %s: connect: connection refused", dst, dst)
-		if m["msg"] != "connection complete" || m["error"] != want {
-			t.Fatalf("access log %v, want a complete connection with error %q", m, want)
-		}
-	})
-
-	t.Run("illegal port is reset after success", func(t *testing.T) {
-		own := rig.p.Addrs()[0].(*net.TCPAddr).AddrPort()
-		c, rep, err := rig.socksDial(t, socks5.Target{Addr: own})
-		if err != nil || rep != socks5.ReplySucceeded {
-			t.Fatalf("handshake: %v, %v", rep, err)
-		}
-		if got, err := echoOver(c, "loop"); err == nil && got != "" {
-			t.Fatalf("self call answered %q", got)
-		}
-		if m := nextLog(t, rig.logs); m["msg"] != "connection failed" {
-			t.Fatalf("access log %v, want a failed connection", m)
-		}
 	})
 }
 
@@ -330,8 +245,9 @@ func startFakePeer(t *testing.T, ca *caclient.BuiltinCA, ip string) *fakePeer {
 // TestOutboundConnectHeaders sends a connection over SOCKS5 to an HBONE
 // workload and checks the CONNECT's metadata headers.
 func TestOutboundConnectHeaders(t *testing.T) {
-	const peerIP = "127.0.83.1"
-	yaml := `
+	onEachBackend(t, func(t *testing.T, eng *engine.Engine) {
+		const peerIP = "127.0.83.1"
+		yaml := `
 workloads:
 - uid: u-cli
   name: cli
@@ -354,34 +270,35 @@ workloads:
   protocol: HBONE
   services: {}
 `
-	rig := startProxy(t, yaml, "cli", func(c *Config) { c.SOCKS5, c.SOCKS5Port = true, freePort(t) })
-	fp := startFakePeer(t, rig.ca, peerIP)
+		rig := startProxy(t, yaml, "cli", func(c *Config) { c.SOCKS5, c.SOCKS5Port, c.Engine = true, freePort(t), eng })
+		fp := startFakePeer(t, rig.ca, peerIP)
 
-	c, rep, err := rig.socksDial(t, socks5.Target{Addr: netip.MustParseAddrPort(peerIP + ":8080")})
-	if err != nil || rep != socks5.ReplySucceeded {
-		t.Fatalf("handshake: %v, %v", rep, err)
-	}
-	if got, err := echoOver(c, "hi"); err != nil || got != "hi" {
-		t.Fatalf("echo: %q, %v", got, err)
-	}
-	m := nextLog(t, rig.logs)
-	fp.mu.Lock()
-	defer fp.mu.Unlock()
-	if len(fp.headers) != 1 {
-		t.Fatalf("%d CONNECTs, want 1 (log %v)", len(fp.headers), m)
-	}
-	h := fp.headers[0]
-	fwd, err := meta.ParseForwarded(h.Get("Forwarded"))
-	if err != nil || len(fwd) != 1 || fwd[0].For != c.LocalAddr().String() {
-		t.Errorf("forwarded %q (%v), want for=%q", h.Get("Forwarded"), err, c.LocalAddr())
-	}
-	b, err := meta.ParseBaggage(h.Get("Baggage"))
-	want := meta.Baggage{ClusterID: "c1", Namespace: "ns", WorkloadType: "deployment", WorkloadName: "cli-deploy",
-		ServiceName: "cli-app", ServiceVersion: "v7", Region: "r1", Zone: "z1"}
-	if err != nil || b != want {
-		t.Errorf("baggage %q parsed as %+v (%v), want %+v", h.Get("Baggage"), b, err, want)
-	}
-	if _, err := meta.ParseTraceParent(h.Get("Traceparent")); err != nil {
-		t.Errorf("traceparent %q: %v", h.Get("Traceparent"), err)
-	}
+		c, rep, err := rig.socksDial(t, socks5.Target{Addr: netip.MustParseAddrPort(peerIP + ":8080")})
+		if err != nil || rep != socks5.ReplySucceeded {
+			t.Fatalf("handshake: %v, %v", rep, err)
+		}
+		if got, err := echoOver(c, "hi"); err != nil || got != "hi" {
+			t.Fatalf("echo: %q, %v", got, err)
+		}
+		m := nextLog(t, rig.logs)
+		fp.mu.Lock()
+		defer fp.mu.Unlock()
+		if len(fp.headers) != 1 {
+			t.Fatalf("%d CONNECTs, want 1 (log %v)", len(fp.headers), m)
+		}
+		h := fp.headers[0]
+		fwd, err := meta.ParseForwarded(h.Get("Forwarded"))
+		if err != nil || len(fwd) != 1 || fwd[0].For != c.LocalAddr().String() {
+			t.Errorf("forwarded %q (%v), want for=%q", h.Get("Forwarded"), err, c.LocalAddr())
+		}
+		b, err := meta.ParseBaggage(h.Get("Baggage"))
+		want := meta.Baggage{ClusterID: "c1", Namespace: "ns", WorkloadType: "deployment", WorkloadName: "cli-deploy",
+			ServiceName: "cli-app", ServiceVersion: "v7", Region: "r1", Zone: "z1"}
+		if err != nil || b != want {
+			t.Errorf("baggage %q parsed as %+v (%v), want %+v", h.Get("Baggage"), b, err, want)
+		}
+		if _, err := meta.ParseTraceParent(h.Get("Traceparent")); err != nil {
+			t.Errorf("traceparent %q: %v", h.Get("Traceparent"), err)
+		}
+	})
 }

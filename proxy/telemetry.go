@@ -23,7 +23,7 @@ const (
 )
 
 // connExt holds what only some connections need, so the record every idle
-// relayed connection keeps (connInfo) stays in its size class: a
+// relayed connection keeps (conn) stays in its size class: a
 // passthrough connection has none.
 type connExt struct {
 	// hboneAddr is the CONNECT authority (dst.hbone_addr).
@@ -53,48 +53,48 @@ type connExt struct {
 	double bool
 }
 
-// extOf returns ci's connExt, making it on first use.
-func (ci *connInfo) extOf() *connExt {
-	if ci.ext == nil {
-		ci.ext = new(connExt)
+// extOf returns c's connExt, making it on first use.
+func (c *conn) extOf() *connExt {
+	if c.ext == nil {
+		c.ext = new(connExt)
 	}
-	return ci.ext
+	return c.ext
 }
 
 // hboneAddr is the CONNECT authority, "" without one.
-func (ci *connInfo) hboneAddr() string {
-	if ci.ext == nil {
+func (c *conn) hboneAddr() string {
+	if c.ext == nil {
 		return ""
 	}
-	return ci.ext.hboneAddr
+	return c.ext.hboneAddr
 }
 
 // logDst is dst.addr of the access log: outbound the address dialled (an
 // endpoint's ip:15008, a waypoint, a gateway), inbound over HBONE the
 // address the tunnel arrived on, inbound plaintext the original
 // destination.
-func (ci *connInfo) logDst() netip.AddrPort {
-	if ci.ext != nil && ci.ext.arrivedOn.IsValid() {
-		return ci.ext.arrivedOn
+func (c *conn) logDst() netip.AddrPort {
+	if c.ext != nil && c.ext.arrivedOn.IsValid() {
+		return c.ext.arrivedOn
 	}
-	return ci.dst
+	return c.dst
 }
 
 // origDst is the destination the app asked for (outbound).
-func (ci *connInfo) origDst() netip.AddrPort {
-	if ci.ext != nil && ci.ext.origDst.IsValid() {
-		return ci.ext.origDst
+func (c *conn) origDst() netip.AddrPort {
+	if c.ext != nil && c.ext.origDst.IsValid() {
+		return c.ext.origDst
 	}
-	return ci.dst
+	return c.dst
 }
 
 // protocol is the connection's protocol as ztunnel's connection dump
 // spells it: TCP, HBONE or (outbound) DOUBLEHBONE.
-func (ci *connInfo) protocol() string {
+func (c *conn) protocol() string {
 	switch {
-	case ci.ext != nil && ci.ext.double:
+	case c.ext != nil && c.ext.double:
 		return protoDoubleHBON
-	case ci.mtls:
+	case c.mtls:
 		return protoHBONE
 	}
 	return protoTCP
@@ -125,36 +125,36 @@ func peerFromBaggage(v string, id identity.Identity) *metrics.Peer {
 // baggage says) first, then the source workload's record, which overrides
 // all but the principal; the destination workload's record, or for double
 // HBONE what the destination's response said; the intended service.
-func (p *Proxy) labels(ci *connInfo) metrics.ConnLabels {
-	l := metrics.ConnLabels{Reporter: ci.reporter(), SecurityPolicy: metrics.SecurityUnknown}
-	if ci.mtls {
+func (c *conn) labels() metrics.ConnLabels {
+	l := metrics.ConnLabels{Reporter: c.reporter(), SecurityPolicy: metrics.SecurityUnknown}
+	if c.mtls {
 		l.SecurityPolicy = metrics.SecurityMutualTLS
 	}
 	switch {
-	case ci.inbound && ci.mtls:
+	case c.inbound && c.mtls:
 		var bg string
-		if ci.ext != nil {
-			bg = ci.ext.baggage
+		if c.ext != nil {
+			bg = c.ext.baggage
 		}
-		l.SetPeerSource(peerFromBaggage(bg, ci.srcID()))
-	case ci.mtls:
-		l.SetPeerSource(&metrics.Peer{Identity: ci.srcID().String()})
+		l.SetPeerSource(peerFromBaggage(bg, c.srcID()))
+	case c.mtls:
+		l.SetPeerSource(&metrics.Peer{Identity: c.srcID().String()})
 	}
-	if ci.srcWorkload != nil {
-		l.SetSource(metricsWorkload(ci.srcWorkload, ci.srcWorkload.Identity()))
+	if c.srcWorkload != nil {
+		l.SetSource(metricsWorkload(c.srcWorkload, c.srcWorkload.Identity()))
 	}
-	if ci.dstWorkload != nil {
-		l.SetDestination(metricsWorkload(ci.dstWorkload, p.identityOf(ci.dstWorkload)))
+	if c.dstWorkload != nil {
+		l.SetDestination(metricsWorkload(c.dstWorkload, c.p.identityOf(c.dstWorkload)))
 	}
-	if e := ci.ext; !ci.inbound && e != nil && e.hasBaggage {
+	if e := c.ext; !c.inbound && e != nil && e.hasBaggage {
 		var id identity.Identity
 		if e.peerID != nil {
 			id = *e.peerID
 		}
 		l.SetPeerDestination(peerFromBaggage(e.baggage, id))
 	}
-	if ci.service != nil {
-		l.SetDestinationService(ci.service.Hostname, ci.service.Name, ci.service.Namespace)
+	if c.service != nil {
+		l.SetDestinationService(c.service.Hostname, c.service.Name, c.service.Namespace)
 	}
 	return l
 }
@@ -163,16 +163,16 @@ func (p *Proxy) labels(ci *connInfo) metrics.ConnLabels {
 // names them: the pod name of a known workload, else the canonical
 // service the labels carry; a double HBONE destination by the workload
 // name its response gave.
-func (ci *connInfo) logNames(l *metrics.ConnLabels) (src, dst string) {
+func (c *conn) logNames(l *metrics.ConnLabels) (src, dst string) {
 	src = l.SourceCanonicalService
-	if ci.srcWorkload != nil {
-		src = ci.srcWorkload.Name
+	if c.srcWorkload != nil {
+		src = c.srcWorkload.Name
 	}
 	dst = l.DestinationCanonicalService
-	if ci.dstWorkload != nil {
-		dst = ci.dstWorkload.Name
+	if c.dstWorkload != nil {
+		dst = c.dstWorkload.Name
 	}
-	if e := ci.ext; !ci.inbound && e != nil && e.hasBaggage {
+	if e := c.ext; !c.inbound && e != nil && e.hasBaggage {
 		dst = l.DestinationWorkload
 	}
 	return src, dst
@@ -292,14 +292,14 @@ func (p *Proxy) Connections() []Connection {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]Connection, 0, len(p.relays))
-	for _, ci := range p.relays {
-		c := Connection{Inbound: ci.inbound, Src: ci.src, ActualDst: ci.dst, Protocol: ci.protocol()}
-		if ci.inbound {
-			if ci.ext != nil {
-				c.ForHost = ci.ext.forHost
+	for _, cn := range p.relays {
+		c := Connection{Inbound: cn.inbound, Src: cn.src, ActualDst: cn.dst, Protocol: cn.protocol()}
+		if cn.inbound {
+			if cn.ext != nil {
+				c.ForHost = cn.ext.forHost
 			}
 		} else {
-			c.OriginalDst = ci.origDst()
+			c.OriginalDst = cn.origDst()
 		}
 		out = append(out, c)
 	}

@@ -1,0 +1,50 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+	"testing"
+
+	"github.com/ztunnel-go/ztunnel/engine"
+	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+)
+
+// testBackends are the engine backends the proxy's byte-carrying rig tests
+// run on: the proxy hands every relay to the engine, and each backend
+// relays (and ends, and reports) them its own way.
+var testBackends = []string{engine.BackendStd, engine.BackendEpoll, engine.BackendUring}
+
+// onEachBackend runs fn as a subtest per backend, with an engine of that
+// backend for the rig's proxies (withEngine). Where the kernel refuses
+// io_uring (EPERM, ENOSYS, EACCES: a seccomp filter, an old kernel, a
+// sysctl) the uring subtest is skipped through netnslab.Skip, which counts
+// it. The engine is closed after the subtest's own cleanups, so after the
+// proxies that use it.
+func onEachBackend(t *testing.T, fn func(t *testing.T, eng *engine.Engine)) {
+	t.Helper()
+	for _, name := range testBackends {
+		t.Run(name, func(t *testing.T) {
+			eng, err := engine.New(engine.Config{Backend: name})
+			if err != nil {
+				if name == engine.BackendUring && kernelRefused(err) {
+					netnslab.Skip(t, fmt.Sprintf("the kernel refuses io_uring: %v", err))
+				}
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { eng.Close() })
+			fn(t, eng)
+		})
+	}
+}
+
+// kernelRefused reports whether err is the kernel refusing a backend's
+// set-up (how engine.New reports a backend the machine does not allow).
+func kernelRefused(err error) bool {
+	return errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.ENOSYS) || errors.Is(err, syscall.EACCES)
+}
+
+// withEngine is the Config option that runs a rig proxy's relays on eng.
+func withEngine(eng *engine.Engine) func(*Config) {
+	return func(c *Config) { c.Engine = eng }
+}
