@@ -8,9 +8,7 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"runtime"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,22 +16,13 @@ import (
 )
 
 func testHandleAbort(t *testing.T, e *engine.Engine, k kit) {
-	p := k.pair(t, e)
-	deadline(p.Client, p.Server)
-	p.Client.Write([]byte("x"))
-	if _, err := io.ReadFull(p.Server, make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
+	p := k.open(t, e)
+	pass(t, p.Client, p.Server, "x")
 	cause := errors.New("policy changed")
 	p.Handle.Abort(cause)
-	if res := p.Result(t); !errors.Is(res.Err, cause) {
-		t.Fatalf("result %v, want the abort cause", res.Err)
-	}
-	for _, c := range []*net.TCPConn{p.Client, p.Server} {
-		if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
-			t.Fatalf("peer read %v after abort, want ECONNRESET", err)
-		}
-	}
+	p.wantErr(t, cause)
+	wantReset(t, p.Client, "client after abort")
+	wantReset(t, p.Server, "server after abort")
 	if !p.Handle.Done() {
 		t.Fatal("handle not done after the result")
 	}
@@ -54,10 +43,7 @@ func testEndpointAbortDoesNotReach(t *testing.T, e *engine.Engine, k kit) {
 	deadline(client, server)
 	done := make(chan engine.Result, 1)
 	h := e.Start(ea, b, nil, func(r engine.Result) { done <- r })
-	client.Write([]byte("x"))
-	if _, err := io.ReadFull(server, make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
+	pass(t, client, server, "x")
 	ea.Abort()
 	// Still relaying: a byte goes through after the endpoint's Abort.
 	client.Write([]byte("y"))
@@ -73,11 +59,8 @@ func testEndpointAbortDoesNotReach(t *testing.T, e *engine.Engine, k kit) {
 	case <-time.After(hang):
 		t.Fatal("relay did not end after its Handle's Abort")
 	}
-	for _, c := range []*net.TCPConn{client, server} {
-		if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
-			t.Fatalf("peer read %v after abort, want ECONNRESET", err)
-		}
-	}
+	wantReset(t, client, "client after abort")
+	wantReset(t, server, "server after abort")
 }
 
 func testDrainWaits(t *testing.T, e *engine.Engine, k kit) {
@@ -99,50 +82,29 @@ func testDrainWaits(t *testing.T, e *engine.Engine, k kit) {
 }
 
 func testDrainDeadline(t *testing.T, e *engine.Engine, k kit) {
-	p := k.pair(t, e)
-	deadline(p.Client, p.Server)
-	p.Client.Write([]byte("x"))
-	if _, err := io.ReadFull(p.Server, make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
+	p := k.open(t, e)
+	pass(t, p.Client, p.Server, "x")
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := e.Drain(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Drain = %v, want context.Canceled", err)
 	}
-	if res := p.Result(t); !errors.Is(res.Err, engine.ErrClosed) {
-		t.Fatalf("result %v, want ErrClosed", res.Err)
-	}
-	if _, err := io.ReadAll(p.Client); !errors.Is(err, syscall.ECONNRESET) {
-		t.Fatalf("client read %v, want ECONNRESET", err)
-	}
+	p.wantErr(t, engine.ErrClosed)
+	wantReset(t, p.Client, "client")
 }
 
 func testClose(t *testing.T, e *engine.Engine, k kit) {
-	p := k.pair(t, e)
-	deadline(p.Client, p.Server)
-	p.Client.Write([]byte("x"))
-	if _, err := io.ReadFull(p.Server, make([]byte, 1)); err != nil {
-		t.Fatal(err)
-	}
+	p := k.open(t, e)
+	pass(t, p.Client, p.Server, "x")
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if res := p.Result(t); !errors.Is(res.Err, engine.ErrClosed) {
-		t.Fatalf("result %v, want ErrClosed", res.Err)
-	}
-	if _, err := io.ReadAll(p.Server); !errors.Is(err, syscall.ECONNRESET) {
-		t.Fatalf("server read %v, want ECONNRESET", err)
-	}
+	p.wantErr(t, engine.ErrClosed)
+	wantReset(t, p.Server, "server")
 	// A relay handed to a closed engine is refused and both peers reset.
-	late := k.pair(t, e)
-	deadline(late.Client, late.Server)
-	if res := late.Result(t); !errors.Is(res.Err, engine.ErrClosed) {
-		t.Fatalf("late relay: %v, want ErrClosed", res.Err)
-	}
-	if _, err := io.ReadAll(late.Client); !errors.Is(err, syscall.ECONNRESET) {
-		t.Fatalf("late client read %v, want ECONNRESET", err)
-	}
+	late := k.open(t, e)
+	late.wantErr(t, engine.ErrClosed)
+	wantReset(t, late.Client, "late client")
 	if err := e.Close(); !errors.Is(err, engine.ErrClosed) {
 		t.Fatalf("second Close = %v", err)
 	}
@@ -159,16 +121,7 @@ func testIdleHoldsNothing(t *testing.T, e *engine.Engine, k kit) {
 	}
 	const n = 100
 	before := runtime.NumGoroutine()
-	pairs := make([]*Pair, n)
-	for i := range pairs {
-		p := k.pair(t, e)
-		pairs[i] = p
-		deadline(p.Client, p.Server)
-		p.Client.Write([]byte("ping"))
-		if _, err := io.ReadFull(p.Server, make([]byte, 4)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pairs := k.openUp(t, e, n)
 	// The loop returns a pipe (or a stream buffer) right after the splice
 	// (write) that empties it, which may be just after the server has read:
 	// wait for it.
@@ -199,9 +152,7 @@ func testIdleHoldsNothing(t *testing.T, e *engine.Engine, k kit) {
 		p.Server.CloseWrite()
 	}
 	for _, p := range pairs {
-		if res := p.Result(t); res.Err != nil {
-			t.Fatal(res.Err)
-		}
+		p.wantClean(t)
 	}
 }
 
@@ -212,16 +163,7 @@ func testIdleHoldsNothing(t *testing.T, e *engine.Engine, k kit) {
 func testCloseEndsGoroutines(t *testing.T, e *engine.Engine, k kit) {
 	const n = 20
 	before := runtime.NumGoroutine()
-	pairs := make([]*Pair, n)
-	for i := range pairs {
-		p := k.pair(t, e)
-		pairs[i] = p
-		deadline(p.Client, p.Server)
-		p.Client.Write([]byte("ping"))
-		if _, err := io.ReadFull(p.Server, make([]byte, 4)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pairs := k.openUp(t, e, n)
 	inLoops := e.Backend() == engine.BackendEpoll || (!k.stream && e.Backend() == engine.BackendUring)
 	if st := e.Stats(); st.Relays != n || inLoops != (st.Running > 0) {
 		t.Fatalf("stats %+v: want %d relays, in running loops: %v", st, n, inLoops)
@@ -233,9 +175,7 @@ func testCloseEndsGoroutines(t *testing.T, e *engine.Engine, k kit) {
 		t.Fatal(err)
 	}
 	for _, p := range pairs {
-		if res := p.Result(t); !errors.Is(res.Err, engine.ErrClosed) {
-			t.Fatalf("result %v, want ErrClosed", res.Err)
-		}
+		p.wantErr(t, engine.ErrClosed)
 	}
 	if st := e.Stats(); st.Running != 0 || st.Relays != 0 || st.LoopRelays != 0 {
 		t.Fatalf("stats %+v after Close: want no loop running and no relay", st)

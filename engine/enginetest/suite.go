@@ -1,7 +1,10 @@
 package enginetest
 
 import (
+	"errors"
+	"io"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -96,6 +99,43 @@ func (k kit) pair(t testing.TB, e *engine.Engine) *Pair {
 	return p
 }
 
+// open is pair with the safety-net deadline set on both peers.
+func (k kit) open(t testing.TB, e *engine.Engine) *Pair {
+	p := k.pair(t, e)
+	deadline(p.Client, p.Server)
+	return p
+}
+
+// openUp opens n relays and passes a ping through each, so that every one
+// is up and has moved bytes.
+func (k kit) openUp(t testing.TB, e *engine.Engine, n int) []*Pair {
+	t.Helper()
+	pairs := make([]*Pair, n)
+	for i := range pairs {
+		pairs[i] = k.open(t, e)
+		pass(t, pairs[i].Client, pairs[i].Server, "ping")
+	}
+	return pairs
+}
+
+// pass writes msg to from and reads it at to: the relay is up that way.
+func pass(t testing.TB, from, to *net.TCPConn, msg string) {
+	t.Helper()
+	from.Write([]byte(msg))
+	if _, err := io.ReadFull(to, make([]byte, len(msg))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wantReset reads c to its end and fails unless the end is a reset; who
+// names c in the failure.
+func wantReset(t testing.TB, c *net.TCPConn, who string) {
+	t.Helper()
+	if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("%s read %v, want ECONNRESET", who, err)
+	}
+}
+
 // Pair is one relay under test: Client talks to the relay's A side, Server
 // sits behind its B side.
 type Pair struct {
@@ -114,6 +154,32 @@ func (p *Pair) Result(t testing.TB) engine.Result {
 	case <-time.After(hang):
 		t.Fatal("relay did not end")
 		return engine.Result{}
+	}
+}
+
+// wantClean waits for the relay's result and fails unless it is a clean
+// end.
+func (p *Pair) wantClean(t testing.TB) {
+	t.Helper()
+	if res := p.Result(t); res.Err != nil {
+		t.Fatalf("relay ended with %v, want a clean end", res.Err)
+	}
+}
+
+// wantFailed waits for the relay's result and fails if it is a clean end:
+// after says what should have ended it otherwise.
+func (p *Pair) wantFailed(t testing.TB, after string) {
+	t.Helper()
+	if res := p.Result(t); res.Err == nil {
+		t.Fatal("relay reported a clean end after " + after)
+	}
+}
+
+// wantErr waits for the relay's result and fails unless it is target.
+func (p *Pair) wantErr(t testing.TB, target error) {
+	t.Helper()
+	if res := p.Result(t); !errors.Is(res.Err, target) {
+		t.Fatalf("result %v, want %v", res.Err, target)
 	}
 }
 

@@ -56,6 +56,21 @@ func (p progress) Write(b []byte) (int, error) {
 	return p.c.Write(b)
 }
 
+// send writes size bytes of stream(seed) to w on a goroutine of its own
+// and, with closeWrite, half-closes w after them; the channel gets the
+// outcome.
+func send(w *net.TCPConn, seed uint64, size int64, closeWrite bool) <-chan error {
+	errs := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(w, stream(seed, size))
+		if err == nil && closeWrite {
+			err = w.CloseWrite()
+		}
+		errs <- err
+	}()
+	return errs
+}
+
 // echo makes the server side copy everything back and half-close at EOF.
 func echo(c *net.TCPConn) {
 	io.Copy(c, c)
@@ -69,14 +84,7 @@ func roundTrip(t testing.TB, p *Pair, size int64, seed uint64) {
 	deadline(p.Client, p.Server)
 	go echo(p.Server)
 	want, _, _ := digest(stream(seed, size))
-	werr := make(chan error, 1)
-	go func() {
-		_, err := io.Copy(p.Client, stream(seed, size))
-		if err == nil {
-			err = p.Client.CloseWrite()
-		}
-		werr <- err
-	}()
+	werr := send(p.Client, seed, size, true)
 	got, n, err := digest(p.Client)
 	if err != nil || n != size {
 		t.Fatalf("read back %d of %d bytes: %v", n, size, err)
@@ -87,9 +95,7 @@ func roundTrip(t testing.TB, p *Pair, size int64, seed uint64) {
 	if err := <-werr; err != nil {
 		t.Fatalf("write: %v", err)
 	}
-	if res := p.Result(t); res.Err != nil {
-		t.Fatalf("relay ended with %v, want a clean end", res.Err)
-	}
+	p.wantClean(t)
 	if a, b := p.Counters.AToB.Load(), p.Counters.BToA.Load(); a != size || b != size {
 		t.Fatalf("counters A→B %d B→A %d, want %d each", a, b, size)
 	}
@@ -140,9 +146,7 @@ func testLarge(t *testing.T, e *engine.Engine, k kit) {
 			t.Fatal(err)
 		}
 	}
-	if res := p.Result(t); res.Err != nil {
-		t.Fatalf("relay ended with %v", res.Err)
-	}
+	p.wantClean(t)
 	if a, b := p.Counters.AToB.Load(), p.Counters.BToA.Load(); a != size || b != size {
 		t.Fatalf("counters %d/%d, want %d", a, b, size)
 	}
@@ -169,19 +173,11 @@ func testMany(t *testing.T, e *engine.Engine, k kit) {
 }
 
 func testSlowReader(t *testing.T, e *engine.Engine, k kit) {
-	slow := k.pair(t, e)
-	deadline(slow.Client, slow.Server)
+	slow := k.open(t, e)
 	const size = 16 << 20
 	// The client pushes far more than the socket buffers hold while the
 	// server does not read: the relay must stall that direction only.
-	werr := make(chan error, 1)
-	go func() {
-		_, err := io.Copy(slow.Client, stream(7, size))
-		if err == nil {
-			err = slow.Client.CloseWrite()
-		}
-		werr <- err
-	}()
+	werr := send(slow.Client, 7, size, true)
 	// Meanwhile other relays on the same engine keep moving.
 	for i := range 4 {
 		roundTrip(t, k.pair(t, e), 256<<10, uint64(200+i))
@@ -212,22 +208,15 @@ func testSlowReader(t *testing.T, e *engine.Engine, k kit) {
 		t.Fatal(err)
 	}
 	slow.Server.CloseWrite()
-	if res := slow.Result(t); res.Err != nil {
-		t.Fatalf("relay ended with %v", res.Err)
-	}
+	slow.wantClean(t)
 }
 
 func testCountersMove(t *testing.T, e *engine.Engine, k kit) {
-	p := k.pair(t, e)
-	deadline(p.Client, p.Server)
+	p := k.open(t, e)
 	// A multiple of the std relay's counting step (it counts each 4 MiB
 	// splice when it completes).
 	const chunk = 8 << 20
-	werr := make(chan error, 1)
-	go func() {
-		_, err := io.Copy(p.Client, stream(9, chunk))
-		werr <- err
-	}()
+	werr := send(p.Client, 9, chunk, false)
 	if _, err := io.CopyN(io.Discard, p.Server, chunk); err != nil {
 		t.Fatal(err)
 	}
@@ -251,9 +240,7 @@ func testCountersMove(t *testing.T, e *engine.Engine, k kit) {
 	}
 	p.Client.CloseWrite()
 	p.Server.CloseWrite()
-	if res := p.Result(t); res.Err != nil {
-		t.Fatal(res.Err)
-	}
+	p.wantClean(t)
 }
 
 // testMessageSizes sends messages one at a time, each echoed before the
@@ -261,18 +248,13 @@ func testCountersMove(t *testing.T, e *engine.Engine, k kit) {
 // bytes (a copy buffer's size, a pipe's): small ones, then bulk, then small
 // again, in both directions.
 func testMessageSizes(t *testing.T, e *engine.Engine, k kit) {
-	p := k.pair(t, e)
-	deadline(p.Client, p.Server)
+	p := k.open(t, e)
 	go echo(p.Server)
 	sizes := []int64{1, 7, 100, 4095, 16<<10 - 1, 16 << 10, 16<<10 + 1, 64 << 10, 4 << 20, 1, 3, 1000, 32<<10 + 5, 2}
 	var total int64
 	for i, size := range sizes {
 		want, _, _ := digest(stream(uint64(300+i), size))
-		werr := make(chan error, 1)
-		go func() {
-			_, err := io.Copy(p.Client, stream(uint64(300+i), size))
-			werr <- err
-		}()
+		werr := send(p.Client, uint64(300+i), size, false)
 		got, n, err := digest(io.LimitReader(progress{p.Client}, size))
 		if err != nil || n != size {
 			t.Fatalf("message %d: read back %d of %d bytes: %v", i, n, size, err)
@@ -289,9 +271,7 @@ func testMessageSizes(t *testing.T, e *engine.Engine, k kit) {
 	if rest, err := io.ReadAll(p.Client); err != nil || len(rest) != 0 {
 		t.Fatalf("after the last message: %d more bytes, %v; want a clean EOF", len(rest), err)
 	}
-	if res := p.Result(t); res.Err != nil {
-		t.Fatalf("relay ended with %v", res.Err)
-	}
+	p.wantClean(t)
 	if a, b := p.Counters.AToB.Load(), p.Counters.BToA.Load(); a != total || b != total {
 		t.Fatalf("counters A→B %d B→A %d, want %d each", a, b, total)
 	}
@@ -301,8 +281,7 @@ func testMessageSizes(t *testing.T, e *engine.Engine, k kit) {
 // nothing until the socket buffers are full, so that a relay has bytes it
 // read but cannot send yet; then the server reads everything, in order.
 func testSmallWritesSlowReader(t *testing.T, e *engine.Engine, k kit) {
-	p := k.pair(t, e)
-	deadline(p.Client, p.Server)
+	p := k.open(t, e)
 	p.Client.SetNoDelay(true)
 	const msg, count = 700, 12000 // 8.4 MB: far more than the buffers hold
 	werr := make(chan error, 1)
@@ -340,9 +319,7 @@ func testSmallWritesSlowReader(t *testing.T, e *engine.Engine, k kit) {
 		t.Fatal(err)
 	}
 	p.Server.CloseWrite()
-	if res := p.Result(t); res.Err != nil {
-		t.Fatalf("relay ended with %v", res.Err)
-	}
+	p.wantClean(t)
 	if a := p.Counters.AToB.Load(); a != msg*count {
 		t.Fatalf("counter A→B %d, want %d", a, msg*count)
 	}
