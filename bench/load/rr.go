@@ -43,11 +43,9 @@ func (cfg *RRConfig) check() error {
 	if err := cfg.Bounds.Validate(); err != nil {
 		return err
 	}
-	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 1
-	}
-	if cfg.Concurrency > MaxConcurrency {
-		return fmt.Errorf("load: concurrency %d above %d", cfg.Concurrency, MaxConcurrency)
+	var err error
+	if cfg.Concurrency, err = concurrency(cfg.Concurrency); err != nil {
+		return err
 	}
 	if cfg.ReqSize <= 0 {
 		cfg.ReqSize = 1
@@ -73,19 +71,11 @@ func RR(ctx context.Context, cfg RRConfig) (*RRResult, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
-	conns := make([]Conn, 0, cfg.Concurrency)
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	for range cfg.Concurrency {
-		c, err := cfg.Dialer.Dial(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("load: dial: %w", err)
-		}
-		conns = append(conns, c)
+	conns, err := dialAll(ctx, cfg.Dialer, cfg.Concurrency)
+	if err != nil {
+		return nil, err
 	}
+	defer closeAll(conns)
 	return runWorkers(ctx, cfg, "rr", func(ctx context.Context, w int, txn txnFunc) error {
 		c := conns[w]
 		stop := context.AfterFunc(ctx, func() { c.Close() })

@@ -339,11 +339,7 @@ func writeThroughput(m *md, r *Run, st *Stats, plot bool) {
 		for _, metric := range []string{MetricTput1, MetricTputN} {
 			s := st.Get(c.ID, metric, FieldGbps)
 			row = append(row, withRatio(s.Median, st.Get(d, metric, FieldGbps).Median, c.Direct), spread(s))
-			if c.Direct {
-				row = append(row, "—")
-			} else {
-				row = append(row, num(st.Get(c.ID, metric, FieldCores).Median))
-			}
+			row = append(row, coresCell(st, c, metric))
 		}
 		rows = append(rows, row)
 	}
@@ -353,6 +349,15 @@ func writeThroughput(m *md, r *Run, st *Stats, plot bool) {
 		m.p("![throughput](%s)", PlotThroughput)
 		m.p("")
 	}
+}
+
+// coresCell is the proxy CPU cell of c's metric: none for the direct path,
+// which has no proxy.
+func coresCell(st *Stats, c Config, metric string) string {
+	if c.Direct {
+		return "—"
+	}
+	return num(st.Get(c.ID, metric, FieldCores).Median)
 }
 
 func spread(s Stat) string {
@@ -383,11 +388,7 @@ func writeLatency(m *md, r *Run, st *Stats, plot bool) {
 				added = fmt.Sprintf("%+.0f / %+.0f", a50, a99)
 			}
 			row = append(row, added, withRatio(st.Get(c.ID, metric, FieldPerSecond).Median, st.Get(d, metric, FieldPerSecond).Median, c.Direct))
-			if c.Direct {
-				row = append(row, "—")
-			} else {
-				row = append(row, num(st.Get(c.ID, metric, FieldCores).Median))
-			}
+			row = append(row, coresCell(st, c, metric))
 			rows = append(rows, row)
 		}
 		m.table(1, []string{"Path", "p50 µs", "p90", "p99", "p99.9", "max", "added p50 / p99 µs", "transactions/s", "cores"}, rows)
@@ -405,10 +406,7 @@ func writeCPS(m *md, r *Run, st *Stats, plot bool) {
 	var rows [][]string
 	for _, c := range r.Configs {
 		s := st.Get(c.ID, MetricCPS, FieldPerSecond)
-		cores := "—"
-		if !c.Direct {
-			cores = num(st.Get(c.ID, MetricCPS, FieldCores).Median)
-		}
+		cores := coresCell(st, c, MetricCPS)
 		errs := st.Get(c.ID, MetricCPS, func(s Sample) float64 { return float64(s.Errors) })
 		rows = append(rows, []string{"`" + c.ID + "`",
 			withRatio(s.Median, st.Get(d, MetricCPS, FieldPerSecond).Median, c.Direct), spread(s),

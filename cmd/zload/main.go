@@ -28,25 +28,16 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/bench/load"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, isTerminal(os.Stdout) && isTerminal(os.Stderr))
-	stop()
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(2)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "zload:", err)
-		os.Exit(1)
-	}
+	tty := isTerminal(os.Stdout) && isTerminal(os.Stderr)
+	load.Main("zload", func(ctx context.Context, args []string) error {
+		return run(ctx, args, os.Stdout, os.Stderr, tty)
+	})
 }
 
 const usage = `usage: zload <mode> [flags]
@@ -60,11 +51,6 @@ modes:
 
 run "zload <mode> -h" for a mode's flags.
 `
-
-type stringList []string
-
-func (s *stringList) String() string     { return strings.Join(*s, ",") }
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 type intList []int
 
@@ -90,9 +76,9 @@ type flags struct {
 	hbone, tls, raw, json     bool
 	streamsPerConn            int
 	cert                      load.CertConfig
-	sans                      stringList
+	sans                      load.StringList
 	pids                      intList
-	goroutineURLs             stringList
+	goroutineURLs             load.StringList
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool) error {

@@ -93,7 +93,7 @@ func TestHBONEFlagsIssueACertificate(t *testing.T) {
 	certPath, keyPath := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
 	os.WriteFile(certPath, ca.RootPEM(), 0o600)
 	os.WriteFile(keyPath, ca.KeyPEM(), 0o600)
-	f := flags{hbone: true, target: "127.0.0.1:1", authority: "127.0.0.1:2", sans: stringList{"spiffe://cluster.local/ns/a/sa/b"},
+	f := flags{hbone: true, target: "127.0.0.1:1", authority: "127.0.0.1:2", sans: load.StringList{"spiffe://cluster.local/ns/a/sa/b"},
 		cert: load.CertConfig{CACert: certPath, CAKey: keyPath, Identity: "spiffe://cluster.local/ns/bench/sa/zload"}}
 	d, err := newDialer(context.Background(), f)
 	if err != nil {

@@ -14,29 +14,16 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/bench/harness"
 	"github.com/ztunnel-go/ztunnel/bench/report"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:])
-	stop()
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(2)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "zbench:", err)
-		os.Exit(1)
-	}
-}
+func main() { harness.Main("zbench", run) }
 
 func run(ctx context.Context, args []string) error {
 	self, _ := os.Executable()
