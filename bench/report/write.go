@@ -160,6 +160,9 @@ func Markdown(r *Run, st *Stats, plots []string) []byte {
 	m.p("- Throughput: 1 stream and %d streams, client → server (128 KiB writes), counted by the server.", s.Streams)
 	m.p("- Request/response: closed loop, one connection: %s.", strings.Join(sizes, ", "))
 	m.p("- Connection rate: %d workers, each connection carries one 1-byte request and response and is closed by the server.", s.CPSConcurrency)
+	if f := s.FixedRate; f.Rate > 0 {
+		m.p("- Fixed rate: open loop, %d requests/s of %d B each way over %d connections (sent on schedule whatever the responses do; latency from the schedule).", f.Rate, f.Size, f.Conns)
+	}
 	m.p("- Idle: %d connections opened in %d step(s), each after one 1-byte exchange; measured before any traffic.", s.IdleConns, s.IdleSteps)
 	m.p("- Daemon engine backends: %s (selected with `ZTUNNEL_ENGINE`); daemon log level `%s` (no per-connection access log, as the peers).", strings.Join(s.Backends, ", "), s.DaemonLogLevel)
 	m.p("- Profiles: %d s of CPU profile from each daemon's `/debug/pprof/profile` under load.", s.ProfileSeconds)
@@ -170,6 +173,7 @@ func Markdown(r *Run, st *Stats, plots []string) []byte {
 	writeThroughput(&m, r, st, hasPlot[PlotThroughput])
 	writeLatency(&m, r, st, hasPlot[PlotLatency])
 	writeCPS(&m, r, st, hasPlot[PlotCPS])
+	writeFixedRate(&m, r, st)
 	writeIdle(&m, r, hasPlot[PlotIdle])
 	writeProfiles(&m, r)
 
@@ -397,6 +401,31 @@ func writeLatency(m *md, r *Run, st *Stats, plot bool) {
 		m.p("![latency](%s)", PlotLatency)
 		m.p("")
 	}
+}
+
+// writeFixedRate is the CPU each path's proxies spend carrying the same
+// fixed load, the figure of issue 23.
+func writeFixedRate(m *md, r *Run, st *Stats) {
+	f := r.Settings.FixedRate
+	if f.Rate <= 0 {
+		return
+	}
+	m.p("## CPU at a fixed rate")
+	m.p("")
+	var rows [][]string
+	for _, c := range r.Configs {
+		rate := st.Get(c.ID, MetricFixedRate, FieldPerSecond).Median
+		perReq := "—"
+		if cores := st.Get(c.ID, MetricFixedRate, FieldCores).Median; !c.Direct && rate > 0 {
+			perReq = num(cores * 1e6 / rate)
+		}
+		rows = append(rows, []string{"`" + c.ID + "`", num(rate),
+			num(st.Get(c.ID, MetricFixedRate, FieldP50).Median), num(st.Get(c.ID, MetricFixedRate, FieldP99).Median),
+			coresCell(st, c, MetricFixedRate), perReq})
+	}
+	m.table(1, []string{"Path", "achieved requests/s", "p50 µs", "p99 µs", "cores", "CPU µs per request"}, rows)
+	m.p("%d requests/s of %d B each way over %d connections, open loop: the proxies' CPU (all processes of a path) at a load every path carries.", f.Rate, f.Size, f.Conns)
+	m.p("")
 }
 
 func writeCPS(m *md, r *Run, st *Stats, plot bool) {
