@@ -167,13 +167,7 @@ func TestWrite(t *testing.T) {
 	}
 	r.Idle[0].Heaps = []report.HeapProfile{{Proc: "ztunnel in mcli-std", Conns: 2000, File: "profiles/h.pb.gz", Summary: heap}}
 	dir := t.TempDir()
-	if err := report.Write(dir, r); err != nil {
-		t.Fatal(err)
-	}
-	md, err := os.ReadFile(filepath.Join(dir, report.FileReport))
-	if err != nil {
-		t.Fatal(err)
-	}
+	md := writeReport(t, dir, r)
 	for _, want := range []string{
 		"# Benchmark report: testhost",
 		"median of 3 round(s)",
@@ -340,13 +334,7 @@ func TestSummarizeProfile(t *testing.T) {
 func TestWriteFixedRate(t *testing.T) {
 	r := synthetic()
 	dir := t.TempDir()
-	if err := report.Write(dir, r); err != nil {
-		t.Fatal(err)
-	}
-	md, err := os.ReadFile(filepath.Join(dir, report.FileReport))
-	if err != nil {
-		t.Fatal(err)
-	}
+	md := writeReport(t, dir, r)
 	if bytes.Contains(md, []byte("## CPU at a fixed rate")) {
 		t.Fatal("a run without the fixed-rate measurement has its section")
 	}
@@ -357,12 +345,7 @@ func TestWriteFixedRate(t *testing.T) {
 			report.Sample{Config: report.DirectID, Metric: report.MetricFixedRate, Round: round, PerSecond: 1000, Latency: &load.Latency{P50: 80, P99: 150}},
 			report.Sample{Config: daemon, Metric: report.MetricFixedRate, Round: round, PerSecond: 1000, Cores: 0.05, Latency: &load.Latency{P50: 120, P99: 250}})
 	}
-	if err := report.Write(dir, r); err != nil {
-		t.Fatal(err)
-	}
-	if md, err = os.ReadFile(filepath.Join(dir, report.FileReport)); err != nil {
-		t.Fatal(err)
-	}
+	md = writeReport(t, dir, r)
 	for _, want := range []string{
 		"- Fixed rate: open loop, 1000 requests/s of 1024 B each way over 10 connections",
 		"## CPU at a fixed rate",
@@ -376,4 +359,17 @@ func TestWriteFixedRate(t *testing.T) {
 	if t.Failed() {
 		t.Logf("REPORT.md:\n%s", md)
 	}
+}
+
+// writeReport writes r's report into dir and returns its REPORT.md.
+func writeReport(t *testing.T, dir string, r *report.Run) []byte {
+	t.Helper()
+	if err := report.Write(dir, r); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, report.FileReport))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return md
 }
