@@ -29,7 +29,8 @@ const seqLen = 8
 // two a bounded queue carries each request's scheduled time. The latency of
 // a request counts from its scheduled time, so a target that falls behind
 // shows in the latency (no coordinated omission) rather than in a slower
-// schedule.
+// schedule; a writer on schedule counts from its actual send instead, so
+// that the timer's own lateness is not charged to the target.
 //
 // The run is bounded in count (cfg.Count requests are scheduled, spread over
 // the connections) and in time: the schedule ends at cfg.Duration, and each
@@ -205,6 +206,7 @@ func (o *openConn) write(ctx context.Context, queue chan<- slot) {
 	timeout := o.cfg.Dialer.cfg.Timeout
 	for k := int64(0); k < o.planned && !o.failed.Load(); k++ {
 		at := o.first.Add(time.Duration(k) * o.interval)
+		s := slot{seq: uint64(k), at: at}
 		if wait := time.Until(at); wait > 0 {
 			// Every planned slot is before end: only ctx cuts this short.
 			timer.Reset(wait)
@@ -213,12 +215,24 @@ func (o *openConn) write(ctx context.Context, queue chan<- slot) {
 				return
 			case <-timer.C:
 			}
+			// On schedule: the latency counts from the actual send, as a
+			// timer wakes its goroutine up to a millisecond late (the
+			// runtime's poller waits in milliseconds); that lateness is the
+			// generator's, not the target's (it shows in SendLag).
+			s.at = time.Now()
 		}
-		s := slot{seq: uint64(k), at: at}
 		select {
 		case queue <- s:
-		case <-wctx.Done():
-			return
+		default:
+			// Held up by MaxInFlight unanswered requests: from now on the
+			// request is late because of the target, and its latency
+			// counts from its scheduled time.
+			s.at = at
+			select {
+			case queue <- s:
+			case <-wctx.Done():
+				return
+			}
 		}
 		body := req // the header, if any, goes with the first request
 		if !o.cfg.Raw && k > 0 {

@@ -133,6 +133,33 @@ func TestOpenLoopDoesNotWaitForResponses(t *testing.T) {
 	}
 }
 
+// No coordinated omission: a server that stalls for 200 ms holds the
+// writer up (MaxInFlight 2), and the requests it then sends late count from
+// their scheduled time, so the stall shows in the latency of many requests,
+// not of the few in flight when it began.
+func TestOpenLoopCountsStallFromSchedule(t *testing.T) {
+	const stall = 200 * time.Millisecond
+	addr := serveConns(t, func(c net.Conn) {
+		time.Sleep(stall)
+		io.Copy(c, c)
+	})
+	d := dialer(t, load.DialConfig{Target: addr, Timeout: 5 * time.Second})
+	rr, err := load.RR(context.Background(), load.RRConfig{
+		Dialer: d, Bounds: load.Bounds{Duration: 400 * time.Millisecond}, ReqSize: 8, Raw: true, OpenRate: 200, MaxInFlight: 2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rr.Requests != 80 || rr.Missed != 0 || rr.Errors != 0 {
+		t.Fatalf("stalling server: %+v", rr)
+	}
+	// About a fifth of the 80 requests were due during the stall's first
+	// 100 ms; counted from their actual send they would all look fast.
+	if rr.Latency.P90 < 50_000 {
+		t.Fatalf("p90 %.0f µs: the stall was not charged to the requests it delayed", rr.Latency.P90)
+	}
+}
+
 // Bounded in count and time: against a server that never answers, at most
 // MaxInFlight requests (and the one the reader waits on) go out, the run
 // ends one timeout after the schedule, and what could not be sent counts as

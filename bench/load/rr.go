@@ -34,7 +34,9 @@ type RRConfig struct {
 	// requests per second, spread evenly over the connections: on each, a
 	// writer sends on a fixed schedule whatever the responses do, and a
 	// reader takes the responses in order; latency counts from each
-	// request's scheduled time. Rate must then be zero. Count bounds the
+	// request's scheduled time (from its actual send while the writer is on
+	// schedule, so that timer lateness is not charged to the target; see
+	// RRResult.SendLag). Rate must then be zero. Count bounds the
 	// requests scheduled, Duration the schedule; each response has the
 	// dialer's timeout. Raw requests of 8 bytes or more carry a sequence
 	// number the echo must return in order.
