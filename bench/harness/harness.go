@@ -39,7 +39,8 @@ type Options struct {
 	// CPSConcurrency is the connection-rate workers (default 4).
 	CPSConcurrency int
 	// FixedRate is the load of the fixed-rate CPU measurement (default
-	// 1,000 requests/s of 1 KiB over 10 connections, issue 23's).
+	// 1,000 requests/s of 1 KiB over 10 connections, issue 23's; a zero
+	// field takes its default).
 	FixedRate report.FixedRate
 	// IdleConns and IdleSteps shape the idle ramp (default 2000 in 4 steps;
 	// quick 100 in 1).
@@ -112,7 +113,13 @@ func (o *Options) defaults() error {
 		o.CPSConcurrency = 4
 	}
 	if o.FixedRate.Rate <= 0 {
-		o.FixedRate = report.FixedRate{Rate: 1000, Conns: 10, Size: 1024}
+		o.FixedRate.Rate = 1000
+	}
+	if o.FixedRate.Conns <= 0 {
+		o.FixedRate.Conns = 10
+	}
+	if o.FixedRate.Size <= 0 {
+		o.FixedRate.Size = 1024
 	}
 	if o.IdleConns <= 0 {
 		o.IdleConns = pick(2000, 100)
