@@ -77,31 +77,44 @@ func (r *benchRig) close() {
 // connect opens one path; through a relay it does what the proxy does:
 // accept, dial the destination, hand both sockets to the engine.
 func (r *benchRig) connect(b *testing.B) benchConn {
-	client, err := net.DialTCP("tcp", nil, r.front.Addr().(*net.TCPAddr))
-	if err != nil {
-		b.Fatal(err)
-	}
-	a, err := r.front.AcceptTCP()
-	if err != nil {
-		b.Fatal(err)
-	}
+	client, a := dialAccept(b, r.front)
 	if r.e == nil {
 		return benchConn{client: client, server: a}
 	}
-	bb, err := net.DialTCP("tcp", nil, r.bck.Addr().(*net.TCPAddr))
-	if err != nil {
-		b.Fatal(err)
-	}
-	server, err := r.bck.AcceptTCP()
-	if err != nil {
-		b.Fatal(err)
-	}
+	bb, server := dialAccept(b, r.bck)
 	for _, c := range []*net.TCPConn{a, bb} {
 		c.SetNoDelay(true)
 	}
 	done := make(chan engine.Result, 1)
 	r.e.Start(engine.TCPEndpoint{TCPConn: a}, engine.TCPEndpoint{TCPConn: bb}, nil, func(res engine.Result) { done <- res })
 	return benchConn{client: client, server: server, done: done}
+}
+
+// dialAccept connects to ln and returns both ends.
+func dialAccept(b *testing.B, ln *net.TCPListener) (dialed, accepted *net.TCPConn) {
+	c, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := ln.AcceptTCP()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c, s
+}
+
+// echoBytes sends back each byte c receives, one at a time, until c fails:
+// the server of a round-trip benchmark.
+func echoBytes(c *net.TCPConn) {
+	one := make([]byte, 1)
+	for {
+		if _, err := c.Read(one); err != nil {
+			return
+		}
+		if _, err := c.Write(one); err != nil {
+			return
+		}
+	}
 }
 
 func (c benchConn) close() {
@@ -152,17 +165,7 @@ func BenchmarkRelayRoundTrip(b *testing.B) {
 			defer c.close()
 			c.client.SetNoDelay(true)
 			c.server.SetNoDelay(true)
-			go func() {
-				one := make([]byte, 1)
-				for {
-					if _, err := c.server.Read(one); err != nil {
-						return
-					}
-					if _, err := c.server.Write(one); err != nil {
-						return
-					}
-				}
-			}()
+			go echoBytes(c.server)
 			one := make([]byte, 1)
 			b.ReportAllocs()
 			for b.Loop() {

@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -51,8 +50,7 @@ type epollBackend struct {
 	loops []*eloop // all loops: tcp, then stream
 	tcp   []*eloop // TCP⇄TCP relays, blocking in epoll_wait
 	strm  []*eloop // TCP⇄stream relays, parking in the netpoller
-	next  atomic.Uint32
-	wg    sync.WaitGroup // running loop goroutines
+	loopGroup
 }
 
 func newEpollBackend(e *Engine) (backend, error) {
@@ -66,67 +64,47 @@ func newEpollBackend(e *Engine) (backend, error) {
 			return nil, fmt.Errorf("engine: epoll: %w", err)
 		}
 		b.loops = append(b.loops, &eloop{
-			b:         b,
-			p:         p,
-			blocking:  i < e.cfg.Loops,
-			loopPipes: newLoopPipes(e.cfg),
-			events:    make([]poll.Event, 256),
+			b:        b,
+			p:        p,
+			blocking: i < e.cfg.Loops,
+			loopCore: newLoopCore[task, loopRelay, *relayBase](&e.cfg),
+			events:   make([]poll.Event, 256),
 		})
 	}
 	b.tcp, b.strm = b.loops[:e.cfg.Loops], b.loops[e.cfg.Loops:]
 	return b, nil
 }
 
-func (b *epollBackend) relayTCP(fa, fb int, s *session) {
-	l := b.tcp[int(b.next.Add(1))%len(b.tcp)]
+func (b *epollBackend) relayTCP(fa, fb int, s *session) { b.handTCP(fa, fb, s, nil) }
+
+func (b *epollBackend) relayDial(fa, fb int, dst netip.AddrPort, timeout time.Duration, s *session) {
+	b.handTCP(fa, fb, s, &dialing{dst: dst, timeout: timeout})
+}
+
+// handTCP hands a TCP⇄TCP relay to a loop; d is set when B is connecting.
+func (b *epollBackend) handTCP(fa, fb int, s *session, d *dialing) {
+	l := b.tcp[b.pick(len(b.tcp))]
 	// Both sockets start out writable: their send buffers are empty at the
 	// handoff, and a send that finds one full says EAGAIN. Waiting for the
 	// registration's EPOLLOUT instead would park the first bytes read
-	// before it in a pipe.
-	r := &tcpRelay{l: l, s: s, fd: [2]int{fa, fb}, wr: [2]bool{true, true}}
+	// before it in a pipe. A connecting B turns writable when its connect
+	// completes.
+	r := &tcpRelay{l: l, s: s, fd: [2]int{fa, fb}, wr: [2]bool{true, d == nil}, connecting: d != nil}
 	r.init(r)
-	r.dir[0].count = &s.counters.AToB
-	r.dir[1].count = &s.counters.BToA
-	if !l.submit(task{op: opAdd, r: r}) {
-		refuseFDs(fa, fb, s)
-		return
+	r.dir[0].count, r.dir[1].count = &s.counters.AToB, &s.counters.BToA
+	if d != nil {
+		d.r = r
 	}
-	s.setOwner(r)
+	handed(l.submit(task{op: opAdd, r: r, dial: d}), fa, fb, s, r)
 }
 
-func (b *epollBackend) relayDial(fa, fb int, dst netip.AddrPort, timeout time.Duration, s *session) {
-	l := b.tcp[int(b.next.Add(1))%len(b.tcp)]
-	// B turns writable when its connect completes.
-	r := &tcpRelay{l: l, s: s, fd: [2]int{fa, fb}, wr: [2]bool{true, false}, connecting: true}
-	r.init(r)
-	r.dir[0].count = &s.counters.AToB
-	r.dir[1].count = &s.counters.BToA
-	if !l.submit(task{op: opAdd, r: r, dial: &dialing{r: r, dst: dst, timeout: timeout}}) {
-		refuseFDs(fa, fb, s)
-		return
-	}
-	s.setOwner(r)
-}
-
-func (b *epollBackend) close() {
-	for _, l := range b.loops {
-		l.q.shutdown(task{op: opStop}, l.wake)
-	}
-	b.wg.Wait()
-	for _, l := range b.loops {
-		l.closePipes()
-		l.p.Close()
-	}
-}
+func (b *epollBackend) close() { stopLoops(&b.loopGroup, b.loops) }
 
 func (b *epollBackend) stats(st *Stats) {
 	st.Loops = len(b.tcp)
 	st.StreamLoops = len(b.strm)
 	for _, l := range b.loops {
-		if l.q.isRunning() {
-			st.Running++
-		}
-		l.addStats(st)
+		l.coreStats(st)
 		st.StreamBuffers += int(l.nBufs.Load())
 	}
 }
@@ -201,16 +179,14 @@ type eloop struct {
 	iov      [][]byte // scratch for stream relays' writev (epoll_stream_linux.go)
 	scratch  []byte   // TCP relays' copy buffer (epoll_tcp_linux.go)
 
-	q taskQueue[task]
+	// The task queue, the slots (by the slot half of an event tag), the
+	// idle list, the clock and the pipes.
+	loopCore[task, loopRelay, *relayBase]
 
 	// Owned by the loop goroutine.
-	slots slotTable[loopRelay] // by the slot half of an event tag
-	loopClock
-	loopPipes
 	ready      []loopRelay // relays that stopped on their budget, not on EAGAIN
 	spareReady []loopRelay
-	idle       idleList[*relayBase] // least recently active last; only with IdleTimeout
-	dialing    []*dialing           // relays whose B side is connecting
+	dialing    []*dialing // relays whose B side is connecting
 	events     []poll.Event
 
 	// Mirrors for Stats, written by the loop.
@@ -222,9 +198,13 @@ type eloop struct {
 func (l *eloop) submit(t task) bool { return l.q.submit(t, l.start, l.wake) }
 
 // start starts the loop goroutine (under l.q's lock).
-func (l *eloop) start() {
-	l.b.wg.Add(1)
-	go l.run()
+func (l *eloop) start() { l.b.launch(l.run) }
+
+func (l *eloop) shutdown() { l.q.shutdown(task{op: opStop}, l.wake) }
+
+func (l *eloop) closeLoop() {
+	l.closePipes()
+	l.p.Close()
 }
 
 // wake ends the loop's wait (under l.q's lock, so the wake-up cannot reach
@@ -232,7 +212,6 @@ func (l *eloop) start() {
 func (l *eloop) wake() { _ = l.p.Wake() }
 
 func (l *eloop) run() {
-	defer l.b.wg.Done()
 	wait := l.p.WaitPark
 	if l.blocking {
 		wait = l.p.Wait
@@ -264,7 +243,7 @@ func (l *eloop) run() {
 		}
 		l.expireIdle()
 		l.expireDials()
-		if l.slots.live == 0 && len(l.ready) == 0 && n == 0 && !woken && l.lingered(l.b.e.cfg.Linger) {
+		if len(l.ready) == 0 && n == 0 && !woken && l.lingeredEmpty() {
 			if l.q.park() {
 				return
 			}
@@ -290,11 +269,7 @@ func (l *eloop) relayTimeout() time.Duration {
 	if len(l.ready) > 0 {
 		return 0
 	}
-	var oldest *time.Duration
-	if l.idle.tail != nil {
-		oldest = &l.idle.tail.lastActive
-	}
-	return l.wait(l.slots.live, l.b.e.cfg.Linger, l.b.e.cfg.IdleTimeout, oldest)
+	return l.relayWait()
 }
 
 // drainTasks runs the queued tasks; true means the loop has stopped.
@@ -344,13 +319,8 @@ func (l *eloop) stop(err error) {
 
 func (l *eloop) add(r loopRelay) {
 	b := r.base()
-	slot := l.slots.put(r)
+	slot := l.place(r, b)
 	b.slot = slot
-	l.nRelays.Add(1)
-	if l.b.e.cfg.IdleTimeout > 0 {
-		b.lastActive = l.now
-		l.idle.pushFront(b)
-	}
 	const interest = poll.In | poll.Out | poll.RDHup | poll.ET
 	for side := range 2 {
 		fd := r.fdOf(side)
@@ -370,16 +340,7 @@ func (l *eloop) add(r loopRelay) {
 }
 
 // release forgets a relay that has ended.
-func (l *eloop) release(r *relayBase) {
-	l.slots.drop(r.slot)
-	l.nRelays.Add(-1)
-	if l.b.e.cfg.IdleTimeout > 0 {
-		l.idle.remove(r)
-	}
-	if l.slots.live == 0 {
-		l.emptySince = l.now
-	}
-}
+func (l *eloop) release(r *relayBase) { l.forget(r.slot, r) }
 
 func (l *eloop) handle(ev poll.Event) {
 	r := l.slots.get(int32(ev.Tag >> 1))
@@ -387,13 +348,6 @@ func (l *eloop) handle(ev poll.Event) {
 		return // ended earlier in this batch
 	}
 	r.event(int(ev.Tag&1), ev)
-}
-
-// touch marks r active for the idle timeout.
-func (l *eloop) touch(r *relayBase) {
-	if l.b.e.cfg.IdleTimeout > 0 {
-		l.idle.touch(r, l.now)
-	}
 }
 
 // event records the readiness of side's socket and services the relay.
@@ -465,14 +419,10 @@ func (l *eloop) runReady() {
 	l.spareReady = batch[:0]
 }
 
+// expireIdle ends the relays idle for the idle timeout (ending takes a
+// relay off the idle list).
 func (l *eloop) expireIdle() {
-	it := l.b.e.cfg.IdleTimeout
-	if it <= 0 {
-		return
-	}
-	for r := l.idle.tail; r != nil && l.now-r.lastActive >= it; r = l.idle.tail {
-		r.self.end(ErrIdleTimeout, true)
-	}
+	l.expire(func(r *relayBase) { r.self.end(ErrIdleTimeout, true) })
 }
 
 // scratchBuf returns the loop's copy buffer, made on first use: one per

@@ -81,7 +81,7 @@ func (d *sdir) filled(n int) {
 }
 
 func (b *epollBackend) relayStream(fd, tcpSide int, st StreamEndpoint, s *session) {
-	l := b.strm[int(b.next.Add(1))%len(b.strm)]
+	l := b.strm[b.pick(len(b.strm))]
 	r := &streamRelay{l: l, s: s, fd: fd, st: st, tcpSide: tcpSide}
 	if pk, ok := st.(StreamPeeker); ok && !b.e.noPeek {
 		r.pk = pk
@@ -189,112 +189,111 @@ func (r *streamRelay) service() {
 // and TCP flow control pushes back on the sender.
 func (r *streamRelay) pumpUp() (more bool, err error) {
 	if r.fl != nil {
-		return r.pumpUpFill()
+		return r.turn(r.upFill)
 	}
-	d := &r.up
+	return r.turn(r.upCopy)
+}
+
+// turn runs step, one round of a direction, until it moves nothing or
+// fails, for at most roundsPerTurn rounds; more reports that the budget ran
+// out with work left. Each round that moved bytes marks the relay active.
+func (r *streamRelay) turn(step func() (moved bool, err error)) (more bool, err error) {
 	for range roundsPerTurn {
-		moved := false
-		if d.pending() {
-			k, err := r.st.TryWrite((*d.buf)[d.off:d.n])
-			if err != nil {
-				return false, r.streamErr("write", err)
-			}
-			if k == 0 {
-				return false, nil // window shut: the stream owes us a Wake
-			}
-			d.off += k
-			d.count.Add(int64(k))
-			moved = true
-			if d.off == d.n {
-				d.release(r.l)
-			}
-		}
-		// A partial take promises no Wake (the window may have shrunk since
-		// WriteWindow, or the stream takes at most so much per call): only
-		// a TryWrite that takes nothing does, so try again before waiting.
-		if !d.pending() && !d.eof && r.rd {
-			w := r.st.WriteWindow()
-			if w == 0 {
-				if _, err := r.st.TryWrite(nil); err != nil {
-					return false, r.streamErr("write", err)
-				}
-				return false, nil // window shut: wait for Wake
-			}
-			p := d.take(r.l)
-			p = p[:min(w, len(p))]
-			n, err := unix.Read(r.fd, p)
-			if n > 0 && n < len(p) && !r.hup {
-				// A short read drained the socket: with edge-triggered
-				// polling, bytes that arrive later bring a new event, so
-				// the read that would only say EAGAIN is saved. (After a
-				// FIN, read on to see the EOF no new event would bring.)
-				r.rd = false
-			}
-			switch {
-			case err == unix.EAGAIN:
-				r.rd = false
-				d.release(r.l)
-			case err != nil:
-				d.release(r.l)
-				return false, r.opErr("read", err)
-			case n == 0:
-				d.eof = true
-				d.release(r.l)
-				moved = true
-			default:
-				d.filled(n)
-				moved = true
-			}
-		}
-		if err := r.endUp(); err != nil {
+		moved, err := step()
+		if err != nil || !moved {
 			return false, err
-		}
-		if !moved {
-			return false, nil
 		}
 		r.l.touch(&r.relayBase)
 	}
 	return true, nil
 }
 
-// pumpUpFill is pumpUp for a StreamFiller: the socket is read straight
-// into the stream's send buffer, so this direction holds no relay buffer
-// and its bytes are not copied on the way.
-func (r *streamRelay) pumpUpFill() (more bool, err error) {
+// upCopy is one round of pumpUp through the relay's own buffer.
+func (r *streamRelay) upCopy() (moved bool, err error) {
 	d := &r.up
-	for range roundsPerTurn {
-		moved := false
-		if !d.eof && r.rd {
-			n, rerr, werr := r.fl.WriteFrom(streamBufSizes[d.class], (*sockReader)(r))
-			switch {
-			case werr != nil:
-				return false, r.streamErr("write", werr)
-			case rerr == io.EOF:
-				d.eof = true
-				moved = true
-			case rerr == unix.EAGAIN:
-				r.rd = false
-			case rerr != nil:
-				return false, r.opErr("read", rerr)
-			case n == 0:
-				return false, nil // window or buffer shut: the stream owes us a Wake
-			default:
-				if n == streamBufSizes[d.class] && int(d.class) < len(streamBufSizes)-1 {
-					d.class++
-				}
-				d.count.Add(int64(n))
-				moved = true
-			}
+	if d.pending() {
+		k, err := r.st.TryWrite((*d.buf)[d.off:d.n])
+		if err != nil {
+			return false, r.streamErr("write", err)
 		}
-		if err := r.endUp(); err != nil {
-			return false, err
+		if k == 0 {
+			return false, nil // window shut: the stream owes us a Wake
 		}
-		if !moved {
-			return false, nil
+		d.off += k
+		d.count.Add(int64(k))
+		moved = true
+		if d.off == d.n {
+			d.release(r.l)
 		}
-		r.l.touch(&r.relayBase)
 	}
-	return true, nil
+	// A partial take promises no Wake (the window may have shrunk since
+	// WriteWindow, or the stream takes at most so much per call): only
+	// a TryWrite that takes nothing does, so try again before waiting.
+	if !d.pending() && !d.eof && r.rd {
+		w := r.st.WriteWindow()
+		if w == 0 {
+			if _, err := r.st.TryWrite(nil); err != nil {
+				return false, r.streamErr("write", err)
+			}
+			return false, nil // window shut: wait for Wake
+		}
+		p := d.take(r.l)
+		p = p[:min(w, len(p))]
+		n, err := unix.Read(r.fd, p)
+		if n > 0 && n < len(p) && !r.hup {
+			// A short read drained the socket: with edge-triggered
+			// polling, bytes that arrive later bring a new event, so
+			// the read that would only say EAGAIN is saved. (After a
+			// FIN, read on to see the EOF no new event would bring.)
+			r.rd = false
+		}
+		switch {
+		case err == unix.EAGAIN:
+			r.rd = false
+			d.release(r.l)
+		case err != nil:
+			d.release(r.l)
+			return false, r.opErr("read", err)
+		case n == 0:
+			d.eof = true
+			d.release(r.l)
+			moved = true
+		default:
+			d.filled(n)
+			moved = true
+		}
+	}
+	return moved, r.endUp()
+}
+
+// upFill is one round of pumpUp for a StreamFiller: the socket is read
+// straight into the stream's send buffer, so this direction holds no relay
+// buffer and its bytes are not copied on the way.
+func (r *streamRelay) upFill() (moved bool, err error) {
+	d := &r.up
+	if !d.eof && r.rd {
+		n, rerr, werr := r.fl.WriteFrom(streamBufSizes[d.class], (*sockReader)(r))
+		switch {
+		case werr != nil:
+			return false, r.streamErr("write", werr)
+		case rerr == io.EOF:
+			d.eof = true
+			moved = true
+		case rerr == unix.EAGAIN:
+			r.rd = false
+		case rerr != nil:
+			return false, r.opErr("read", rerr)
+		case n == 0:
+			return false, nil // window or buffer shut: the stream owes us a Wake
+		default:
+			if n == streamBufSizes[d.class] && int(d.class) < len(streamBufSizes)-1 {
+				d.class++
+			}
+			d.count.Add(int64(n))
+			moved = true
+		}
+	}
+	return moved, r.endUp()
 }
 
 // endUp tells the stream that the socket's input ended, once it has all
@@ -335,55 +334,60 @@ func (r *streamRelay) pumpDown() (more bool, err error) {
 	if r.pk != nil {
 		return r.pumpDownPeek()
 	}
+	return r.turn(r.downCopy)
+}
+
+// downCopy is one round of pumpDown through the relay's own buffer.
+func (r *streamRelay) downCopy() (moved bool, err error) {
 	d := &r.down
-	for range roundsPerTurn {
-		moved := false
-		if d.pending() && r.wr {
-			k, err := unix.Write(r.fd, (*d.buf)[d.off:d.n])
-			switch {
-			case err == unix.EAGAIN:
-				r.wr = false
-			case err != nil:
-				return false, r.opErr("write", err)
-			case k > 0:
-				d.off += k
-				d.count.Add(int64(k))
-				moved = true
-			}
-			if d.off == d.n {
-				d.release(r.l)
-			}
+	if d.pending() && r.wr {
+		k, err := unix.Write(r.fd, (*d.buf)[d.off:d.n])
+		switch {
+		case err == unix.EAGAIN:
+			r.wr = false
+		case err != nil:
+			return false, r.opErr("write", err)
+		case k > 0:
+			d.off += k
+			d.count.Add(int64(k))
+			moved = true
 		}
-		if !d.eof && d.buf == nil {
-			p := d.take(r.l)
-			n, err := r.st.TryRead(p)
-			switch {
-			case err == io.EOF:
-				d.eof = true
-				d.release(r.l)
-				moved = true
-			case err != nil:
-				d.release(r.l)
-				return false, r.streamErr("read", err)
-			case n == 0:
-				d.release(r.l) // nothing buffered: wait for Wake
-			default:
-				d.filled(n)
-				moved = true
-			}
+		if d.off == d.n {
+			d.release(r.l)
 		}
-		if d.eof && !d.pending() && !d.shut {
-			d.shut = true
-			if err := unix.Shutdown(r.fd, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
-				return false, r.opErr("shutdown", err)
-			}
-		}
-		if !moved {
-			return false, nil
-		}
-		r.l.touch(&r.relayBase)
 	}
-	return true, nil
+	if !d.eof && d.buf == nil {
+		p := d.take(r.l)
+		n, err := r.st.TryRead(p)
+		switch {
+		case err == io.EOF:
+			d.eof = true
+			d.release(r.l)
+			moved = true
+		case err != nil:
+			d.release(r.l)
+			return false, r.streamErr("read", err)
+		case n == 0:
+			d.release(r.l) // nothing buffered: wait for Wake
+		default:
+			d.filled(n)
+			moved = true
+		}
+	}
+	return moved, r.endDown()
+}
+
+// endDown shuts the socket's write side once the stream's input ended and
+// all of it is in the socket.
+func (r *streamRelay) endDown() error {
+	d := &r.down
+	if d.eof && !d.pending() && !d.shut {
+		d.shut = true
+		if err := unix.Shutdown(r.fd, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
+			return r.opErr("shutdown", err)
+		}
+	}
+	return nil
 }
 
 // pumpDownPeek is pumpDown for a StreamPeeker: the socket takes the bytes
@@ -424,14 +428,8 @@ func (r *streamRelay) pumpDownPeek() (more bool, err error) {
 		}
 		break
 	}
-	if d.eof && !d.shut {
-		d.shut = true
-		if err := unix.Shutdown(r.fd, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
-			return false, r.opErr("shutdown", err)
-		}
-		return false, nil
-	}
-	return !d.eof && r.wr, nil
+	// A peeking direction holds no buffer: nothing is pending at its end.
+	return !d.eof && r.wr, r.endDown()
 }
 
 // writev writes views with one syscall.

@@ -49,9 +49,7 @@ func (r *tcpRelay) fdOf(side int) int { return r.fd[side] }
 // refuse ends a relay the loop never ran.
 func (r *tcpRelay) refuse(err error) {
 	r.closed = true
-	abortFD(r.fd[0])
-	abortFD(r.fd[1])
-	r.s.finish(err)
+	refuseFDs(r.fd[0], r.fd[1], r.s, err)
 }
 
 // direction is one way of a relay.

@@ -229,17 +229,7 @@ func BenchmarkHBONETwoHops(b *testing.B) {
 			defer rig.close()
 			c := rig.connect(b)
 			defer c.close()
-			go func() {
-				one := make([]byte, 1)
-				for {
-					if _, err := c.server.Read(one); err != nil {
-						return
-					}
-					if _, err := c.server.Write(one); err != nil {
-						return
-					}
-				}
-			}()
+			go echoBytes(c.server)
 			one := make([]byte, 1)
 			b.ReportAllocs()
 			cpu0 := cpuTime()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
+	"github.com/ztunnel-go/ztunnel/engine/enginetest"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/hbone/hbonetest"
 	"golang.org/x/net/http2"
@@ -106,7 +107,7 @@ func TestHBONERelay(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				client, a := connPair(t)
+				client, a := enginetest.TCPPair(t)
 				done := make(chan engine.Result, 1)
 				var counters engine.Counters
 				e.Start(engine.TCPEndpoint{TCPConn: a}, hboneEndpoint{s}, &counters, func(r engine.Result) { done <- r })
@@ -196,24 +197,4 @@ func echoed(c *net.TCPConn, seed uint64, size int) error {
 		return fmt.Errorf("echo of %d bytes differs from the %d sent", got.Len(), size)
 	}
 	return nil
-}
-
-// connPair returns both ends of a fresh loopback TCP connection.
-func connPair(t *testing.T) (dialed, accepted *net.TCPConn) {
-	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := ln.AcceptTCP()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(); s.Close() })
-	return c, s
 }

@@ -11,8 +11,11 @@ import (
 // The core both event-loop backends share (epoll_linux.go, uring_linux.go):
 // the task queue other goroutines reach a loop through, the slot table its
 // relays live in, the idle list the idle timeout scans, the loop's clock
-// and its pipe pool with the figures Stats reads. What stays apart is how a loop waits (epoll_wait or a parked
-// netpoller, io_uring completions) and what a relay is.
+// and its pipe pool with the figures Stats reads, gathered in loopCore; the
+// backend's hold on its loops (loopGroup: spreading relays, stopping the
+// loops) and the handing of a TCP pair (handed). What stays apart is how a
+// loop waits (epoll_wait or a parked netpoller, io_uring completions) and
+// what a relay is.
 
 // taskQueue is how other goroutines hand work to a loop: a mutex-guarded
 // slice plus the flags that say whether a goroutine runs the loop and
@@ -275,10 +278,150 @@ func (l *loopPipes) addStats(st *Stats) {
 	st.PipesFree += int(l.nFree.Load())
 }
 
-// refuseFDs ends a relay whose loop refused it (the engine is closing):
-// both sockets are reset.
-func refuseFDs(fa, fb int, s *session) {
+// refuseFDs ends a relay whose loop refused it or never ran it (the engine
+// is closing, the loop stopped or could not start): both sockets are reset
+// and the result carries err.
+func refuseFDs(fa, fb int, s *session, err error) {
 	abortFD(fa)
 	abortFD(fb)
-	s.finish(ErrClosed)
+	s.finish(err)
+}
+
+// handed finishes handing a TCP pair to a loop: queued says the loop took
+// the relay r; otherwise (the engine is closing) both sockets are reset.
+// The owner is set after queueing, so an abort that came first reaches the
+// loop after the relay itself.
+func handed(queued bool, fa, fb int, s *session, r aborter) {
+	if !queued {
+		refuseFDs(fa, fb, s, ErrClosed)
+		return
+	}
+	s.setOwner(r)
+}
+
+// loopGroup is a backend's hold on its loops' goroutines: the round-robin
+// counter that spreads relays over the loops and the WaitGroup close waits
+// on.
+type loopGroup struct {
+	next atomic.Uint32
+	wg   sync.WaitGroup // running loop goroutines
+}
+
+// pick returns the index of the loop, among n, the next relay goes to.
+func (g *loopGroup) pick(n int) int { return int(g.next.Add(1)) % n }
+
+// launch runs one run of a loop on a goroutine of its own (called under
+// the loop's task-queue lock, see taskQueue.submit).
+func (g *loopGroup) launch(run func()) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		run()
+	}()
+}
+
+// coreLoop is what stopLoops needs of a loop.
+type coreLoop interface {
+	// shutdown refuses new tasks and asks a running loop to stop.
+	shutdown()
+	// closeLoop releases what the loop keeps while parked (pipes, its
+	// poller or eventfd), once its goroutine has ended.
+	closeLoop()
+}
+
+// stopLoops stops every loop of g and releases them: the backends' close.
+func stopLoops[L coreLoop](g *loopGroup, loops []L) {
+	for _, l := range loops {
+		l.shutdown()
+	}
+	g.wg.Wait()
+	for _, l := range loops {
+		l.closeLoop()
+	}
+}
+
+// loopCore is the state both kinds of event loop keep the same way: T is
+// the loop's task, R what its slots hold, N a relay's node on its idle
+// list. Owned by the loop goroutine, but for q and the Stats mirrors.
+type loopCore[T any, R comparable, N idleNode[N]] struct {
+	cfg   *Config // the engine's
+	q     taskQueue[T]
+	slots slotTable[R] // by the slot number events and completions carry
+	idle  idleList[N]  // least recently active last; only with IdleTimeout
+	loopClock
+	loopPipes
+}
+
+func newLoopCore[T any, R comparable, N idleNode[N]](cfg *Config) loopCore[T, R, N] {
+	return loopCore[T, R, N]{cfg: cfg, loopPipes: newLoopPipes(*cfg)}
+}
+
+// place stores a new relay r, whose idle-list node is n, in a free slot
+// and returns the slot.
+func (c *loopCore[T, R, N]) place(r R, n N) int32 {
+	slot := c.slots.put(r)
+	c.nRelays.Add(1)
+	if c.cfg.IdleTimeout > 0 {
+		n.links().lastActive = c.now
+		c.idle.pushFront(n)
+	}
+	return slot
+}
+
+// forget frees the slot of a relay that has ended and takes its node n off
+// the idle list.
+func (c *loopCore[T, R, N]) forget(slot int32, n N) {
+	c.slots.drop(slot)
+	c.nRelays.Add(-1)
+	if c.cfg.IdleTimeout > 0 {
+		c.idle.remove(n)
+	}
+	if c.slots.live == 0 {
+		c.emptySince = c.now
+	}
+}
+
+// touch marks n active for the idle timeout.
+func (c *loopCore[T, R, N]) touch(n N) {
+	if c.cfg.IdleTimeout > 0 {
+		c.idle.touch(n, c.now)
+	}
+}
+
+// expire calls end for each relay idle for the idle timeout, least
+// recently active first; end takes the relay off the idle list.
+func (c *loopCore[T, R, N]) expire(end func(N)) {
+	it := c.cfg.IdleTimeout
+	if it <= 0 {
+		return
+	}
+	var none N
+	for r := c.idle.tail; r != none && c.now-r.links().lastActive >= it; r = c.idle.tail {
+		end(r)
+	}
+}
+
+// relayWait is how long the loop may block for its relays' sake (the idle
+// timeout, the linger), -1 for ever.
+func (c *loopCore[T, R, N]) relayWait() time.Duration {
+	var none N
+	var oldest *time.Duration
+	if c.idle.tail != none {
+		oldest = &c.idle.tail.links().lastActive
+	}
+	return c.wait(c.slots.live, c.cfg.Linger, c.cfg.IdleTimeout, oldest)
+}
+
+// lingeredEmpty reports whether the loop has had no relay for the linger:
+// it may park.
+func (c *loopCore[T, R, N]) lingeredEmpty() bool {
+	return c.slots.live == 0 && c.lingered(c.cfg.Linger)
+}
+
+// coreStats adds the loop's figures to st.
+func (c *loopCore[T, R, N]) coreStats(st *Stats) {
+	if c.q.isRunning() {
+		st.Running++
+	}
+	c.addStats(st)
 }

@@ -11,26 +11,6 @@ import (
 	"github.com/ztunnel-go/ztunnel/engine/enginetest"
 )
 
-// loopbackConn returns both ends of a fresh loopback TCP connection.
-func loopbackConn(t *testing.T) (dialed, accepted *net.TCPConn) {
-	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := ln.AcceptTCP()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(); s.Close() })
-	return c, s
-}
-
 // waitStats polls e.Stats until ok holds; the deadline is only a safety net
 // against a hang.
 func waitStats(t *testing.T, e *engine.Engine, what string, ok func(engine.Stats) bool) {
@@ -74,8 +54,8 @@ func TestRelayKindsRunOnSeparateLoops(t *testing.T) {
 				done           chan engine.Result
 			}
 			start := func(stream bool) relay {
-				client, a := loopbackConn(t)
-				cb, server := loopbackConn(t)
+				client, a := enginetest.TCPPair(t)
+				cb, server := enginetest.TCPPair(t)
 				var b engine.Endpoint = engine.TCPEndpoint{TCPConn: cb}
 				if stream {
 					b = enginetest.NewStream(cb)

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -36,8 +35,7 @@ import (
 type uringBackend struct {
 	e     *Engine
 	loops []*uloop
-	next  atomic.Uint32
-	wg    sync.WaitGroup
+	loopGroup
 }
 
 // uringSetupFlags are the ring flags the loops use.
@@ -84,46 +82,29 @@ func newUringBackend(e *Engine) (backend, error) {
 			return nil, fmt.Errorf("engine: eventfd: %w", err)
 		}
 		b.loops = append(b.loops, &uloop{
-			b:         b,
-			efd:       efd,
-			wakeBuf:   make([]byte, 8),
-			loopPipes: newLoopPipes(e.cfg),
-			cqes:      make([]uring.CQE, 512),
+			b:        b,
+			efd:      efd,
+			wakeBuf:  make([]byte, 8),
+			loopCore: newLoopCore[utask, *uRelay, *uRelay](&e.cfg),
+			cqes:     make([]uring.CQE, 512),
 		})
 	}
 	return b, nil
 }
 
 func (b *uringBackend) relayTCP(fa, fb int, s *session) {
-	l := b.loops[int(b.next.Add(1))%len(b.loops)]
+	l := b.loops[b.pick(len(b.loops))]
 	r := &uRelay{l: l, s: s, fd: [2]int{fa, fb}, slot: -1}
-	r.dir[0].count = &s.counters.AToB
-	r.dir[1].count = &s.counters.BToA
-	if !l.submit(utask{op: opAdd, r: r}) {
-		refuseFDs(fa, fb, s)
-		return
-	}
-	s.setOwner(r)
+	r.dir[0].count, r.dir[1].count = &s.counters.AToB, &s.counters.BToA
+	handed(l.submit(utask{op: opAdd, r: r}), fa, fb, s, r)
 }
 
-func (b *uringBackend) close() {
-	for _, l := range b.loops {
-		l.q.shutdown(utask{op: opStop}, l.wakeLocked)
-	}
-	b.wg.Wait()
-	for _, l := range b.loops {
-		l.closePipes()
-		unix.Close(l.efd)
-	}
-}
+func (b *uringBackend) close() { stopLoops(&b.loopGroup, b.loops) }
 
 func (b *uringBackend) stats(st *Stats) {
 	st.Loops = len(b.loops)
 	for _, l := range b.loops {
-		if l.q.isRunning() {
-			st.Running++
-		}
-		l.addStats(st)
+		l.coreStats(st)
 	}
 }
 
@@ -159,27 +140,29 @@ type uloop struct {
 	efd     int
 	pending atomic.Uint32 // a wake-up is written and not yet consumed
 
-	q taskQueue[utask]
+	// The task queue, the slots (by the slot in a completion's user data),
+	// the idle list, the clock and the pipes.
+	loopCore[utask, *uRelay, *uRelay]
 
 	// Owned by the loop goroutine.
 	ring     *uring.Ring
 	wakeBuf  []byte
 	woken    bool
 	stopping bool
-	slots    slotTable[*uRelay]
 	gens     []uint32 // by slot: a completion for a slot's earlier relay is stale
-	loopClock
-	loopPipes
-	cqes []uring.CQE
-	idle idleList[*uRelay]
+	cqes     []uring.CQE
 }
 
 func (l *uloop) submit(t utask) bool { return l.q.submit(t, l.start, l.wakeLocked) }
 
 // start starts the loop goroutine (under l.q's lock).
-func (l *uloop) start() {
-	l.b.wg.Add(1)
-	go l.run()
+func (l *uloop) start() { l.b.launch(l.run) }
+
+func (l *uloop) shutdown() { l.q.shutdown(utask{op: opStop}, l.wakeLocked) }
+
+func (l *uloop) closeLoop() {
+	l.closePipes()
+	unix.Close(l.efd)
 }
 
 // wakeLocked writes the eventfd unless a wake-up is already pending; under
@@ -194,7 +177,6 @@ func (l *uloop) wakeLocked() {
 func (l *uloop) run() {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	defer l.b.wg.Done()
 	l.loopClock.start()
 	ring, err := uring.New(uring.Config{Entries: 1024, CQEntries: 8192, Flags: uringSetupFlags})
 	if err != nil {
@@ -233,20 +215,21 @@ func (l *uloop) run() {
 			l.finishStop()
 			return
 		}
-		if !l.stopping && l.slots.live == 0 && l.lingered(l.b.e.cfg.Linger) && l.q.park() {
+		if !l.stopping && l.lingeredEmpty() && l.q.park() {
 			return
 		}
 	}
 }
 
 // fail refuses everything queued when the loop cannot run at all.
-func (l *uloop) fail(err error) {
-	for _, t := range l.q.stop(false) {
+func (l *uloop) fail(err error) { l.refuseQueued(false, fmt.Errorf("engine: io_uring loop: %w", err)) }
+
+// refuseQueued ends the loop's run and refuses the relays still queued;
+// closing also refuses every later one.
+func (l *uloop) refuseQueued(closing bool, err error) {
+	for _, t := range l.q.stop(closing) {
 		if t.op == opAdd {
-			t.r.closing = true
-			abortFD(t.r.fd[0])
-			abortFD(t.r.fd[1])
-			t.r.s.finish(fmt.Errorf("engine: io_uring loop: %w", err))
+			t.r.refuse(err)
 		}
 	}
 }
@@ -255,24 +238,11 @@ func (l *uloop) timeout() time.Duration {
 	if l.stopping {
 		return 10 * time.Millisecond
 	}
-	var oldest *time.Duration
-	if l.idle.tail != nil {
-		oldest = &l.idle.tail.lastActive
-	}
-	return l.wait(l.slots.live, l.b.e.cfg.Linger, l.b.e.cfg.IdleTimeout, oldest)
+	return l.relayWait()
 }
 
 // finishStop ends the loop after a stop, refusing late tasks.
-func (l *uloop) finishStop() {
-	for _, t := range l.q.stop(true) {
-		if t.op == opAdd {
-			t.r.closing = true
-			abortFD(t.r.fd[0])
-			abortFD(t.r.fd[1])
-			t.r.s.finish(ErrClosed)
-		}
-	}
-}
+func (l *uloop) finishStop() { l.refuseQueued(true, ErrClosed) }
 
 // sqe returns a free submission entry, submitting what is queued when the
 // queue is full.
@@ -297,10 +267,7 @@ func (l *uloop) drainTasks() {
 		switch t.op {
 		case opAdd:
 			if l.stopping {
-				t.r.closing = true
-				abortFD(t.r.fd[0])
-				abortFD(t.r.fd[1])
-				t.r.s.finish(ErrClosed)
+				t.r.refuse(ErrClosed)
 			} else {
 				l.add(t.r)
 			}
@@ -319,17 +286,12 @@ func (l *uloop) drainTasks() {
 }
 
 func (l *uloop) add(r *uRelay) {
-	slot := l.slots.put(r)
+	slot := l.place(r, r)
 	if int(slot) == len(l.gens) {
 		l.gens = append(l.gens, 0)
 	}
 	l.gens[slot]++
 	r.slot, r.gen = slot, l.gens[slot]
-	l.nRelays.Add(1)
-	if l.b.e.cfg.IdleTimeout > 0 {
-		r.lastActive = l.now
-		l.idle.pushFront(r)
-	}
 	// Sockets start writable; a full one says so with EAGAIN.
 	r.wr = [2]bool{true, true}
 	r.armIn(0)
@@ -356,24 +318,12 @@ func (l *uloop) handle(c *uring.CQE) {
 }
 
 // release forgets a relay whose last request has completed.
-func (l *uloop) release(r *uRelay) {
-	l.slots.drop(r.slot)
-	l.nRelays.Add(-1)
-	if l.b.e.cfg.IdleTimeout > 0 {
-		l.idle.remove(r)
-	}
-	if l.slots.live == 0 {
-		l.emptySince = l.now
-	}
-}
+func (l *uloop) release(r *uRelay) { l.forget(r.slot, r) }
 
+// expireIdle ends the relays idle for the idle timeout.
 func (l *uloop) expireIdle() {
-	it := l.b.e.cfg.IdleTimeout
-	if it <= 0 {
-		return
-	}
-	for r := l.idle.tail; r != nil && l.now-r.lastActive >= it; r = l.idle.tail {
-		l.idle.remove(r) // ending takes a while: keep it out of the scan
+	l.expire(func(r *uRelay) {
+		r.l.idle.remove(r) // ending takes a while: keep it out of the scan
 		r.end(ErrIdleTimeout, true)
-	}
+	})
 }

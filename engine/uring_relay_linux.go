@@ -72,57 +72,78 @@ func (r *uRelay) armOut(side int) {
 
 // complete handles one completion of this relay.
 func (r *uRelay) complete(kind uint8, c *uring.CQE) {
-	switch {
-	case kind == kPollIn || kind == kPollIn1:
-		side := int(kind - kPollIn)
+	if kind >= kSpliceIn {
+		r.spliced(kind, c)
+	} else {
+		r.polled(kind, c)
+	}
+	if assertions {
+		r.check()
+	}
+	if r.closing && r.inflight == 0 {
+		r.finalize()
+	}
+}
+
+// polled handles a poll completion: a socket's readiness.
+func (r *uRelay) polled(kind uint8, c *uring.CQE) {
+	in := kind < kPollOut
+	side := int(kind - kPollIn)
+	if in {
 		if !c.More() {
 			r.inArmed[side] = false
 			r.inflight--
 		}
-		if r.closing {
-			break
-		}
-		if c.Res < 0 {
-			r.end(r.opErr("poll", side, c.Err()), true)
-			break
-		}
-		if c.Res&unix.POLLERR != 0 {
-			if err := sockError(r.fd[side]); err != nil {
-				r.end(r.opErr("connection", side, err), true)
-				break
-			}
-		}
-		r.rd[side] = true
-		r.pollSeq[side]++
-		if c.Res&(unix.POLLHUP|unix.POLLERR) != 0 {
-			r.wr[side] = true
-		}
-		if !r.inArmed[side] {
-			r.armIn(side)
-		}
-		r.kick(side)
-		r.kick(1 - side)
-	case kind == kPollOut || kind == kPollOut1:
-		side := int(kind - kPollOut)
+	} else {
+		side = int(kind - kPollOut)
 		r.outArmed[side] = false
 		r.inflight--
-		if r.closing {
-			break
-		}
-		if c.Res < 0 {
-			r.end(r.opErr("poll", side, c.Err()), true)
-			break
-		}
+	}
+	if r.closing {
+		return
+	}
+	if c.Res < 0 {
+		r.end(r.opErr("poll", side, c.Err()), true)
+		return
+	}
+	if !in {
 		r.wr[side] = true
 		r.kick(1 - side)
-	case kind == kSpliceIn || kind == kSpliceIn1:
-		d := int(kind - kSpliceIn)
-		dd := &r.dir[d]
-		dd.chain--
-		r.inflight--
-		if r.closing {
-			break
+		return
+	}
+	if c.Res&unix.POLLERR != 0 {
+		if err := sockError(r.fd[side]); err != nil {
+			r.end(r.opErr("connection", side, err), true)
+			return
 		}
+	}
+	r.rd[side] = true
+	r.pollSeq[side]++
+	if c.Res&(unix.POLLHUP|unix.POLLERR) != 0 {
+		r.wr[side] = true
+	}
+	if !r.inArmed[side] {
+		r.armIn(side)
+	}
+	r.kick(side)
+	r.kick(1 - side)
+}
+
+// spliced handles a splice completion: bytes moved into a direction's pipe
+// (from its source) or out of it (to its destination).
+func (r *uRelay) spliced(kind uint8, c *uring.CQE) {
+	out := kind >= kSpliceOut
+	d := int(kind - kSpliceIn)
+	if out {
+		d = int(kind - kSpliceOut)
+	}
+	dd := &r.dir[d]
+	dd.chain--
+	r.inflight--
+	if r.closing {
+		return
+	}
+	if !out {
 		switch {
 		case c.Res > 0:
 			dd.pipe.Buffered += int(c.Res)
@@ -139,38 +160,25 @@ func (r *uRelay) complete(kind uint8, c *uring.CQE) {
 		default:
 			r.end(r.opErr("read", d, c.Err()), true)
 		}
-	case kind == kSpliceOut || kind == kSpliceOut1:
-		d := int(kind - kSpliceOut)
-		dd := &r.dir[d]
-		dd.chain--
-		r.inflight--
-		if r.closing {
-			break
-		}
-		switch {
-		case c.Res > 0:
-			dd.pipe.Buffered -= int(c.Res)
-			dd.count.Add(int64(c.Res))
-			r.touch()
-		case c.Res == -int32(unix.EAGAIN):
-			// From an empty pipe (the linked read found nothing) it means
-			// nothing; with bytes waiting the destination is full.
-			if dd.pipe.Buffered > 0 {
-				r.wr[1-d] = false
-			}
-		case c.Res == 0:
-		default:
-			r.end(r.opErr("write", 1-d, c.Err()), true)
-		}
-		if !r.closing {
-			r.kick(d)
-		}
+		return
 	}
-	if assertions {
-		r.check()
+	switch {
+	case c.Res > 0:
+		dd.pipe.Buffered -= int(c.Res)
+		dd.count.Add(int64(c.Res))
+		r.touch()
+	case c.Res == -int32(unix.EAGAIN):
+		// From an empty pipe (the linked read found nothing) it means
+		// nothing; with bytes waiting the destination is full.
+		if dd.pipe.Buffered > 0 {
+			r.wr[1-d] = false
+		}
+	case c.Res == 0:
+	default:
+		r.end(r.opErr("write", 1-d, c.Err()), true)
 	}
-	if r.closing && r.inflight == 0 {
-		r.finalize()
+	if !r.closing {
+		r.kick(d)
 	}
 }
 
@@ -246,9 +254,15 @@ func (r *uRelay) kick(d int) {
 }
 
 func (r *uRelay) touch() {
-	if r.l.b.e.cfg.IdleTimeout > 0 && !r.closing {
-		r.l.idle.touch(r, r.l.now)
+	if !r.closing {
+		r.l.touch(r)
 	}
+}
+
+// refuse ends a relay the loop never ran.
+func (r *uRelay) refuse(err error) {
+	r.closing = true
+	refuseFDs(r.fd[0], r.fd[1], r.s, err)
 }
 
 // end starts tearing the relay down: its requests are cancelled (before

@@ -227,3 +227,23 @@ func TestParseVariant(t *testing.T) {
 		})
 	}
 }
+
+// A run that measured the fixed-rate CPU must have that figure for every
+// path too.
+func TestCheckQuickFixedRate(t *testing.T) {
+	r := &report.Run{
+		Settings: report.Settings{FixedRate: report.FixedRate{Rate: 1000, Conns: 10, Size: 1024}},
+		Configs:  []report.Config{{ID: "direct", Direct: true}},
+	}
+	for _, m := range []string{report.MetricTput1, report.MetricTputN} {
+		r.Samples = append(r.Samples, report.Sample{Config: "direct", Metric: m, Gbps: 1})
+	}
+	r.Samples = append(r.Samples, report.Sample{Config: "direct", Metric: report.MetricCPS, PerSecond: 1})
+	if err := checkQuick(r); err == nil || !strings.Contains(err.Error(), "direct fixed") {
+		t.Fatalf("checkQuick without the fixed-rate figure: %v", err)
+	}
+	r.Samples = append(r.Samples, report.Sample{Config: "direct", Metric: report.MetricFixedRate, PerSecond: 1000})
+	if err := checkQuick(r); err != nil {
+		t.Fatal(err)
+	}
+}

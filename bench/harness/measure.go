@@ -37,6 +37,10 @@ func (b *bench) metrics() []metric {
 		ms = append(ms, metric{report.RRMetric(s), []string{"rr", "--duration", d,
 			"--req-size", fmt.Sprint(s.Req), "--resp-size", fmt.Sprint(s.Resp)}})
 	}
+	f := b.o.FixedRate
+	ms = append(ms, metric{report.MetricFixedRate, []string{"rr", "--duration", d, "--open-rate", fmt.Sprint(f.Rate),
+		"--concurrency", fmt.Sprint(f.Conns), "--req-size", fmt.Sprint(f.Size), "--resp-size", fmt.Sprint(f.Size)}})
+	// The connection rate stays last: measureAll profiles it.
 	ms = append(ms, metric{report.MetricCPS, []string{"cps", "--duration", d, "--concurrency", fmt.Sprint(b.o.CPSConcurrency)}})
 	return ms
 }

@@ -56,6 +56,12 @@ func (b *bench) startPeer(ctx context.Context, pod *netnslab.Pod, name string, l
 	return &proc{name: name, pid: c.pid(), ns: pod.NS, pprof: "http://" + pprofAddr}, nil
 }
 
+// startServerPeer runs a server-side zpeer (h2-server, tls) in pod on
+// port of every address, with the peer server's mesh certificate.
+func (b *bench) startServerPeer(ctx context.Context, pod *netnslab.Pod, name string, port, pprofN int, args ...string) (*proc, error) {
+	return b.startPeer(ctx, pod, name, fmt.Sprintf("0.0.0.0:%d", port), pprofN, append(args, b.certArgs(peerServerSA)...)...)
+}
+
 // haproxyConfig is a minimal TCP-mode configuration, as a user would
 // write it: the default thread count, no logging. maxconn stays low enough
 // that HAProxy's file limit (two fds per connection, plus pipes with
@@ -253,39 +259,36 @@ func (b *bench) startPeersAndTargets(ctx context.Context) error {
 			procs: []*proc{d},
 		})
 	}
-	h2s, err := b.startPeer(ctx, srv, "zpeer h2-server", fmt.Sprintf("0.0.0.0:%d", h2ServerPort), 3,
-		append([]string{"h2-server"}, b.certArgs(peerServerSA)...)...)
+	h2s, err := b.startServerPeer(ctx, srv, "zpeer h2-server", h2ServerPort, 3, "h2-server")
 	if err != nil {
 		return err
 	}
 	// The two-hop pair gets its own server, so each path is measured on
 	// a fresh process.
-	h2s2, err := b.startPeer(ctx, srv, "zpeer h2-server", fmt.Sprintf("0.0.0.0:%d", h2ServerPort2), 8,
-		append([]string{"h2-server"}, b.certArgs(peerServerSA)...)...)
+	h2s2, err := b.startServerPeer(ctx, srv, "zpeer h2-server", h2ServerPort2, 8, "h2-server")
 	if err != nil {
 		return err
 	}
-	b.addTarget(&target{
-		cfg: report.Config{ID: report.ConfigID(report.GroupHBONE1, report.KeyH2), Group: report.GroupHBONE1,
-			Proxy: "naive Go HBONE server (x/net/http2)",
-			Note:  fmt.Sprintf("zload HBONE client in %s → %s (x/net/http2 Server over crypto/tls) → %s", podClient, addr(srv.IP, h2ServerPort), srvApp)},
-		ns:    cli.NS,
-		args:  append([]string{"--hbone", "--target", addr(srv.IP, h2ServerPort), "--authority", srvApp, "--san", peerSAN}, b.certArgs(zloadSA)...),
-		procs: []*proc{h2s},
-	})
-	tl, err := b.startPeer(ctx, srv, "zpeer tls", fmt.Sprintf("0.0.0.0:%d", tlsPort), 2,
-		append([]string{"tls", "--to", loop(appPort)}, b.certArgs(peerServerSA)...)...)
+	// peer adds a one-hop path through the server-side peer p, with zload
+	// as its mTLS client.
+	peer := func(key, proxy, note string, p *proc, args ...string) {
+		b.addTarget(&target{
+			cfg:   report.Config{ID: report.ConfigID(report.GroupHBONE1, key), Group: report.GroupHBONE1, Proxy: proxy, Note: note},
+			ns:    cli.NS,
+			args:  append(append(args, "--san", peerSAN), b.certArgs(zloadSA)...),
+			procs: []*proc{p},
+		})
+	}
+	peer(report.KeyH2, "naive Go HBONE server (x/net/http2)",
+		fmt.Sprintf("zload HBONE client in %s → %s (x/net/http2 Server over crypto/tls) → %s", podClient, addr(srv.IP, h2ServerPort), srvApp),
+		h2s, "--hbone", "--target", addr(srv.IP, h2ServerPort), "--authority", srvApp)
+	tl, err := b.startServerPeer(ctx, srv, "zpeer tls", tlsPort, 2, "tls", "--to", loop(appPort))
 	if err != nil {
 		return err
 	}
-	b.addTarget(&target{
-		cfg: report.Config{ID: report.ConfigID(report.GroupHBONE1, report.KeyTLS), Group: report.GroupHBONE1,
-			Proxy: "raw Go TLS 1.3 terminator",
-			Note:  fmt.Sprintf("zload mTLS client in %s → %s (crypto/tls + io.Copy) → 127.0.0.1:%d", podClient, addr(srv.IP, tlsPort), appPort)},
-		ns:    cli.NS,
-		args:  append([]string{"--tls", "--target", addr(srv.IP, tlsPort), "--san", peerSAN}, b.certArgs(zloadSA)...),
-		procs: []*proc{tl},
-	})
+	peer(report.KeyTLS, "raw Go TLS 1.3 terminator",
+		fmt.Sprintf("zload mTLS client in %s → %s (crypto/tls + io.Copy) → 127.0.0.1:%d", podClient, addr(srv.IP, tlsPort), appPort),
+		tl, "--tls", "--target", addr(srv.IP, tlsPort))
 	if err := b.addHAProxyTLSTargets(ctx, false); err != nil {
 		return err
 	}

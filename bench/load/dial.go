@@ -295,3 +295,37 @@ func parseKey(keyPEM []byte) (crypto.Signer, error) {
 	}
 	return nil, fmt.Errorf("load: unsupported private key (%s)", strings.ToLower(block.Type))
 }
+
+// dialAll opens n connections with d, so that a run's workers all start
+// together; on a failure it closes those it opened.
+func dialAll(ctx context.Context, d *Dialer, n int) ([]Conn, error) {
+	conns := make([]Conn, 0, n)
+	for range n {
+		c, err := d.Dial(ctx)
+		if err != nil {
+			closeAll(conns)
+			return nil, fmt.Errorf("load: dial: %w", err)
+		}
+		conns = append(conns, c)
+	}
+	return conns, nil
+}
+
+// closeAll closes every connection of conns.
+func closeAll(conns []Conn) {
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// concurrency checks a mode's number of workers or streams: default 1, at
+// most MaxConcurrency.
+func concurrency(n int) (int, error) {
+	if n <= 0 {
+		return 1, nil
+	}
+	if n > MaxConcurrency {
+		return 0, fmt.Errorf("load: concurrency %d above %d", n, MaxConcurrency)
+	}
+	return n, nil
+}

@@ -98,7 +98,22 @@ type RRResult struct {
 	Seconds    float64 `json:"seconds"`
 	// PerSecond is Requests/Seconds.
 	PerSecond float64 `json:"per_second"`
-	Latency   Latency `json:"latency"`
+	// The fields below are set by open-loop runs (RRConfig.OpenRate) only.
+	// OpenRate is the requested rate. Seconds then runs from the first
+	// scheduled request to the last response (or failure).
+	OpenRate float64 `json:"open_rate,omitempty"`
+	// Sent counts requests written.
+	Sent int64 `json:"sent,omitempty"`
+	// Missed counts scheduled requests not sent: the schedule ended (or the
+	// connection failed) while the writer was held up by MaxInFlight
+	// unanswered requests or a full socket.
+	Missed int64 `json:"missed,omitempty"`
+	// Unanswered counts requests sent that got no (or a wrong) response.
+	Unanswered int64 `json:"unanswered,omitempty"`
+	// SendLag is how late the requests went out after their scheduled time:
+	// the generator's own lateness (or back-pressure), part of Latency.
+	SendLag *Latency `json:"send_lag,omitempty"`
+	Latency Latency  `json:"latency"`
 }
 
 // ProcStat is a snapshot of a process from /proc.

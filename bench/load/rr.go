@@ -24,11 +24,27 @@ type RRConfig struct {
 	// ReqSize and RespSize are the message sizes. Default 1 byte each.
 	ReqSize, RespSize int
 	// Rate, if positive, is the total transactions per second, spread over
-	// the workers (open loop). A worker behind schedule counts latency from
-	// the scheduled start, so a stall of the target is not hidden
-	// (coordinated omission); one on schedule counts from the actual send.
-	// Zero runs closed loop.
+	// the workers (paced, but each worker still waits for a response before
+	// its next request: see OpenRate for a true open loop). A worker behind
+	// schedule counts latency from the scheduled start, so a stall of the
+	// target is not hidden (coordinated omission); one on schedule counts
+	// from the actual send. Zero runs closed loop.
 	Rate float64
+	// OpenRate, if positive, runs RR open loop at this total rate of
+	// requests per second, spread evenly over the connections: on each, a
+	// writer sends on a fixed schedule whatever the responses do, and a
+	// reader takes the responses in order; latency counts from each
+	// request's scheduled time (from its actual send while the writer is on
+	// schedule, so that timer lateness is not charged to the target; see
+	// RRResult.SendLag). Rate must then be zero. Count bounds the
+	// requests scheduled, Duration the schedule; each response has the
+	// dialer's timeout. Raw requests of 8 bytes or more carry a sequence
+	// number the echo must return in order.
+	OpenRate float64
+	// MaxInFlight bounds, per connection of an open-loop run, the requests
+	// sent and not yet answered (default DefaultMaxInFlight): a writer that
+	// reaches it waits.
+	MaxInFlight int
 	// Raw sends no header. RR then needs an echo server (RespSize is forced
 	// to ReqSize), and CPS closes from the client side.
 	Raw bool
@@ -43,11 +59,9 @@ func (cfg *RRConfig) check() error {
 	if err := cfg.Bounds.Validate(); err != nil {
 		return err
 	}
-	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 1
-	}
-	if cfg.Concurrency > MaxConcurrency {
-		return fmt.Errorf("load: concurrency %d above %d", cfg.Concurrency, MaxConcurrency)
+	var err error
+	if cfg.Concurrency, err = concurrency(cfg.Concurrency); err != nil {
+		return err
 	}
 	if cfg.ReqSize <= 0 {
 		cfg.ReqSize = 1
@@ -64,28 +78,34 @@ func (cfg *RRConfig) check() error {
 	if cfg.Rate < 0 || cfg.Rate > MaxRate {
 		return fmt.Errorf("load: rate %v outside [0, %d]", cfg.Rate, MaxRate)
 	}
+	if cfg.OpenRate < 0 || cfg.OpenRate > MaxRate {
+		return fmt.Errorf("load: open rate %v outside [0, %d]", cfg.OpenRate, MaxRate)
+	}
+	if cfg.OpenRate > 0 && cfg.Rate > 0 {
+		return errors.New("load: a rate and an open rate exclude each other")
+	}
+	if cfg.MaxInFlight < 0 || cfg.MaxInFlight > MaxInFlight {
+		return fmt.Errorf("load: max in flight %d outside [0, %d]", cfg.MaxInFlight, MaxInFlight)
+	}
 	return nil
 }
 
 // RR runs the request/response mode: each worker sends a request on its
-// connection and waits for the response, again and again.
+// connection and waits for the response, again and again; with
+// cfg.OpenRate, requests go out on a fixed schedule instead, pipelined
+// (see RRConfig.OpenRate).
 func RR(ctx context.Context, cfg RRConfig) (*RRResult, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
-	conns := make([]Conn, 0, cfg.Concurrency)
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	for range cfg.Concurrency {
-		c, err := cfg.Dialer.Dial(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("load: dial: %w", err)
-		}
-		conns = append(conns, c)
+	if cfg.OpenRate > 0 {
+		return openRR(ctx, cfg)
 	}
+	conns, err := dialAll(ctx, cfg.Dialer, cfg.Concurrency)
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll(conns)
 	return runWorkers(ctx, cfg, "rr", func(ctx context.Context, w int, txn txnFunc) error {
 		c := conns[w]
 		stop := context.AfterFunc(ctx, func() { c.Close() })

@@ -60,22 +60,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		if err != nil {
 			break
 		}
-		s.mu.Lock()
-		s.conns[c] = struct{}{}
-		s.mu.Unlock()
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			defer func() {
-				s.mu.Lock()
-				delete(s.conns, c)
-				s.mu.Unlock()
-				c.Close()
-			}()
-			if err := s.serveConn(c); err != nil {
-				s.cfg.Logf("load: server: %v: %v", c.RemoteAddr(), err)
-			}
-		}()
+		s.spawn(c)
 	}
 	ln.Close()
 	s.mu.Lock()
@@ -88,6 +73,30 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return nil
 	}
 	return fmt.Errorf("load: accept: %w", err)
+}
+
+// spawn serves c on a goroutine of its own, in s.conns while it runs so
+// that Serve's end can close it.
+func (s *Server) spawn(c net.Conn) {
+	s.mu.Lock()
+	s.conns[c] = struct{}{}
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer s.forget(c)
+		if err := s.serveConn(c); err != nil {
+			s.cfg.Logf("load: server: %v: %v", c.RemoteAddr(), err)
+		}
+	}()
+}
+
+// forget closes c and takes it out of s.conns.
+func (s *Server) forget(c net.Conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	c.Close()
 }
 
 func (s *Server) serveConn(c net.Conn) error {

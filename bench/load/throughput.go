@@ -37,11 +37,9 @@ func Throughput(ctx context.Context, cfg ThroughputConfig) (*ThroughputResult, e
 	if err := (Bounds{Duration: cfg.Duration}).Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 1
-	}
-	if cfg.Concurrency > MaxConcurrency {
-		return nil, fmt.Errorf("load: concurrency %d above %d", cfg.Concurrency, MaxConcurrency)
+	var err error
+	if cfg.Concurrency, err = concurrency(cfg.Concurrency); err != nil {
+		return nil, err
 	}
 	if cfg.WriteSize <= 0 {
 		cfg.WriteSize = 128 << 10
@@ -50,19 +48,11 @@ func Throughput(ctx context.Context, cfg ThroughputConfig) (*ThroughputResult, e
 		return nil, fmt.Errorf("load: write size %d above %d", cfg.WriteSize, MaxWriteSize)
 	}
 	// Dial every stream first, so that they all write during the same window.
-	conns := make([]Conn, 0, cfg.Concurrency)
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	for range cfg.Concurrency {
-		c, err := cfg.Dialer.Dial(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("load: dial: %w", err)
-		}
-		conns = append(conns, c)
+	conns, err := dialAll(ctx, cfg.Dialer, cfg.Concurrency)
+	if err != nil {
+		return nil, err
 	}
+	defer closeAll(conns)
 	var written atomic.Int64
 	stopProgress := progress(ctx, cfg.Progress, func(elapsed time.Duration) string {
 		return fmt.Sprintf("throughput %5.1fs  %6.2f Gbit/s written", elapsed.Seconds(), float64(written.Load())*8/elapsed.Seconds()/1e9)

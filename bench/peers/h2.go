@@ -51,13 +51,8 @@ func H2Server(ctx context.Context, ln net.Listener, cert *mtls.WorkloadCert, cfg
 		_, _ = io.Copy(flushWriter{w, fl}, up)
 	})
 	return a.serve(ctx, ln, func(ctx context.Context, c net.Conn) {
-		tc := tls.Server(c, tlsCfg)
-		hctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
-		err := tc.HandshakeContext(hctx)
-		cancel()
-		if err != nil {
-			cfg.Logf("peers: h2 server: handshake with %s: %v", c.RemoteAddr(), err)
-			c.Close()
+		tc := serverHandshake(ctx, c, tlsCfg, cfg, "h2 server")
+		if tc == nil {
 			return
 		}
 		srv.ServeConn(tc, &http2.ServeConnOpts{Context: ctx, Handler: handler})

@@ -17,13 +17,8 @@ func TLS(ctx context.Context, ln net.Listener, to string, cert *mtls.WorkloadCer
 	d := cfg.dialer()
 	var a acceptor
 	return a.serve(ctx, ln, func(ctx context.Context, c net.Conn) {
-		tc := tls.Server(c, tlsCfg)
-		hctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
-		err := tc.HandshakeContext(hctx)
-		cancel()
-		if err != nil {
-			cfg.Logf("peers: tls: handshake with %s: %v", c.RemoteAddr(), err)
-			c.Close()
+		tc := serverHandshake(ctx, c, tlsCfg, cfg, "tls")
+		if tc == nil {
 			return
 		}
 		up, err := d.DialContext(ctx, "tcp", to)
@@ -34,4 +29,20 @@ func TLS(ctx context.Context, ln net.Listener, to string, cert *mtls.WorkloadCer
 		}
 		relay(tc, up)
 	})
+}
+
+// serverHandshake runs the server side of c's TLS handshake, bounded by
+// cfg.DialTimeout. On a failure it logs it for the peer named what, closes
+// c and returns nil.
+func serverHandshake(ctx context.Context, c net.Conn, tlsCfg *tls.Config, cfg Config, what string) *tls.Conn {
+	tc := tls.Server(c, tlsCfg)
+	hctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+	err := tc.HandshakeContext(hctx)
+	cancel()
+	if err != nil {
+		cfg.Logf("peers: %s: handshake with %s: %v", what, c.RemoteAddr(), err)
+		c.Close()
+		return nil
+	}
+	return tc
 }

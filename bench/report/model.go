@@ -50,6 +50,9 @@ const (
 	MetricTputN = "tputN"
 	// MetricCPS is the connection rate.
 	MetricCPS = "cps"
+	// MetricFixedRate is request/response open loop at Settings.FixedRate:
+	// what it measures is the proxies' CPU at a load every path can carry.
+	MetricFixedRate = "fixed"
 )
 
 // RRMetric names the request/response metric for the given sizes.
@@ -109,6 +112,17 @@ type Settings struct {
 	ProfileSeconds int           `json:"profile_seconds"`
 	Backends       []string      `json:"backends"`
 	DaemonLogLevel string        `json:"daemon_log_level"`
+	// FixedRate is the load of MetricFixedRate; zero when not measured.
+	FixedRate FixedRate `json:"fixed_rate,omitzero"`
+}
+
+// FixedRate is an open-loop request/response load (zload rr --open-rate):
+// Rate requests per second in total, of Size bytes each way, over Conns
+// connections.
+type FixedRate struct {
+	Rate  int `json:"rate"`
+	Conns int `json:"conns"`
+	Size  int `json:"size"`
 }
 
 // Config is one scenario run through one proxy.

@@ -162,16 +162,9 @@ func latencyPlot(r *Run, st *Stats) (*plot.Plot, vg.Length, vg.Length, error) {
 			continue
 		}
 		any = true
-		l, s, err := plotter.NewLinePoints(pts)
-		if err != nil {
+		if err := addLine(p, pts, i, label(c)); err != nil {
 			return nil, 0, 0, err
 		}
-		l.Color = plotutil.Color(i)
-		l.Dashes = plotutil.Dashes(i / 7)
-		s.Color = plotutil.Color(i)
-		s.Shape = plotutil.Shape(i)
-		p.Add(l, s)
-		p.Legend.Add(label(c), l, s)
 	}
 	if !any {
 		return nil, 0, 0, nil
@@ -183,6 +176,22 @@ func latencyPlot(r *Run, st *Stats) (*plot.Plot, vg.Length, vg.Length, error) {
 	p.Y.Max = maxY * 40
 	p.Add(plotter.NewGrid())
 	return p, 9 * vg.Inch, 7 * vg.Inch, nil
+}
+
+// addLine draws pts as the line of the i-th config (its colour, dashes and
+// point shape, the same in every plot) and adds it to the legend.
+func addLine(p *plot.Plot, pts plotter.XYs, i int, name string) error {
+	l, s, err := plotter.NewLinePoints(pts)
+	if err != nil {
+		return err
+	}
+	l.Color = plotutil.Color(i)
+	l.Dashes = plotutil.Dashes(i / 7)
+	s.Color = plotutil.Color(i)
+	s.Shape = plotutil.Shape(i)
+	p.Add(l, s)
+	p.Legend.Add(name, l, s)
+	return nil
 }
 
 func idlePlot(r *Run) (*plot.Plot, vg.Length, vg.Length, error) {
@@ -209,16 +218,9 @@ func idlePlot(r *Run) (*plot.Plot, vg.Length, vg.Length, error) {
 			pts[j] = plotter.XY{X: float64(pt.Conns), Y: float64(pt.RSSKiB-base) / 1024}
 			maxY = max(maxY, pts[j].Y)
 		}
-		l, s, err := plotter.NewLinePoints(pts)
-		if err != nil {
+		if err := addLine(p, pts, i, label(byID[id.Config])); err != nil {
 			return nil, 0, 0, err
 		}
-		l.Color = plotutil.Color(i)
-		l.Dashes = plotutil.Dashes(i / 7)
-		s.Color = plotutil.Color(i)
-		s.Shape = plotutil.Shape(i)
-		p.Add(l, s)
-		p.Legend.Add(label(byID[id.Config]), l, s)
 	}
 	p.Legend.Top = true
 	p.Legend.Left = true

@@ -167,13 +167,7 @@ func TestWrite(t *testing.T) {
 	}
 	r.Idle[0].Heaps = []report.HeapProfile{{Proc: "ztunnel in mcli-std", Conns: 2000, File: "profiles/h.pb.gz", Summary: heap}}
 	dir := t.TempDir()
-	if err := report.Write(dir, r); err != nil {
-		t.Fatal(err)
-	}
-	md, err := os.ReadFile(filepath.Join(dir, report.FileReport))
-	if err != nil {
-		t.Fatal(err)
-	}
+	md := writeReport(t, dir, r)
 	for _, want := range []string{
 		"# Benchmark report: testhost",
 		"median of 3 round(s)",
@@ -333,4 +327,49 @@ func TestSummarizeProfile(t *testing.T) {
 	if _, err := report.SummarizeProfile(&profile.Profile{SampleType: []*profile.ValueType{{Type: "alloc_space", Unit: "bytes"}}}, 3); err == nil {
 		t.Error("a heap profile was summarised as CPU")
 	}
+}
+
+// The fixed-rate CPU section: the proxies' CPU per request at the same
+// open-loop load on every path; absent when the run did not measure it.
+func TestWriteFixedRate(t *testing.T) {
+	r := synthetic()
+	dir := t.TempDir()
+	md := writeReport(t, dir, r)
+	if bytes.Contains(md, []byte("## CPU at a fixed rate")) {
+		t.Fatal("a run without the fixed-rate measurement has its section")
+	}
+	r.Settings.FixedRate = report.FixedRate{Rate: 1000, Conns: 10, Size: 1024}
+	daemon := report.ConfigID(report.GroupTCP, "ztunnel-std")
+	for round := 1; round <= 3; round++ {
+		r.Samples = append(r.Samples,
+			report.Sample{Config: report.DirectID, Metric: report.MetricFixedRate, Round: round, PerSecond: 1000, Latency: &load.Latency{P50: 80, P99: 150}},
+			report.Sample{Config: daemon, Metric: report.MetricFixedRate, Round: round, PerSecond: 1000, Cores: 0.05, Latency: &load.Latency{P50: 120, P99: 250}})
+	}
+	md = writeReport(t, dir, r)
+	for _, want := range []string{
+		"- Fixed rate: open loop, 1000 requests/s of 1024 B each way over 10 connections",
+		"## CPU at a fixed rate",
+		"| `tcp/ztunnel-std` | 1,000 | 120 | 250 | 0.05 | 50.0 |", // 0.05 cores at 1,000/s: 50 µs per request
+		"| `direct` | 1,000 | 80.0 | 150 | — | — |",
+	} {
+		if !bytes.Contains(md, []byte(want)) {
+			t.Errorf("REPORT.md lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("REPORT.md:\n%s", md)
+	}
+}
+
+// writeReport writes r's report into dir and returns its REPORT.md.
+func writeReport(t *testing.T, dir string, r *report.Run) []byte {
+	t.Helper()
+	if err := report.Write(dir, r); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, report.FileReport))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return md
 }

@@ -160,6 +160,9 @@ func Markdown(r *Run, st *Stats, plots []string) []byte {
 	m.p("- Throughput: 1 stream and %d streams, client → server (128 KiB writes), counted by the server.", s.Streams)
 	m.p("- Request/response: closed loop, one connection: %s.", strings.Join(sizes, ", "))
 	m.p("- Connection rate: %d workers, each connection carries one 1-byte request and response and is closed by the server.", s.CPSConcurrency)
+	if f := s.FixedRate; f.Rate > 0 {
+		m.p("- Fixed rate: open loop, %d requests/s of %d B each way over %d connections (sent on schedule whatever the responses do; latency from the schedule).", f.Rate, f.Size, f.Conns)
+	}
 	m.p("- Idle: %d connections opened in %d step(s), each after one 1-byte exchange; measured before any traffic.", s.IdleConns, s.IdleSteps)
 	m.p("- Daemon engine backends: %s (selected with `ZTUNNEL_ENGINE`); daemon log level `%s` (no per-connection access log, as the peers).", strings.Join(s.Backends, ", "), s.DaemonLogLevel)
 	m.p("- Profiles: %d s of CPU profile from each daemon's `/debug/pprof/profile` under load.", s.ProfileSeconds)
@@ -170,6 +173,7 @@ func Markdown(r *Run, st *Stats, plots []string) []byte {
 	writeThroughput(&m, r, st, hasPlot[PlotThroughput])
 	writeLatency(&m, r, st, hasPlot[PlotLatency])
 	writeCPS(&m, r, st, hasPlot[PlotCPS])
+	writeFixedRate(&m, r, st)
 	writeIdle(&m, r, hasPlot[PlotIdle])
 	writeProfiles(&m, r)
 
@@ -339,11 +343,7 @@ func writeThroughput(m *md, r *Run, st *Stats, plot bool) {
 		for _, metric := range []string{MetricTput1, MetricTputN} {
 			s := st.Get(c.ID, metric, FieldGbps)
 			row = append(row, withRatio(s.Median, st.Get(d, metric, FieldGbps).Median, c.Direct), spread(s))
-			if c.Direct {
-				row = append(row, "—")
-			} else {
-				row = append(row, num(st.Get(c.ID, metric, FieldCores).Median))
-			}
+			row = append(row, coresCell(st, c, metric))
 		}
 		rows = append(rows, row)
 	}
@@ -353,6 +353,15 @@ func writeThroughput(m *md, r *Run, st *Stats, plot bool) {
 		m.p("![throughput](%s)", PlotThroughput)
 		m.p("")
 	}
+}
+
+// coresCell is the proxy CPU cell of c's metric: none for the direct path,
+// which has no proxy.
+func coresCell(st *Stats, c Config, metric string) string {
+	if c.Direct {
+		return "—"
+	}
+	return num(st.Get(c.ID, metric, FieldCores).Median)
 }
 
 func spread(s Stat) string {
@@ -383,11 +392,7 @@ func writeLatency(m *md, r *Run, st *Stats, plot bool) {
 				added = fmt.Sprintf("%+.0f / %+.0f", a50, a99)
 			}
 			row = append(row, added, withRatio(st.Get(c.ID, metric, FieldPerSecond).Median, st.Get(d, metric, FieldPerSecond).Median, c.Direct))
-			if c.Direct {
-				row = append(row, "—")
-			} else {
-				row = append(row, num(st.Get(c.ID, metric, FieldCores).Median))
-			}
+			row = append(row, coresCell(st, c, metric))
 			rows = append(rows, row)
 		}
 		m.table(1, []string{"Path", "p50 µs", "p90", "p99", "p99.9", "max", "added p50 / p99 µs", "transactions/s", "cores"}, rows)
@@ -398,6 +403,31 @@ func writeLatency(m *md, r *Run, st *Stats, plot bool) {
 	}
 }
 
+// writeFixedRate is the CPU each path's proxies spend carrying the same
+// fixed load, the figure of issue 23.
+func writeFixedRate(m *md, r *Run, st *Stats) {
+	f := r.Settings.FixedRate
+	if f.Rate <= 0 {
+		return
+	}
+	m.p("## CPU at a fixed rate")
+	m.p("")
+	var rows [][]string
+	for _, c := range r.Configs {
+		rate := st.Get(c.ID, MetricFixedRate, FieldPerSecond).Median
+		perReq := "—"
+		if cores := st.Get(c.ID, MetricFixedRate, FieldCores).Median; !c.Direct && rate > 0 {
+			perReq = num(cores * 1e6 / rate)
+		}
+		rows = append(rows, []string{"`" + c.ID + "`", num(rate),
+			num(st.Get(c.ID, MetricFixedRate, FieldP50).Median), num(st.Get(c.ID, MetricFixedRate, FieldP99).Median),
+			coresCell(st, c, MetricFixedRate), perReq})
+	}
+	m.table(1, []string{"Path", "achieved requests/s", "p50 µs", "p99 µs", "cores", "CPU µs per request"}, rows)
+	m.p("%d requests/s of %d B each way over %d connections, open loop: the proxies' CPU (all processes of a path) at a load every path carries.", f.Rate, f.Size, f.Conns)
+	m.p("")
+}
+
 func writeCPS(m *md, r *Run, st *Stats, plot bool) {
 	d := st.Direct()
 	m.p("## Connection rate")
@@ -405,10 +435,7 @@ func writeCPS(m *md, r *Run, st *Stats, plot bool) {
 	var rows [][]string
 	for _, c := range r.Configs {
 		s := st.Get(c.ID, MetricCPS, FieldPerSecond)
-		cores := "—"
-		if !c.Direct {
-			cores = num(st.Get(c.ID, MetricCPS, FieldCores).Median)
-		}
+		cores := coresCell(st, c, MetricCPS)
 		errs := st.Get(c.ID, MetricCPS, func(s Sample) float64 { return float64(s.Errors) })
 		rows = append(rows, []string{"`" + c.ID + "`",
 			withRatio(s.Median, st.Get(d, MetricCPS, FieldPerSecond).Median, c.Direct), spread(s),

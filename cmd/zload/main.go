@@ -9,6 +9,7 @@
 //	zload server     --listen :8080 --duration 1h
 //	zload throughput --target 10.244.1.2:8080 --duration 10s --concurrency 4
 //	zload rr         --target 10.244.1.2:8080 --duration 10s --req-size 1 --resp-size 1
+//	zload rr         --target 10.244.1.2:8080 --duration 10s --open-rate 1000 --concurrency 10 --req-size 1024 --resp-size 1024
 //	zload cps        --target 10.244.1.2:8080 --count 100000 --concurrency 4
 //	zload idle       --target 10.244.1.2:8080 --count 2000 --steps 4 --pid 1234
 //	zload rr --hbone --target 10.244.1.2:15008 --authority 10.244.1.2:8080 \
@@ -28,43 +29,29 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/bench/load"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, isTerminal(os.Stdout) && isTerminal(os.Stderr))
-	stop()
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(2)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "zload:", err)
-		os.Exit(1)
-	}
+	tty := isTerminal(os.Stdout) && isTerminal(os.Stderr)
+	load.Main("zload", func(ctx context.Context, args []string) error {
+		return run(ctx, args, os.Stdout, os.Stderr, tty)
+	})
 }
 
 const usage = `usage: zload <mode> [flags]
 
 modes:
   throughput  N streams write to a sink for a duration; Gbit/s acknowledged by the server
-  rr          request/response latency (closed loop, or --rate); p50/p90/p99/p99.9/max
+  rr          request/response latency (closed loop, --rate, or open loop with --open-rate); p50/p90/p99/p99.9/max
   cps         a new connection per request; connections per second
   idle        open and hold --count connections; RSS, fds, goroutines per connection of --pid
   server      the echo/sink server the other modes talk to
 
 run "zload <mode> -h" for a mode's flags.
 `
-
-type stringList []string
-
-func (s *stringList) String() string     { return strings.Join(*s, ",") }
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 type intList []int
 
@@ -86,13 +73,14 @@ type flags struct {
 	count                     int64
 	concurrency, steps        int
 	size, reqSize, respSize   int
-	rate                      float64
+	rate, openRate            float64
+	maxInFlight               int
 	hbone, tls, raw, json     bool
 	streamsPerConn            int
 	cert                      load.CertConfig
-	sans                      stringList
+	sans                      load.StringList
 	pids                      intList
-	goroutineURLs             stringList
+	goroutineURLs             load.StringList
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool) error {
@@ -137,6 +125,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool)
 		fs.IntVar(&f.reqSize, "req-size", 1, "request bytes")
 		fs.IntVar(&f.respSize, "resp-size", 1, "response bytes")
 		fs.Float64Var(&f.rate, "rate", 0, "total transactions per second (0: closed loop)")
+		if mode == "rr" {
+			fs.Float64Var(&f.openRate, "open-rate", 0, "open loop: total requests per second on a fixed schedule, pipelined, latency from the schedule (excludes --rate)")
+			fs.IntVar(&f.maxInFlight, "max-in-flight", 0, fmt.Sprintf("open loop: unanswered requests per connection before the writer waits (default %d)", load.DefaultMaxInFlight))
+		}
 	case "idle":
 		client()
 		fs.Int64Var(&f.count, "count", 0, "connections to open and hold (required)")
@@ -182,7 +174,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool)
 	case "rr", "cps":
 		cfg := load.RRConfig{
 			Dialer: d, Bounds: load.Bounds{Duration: f.duration, Count: f.count}, Concurrency: f.concurrency,
-			ReqSize: f.reqSize, RespSize: f.respSize, Rate: f.rate, Raw: f.raw, Progress: report,
+			ReqSize: f.reqSize, RespSize: f.respSize, Rate: f.rate, OpenRate: f.openRate, MaxInFlight: f.maxInFlight,
+			Raw: f.raw, Progress: report,
 		}
 		if mode == "rr" {
 			res.RR, err = load.RR(ctx, cfg)
@@ -271,8 +264,13 @@ func printText(w io.Writer, r *load.Result) {
 		}
 		fmt.Fprintf(w, "  %d %s (%d B / %d B, concurrency %d) in %.2fs: %.0f/s, %d errors\n",
 			x.Requests, unit, x.ReqSize, x.RespSize, x.Concurrency, x.Seconds, x.PerSecond, x.Errors)
-		l := x.Latency
-		fmt.Fprintf(w, "  latency µs: p50 %.0f  p90 %.0f  p99 %.0f  p99.9 %.0f  max %.0f  mean %.1f\n", l.P50, l.P90, l.P99, l.P999, l.Max, l.Mean)
+		if x.OpenRate > 0 {
+			fmt.Fprintf(w, "  open loop at %.0f/s: %d sent, %d missed, %d unanswered\n", x.OpenRate, x.Sent, x.Missed, x.Unanswered)
+		}
+		printLatency(w, "latency µs", x.Latency)
+		if x.SendLag != nil {
+			printLatency(w, "send lag µs", *x.SendLag)
+		}
 		if x.FirstError != "" {
 			fmt.Fprintf(w, "  first error: %s\n", x.FirstError)
 		}
@@ -296,6 +294,10 @@ func printText(w io.Writer, r *load.Result) {
 			fmt.Fprintf(w, "  per connection, goroutines[%d]: %.2f\n", i, g)
 		}
 	}
+}
+
+func printLatency(w io.Writer, what string, l load.Latency) {
+	fmt.Fprintf(w, "  %s: p50 %.0f  p90 %.0f  p99 %.0f  p99.9 %.0f  max %.0f  mean %.1f\n", what, l.P50, l.P90, l.P99, l.P999, l.Max, l.Mean)
 }
 
 func isTerminal(f *os.File) bool {

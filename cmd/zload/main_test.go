@@ -73,6 +73,30 @@ func TestModesJSON(t *testing.T) {
 	}
 }
 
+// The fixed-rate mode of issue 23's CPU measurement, through the flags.
+func TestOpenRate(t *testing.T) {
+	addr := startServer(t)
+	r, _ := zload(t, "rr", "--target", addr, "--count", "100", "--concurrency", "10", "--req-size", "1024", "--resp-size", "1024", "--open-rate", "1000")
+	if r.RR == nil || r.RR.Requests != 100 || r.RR.Sent != 100 || r.RR.OpenRate != 1000 || r.RR.Concurrency != 10 || r.RR.SendLag == nil {
+		t.Fatalf("rr --open-rate: %+v", r.RR)
+	}
+	var out, errb bytes.Buffer
+	if err := run(context.Background(), []string{"rr", "--target", addr, "--count", "5", "--open-rate", "500"}, &out, &errb, false); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "open loop at 500/s: 5 sent, 0 missed, 0 unanswered") || !strings.Contains(out.String(), "send lag µs: p50") {
+		t.Fatalf("text output: %q", out.String())
+	}
+	for _, args := range [][]string{
+		{"rr", "--target", addr, "--count", "1", "--open-rate", "10", "--rate", "10"},
+		{"cps", "--target", addr, "--count", "1", "--open-rate", "10"},
+	} {
+		if err := run(context.Background(), args, &out, &errb, false); err == nil {
+			t.Errorf("zload %q succeeded", args)
+		}
+	}
+}
+
 func TestTextOutput(t *testing.T) {
 	addr := startServer(t)
 	var out, errb bytes.Buffer
@@ -93,7 +117,7 @@ func TestHBONEFlagsIssueACertificate(t *testing.T) {
 	certPath, keyPath := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
 	os.WriteFile(certPath, ca.RootPEM(), 0o600)
 	os.WriteFile(keyPath, ca.KeyPEM(), 0o600)
-	f := flags{hbone: true, target: "127.0.0.1:1", authority: "127.0.0.1:2", sans: stringList{"spiffe://cluster.local/ns/a/sa/b"},
+	f := flags{hbone: true, target: "127.0.0.1:1", authority: "127.0.0.1:2", sans: load.StringList{"spiffe://cluster.local/ns/a/sa/b"},
 		cert: load.CertConfig{CACert: certPath, CAKey: keyPath, Identity: "spiffe://cluster.local/ns/bench/sa/zload"}}
 	d, err := newDialer(context.Background(), f)
 	if err != nil {

@@ -197,21 +197,12 @@ func testWaitTimeoutAndClose(t *testing.T, w waitFunc) {
 	}
 }
 
-func BenchmarkWakeWait(b *testing.B) {
-	p, err := Open()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer p.Close()
-	evs := make([]Event, 4)
-	b.ReportAllocs()
-	for b.Loop() {
-		p.Wake()
-		p.Wait(evs, -1)
-	}
-}
+func BenchmarkWakeWait(b *testing.B) { benchWake(b, (*Poller).Wait) }
 
-func BenchmarkWakeWaitPark(b *testing.B) {
+func BenchmarkWakeWaitPark(b *testing.B) { benchWake(b, (*Poller).WaitPark) }
+
+// benchWake times a wake-up and the wait it ends, waiting with wait.
+func benchWake(b *testing.B, wait func(p *Poller, events []Event, timeout time.Duration) (int, bool, error)) {
 	p, err := Open()
 	if err != nil {
 		b.Fatal(err)
@@ -221,6 +212,6 @@ func BenchmarkWakeWaitPark(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		p.Wake()
-		p.WaitPark(evs, -1)
+		wait(p, evs, -1)
 	}
 }

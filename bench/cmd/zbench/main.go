@@ -14,29 +14,16 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/bench/harness"
 	"github.com/ztunnel-go/ztunnel/bench/report"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:])
-	stop()
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(2)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "zbench:", err)
-		os.Exit(1)
-	}
-}
+func main() { harness.Main("zbench", run) }
 
 func run(ctx context.Context, args []string) error {
 	self, _ := os.Executable()
@@ -55,6 +42,9 @@ func run(ctx context.Context, args []string) error {
 	fs.DurationVar(&o.Duration, "duration", 0, "length of each measurement (default 2s, quick 500ms)")
 	fs.IntVar(&o.Streams, "streams", 0, "streams of the N-stream throughput (default 8, quick 4)")
 	fs.IntVar(&o.IdleConns, "idle-conns", 0, "idle connections to hold (default 2000, quick 100)")
+	fs.IntVar(&o.FixedRate.Rate, "fixed-rate", 0, "requests/s of the fixed-rate CPU measurement, open loop (default 1000)")
+	fs.IntVar(&o.FixedRate.Conns, "fixed-conns", 0, "connections of the fixed-rate measurement (default 10)")
+	fs.IntVar(&o.FixedRate.Size, "fixed-size", 0, "request and response bytes of the fixed-rate measurement (default 1024)")
 	fs.StringVar(&backends, "backends", "", "daemon engine backends, comma-separated (ZTUNNEL_ENGINE; default std,epoll,uring, quick epoll); NAME=ENGINE[@BINARY][+VAR=value...] runs\nthe daemons of backend NAME with that engine, binary and environment (A/B runs: 'old=epoll@/tmp/ztunnel.old,new=epoll')")
 	fs.StringVar(&paths, "paths", "", "measure only the paths whose ID matches this regexp (e.g. 'hbone2/'; direct is always kept)")
 	fs.StringVar(&o.DaemonLogLevel, "daemon-log-level", "", "daemons' RUST_LOG (default warn)")

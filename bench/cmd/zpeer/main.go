@@ -21,32 +21,13 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/bench/load"
 	"github.com/ztunnel-go/ztunnel/bench/peers"
 )
 
-type stringList []string
-
-func (s *stringList) String() string     { return strings.Join(*s, ",") }
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
-
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:])
-	stop()
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(2)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "zpeer:", err)
-		os.Exit(1)
-	}
-}
+func main() { load.Main("zpeer", run) }
 
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
@@ -61,7 +42,7 @@ func run(ctx context.Context, args []string) error {
 		origDst                          bool
 		mark                             int
 		cert                             load.CertConfig
-		sans                             stringList
+		sans                             load.StringList
 	)
 	fs.StringVar(&listen, "listen", "", "address to listen on (required)")
 	fs.StringVar(&to, "to", "", "upstream address (copy, tls: the backend; h2-client: the h2-server)")
