@@ -117,3 +117,74 @@ func TestDeltaPublishMatchesFullBuild(t *testing.T) {
 		}
 	}
 }
+
+// TestWriterRanksSharedAddresses: two workloads claiming one address are
+// both kept; the address resolves to the ranked first (pod, then HBONE,
+// then the latest), and back to the other when the winner goes.
+func TestWriterRanksSharedAddresses(t *testing.T) {
+	ip := netip.MustParseAddr("10.0.0.7")
+	for _, tc := range []struct {
+		first, second *Workload
+		winner        string
+	}{
+		{writerWorkload("Kubernetes//Pod/ns/p", "10.0.0.7", true), writerWorkload("c/networking.istio.io/WorkloadEntry/ns/we", "10.0.0.7", false), "Kubernetes//Pod/ns/p"},
+		{writerWorkload("a", "10.0.0.7", false), writerWorkload("b", "10.0.0.7", true), "a"},
+		{writerWorkload("a", "10.0.0.7", false), writerWorkload("b", "10.0.0.7", false), "b"},
+		{writerWorkload("a", "10.0.0.7", false), writerWorkload("b", "::ffff:10.0.0.7", false), "b"},
+	} {
+		store := NewStore(nil)
+		x, err := NewWriter(store, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range []*Workload{tc.first, tc.second} {
+			if err := x.Update(func(tx *Tx) { tx.PutWorkload(w) }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		loser := tc.first.UID
+		if loser == tc.winner {
+			loser = tc.second.UID
+		}
+		s := store.Load()
+		if w := s.WorkloadByAddr("", ip); w == nil || w.UID != tc.winner || len(s.WorkloadByUID(loser).Addresses) != 0 {
+			t.Fatalf("%s vs %s: address resolves to %v, loser keeps %v", tc.first.UID, tc.second.UID, w, s.WorkloadByUID(loser))
+		}
+		if err := x.Update(func(tx *Tx) { tx.RemoveWorkload(tc.winner) }); err != nil {
+			t.Fatal(err)
+		}
+		if w := store.Load().WorkloadByAddr("", ip); w == nil || w.UID != loser {
+			t.Errorf("after removing %s the address resolves to %v, want %s", tc.winner, w, loser)
+		}
+	}
+}
+
+// TestWriterPolicyKeys: a policy key has one owning resource name, and a
+// base is held under its keys, replaced and removed like any update.
+func TestWriterPolicyKeys(t *testing.T) {
+	p := func(name string) *Policy { return &Policy{Name: name, Namespace: "ns", Scope: ScopeNamespace} }
+	store := NewStore(nil)
+	x, err := NewWriter(store, &Base{Policies: []*Policy{p("a")}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var owner string
+	var ok bool
+	err = x.Update(func(tx *Tx) {
+		owner, ok = tx.PutPolicy("other-name-for-a", p("a"))
+		tx.PutPolicy("ns/b", p("b"))
+		tx.RemovePolicy("ns/a")
+	})
+	if err != nil || ok || owner != "ns/a" {
+		t.Fatalf("PutPolicy of a held key: owner %q, ok %v, err %v", owner, ok, err)
+	}
+	if ps := store.Load().Policies(); len(ps) != 1 || ps[0].Name != "b" {
+		t.Errorf("policies %v, want only b", ps)
+	}
+	if w, s, n := x.Counts(); w != 0 || s != 0 || n != 1 {
+		t.Errorf("Counts = %d, %d, %d", w, s, n)
+	}
+	if _, err := NewWriter(NewStore(nil), &Base{Policies: []*Policy{p("a"), p("a")}}, nil); err == nil {
+		t.Error("a base with a duplicate policy was accepted")
+	}
+}
