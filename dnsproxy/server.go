@@ -327,17 +327,10 @@ func (s *Server) serveUDP(pc net.PacketConn) {
 	for {
 		n, from, err := pc.ReadFrom(buf)
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) || s.stopping() {
+			if !s.pause(&backoff, "DNS read failed", pc.LocalAddr(), err) {
 				return
 			}
-			backoff = min(max(backoff*2, 5*time.Millisecond), time.Second)
-			s.log.Warn("DNS read failed", "addr", pc.LocalAddr().String(), "error", err)
-			select {
-			case <-time.After(backoff):
-				continue
-			case <-s.stop:
-				return
-			}
+			continue
 		}
 		backoff = 0
 		if n > MaxRequestSize {
@@ -361,6 +354,24 @@ func (s *Server) serveUDP(pc net.PacketConn) {
 	}
 }
 
+// pause handles a failed read or accept on the socket at addr: it reports
+// false when the socket is closed or the server stopping, else logs msg and
+// waits out the next backoff (5 ms doubling up to 1 s, reset by the caller
+// on success) so that a persistent error does not spin, and reports true.
+func (s *Server) pause(backoff *time.Duration, msg string, addr net.Addr, err error) bool {
+	if errors.Is(err, net.ErrClosed) || s.stopping() {
+		return false
+	}
+	*backoff = min(max(*backoff*2, 5*time.Millisecond), time.Second)
+	s.log.Warn(msg, "addr", addr.String(), "error", err)
+	select {
+	case <-time.After(*backoff):
+		return true
+	case <-s.stop:
+		return false
+	}
+}
+
 // serveTCP accepts connections, at most MaxTCPConns open at once (beyond
 // that they wait in the kernel's backlog).
 func (s *Server) serveTCP(ln net.Listener) {
@@ -375,17 +386,10 @@ func (s *Server) serveTCP(ln net.Listener) {
 		c, err := ln.Accept()
 		if err != nil {
 			<-s.tcpSlots
-			if errors.Is(err, net.ErrClosed) || s.stopping() {
+			if !s.pause(&backoff, "DNS accept failed", ln.Addr(), err) {
 				return
 			}
-			backoff = min(max(backoff*2, 5*time.Millisecond), time.Second)
-			s.log.Warn("DNS accept failed", "addr", ln.Addr().String(), "error", err)
-			select {
-			case <-time.After(backoff):
-				continue
-			case <-s.stop:
-				return
-			}
+			continue
 		}
 		backoff = 0
 		if !s.track(c) {

@@ -1,13 +1,12 @@
 package inpod
 
 import (
-	"errors"
 	"fmt"
 	"os"
-	"runtime"
-	"runtime/debug"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ztunnel-go/ztunnel/internal/netns"
 )
 
 // NetnsID identifies a network namespace: two handles are the same
@@ -94,93 +93,15 @@ func (n *Netns) File() *os.File { return n.f }
 // namespace keep it alive.
 func (n *Netns) Close() error { return n.f.Close() }
 
-// errGoexit reports that fn ended its goroutine (runtime.Goexit) inside Run.
-var errGoexit = errors.New("inpod: function passed to Netns.Run called runtime.Goexit")
-
 // Run calls fn on an OS thread switched into the namespace and returns its
-// error. Sockets fn creates (directly, on its own goroutine) belong to the
-// namespace for life, wherever they are used afterwards: that is how a
-// proxy's listeners and dials end up inside its pod.
-//
-// Why this is safe in a Go process:
-//   - A network namespace is a property of the OS thread (setns(2) with
-//     CLONE_NEWNET changes only the calling thread), and Go moves goroutines
-//     between threads. fn therefore runs on a fresh goroutine locked to its
-//     thread (runtime.LockOSThread) for the whole switch: no other goroutine
-//     can run on that thread while it is in the pod's namespace, and fn
-//     cannot migrate away from it.
-//   - The runtime never clones a new thread from a locked one (it asks its
-//     template thread to do it), so no thread is ever born inside a pod.
-//   - Afterwards the thread is switched back to the namespace it came from
-//     (the daemon's, which every unlocked thread is in: the Manager holds it
-//     open, else it is opened through /proc/thread-self before the switch)
-//     and unlocked, and returns clean to the scheduler. If switching back fails, the
-//     goroutine exits still locked, and the runtime then terminates the
-//     thread rather than reuse it: a thread stuck in a pod would silently
-//     put unrelated goroutines' sockets there.
-//   - fn must do its socket work synchronously: goroutines it starts run on
-//     other threads, outside the namespace. net.Dialer with an IP literal
-//     and net.ListenConfig create their one socket on the calling goroutine.
-//
-// Concurrent calls are fine (each has its own thread). A blocked fn (a dial
-// waiting for its SYN-ACK) holds its thread until it returns. A panic in fn
-// is re-raised in the caller.
-func (n *Netns) Run(fn func() error) error {
-	type result struct {
-		err      error
-		panicked bool
-		val      any
-		stack    []byte
-	}
-	done := make(chan result, 1)
-	go func() {
-		var res result
-		defer func() { done <- res }()
-		runtime.LockOSThread()
-		home := n.home
-		if home < 0 {
-			fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				runtime.UnlockOSThread()
-				res.err = fmt.Errorf("inpod: open current netns: %w", err)
-				return
-			}
-			defer unix.Close(fd)
-			home = fd
-		}
-		if err := unix.Setns(n.fd, unix.CLONE_NEWNET); err != nil {
-			// Still in the original namespace: the thread is clean.
-			runtime.UnlockOSThread()
-			res.err = fmt.Errorf("inpod: setns into %s: %w", n.id, err)
-			return
-		}
-		defer func() {
-			if err := unix.Setns(home, unix.CLONE_NEWNET); err != nil {
-				res.err = errors.Join(res.err, fmt.Errorf("inpod: setns back from %s (thread discarded): %w", n.id, err))
-				return // stay locked: the runtime ends the thread with the goroutine
-			}
-			runtime.UnlockOSThread()
-		}()
-		completed := false
-		defer func() {
-			if completed {
-				return
-			}
-			if r := recover(); r != nil {
-				res.panicked, res.val, res.stack = true, r, debug.Stack()
-				return
-			}
-			res.err = errGoexit
-		}()
-		res.err = fn()
-		completed = true
-	}()
-	res := <-done
-	if res.panicked {
-		panic(fmt.Sprintf("inpod: panic in Netns.Run: %v\n%s", res.val, res.stack))
-	}
-	return res.err
-}
+// error (internal/netns.Run, whose doc says why that is safe in a Go
+// process). Sockets fn creates (directly, on its own goroutine) belong to
+// the namespace for life, wherever they are used afterwards: that is how a
+// proxy's listeners and dials end up inside its pod. The thread returns to
+// the daemon's namespace, which the Manager holds open (else it is opened
+// per call). Concurrent calls are fine; a panic in fn is re-raised in the
+// caller.
+func (n *Netns) Run(fn func() error) error { return netns.Run(n.fd, n.home, n.id.String(), fn) }
 
 // CheckPrivileges verifies at startup what shared mode needs, so that a
 // missing capability fails the daemon at once rather than every pod later

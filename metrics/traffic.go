@@ -139,58 +139,75 @@ type Peer struct {
 // SetPeerSource fills the source labels from what the peer said. Call it
 // before SetSource: a known workload record overrides everything but the
 // principal, which only the handshake proves.
-func (l *ConnLabels) SetPeerSource(p *Peer) {
-	l.SourceWorkload = p.WorkloadName
-	l.SourceCanonicalService = p.App
-	l.SourceCanonicalRevision = p.Revision
-	l.SourceWorkloadNamespace = p.Namespace
-	l.SourceApp = p.WorkloadName
-	l.SourceVersion = p.Revision
-	l.SourceCluster = p.ClusterID
-	l.SourcePrincipal = p.Identity
-	l.SourceRegion, l.SourceZone = p.Region, p.Zone
-}
+func (l *ConnLabels) SetPeerSource(p *Peer) { setEnd(l.source(), peerEnd(p), true) }
 
 // SetSource fills the source labels from the source workload's record. It
 // leaves SourcePrincipal alone: ztunnel reports a source principal only
 // when mTLS proved it (SetPeerSource).
-func (l *ConnLabels) SetSource(w *Workload) {
-	l.SourceWorkload = w.WorkloadName
-	l.SourceCanonicalService = w.CanonicalName
-	l.SourceCanonicalRevision = w.CanonicalRevision
-	l.SourceWorkloadNamespace = w.Namespace
-	l.SourceApp = w.CanonicalName
-	l.SourceVersion = w.CanonicalRevision
-	l.SourceCluster = w.ClusterID
-	l.SourceRegion, l.SourceZone = w.Region, w.Zone
-}
+func (l *ConnLabels) SetSource(w *Workload) { setEnd(l.source(), workloadEnd(w), false) }
 
 // SetDestination fills the destination labels from the destination
 // workload's record, principal included.
-func (l *ConnLabels) SetDestination(w *Workload) {
-	l.DestinationWorkload = w.WorkloadName
-	l.DestinationCanonicalService = w.CanonicalName
-	l.DestinationCanonicalRevision = w.CanonicalRevision
-	l.DestinationWorkloadNamespace = w.Namespace
-	l.DestinationPrincipal = w.Identity
-	l.DestinationApp = w.CanonicalName
-	l.DestinationVersion = w.CanonicalRevision
-	l.DestinationCluster = w.ClusterID
-	l.DestinationRegion, l.DestinationZone = w.Region, w.Zone
-}
+func (l *ConnLabels) SetDestination(w *Workload) { setEnd(l.destination(), workloadEnd(w), true) }
 
 // SetPeerDestination fills the destination labels from what the peer said
 // (a destination known only by its handshake and baggage).
-func (l *ConnLabels) SetPeerDestination(p *Peer) {
-	l.DestinationWorkload = p.WorkloadName
-	l.DestinationCanonicalService = p.App
-	l.DestinationCanonicalRevision = p.Revision
-	l.DestinationWorkloadNamespace = p.Namespace
-	l.DestinationApp = p.WorkloadName
-	l.DestinationVersion = p.Revision
-	l.DestinationCluster = p.ClusterID
-	l.DestinationPrincipal = p.Identity
-	l.DestinationRegion, l.DestinationZone = p.Region, p.Zone
+func (l *ConnLabels) SetPeerDestination(p *Peer) { setEnd(l.destination(), peerEnd(p), true) }
+
+// The labels of one end of a connection (source or destination), in the
+// order an end value and the source and destination methods list them.
+const (
+	endWorkload = iota
+	endCanonicalService
+	endCanonicalRevision
+	endNamespace
+	endPrincipal
+	endApp
+	endVersion
+	endCluster
+	endRegion
+	endZone
+	numEnd
+)
+
+// end is the values of one end's labels: the four Set methods differ only
+// in which end they fill and where its values come from.
+type end [numEnd]string
+
+// workloadEnd is what a workload record says: app and version are its
+// canonical name and revision, as ztunnel reports them.
+func workloadEnd(w *Workload) end {
+	return end{w.WorkloadName, w.CanonicalName, w.CanonicalRevision, w.Namespace, w.Identity,
+		w.CanonicalName, w.CanonicalRevision, w.ClusterID, w.Region, w.Zone}
+}
+
+// peerEnd is what a peer said: app is its workload name, version its
+// revision, as ztunnel reports them.
+func peerEnd(p *Peer) end {
+	return end{p.WorkloadName, p.App, p.Revision, p.Namespace, p.Identity,
+		p.WorkloadName, p.Revision, p.ClusterID, p.Region, p.Zone}
+}
+
+// source and destination return the fields of one end's labels, in end order.
+func (l *ConnLabels) source() [numEnd]*string {
+	return [numEnd]*string{&l.SourceWorkload, &l.SourceCanonicalService, &l.SourceCanonicalRevision,
+		&l.SourceWorkloadNamespace, &l.SourcePrincipal, &l.SourceApp, &l.SourceVersion, &l.SourceCluster,
+		&l.SourceRegion, &l.SourceZone}
+}
+
+func (l *ConnLabels) destination() [numEnd]*string {
+	return [numEnd]*string{&l.DestinationWorkload, &l.DestinationCanonicalService, &l.DestinationCanonicalRevision,
+		&l.DestinationWorkloadNamespace, &l.DestinationPrincipal, &l.DestinationApp, &l.DestinationVersion,
+		&l.DestinationCluster, &l.DestinationRegion, &l.DestinationZone}
+}
+
+// setEnd stores v into the fields of dst, the principal only if principal.
+func setEnd(dst [numEnd]*string, v end, principal bool) {
+	for i, f := range dst {
+		if i != endPrincipal || principal {
+			*f = v[i]
+		}
+	}
 }
 
 // SetDestinationService fills destination_service (the hostname),

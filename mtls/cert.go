@@ -139,16 +139,28 @@ func ParseChain(chainPEM []string, key crypto.Signer, want identity.Identity) (*
 }
 
 // parseCerts decodes every PEM block of s, which must all be certificates,
-// and requires at least one. Text between blocks is skipped, as PEM files
-// written by openssl often carry a human-readable dump.
+// and requires at least one.
 func parseCerts(s string) ([]*x509.Certificate, error) {
+	certs, err := ParseCertificatesPEM([]byte(s))
+	if err == nil && len(certs) == 0 {
+		err = errors.New("no pem certificate found")
+	}
+	return certs, err
+}
+
+// ParseCertificatesPEM decodes every PEM block of data, which must all be
+// certificates, and returns them in order (none if data holds no PEM
+// block: the caller words that error for its input). Text between blocks
+// is skipped, as PEM files written by openssl often carry a human-readable
+// dump. It is the one PEM chain parser of mtls and mtls/caclient.
+func ParseCertificatesPEM(data []byte) ([]*x509.Certificate, error) {
 	var certs []*x509.Certificate
-	rest := []byte(s)
+	rest := data
 	for {
 		var block *pem.Block
 		block, rest = pem.Decode(rest)
 		if block == nil {
-			break
+			return certs, nil
 		}
 		if block.Type != "CERTIFICATE" {
 			return nil, fmt.Errorf("pem block %q is not a CERTIFICATE", block.Type)
@@ -159,10 +171,6 @@ func parseCerts(s string) ([]*x509.Certificate, error) {
 		}
 		certs = append(certs, c)
 	}
-	if len(certs) == 0 {
-		return nil, errors.New("no pem certificate found")
-	}
-	return certs, nil
 }
 
 // firstURI returns the certificate's first URI SAN, the one ztunnel reads as

@@ -17,9 +17,11 @@
 // policy change from a workload-only update (Snapshot.WithWorkloads keeps
 // it), which is what the connection manager re-checks open connections on.
 //
-// A Snapshot never changes once built. One writer builds the next snapshot off
-// the hot path and publishes it through a Store; readers Load the current one
-// once per connection and never lock. Snapshot.Apply derives the next
+// A Snapshot never changes once built. One writer (Writer: the tables of
+// workloads by uid, services by key and policies by resource name, the
+// ranking of workloads that claim one address, and a static base) builds the
+// next snapshot off the hot path after each Update and publishes it through a
+// Store; readers Load the current one once per connection and never lock. Snapshot.Apply derives the next
 // snapshot from a Delta (the workloads, services and policies a push adds,
 // replaces or removes) at a cost that follows the size of the delta: the
 // indexes are hash tables split into small shards (shardmap.go), and a derived

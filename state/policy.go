@@ -2,7 +2,6 @@ package state
 
 import (
 	"net/netip"
-	"strconv"
 )
 
 // Scope says which workloads a policy applies to (istio.security.Scope).
@@ -20,15 +19,7 @@ const (
 
 // String returns ztunnel's spelling: "Global", "Namespace", "WorkloadSelector".
 func (s Scope) String() string {
-	switch s {
-	case ScopeGlobal:
-		return "Global"
-	case ScopeNamespace:
-		return "Namespace"
-	case ScopeWorkloadSelector:
-		return "WorkloadSelector"
-	}
-	return "Scope(" + strconv.Itoa(int(s)) + ")"
+	return enumName(s, "Scope", "Global", "Namespace", "WorkloadSelector")
 }
 
 // Action is what a matching policy does (istio.security.Action).
@@ -44,13 +35,7 @@ const (
 
 // String returns "Allow" or "Deny".
 func (a Action) String() string {
-	switch a {
-	case ActionAllow:
-		return "Allow"
-	case ActionDeny:
-		return "Deny"
-	}
-	return "Action(" + strconv.Itoa(int(a)) + ")"
+	return enumName(a, "Action", "Allow", "Deny")
 }
 
 // Policy is one L4 authorization policy. Values reachable from a Snapshot are
@@ -110,17 +95,7 @@ const (
 
 // String returns ztunnel's variant name: "Exact", "Prefix", "Suffix", "Presence".
 func (k MatchKind) String() string {
-	switch k {
-	case MatchExact:
-		return "Exact"
-	case MatchPrefix:
-		return "Prefix"
-	case MatchSuffix:
-		return "Suffix"
-	case MatchPresence:
-		return "Presence"
-	}
-	return "MatchKind(" + strconv.Itoa(int(k)) + ")"
+	return enumName(k, "MatchKind", "Exact", "Prefix", "Suffix", "Presence")
 }
 
 // StringMatch matches a namespace or a principal.

@@ -440,36 +440,6 @@ func TestAuthorizeMissingKeyWarns(t *testing.T) {
 	}
 }
 
-func TestDryRunMatches(t *testing.T) {
-	dst := rbacDst("ns1/sel")
-	policies := []*Policy{
-		dryRun(allowNS("allow-match", nsClient)),
-		dryRun(allowNS("allow-nomatch", nsOther)),
-		dryRun(denyNS("deny-match", port8080)),
-		denyNS("enforced-deny", port9090),
-		dryRun(pol(ActionDeny, ScopeWorkloadSelector, "ns1", "sel", [][]Match{{nsClient}})),
-		dryRun(pol(ActionDeny, ScopeNamespace, "ns2", "other-ns", [][]Match{{nsClient}})),
-	}
-	s, err := NewSnapshot([]*Workload{dst}, nil, policies)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := mtls()
-	c.DstWorkload = dst
-	var keys []string
-	for _, p := range s.DryRunMatches(c) {
-		keys = append(keys, p.Key())
-	}
-	want := []string{"ns1/deny-match", "ns1/sel", "ns1/allow-match"}
-	if !slices.Equal(keys, want) {
-		t.Fatalf("DryRunMatches = %q, want %q", keys, want)
-	}
-	if d := s.Authorize(c); d != allowed {
-		t.Fatalf("dry-run policies changed the decision: %+v", d)
-	}
-}
-
-// TestPrincipalPieces checks the piecewise principal comparison against the
 // obvious one on the joined string.
 func TestPrincipalPieces(t *testing.T) {
 	id := identity.Identity{TrustDomain: "td", Namespace: "ns", ServiceAccount: "sa"}
@@ -501,97 +471,6 @@ func FuzzPrincipalMatch(f *testing.F) {
 			t.Fatalf("%v %q on %q: got %v, want %v", sm.Kind, v, id.Principal(), got, want)
 		}
 	})
-}
-
-// fivePolicies is the shape a typical workload sees: a STRICT mesh policy, a
-// namespace ALLOW with a few principals, a port DENY, a selector ALLOW and a
-// dry-run policy.
-func fivePolicies() (*Workload, []*Policy) {
-	dst := rbacDst("ns1/sel")
-	return dst, []*Policy{
-		pol(ActionDeny, ScopeGlobal, "istio-system", "istio_converted_static_strict", [][]Match{{strictDeny}}),
-		allowNS("allow-frontends", Match{Principals: []StringMatch{
-			exact("cluster.local/ns/web/sa/frontend"), prefix("cluster.local/ns/batch/"), exact("cluster.local/ns/client/sa/sleep"),
-		}}),
-		denyNS("deny-admin-port", Match{DestinationPorts: []uint16{9000, 9001}}),
-		pol(ActionAllow, ScopeWorkloadSelector, "ns1", "sel", [][]Match{{Match{SourceIPs: cidrs("192.168.0.0/16")}}}),
-		dryRun(denyNS("dry", Match{Namespaces: []StringMatch{exact("legacy")}})),
-	}
-}
-
-func TestAuthorizeNoAllocs(t *testing.T) {
-	dst, policies := fivePolicies()
-	s, err := NewSnapshot([]*Workload{dst}, nil, policies)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := mtls()
-	c.DstWorkload = dst
-	if d := s.Authorize(c); d != allowedBy("ns1/allow-frontends") {
-		t.Fatalf("decision %+v", d)
-	}
-	for _, c := range []Conn{c, func() Conn { p := plaintext(); p.DstWorkload = dst; return p }()} {
-		if n := testing.AllocsPerRun(100, func() { s.Authorize(c) }); n != 0 {
-			t.Errorf("Authorize allocates %v times", n)
-		}
-		if n := testing.AllocsPerRun(100, func() { s.DryRunMatches(c) }); n != 0 {
-			t.Errorf("DryRunMatches allocates %v times", n)
-		}
-	}
-}
-
-// TestAuthorizeNoAllocsIndexed covers the other paths: port-indexed lists
-// and more listed ALLOW policies than Authorize remembers.
-func TestAuthorizeNoAllocsIndexed(t *testing.T) {
-	policies := manyPortPolicies(20, 8080)
-	var listed []string
-	for i := range 6 {
-		name := fmt.Sprintf("sel%d", i)
-		policies = append(policies, pol(ActionAllow, ScopeWorkloadSelector, "ns1", name, [][]Match{{nsOther}}))
-		listed = append(listed, "ns1/"+name)
-	}
-	dst := rbacDst(listed...)
-	s, err := NewSnapshot([]*Workload{dst}, nil, policies)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := mtlsTo(7070)
-	c.DstWorkload = dst
-	if d := s.Authorize(c); d != notAllowed {
-		t.Fatalf("decision %+v", d)
-	}
-	if n := testing.AllocsPerRun(100, func() { s.Authorize(c) }); n != 0 {
-		t.Errorf("Authorize allocates %v times", n)
-	}
-}
-
-func BenchmarkAuthorize(b *testing.B) {
-	dst, policies := fivePolicies()
-	s, err := NewSnapshot([]*Workload{dst}, nil, policies)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, bc := range []struct {
-		name string
-		conn Conn
-	}{
-		{"allowed", mtls()},
-		{"denied-plaintext", plaintext()},
-		{"not-allowed", func() Conn {
-			c := mtls()
-			c.SrcIdentity.Namespace = "stranger"
-			return c
-		}()},
-	} {
-		b.Run(bc.name, func(b *testing.B) {
-			c := bc.conn
-			c.DstWorkload = dst
-			b.ReportAllocs()
-			for b.Loop() {
-				s.Authorize(c)
-			}
-		})
-	}
 }
 
 func ExampleSnapshot_Authorize() {
@@ -676,40 +555,5 @@ func TestPolicyGeneration(t *testing.T) {
 	// It validates like NewSnapshot.
 	if _, err := a.WithWorkloads([]*Workload{dst, dst}, nil); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("duplicate workloads: err = %v", err)
-	}
-}
-
-// TestDryRunWouldDeny: ztunnel's "dry-run: no allow policies match" is
-// logged only when no enforced ALLOW applies, a dry-run ALLOW does, and no
-// dry-run ALLOW matches.
-func TestDryRunWouldDeny(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		policies []*Policy
-		want     bool
-	}{
-		{"no policies", nil, false},
-		{"dry-run allow that does not match", []*Policy{dryRun(allowNS("a", nsOther))}, true},
-		{"dry-run allow that matches", []*Policy{dryRun(allowNS("a", nsOther)), dryRun(allowNS("b", nsClient))}, false},
-		{"an enforced allow applies", []*Policy{dryRun(allowNS("a", nsOther)), allowNS("b", nsClient)}, false},
-		{"only a dry-run deny", []*Policy{dryRun(denyNS("d", nsClient))}, false},
-		{"dry-run allow of another namespace", []*Policy{dryRun(pol(ActionAllow, ScopeNamespace, "ns2", "a", [][]Match{{nsOther}}))}, false},
-		{"listed dry-run allow", []*Policy{dryRun(pol(ActionAllow, ScopeWorkloadSelector, "ns1", "sel", [][]Match{{nsOther}}))}, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			dst := rbacDst("ns1/sel")
-			s, err := NewSnapshot([]*Workload{dst}, nil, tc.policies)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := mtls()
-			c.DstWorkload = dst
-			if got := s.DryRunWouldDeny(c, s.DryRunMatches(c)); got != tc.want {
-				t.Errorf("DryRunWouldDeny = %v, want %v", got, tc.want)
-			}
-			if d := s.Authorize(c); !d.Allowed {
-				t.Errorf("dry-run policies changed the decision: %+v", d)
-			}
-		})
 	}
 }

@@ -130,16 +130,7 @@ func (s *Snapshot) GatewayHasWorkload(g *GatewayAddress, match func(*Workload) b
 	if g == nil {
 		return false
 	}
-	var (
-		svc *Service
-		w   *Workload
-	)
-	switch {
-	case g.Address != nil:
-		w, svc = s.FindAddress(g.Address.Network, g.Address.Addr)
-	case g.Hostname != nil:
-		svc, w = s.FindHostname(*g.Hostname)
-	}
+	w, svc := s.gatewayTarget(g)
 	if w != nil {
 		return match(w)
 	}
@@ -151,6 +142,19 @@ func (s *Snapshot) GatewayHasWorkload(g *GatewayAddress, match func(*Workload) b
 		}
 	}
 	return false
+}
+
+// gatewayTarget returns what g names (FindAddress for an address,
+// FindHostname for a hostname): at most one of the results is non-nil.
+func (s *Snapshot) gatewayTarget(g *GatewayAddress) (*Workload, *Service) {
+	switch {
+	case g.Address != nil:
+		return s.FindAddress(g.Address.Network, g.Address.Addr)
+	case g.Hostname != nil:
+		svc, w := s.FindHostname(*g.Hostname)
+		return w, svc
+	}
+	return nil, nil
 }
 
 // IsWaypointFor reports whether local, reached at localIP, is a waypoint
@@ -177,16 +181,7 @@ func (s *Snapshot) IsWaypointFor(network string, target netip.Addr, local *Workl
 	}
 	localIP = localIP.Unmap()
 	isLocal := func(g *GatewayAddress) bool {
-		var (
-			gsvc *Service
-			gw   *Workload
-		)
-		switch {
-		case g.Address != nil:
-			gw, gsvc = s.FindAddress(g.Address.Network, g.Address.Addr)
-		case g.Hostname != nil:
-			gsvc, gw = s.FindHostname(*g.Hostname)
-		}
+		gw, gsvc := s.gatewayTarget(g)
 		switch {
 		case gw != nil:
 			return slices.Contains(gw.Addresses, localIP)

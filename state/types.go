@@ -20,13 +20,17 @@ const (
 
 // String returns the name ztunnel uses in its config and config dump.
 func (p Protocol) String() string {
-	switch p {
-	case ProtocolTCP:
-		return "TCP"
-	case ProtocolHBONE:
-		return "HBONE"
+	return enumName(p, "Protocol", "TCP", "HBONE")
+}
+
+// enumName returns the name of v, names[v], for the enums of this package
+// (each numbered from 0 by iota, in the order of names), or "typ(v)" for a
+// value names does not list.
+func enumName[T ~uint8](v T, typ string, names ...string) string {
+	if int(v) < len(names) {
+		return names[v]
 	}
-	return "Protocol(" + strconv.Itoa(int(p)) + ")"
+	return typ + "(" + strconv.Itoa(int(v)) + ")"
 }
 
 // HealthStatus is a workload's health as the control plane reports it.
@@ -42,13 +46,7 @@ const (
 
 // String returns "Healthy" or "Unhealthy".
 func (h HealthStatus) String() string {
-	switch h {
-	case Healthy:
-		return "Healthy"
-	case Unhealthy:
-		return "Unhealthy"
-	}
-	return "HealthStatus(" + strconv.Itoa(int(h)) + ")"
+	return enumName(h, "HealthStatus", "Healthy", "Unhealthy")
 }
 
 // NetworkMode says whether a workload shares its node's network namespace.
@@ -65,13 +63,7 @@ const (
 
 // String returns "Standard" or "HostNetwork".
 func (m NetworkMode) String() string {
-	switch m {
-	case NetworkModeStandard:
-		return "Standard"
-	case NetworkModeHostNetwork:
-		return "HostNetwork"
-	}
-	return "NetworkMode(" + strconv.Itoa(int(m)) + ")"
+	return enumName(m, "NetworkMode", "Standard", "HostNetwork")
 }
 
 // NetworkAddress is an IP address qualified by the network it is reachable
@@ -135,13 +127,7 @@ const (
 
 // String returns "NONE" or "PROXY", ztunnel's spelling.
 func (p AppTunnelProtocol) String() string {
-	switch p {
-	case AppTunnelNone:
-		return "NONE"
-	case AppTunnelProxy:
-		return "PROXY"
-	}
-	return "AppTunnelProtocol(" + strconv.Itoa(int(p)) + ")"
+	return enumName(p, "AppTunnelProtocol", "NONE", "PROXY")
 }
 
 // ApplicationTunnel describes a workload that accepts tunneled traffic itself.
@@ -223,17 +209,7 @@ const (
 
 // String returns ztunnel's spelling: "IPv4", "IPv6", "Dual", or "" for automatic.
 func (f IPFamilies) String() string {
-	switch f {
-	case IPFamiliesAutomatic:
-		return ""
-	case IPFamiliesIPv4:
-		return "IPv4"
-	case IPFamiliesIPv6:
-		return "IPv6"
-	case IPFamiliesDual:
-		return "Dual"
-	}
-	return "IPFamilies(" + strconv.Itoa(int(f)) + ")"
+	return enumName(f, "IPFamilies", "", "IPv4", "IPv6", "Dual")
 }
 
 // Visibility controls which client namespaces may resolve and route to a service.
@@ -248,13 +224,7 @@ const (
 
 // String returns "Public" or "Namespace".
 func (v Visibility) String() string {
-	switch v {
-	case VisibilityPublic:
-		return "Public"
-	case VisibilityNamespace:
-		return "Namespace"
-	}
-	return "Visibility(" + strconv.Itoa(int(v)) + ")"
+	return enumName(v, "Visibility", "Public", "Namespace")
 }
 
 // LBScope is one locality dimension a load balancer ranks endpoints by.
@@ -271,21 +241,7 @@ const (
 
 // String returns ztunnel's spelling ("Region", "Zone", ...).
 func (s LBScope) String() string {
-	switch s {
-	case LBScopeRegion:
-		return "Region"
-	case LBScopeZone:
-		return "Zone"
-	case LBScopeSubzone:
-		return "Subzone"
-	case LBScopeNode:
-		return "Node"
-	case LBScopeCluster:
-		return "Cluster"
-	case LBScopeNetwork:
-		return "Network"
-	}
-	return "LBScope(" + strconv.Itoa(int(s)) + ")"
+	return enumName(s, "LBScope", "Region", "Zone", "Subzone", "Node", "Cluster", "Network")
 }
 
 // LBMode selects how routing preferences constrain endpoint choice.
@@ -306,17 +262,7 @@ const (
 
 // String returns ztunnel's spelling ("Standard", "Strict", ...).
 func (m LBMode) String() string {
-	switch m {
-	case LBModeStandard:
-		return "Standard"
-	case LBModeStrict:
-		return "Strict"
-	case LBModeFailover:
-		return "Failover"
-	case LBModePassthrough:
-		return "Passthrough"
-	}
-	return "LBMode(" + strconv.Itoa(int(m)) + ")"
+	return enumName(m, "LBMode", "Standard", "Strict", "Failover", "Passthrough")
 }
 
 // LBHealthPolicy says whether unhealthy workloads stay service endpoints.
@@ -331,13 +277,7 @@ const (
 
 // String returns "OnlyHealthy" or "AllowAll".
 func (p LBHealthPolicy) String() string {
-	switch p {
-	case LBOnlyHealthy:
-		return "OnlyHealthy"
-	case LBAllowAll:
-		return "AllowAll"
-	}
-	return "LBHealthPolicy(" + strconv.Itoa(int(p)) + ")"
+	return enumName(p, "LBHealthPolicy", "OnlyHealthy", "AllowAll")
 }
 
 // LoadBalancer is a service's endpoint-selection configuration.

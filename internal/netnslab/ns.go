@@ -8,11 +8,10 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
-	"runtime/debug"
+	"strconv"
 	"strings"
 
-	"github.com/vishvananda/netns"
+	"github.com/ztunnel-go/ztunnel/internal/netns"
 )
 
 // netnsDir is where iproute2 keeps named network namespaces (bind mounts).
@@ -47,13 +46,14 @@ func (ns NS) Open() (*os.File, error) {
 }
 
 // errGoexit reports that fn ended its goroutine (t.FailNow, runtime.Goexit) inside Do.
-var errGoexit = errors.New("netnslab: function passed to Do called runtime.Goexit (t.FailNow?)")
+var errGoexit = netns.ErrGoexit
 
 // Do runs fn on a fresh goroutine locked to its OS thread, with that thread switched
-// into the namespace, and waits for it. Sockets created by fn (directly, on that
-// goroutine) belong to the namespace for their whole life, wherever they are used
-// later. Goroutines started by fn run on other threads and therefore NOT in the
-// namespace. fn must not call t.FailNow; a panic in fn is re-raised in the caller.
+// into the namespace, and waits for it (internal/netns.Run). Sockets created by fn
+// (directly, on that goroutine) belong to the namespace for their whole life, wherever
+// they are used later. Goroutines started by fn run on other threads and therefore NOT
+// in the namespace. fn must not call t.FailNow; a panic in fn is re-raised in the
+// caller.
 //
 // The thread is switched back to its original namespace afterwards. If that fails the
 // thread is deliberately left locked: a goroutine that exits while locked takes its
@@ -61,65 +61,12 @@ var errGoexit = errors.New("netnslab: function passed to Do called runtime.Goexi
 // run unrelated goroutines, which would then silently create their sockets inside the
 // pod.
 func (ns NS) Do(fn func() error) error {
-	if ns.NetNS == "" {
-		return ErrNoNetNS
-	}
-	target, err := netns.GetFromName(ns.NetNS)
+	target, err := ns.Open()
 	if err != nil {
-		return fmt.Errorf("netnslab: open netns %q: %w", ns.NetNS, err)
+		return err
 	}
 	defer target.Close()
-
-	type result struct {
-		err      error
-		panicked bool
-		panicVal any
-		stack    []byte
-	}
-	done := make(chan result, 1)
-	go func() {
-		var res result
-		defer func() { done <- res }()
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			res.err = fmt.Errorf("netnslab: get current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(target); err != nil {
-			// setns failed, so the thread is still in its original namespace.
-			runtime.UnlockOSThread()
-			res.err = fmt.Errorf("netnslab: enter netns %q: %w", ns.NetNS, err)
-			return
-		}
-		defer func() {
-			if err := netns.Set(orig); err != nil {
-				res.err = errors.Join(res.err, fmt.Errorf("netnslab: restore netns after %q (thread discarded): %w", ns.NetNS, err))
-				return // stay locked: see the doc comment
-			}
-			runtime.UnlockOSThread()
-		}()
-		completed := false
-		defer func() {
-			if completed {
-				return
-			}
-			if r := recover(); r != nil {
-				res.panicked, res.panicVal, res.stack = true, r, debug.Stack()
-				return
-			}
-			res.err = errGoexit
-		}()
-		res.err = fn()
-		completed = true
-	}()
-	res := <-done
-	if res.panicked {
-		panic(fmt.Sprintf("netnslab: panic in Do(%s): %v\n%s", ns.NetNS, res.panicVal, res.stack))
-	}
-	return res.err
+	return netns.Run(int(target.Fd()), -1, strconv.Quote(ns.NetNS), fn)
 }
 
 // Listen creates a listener inside the namespace (see Do).

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/mtls"
 )
 
 // ErrCSRRejected wraps every refusal of a CSR's content by BuiltinCA.Sign
@@ -303,22 +304,9 @@ func certTrustDomains(c *x509.Certificate) []string {
 
 // parseOneCert decodes a PEM input that must hold exactly one certificate.
 func parseOneCert(certPEM []byte) (*x509.Certificate, error) {
-	var certs []*x509.Certificate
-	rest := certPEM
-	for {
-		var block *pem.Block
-		block, rest = pem.Decode(rest)
-		if block == nil {
-			break
-		}
-		if block.Type != "CERTIFICATE" {
-			return nil, fmt.Errorf("caclient: CA certificate: PEM block %q is not a CERTIFICATE", block.Type)
-		}
-		c, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("caclient: CA certificate: %w", err)
-		}
-		certs = append(certs, c)
+	certs, err := mtls.ParseCertificatesPEM(certPEM)
+	if err != nil {
+		return nil, fmt.Errorf("caclient: CA certificate: %w", err)
 	}
 	switch len(certs) {
 	case 0:

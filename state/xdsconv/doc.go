@@ -7,9 +7,10 @@
 //     line and the field;
 //   - istiod's xDS resources (istio.workload.Address and
 //     istio.security.Authorization): ConvertAddress and ConvertAuthorization
-//     validate and convert them, and XDSState keeps the converted set (on top
-//     of an optional local config), builds the next snapshot after every push
-//     and publishes it to a state.Store. Its handlers plug into xdsclient.
+//     validate and convert them, and XDSState's handlers (which plug into
+//     xdsclient) apply each push's converted resources to a state.Writer,
+//     which holds them on top of an optional local config and publishes the
+//     next snapshot, and name the rejected resources in the ACK or NACK.
 //
 // Imports (of ours): api/securityapi, api/workloadapi (the generated protos),
 // identity, state and xdsclient (for the handler types only). Imported by:

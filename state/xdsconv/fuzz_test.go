@@ -94,7 +94,8 @@ func FuzzAuthorization(f *testing.F) {
 			return
 		}
 		_, convErr := ConvertAuthorization(p)
-		x, err := NewXDSState(state.NewStore(nil), nil, nil)
+		store := state.NewStore(nil)
+		x, err := NewXDSState(store, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +106,7 @@ func FuzzAuthorization(f *testing.F) {
 			t.Fatalf("conversion error %v, but rejections %v", convErr, rej)
 		}
 		if convErr == nil {
-			x.store.Load().Authorize(state.Conn{DstWorkload: &state.Workload{Namespace: p.GetNamespace()}})
+			store.Load().Authorize(state.Conn{DstWorkload: &state.Workload{Namespace: p.GetNamespace()}})
 		}
 	})
 }

@@ -87,31 +87,18 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 	if l := x.GetLocality(); l != nil {
 		w.Locality = state.Locality{Region: l.GetRegion(), Zone: l.GetZone(), Subzone: l.GetSubzone()}
 	}
-	switch x.GetTunnelProtocol() {
-	case workloadapi.TunnelProtocol_NONE:
-		w.Protocol = state.ProtocolTCP
-	case workloadapi.TunnelProtocol_HBONE:
-		w.Protocol = state.ProtocolHBONE
-	case workloadapi.TunnelProtocol_LEGACY_ISTIO_MTLS:
+	if x.GetTunnelProtocol() == workloadapi.TunnelProtocol_LEGACY_ISTIO_MTLS {
 		return nil, ErrLegacyIstioMTLS
-	default:
-		return nil, invalid("unknown tunnel protocol %d", x.GetTunnelProtocol())
 	}
-	switch x.GetStatus() {
-	case workloadapi.WorkloadStatus_HEALTHY:
-		w.Status = state.Healthy
-	case workloadapi.WorkloadStatus_UNHEALTHY:
-		w.Status = state.Unhealthy
-	default:
-		return nil, invalid("unknown workload status %d", x.GetStatus())
+	var err error
+	if w.Protocol, err = wireEnum(x.GetTunnelProtocol(), tunnelProtocols, "tunnel protocol"); err != nil {
+		return nil, err
 	}
-	switch x.GetNetworkMode() {
-	case workloadapi.NetworkMode_STANDARD:
-		w.NetworkMode = state.NetworkModeStandard
-	case workloadapi.NetworkMode_HOST_NETWORK:
-		w.NetworkMode = state.NetworkModeHostNetwork
-	default:
-		return nil, invalid("unknown network mode %d", x.GetNetworkMode())
+	if w.Status, err = wireEnum(x.GetStatus(), workloadStatuses, "workload status"); err != nil {
+		return nil, err
+	}
+	if w.NetworkMode, err = wireEnum(x.GetNetworkMode(), networkModes, "network mode"); err != nil {
+		return nil, err
 	}
 	if len(x.GetAddresses()) > 0 {
 		w.Addresses = make([]netip.Addr, len(x.GetAddresses()))
@@ -123,7 +110,6 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 			w.Addresses[i] = ip
 		}
 	}
-	var err error
 	if w.Waypoint, err = gatewayAddress(x.GetWaypoint(), "waypoint"); err != nil {
 		return nil, err
 	}
@@ -132,13 +118,8 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 	}
 	if t := x.GetApplicationTunnel(); t != nil {
 		at := &state.ApplicationTunnel{Port: uint16(t.GetPort())}
-		switch t.GetProtocol() {
-		case workloadapi.ApplicationTunnel_NONE:
-			at.Protocol = state.AppTunnelNone
-		case workloadapi.ApplicationTunnel_PROXY:
-			at.Protocol = state.AppTunnelProxy
-		default:
-			return nil, invalid("unknown application tunnel protocol %d", t.GetProtocol())
+		if at.Protocol, err = wireEnum(t.GetProtocol(), appTunnelProtocols, "application tunnel protocol"); err != nil {
+			return nil, err
 		}
 		w.ApplicationTunnel = at
 	}
@@ -208,39 +189,16 @@ func ConvertService(x *workloadapi.Service) (*state.Service, error) {
 			// REGION..NETWORK are 1..6 on the wire and 0..5 in state.
 			out.RoutingPreferences = append(out.RoutingPreferences, state.LBScope(sc-workloadapi.LoadBalancing_REGION))
 		}
-		switch lb.GetMode() {
-		case workloadapi.LoadBalancing_UNSPECIFIED_MODE:
-			out.Mode = state.LBModeStandard
-		case workloadapi.LoadBalancing_STRICT:
-			out.Mode = state.LBModeStrict
-		case workloadapi.LoadBalancing_FAILOVER:
-			out.Mode = state.LBModeFailover
-		case workloadapi.LoadBalancing_PASSTHROUGH:
-			out.Mode = state.LBModePassthrough
-		default:
-			return nil, invalid("unknown load balancing mode %d", lb.GetMode())
+		if out.Mode, err = wireEnum(lb.GetMode(), lbModes, "load balancing mode"); err != nil {
+			return nil, err
 		}
-		switch lb.GetHealthPolicy() {
-		case workloadapi.LoadBalancing_ONLY_HEALTHY:
-			out.HealthPolicy = state.LBOnlyHealthy
-		case workloadapi.LoadBalancing_ALLOW_ALL:
-			out.HealthPolicy = state.LBAllowAll
-		default:
-			return nil, invalid("unknown health policy %d", lb.GetHealthPolicy())
+		if out.HealthPolicy, err = wireEnum(lb.GetHealthPolicy(), lbHealthPolicies, "health policy"); err != nil {
+			return nil, err
 		}
 		s.LoadBalancer = out
 	}
-	switch x.GetIpFamilies() {
-	case workloadapi.IPFamilies_AUTOMATIC:
-		s.IPFamilies = state.IPFamiliesAutomatic
-	case workloadapi.IPFamilies_IPV4_ONLY:
-		s.IPFamilies = state.IPFamiliesIPv4
-	case workloadapi.IPFamilies_IPV6_ONLY:
-		s.IPFamilies = state.IPFamiliesIPv6
-	case workloadapi.IPFamilies_DUAL:
-		s.IPFamilies = state.IPFamiliesDual
-	default:
-		return nil, invalid("unknown ip families %d", x.GetIpFamilies())
+	if s.IPFamilies, err = wireEnum(x.GetIpFamilies(), ipFamilies, "ip families"); err != nil {
+		return nil, err
 	}
 	if x.GetVisibility() == workloadapi.Service_NAMESPACE {
 		s.Visibility = state.VisibilityNamespace
@@ -264,26 +222,15 @@ func ConvertAuthorization(x *securityapi.Authorization) (*state.Policy, error) {
 	if p.Name == "" {
 		return nil, invalid("policy in namespace %q: name is empty", p.Namespace)
 	}
-	switch x.GetScope() {
-	case securityapi.Scope_GLOBAL:
-		p.Scope = state.ScopeGlobal
-	case securityapi.Scope_NAMESPACE:
-		p.Scope = state.ScopeNamespace
-		if p.Namespace == "" {
-			return nil, invalid("namespace-scoped policy %q has no namespace", p.Name)
-		}
-	case securityapi.Scope_WORKLOAD_SELECTOR:
-		p.Scope = state.ScopeWorkloadSelector
-	default:
-		return nil, invalid("unknown scope %d", x.GetScope())
+	var err error
+	if p.Scope, err = wireEnum(x.GetScope(), scopes, "scope"); err != nil {
+		return nil, err
 	}
-	switch x.GetAction() {
-	case securityapi.Action_ALLOW:
-		p.Action = state.ActionAllow
-	case securityapi.Action_DENY:
-		p.Action = state.ActionDeny
-	default:
-		return nil, invalid("unknown action %d", x.GetAction())
+	if p.Scope == state.ScopeNamespace && p.Namespace == "" {
+		return nil, invalid("namespace-scoped policy %q has no namespace", p.Name)
+	}
+	if p.Action, err = wireEnum(x.GetAction(), actions, "action"); err != nil {
+		return nil, err
 	}
 	for _, r := range x.GetRules() {
 		rule := make([][]state.Match, 0, len(r.GetClauses()))
@@ -419,6 +366,62 @@ func workloadType(t workloadapi.WorkloadType) string {
 		name = workloadapi.WorkloadType_DEPLOYMENT.String()
 	}
 	return strings.ToLower(name)
+}
+
+// The wire enums and the state values they convert to; a value not listed
+// is rejected (LEGACY_ISTIO_MTLS has its own error, ErrLegacyIstioMTLS).
+var (
+	tunnelProtocols = map[workloadapi.TunnelProtocol]state.Protocol{
+		workloadapi.TunnelProtocol_NONE:  state.ProtocolTCP,
+		workloadapi.TunnelProtocol_HBONE: state.ProtocolHBONE,
+	}
+	workloadStatuses = map[workloadapi.WorkloadStatus]state.HealthStatus{
+		workloadapi.WorkloadStatus_HEALTHY:   state.Healthy,
+		workloadapi.WorkloadStatus_UNHEALTHY: state.Unhealthy,
+	}
+	networkModes = map[workloadapi.NetworkMode]state.NetworkMode{
+		workloadapi.NetworkMode_STANDARD:     state.NetworkModeStandard,
+		workloadapi.NetworkMode_HOST_NETWORK: state.NetworkModeHostNetwork,
+	}
+	appTunnelProtocols = map[workloadapi.ApplicationTunnel_Protocol]state.AppTunnelProtocol{
+		workloadapi.ApplicationTunnel_NONE:  state.AppTunnelNone,
+		workloadapi.ApplicationTunnel_PROXY: state.AppTunnelProxy,
+	}
+	lbModes = map[workloadapi.LoadBalancing_Mode]state.LBMode{
+		workloadapi.LoadBalancing_UNSPECIFIED_MODE: state.LBModeStandard,
+		workloadapi.LoadBalancing_STRICT:           state.LBModeStrict,
+		workloadapi.LoadBalancing_FAILOVER:         state.LBModeFailover,
+		workloadapi.LoadBalancing_PASSTHROUGH:      state.LBModePassthrough,
+	}
+	lbHealthPolicies = map[workloadapi.LoadBalancing_HealthPolicy]state.LBHealthPolicy{
+		workloadapi.LoadBalancing_ONLY_HEALTHY: state.LBOnlyHealthy,
+		workloadapi.LoadBalancing_ALLOW_ALL:    state.LBAllowAll,
+	}
+	ipFamilies = map[workloadapi.IPFamilies]state.IPFamilies{
+		workloadapi.IPFamilies_AUTOMATIC: state.IPFamiliesAutomatic,
+		workloadapi.IPFamilies_IPV4_ONLY: state.IPFamiliesIPv4,
+		workloadapi.IPFamilies_IPV6_ONLY: state.IPFamiliesIPv6,
+		workloadapi.IPFamilies_DUAL:      state.IPFamiliesDual,
+	}
+	scopes = map[securityapi.Scope]state.Scope{
+		securityapi.Scope_GLOBAL:            state.ScopeGlobal,
+		securityapi.Scope_NAMESPACE:         state.ScopeNamespace,
+		securityapi.Scope_WORKLOAD_SELECTOR: state.ScopeWorkloadSelector,
+	}
+	actions = map[securityapi.Action]state.Action{
+		securityapi.Action_ALLOW: state.ActionAllow,
+		securityapi.Action_DENY:  state.ActionDeny,
+	}
+)
+
+// wireEnum converts a wire enum value through values, rejecting one it does not
+// list as an unknown what.
+func wireEnum[W ~int32, S any](v W, values map[W]S, what string) (S, error) {
+	out, ok := values[v]
+	if !ok {
+		return out, invalid("unknown %s %d", what, int32(v))
+	}
+	return out, nil
 }
 
 func orDefault(s, def string) string {

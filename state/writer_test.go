@@ -1,0 +1,190 @@
+package state
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"reflect"
+	"testing"
+)
+
+// writerWorkload is a workload as the converters make one: HBONE unless
+// tcp, with one address and a port map for each service key.
+func writerWorkload(uid, ip string, tcp bool, services ...string) *Workload {
+	w := &Workload{UID: uid, Name: uid, Namespace: "ns", Protocol: ProtocolHBONE, Capacity: 1,
+		Addresses: []netip.Addr{netip.MustParseAddr(ip)}, Services: map[string]map[uint16]uint16{}}
+	if tcp {
+		w.Protocol = ProtocolTCP
+	}
+	for _, k := range services {
+		w.Services[k] = map[uint16]uint16{80: 8080}
+	}
+	return w
+}
+
+// writerService is a service "name.ns.svc.cluster.local" with one VIP.
+func writerService(name, vip string) *Service {
+	return &Service{Name: name, Namespace: "ns", Hostname: name + ".ns.svc.cluster.local",
+		VIPs: []NetworkAddress{{Addr: netip.MustParseAddr(vip)}}, Ports: map[uint16]uint16{80: 8080}}
+}
+
+// TestDeltaPublishMatchesFullBuild pushes random updates (workloads
+// fighting over a few addresses, services coming and going) and checks that
+// each snapshot published through the delta path equals a full build of
+// what the Writer holds.
+func TestDeltaPublishMatchesFullBuild(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	store := NewStore(nil)
+	x, err := NewWriter(store, nil, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ips := []string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"}
+	for step := range 300 {
+		var (
+			workloads []*Workload
+			services  []*Service
+			removedW  []string
+			removedS  []string
+		)
+		for range 1 + r.IntN(3) {
+			switch r.IntN(5) {
+			case 0, 1:
+				uid := fmt.Sprintf("c/apps/Deployment/ns/w%d", r.IntN(6))
+				if r.IntN(2) == 0 {
+					uid = fmt.Sprintf("Kubernetes//Pod/ns/p%d", r.IntN(6))
+				}
+				ip := ips[r.IntN(len(ips))]
+				tcp := r.IntN(3) == 0
+				workloads = append(workloads, writerWorkload(uid, ip, tcp, fmt.Sprintf("ns/s%d.ns.svc.cluster.local", r.IntN(3))))
+			case 2:
+				name := fmt.Sprintf("s%d", r.IntN(3))
+				services = append(services, writerService(name, fmt.Sprintf("10.96.0.%d", 1+r.IntN(3))))
+			case 3:
+				if r.IntN(2) == 0 {
+					removedW = append(removedW, fmt.Sprintf("Kubernetes//Pod/ns/p%d", r.IntN(6)))
+				} else {
+					removedW = append(removedW, fmt.Sprintf("c/apps/Deployment/ns/w%d", r.IntN(6)))
+				}
+			default:
+				removedS = append(removedS, fmt.Sprintf("ns/s%d.ns.svc.cluster.local", r.IntN(3)))
+			}
+		}
+		err := x.Update(func(tx *Tx) {
+			for _, w := range workloads {
+				tx.PutWorkload(w)
+			}
+			for _, s := range services {
+				tx.PutService(s)
+			}
+			for _, uid := range removedW {
+				tx.RemoveWorkload(uid)
+			}
+			for _, key := range removedS {
+				tx.RemoveService(key)
+			}
+		})
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		x.mu.Lock()
+		full, err := x.buildFullLocked()
+		x.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := store.Load()
+		if !reflect.DeepEqual(got.Workloads(), full.Workloads()) || !reflect.DeepEqual(got.Services(), full.Services()) {
+			t.Fatalf("step %d: published snapshot differs from a full build", step)
+		}
+		for _, ip := range ips {
+			g, w := got.WorkloadByAddr("", netip.MustParseAddr(ip)), full.WorkloadByAddr("", netip.MustParseAddr(ip))
+			if (g == nil) != (w == nil) || g != nil && g.UID != w.UID {
+				t.Fatalf("step %d: %s resolves to %v, want %v", step, ip, g, w)
+			}
+		}
+		for _, svc := range full.Services() {
+			var g, w []string
+			for _, e := range got.Endpoints(got.ServiceByKey(svc.Key())) {
+				g = append(g, e.Workload.UID)
+			}
+			for _, e := range full.Endpoints(svc) {
+				w = append(w, e.Workload.UID)
+			}
+			if !reflect.DeepEqual(g, w) {
+				t.Fatalf("step %d: endpoints of %s: %v, want %v", step, svc.Key(), g, w)
+			}
+		}
+	}
+}
+
+// TestWriterRanksSharedAddresses: two workloads claiming one address are
+// both kept; the address resolves to the ranked first (pod, then HBONE,
+// then the latest), and back to the other when the winner goes.
+func TestWriterRanksSharedAddresses(t *testing.T) {
+	ip := netip.MustParseAddr("10.0.0.7")
+	for _, tc := range []struct {
+		first, second *Workload
+		winner        string
+	}{
+		{writerWorkload("Kubernetes//Pod/ns/p", "10.0.0.7", true), writerWorkload("c/networking.istio.io/WorkloadEntry/ns/we", "10.0.0.7", false), "Kubernetes//Pod/ns/p"},
+		{writerWorkload("a", "10.0.0.7", false), writerWorkload("b", "10.0.0.7", true), "a"},
+		{writerWorkload("a", "10.0.0.7", false), writerWorkload("b", "10.0.0.7", false), "b"},
+		{writerWorkload("a", "10.0.0.7", false), writerWorkload("b", "::ffff:10.0.0.7", false), "b"},
+	} {
+		store := NewStore(nil)
+		x, err := NewWriter(store, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range []*Workload{tc.first, tc.second} {
+			if err := x.Update(func(tx *Tx) { tx.PutWorkload(w) }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		loser := tc.first.UID
+		if loser == tc.winner {
+			loser = tc.second.UID
+		}
+		s := store.Load()
+		if w := s.WorkloadByAddr("", ip); w == nil || w.UID != tc.winner || len(s.WorkloadByUID(loser).Addresses) != 0 {
+			t.Fatalf("%s vs %s: address resolves to %v, loser keeps %v", tc.first.UID, tc.second.UID, w, s.WorkloadByUID(loser))
+		}
+		if err := x.Update(func(tx *Tx) { tx.RemoveWorkload(tc.winner) }); err != nil {
+			t.Fatal(err)
+		}
+		if w := store.Load().WorkloadByAddr("", ip); w == nil || w.UID != loser {
+			t.Errorf("after removing %s the address resolves to %v, want %s", tc.winner, w, loser)
+		}
+	}
+}
+
+// TestWriterPolicyKeys: a policy key has one owning resource name, and a
+// base is held under its keys, replaced and removed like any update.
+func TestWriterPolicyKeys(t *testing.T) {
+	p := func(name string) *Policy { return &Policy{Name: name, Namespace: "ns", Scope: ScopeNamespace} }
+	store := NewStore(nil)
+	x, err := NewWriter(store, &Base{Policies: []*Policy{p("a")}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var owner string
+	var ok bool
+	err = x.Update(func(tx *Tx) {
+		owner, ok = tx.PutPolicy("other-name-for-a", p("a"))
+		tx.PutPolicy("ns/b", p("b"))
+		tx.RemovePolicy("ns/a")
+	})
+	if err != nil || ok || owner != "ns/a" {
+		t.Fatalf("PutPolicy of a held key: owner %q, ok %v, err %v", owner, ok, err)
+	}
+	if ps := store.Load().Policies(); len(ps) != 1 || ps[0].Name != "b" {
+		t.Errorf("policies %v, want only b", ps)
+	}
+	if w, s, n := x.Counts(); w != 0 || s != 0 || n != 1 {
+		t.Errorf("Counts = %d, %d, %d", w, s, n)
+	}
+	if _, err := NewWriter(NewStore(nil), &Base{Policies: []*Policy{p("a"), p("a")}}, nil); err == nil {
+		t.Error("a base with a duplicate policy was accepted")
+	}
+}

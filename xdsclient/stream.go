@@ -1,0 +1,222 @@
+package xdsclient
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+
+	"github.com/ztunnel-go/ztunnel/xdsclient/controlplane"
+)
+
+// runStream runs one ADS stream until it ends. It returns nil when the server
+// ended it cleanly.
+func (c *Client) runStream(ctx context.Context, cpCfg controlplane.Config, attempt int) error {
+	// Say why before dialing: a root file that is not there (yet) or holds
+	// no certificate would otherwise surface as a TLS handshake failure.
+	if err := controlplane.CheckRoots(cpCfg.RootCA); err != nil {
+		return &connError{err}
+	}
+	cc, err := c.dial(cpCfg)
+	if err != nil {
+		return &connError{err}
+	}
+	defer cc.Close()
+
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(sctx)
+	if err != nil {
+		return &connError{err}
+	}
+
+	// The reader goroutine is owned by this call: it ends when the stream
+	// fails or sctx is cancelled, and is waited for before returning.
+	responses := make(chan *discoveryv3.DeltaDiscoveryResponse)
+	recvErr := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case responses <- r:
+			case <-sctx.Done():
+				return
+			}
+		}
+	})
+	defer wg.Wait()
+	defer cancel()
+
+	// After a failed Send the stream's real status comes from Recv.
+	sendFailed := func(err error) error {
+		if errors.Is(err, io.EOF) {
+			select {
+			case err = <-recvErr:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return streamEnd(err)
+	}
+	for _, t := range c.types {
+		req := c.initialRequest(t)
+		if err := stream.Send(req); err != nil {
+			return sendFailed(err)
+		}
+	}
+	c.logf(slog.LevelInfo, "xds: stream %d established to %s", attempt, c.cfg.Address)
+
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-recvErr:
+			return streamEnd(err)
+		case d := <-c.demands:
+			c.logf(slog.LevelInfo, "xds: received on demand request %s/%s", d.key.typeURL, d.key.name)
+			c.pending[d.key] = append(c.pending[d.key], d.done)
+			if _, ok := c.known[d.key.typeURL][d.key.name]; !ok {
+				c.knownFor(d.key.typeURL)[d.key.name] = "" // re-asked for on reconnect
+			}
+			if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{
+				TypeUrl:                d.key.typeURL,
+				ResourceNamesSubscribe: []string{d.key.name},
+			}); err != nil {
+				return sendFailed(err)
+			}
+		case r := <-responses:
+			if c.cfg.OnMessage != nil {
+				n := 0
+				for _, res := range r.Resources {
+					n += len(res.GetResource().GetValue())
+				}
+				c.cfg.OnMessage(r.TypeUrl, n)
+			}
+			ack, ok := c.handle(r)
+			if err := stream.Send(ack); err != nil {
+				return sendFailed(err)
+			}
+			if ok && c.expect[r.TypeUrl] {
+				delete(c.expect, r.TypeUrl)
+				if len(c.expect) == 0 {
+					close(c.synced)
+					c.logf(slog.LevelInfo, "xds: synced")
+				}
+			}
+		}
+	}
+}
+
+// streamEnd maps a Recv error to runStream's result: nil for a clean end.
+func streamEnd(err error) error {
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
+}
+
+func (c *Client) knownFor(typeURL string) map[string]string {
+	m := c.known[typeURL]
+	if m == nil {
+		m = map[string]string{}
+		c.known[typeURL] = m
+	}
+	return m
+}
+
+// initialRequest is the first request of a stream for typeURL: the node, the
+// subscription (wildcard, or nothing for an on-demand type: "*" subscribed
+// and unsubscribed at once, as ztunnel does) and every version held.
+func (c *Client) initialRequest(typeURL string) *discoveryv3.DeltaDiscoveryRequest {
+	req := &discoveryv3.DeltaDiscoveryRequest{Node: c.node, TypeUrl: typeURL}
+	if c.onDemand[typeURL] {
+		req.ResourceNamesSubscribe = []string{"*"}
+		req.ResourceNamesUnsubscribe = []string{"*"}
+	}
+	if known := c.known[typeURL]; len(known) > 0 {
+		req.InitialResourceVersions = make(map[string]string, len(known))
+		for k, v := range known {
+			req.InitialResourceVersions[k] = v
+		}
+	}
+	return req
+}
+
+// handle applies one response and returns the ACK or NACK for it, and
+// whether it is an ACK.
+func (c *Client) handle(r *discoveryv3.DeltaDiscoveryResponse) (*discoveryv3.DeltaDiscoveryRequest, bool) {
+	reply := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: r.TypeUrl, ResponseNonce: r.Nonce}
+	h := c.handlers[r.TypeUrl]
+	if h == nil {
+		// As ztunnel: log and ACK a type nobody asked for.
+		c.logf(slog.LevelError, "xds: response for unknown type %s (nonce %s); acknowledging", r.TypeUrl, r.Nonce)
+		return reply, true
+	}
+
+	u := &Update{TypeURL: r.TypeUrl, Resources: make([]Resource, 0, len(r.Resources)), Removed: r.RemovedResources}
+	var missing []Rejection
+	for _, res := range r.Resources {
+		if res.GetResource() == nil {
+			missing = append(missing, Rejection{Name: res.GetName(), Err: errors.New("xds payload without resource")})
+			continue
+		}
+		u.Resources = append(u.Resources, Resource{Name: res.Name, Version: res.Version, Value: res.Resource})
+	}
+	rejected := append(h.Handle(u), missing...)
+
+	// Bookkeeping after the handler, so that woken lookups see its result.
+	// Rejected resources are not recorded as held: on reconnect the server
+	// must send them again.
+	var rejectedNames map[string]bool
+	if len(rejected) > 0 {
+		rejectedNames = make(map[string]bool, len(rejected))
+		for _, rj := range rejected {
+			rejectedNames[rj.Name] = true
+		}
+	}
+	known := c.knownFor(r.TypeUrl)
+	for _, name := range r.RemovedResources {
+		delete(known, name)
+		c.notify(resourceKey{r.TypeUrl, name})
+	}
+	for _, res := range r.Resources {
+		c.notify(resourceKey{r.TypeUrl, res.GetName()})
+		// istiod answers an on-demand "network/IP" with the resource under
+		// its own name and the asked-for name as an alias.
+		for _, a := range res.GetAliases() {
+			c.notify(resourceKey{r.TypeUrl, a})
+		}
+		if !rejectedNames[res.GetName()] {
+			known[res.GetName()] = res.GetVersion()
+		}
+	}
+
+	if len(rejected) == 0 {
+		return reply, true
+	}
+	msgs := make([]string, len(rejected))
+	for i, rj := range rejected {
+		msgs[i] = rj.Error()
+	}
+	detail := strings.Join(msgs, "; ")
+	c.logf(slog.LevelError, "xds: sending NACK for %d resource(s) of %s (nonce %s): %s", len(rejected), r.TypeUrl, r.Nonce, detail)
+	reply.ErrorDetail = &rpcstatus.Status{Message: detail}
+	return reply, false
+}
+
+func (c *Client) notify(k resourceKey) {
+	for _, ch := range c.pending[k] {
+		close(ch)
+	}
+	delete(c.pending, k)
+}
