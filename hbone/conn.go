@@ -208,10 +208,7 @@ func newConn(nc net.Conn, cfg Config, client bool) *conn {
 // readLoop (on a new goroutine or its own).
 func (c *conn) start() {
 	c.mu.Lock()
-	c.pingSent = time.Now()
-	if c.cfg.PingInterval > 0 {
-		c.pingTimer = time.AfterFunc(c.cfg.PingInterval, c.onPingTimer)
-	}
+	c.startKeepaliveLocked()
 	c.mu.Unlock()
 	go c.writeLoop()
 }
@@ -302,12 +299,7 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 	streams := c.streams
 	c.streams = nil
 	c.active, c.reserved = 0, 0
-	if c.pingTimer != nil {
-		c.pingTimer.Stop()
-	}
-	if c.idleTimer != nil {
-		c.idleTimer.Stop()
-	}
+	c.stopTimersLocked()
 	serr := connClosedError(cause)
 	for _, s := range streams {
 		s.finished = true

@@ -1,6 +1,10 @@
 package hbone
 
-import "golang.org/x/net/http2"
+import (
+	"sync"
+
+	"golang.org/x/net/http2"
+)
 
 // Flow control (RFC 9113 section 5.2), both directions.
 //
@@ -82,4 +86,87 @@ func (c *conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
 	s.wake()
 	c.mu.Unlock()
 	return nil
+}
+
+// setPeerInitialWindowLocked applies the peer's SETTINGS_INITIAL_WINDOW_SIZE:
+// every open stream's send window moves by the change (RFC 9113 section
+// 6.9.2), and writers of the streams it opens are woken. c.mu held.
+func (c *conn) setPeerInitialWindowLocked(v uint32) error {
+	delta := int64(v) - c.peerInitialWindow
+	c.peerInitialWindow = int64(v)
+	for _, st := range c.streams {
+		st.sendWindow += delta
+		if st.sendWindow > maxWindow {
+			return connError(http2.ErrCodeFlowControl, "SETTINGS_INITIAL_WINDOW_SIZE overflows stream %d's window", st.id)
+		}
+		if delta > 0 {
+			st.wakeWriterLocked()
+			st.wake()
+		}
+	}
+	return nil
+}
+
+// waitSendLocked blocks until s and the connection both have send window
+// (or s can no longer write), then takes up to want bytes of both windows
+// and returns how many. c.mu held; it waits on it.
+func (c *conn) waitSendLocked(s *Stream, want int) (int, error) {
+	for {
+		if err := s.writeErrLocked(); err != nil {
+			return 0, err
+		}
+		if s.sendWindow > 0 && c.sendWindow > 0 {
+			break
+		}
+		if s.sendWindow <= 0 {
+			if s.wcond == nil {
+				s.wcond = sync.NewCond(&c.mu)
+			}
+			s.wcond.Wait()
+		} else {
+			c.connWinWaiters++
+			c.connWinCond.Wait()
+			c.connWinWaiters--
+		}
+	}
+	m := int(min(int64(want), s.sendWindow, c.sendWindow))
+	c.takeSendLocked(s, m)
+	return m, nil
+}
+
+// takeSendLocked takes n bytes of s's and the connection's send windows
+// for DATA about to be queued. c.mu held.
+func (c *conn) takeSendLocked(s *Stream, n int) {
+	s.sendWindow -= int64(n)
+	c.sendWindow -= int64(n)
+}
+
+// giveBackSendLocked returns n bytes taken by takeSendLocked that were not
+// queued (a deadline or a failure cut the write short, or an event loop's
+// read brought less), so that a retry or another stream can use them, and
+// wakes whoever waits for the connection window. c.mu held.
+func (c *conn) giveBackSendLocked(s *Stream, n int64) {
+	s.sendWindow += n
+	c.sendWindow += n
+	if c.connWinWaiters > 0 {
+		c.connWinCond.Broadcast()
+	}
+	if c.sendWindow == n {
+		// It was exhausted: event-loop streams may be waiting for it.
+		c.poll.wakeWin()
+	}
+}
+
+// creditLocked counts n more bytes of s's receive window as consumed and
+// returns the increment to send by WINDOW_UPDATE now: 0 until half the
+// window is consumed, then all of it, by which the window is raised at once
+// (the peer may use it as soon as the frame arrives). s.mu held.
+func (s *Stream) creditLocked(n int) (inc int64) {
+	s.unacked += int64(n)
+	if s.unacked < s.c.streamAckThreshold {
+		return 0
+	}
+	inc, s.unacked = s.unacked, 0
+	s.recvWindow += inc
+	return inc
 }

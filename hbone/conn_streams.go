@@ -1,10 +1,6 @@
 package hbone
 
-import (
-	"time"
-
-	"golang.org/x/net/http2"
-)
+import "golang.org/x/net/http2"
 
 // The stream table: what a connection may open, and how a stream leaves it
 // (finished on the wire, reset by either side). c.mu guards all of it.
@@ -86,17 +82,7 @@ func (c *conn) slotFreedLocked() {
 		c.drainNow = true
 		return
 	}
-	if c.idleTimeout > 0 {
-		c.idleSince = time.Now()
-		if !c.idleArmed {
-			c.idleArmed = true
-			if c.idleTimer == nil {
-				c.idleTimer = time.AfterFunc(c.idleTimeout, c.onIdleTimer)
-			} else {
-				c.idleTimer.Reset(c.idleTimeout)
-			}
-		}
-	}
+	c.startIdleLocked()
 }
 
 // unlock releases c.mu and closes the connection if it just drained.

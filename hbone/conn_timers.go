@@ -11,6 +11,25 @@ import (
 // a pooled connection's idle timer. Both run as time.AfterFunc callbacks
 // that take c.mu, so they need no goroutine of their own.
 
+// startKeepaliveLocked starts the keepalive clock of a connection that
+// starts running. c.mu held.
+func (c *conn) startKeepaliveLocked() {
+	c.pingSent = time.Now()
+	if c.cfg.PingInterval > 0 {
+		c.pingTimer = time.AfterFunc(c.cfg.PingInterval, c.onPingTimer)
+	}
+}
+
+// stopTimersLocked stops both timers of a connection that ends. c.mu held.
+func (c *conn) stopTimersLocked() {
+	if c.pingTimer != nil {
+		c.pingTimer.Stop()
+	}
+	if c.idleTimer != nil {
+		c.idleTimer.Stop()
+	}
+}
+
 // onPingTimer sends a keepalive PING every PingInterval and closes the
 // connection when one stays unacknowledged for PingTimeout.
 func (c *conn) onPingTimer() {
@@ -52,6 +71,25 @@ func (c *conn) onPingTimer() {
 	}
 	c.wmu.Unlock()
 	c.mu.Unlock()
+}
+
+// startIdleLocked starts the idle clock of a pooled connection whose last
+// stream or reservation just ended; the timer is armed once and re-checks
+// idleSince when it fires, so a busy connection does not reset it per
+// stream. c.mu held.
+func (c *conn) startIdleLocked() {
+	if c.idleTimeout <= 0 {
+		return
+	}
+	c.idleSince = time.Now()
+	if !c.idleArmed {
+		c.idleArmed = true
+		if c.idleTimer == nil {
+			c.idleTimer = time.AfterFunc(c.idleTimeout, c.onIdleTimer)
+		} else {
+			c.idleTimer.Reset(c.idleTimeout)
+		}
+	}
 }
 
 // onIdleTimer releases a pooled connection that had no stream for

@@ -394,11 +394,7 @@ func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) er
 	}
 	var inc int64
 	if overhead > 0 && s.rerrAfter == nil && s.rerrNow == nil {
-		s.unacked += int64(overhead)
-		if s.unacked >= c.streamAckThreshold {
-			inc, s.unacked = s.unacked, 0
-			s.recvWindow += inc
-		}
+		inc = s.creditLocked(overhead)
 	}
 	s.mu.Unlock()
 	if padLen > 0 {
@@ -438,18 +434,7 @@ func (c *conn) handleSettings(f *http2.SettingsFrame) error {
 		case http2.SettingMaxConcurrentStreams:
 			c.peerMaxStreams = s.Val
 		case http2.SettingInitialWindowSize:
-			delta := int64(s.Val) - c.peerInitialWindow
-			c.peerInitialWindow = int64(s.Val)
-			for _, st := range c.streams {
-				st.sendWindow += delta
-				if st.sendWindow > maxWindow {
-					return connError(http2.ErrCodeFlowControl, "SETTINGS_INITIAL_WINDOW_SIZE overflows stream %d's window", st.id)
-				}
-				if delta > 0 {
-					st.wakeWriterLocked()
-					st.wake()
-				}
-			}
+			return c.setPeerInitialWindowLocked(s.Val)
 		case http2.SettingMaxFrameSize:
 			maxFrame = int(s.Val)
 		case http2.SettingMaxHeaderListSize:
