@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -189,52 +190,56 @@ func TestCloseUnclean(t *testing.T) {
 }
 
 func TestReadDeadline(t *testing.T) {
-	ts := startServer(t, Config{}, func(_ context.Context, req *ServerRequest) {
-		s, _ := req.Respond(http.StatusOK, nil)
-		// Never writes; closes once the client does.
-		_, _ = io.Copy(io.Discard, s)
-		s.Close()
-	}, false)
-	cc := ts.client(t, Config{})
-	c, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
-	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("Read: %v, want deadline exceeded", err)
-	}
-	// Past deadlines fail at once; clearing the deadline makes Read block
-	// again (checked by the write deadline path below not interfering).
-	_ = c.SetReadDeadline(time.Now().Add(-time.Second))
-	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("Read: %v, want deadline exceeded", err)
-	}
-	_ = c.SetReadDeadline(time.Time{})
-	_ = c.CloseWrite()
+	synctest.Test(t, func(t *testing.T) {
+		ts := startServerOver(t, Config{}, func(_ context.Context, req *ServerRequest) {
+			s, _ := req.Respond(http.StatusOK, nil)
+			// Never writes; closes once the client does.
+			_, _ = io.Copy(io.Discard, s)
+			s.Close()
+		}, overPipe)
+		cc := ts.client(t, Config{})
+		c, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("Read: %v, want deadline exceeded", err)
+		}
+		// Past deadlines fail at once; clearing the deadline makes Read block
+		// again (checked by the write deadline path below not interfering).
+		_ = c.SetReadDeadline(time.Now().Add(-time.Second))
+		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("Read: %v, want deadline exceeded", err)
+		}
+		_ = c.SetReadDeadline(time.Time{})
+		_ = c.CloseWrite()
+	})
 }
 
 func TestWriteDeadline(t *testing.T) {
-	cfg := Config{StreamWindow: 65535, ConnWindow: 1 << 20}
-	ts := startServer(t, cfg, func(_ context.Context, req *ServerRequest) {
-		// Never reads: the client's stream window runs out.
-		_, _ = req.Respond(http.StatusOK, nil)
-	}, false)
-	cc := ts.client(t, Config{})
-	c, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
-	n, err := c.Write(make([]byte, 1<<20))
-	if !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("Write: %d, %v; want deadline exceeded", n, err)
-	}
-	if n != 65535 {
-		t.Errorf("wrote %d bytes, want exactly the stream window 65535", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		cfg := Config{StreamWindow: 65535, ConnWindow: 1 << 20}
+		ts := startServerOver(t, cfg, func(_ context.Context, req *ServerRequest) {
+			// Never reads: the client's stream window runs out.
+			_, _ = req.Respond(http.StatusOK, nil)
+		}, overPipe)
+		cc := ts.client(t, Config{})
+		c, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+		n, err := c.Write(make([]byte, 1<<20))
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("Write: %d, %v; want deadline exceeded", n, err)
+		}
+		if n != 65535 {
+			t.Errorf("wrote %d bytes, want exactly the stream window 65535", n)
+		}
+	})
 }
 
 func TestConnectContextCancel(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -96,26 +97,28 @@ func TestGracefulShutdown(t *testing.T) {
 }
 
 func TestShutdownDeadline(t *testing.T) {
-	ts := startServer(t, Config{}, func(ctx context.Context, req *ServerRequest) {
-		s, _ := req.Respond(http.StatusOK, nil)
-		// Holds the stream until the connection dies.
-		_, _ = io.Copy(io.Discard, s)
-		s.Close()
-	}, false)
-	cc := ts.client(t, Config{})
-	s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if err := ts.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Shutdown: %v, want deadline exceeded", err)
-	}
-	if _, err := s.Read(make([]byte, 1)); !errors.Is(err, ErrConnClosed) {
-		t.Fatalf("Read after forced shutdown: %v, want ErrConnClosed", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		ts := startServerOver(t, Config{}, func(ctx context.Context, req *ServerRequest) {
+			s, _ := req.Respond(http.StatusOK, nil)
+			// Holds the stream until the connection dies.
+			_, _ = io.Copy(io.Discard, s)
+			s.Close()
+		}, overPipe)
+		cc := ts.client(t, Config{})
+		s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		if err := ts.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Shutdown: %v, want deadline exceeded", err)
+		}
+		if _, err := s.Read(make([]byte, 1)); !errors.Is(err, ErrConnClosed) {
+			t.Fatalf("Read after forced shutdown: %v, want ErrConnClosed", err)
+		}
+	})
 }
 
 func TestClientCloseFailsStreams(t *testing.T) {

@@ -59,40 +59,10 @@ func startHostile(t *testing.T, cfg Config, h Handler) *hostileRig {
 		r.attacked.Add(1)
 		h(ctx, req)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serverTLS, clientTLS := testTLS(t)
-	r.ts = &testServer{Server: NewServer(cfg, handler), addr: ln.Addr().String(), tlsClient: clientTLS, serveErrs: make(chan error, 100)}
+	r.ts = startServerWith(t, cfg, handler, overTLS, func(nc net.Conn) {
+		_ = nc.(*net.TCPConn).SetWriteBuffer(16 << 10)
+	})
 	r.cfg = r.ts.Server.cfg
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = nc.(*net.TCPConn).SetWriteBuffer(16 << 10)
-			wg.Go(func() {
-				tc := tls.Server(nc, serverTLS)
-				if err := tc.HandshakeContext(context.Background()); err != nil {
-					_ = nc.Close()
-					return
-				}
-				err := r.ts.ServeConn(context.Background(), tc)
-				select {
-				case r.ts.serveErrs <- err:
-				default:
-				}
-			})
-		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		_ = r.ts.Close()
-		wg.Wait()
-	})
 	r.healthy = r.ts.client(t, Config{})
 	s, err := r.healthy.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
 	if err != nil {
@@ -182,19 +152,7 @@ func (r *hostileRig) attacker(t *testing.T, settings ...http2.Setting) *rawPeer 
 	if err := tc.HandshakeContext(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = tc.Close() })
-	_ = tc.SetDeadline(time.Now().Add(testTimeout))
-	p := &rawPeer{t: t, nc: tc, fr: http2.NewFramer(tc, tc)}
-	p.enc = hpack.NewEncoder(&p.hbuf)
-	p.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	p.fr.AllowIllegalWrites = true
-	if _, err := io.WriteString(tc, http2.ClientPreface); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.fr.WriteSettings(settings...); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return newRawPeer(t, tc, true, settings...)
 }
 
 // flood writes n frames made by frame, batched into large writes, on a

@@ -87,13 +87,14 @@ func testTLS(t testing.TB) (server, client *tls.Config) {
 	return server, client
 }
 
-// testServer is an hbone Server on a loopback listener.
+// testServer is an hbone Server on a loopback listener, or on net.Pipes.
 type testServer struct {
 	*Server
 	addr      string
 	tlsClient *tls.Config // nil for plain TCP
 	record    bool        // TLS through mtls/record (direct writes)
 	serveErrs chan error
+	pipes     chan net.Conn // overPipe: the server ends of dialed pipes
 }
 
 // startServer serves h on loopback, over TLS if useTLS. Cleanup closes
@@ -113,17 +114,36 @@ const (
 	overTCP    transport = iota // plain TCP
 	overTLS                     // crypto/tls
 	overRecord                  // mtls/record: the daemon's transport, with direct writes
+	// overPipe: net.Pipe, no socket and no TLS, for tests inside a
+	// testing/synctest bubble (a socket's I/O does not block durably
+	// there, so the bubble's clock could not advance past it).
+	overPipe
 )
 
 // startServerOver is startServer with both sides on transport tp.
 func startServerOver(t testing.TB, cfg Config, h Handler, tp transport) *testServer {
 	t.Helper()
-	useTLS := tp != overTCP
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return startServerWith(t, cfg, h, tp, nil)
+}
+
+// startServerWith is startServerOver calling accepted, if not nil, on each
+// accepted connection before its handshake.
+func startServerWith(t testing.TB, cfg Config, h Handler, tp transport, accepted func(net.Conn)) *testServer {
+	t.Helper()
+	useTLS := tp == overTLS || tp == overRecord
+	ts := &testServer{Server: NewServer(cfg, h), serveErrs: make(chan error, 100), record: tp == overRecord}
+	var ln net.Listener
+	if tp == overPipe {
+		ts.addr = "pipe"
+		ts.pipes = make(chan net.Conn)
+		ln = &pipeListener{conns: ts.pipes, done: make(chan struct{})}
+	} else {
+		var err error
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		ts.addr = ln.Addr().String()
 	}
-	ts := &testServer{Server: NewServer(cfg, h), addr: ln.Addr().String(), serveErrs: make(chan error, 100), record: tp == overRecord}
 	var serverTLS *tls.Config
 	if useTLS {
 		serverTLS, ts.tlsClient = testTLS(t)
@@ -137,6 +157,9 @@ func startServerOver(t testing.TB, cfg Config, h Handler, tp transport) *testSer
 			nc, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			if accepted != nil {
+				accepted(nc)
 			}
 			wg.Go(func() {
 				if serverTLS != nil {
@@ -170,8 +193,46 @@ func startServerOver(t testing.TB, cfg Config, h Handler, tp transport) *testSer
 	return ts
 }
 
+// pipeListener accepts the server ends of the pipes testServer.dial makes.
+type pipeListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
+
+type pipeAddr struct{}
+
+func (pipeAddr) Network() string { return "pipe" }
+func (pipeAddr) String() string  { return "pipe" }
+
 // dial opens a raw connection to the server (TLS if the server uses it).
 func (ts *testServer) dial(ctx context.Context) (net.Conn, error) {
+	if ts.pipes != nil {
+		c, s := net.Pipe()
+		select {
+		case ts.pipes <- s:
+			return c, nil
+		case <-ctx.Done():
+			_, _ = c.Close(), s.Close()
+			return nil, ctx.Err()
+		}
+	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", ts.addr)
 	if err != nil || ts.tlsClient == nil {
@@ -243,11 +304,20 @@ func dialRaw(t testing.TB, ts *testServer, settings ...http2.Setting) *rawPeer {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newRawPeer(t, nc, false, settings...)
+}
+
+// newRawPeer starts a raw HTTP/2 client on nc (closed at cleanup): the
+// preface and SETTINGS. illegal lets it write frames the framer would
+// refuse.
+func newRawPeer(t testing.TB, nc net.Conn, illegal bool, settings ...http2.Setting) *rawPeer {
+	t.Helper()
 	t.Cleanup(func() { _ = nc.Close() })
 	_ = nc.SetDeadline(time.Now().Add(testTimeout))
 	p := &rawPeer{t: t, nc: nc, fr: http2.NewFramer(nc, nc)}
 	p.enc = hpack.NewEncoder(&p.hbuf)
 	p.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	p.fr.AllowIllegalWrites = illegal
 	if _, err := io.WriteString(nc, http2.ClientPreface); err != nil {
 		t.Fatal(err)
 	}

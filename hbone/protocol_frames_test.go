@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"testing/synctest"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -36,41 +37,45 @@ func TestPingAck(t *testing.T) {
 
 // TestPingTimeout: a peer that never acknowledges PINGs is cut off.
 func TestPingTimeout(t *testing.T) {
-	ts := startServer(t, Config{PingInterval: 10e6, PingTimeout: 30e6}, holdHandler, false)
-	p := dialRaw(t, ts)
-	sawPing := false
-	for {
-		f, err := p.fr.ReadFrame()
-		if err != nil {
-			break // closed by the server
+	synctest.Test(t, func(t *testing.T) {
+		ts := startServerOver(t, Config{PingInterval: 10e6, PingTimeout: 30e6}, holdHandler, overPipe)
+		p := dialRaw(t, ts)
+		sawPing := false
+		for {
+			f, err := p.fr.ReadFrame()
+			if err != nil {
+				break // closed by the server
+			}
+			if ping, ok := f.(*http2.PingFrame); ok && !ping.IsAck() {
+				sawPing = true
+			}
 		}
-		if ping, ok := f.(*http2.PingFrame); ok && !ping.IsAck() {
-			sawPing = true
+		if !sawPing {
+			t.Error("no PING before the close")
 		}
-	}
-	if !sawPing {
-		t.Error("no PING before the close")
-	}
-	if err := <-ts.serveErrs; err != errPingTimeout {
-		t.Fatalf("ServeConn: %v, want ping timeout", err)
-	}
+		if err := <-ts.serveErrs; err != errPingTimeout {
+			t.Fatalf("ServeConn: %v, want ping timeout", err)
+		}
+	})
 }
 
 // TestKeepalive: a peer that acknowledges PINGs stays connected.
 func TestKeepalive(t *testing.T) {
-	ts := startServer(t, Config{PingInterval: 5e6, PingTimeout: 20e6}, holdHandler, false)
-	p := dialRaw(t, ts)
-	acks := 0
-	for acks < 5 {
-		f, err := p.fr.ReadFrame()
-		if err != nil {
-			t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		ts := startServerOver(t, Config{PingInterval: 5e6, PingTimeout: 20e6}, holdHandler, overPipe)
+		p := dialRaw(t, ts)
+		acks := 0
+		for acks < 5 {
+			f, err := p.fr.ReadFrame()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ping, ok := f.(*http2.PingFrame); ok && !ping.IsAck() {
+				_ = p.fr.WritePing(true, ping.Data)
+				acks++
+			}
 		}
-		if ping, ok := f.(*http2.PingFrame); ok && !ping.IsAck() {
-			_ = p.fr.WritePing(true, ping.Data)
-			acks++
-		}
-	}
+	})
 }
 
 // TestDataOnResetStreamIgnored: DATA racing with our RST_STREAM is dropped
