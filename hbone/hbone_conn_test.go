@@ -52,11 +52,7 @@ func TestGracefulShutdown(t *testing.T) {
 			return
 		}
 		started <- s
-		go func() {
-			defer s.Close()
-			_, _ = io.Copy(s, s)
-			_ = s.CloseWrite()
-		}()
+		go echoStream(s, nil)
 	}, false)
 	cc := ts.client(t, Config{})
 	ctx := testContext(t)

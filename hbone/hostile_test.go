@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -70,33 +69,20 @@ func startHostile(t *testing.T, cfg Config, h Handler) *hostileRig {
 	}
 	t.Cleanup(func() { s.Close() })
 	r.stream = s
-	r.echo(t, s)
+	echoOnce(t, s, "healthy stream")
 	return r
-}
-
-// echo checks one round trip on s.
-func (r *hostileRig) echo(t *testing.T, s *Stream) {
-	t.Helper()
-	msg := []byte("still here")
-	if _, err := s.Write(msg); err != nil {
-		t.Fatalf("healthy stream write: %v", err)
-	}
-	got := make([]byte, len(msg))
-	if _, err := io.ReadFull(s, got); err != nil || !bytes.Equal(got, msg) {
-		t.Fatalf("healthy stream read %q, %v", got, err)
-	}
 }
 
 // checkHealthy checks the stream opened before the attack and a new one.
 func (r *hostileRig) checkHealthy(t *testing.T) {
 	t.Helper()
-	r.echo(t, r.stream)
+	echoOnce(t, r.stream, "healthy stream")
 	s, err := r.healthy.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
 	if err != nil {
 		t.Fatalf("healthy connection: new stream: %v", err)
 	}
 	defer s.Close()
-	r.echo(t, s)
+	echoOnce(t, s, "healthy stream")
 }
 
 // sample records the largest write backlog of any server connection until

@@ -6,6 +6,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -279,13 +280,42 @@ func echoHandler(_ context.Context, req *ServerRequest) {
 	if err != nil {
 		return
 	}
-	go func() {
-		defer s.Close()
-		if _, err := io.Copy(s, s); err != nil {
-			return
-		}
-		_ = s.CloseWrite()
-	}()
+	go echoStream(s, nil)
+}
+
+// echoStream is the package's one echo app: it echoes s until the peer's
+// END_STREAM, then half-closes and closes s. seen, if not nil, is told how
+// many bytes were echoed and their SHA-256 before the half-close, which is
+// what lets the peer finish.
+func echoStream(s *Stream, seen func(n int64, sum []byte)) {
+	defer s.Close()
+	var w io.Writer = s
+	h := sha256.New()
+	if seen != nil {
+		w = io.MultiWriter(s, h)
+	}
+	n, err := io.Copy(w, s)
+	if err != nil {
+		return
+	}
+	if seen != nil {
+		seen(n, h.Sum(nil))
+	}
+	_ = s.CloseWrite()
+}
+
+// echoOnce checks one round trip of a short message on s, which stays open
+// both ways.
+func echoOnce(t testing.TB, s *Stream, what string) {
+	t.Helper()
+	msg := []byte("still here")
+	if _, err := s.Write(msg); err != nil {
+		t.Fatalf("%s: write: %v", what, err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(s, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("%s: read %q, %v", what, got, err)
+	}
 }
 
 // rawPeer is a hand-driven HTTP/2 client for protocol-rule tests.

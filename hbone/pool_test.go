@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -370,13 +369,7 @@ func TestPoolIdleWithLiveStream(t *testing.T) {
 		default:
 		}
 		// It still carries data (and stays open both ways).
-		if _, err := persistent.Write([]byte("still here")); err != nil {
-			t.Fatal(err)
-		}
-		got := make([]byte, len("still here"))
-		if _, err := io.ReadFull(persistent, got); err != nil || string(got) != "still here" {
-			t.Fatalf("echo on the live stream: %q, %v", got, err)
-		}
+		echoOnce(t, persistent, "echo on the live stream")
 
 		// Four more: three fit beside the live stream, the fourth spills over
 		// to a new connection, which is released once they end; the first is
