@@ -18,81 +18,76 @@ import (
 // Connect.
 
 func TestHalfClose(t *testing.T) {
-	serverSide := make(chan *Stream, 1)
+	pairs := newStreamPairs(t)
+	cc := pairs.cc
+
+	t.Run("client closes first", func(t *testing.T) {
+		c, s := pairs.open(t)
+		sendAndEnd(t, c, s, "request", "server", func() {
+			if _, err := c.Write([]byte("x")); !errors.Is(err, ErrWriteAfterClose) {
+				t.Errorf("Write after CloseWrite: %v", err)
+			}
+		})
+		// The other direction still works.
+		sendAndEnd(t, s, c, "response", "client", nil)
+	})
+	t.Run("server closes first", func(t *testing.T) {
+		c, s := pairs.open(t)
+		sendAndEnd(t, s, c, "banner", "client", nil)
+		sendAndEnd(t, c, s, "late request", "server", nil)
+	})
+	waitFor(t, "streams to retire", func() bool { return cc.NumActiveStreams() == 0 })
+}
+
+// streamPairs is a server that hands over the server end of each stream
+// it answers, and a client connection to it.
+type streamPairs struct {
+	cc     *ClientConn
+	server chan *Stream
+}
+
+func newStreamPairs(t *testing.T) *streamPairs {
+	t.Helper()
+	p := &streamPairs{server: make(chan *Stream, 1)}
 	ts := startServer(t, Config{}, func(_ context.Context, req *ServerRequest) {
 		s, err := req.Respond(http.StatusOK, nil)
 		if err != nil {
 			t.Error(err)
 			return
 		}
-		serverSide <- s
+		p.server <- s
 	}, false)
-	cc := ts.client(t, Config{})
-	ctx := testContext(t)
+	p.cc = ts.client(t, Config{})
+	return p
+}
 
-	t.Run("client closes first", func(t *testing.T) {
-		c, err := cc.Connect(ctx, &Request{Authority: "10.0.0.1:80"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		s := <-serverSide
-		defer s.Close()
-		if _, err := c.Write([]byte("request")); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.CloseWrite(); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := c.Write([]byte("x")); !errors.Is(err, ErrWriteAfterClose) {
-			t.Errorf("Write after CloseWrite: %v", err)
-		}
-		got, err := io.ReadAll(s)
-		if err != nil || string(got) != "request" {
-			t.Fatalf("server read %q, %v", got, err)
-		}
-		// The other direction still works.
-		if _, err := s.Write([]byte("response")); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.CloseWrite(); err != nil {
-			t.Fatal(err)
-		}
-		got, err = io.ReadAll(c)
-		if err != nil || string(got) != "response" {
-			t.Fatalf("client read %q, %v", got, err)
-		}
-	})
-	t.Run("server closes first", func(t *testing.T) {
-		c, err := cc.Connect(ctx, &Request{Authority: "10.0.0.1:80"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		s := <-serverSide
-		defer s.Close()
-		if _, err := s.Write([]byte("banner")); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.CloseWrite(); err != nil {
-			t.Fatal(err)
-		}
-		got, err := io.ReadAll(c)
-		if err != nil || string(got) != "banner" {
-			t.Fatalf("client read %q, %v", got, err)
-		}
-		if _, err := c.Write([]byte("late request")); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.CloseWrite(); err != nil {
-			t.Fatal(err)
-		}
-		got, err = io.ReadAll(s)
-		if err != nil || string(got) != "late request" {
-			t.Fatalf("server read %q, %v", got, err)
-		}
-	})
-	waitFor(t, "streams to retire", func() bool { return cc.NumActiveStreams() == 0 })
+// open opens a stream and returns its client and server ends, closed at
+// t's cleanup.
+func (p *streamPairs) open(t *testing.T) (c, s *Stream) {
+	t.Helper()
+	c = connectStream(t, p.cc)
+	s = <-p.server
+	t.Cleanup(func() { s.Close() })
+	return c, s
+}
+
+// sendAndEnd writes msg on from and half-closes it, runs then (if not nil),
+// and checks that to reads exactly msg and then EOF.
+func sendAndEnd(t *testing.T, from, to *Stream, msg, reader string, then func()) {
+	t.Helper()
+	if _, err := from.Write([]byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+	if err := from.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if then != nil {
+		then()
+	}
+	got, err := io.ReadAll(to)
+	if err != nil || string(got) != msg {
+		t.Fatalf("%s read %q, %v", reader, got, err)
+	}
 }
 
 // waitFor polls cond; the deadline is a hang guard only.
@@ -108,30 +103,15 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 }
 
 func TestReset(t *testing.T) {
-	serverSide := make(chan *Stream, 1)
-	ts := startServer(t, Config{}, func(_ context.Context, req *ServerRequest) {
-		s, err := req.Respond(http.StatusOK, nil)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		serverSide <- s
-	}, false)
-	cc := ts.client(t, Config{})
-	ctx := testContext(t)
+	pairs := newStreamPairs(t)
+	cc := pairs.cc
 
 	for _, tc := range []struct {
 		name      string
 		clientRST bool
 	}{{"client resets", true}, {"server resets", false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := cc.Connect(ctx, &Request{Authority: "10.0.0.1:80"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			s := <-serverSide
-			defer s.Close()
+			c, s := pairs.open(t)
 			resetter, victim := c, s
 			if !tc.clientRST {
 				resetter, victim = s, c
@@ -139,7 +119,8 @@ func TestReset(t *testing.T) {
 			if _, err := resetter.Write([]byte("data before the reset")); err != nil {
 				t.Fatal(err)
 			}
-			if err := resetter.Reset(http2.ErrCodeConnect); err != nil {
+			err := resetter.Reset(http2.ErrCodeConnect)
+			if err != nil {
 				t.Fatal(err)
 			}
 			var se *StreamError
@@ -170,18 +151,7 @@ func TestReset(t *testing.T) {
 
 // TestCloseUnclean checks that Close of a stream still open resets it.
 func TestCloseUnclean(t *testing.T) {
-	serverSide := make(chan *Stream, 1)
-	ts := startServer(t, Config{}, func(_ context.Context, req *ServerRequest) {
-		s, _ := req.Respond(http.StatusOK, nil)
-		serverSide <- s
-	}, false)
-	cc := ts.client(t, Config{})
-	c, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := <-serverSide
-	defer s.Close()
+	c, s := newStreamPairs(t).open(t)
 	_ = c.Close()
 	var se *StreamError
 	if _, err := s.Read(make([]byte, 1)); !errors.As(err, &se) || se.Code != http2.ErrCodeCancel {
@@ -191,18 +161,9 @@ func TestCloseUnclean(t *testing.T) {
 
 func TestReadDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ts := startServerOver(t, Config{}, func(_ context.Context, req *ServerRequest) {
-			s, _ := req.Respond(http.StatusOK, nil)
-			// Never writes; closes once the client does.
-			_, _ = io.Copy(io.Discard, s)
-			s.Close()
-		}, overPipe)
+		ts := startServerOver(t, Config{}, sinkHandler, overPipe) // never writes
 		cc := ts.client(t, Config{})
-		c, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := connectStream(t, cc)
 		_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
 		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Fatalf("Read: %v, want deadline exceeded", err)
@@ -226,11 +187,7 @@ func TestWriteDeadline(t *testing.T) {
 			_, _ = req.Respond(http.StatusOK, nil)
 		}, overPipe)
 		cc := ts.client(t, Config{})
-		c, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := connectStream(t, cc)
 		_ = c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
 		n, err := c.Write(make([]byte, 1<<20))
 		if !errors.Is(err, os.ErrDeadlineExceeded) {

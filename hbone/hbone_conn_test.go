@@ -94,18 +94,10 @@ func TestGracefulShutdown(t *testing.T) {
 
 func TestShutdownDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ts := startServerOver(t, Config{}, func(ctx context.Context, req *ServerRequest) {
-			s, _ := req.Respond(http.StatusOK, nil)
-			// Holds the stream until the connection dies.
-			_, _ = io.Copy(io.Discard, s)
-			s.Close()
-		}, overPipe)
+		// The handler holds the stream until the connection dies.
+		ts := startServerOver(t, Config{}, sinkHandler, overPipe)
 		cc := ts.client(t, Config{})
-		s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
+		s := connectStream(t, cc)
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()
 		if err := ts.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
@@ -172,11 +164,7 @@ func TestDirectWrites(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := startServerOver(t, Config{}, echoHandler, tc.tp)
 			cc := ts.client(t, Config{})
-			s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
+			s := connectStream(t, cc)
 			buf := make([]byte, 100)
 			for i := range 50 {
 				msg := fmt.Appendf(nil, "round trip %d", i)

@@ -54,11 +54,7 @@ func TestEchoLarge(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := startServerOver(t, Config{}, echoHandler, tc.tp)
 			cc := ts.client(t, Config{})
-			s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
+			s := connectStream(t, cc)
 			if got := s.ResponseHeader().Get("baggage"); got != "k8s.cluster.name=test" {
 				t.Errorf("response baggage %q", got)
 			}

@@ -151,59 +151,24 @@ func TestHostileFloods(t *testing.T) {
 			code: http2.ErrCodeEnhanceYourCalm,
 		},
 		{
-			name: "empty CONTINUATION flood",
-			n:    1_000_000,
-			frame: func(p *rawPeer) func(*http2.Framer, int) {
-				block := p.headerBlock(":method", "CONNECT", ":authority", hostileAuthority)
-				return func(fr *http2.Framer, i int) {
-					if i == 0 {
-						_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block})
-						return
-					}
-					_ = fr.WriteContinuation(1, false, nil)
-				}
-			},
-			code: http2.ErrCodeEnhanceYourCalm,
+			name:  "empty CONTINUATION flood",
+			n:     1_000_000,
+			frame: func(p *rawPeer) func(*http2.Framer, int) { return continuations(p, nil) },
+			code:  http2.ErrCodeEnhanceYourCalm,
 		},
 		{
-			name: "endless CONTINUATION of header fields",
-			n:    100_000,
-			frame: func(p *rawPeer) func(*http2.Framer, int) {
-				start := p.headerBlock(":method", "CONNECT", ":authority", hostileAuthority)
-				var more bytes.Buffer
-				enc := hpack.NewEncoder(&more)
-				_ = enc.WriteField(hpack.HeaderField{Name: "x-junk", Value: strings.Repeat("j", 1000), Sensitive: true})
-				field := more.Bytes()
-				return func(fr *http2.Framer, i int) {
-					if i == 0 {
-						_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: start})
-						return
-					}
-					_ = fr.WriteContinuation(1, false, field)
-				}
-			},
+			name:  "endless CONTINUATION of header fields",
+			n:     100_000,
+			frame: func(p *rawPeer) func(*http2.Framer, int) { return continuations(p, junkField()) },
 			// The framer stops decoding once the list limit is exceeded.
 			code: http2.ErrCodeProtocol,
 		},
 		{
-			name: "header block larger than the wire budget",
-			cfg:  Config{MaxHeaderListSize: 1 << 20, MaxHeaderBlockSize: 32 << 10},
-			n:    100,
-			frame: func(p *rawPeer) func(*http2.Framer, int) {
-				start := p.headerBlock(":method", "CONNECT", ":authority", hostileAuthority)
-				var more bytes.Buffer
-				enc := hpack.NewEncoder(&more)
-				_ = enc.WriteField(hpack.HeaderField{Name: "x-junk", Value: strings.Repeat("j", 1000), Sensitive: true})
-				field := more.Bytes()
-				return func(fr *http2.Framer, i int) {
-					if i == 0 {
-						_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: start})
-						return
-					}
-					_ = fr.WriteContinuation(1, false, field)
-				}
-			},
-			code: http2.ErrCodeEnhanceYourCalm,
+			name:  "header block larger than the wire budget",
+			cfg:   Config{MaxHeaderListSize: 1 << 20, MaxHeaderBlockSize: 32 << 10},
+			n:     100,
+			frame: func(p *rawPeer) func(*http2.Framer, int) { return continuations(p, junkField()) },
+			code:  http2.ErrCodeEnhanceYourCalm,
 		},
 		{
 			name: "connection WINDOW_UPDATE flood to overflow",
@@ -316,4 +281,24 @@ func TestResetBudgetRefills(t *testing.T) {
 	if err := c.spendReset(); !errors.As(err, &ce) || ce.Code != http2.ErrCodeEnhanceYourCalm {
 		t.Fatalf("spendReset: %v, want ENHANCE_YOUR_CALM", err)
 	}
+}
+
+// continuations opens stream 1 with a CONNECT header block it never ends,
+// continuing it with frag in every frame after the first.
+func continuations(p *rawPeer, frag []byte) func(*http2.Framer, int) {
+	start := p.headerBlock(":method", "CONNECT", ":authority", hostileAuthority)
+	return func(fr *http2.Framer, i int) {
+		if i == 0 {
+			_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: start})
+			return
+		}
+		_ = fr.WriteContinuation(1, false, frag)
+	}
+}
+
+// junkField is one HPACK-encoded header field of 1000 bytes, never indexed.
+func junkField() []byte {
+	var b bytes.Buffer
+	_ = hpack.NewEncoder(&b).WriteField(hpack.HeaderField{Name: "x-junk", Value: strings.Repeat("j", 1000), Sensitive: true})
+	return b.Bytes()
 }

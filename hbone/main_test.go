@@ -274,6 +274,28 @@ func (ts *testServer) client(t testing.TB, cfg Config) *ClientConn {
 	return cc
 }
 
+// connectStream opens a stream to 10.0.0.1:80 on cc, closed at cleanup.
+func connectStream(t testing.TB, cc *ClientConn) *Stream {
+	t.Helper()
+	s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// sinkHandler answers 200, then reads the stream to its end without writing
+// and closes it, returning only then.
+func sinkHandler(_ context.Context, req *ServerRequest) {
+	s, err := req.Respond(http.StatusOK, nil)
+	if err != nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, s)
+	s.Close()
+}
+
 // echoHandler answers 200 and echoes the stream, propagating half-close.
 func echoHandler(_ context.Context, req *ServerRequest) {
 	s, err := req.Respond(http.StatusOK, http.Header{"Baggage": {"k8s.cluster.name=test"}})
