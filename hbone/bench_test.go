@@ -10,7 +10,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"golang.org/x/net/http2"
@@ -90,7 +89,7 @@ func BenchmarkStreamThroughput(b *testing.B) {
 	}
 	b.Run("xnet-tls", func(b *testing.B) {
 		serverTLS, clientTLS := testTLS(b)
-		addr, stop := startXNetServer(b, serverTLS)
+		addr, stop := startXNetServer(b, serverTLS, http.HandlerFunc(xnetDiscard))
 		defer stop()
 		tr := &http2.Transport{TLSClientConfig: clientTLS}
 		defer tr.CloseIdleConnections()
@@ -144,48 +143,6 @@ func BenchmarkStreamThroughput(b *testing.B) {
 		_ = nc.Close()
 		<-done
 	})
-}
-
-// startXNetServer serves xnetDiscard with x/net/http2's Server over TLS.
-func startXNetServer(b *testing.B, cfg *tls.Config) (addr string, stop func()) {
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	h2 := &http2.Server{}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Go(func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, nc)
-			mu.Unlock()
-			wg.Go(func() {
-				if err := nc.(*tls.Conn).HandshakeContext(context.Background()); err != nil {
-					return
-				}
-				h2.ServeConn(nc, &http2.ServeConnOpts{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					w.WriteHeader(http.StatusOK)
-					_ = http.NewResponseController(w).Flush()
-					_, _ = io.CopyBuffer(io.Discard, r.Body, make([]byte, 64<<10))
-				})})
-			})
-		}
-	})
-	return ln.Addr().String(), func() {
-		_ = ln.Close()
-		mu.Lock()
-		for _, nc := range conns {
-			_ = nc.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	}
 }
 
 // BenchmarkRequestResponse measures a 1-byte ping-pong on one stream, the
