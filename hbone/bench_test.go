@@ -118,16 +118,7 @@ func BenchmarkStreamThroughput(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer ln.Close()
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer nc.Close()
-			_, _ = io.CopyBuffer(io.Discard, nc, make([]byte, 64<<10))
-		}()
+		done := serveOnce(ln, func(nc net.Conn) { _, _ = io.CopyBuffer(io.Discard, nc, make([]byte, 64<<10)) })
 		nc, err := tls.Dial("tcp", ln.Addr().String(), clientTLS)
 		if err != nil {
 			b.Fatal(err)
@@ -145,6 +136,22 @@ func BenchmarkStreamThroughput(b *testing.B) {
 	})
 }
 
+// serveOnce accepts one connection on ln and runs serve on it, then closes
+// it; done is closed once that is over (or the accept failed).
+func serveOnce(ln net.Listener, serve func(net.Conn)) (done <-chan struct{}) {
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		serve(nc)
+	}()
+	return ch
+}
+
 // BenchmarkRequestResponse measures a 1-byte ping-pong on one stream, the
 // latency of a round trip through client and server, next to the same over
 // plain loopback TCP.
@@ -158,16 +165,7 @@ func BenchmarkRequestResponse(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer ln.Close()
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer nc.Close()
-			_, _ = io.Copy(nc, nc)
-		}()
+		done := serveOnce(ln, func(nc net.Conn) { _, _ = io.Copy(nc, nc) })
 		nc, err := net.Dial("tcp", ln.Addr().String())
 		if err != nil {
 			b.Fatal(err)
