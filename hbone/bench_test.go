@@ -170,19 +170,24 @@ func BenchmarkRequestResponse(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		buf := []byte{1}
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := nc.Write(buf); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := io.ReadFull(nc, buf); err != nil {
-				b.Fatal(err)
-			}
-		}
+		pingPong(b, nc)
 		_ = nc.Close()
 		<-done
 	})
+}
+
+// pingPong sends one byte per op on rw and reads its echo.
+func pingPong(b *testing.B, rw io.ReadWriter) {
+	buf := []byte{1}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := rw.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(rw, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 func benchRequestResponse(b *testing.B, tp transport) {
@@ -193,16 +198,7 @@ func benchRequestResponse(b *testing.B, tp transport) {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	buf := []byte{1}
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := s.Write(buf); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := io.ReadFull(s, buf); err != nil {
-			b.Fatal(err)
-		}
-	}
+	pingPong(b, s)
 	_ = s.CloseWrite()
 	_, _ = io.Copy(io.Discard, s)
 }

@@ -101,16 +101,19 @@ func benchWrites(b *testing.B, cli endpoint, g *gatherConn) {
 	}
 }
 
+// readCases are the record layers a read benchmark measures.
+var readCases = []struct {
+	name string
+	ours bool
+}{
+	{"record", true},
+	{"tls", false},
+}
+
 // BenchmarkRead reads 256 KiB per op through each record layer from a
 // crypto/tls peer that writes as fast as it can.
 func BenchmarkRead(b *testing.B) {
-	for _, tc := range []struct {
-		name string
-		ours bool
-	}{
-		{"record", true},
-		{"tls", false},
-	} {
+	for _, tc := range readCases {
 		b.Run(tc.name, func(b *testing.B) {
 			ccfg, scfg := testConfigs(b)
 			cr, sr := tcpPair(b)
@@ -194,13 +197,7 @@ func BenchmarkSealOnly(b *testing.B) {
 // of records sealed with the session's keys (outside the timer) are read
 // through each record layer.
 func BenchmarkOpenOnly(b *testing.B) {
-	for _, tc := range []struct {
-		name string
-		ours bool
-	}{
-		{"record", true},
-		{"tls", false},
-	} {
+	for _, tc := range readCases {
 		b.Run(tc.name, func(b *testing.B) {
 			ccfg, scfg := testConfigs(b)
 			kl := &keyLog{}
