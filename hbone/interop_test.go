@@ -167,37 +167,35 @@ func startXNetServer(t testing.TB, cfg *tls.Config, h http.Handler) (addr string
 		t.Fatal(err)
 	}
 	h2 := &http2.Server{}
-	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn
-	wg.Go(func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, nc)
+	stopped := false
+	wait := serveEach(ln, func(nc net.Conn) {
+		mu.Lock()
+		if stopped {
 			mu.Unlock()
-			wg.Go(func() {
-				// x/net's server wants the handshake done (it checks the
-				// negotiated version).
-				if err := nc.(*tls.Conn).HandshakeContext(context.Background()); err != nil {
-					_ = nc.Close()
-					return
-				}
-				h2.ServeConn(nc, &http2.ServeConnOpts{Handler: h})
-			})
+			_ = nc.Close()
+			return
 		}
+		conns = append(conns, nc)
+		mu.Unlock()
+		// x/net's server wants the handshake done (it checks the
+		// negotiated version).
+		if err := nc.(*tls.Conn).HandshakeContext(context.Background()); err != nil {
+			_ = nc.Close()
+			return
+		}
+		h2.ServeConn(nc, &http2.ServeConnOpts{Handler: h})
 	})
 	return ln.Addr().String(), func() {
 		_ = ln.Close()
 		mu.Lock()
+		stopped = true
 		for _, nc := range conns {
 			_ = nc.Close()
 		}
 		mu.Unlock()
-		wg.Wait()
+		wait()
 	}
 }
 

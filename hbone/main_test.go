@@ -152,6 +152,43 @@ func startServerWith(t testing.TB, cfg Config, h Handler, tp transport, accepted
 		// keep the records itself.
 		serverTLS.SessionTicketsDisabled = true
 	}
+	wait := serveEach(ln, func(nc net.Conn) {
+		if accepted != nil {
+			accepted(nc)
+		}
+		if serverTLS != nil {
+			raw := nc
+			var tc interface {
+				net.Conn
+				HandshakeContext(context.Context) error
+			} = tls.Server(raw, serverTLS)
+			if ts.record {
+				tc = record.Server(raw, serverTLS)
+			}
+			if err := tc.HandshakeContext(context.Background()); err != nil {
+				_ = nc.Close()
+				return
+			}
+			nc = tc
+		}
+		err := ts.ServeConn(context.Background(), nc)
+		select {
+		case ts.serveErrs <- err:
+		default:
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		_ = ts.Close()
+		wait()
+	})
+	return ts
+}
+
+// serveEach runs serve on a goroutine of its own for each connection
+// accepted on ln, until ln is closed; wait waits for the accept loop and
+// every serve to return.
+func serveEach(ln net.Listener, serve func(net.Conn)) (wait func()) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
@@ -159,39 +196,10 @@ func startServerWith(t testing.TB, cfg Config, h Handler, tp transport, accepted
 			if err != nil {
 				return
 			}
-			if accepted != nil {
-				accepted(nc)
-			}
-			wg.Go(func() {
-				if serverTLS != nil {
-					raw := nc
-					var tc interface {
-						net.Conn
-						HandshakeContext(context.Context) error
-					} = tls.Server(raw, serverTLS)
-					if ts.record {
-						tc = record.Server(raw, serverTLS)
-					}
-					if err := tc.HandshakeContext(context.Background()); err != nil {
-						_ = nc.Close()
-						return
-					}
-					nc = tc
-				}
-				err := ts.ServeConn(context.Background(), nc)
-				select {
-				case ts.serveErrs <- err:
-				default:
-				}
-			})
+			wg.Go(func() { serve(nc) })
 		}
 	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		_ = ts.Close()
-		wg.Wait()
-	})
-	return ts
+	return wg.Wait
 }
 
 // pipeListener accepts the server ends of the pipes testServer.dial makes.

@@ -150,33 +150,24 @@ func TestInteropNodeClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	serverTLS := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return peers.ours, nil })
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				tc := tls.Server(nc, serverTLS)
-				ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-				defer cancel()
-				if err := tc.HandshakeContext(ctx); err != nil {
-					t.Errorf("TLS handshake with node: %v", err)
-					_ = nc.Close()
-					return
-				}
-				if p := tc.ConnectionState().NegotiatedProtocol; p != "h2" {
-					t.Errorf("ALPN with node: %q", p)
-				}
-				_ = srv.ServeConn(context.Background(), tc)
-			})
+	wait := serveEach(ln, func(nc net.Conn) {
+		tc := tls.Server(nc, serverTLS)
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		defer cancel()
+		if err := tc.HandshakeContext(ctx); err != nil {
+			t.Errorf("TLS handshake with node: %v", err)
+			_ = nc.Close()
+			return
 		}
+		if p := tc.ConnectionState().NegotiatedProtocol; p != "h2" {
+			t.Errorf("ALPN with node: %q", p)
+		}
+		_ = srv.ServeConn(context.Background(), tc)
 	})
 	t.Cleanup(func() {
 		_ = ln.Close()
 		_ = srv.Close()
-		wg.Wait()
+		wait()
 	})
 
 	specs := []struct {
