@@ -100,14 +100,7 @@ func BenchmarkStreamThroughput(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer resp.Body.Close()
-		buf := make([]byte, size)
-		b.SetBytes(size)
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := pw.Write(buf); err != nil {
-				b.Fatal(err)
-			}
-		}
+		writeEach(b, pw, size)
 		_ = pw.Close()
 		_, _ = io.Copy(io.Discard, resp.Body)
 	})
@@ -123,17 +116,22 @@ func BenchmarkStreamThroughput(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		buf := make([]byte, size)
-		b.SetBytes(size)
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := nc.Write(buf); err != nil {
-				b.Fatal(err)
-			}
-		}
+		writeEach(b, nc, size)
 		_ = nc.Close()
 		<-done
 	})
+}
+
+// writeEach writes size bytes per op to w.
+func writeEach(b *testing.B, w io.Writer, size int64) {
+	buf := make([]byte, size)
+	b.SetBytes(size)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := w.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 // serveOnce accepts one connection on ln and runs serve on it, then closes

@@ -47,10 +47,7 @@ func echoRoundTrip(t testing.TB, s *Stream, seed uint64, n int64, writeSize int)
 }
 
 func TestEchoLarge(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		tp   transport
-	}{{"tcp", overTCP}, {"tls", overTLS}, {"tls record layer", overRecord}} {
+	for _, tc := range socketTransports {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := startServerOver(t, Config{}, echoHandler, tc.tp)
 			cc := ts.client(t, Config{})
@@ -86,10 +83,7 @@ func TestEchoSmallWindows(t *testing.T) {
 }
 
 func TestManyStreams(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		tp   transport
-	}{{"tcp", overTCP}, {"tls", overTLS}, {"tls record layer", overRecord}} {
+	for _, tc := range socketTransports {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := startServerOver(t, Config{}, echoHandler, tc.tp)
 			cc := ts.client(t, Config{MaxStreams: 200})

@@ -121,6 +121,13 @@ const (
 	overPipe
 )
 
+// socketTransports are the transports over real sockets, as subtests name
+// them.
+var socketTransports = []struct {
+	name string
+	tp   transport
+}{{"tcp", overTCP}, {"tls", overTLS}, {"tls record layer", overRecord}}
+
 // startServerOver is startServer with both sides on transport tp.
 func startServerOver(t testing.TB, cfg Config, h Handler, tp transport) *testServer {
 	t.Helper()
