@@ -16,21 +16,9 @@ import (
 	"golang.org/x/net/http2/hpack"
 )
 
-// A connection's code is split by role, one owner per connection as
-// before (quic-go splits its connection the same way):
-//
-//   - conn.go: the connection's fields, construction, lifecycle and close
-//     (GOAWAY, shutdown, the transport's close);
-//   - conn_streams.go: the stream table: opening limits, retiring and
-//     resetting streams, the drain a freed slot may start;
-//   - conn_write.go: the write path: the shared write buffer, committing
-//     frames to it, the writer goroutine and direct writes, DATA batching,
-//     control frames and their backlog limit;
-//   - conn_flow.go: flow control, send and receive windows of the
-//     connection and its streams, WINDOW_UPDATE accounting;
-//   - conn_timers.go: the keepalive PING and the pooled connection's idle
-//     timer;
-//   - read.go: the reader goroutine and the frames it handles.
+// A connection's code is split by role over conn*.go and read.go (the
+// package doc's code map): this file holds its fields, construction,
+// lifecycle and close.
 
 const (
 	// readBufSize sizes the connection's bufio.Reader, which every
@@ -64,7 +52,7 @@ type conn struct {
 	client bool
 	logf   func(format string, args ...any)
 
-	// Reader goroutine only.
+	// Reader goroutine only (read.go).
 	nr          netReader
 	br          *bufio.Reader
 	hr          blockReader // the framer reads through it
@@ -73,43 +61,47 @@ type conn struct {
 	resetTokens float64   // server: streams the peer may still waste (see Config.MaxResetStreams)
 	resetStamp  time.Time // when resetTokens was last refilled
 
-	// Receive-side connection flow control. Atomic because stream readers
-	// return credit from their own goroutines.
+	// Receive-side connection flow control (conn_flow.go). Atomic because
+	// stream readers return credit from their own goroutines.
 	recvConnAvail      atomic.Int64 // bytes the peer may still send
 	connUnacked        atomic.Int64 // consumed bytes not yet returned by WINDOW_UPDATE
 	streamAckThreshold int64
 	connAckThreshold   int64
 
-	mu                sync.Mutex // guards the following fields
-	streams           map[uint32]*Stream
-	active            int            // open streams (counted against the stream limit)
-	reserved          int            // stream slots promised to pending Connects
-	nextID            uint32         // client: next stream ID to open
-	maxPeerID         uint32         // server: highest stream ID the peer opened
-	hist              *streamHistory // server: how recent streams closed (history.go)
-	closed            bool
-	closeErr          error
-	goAwaySent        bool
-	goAwayRecv        bool
-	goAwayErr         *GoAwayError
-	drainNow          bool // set under mu; unlock() then closes the connection
+	mu sync.Mutex // guards the following fields
+	// The stream table (conn_streams.go) and the connection's state.
+	streams    map[uint32]*Stream
+	active     int            // open streams (counted against the stream limit)
+	reserved   int            // stream slots promised to pending Connects
+	nextID     uint32         // client: next stream ID to open
+	maxPeerID  uint32         // server: highest stream ID the peer opened
+	hist       *streamHistory // server: how recent streams closed (history.go)
+	closed     bool
+	closeErr   error
+	goAwaySent bool
+	goAwayRecv bool
+	goAwayErr  *GoAwayError
+	drainNow   bool // set under mu; unlock() then closes the connection
+	// Send-side flow control and the peer's settings (conn_flow.go, read.go).
 	sendWindow        int64
 	connWinCond       sync.Cond // writers waiting for connection send window
 	connWinWaiters    int
 	peerInitialWindow int64
 	peerMaxStreams    uint32
 	peerMaxHeaderList uint32
-	pingOut           bool
-	pingSent          time.Time
-	pingData          [8]byte
-	pingSeq           uint64
-	pingTimer         *time.Timer
-	idleTimeout       time.Duration
-	idleSince         time.Time
-	idleTimer         *time.Timer
-	idleArmed         bool
-	onClose           func()
+	// Timers (conn_timers.go).
+	pingOut     bool
+	pingSent    time.Time
+	pingData    [8]byte
+	pingSeq     uint64
+	pingTimer   *time.Timer
+	idleTimeout time.Duration
+	idleSince   time.Time
+	idleTimer   *time.Timer
+	idleArmed   bool
+	onClose     func()
 
+	// The write path (conn_write.go).
 	wmu           sync.Mutex // guards the following fields
 	pending       *frameBuf  // frames queued for the writer; nil when empty and idle
 	spare         *frameBuf  // the buffer the writer last flushed, for reuse
