@@ -10,7 +10,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"golang.org/x/net/http2"
@@ -90,7 +89,7 @@ func BenchmarkStreamThroughput(b *testing.B) {
 	}
 	b.Run("xnet-tls", func(b *testing.B) {
 		serverTLS, clientTLS := testTLS(b)
-		addr, stop := startXNetServer(b, serverTLS)
+		addr, stop := startXNetServer(b, serverTLS, http.HandlerFunc(xnetDiscard))
 		defer stop()
 		tr := &http2.Transport{TLSClientConfig: clientTLS}
 		defer tr.CloseIdleConnections()
@@ -101,14 +100,7 @@ func BenchmarkStreamThroughput(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer resp.Body.Close()
-		buf := make([]byte, size)
-		b.SetBytes(size)
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := pw.Write(buf); err != nil {
-				b.Fatal(err)
-			}
-		}
+		writeEach(b, pw, size)
 		_ = pw.Close()
 		_, _ = io.Copy(io.Discard, resp.Body)
 	})
@@ -119,73 +111,43 @@ func BenchmarkStreamThroughput(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer ln.Close()
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer nc.Close()
-			_, _ = io.CopyBuffer(io.Discard, nc, make([]byte, 64<<10))
-		}()
+		done := serveOnce(ln, func(nc net.Conn) { _, _ = io.CopyBuffer(io.Discard, nc, make([]byte, 64<<10)) })
 		nc, err := tls.Dial("tcp", ln.Addr().String(), clientTLS)
 		if err != nil {
 			b.Fatal(err)
 		}
-		buf := make([]byte, size)
-		b.SetBytes(size)
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := nc.Write(buf); err != nil {
-				b.Fatal(err)
-			}
-		}
+		writeEach(b, nc, size)
 		_ = nc.Close()
 		<-done
 	})
 }
 
-// startXNetServer serves xnetDiscard with x/net/http2's Server over TLS.
-func startXNetServer(b *testing.B, cfg *tls.Config) (addr string, stop func()) {
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	h2 := &http2.Server{}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Go(func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, nc)
-			mu.Unlock()
-			wg.Go(func() {
-				if err := nc.(*tls.Conn).HandshakeContext(context.Background()); err != nil {
-					return
-				}
-				h2.ServeConn(nc, &http2.ServeConnOpts{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					w.WriteHeader(http.StatusOK)
-					_ = http.NewResponseController(w).Flush()
-					_, _ = io.CopyBuffer(io.Discard, r.Body, make([]byte, 64<<10))
-				})})
-			})
+// writeEach writes size bytes per op to w.
+func writeEach(b *testing.B, w io.Writer, size int64) {
+	buf := make([]byte, size)
+	b.SetBytes(size)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := w.Write(buf); err != nil {
+			b.Fatal(err)
 		}
-	})
-	return ln.Addr().String(), func() {
-		_ = ln.Close()
-		mu.Lock()
-		for _, nc := range conns {
-			_ = nc.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
 	}
+}
+
+// serveOnce accepts one connection on ln and runs serve on it, then closes
+// it; done is closed once that is over (or the accept failed).
+func serveOnce(ln net.Listener, serve func(net.Conn)) (done <-chan struct{}) {
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		serve(nc)
+	}()
+	return ch
 }
 
 // BenchmarkRequestResponse measures a 1-byte ping-pong on one stream, the
@@ -201,33 +163,29 @@ func BenchmarkRequestResponse(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer ln.Close()
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer nc.Close()
-			_, _ = io.Copy(nc, nc)
-		}()
+		done := serveOnce(ln, func(nc net.Conn) { _, _ = io.Copy(nc, nc) })
 		nc, err := net.Dial("tcp", ln.Addr().String())
 		if err != nil {
 			b.Fatal(err)
 		}
-		buf := []byte{1}
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := nc.Write(buf); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := io.ReadFull(nc, buf); err != nil {
-				b.Fatal(err)
-			}
-		}
+		pingPong(b, nc)
 		_ = nc.Close()
 		<-done
 	})
+}
+
+// pingPong sends one byte per op on rw and reads its echo.
+func pingPong(b *testing.B, rw io.ReadWriter) {
+	buf := []byte{1}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := rw.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(rw, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 func benchRequestResponse(b *testing.B, tp transport) {
@@ -238,16 +196,7 @@ func benchRequestResponse(b *testing.B, tp transport) {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	buf := []byte{1}
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := s.Write(buf); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := io.ReadFull(s, buf); err != nil {
-			b.Fatal(err)
-		}
-	}
+	pingPong(b, s)
 	_ = s.CloseWrite()
 	_, _ = io.Copy(io.Discard, s)
 }

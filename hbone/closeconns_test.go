@@ -58,9 +58,9 @@ func TestCloseConns(t *testing.T) {
 			if !tc.goAway {
 				return
 			}
-			deadline := time.Now().Add(10 * time.Second)
-			for cc.Err() == nil && time.Now().Before(deadline) {
-				time.Sleep(time.Millisecond)
+			select {
+			case <-cc.Done(): // the reader has stopped: what it read is recorded
+			case <-time.After(10 * time.Second):
 			}
 			cc.c.mu.Lock()
 			got := cc.c.goAwayRecv

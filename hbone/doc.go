@@ -57,6 +57,31 @@
 // reading holds no goroutine long. After a failed write nothing can follow
 // what it cut, and the socket is closed at once.
 //
+// # Code map
+//
+// One connection has one owner, its *conn, whose code is split by role
+// (as quic-go splits its connection):
+//
+//   - conn.go: the connection's fields, construction, lifecycle and close
+//     (GOAWAY, shutdown, the transport's close);
+//   - conn_streams.go: the stream table: opening limits, retiring and
+//     resetting streams, the drain a freed slot may start;
+//   - conn_write.go: the write path: the shared write buffer, committing
+//     frames to it, the writer goroutine and direct writes, DATA batching,
+//     control frames and the bound on their backlog;
+//   - conn_flow.go: flow control: send and receive windows of the
+//     connection and its streams, WINDOW_UPDATE accounting;
+//   - conn_timers.go: the keepalive PING and a pooled connection's idle
+//     timer;
+//   - read.go: the reader goroutine, the frames it handles and the peer's
+//     reset budget; server.go and client.go the request and response
+//     HEADERS of each side, history.go how recent streams closed;
+//   - stream.go: a Stream's blocking Read, Write, Close and deadlines;
+//     stream_poll.go the non-blocking side an event loop drives;
+//   - buffer.go the pooled receive chunks and write buffers, frame.go the
+//     frame encoders, headers.go the header rules;
+//   - pool.go the client Pool, streamconn.go tunnels inside tunnels.
+//
 // # Errors
 //
 // Connect returns a [*StatusError] for a non-200 answer. Stream reads and

@@ -107,9 +107,7 @@ func FuzzServerConn(f *testing.F) {
 			if err != nil {
 				return
 			}
-			defer s.Close()
-			_, _ = io.Copy(s, s)
-			_ = s.CloseWrite()
+			echoStream(s, nil)
 		})
 		a, b := net.Pipe()
 		served := make(chan error, 1)

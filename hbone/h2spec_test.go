@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -129,36 +128,27 @@ func startH2SpecTarget(t *testing.T, cfg Config, h Handler) *h2specTarget {
 	}
 	tg.port = ln.Addr().(*net.TCPAddr).Port
 	serverTLS := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return ours, nil })
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
+	wait := serveEach(ln, func(nc net.Conn) {
+		// As the daemon's 15008 listener does (proxy.handleHBONE).
+		tc := record.Server(nc, serverTLS)
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		err := tc.HandshakeContext(ctx)
+		cancel()
+		if err != nil {
+			select {
+			case tg.handshakeFails <- err:
+			default:
 			}
-			wg.Go(func() {
-				// As the daemon's 15008 listener does (proxy.handleHBONE).
-				tc := record.Server(nc, serverTLS)
-				ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-				err := tc.HandshakeContext(ctx)
-				cancel()
-				if err != nil {
-					select {
-					case tg.handshakeFails <- err:
-					default:
-					}
-					_ = nc.Close()
-					return
-				}
-				_ = tg.srv.ServeConn(context.Background(), tc)
-				_ = tc.Close()
-			})
+			_ = nc.Close()
+			return
 		}
+		_ = tg.srv.ServeConn(context.Background(), tc)
+		_ = tc.Close()
 	})
 	t.Cleanup(func() {
 		_ = ln.Close()
 		_ = tg.srv.Close()
-		wg.Wait()
+		wait()
 	})
 	return tg
 }

@@ -88,45 +88,10 @@ func TestInteropXNetClient(t *testing.T) {
 // TLS, with a handler that answers CONNECT 200 and echoes, flushing.
 func TestInteropXNetServer(t *testing.T) {
 	serverTLS, clientTLS := testTLS(t)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", serverTLS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h2 := &http2.Server{}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Go(func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, nc)
-			mu.Unlock()
-			wg.Go(func() {
-				// x/net's server wants the handshake done (it checks the
-				// negotiated version).
-				if err := nc.(*tls.Conn).HandshakeContext(context.Background()); err != nil {
-					_ = nc.Close()
-					return
-				}
-				h2.ServeConn(nc, &http2.ServeConnOpts{Handler: http.HandlerFunc(xnetEcho)})
-			})
-		}
-	})
-	defer func() {
-		_ = ln.Close()
-		mu.Lock()
-		for _, nc := range conns {
-			_ = nc.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	}()
+	addr, stop := startXNetServer(t, serverTLS, http.HandlerFunc(xnetEcho))
+	defer stop()
 
-	nc, err := tls.Dial("tcp", ln.Addr().String(), clientTLS)
+	nc, err := tls.Dial("tcp", addr, clientTLS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,4 +155,53 @@ func xnetEcho(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// startXNetServer serves h with x/net/http2's Server over TLS on loopback;
+// stop closes the listener and the connections and waits for their
+// goroutines.
+func startXNetServer(t testing.TB, cfg *tls.Config, h http.Handler) (addr string, stop func()) {
+	t.Helper()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2 := &http2.Server{}
+	var mu sync.Mutex
+	var conns []net.Conn
+	stopped := false
+	wait := serveEach(ln, func(nc net.Conn) {
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			_ = nc.Close()
+			return
+		}
+		conns = append(conns, nc)
+		mu.Unlock()
+		// x/net's server wants the handshake done (it checks the
+		// negotiated version).
+		if err := nc.(*tls.Conn).HandshakeContext(context.Background()); err != nil {
+			_ = nc.Close()
+			return
+		}
+		h2.ServeConn(nc, &http2.ServeConnOpts{Handler: h})
+	})
+	return ln.Addr().String(), func() {
+		_ = ln.Close()
+		mu.Lock()
+		stopped = true
+		for _, nc := range conns {
+			_ = nc.Close()
+		}
+		mu.Unlock()
+		wait()
+	}
+}
+
+// xnetDiscard answers 200 and reads the request body to its end.
+func xnetDiscard(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusOK)
+	_ = http.NewResponseController(w).Flush()
+	_, _ = io.CopyBuffer(io.Discard, r.Body, make([]byte, 64<<10))
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -87,13 +88,14 @@ func testTLS(t testing.TB) (server, client *tls.Config) {
 	return server, client
 }
 
-// testServer is an hbone Server on a loopback listener.
+// testServer is an hbone Server on a loopback listener, or on net.Pipes.
 type testServer struct {
 	*Server
 	addr      string
 	tlsClient *tls.Config // nil for plain TCP
 	record    bool        // TLS through mtls/record (direct writes)
 	serveErrs chan error
+	pipes     chan net.Conn // overPipe: the server ends of dialed pipes
 }
 
 // startServer serves h on loopback, over TLS if useTLS. Cleanup closes
@@ -113,17 +115,43 @@ const (
 	overTCP    transport = iota // plain TCP
 	overTLS                     // crypto/tls
 	overRecord                  // mtls/record: the daemon's transport, with direct writes
+	// overPipe: net.Pipe, no socket and no TLS, for tests inside a
+	// testing/synctest bubble (a socket's I/O does not block durably
+	// there, so the bubble's clock could not advance past it).
+	overPipe
 )
+
+// socketTransports are the transports over real sockets, as subtests name
+// them.
+var socketTransports = []struct {
+	name string
+	tp   transport
+}{{"tcp", overTCP}, {"tls", overTLS}, {"tls record layer", overRecord}}
 
 // startServerOver is startServer with both sides on transport tp.
 func startServerOver(t testing.TB, cfg Config, h Handler, tp transport) *testServer {
 	t.Helper()
-	useTLS := tp != overTCP
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return startServerWith(t, cfg, h, tp, nil)
+}
+
+// startServerWith is startServerOver calling accepted, if not nil, on each
+// accepted connection before its handshake.
+func startServerWith(t testing.TB, cfg Config, h Handler, tp transport, accepted func(net.Conn)) *testServer {
+	t.Helper()
+	useTLS := tp == overTLS || tp == overRecord
+	ts := &testServer{Server: NewServer(cfg, h), serveErrs: make(chan error, 100), record: tp == overRecord}
+	var ln net.Listener
+	if tp == overPipe {
+		ts.addr = "pipe"
+		ts.pipes = make(chan net.Conn)
+		ln = &pipeListener{conns: ts.pipes, done: make(chan struct{})}
+	} else {
+		var err error
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		ts.addr = ln.Addr().String()
 	}
-	ts := &testServer{Server: NewServer(cfg, h), addr: ln.Addr().String(), serveErrs: make(chan error, 100), record: tp == overRecord}
 	var serverTLS *tls.Config
 	if useTLS {
 		serverTLS, ts.tlsClient = testTLS(t)
@@ -131,6 +159,43 @@ func startServerOver(t testing.TB, cfg Config, h Handler, tp transport) *testSer
 		// keep the records itself.
 		serverTLS.SessionTicketsDisabled = true
 	}
+	wait := serveEach(ln, func(nc net.Conn) {
+		if accepted != nil {
+			accepted(nc)
+		}
+		if serverTLS != nil {
+			raw := nc
+			var tc interface {
+				net.Conn
+				HandshakeContext(context.Context) error
+			} = tls.Server(raw, serverTLS)
+			if ts.record {
+				tc = record.Server(raw, serverTLS)
+			}
+			if err := tc.HandshakeContext(context.Background()); err != nil {
+				_ = nc.Close()
+				return
+			}
+			nc = tc
+		}
+		err := ts.ServeConn(context.Background(), nc)
+		select {
+		case ts.serveErrs <- err:
+		default:
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		_ = ts.Close()
+		wait()
+	})
+	return ts
+}
+
+// serveEach runs serve on a goroutine of its own for each connection
+// accepted on ln, until ln is closed; wait waits for the accept loop and
+// every serve to return.
+func serveEach(ln net.Listener, serve func(net.Conn)) (wait func()) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
@@ -138,40 +203,52 @@ func startServerOver(t testing.TB, cfg Config, h Handler, tp transport) *testSer
 			if err != nil {
 				return
 			}
-			wg.Go(func() {
-				if serverTLS != nil {
-					raw := nc
-					var tc interface {
-						net.Conn
-						HandshakeContext(context.Context) error
-					} = tls.Server(raw, serverTLS)
-					if ts.record {
-						tc = record.Server(raw, serverTLS)
-					}
-					if err := tc.HandshakeContext(context.Background()); err != nil {
-						_ = nc.Close()
-						return
-					}
-					nc = tc
-				}
-				err := ts.ServeConn(context.Background(), nc)
-				select {
-				case ts.serveErrs <- err:
-				default:
-				}
-			})
+			wg.Go(func() { serve(nc) })
 		}
 	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		_ = ts.Close()
-		wg.Wait()
-	})
-	return ts
+	return wg.Wait
 }
+
+// pipeListener accepts the server ends of the pipes testServer.dial makes.
+type pipeListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
+
+type pipeAddr struct{}
+
+func (pipeAddr) Network() string { return "pipe" }
+func (pipeAddr) String() string  { return "pipe" }
 
 // dial opens a raw connection to the server (TLS if the server uses it).
 func (ts *testServer) dial(ctx context.Context) (net.Conn, error) {
+	if ts.pipes != nil {
+		c, s := net.Pipe()
+		select {
+		case ts.pipes <- s:
+			return c, nil
+		case <-ctx.Done():
+			_, _ = c.Close(), s.Close()
+			return nil, ctx.Err()
+		}
+	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", ts.addr)
 	if err != nil || ts.tlsClient == nil {
@@ -212,19 +289,70 @@ func (ts *testServer) client(t testing.TB, cfg Config) *ClientConn {
 	return cc
 }
 
+// connectStream opens a stream to 10.0.0.1:80 on cc, closed at cleanup.
+func connectStream(t testing.TB, cc *ClientConn) *Stream {
+	t.Helper()
+	s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// sinkHandler answers 200, then reads the stream to its end without writing
+// and closes it, returning only then.
+func sinkHandler(_ context.Context, req *ServerRequest) {
+	s, err := req.Respond(http.StatusOK, nil)
+	if err != nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, s)
+	s.Close()
+}
+
 // echoHandler answers 200 and echoes the stream, propagating half-close.
 func echoHandler(_ context.Context, req *ServerRequest) {
 	s, err := req.Respond(http.StatusOK, http.Header{"Baggage": {"k8s.cluster.name=test"}})
 	if err != nil {
 		return
 	}
-	go func() {
-		defer s.Close()
-		if _, err := io.Copy(s, s); err != nil {
-			return
-		}
-		_ = s.CloseWrite()
-	}()
+	go echoStream(s, nil)
+}
+
+// echoStream is the package's one echo app: it echoes s until the peer's
+// END_STREAM, then half-closes and closes s. seen, if not nil, is told how
+// many bytes were echoed and their SHA-256 before the half-close, which is
+// what lets the peer finish.
+func echoStream(s *Stream, seen func(n int64, sum []byte)) {
+	defer s.Close()
+	var w io.Writer = s
+	h := sha256.New()
+	if seen != nil {
+		w = io.MultiWriter(s, h)
+	}
+	n, err := io.Copy(w, s)
+	if err != nil {
+		return
+	}
+	if seen != nil {
+		seen(n, h.Sum(nil))
+	}
+	_ = s.CloseWrite()
+}
+
+// echoOnce checks one round trip of a short message on s, which stays open
+// both ways.
+func echoOnce(t testing.TB, s *Stream, what string) {
+	t.Helper()
+	msg := []byte("still here")
+	if _, err := s.Write(msg); err != nil {
+		t.Fatalf("%s: write: %v", what, err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(s, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("%s: read %q, %v", what, got, err)
+	}
 }
 
 // rawPeer is a hand-driven HTTP/2 client for protocol-rule tests.
@@ -243,11 +371,20 @@ func dialRaw(t testing.TB, ts *testServer, settings ...http2.Setting) *rawPeer {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newRawPeer(t, nc, false, settings...)
+}
+
+// newRawPeer starts a raw HTTP/2 client on nc (closed at cleanup): the
+// preface and SETTINGS. illegal lets it write frames the framer would
+// refuse.
+func newRawPeer(t testing.TB, nc net.Conn, illegal bool, settings ...http2.Setting) *rawPeer {
+	t.Helper()
 	t.Cleanup(func() { _ = nc.Close() })
 	_ = nc.SetDeadline(time.Now().Add(testTimeout))
 	p := &rawPeer{t: t, nc: nc, fr: http2.NewFramer(nc, nc)}
 	p.enc = hpack.NewEncoder(&p.hbuf)
 	p.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	p.fr.AllowIllegalWrites = illegal
 	if _, err := io.WriteString(nc, http2.ClientPreface); err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
@@ -130,19 +129,11 @@ func (e *recordingEcho) handle(_ context.Context, req *ServerRequest) {
 			peer = id.String()
 		}
 	}
-	go func() {
-		defer s.Close()
-		h := sha256.New()
-		n, err := io.Copy(io.MultiWriter(s, h), s)
-		if err != nil {
-			return
-		}
-		// Recorded before the half-close, which is what lets the peer finish.
+	go echoStream(s, func(n int64, sum []byte) {
 		e.mu.Lock()
-		e.seen[req.Authority] = echoRecord{received: n, sha: hex.EncodeToString(h.Sum(nil)), forwarded: req.Header.Get("Forwarded"), peer: peer}
+		e.seen[req.Authority] = echoRecord{received: n, sha: hex.EncodeToString(sum), forwarded: req.Header.Get("Forwarded"), peer: peer}
 		e.mu.Unlock()
-		_ = s.CloseWrite()
-	}()
+	})
 }
 
 // TestInteropNodeClient: Node's http2 client opens CONNECT streams to our
@@ -159,33 +150,24 @@ func TestInteropNodeClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	serverTLS := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return peers.ours, nil })
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				tc := tls.Server(nc, serverTLS)
-				ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-				defer cancel()
-				if err := tc.HandshakeContext(ctx); err != nil {
-					t.Errorf("TLS handshake with node: %v", err)
-					_ = nc.Close()
-					return
-				}
-				if p := tc.ConnectionState().NegotiatedProtocol; p != "h2" {
-					t.Errorf("ALPN with node: %q", p)
-				}
-				_ = srv.ServeConn(context.Background(), tc)
-			})
+	wait := serveEach(ln, func(nc net.Conn) {
+		tc := tls.Server(nc, serverTLS)
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		defer cancel()
+		if err := tc.HandshakeContext(ctx); err != nil {
+			t.Errorf("TLS handshake with node: %v", err)
+			_ = nc.Close()
+			return
 		}
+		if p := tc.ConnectionState().NegotiatedProtocol; p != "h2" {
+			t.Errorf("ALPN with node: %q", p)
+		}
+		_ = srv.ServeConn(context.Background(), tc)
 	})
 	t.Cleanup(func() {
 		_ = ln.Close()
 		_ = srv.Close()
-		wg.Wait()
+		wait()
 	})
 
 	specs := []struct {

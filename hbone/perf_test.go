@@ -34,11 +34,7 @@ func TestWriteCoalescing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cc.Close()
-	s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := connectStream(t, cc)
 	before := counted.writes.Load()
 	const total, chunk = 32 << 20, 16 << 10 // many small Writes
 	buf := make([]byte, chunk)
@@ -66,11 +62,7 @@ func TestSteadyStateAllocs(t *testing.T) {
 	}
 	ts := startServer(t, Config{}, echoHandler, false)
 	cc := ts.client(t, Config{})
-	s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := connectStream(t, cc)
 	out := make([]byte, 64<<10)
 	in := make([]byte, 64<<10)
 	roundTrip := func() {

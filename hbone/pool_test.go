@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -192,40 +192,42 @@ func TestPoolDialError(t *testing.T) {
 }
 
 func TestPoolIdleRelease(t *testing.T) {
-	ts := startServer(t, Config{}, echoHandler, false)
-	d := &countingDialer{ts: ts}
-	p := NewPool(PoolConfig{IdleTimeout: 20e6})
-	defer p.Close()
-	ctx := testContext(t)
-	s, err := p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	conns := poolConns(p, "key")
-	if len(conns) != 1 {
-		t.Fatalf("%d connections", len(conns))
-	}
-	echoRoundTrip(t, s, 1, 1000, 100)
-	s.Close()
-	<-conns[0].Done()
-	if err := conns[0].Err(); !errors.Is(err, errIdle) {
-		t.Errorf("connection ended with %v, want idle release", err)
-	}
-	if n := len(poolConns(p, "key")); n != 0 {
-		t.Fatalf("%d connections after idle release", n)
-	}
-	// The server saw a graceful close.
-	if err := <-ts.serveErrs; err != nil {
-		t.Errorf("ServeConn: %v", err)
-	}
-	s, err = p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
-	if n := d.dials.Load(); n != 2 {
-		t.Fatalf("%d dials, want 2", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		ts := startServerOver(t, Config{}, echoHandler, overPipe)
+		d := &countingDialer{ts: ts}
+		p := NewPool(PoolConfig{IdleTimeout: 20e6})
+		defer p.Close()
+		ctx := testContext(t)
+		s, err := p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns := poolConns(p, "key")
+		if len(conns) != 1 {
+			t.Fatalf("%d connections", len(conns))
+		}
+		echoRoundTrip(t, s, 1, 1000, 100)
+		s.Close()
+		<-conns[0].Done()
+		if err := conns[0].Err(); !errors.Is(err, errIdle) {
+			t.Errorf("connection ended with %v, want idle release", err)
+		}
+		if n := len(poolConns(p, "key")); n != 0 {
+			t.Fatalf("%d connections after idle release", n)
+		}
+		// The server saw a graceful close.
+		if err := <-ts.serveErrs; err != nil {
+			t.Errorf("ServeConn: %v", err)
+		}
+		s, err = p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		if n := d.dials.Load(); n != 2 {
+			t.Fatalf("%d dials, want 2", n)
+		}
+	})
 }
 
 // TestPoolGoAway: a server draining its connection lets the in-flight stream
@@ -313,99 +315,95 @@ func TestPoolStatusError(t *testing.T) {
 // the last stream ends, it is released too. Eviction of the pool's other,
 // later-idled connections (witnesses) shows the timeout has passed.
 func TestPoolIdleWithLiveStream(t *testing.T) {
-	ts := startServer(t, Config{}, echoHandler, false)
-	d := &countingDialer{ts: ts}
-	p := NewPool(PoolConfig{IdleTimeout: 50 * time.Millisecond, MaxStreamsPerConn: 4})
-	defer p.Close()
-	ctx := testContext(t)
-	req := &Request{Authority: "10.0.0.1:80"}
-	open := func(key string, n int) []*Stream {
-		t.Helper()
-		var ss []*Stream
-		for range n {
-			s, err := p.Connect(ctx, key, d.dial, req)
-			if err != nil {
-				t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		ts := startServerOver(t, Config{}, echoHandler, overPipe)
+		d := &countingDialer{ts: ts}
+		p := NewPool(PoolConfig{IdleTimeout: 50 * time.Millisecond, MaxStreamsPerConn: 4})
+		defer p.Close()
+		ctx := testContext(t)
+		req := &Request{Authority: "10.0.0.1:80"}
+		open := func(key string, n int) []*Stream {
+			t.Helper()
+			var ss []*Stream
+			for range n {
+				s, err := p.Connect(ctx, key, d.dial, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ss = append(ss, s)
 			}
-			ss = append(ss, s)
+			return ss
 		}
-		return ss
-	}
-	closeAll := func(ss []*Stream) {
-		for _, s := range ss {
-			s.Close()
+		closeAll := func(ss []*Stream) {
+			for _, s := range ss {
+				s.Close()
+			}
 		}
-	}
-	// witnessIdle idles a fresh connection of another key and waits until
-	// the pool releases it: a full idle timeout has passed since now.
-	witnessIdle := func() {
-		t.Helper()
-		key := fmt.Sprintf("witness-%d", d.dials.Load())
-		closeAll(open(key, 1))
-		w := poolConns(p, key)
-		if len(w) != 1 {
-			t.Fatalf("%d witness connections", len(w))
+		// witnessIdle idles a fresh connection of another key and waits until
+		// the pool releases it: a full idle timeout has passed since now.
+		witnessIdle := func() {
+			t.Helper()
+			key := fmt.Sprintf("witness-%d", d.dials.Load())
+			closeAll(open(key, 1))
+			w := poolConns(p, key)
+			if len(w) != 1 {
+				t.Fatalf("%d witness connections", len(w))
+			}
+			waitDone(t, w[0])
 		}
-		waitDone(t, w[0])
-	}
 
-	persistent := open("key", 1)[0]
-	defer persistent.Close()
-	closeAll(open("key", 2))
-	conns := poolConns(p, "key")
-	if len(conns) != 1 || d.dials.Load() != 1 {
-		t.Fatalf("%d connections after %d dials, want 1 and 1", len(conns), d.dials.Load())
-	}
-	first := conns[0]
-	for range 2 {
-		witnessIdle()
-	}
-	select {
-	case <-first.Done():
-		t.Fatalf("the connection with a live stream was released: %v", first.Err())
-	default:
-	}
-	// It still carries data (and stays open both ways).
-	if _, err := persistent.Write([]byte("still here")); err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, len("still here"))
-	if _, err := io.ReadFull(persistent, got); err != nil || string(got) != "still here" {
-		t.Fatalf("echo on the live stream: %q, %v", got, err)
-	}
+		persistent := open("key", 1)[0]
+		defer persistent.Close()
+		closeAll(open("key", 2))
+		conns := poolConns(p, "key")
+		if len(conns) != 1 || d.dials.Load() != 1 {
+			t.Fatalf("%d connections after %d dials, want 1 and 1", len(conns), d.dials.Load())
+		}
+		first := conns[0]
+		for range 2 {
+			witnessIdle()
+		}
+		select {
+		case <-first.Done():
+			t.Fatalf("the connection with a live stream was released: %v", first.Err())
+		default:
+		}
+		// It still carries data (and stays open both ways).
+		echoOnce(t, persistent, "echo on the live stream")
 
-	// Four more: three fit beside the live stream, the fourth spills over
-	// to a new connection, which is released once they end; the first is
-	// not.
-	spill := open("key", 4)
-	conns = poolConns(p, "key")
-	if len(conns) != 2 || d.dials.Load() != 4 { // two witnesses dialled too
-		t.Fatalf("%d connections after %d dials, want 2 and 4", len(conns), d.dials.Load())
-	}
-	second := conns[0]
-	if second == first {
-		second = conns[1]
-	}
-	closeAll(spill)
-	waitDone(t, second)
-	if err := second.Err(); !errors.Is(err, errIdle) {
-		t.Errorf("spill-over connection ended with %v, want idle release", err)
-	}
-	select {
-	case <-first.Done():
-		t.Fatalf("the connection with a live stream was released: %v", first.Err())
-	default:
-	}
+		// Four more: three fit beside the live stream, the fourth spills over
+		// to a new connection, which is released once they end; the first is
+		// not.
+		spill := open("key", 4)
+		conns = poolConns(p, "key")
+		if len(conns) != 2 || d.dials.Load() != 4 { // two witnesses dialled too
+			t.Fatalf("%d connections after %d dials, want 2 and 4", len(conns), d.dials.Load())
+		}
+		second := conns[0]
+		if second == first {
+			second = conns[1]
+		}
+		closeAll(spill)
+		waitDone(t, second)
+		if err := second.Err(); !errors.Is(err, errIdle) {
+			t.Errorf("spill-over connection ended with %v, want idle release", err)
+		}
+		select {
+		case <-first.Done():
+			t.Fatalf("the connection with a live stream was released: %v", first.Err())
+		default:
+		}
 
-	// The last stream ends: now the first goes too.
-	persistent.Close()
-	waitDone(t, first)
-	if err := first.Err(); !errors.Is(err, errIdle) {
-		t.Errorf("connection ended with %v, want idle release", err)
-	}
-	if n := len(poolConns(p, "key")); n != 0 {
-		t.Fatalf("%d connections after idle release", n)
-	}
+		// The last stream ends: now the first goes too.
+		persistent.Close()
+		waitDone(t, first)
+		if err := first.Err(); !errors.Is(err, errIdle) {
+			t.Errorf("connection ended with %v, want idle release", err)
+		}
+		if n := len(poolConns(p, "key")); n != 0 {
+			t.Fatalf("%d connections after idle release", n)
+		}
+	})
 }
 
 // waitDone waits, at most testTimeout, until c has ended.

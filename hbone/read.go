@@ -1,13 +1,56 @@
 package hbone
 
 import (
+	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"time"
 
 	"golang.org/x/net/http2"
 )
+
+// netReader remembers the first error of the underlying connection, which
+// tells network failures apart from malformed frames.
+type netReader struct {
+	nc  net.Conn
+	err error
+}
+
+func (r *netReader) Read(p []byte) (int, error) {
+	n, err := r.nc.Read(p)
+	if err != nil && r.err == nil {
+		r.err = err
+	}
+	return n, err
+}
+
+// blockReader is the framer's reader. While a header block is being read
+// (left >= 0) it lets at most left more bytes through, so a peer cannot make
+// the reader decode an endless run of CONTINUATION frames.
+type blockReader struct {
+	r        *bufio.Reader
+	left     int64 // bytes the current header block may still take; -1: no block
+	exceeded bool  // the budget ran out: the peer's block was too large
+}
+
+func (b *blockReader) Read(p []byte) (int, error) {
+	if b.left < 0 {
+		return b.r.Read(p)
+	}
+	if b.left == 0 {
+		b.exceeded = true
+		return 0, errHeaderBlockTooLarge
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
 
 // readFrames is the reader goroutine's loop. It returns why the connection
 // must end: a *ConnError (answered with GOAWAY), a network error, or
@@ -124,6 +167,36 @@ func (c *conn) rejectStream(id uint32, code http2.ErrCode, t http2.FrameType) er
 	c.mu.Unlock()
 	c.streamError(s, code)
 	return c.spendReset()
+}
+
+// rstClosed answers a frame on a stream that is no longer open with
+// RST_STREAM(code), charged to the peer's reset budget. Reader goroutine.
+func (c *conn) rstClosed(id uint32, code http2.ErrCode) error {
+	c.wmu.Lock()
+	c.queueRSTLocked(id, code)
+	c.wmu.Unlock()
+	return c.spendReset()
+}
+
+// spendReset charges one wasted stream (see Config.MaxResetStreams) to the
+// peer and ends the connection once its budget is gone. Server reader
+// goroutine only; clients do not count.
+func (c *conn) spendReset() error {
+	if c.client {
+		return nil
+	}
+	now := time.Now()
+	limit := float64(c.cfg.MaxResetStreams)
+	if !c.resetStamp.IsZero() {
+		refill := now.Sub(c.resetStamp).Seconds() / c.cfg.ResetWindow.Seconds() * limit
+		c.resetTokens = min(c.resetTokens+refill, limit)
+	}
+	c.resetStamp = now
+	c.resetTokens--
+	if c.resetTokens < 0 {
+		return connError(http2.ErrCodeEnhanceYourCalm, "more than %d streams reset, refused or rejected within %v", c.cfg.MaxResetStreams, c.cfg.ResetWindow)
+	}
+	return nil
 }
 
 func (c *conn) handleFrame(f http2.Frame) error {
@@ -321,11 +394,7 @@ func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) er
 	}
 	var inc int64
 	if overhead > 0 && s.rerrAfter == nil && s.rerrNow == nil {
-		s.unacked += int64(overhead)
-		if s.unacked >= c.streamAckThreshold {
-			inc, s.unacked = s.unacked, 0
-			s.recvWindow += inc
-		}
+		inc = s.creditLocked(overhead)
 	}
 	s.mu.Unlock()
 	if padLen > 0 {
@@ -365,18 +434,7 @@ func (c *conn) handleSettings(f *http2.SettingsFrame) error {
 		case http2.SettingMaxConcurrentStreams:
 			c.peerMaxStreams = s.Val
 		case http2.SettingInitialWindowSize:
-			delta := int64(s.Val) - c.peerInitialWindow
-			c.peerInitialWindow = int64(s.Val)
-			for _, st := range c.streams {
-				st.sendWindow += delta
-				if st.sendWindow > maxWindow {
-					return connError(http2.ErrCodeFlowControl, "SETTINGS_INITIAL_WINDOW_SIZE overflows stream %d's window", st.id)
-				}
-				if delta > 0 {
-					st.wakeWriterLocked()
-					st.wake()
-				}
-			}
+			return c.setPeerInitialWindowLocked(s.Val)
 		case http2.SettingMaxFrameSize:
 			maxFrame = int(s.Val)
 		case http2.SettingMaxHeaderListSize:
@@ -406,45 +464,6 @@ func (c *conn) handleSettings(f *http2.SettingsFrame) error {
 	b := c.wbufLocked()
 	b = appendSettingsAck(b)
 	c.commitLocked(b)
-	return nil
-}
-
-func (c *conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
-	inc := int64(f.Increment)
-	c.mu.Lock()
-	if f.StreamID == 0 {
-		c.sendWindow += inc
-		if c.sendWindow > maxWindow {
-			c.mu.Unlock()
-			return connError(http2.ErrCodeFlowControl, "connection send window overflow")
-		}
-		if c.connWinWaiters > 0 {
-			c.connWinCond.Broadcast()
-		}
-		c.poll.wakeWin()
-		c.mu.Unlock()
-		return nil
-	}
-	s := c.streams[f.StreamID]
-	if s == nil {
-		idle := c.idleLocked(f.StreamID) || c.skippedLocked(f.StreamID)
-		c.mu.Unlock()
-		if idle {
-			return connError(http2.ErrCodeProtocol, "WINDOW_UPDATE on idle stream %d", f.StreamID)
-		}
-		// RFC 9113 section 5.1: WINDOW_UPDATE may follow our END_STREAM
-		// or RST_STREAM.
-		return nil
-	}
-	s.sendWindow += inc
-	if s.sendWindow > maxWindow {
-		c.mu.Unlock()
-		c.streamError(s, http2.ErrCodeFlowControl)
-		return c.spendReset()
-	}
-	s.wakeWriterLocked()
-	s.wake()
-	c.mu.Unlock()
 	return nil
 }
 

@@ -157,12 +157,7 @@ func (s *Stream) takeLocked(p []byte) int {
 func (s *Stream) ackLocked(n int) {
 	var inc int64
 	if s.rerrAfter == nil {
-		// Batch WINDOW_UPDATEs: return credit once half the window is read.
-		s.unacked += int64(n)
-		if s.unacked >= s.c.streamAckThreshold {
-			inc, s.unacked = s.unacked, 0
-			s.recvWindow += inc
-		}
+		inc = s.creditLocked(n)
 	}
 	s.mu.Unlock()
 	s.c.consumed(n)
@@ -179,29 +174,11 @@ func (s *Stream) Write(p []byte) (int, error) {
 	n := 0
 	for len(p) > 0 {
 		c.mu.Lock()
-		for {
-			if err := s.writeErrLocked(); err != nil {
-				c.mu.Unlock()
-				return n, err
-			}
-			if s.sendWindow > 0 && c.sendWindow > 0 {
-				break
-			}
-			if s.sendWindow <= 0 {
-				if s.wcond == nil {
-					s.wcond = sync.NewCond(&c.mu)
-				}
-				s.wcond.Wait()
-			} else {
-				c.connWinWaiters++
-				c.connWinCond.Wait()
-				c.connWinWaiters--
-			}
-		}
-		m := int(min(int64(len(p)), s.sendWindow, c.sendWindow, writeBufSize))
-		s.sendWindow -= int64(m)
-		c.sendWindow -= int64(m)
+		m, err := c.waitSendLocked(s, min(len(p), writeBufSize))
 		c.mu.Unlock()
+		if err != nil {
+			return n, err
+		}
 
 		sent, err := c.sendData(s, p[:m])
 		n += sent
@@ -210,11 +187,7 @@ func (s *Stream) Write(p []byte) (int, error) {
 			if unsent := int64(m - sent); unsent > 0 {
 				// Give back the credit so a retry after a deadline can use it.
 				c.mu.Lock()
-				s.sendWindow += unsent
-				c.sendWindow += unsent
-				if c.connWinWaiters > 0 {
-					c.connWinCond.Broadcast()
-				}
+				c.giveBackSendLocked(s, unsent)
 				c.mu.Unlock()
 			}
 			return n, err

@@ -123,8 +123,7 @@ func (s *Stream) TryWrite(p []byte) (int, error) {
 	if m == 0 {
 		return 0, nil
 	}
-	s.sendWindow -= int64(m)
-	c.sendWindow -= int64(m)
+	c.takeSendLocked(s, m)
 	b := c.wbufLocked()
 	for off := 0; off < m; {
 		k := min(m-off, c.wPeerMaxFrame)
@@ -271,8 +270,7 @@ func (s *Stream) WriteFrom(limit int, src io.Reader) (n int, readErr, writeErr e
 	// The credit is taken before the read, so that c.mu need not be held
 	// across it (the reader goroutine takes c.mu for every frame it
 	// receives); what the read does not use is given back below.
-	s.sendWindow -= int64(m)
-	c.sendWindow -= int64(m)
+	c.takeSendLocked(s, m)
 	c.mu.Unlock()
 
 	start := len(b)
@@ -290,16 +288,8 @@ func (s *Stream) WriteFrom(limit int, src io.Reader) (n int, readErr, writeErr e
 	c.wmu.Unlock()
 	if unused := int64(m - k); unused > 0 {
 		c.mu.Lock()
-		s.sendWindow += unused
-		c.sendWindow += unused
-		wakeWin := c.sendWindow == unused // it was exhausted by this call
-		if wakeWin && c.connWinWaiters > 0 {
-			c.connWinCond.Broadcast()
-		}
+		c.giveBackSendLocked(s, unused)
 		c.mu.Unlock()
-		if wakeWin {
-			c.poll.wakeWin()
-		}
 	}
 	return k, rerr, nil
 }

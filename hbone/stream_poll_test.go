@@ -193,11 +193,7 @@ func TestStreamPoll(t *testing.T) {
 func TestStreamPeekReset(t *testing.T) {
 	ts := startServer(t, Config{}, echoHandler, false)
 	cc := ts.client(t, Config{})
-	s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := connectStream(t, cc)
 	w := make(chanWaker, 1)
 	s.SetWaker(w)
 	msg := []byte("peek at me")
@@ -249,11 +245,7 @@ func TestStreamPeekReset(t *testing.T) {
 func TestStreamPollReset(t *testing.T) {
 	ts := startServer(t, Config{}, echoHandler, false)
 	cc := ts.client(t, Config{})
-	s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := connectStream(t, cc)
 	w := make(chanWaker, 1)
 	s.SetWaker(w)
 	if _, err := s.TryWrite([]byte("x")); err != nil {
@@ -299,11 +291,7 @@ func TestStreamWriteFromNothingRead(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := startServer(t, Config{}, echoHandler, false)
 			cc := ts.client(t, Config{})
-			s, err := cc.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
+			s := connectStream(t, cc)
 			before := s.WriteWindow()
 			n, rerr, werr := s.WriteFrom(1<<10, readerFunc(tc.read))
 			if n != 0 || werr != nil {

@@ -36,51 +36,18 @@ func (g *gatherConn) end() error {
 // BenchmarkWrite writes 256 KiB per op through each record layer to a
 // peer that discards the raw bytes.
 func BenchmarkWrite(b *testing.B) {
-	for _, tc := range []struct {
-		name   string
-		gather bool
-		ours   bool
-	}{
-		{"record", false, true},
-		{"tls", false, false},
-		{"tls+gather", true, false},
-	} {
+	for _, tc := range writeCases {
 		b.Run(tc.name, func(b *testing.B) {
 			ccfg, scfg := testConfigs(b)
 			cr, sr := tcpPair(b)
-			var cli endpoint
-			var g *gatherConn
-			switch {
-			case tc.ours:
-				cli = Client(cr, ccfg)
-			case tc.gather:
-				g = &gatherConn{Conn: cr}
-				cli = tls.Client(g, ccfg)
-			default:
-				cli = tls.Client(cr, ccfg)
-			}
+			cli, g := tc.client(cr, ccfg)
 			handshakePair(b, cli, tls.Server(sr, scfg))
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
 				io.Copy(io.Discard, sr)
 			}()
-			p := make([]byte, benchSize)
-			b.SetBytes(benchSize)
-			b.ReportAllocs()
-			for b.Loop() {
-				if g != nil {
-					g.batching = true
-				}
-				if _, err := cli.Write(p); err != nil {
-					b.Fatal(err)
-				}
-				if g != nil {
-					if err := g.end(); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
+			benchWrites(b, cli, g)
 			b.StopTimer()
 			cr.Close()
 			<-done
@@ -88,16 +55,65 @@ func BenchmarkWrite(b *testing.B) {
 	}
 }
 
+// writeCase is one record layer a write benchmark measures.
+type writeCase struct {
+	name   string
+	gather bool // crypto/tls writing through a gatherConn
+	ours   bool
+}
+
+var writeCases = []writeCase{
+	{"record", false, true},
+	{"tls", false, false},
+	{"tls+gather", true, false},
+}
+
+// client wraps raw as the case's client end; g is its gatherConn, if any.
+func (tc writeCase) client(raw net.Conn, cfg *tls.Config) (cli endpoint, g *gatherConn) {
+	switch {
+	case tc.ours:
+		return Client(raw, cfg), nil
+	case tc.gather:
+		g = &gatherConn{Conn: raw}
+		return tls.Client(g, cfg), g
+	}
+	return tls.Client(raw, cfg), nil
+}
+
+// benchWrites writes benchSize bytes per op through cli, each write one
+// batch of g if not nil.
+func benchWrites(b *testing.B, cli endpoint, g *gatherConn) {
+	p := make([]byte, benchSize)
+	b.SetBytes(benchSize)
+	b.ReportAllocs()
+	for b.Loop() {
+		if g != nil {
+			g.batching = true
+		}
+		if _, err := cli.Write(p); err != nil {
+			b.Fatal(err)
+		}
+		if g != nil {
+			if err := g.end(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
+// readCases are the record layers a read benchmark measures.
+var readCases = []struct {
+	name string
+	ours bool
+}{
+	{"record", true},
+	{"tls", false},
+}
+
 // BenchmarkRead reads 256 KiB per op through each record layer from a
 // crypto/tls peer that writes as fast as it can.
 func BenchmarkRead(b *testing.B) {
-	for _, tc := range []struct {
-		name string
-		ours bool
-	}{
-		{"record", true},
-		{"tls", false},
-	} {
+	for _, tc := range readCases {
 		b.Run(tc.name, func(b *testing.B) {
 			ccfg, scfg := testConfigs(b)
 			cr, sr := tcpPair(b)
@@ -164,48 +180,15 @@ func (m *memConn) Write(p []byte) (int, error) {
 // BenchmarkSealOnly is BenchmarkWrite without the socket: 256 KiB per op
 // through each record layer into a connection that drops the bytes.
 func BenchmarkSealOnly(b *testing.B) {
-	for _, tc := range []struct {
-		name   string
-		gather bool
-		ours   bool
-	}{
-		{"record", false, true},
-		{"tls", false, false},
-		{"tls+gather", true, false},
-	} {
+	for _, tc := range writeCases {
 		b.Run(tc.name, func(b *testing.B) {
 			ccfg, scfg := testConfigs(b)
 			cr, sr := tcpPair(b)
 			m := &memConn{Conn: cr}
-			var cli endpoint
-			var g *gatherConn
-			switch {
-			case tc.ours:
-				cli = Client(m, ccfg)
-			case tc.gather:
-				g = &gatherConn{Conn: m}
-				cli = tls.Client(g, ccfg)
-			default:
-				cli = tls.Client(m, ccfg)
-			}
+			cli, g := tc.client(m, ccfg)
 			handshakePair(b, cli, tls.Server(sr, scfg))
 			m.cut = true
-			p := make([]byte, benchSize)
-			b.SetBytes(benchSize)
-			b.ReportAllocs()
-			for b.Loop() {
-				if g != nil {
-					g.batching = true
-				}
-				if _, err := cli.Write(p); err != nil {
-					b.Fatal(err)
-				}
-				if g != nil {
-					if err := g.end(); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
+			benchWrites(b, cli, g)
 		})
 	}
 }
@@ -214,13 +197,7 @@ func BenchmarkSealOnly(b *testing.B) {
 // of records sealed with the session's keys (outside the timer) are read
 // through each record layer.
 func BenchmarkOpenOnly(b *testing.B) {
-	for _, tc := range []struct {
-		name string
-		ours bool
-	}{
-		{"record", true},
-		{"tls", false},
-	} {
+	for _, tc := range readCases {
 		b.Run(tc.name, func(b *testing.B) {
 			ccfg, scfg := testConfigs(b)
 			kl := &keyLog{}
