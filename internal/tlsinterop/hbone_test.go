@@ -16,6 +16,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/record"
 )
@@ -231,10 +232,10 @@ func (l *link) stream(t *testing.T) *hbone.Stream {
 	return s
 }
 
-// echoOn runs echoCheck of n bytes on a new stream.
+// echoOn runs nettest.CheckEcho of n bytes on a new stream.
 func (l *link) echoOn(t *testing.T, n int) {
 	t.Helper()
-	if err := echoCheck(l.stream(t), n, uint64(n)); err != nil {
+	if err := nettest.CheckEcho(l.stream(t), int64(n), uint64(n), 0); err != nil {
 		t.Fatalf("echo of %d bytes: %v; peer: %q", n, err, l.p.snapshot())
 	}
 }
@@ -258,7 +259,7 @@ func TestHBONETransfers(t *testing.T) {
 				errs := make(chan error, streams)
 				for i := range streams {
 					s := l.stream(t)
-					go func() { errs <- echoCheck(s, each, uint64(i)) }()
+					go func() { errs <- nettest.CheckEcho(s, each, uint64(i), 0) }()
 				}
 				for range streams {
 					if err := <-errs; err != nil {
@@ -421,7 +422,7 @@ func TestHBONEBrokenRecords(t *testing.T) {
 						extra = []string{"-cut-at", "100000", "-cut", fault}
 					}
 					l := connect(t, st, c, role, extra...)
-					if err := echoCheck(l.stream(t), 1<<20, 1); err == nil {
+					if err := nettest.CheckEcho(l.stream(t), 1<<20, 1, 0); err == nil {
 						t.Fatal("a transfer across the broken record succeeded")
 					}
 					end := l.ourEnd()
