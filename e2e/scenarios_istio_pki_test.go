@@ -225,10 +225,10 @@ func TestZtunnelCrlOutbound(t *testing.T) {
 	if err := l.daemons["server"].Stop(); err != nil {
 		t.Fatalf("stopping the server's daemon: %v", err)
 	}
-	inter, interKey := intermediateCA(t, l.caCert, l.caKey)
-	leaf := leafFrom(t, inter, interKey, "spiffe://cluster.local/ns/default/sa/server")
+	inter := l.intermediate(t)
+	leaf := leafFrom(t, inter, "spiffe://cluster.local/ns/default/sa/server")
 	roots := x509.NewCertPool()
-	roots.AddCert(l.caCert)
+	roots.AddCert(l.ca.Cert)
 	srv, err := labrun.StartWaypoint(l.pods["server"], 15008, &mtls.WorkloadCert{
 		Identity: identity.New("", "default", "server"), Certificate: leaf, Roots: roots,
 		NotBefore: leaf.Leaf.NotBefore, NotAfter: leaf.Leaf.NotAfter,
@@ -262,7 +262,7 @@ func TestZtunnelCrlOutbound(t *testing.T) {
 	// the file (the server's is stopped).
 	before := l.metric(t, "client", rejections, source)
 	reloads := logCount(l.daemons["client"], "crl reloaded")
-	l.write(t, crl(t, l.caCert, l.caKey, inter.SerialNumber))
+	l.write(t, crl(t, l.ca, inter.Cert.SerialNumber))
 	waitLogCount(t, l.daemons["client"], reloads+1, "crl reloaded")
 	l.expectNoEcho(t)
 	l.waitMetric(t, "client", rejections, source, before+1)

@@ -325,14 +325,14 @@ func TestIstioCRLRevokedIntermediate(t *testing.T) {
 	for _, mode := range []string{"dedicated", "shared"} {
 		t.Run(mode, func(t *testing.T) {
 			l := startCRLLab(t, mode == "shared")
-			inter, interKey := intermediateCA(t, l.caCert, l.caKey)
-			leaf := leafFrom(t, inter, interKey, "spiffe://cluster.local/ns/default/sa/outsider")
-			l.reload(t, crl(t, l.caCert, l.caKey))
+			inter := l.intermediate(t)
+			leaf := leafFrom(t, inter, "spiffe://cluster.local/ns/default/sa/outsider")
+			l.reload(t, crl(t, l.ca))
 			if err := l.connectAs(t, leaf); err != nil {
 				t.Fatalf("baseline: a leaf of the intermediate before any revocation: %v", err)
 			}
 			before := l.metric(t, "server", rejections, destination)
-			l.reload(t, crl(t, l.caCert, l.caKey, inter.SerialNumber))
+			l.reload(t, crl(t, l.ca, inter.Cert.SerialNumber))
 			if err := l.connectAs(t, leaf); err == nil {
 				t.Fatal("a leaf of a revoked intermediate got a tunnel")
 			}

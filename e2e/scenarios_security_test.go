@@ -8,19 +8,12 @@ package e2e
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net/netip"
-	"net/url"
 	"os"
 	"syscall"
 	"testing"
@@ -154,34 +147,10 @@ workloads:
 // ztunnel's test for identities of two trust domains.
 func twoTrustDomainCA(t *testing.T, tds ...string) *caclient.BuiltinCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: "lab CA of two trust domains"},
-		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true,
+	return tlstest.NewRoot(t, tlstest.CAOptions{
+		CommonName: "lab CA of two trust domains", TrustDomains: tds,
 		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-	}
-	for _, td := range tds {
-		tmpl.URIs = append(tmpl.URIs, &url.URL{Scheme: "spiffe", Host: td})
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := caclient.LoadBuiltinCA(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ca
+	}).Builtin(t)
 }
 
 // TestTrustDomainMismatch is ztunnel's trust_domain_mismatch_rejected (row
