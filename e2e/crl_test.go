@@ -23,6 +23,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
@@ -116,11 +117,7 @@ func startCRLLab(t *testing.T, shared bool) *crlLab {
 			}
 		}
 	})
-	echo, err := labrun.StartEcho(l.pods["server"], 8080)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { echo.Close() })
+	echo := startEcho(t, l.pods["server"], 8080)
 	l.srv = echo.Addr
 	l.ca = tlstest.FromBuiltin(t, ca)
 	return l
@@ -204,7 +201,7 @@ func (l *crlLab) open(t *testing.T) net.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := echoRound(c, "before"); err != nil {
+	if err := nettest.RoundTrip(c, "before"); err != nil {
 		c.Close()
 		t.Fatalf("echo: %v", err)
 	}
@@ -469,7 +466,7 @@ func (l *crlLab) connectAs(t *testing.T, cert tls.Certificate) error {
 		return err
 	}
 	defer s.Close()
-	return echoRound(s, "through the intermediate")
+	return nettest.RoundTrip(s, "through the intermediate")
 }
 
 // intermediate signs an intermediate CA (allowed to sign CRLs) with the

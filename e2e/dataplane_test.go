@@ -132,11 +132,7 @@ func startDataplane(t *testing.T) *dataplane {
 		pod  string
 		port uint16
 	}{{"server", 8080}, {"server", 9999}, {"plain", 8080}, {"outsider", 8080}, {"locked", 8080}, {"strict", 8080}} {
-		s, err := labrun.StartEcho(c.Pods[pe.pod], pe.port)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
+		s := startEcho(t, c.Pods[pe.pod], pe.port)
 		dp.echo[fmt.Sprintf("%s:%d", pe.pod, pe.port)] = s
 	}
 	return dp

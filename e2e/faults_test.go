@@ -14,6 +14,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient/catest"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
@@ -94,10 +95,7 @@ func startCPLab(t *testing.T, env ...string) *cpLab {
 			}
 		}
 	})
-	if l.echo, err = labrun.StartEcho(c.Pods["server"], 8080); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.echo.Close() })
+	l.echo = startEcho(t, c.Pods["server"], 8080)
 	return l
 }
 
@@ -106,12 +104,8 @@ func startCPLab(t *testing.T, env ...string) *cpLab {
 func (l *cpLab) tryEcho(pod, msg string) (*net.TCPConn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := l.dp.cluster.Pods[pod].Dial(ctx, "tcp", l.echo.Addr.String())
+	c, err := dialEcho(ctx, l.dp.cluster.Pods[pod], l.echo.Addr, msg)
 	if err != nil {
-		return nil, err
-	}
-	if err := echoRound(c, msg); err != nil {
-		c.Close()
 		return nil, err
 	}
 	return c.(*net.TCPConn), nil
@@ -121,17 +115,7 @@ func (l *cpLab) tryEcho(pod, msg string) (*net.TCPConn, error) {
 // to recover), failing the test after a generous limit.
 func (l *cpLab) waitEcho(t *testing.T, pod, msg string) *net.TCPConn {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c, err := l.tryEcho(pod, msg)
-		if err == nil {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s -> server never recovered: %v", pod, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return waitDialEcho(t, l.dp.cluster.Pods[pod], l.echo.Addr, msg).(*net.TCPConn)
 }
 
 // TestControlPlaneFaults takes istiod away and brings it back, feeds it a
@@ -162,7 +146,7 @@ func TestControlPlaneFaults(t *testing.T) {
 			}
 		}
 		// The last snapshot keeps serving: the open connection and new ones.
-		if err := echoRound(long, "during the outage"); err != nil {
+		if err := nettest.RoundTrip(long, "during the outage"); err != nil {
 			t.Fatalf("open connection during the istiod outage: %v", err)
 		}
 		for _, from := range []string{"client", "other"} {
@@ -194,7 +178,7 @@ func TestControlPlaneFaults(t *testing.T) {
 				t.Errorf("stream %d resumed with initial_resource_versions %v, want %v", r.Stream, r.InitialResourceVersions, want)
 			}
 		}
-		if err := echoRound(long, "after the outage"); err != nil {
+		if err := nettest.RoundTrip(long, "after the outage"); err != nil {
 			t.Fatalf("open connection after istiod returned: %v", err)
 		}
 	})
@@ -233,7 +217,7 @@ func TestControlPlaneFaults(t *testing.T) {
 				t.Errorf("daemon %s after the partial push: want u-extra applied and u-broken left out", name)
 			}
 		}
-		if err := echoRound(long, "after the NACK"); err != nil {
+		if err := nettest.RoundTrip(long, "after the NACK"); err != nil {
 			t.Fatalf("open connection after the NACK: %v", err)
 		}
 		nc, err := l.tryEcho("other", "new after the NACK")
@@ -255,7 +239,7 @@ func TestControlPlaneFaults(t *testing.T) {
 		}
 		t.Logf("client's daemon: %s", line)
 		// A connection opened before the outage keeps its TLS session.
-		if err := echoRound(long, "with an expired certificate"); err != nil {
+		if err := nettest.RoundTrip(long, "with an expired certificate"); err != nil {
 			t.Logf("the connection opened before the outage ended with it: %v", err)
 		}
 		// New connections fail, with a clear reason in the log and the

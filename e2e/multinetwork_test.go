@@ -109,11 +109,7 @@ func startMultiNetwork(t *testing.T, config string, env ...string) *multiNetwork
 			}
 		}
 	})
-	echo, err := labrun.StartEcho(c.Pods["server"], 8080)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { echo.Close() })
+	echo := startEcho(t, c.Pods["server"], 8080)
 	serverHBONE := netip.AddrPortFrom(c.Pods["server"].IP, 15008)
 	gw, err := labrun.StartEWGateway(ctx, c.Pods["eastwest"], 15008, c.CA, identity.New("", "istio-system", "istio-eastwestgateway"),
 		map[string]netip.AddrPort{"echo.default.svc.cluster.local:80": serverHBONE})

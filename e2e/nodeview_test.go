@@ -16,6 +16,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
@@ -172,7 +173,7 @@ func TestSharedNodeView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := echoRound(conn, "hello"); err != nil {
+	if err := nettest.RoundTrip(conn, "hello"); err != nil {
 		t.Fatalf("client -> server: %v", err)
 	}
 	conn.Close()

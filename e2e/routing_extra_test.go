@@ -116,11 +116,7 @@ func startProxyProtocolApp(t *testing.T, pod *netnslab.Pod, port uint16) <-chan 
 func TestRoutingExtras(t *testing.T) {
 	c := startExtraCluster(t)
 	clientIP := c.Pods["client"].IP
-	echo, err := labrun.StartEcho(c.Pods["server"], 8080)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { echo.Close() })
+	echo := startEcho(t, c.Pods["server"], 8080)
 	headers := startProxyProtocolApp(t, c.Pods["tunneled"], 15088)
 
 	t.Run("application tunnel gets a PROXY v2 header with the SPIFFE TLV", func(t *testing.T) {

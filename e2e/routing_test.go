@@ -132,12 +132,7 @@ func TestServiceCapacityWeights(t *testing.T) {
 	pods := []string{"web-1", "web-2", "web-3"}
 	echo := map[string]*labrun.EchoServer{}
 	for _, name := range pods {
-		s, err := labrun.StartEcho(c.Pods[name], 8080)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		echo[name] = s
+		echo[name] = startEcho(t, c.Pods[name], 8080)
 	}
 	const n = 300
 	for i := range n {
@@ -173,11 +168,7 @@ func TestServiceWaypoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { wp.Close() })
-	direct, err := labrun.StartEcho(c.Pods["web-1"], 8080)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { direct.Close() })
+	direct := startEcho(t, c.Pods["web-1"], 8080)
 
 	got := roundTripTo(t, c.Pods["client"], "10.96.0.20:80", []byte("through the waypoint"))
 	line, rest, _ := strings.Cut(string(got), "\n")
@@ -200,11 +191,7 @@ func TestServiceWaypoint(t *testing.T) {
 
 	// Traffic to the service without a waypoint still goes direct.
 	for _, name := range []string{"web-2", "web-3"} {
-		s, err := labrun.StartEcho(c.Pods[name], 8080)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
+		startEcho(t, c.Pods[name], 8080)
 	}
 	if got := roundTripTo(t, c.Pods["client"], "10.96.0.10:80", []byte("direct")); string(got) != "direct" {
 		t.Errorf("service without a waypoint: %q", got)

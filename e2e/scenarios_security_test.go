@@ -23,6 +23,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
@@ -173,7 +174,7 @@ func TestTrustDomainMismatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		if err := echoRound(conn, "hello world!"); err != nil {
+		if err := nettest.RoundTrip(conn, "hello world!"); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -241,7 +242,7 @@ func TestServerPodDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Close()
-	if err := echoRound(held, "hello world"); err != nil {
+	if err := nettest.RoundTrip(held, "hello world"); err != nil {
 		t.Fatalf("the held connection before the deletion: %v", err)
 	}
 	if err := c.RemoveFromMesh("server"); err != nil {
@@ -258,7 +259,7 @@ func TestServerPodDeleted(t *testing.T) {
 		t.Fatalf("a new connection after the deletion: %v, want it accepted by the client's outbound listener", err)
 	default:
 		defer conn.Close()
-		err = echoRound(conn, "hello world")
+		err = nettest.RoundTrip(conn, "hello world")
 		if err == nil {
 			t.Fatal("a new connection to the deleted pod got its echo")
 		}
@@ -267,7 +268,7 @@ func TestServerPodDeleted(t *testing.T) {
 		}
 	}
 
-	err = echoRound(held, "hello world")
+	err = nettest.RoundTrip(held, "hello world")
 	if err == nil {
 		t.Fatal("the held connection to the deleted pod still works")
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/api/securityapi"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
@@ -93,7 +94,7 @@ func startAdmissionProbe(ctx context.Context, pod *netnslab.Pod, target string) 
 			c, err := pod.Dial(dctx, "tcp", target)
 			dcancel()
 			if err == nil {
-				if echoRound(c, "probe") == nil {
+				if nettest.RoundTrip(c, "probe") == nil {
 					p.mu.Lock()
 					p.admitted = append(p.admitted, time.Now())
 					p.mu.Unlock()

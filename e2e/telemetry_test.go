@@ -24,6 +24,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
@@ -143,7 +144,7 @@ func TestTelemetryShared(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := echoRound(conn, "to the service"); err != nil {
+		if err := nettest.RoundTrip(conn, "to the service"); err != nil {
 			t.Fatal(err)
 		}
 		conn.Close()
@@ -154,7 +155,7 @@ func TestTelemetryShared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := echoRound(held, "held open"); err != nil {
+	if err := nettest.RoundTrip(held, "held open"); err != nil {
 		t.Fatal(err)
 	}
 	checkConnections(ctx, t, c.Daemons["node-a"], "u-client", "outbound", dumpConn{OriginalDst: "10.96.0.10:80", ActualDst: "10.244.2.2:15008", Protocol: "HBONE"})

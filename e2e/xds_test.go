@@ -89,11 +89,7 @@ func TestControlPlane(t *testing.T) {
 			}
 		}
 	})
-	echo, err := labrun.StartEcho(c.Pods["server"], 8080)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { echo.Close() })
+	startEcho(t, c.Pods["server"], 8080)
 
 	// The daemons asked istiod with ztunnel's node identity.
 	first := xds.WaitRequest(func(r *xdstest.Request) bool { return r.Node != nil })

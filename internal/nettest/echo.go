@@ -14,7 +14,9 @@ import (
 // check which source address reached it, and can reset its connections.
 type EchoServer struct {
 	ln net.Listener
-	// Addr is the address the server listens on.
+	// Addr is the address clients dial: the listener's, unless the caller
+	// (whose listener is on a wildcard address) set it before handing the
+	// server out.
 	Addr netip.AddrPort
 
 	mu    sync.Mutex // guards the following fields
@@ -25,7 +27,8 @@ type EchoServer struct {
 }
 
 // ServeEcho serves echo on ln until Close. It takes no testing.TB so apps
-// outside tests (the lab's) can run it; tests use Echo or StartEcho.
+// outside tests (the lab's, internal/labrun) can run it; tests use Echo or
+// StartEcho.
 func ServeEcho(ln net.Listener) *EchoServer {
 	s := &EchoServer{ln: ln, conns: map[net.Conn]struct{}{}}
 	if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil {
