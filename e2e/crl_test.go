@@ -82,41 +82,20 @@ func startCRLLab(t *testing.T, shared bool) *crlLab {
 	defer cancel()
 	extra := map[string][]string{"node-b": {"outsider"}}
 	env := []string{"CRL_PATH=" + l.path}
-	var (
-		ca    *caclient.BuiltinCA
-		close func() error
-		all   func() []*labrun.Daemon
-	)
+	var ca *caclient.BuiltinCA
 	if shared {
-		c, err := labrun.StartSharedCluster(ctx, lab, []byte(crlConfig), labrun.SharedOptions{
+		c := startSharedCluster(ctx, t, lab, crlConfig, labrun.SharedOptions{
 			Binary: ztunnelBin, Dir: dir, ExtraPods: extra, DaemonEnv: env,
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
 		l.daemons = map[string]*labrun.Daemon{"client": c.Daemons["node-a"], "server": c.Daemons["node-b"]}
-		l.pods, l.configPath, ca, close, all = c.Pods, c.ConfigPath, c.CA, c.Close, c.AllDaemons
+		l.pods, l.configPath, ca = c.Pods, c.ConfigPath, c.CA
 	} else {
-		c, err := labrun.StartCluster(ctx, lab, []byte(crlConfig), labrun.ClusterOptions{
+		c := startCluster(ctx, t, lab, crlConfig, labrun.ClusterOptions{
 			Binary: ztunnelBin, Dir: dir, ExtraPods: extra, DaemonEnv: env,
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
 		l.daemons = c.Daemons
-		l.pods, l.configPath, ca, close = c.Pods, c.ConfigPath, c.CA, c.Close
-		all = func() []*labrun.Daemon { return []*labrun.Daemon{c.Daemons["client"], c.Daemons["server"]} }
+		l.pods, l.configPath, ca = c.Pods, c.ConfigPath, c.CA
 	}
-	t.Cleanup(func() {
-		if err := close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for _, d := range all() {
-				t.Logf("daemon %s log:\n%s", d.Pod.Name, d.Log())
-			}
-		}
-	})
 	echo := startEcho(t, l.pods["server"], 8080)
 	l.srv = echo.Addr
 	l.ca = tlstest.FromBuiltin(t, ca)

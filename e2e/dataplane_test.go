@@ -111,21 +111,8 @@ func startDataplane(t *testing.T) *dataplane {
 	lab := netnslab.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartCluster(ctx, lab, []byte(labConfig), labrun.ClusterOptions{
+	c := startCluster(ctx, t, lab, labConfig, labrun.ClusterOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(), ExtraPods: map[string][]string{"node-b": {"outsider"}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
 	})
 	dp := &dataplane{cluster: c, echo: map[string]*labrun.EchoServer{}}
 	for _, pe := range []struct {

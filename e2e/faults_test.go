@@ -15,7 +15,6 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/internal/nettest"
-	"github.com/ztunnel-go/ztunnel/mtls/caclient/catest"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
@@ -38,34 +37,15 @@ import (
 // cpLab is a dedicated-mode cluster on xDS and the Istio CA, both served
 // from the node "cp" (as TestControlPlane builds it).
 type cpLab struct {
-	dp    *dataplane
-	cp    *netnslab.Node
-	xds   *xdstest.Server
-	ca    *catest.Server
-	xAddr string // the xDS listener's host:port inside cp
-	echo  *labrun.EchoServer
+	*controlPlane
+	dp   *dataplane
+	echo *labrun.EchoServer
 }
 
 func startCPLab(t *testing.T, env ...string) *cpLab {
 	t.Helper()
 	lab := netnslab.New(t)
-	cp, err := lab.AddNode("cp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := []string{"istiod.istio-system.svc", cp.IP.String()}
-	xAddr := cp.IP.String() + ":15012"
-	xdsLn, err := cp.Listen("tcp", xAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caLn, err := cp.Listen("tcp", cp.IP.String()+":15013")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := &cpLab{cp: cp, xAddr: xAddr}
-	l.xds = xdstest.NewServer(t, xdstest.Options{Listener: xdsLn, ServerNames: names})
-	l.ca = catest.NewServer(t, catest.Options{Listener: caLn, ServerNames: names})
+	l := &cpLab{controlPlane: startControlPlane(t, lab)}
 	for _, w := range []struct{ name, ip, node string }{
 		{"client", "10.244.1.2", "node-a"}, {"other", "10.244.1.3", "node-a"}, {"server", "10.244.2.2", "node-b"},
 	} {
@@ -73,28 +53,11 @@ func startCPLab(t *testing.T, env ...string) *cpLab {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartCluster(ctx, lab, []byte(xdsTopology), labrun.ClusterOptions{
+	c := startCluster(ctx, t, lab, xdsTopology, labrun.ClusterOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(),
-		DaemonEnv: append([]string{
-			"LOCAL_XDS_PATH=", "BUILTIN_CA_CERT=", "BUILTIN_CA_KEY=", "FAKE_CA=false",
-			"XDS_ADDRESS=" + l.xds.Address(), "XDS_ROOT_CA=" + l.xds.TLS().RootFile,
-			"CA_ADDRESS=" + l.ca.Address(), "CA_ROOT_CA=" + l.ca.TLS().RootFile,
-		}, env...),
+		DaemonEnv: append(l.env(), env...),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	l.dp = &dataplane{cluster: c}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
-	})
 	l.echo = startEcho(t, c.Pods["server"], 8080)
 	return l
 }
@@ -157,7 +120,7 @@ func TestControlPlaneFaults(t *testing.T) {
 			nc.Close()
 		}
 
-		ln, err := l.cp.Listen("tcp", l.xAddr)
+		ln, err := l.node.Listen("tcp", l.xdsAddr)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,14 +2,18 @@ package e2e
 
 import (
 	"context"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/internal/nettest"
+	"github.com/ztunnel-go/ztunnel/mtls/caclient/catest"
+	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
 
 // startSharedCluster starts a shared-mode cluster in lab for t (see
@@ -21,17 +25,23 @@ func startSharedCluster(ctx context.Context, t *testing.T, lab *netnslab.Lab, co
 	if err != nil {
 		t.Fatal(err)
 	}
+	stopAtEnd(t, c.Close, c.AllDaemons)
+	return c
+}
+
+// stopAtEnd stops a cluster with stop when the test ends and, if the test
+// failed, prints the log of every daemon it ran.
+func stopAtEnd(t *testing.T, stop func() error, daemons func() []*labrun.Daemon) {
 	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
+		if err := stop(); err != nil {
 			t.Errorf("stopping daemons: %v", err)
 		}
 		if t.Failed() {
-			for _, d := range c.AllDaemons() {
+			for _, d := range daemons() {
 				t.Logf("daemon %s log:\n%s", d.Pod.Name, d.Log())
 			}
 		}
 	})
-	return c
 }
 
 // startEcho starts an echo server on port in pod, closed when the test ends.
@@ -74,5 +84,62 @@ func waitDialEcho(t *testing.T, pod *netnslab.Pod, addr netip.AddrPort, msg stri
 			t.Fatalf("%s -> %s never recovered: %v", pod.Name, addr, err)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// startCluster starts a dedicated-mode cluster in lab for t (see
+// labrun.StartCluster). It is stopped when the test ends, and every
+// daemon's log is printed if the test failed.
+func startCluster(ctx context.Context, t *testing.T, lab *netnslab.Lab, config string, o labrun.ClusterOptions) *labrun.Cluster {
+	t.Helper()
+	c, err := labrun.StartCluster(ctx, lab, []byte(config), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopAtEnd(t, c.Close, func() []*labrun.Daemon { return slices.Collect(maps.Values(c.Daemons)) })
+	return c
+}
+
+// controlPlane is istiod inside the lab's "cp" node: the xDS server on
+// :15012 and the Istio CA on :15013, both with certificates for istiod's
+// in-cluster name and the node's address.
+type controlPlane struct {
+	node *netnslab.Node
+	xds  *xdstest.Server
+	ca   *catest.Server
+	// xdsAddr is the xDS listener's host:port inside cp.
+	xdsAddr string
+}
+
+func startControlPlane(t *testing.T, lab *netnslab.Lab) *controlPlane {
+	t.Helper()
+	cp, err := lab.AddNode("cp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"istiod.istio-system.svc", cp.IP.String()}
+	xdsAddr := cp.IP.String() + ":15012"
+	xdsLn, err := cp.Listen("tcp", xdsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caLn, err := cp.Listen("tcp", cp.IP.String()+":15013")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &controlPlane{
+		node: cp, xdsAddr: xdsAddr,
+		xds: xdstest.NewServer(t, xdstest.Options{Listener: xdsLn, ServerNames: names}),
+		ca:  catest.NewServer(t, catest.Options{Listener: caLn, ServerNames: names}),
+	}
+}
+
+// env moves a daemon off the local config file and the built-in CA onto
+// this control plane.
+func (cp *controlPlane) env() []string {
+	return []string{
+		"LOCAL_XDS_PATH=", "BUILTIN_CA_CERT=", "BUILTIN_CA_KEY=", "FAKE_CA=false",
+		"XDS_ADDRESS=" + cp.xds.Address(), "XDS_ROOT_CA=" + cp.xds.TLS().RootFile,
+		"CA_ADDRESS=" + cp.ca.Address(), "CA_ROOT_CA=" + cp.ca.TLS().RootFile,
 	}
 }

@@ -59,21 +59,8 @@ func startExtraCluster(t *testing.T) *labrun.Cluster {
 	lab := netnslab.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartCluster(ctx, lab, []byte(extraConfig), labrun.ClusterOptions{
+	c := startCluster(ctx, t, lab, extraConfig, labrun.ClusterOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: []string{"UNSTABLE_ENABLE_SOCKS5=true"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
 	})
 	return c
 }

@@ -15,10 +15,8 @@ import (
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
-	"github.com/ztunnel-go/ztunnel/mtls/caclient/catest"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
-	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
 
 // routingConfig is the mesh of the service routing tests. node-a holds the
@@ -107,20 +105,7 @@ func startRoutingCluster(t *testing.T) *labrun.Cluster {
 	lab := netnslab.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartCluster(ctx, lab, []byte(routingConfig), labrun.ClusterOptions{Binary: ztunnelBin, Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
-	})
+	c := startCluster(ctx, t, lab, routingConfig, labrun.ClusterOptions{Binary: ztunnelBin, Dir: t.TempDir()})
 	return c
 }
 
@@ -228,21 +213,8 @@ func localityWorkload(name, ip, node, zone string, svc bool) *workloadapi.Addres
 // is removed by an xDS push they fail over to the other zone.
 func TestLocalityFailover(t *testing.T) {
 	lab := netnslab.New(t)
-	cp, err := lab.AddNode("cp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := []string{"istiod.istio-system.svc", cp.IP.String()}
-	xdsLn, err := cp.Listen("tcp", cp.IP.String()+":15012")
-	if err != nil {
-		t.Fatal(err)
-	}
-	caLn, err := cp.Listen("tcp", cp.IP.String()+":15013")
-	if err != nil {
-		t.Fatal(err)
-	}
-	xds := xdstest.NewServer(t, xdstest.Options{Listener: xdsLn, ServerNames: names})
-	ca := catest.NewServer(t, catest.Options{Listener: caLn, ServerNames: names})
+	cp := startControlPlane(t, lab)
+	xds := cp.xds
 	xds.Set(xdsconv.AddressType, "u-client", "1", localityWorkload("client", "10.244.1.2", "node-a", "z1", false))
 	xds.Set(xdsconv.AddressType, "u-near", "1", localityWorkload("near", "10.244.1.3", "node-a", "z1", true))
 	xds.Set(xdsconv.AddressType, "u-far", "1", localityWorkload("far", "10.244.2.2", "node-b", "z2", true))
@@ -258,26 +230,9 @@ func TestLocalityFailover(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartCluster(ctx, lab, []byte(failoverTopology), labrun.ClusterOptions{
+	c := startCluster(ctx, t, lab, failoverTopology, labrun.ClusterOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(),
-		DaemonEnv: []string{
-			"LOCAL_XDS_PATH=", "BUILTIN_CA_CERT=", "BUILTIN_CA_KEY=", "FAKE_CA=false",
-			"XDS_ADDRESS=" + xds.Address(), "XDS_ROOT_CA=" + xds.TLS().RootFile,
-			"CA_ADDRESS=" + ca.Address(), "CA_ROOT_CA=" + ca.TLS().RootFile,
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
+		DaemonEnv: cp.env(),
 	})
 	// Each endpoint answers with its name, so the client sees who served it.
 	for _, name := range []string{"near", "far"} {

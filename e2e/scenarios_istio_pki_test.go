@@ -119,21 +119,8 @@ func TestMulticlusterFailover(t *testing.T) {
 		lab := netnslab.New(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		c, err := labrun.StartCluster(ctx, lab, []byte(failoverMultiNetworkConfig), labrun.ClusterOptions{
+		c := startCluster(ctx, t, lab, failoverMultiNetworkConfig, labrun.ClusterOptions{
 			Binary: ztunnelBin, Dir: t.TempDir(), LogLevel: "info,access=debug",
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := c.Close(); err != nil {
-				t.Errorf("stopping daemons: %v", err)
-			}
-			if t.Failed() {
-				for name, d := range c.Daemons {
-					t.Logf("daemon %s log:\n%s", name, d.Log())
-				}
-			}
 		})
 		// Each endpoint answers with its name; the not-ready one too, so a
 		// connection routed to it would be seen.

@@ -13,7 +13,6 @@ import (
 	"github.com/ztunnel-go/ztunnel/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
-	"github.com/ztunnel-go/ztunnel/mtls/caclient/catest"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
@@ -33,44 +32,13 @@ const istioSEKey = "default/serviceentry.istio.io"
 func startIstioXDSCluster(t *testing.T, topology string, o labrun.ClusterOptions, set func(*xdstest.Server)) *labrun.Cluster {
 	t.Helper()
 	lab := netnslab.New(t)
-	cp, err := lab.AddNode("cp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := []string{"istiod.istio-system.svc", cp.IP.String()}
-	xdsLn, err := cp.Listen("tcp", cp.IP.String()+":15012")
-	if err != nil {
-		t.Fatal(err)
-	}
-	caLn, err := cp.Listen("tcp", cp.IP.String()+":15013")
-	if err != nil {
-		t.Fatal(err)
-	}
-	xds := xdstest.NewServer(t, xdstest.Options{Listener: xdsLn, ServerNames: names})
-	ca := catest.NewServer(t, catest.Options{Listener: caLn, ServerNames: names})
-	set(xds)
+	cp := startControlPlane(t, lab)
+	set(cp.xds)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	o.Binary, o.Dir = ztunnelBin, t.TempDir()
-	o.DaemonEnv = append(o.DaemonEnv,
-		"LOCAL_XDS_PATH=", "BUILTIN_CA_CERT=", "BUILTIN_CA_KEY=", "FAKE_CA=false",
-		"XDS_ADDRESS="+xds.Address(), "XDS_ROOT_CA="+xds.TLS().RootFile,
-		"CA_ADDRESS="+ca.Address(), "CA_ROOT_CA="+ca.TLS().RootFile)
-	c, err := labrun.StartCluster(ctx, lab, []byte(topology), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
-	})
-	return c
+	o.DaemonEnv = append(o.DaemonEnv, cp.env()...)
+	return startCluster(ctx, t, lab, topology, o)
 }
 
 // istioSEService is a ServiceEntry of host with one VIP, port 80 to 8080.

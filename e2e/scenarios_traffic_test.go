@@ -232,20 +232,7 @@ func startTrafficLab(t *testing.T, shared bool, config string) *trafficLab {
 		c := startSharedCluster(ctx, t, lab, config, labrun.SharedOptions{Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: env})
 		return &trafficLab{pods: c.Pods, daemon: func(pod string) *labrun.Daemon { return c.Daemons[c.Pods[pod].Node.Name] }}
 	}
-	c, err := labrun.StartCluster(ctx, lab, []byte(config), labrun.ClusterOptions{Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: env})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
-	})
+	c := startCluster(ctx, t, lab, config, labrun.ClusterOptions{Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: env})
 	return &trafficLab{pods: c.Pods, daemon: func(pod string) *labrun.Daemon { return c.Daemons[pod] }}
 }
 

@@ -31,13 +31,20 @@ func TestTCPPair(t *testing.T) {
 	}
 }
 
-func TestEcho(t *testing.T) {
-	s := nettest.StartEcho(t)
+// dial connects to s, closing the connection when the test ends.
+func dial(t *testing.T, s *nettest.EchoServer) net.Conn {
+	t.Helper()
 	c, err := net.Dial("tcp", s.Addr.String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestEcho(t *testing.T) {
+	s := nettest.StartEcho(t)
+	c := dial(t, s)
 	if err := nettest.RoundTrip(c, "hello"); err != nil {
 		t.Fatal(err)
 	}
@@ -51,11 +58,7 @@ func TestEcho(t *testing.T) {
 
 func TestEchoResetAll(t *testing.T) {
 	s := nettest.StartEcho(t)
-	c, err := net.Dial("tcp", s.Addr.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, s)
 	if err := nettest.RoundTrip(c, "x"); err != nil {
 		t.Fatal(err)
 	}
