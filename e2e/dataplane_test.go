@@ -22,6 +22,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
@@ -164,20 +165,7 @@ func (dp *dataplane) expectRefused(t *testing.T, from, to string, port uint16) {
 // roundTrip sends payload, half-closes, and returns everything read back.
 func roundTrip(c *net.TCPConn, payload []byte) ([]byte, error) {
 	c.SetDeadline(time.Now().Add(60 * time.Second))
-	errc := make(chan error, 1)
-	go func() {
-		_, err := c.Write(payload)
-		if err == nil {
-			err = c.CloseWrite()
-		}
-		errc <- err
-	}()
-	got, rerr := io.ReadAll(c)
-	werr := <-errc
-	if rerr != nil {
-		return got, rerr
-	}
-	return got, werr
+	return nettest.Exchange(c, payload)
 }
 
 func TestDataPath(t *testing.T) {

@@ -9,7 +9,6 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/state"
-	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
 
 // ClusterOptions describe a lab cluster beyond its config file.
@@ -48,11 +47,7 @@ type Cluster struct {
 // are created in file order per node, node N's pods get 10.244.N.2, .3, ...
 // A workload known by hostname only gets no pod.
 func StartCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o ClusterOptions) (*Cluster, error) {
-	lc, err := xdsconv.ParseLocalConfig(config)
-	if err != nil {
-		return nil, err
-	}
-	snap, err := lc.Snapshot()
+	lc, snap, err := parseTopology(config)
 	if err != nil {
 		return nil, err
 	}

@@ -8,7 +8,22 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/state"
+	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
+
+// parseTopology reads a cluster's config: the workloads in file order (the
+// snapshot sorts them) and the snapshot the daemons will build from it.
+func parseTopology(config []byte) (*xdsconv.LocalConfig, *state.Snapshot, error) {
+	lc, err := xdsconv.ParseLocalConfig(config)
+	if err != nil {
+		return nil, nil, err
+	}
+	snap, err := lc.Snapshot()
+	if err != nil {
+		return nil, nil, err
+	}
+	return lc, snap, nil
+}
 
 // clusterFiles are the files both kinds of cluster hand their daemons.
 type clusterFiles struct {

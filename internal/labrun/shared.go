@@ -12,7 +12,6 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/state"
-	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
 
 // SharedOptions describe a shared-mode lab cluster beyond its config file.
@@ -88,11 +87,7 @@ type SharedCluster struct {
 // starts one shared-mode daemon per node, waiting until each is ready (its
 // first snapshot processed, no pod pending).
 func StartSharedCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o SharedOptions) (*SharedCluster, error) {
-	lc, err := xdsconv.ParseLocalConfig(config)
-	if err != nil {
-		return nil, err
-	}
-	snap, err := lc.Snapshot()
+	lc, snap, err := parseTopology(config)
 	if err != nil {
 		return nil, err
 	}

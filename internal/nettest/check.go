@@ -101,3 +101,23 @@ func CheckEcho(c HalfCloser, n int64, seed uint64, writeSize int) error {
 	}
 	return nil
 }
+
+// Exchange writes payload on c and half-closes it while it reads whatever
+// the far end sends until that end closes; it returns what was read and
+// the read's error, else the write's. The caller sets any deadline.
+func Exchange(c HalfCloser, payload []byte) ([]byte, error) {
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Write(payload)
+		if err == nil {
+			err = c.CloseWrite()
+		}
+		errc <- err
+	}()
+	got, rerr := io.ReadAll(c)
+	werr := <-errc
+	if rerr != nil {
+		return got, rerr
+	}
+	return got, werr
+}

@@ -82,3 +82,11 @@ func TestEchoTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestExchange(t *testing.T) {
+	c := dial(t, nettest.StartEcho(t))
+	got, err := nettest.Exchange(c.(*net.TCPConn), []byte("all of it"))
+	if err != nil || string(got) != "all of it" {
+		t.Fatalf("Exchange = %q, %v", got, err)
+	}
+}
