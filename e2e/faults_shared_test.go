@@ -5,14 +5,12 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -38,29 +36,14 @@ workloads:
 // what it has written, which is what the path holds while the client does
 // not read.
 type sourceServer struct {
-	ln      net.Listener
 	addr    netip.AddrPort
 	written atomic.Int64
-	wg      sync.WaitGroup
 }
 
 func startSource(t *testing.T, pod *netnslab.Pod, port uint16) *sourceServer {
 	t.Helper()
-	ln, err := pod.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &sourceServer{ln: ln, addr: netip.AddrPortFrom(pod.IP, port)}
-	s.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s.wg.Go(func() { s.serve(c.(*net.TCPConn)) })
-		}
-	})
-	t.Cleanup(func() { ln.Close(); s.wg.Wait() })
+	s := &sourceServer{}
+	s.addr = servePod(t, pod, port, func(c net.Conn) { s.serve(c.(*net.TCPConn)) }).Addr
 	return s
 }
 

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"net"
 	"net/netip"
@@ -142,4 +143,18 @@ func (cp *controlPlane) env() []string {
 		"XDS_ADDRESS=" + cp.xds.Address(), "XDS_ROOT_CA=" + cp.xds.TLS().RootFile,
 		"CA_ADDRESS=" + cp.ca.Address(), "CA_ROOT_CA=" + cp.ca.TLS().RootFile,
 	}
+}
+
+// servePod runs handle for every connection to port on all of pod's
+// addresses until the test ends (see nettest.Handle); the server's Addr is
+// the pod's address.
+func servePod(t *testing.T, pod *netnslab.Pod, port uint16, handle func(net.Conn)) *nettest.Server {
+	t.Helper()
+	ln, err := pod.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := nettest.Handle(t, ln, handle)
+	s.Addr = netip.AddrPortFrom(pod.IP, port)
+	return s
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -69,34 +70,20 @@ func startExtraCluster(t *testing.T) *labrun.Cluster {
 // with a PROXY v2 header, which is reported; the rest is echoed.
 func startProxyProtocolApp(t *testing.T, pod *netnslab.Pod, port uint16) <-chan *proxyproto.Header {
 	t.Helper()
-	ln, err := pod.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
 	headers := make(chan *proxyproto.Header, 8)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	servePod(t, pod, port, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(60 * time.Second))
+		h, err := proxyproto.Read(c)
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) { // not the test's end closing it
+				t.Errorf("app behind the tunnel: %v", err)
 			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(60 * time.Second))
-				h, err := proxyproto.Read(c)
-				if err != nil {
-					t.Errorf("app behind the tunnel: %v", err)
-					return
-				}
-				headers <- h
-				io.Copy(c, c)
-				c.(*net.TCPConn).CloseWrite()
-			}()
+			return
 		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
+		headers <- h
+		io.Copy(c, c)
+		c.(*net.TCPConn).CloseWrite()
+	})
 	return headers
 }
 

@@ -293,24 +293,11 @@ func TestLocalityFailover(t *testing.T) {
 // and closes; the returned function stops it.
 func startNamer(t *testing.T, pod *netnslab.Pod, port uint16, name string) func() {
 	t.Helper()
-	ln, err := pod.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.SetDeadline(time.Now().Add(10 * time.Second))
-			io.WriteString(c, name)
-			c.(*net.TCPConn).CloseWrite()
-			io.Copy(io.Discard, bufio.NewReader(c))
-			c.Close()
-		}
-	}()
-	return func() { ln.Close(); <-done }
+	s := servePod(t, pod, port, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(c, name)
+		c.(*net.TCPConn).CloseWrite()
+		io.Copy(io.Discard, bufio.NewReader(c))
+	})
+	return func() { s.Close() }
 }

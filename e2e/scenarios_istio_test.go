@@ -12,6 +12,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // Cases of istio/istio's tests/integration/ambient that exercise ztunnel
@@ -244,17 +245,7 @@ func TestIstioServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conn.Write([]byte("localhost app"))
-			conn.Close()
-		}
-	}()
+	nettest.Handle(t, ln, func(conn net.Conn) { conn.Write([]byte("localhost app")) })
 
 	reach := func(t *testing.T, dst string, app *labrun.EchoServer) {
 		t.Helper()

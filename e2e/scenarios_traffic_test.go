@@ -33,38 +33,22 @@ const (
 // does.
 func startDoubler(t *testing.T, pod *netnslab.Pod, port uint16) {
 	t.Helper()
-	ln, err := pod.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	servePod(t, pod, port, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		buf := make([]byte, 4096)
 		for {
-			c, err := ln.Accept()
+			n, err := c.Read(buf)
+			if n > 0 {
+				if _, werr := c.Write(append(buf[:n:n], buf[:n]...)); werr != nil {
+					return
+				}
+			}
 			if err != nil {
+				c.(*net.TCPConn).CloseWrite()
 				return
 			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(30 * time.Second))
-				buf := make([]byte, 4096)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						if _, werr := c.Write(append(buf[:n:n], buf[:n]...)); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						c.(*net.TCPConn).CloseWrite()
-						return
-					}
-				}
-			}()
 		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
+	})
 }
 
 // helloDouble is ztunnel's client against the doubler: connect from pod to

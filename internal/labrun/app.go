@@ -12,7 +12,7 @@ import (
 // every byte back, half-closes when the client does, records who connected
 // so tests can check that the original source address was preserved, and
 // can reset its connections).
-type EchoServer = nettest.EchoServer
+type EchoServer = nettest.Server
 
 // StartEcho listens on port on all of pod's addresses; the server's Addr is
 // the pod's address, the one clients dial.

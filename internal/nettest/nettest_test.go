@@ -32,7 +32,7 @@ func TestTCPPair(t *testing.T) {
 }
 
 // dial connects to s, closing the connection when the test ends.
-func dial(t *testing.T, s *nettest.EchoServer) net.Conn {
+func dial(t *testing.T, s *nettest.Server) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", s.Addr.String())
 	if err != nil {
@@ -72,7 +72,7 @@ func TestEchoResetAll(t *testing.T) {
 func TestEchoTLS(t *testing.T) {
 	srv, cli := tlstest.SelfSignedTLS(t)
 	ln := nettest.Listen(t)
-	s := nettest.Echo(t, tls.NewListener(ln, srv))
+	s := nettest.Handle(t, tls.NewListener(ln, srv), nettest.Echo)
 	c, err := tls.Dial("tcp", s.Addr.String(), cli)
 	if err != nil {
 		t.Fatal(err)

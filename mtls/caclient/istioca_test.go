@@ -126,7 +126,7 @@ func isCode(err error, c codes.Code) bool {
 func echoServer(t *testing.T, store *mtls.Store, id identity.Identity) string {
 	t.Helper()
 	cfg := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return store.Get(context.Background(), id) })
-	return nettest.Echo(t, tls.NewListener(nettest.Listen(t), cfg)).Addr.String()
+	return nettest.Handle(t, tls.NewListener(nettest.Listen(t), cfg), nettest.Echo).Addr.String()
 }
 
 func TestIstioCARotationKeepsConnections(t *testing.T) {
