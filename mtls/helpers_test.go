@@ -3,7 +3,6 @@ package mtls_test
 import (
 	"crypto"
 	"crypto/tls"
-	"net"
 	"os"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls"
 )
 
@@ -43,26 +43,17 @@ type hsResult struct {
 // after the client's Handshake has returned).
 func handshake(t testing.TB, srvCfg, cliCfg *tls.Config) hsResult {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	c, sc := nettest.TCPPair(t)
 	type side struct {
 		cs  tls.ConnectionState
 		err error
 	}
 	srvCh := make(chan side, 1)
 	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			srvCh <- side{err: err}
-			return
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		tc := tls.Server(c, srvCfg)
-		err = tc.Handshake()
+		defer sc.Close()
+		_ = sc.SetDeadline(time.Now().Add(10 * time.Second))
+		tc := tls.Server(sc, srvCfg)
+		err := tc.Handshake()
 		if err == nil {
 			_, err = tc.Write([]byte{'x'})
 		}
@@ -70,10 +61,6 @@ func handshake(t testing.TB, srvCfg, cliCfg *tls.Config) hsResult {
 	}()
 
 	var r hsResult
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	tc := tls.Client(c, cliCfg)
