@@ -39,11 +39,6 @@ type HalfCloser interface {
 	CloseWrite() error
 }
 
-// Payload returns a deterministic pseudo-random stream of n bytes for seed.
-func Payload(seed uint64, n int64) io.Reader {
-	return io.LimitReader(newPRNG(seed), n)
-}
-
 // prng is ChaCha8 seeded from seed, read eight bytes (one Uint64, little
 // endian) at a time.
 type prng struct{ r *rand.Rand }
@@ -53,7 +48,7 @@ func newPRNG(seed uint64) prng {
 }
 
 // Read fills p; a tail shorter than eight bytes drops the rest of its word,
-// so the stream depends on the read sizes (each caller uses fixed ones).
+// so the stream depends on the read sizes (CheckEcho's are fixed).
 func (g prng) Read(p []byte) (int, error) {
 	for i := 0; i < len(p); i += 8 {
 		v := g.r.Uint64()
@@ -64,7 +59,7 @@ func (g prng) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// CheckEcho sends n pseudo-random bytes (Payload(seed, n), in writes of
+// CheckEcho sends n pseudo-random bytes (ChaCha8 from seed, in writes of
 // writeSize; 0 means 64 KiB) on c, whose far end echoes them, half-closes,
 // and reads the echo to its end while writing, comparing both directions'
 // SHA-256.
