@@ -413,24 +413,7 @@ func (dp *dataplane) connectFrom(t *testing.T, from string, cert *mtls.WorkloadC
 // connectWith is connectFrom with an explicit TLS config.
 func (dp *dataplane) connectWith(t *testing.T, from string, cfg *tls.Config, to, authority string) (*hbone.Stream, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	raw, err := dp.cluster.Pods[from].Dial(ctx, "tcp", netip.AddrPortFrom(dp.cluster.Pods[to].IP, 15008).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc := tls.Client(raw, cfg)
-	if err := tc.HandshakeContext(ctx); err != nil {
-		raw.Close()
-		return nil, err
-	}
-	cc, err := hbone.NewClientConn(tc, hbone.Config{})
-	if err != nil {
-		raw.Close()
-		return nil, err
-	}
-	t.Cleanup(func() { cc.Close() })
-	return cc.Connect(ctx, &hbone.Request{Authority: authority})
+	return hboneTunnel(context.Background(), t, dp.cluster.Pods[from], cfg, dp.cluster.Pods[to].IP, authority)
 }
 
 func sawPeer(s *labrun.EchoServer, ip netip.Addr) bool {

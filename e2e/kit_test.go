@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"maps"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/internal/nettest"
@@ -157,4 +159,30 @@ func servePod(t *testing.T, pod *netnslab.Pod, port uint16, handle func(net.Conn
 	s := nettest.Handle(t, ln, handle)
 	s.Addr = netip.AddrPortFrom(pod.IP, port)
 	return s
+}
+
+// hboneTunnel opens an HBONE tunnel from inside pod from (not through a
+// daemon) to dst's 15008 with the TLS configuration cfg and CONNECTs to
+// authority. A failed dial fails the test; a refused handshake or CONNECT
+// is returned. The tunnel is closed when the test ends.
+func hboneTunnel(ctx context.Context, t *testing.T, from *netnslab.Pod, cfg *tls.Config, dst netip.Addr, authority string) (*hbone.Stream, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	raw, err := from.Dial(ctx, "tcp", netip.AddrPortFrom(dst, 15008).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Client(raw, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	cc, err := hbone.NewClientConn(tc, hbone.Config{})
+	if err != nil {
+		raw.Close()
+		return nil, err
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc.Connect(ctx, &hbone.Request{Authority: authority})
 }

@@ -8,7 +8,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -34,24 +33,7 @@ import (
 // CONNECTs to authority. The tunnel is closed when the test ends.
 func hboneConnect(ctx context.Context, t *testing.T, from *netnslab.Pod, cert *mtls.WorkloadCert, dst netip.Addr, authority, san string) (*hbone.Stream, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	raw, err := from.Dial(ctx, "tcp", netip.AddrPortFrom(dst, 15008).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc := tls.Client(raw, mtls.ClientConfig(cert, []string{san}))
-	if err := tc.HandshakeContext(ctx); err != nil {
-		raw.Close()
-		return nil, err
-	}
-	cc, err := hbone.NewClientConn(tc, hbone.Config{})
-	if err != nil {
-		raw.Close()
-		return nil, err
-	}
-	t.Cleanup(func() { cc.Close() })
-	return cc.Connect(ctx, &hbone.Request{Authority: authority})
+	return hboneTunnel(ctx, t, from, mtls.ClientConfig(cert, []string{san}), dst, authority)
 }
 
 // policyConfig is test_policy's and hbone_ip_mismatch's mesh (namespaced.rs,
