@@ -36,19 +36,25 @@ func sum(fams map[string]*dto.MetricFamily, family string, want map[string]strin
 		return 0
 	}
 	for _, m := range f.GetMetric() {
-		got := map[string]string{}
-		for _, l := range m.GetLabel() {
-			got[l.GetName()] = l.GetValue()
-		}
-		ok := true
-		for k, v := range want {
-			ok = ok && got[k] == v
-		}
-		if ok {
+		if hasLabels(m, want) {
 			total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
 	return total
+}
+
+// hasLabels reports whether m carries every label of want with its value.
+func hasLabels(m *dto.Metric, want map[string]string) bool {
+	got := map[string]string{}
+	for _, l := range m.GetLabel() {
+		got[l.GetName()] = l.GetValue()
+	}
+	for k, v := range want {
+		if got[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 func TestMetricsCountTraffic(t *testing.T) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -16,7 +15,6 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/internal/nettest"
-	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
@@ -309,22 +307,11 @@ func TestDedicatedServesNothingBeforeSync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	ca, err := caclient.NewBuiltinCA("cluster.local")
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{"config.yaml": []byte(startupConfig), "ca.pem": ca.RootPEM(), "ca-key.pem": ca.KeyPEM()}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cfgPath, caCert, caKey := writeDaemonFiles(t, startupConfig)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	d, err := labrun.StartDaemon(ctx, pod, labrun.DaemonOptions{
-		Binary: ztunnelBin, ConfigPath: filepath.Join(dir, "config.yaml"),
-		CACert: filepath.Join(dir, "ca.pem"), CAKey: filepath.Join(dir, "ca-key.pem"),
+		Binary: ztunnelBin, ConfigPath: cfgPath, CACert: caCert, CAKey: caKey,
 		Workload: "default/client/client", Env: istiod.env(), NoWait: true,
 	})
 	if err != nil {

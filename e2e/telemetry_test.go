@@ -235,15 +235,7 @@ func TestTelemetryShared(t *testing.T) {
 	}
 	has := func(family string, want map[string]string) bool {
 		for _, m := range fams[family] {
-			got := map[string]string{}
-			for _, l := range m.GetLabel() {
-				got[l.GetName()] = l.GetValue()
-			}
-			ok := true
-			for k, v := range want {
-				ok = ok && got[k] == v
-			}
-			if ok {
+			if hasLabels(m, want) {
 				return true
 			}
 		}
