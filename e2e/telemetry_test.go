@@ -26,7 +26,6 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
-	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
 
 // telemetryLayout places the pods (the daemons get the workloads from xDS,
@@ -96,11 +95,7 @@ func TestTelemetryShared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	xdsLn, err := cp.Listen("tcp", cp.IP.String()+":15012")
-	if err != nil {
-		t.Fatal(err)
-	}
-	xds := xdstest.NewServer(t, xdstest.Options{Listener: xdsLn, ServerNames: []string{"istiod.istio-system.svc", cp.IP.String()}})
+	xds := newFakeIstiod(t, cp, 15012)
 	web := map[string]*workloadapi.PortList{"default/web.default.svc.cluster.local": {Ports: []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}}}}
 	ext := map[string]*workloadapi.PortList{"default/ext.default.svc.cluster.local": {Ports: []*workloadapi.Port{{ServicePort: 80, TargetPort: 80}}}}
 	xds.Set(xdsconv.AddressType, "u-client", "1", telemetryWorkload("client", "10.244.1.2", "node-a", nil))
