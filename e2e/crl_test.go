@@ -228,16 +228,9 @@ func (l *crlLab) metric(t *testing.T, pod, family string, want map[string]string
 // waitMetric waits until the metric reaches at least min.
 func (l *crlLab) waitMetric(t *testing.T, pod, family string, want map[string]string, min float64) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got := l.metric(t, pod, family, want)
-		if got >= min {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s %s%v = %v, want >= %v", pod, family, want, got, min)
-		}
-		time.Sleep(100 * time.Millisecond)
+	var got float64
+	if !eventually(30*time.Second, 100*time.Millisecond, func() bool { got = l.metric(t, pod, family, want); return got >= min }) {
+		t.Fatalf("%s %s%v = %v, want >= %v", pod, family, want, got, min)
 	}
 }
 
@@ -270,12 +263,8 @@ func lastLine(d *labrun.Daemon, part string) string {
 // waitLogCount waits until logCount reaches min.
 func waitLogCount(t *testing.T, d *labrun.Daemon, min int, parts ...string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for logCount(d, parts...) < min {
-		if time.Now().After(deadline) {
-			t.Fatalf("daemon %s: %d log lines with %q, want %d", d.Pod.Name, logCount(d, parts...), parts, min)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !eventually(30*time.Second, 50*time.Millisecond, func() bool { return logCount(d, parts...) >= min }) {
+		t.Fatalf("daemon %s: %d log lines with %q, want %d", d.Pod.Name, logCount(d, parts...), parts, min)
 	}
 }
 

@@ -75,19 +75,17 @@ func dialEcho(ctx context.Context, pod *netnslab.Pod, addr netip.AddrPort, msg s
 // limit (a daemon recovering may refuse a few first).
 func waitDialEcho(t *testing.T, pod *netnslab.Pod, addr netip.AddrPort, msg string) net.Conn {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var c net.Conn
+	var err error
+	if !eventually(30*time.Second, 100*time.Millisecond, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		c, err := dialEcho(ctx, pod, addr, msg)
-		cancel()
-		if err == nil {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s -> %s never recovered: %v", pod.Name, addr, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+		defer cancel()
+		c, err = dialEcho(ctx, pod, addr, msg)
+		return err == nil
+	}) {
+		t.Fatalf("%s -> %s never recovered: %v", pod.Name, addr, err)
 	}
+	return c
 }
 
 // startCluster starts a dedicated-mode cluster in lab for t (see
@@ -185,4 +183,21 @@ func hboneTunnel(ctx context.Context, t *testing.T, from *netnslab.Pod, cfg *tls
 	}
 	t.Cleanup(func() { cc.Close() })
 	return cc.Connect(ctx, &hbone.Request{Authority: authority})
+}
+
+// eventually calls cond every interval until it holds or limit has passed
+// (with one last try then), and reports whether it held. It bounds a wait
+// on real daemons, whose timers run in other processes: synctest cannot
+// make those exact.
+func eventually(limit, interval time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(limit)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(interval)
+	}
 }

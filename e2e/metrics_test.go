@@ -80,15 +80,11 @@ func TestMetricsCountTraffic(t *testing.T) {
 	}
 	// Connections end asynchronously in the daemon; poll briefly for the
 	// closes, then check exact values.
-	deadline := time.Now().Add(10 * time.Second)
 	var fams map[string]*dto.MetricFamily
-	for {
+	eventually(10*time.Second, 50*time.Millisecond, func() bool {
 		fams = dp.scrape(t, "server")
-		if sum(fams, "istio_tcp_connections_closed_total", labels) >= 4 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return sum(fams, "istio_tcp_connections_closed_total", labels) >= 4
+	})
 	if got := sum(fams, "istio_tcp_connections_opened_total", labels); got != 4 {
 		t.Errorf("opened = %v, want 4 (3 echoes + 1 denied)", got)
 	}

@@ -105,15 +105,11 @@ func readCounts(ctx context.Context, t *testing.T, d *labrun.Daemon, labels map[
 // the client's close by a little.
 func checkCounts(ctx context.Context, t *testing.T, d *labrun.Daemon, labels map[string]string, base, want tcpCounts) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
 	var got tcpCounts
-	for i := 0; i < 500; i++ {
+	eventually(10*time.Second, 20*time.Millisecond, func() bool {
 		got = readCounts(ctx, t, d, labels).minus(base)
-		if got == want || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // poll interval of a bounded wait
-	}
+		return got == want
+	})
 	if got != want {
 		t.Errorf("%s: TCP counters with %v: %s, want %s", d.Pod.Name, labels, got, want)
 	}

@@ -268,19 +268,14 @@ func TestSharedMode(t *testing.T) {
 			t.Fatal("the deleted pod's connection stayed open")
 		}
 		for _, port := range []int{15001, 15006, 15008} {
-			deadline := time.Now().Add(10 * time.Second)
-			for {
+			if !eventually(10*time.Second, 20*time.Millisecond, func() bool {
 				pc, err := c.Pods["late"].Dial(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", port))
-				if err != nil && errors.Is(err, syscall.ECONNREFUSED) {
-					break
-				}
 				if pc != nil {
 					pc.Close()
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the deleted pod still listens on %d", port)
-				}
-				time.Sleep(20 * time.Millisecond)
+				return err != nil && errors.Is(err, syscall.ECONNREFUSED)
+			}) {
+				t.Fatalf("the deleted pod still listens on %d", port)
 			}
 		}
 		if _, ok := workloadState(ctx, t, c.Daemons["node-a"])[c.UID("late")]; ok {
