@@ -95,32 +95,41 @@ func connect(t *testing.T, st stack, c *certs, role string, extra ...string) *li
 	return l
 }
 
+// serveOurs is our side as the 15008 server: it accepts one connection
+// (within peerTimeout) on a fresh listener at addr and serves HBONE with
+// the echo on it; end yields why that connection ended. Cleanup closes the
+// listener and the server and waits for the accept.
+func serveOurs(t *testing.T, c *certs) (srv *hbone.Server, addr string, end <-chan error) {
+	t.Helper()
+	srv = hbone.NewServer(daemonH2, echo)
+	ln := nettest.Listen(t)
+	cfg := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return c.ours, nil })
+	ended := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_ = ln.SetDeadline(time.Now().Add(peerTimeout))
+		tc, err := ln.AcceptTCP()
+		if err != nil {
+			ended <- err
+			return
+		}
+		ended <- serveHBONE(tc, cfg, srv)
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		srv.Close()
+		wg.Wait()
+	})
+	return srv, ln.Addr().String(), ended
+}
+
 // connectTapped is connect with, if tapped, a tap on the TLS connection.
 func connectTapped(t *testing.T, st stack, c *certs, role string, tapped bool, extra ...string) (*link, *tap) {
 	t.Helper()
 	var tp *tap
-	plain := listen(t)
+	plain := nettest.Listen(t)
 	if role == "server" {
-		srv := hbone.NewServer(daemonH2, echo)
-		ln := listen(t)
-		cfg := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return c.ours, nil })
-		end := make(chan error, 1)
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			_ = ln.SetDeadline(time.Now().Add(peerTimeout))
-			tc, err := ln.AcceptTCP()
-			if err != nil {
-				end <- err
-				return
-			}
-			end <- serveHBONE(tc, cfg, srv)
-		})
-		t.Cleanup(func() {
-			ln.Close()
-			srv.Close()
-			wg.Wait()
-		})
-		addr := ln.Addr().String()
+		srv, addr, end := serveOurs(t, c)
 		if tapped {
 			tp = newTap(t, addr)
 			addr = tp.addr()
@@ -474,30 +483,12 @@ func TestHBONEProtocolError(t *testing.T) {
 		for _, role := range roles {
 			t.Run(st.name+"/our-"+role, func(t *testing.T) {
 				c := newCerts(t)
-				plain := listen(t)
+				plain := nettest.Listen(t)
 				var p *peer
 				var ourEnd func() error
 				if role == "server" {
-					srv := hbone.NewServer(daemonH2, echo)
-					ln := listen(t)
-					cfg := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return c.ours, nil })
-					end := make(chan error, 1)
-					var wg sync.WaitGroup
-					wg.Go(func() {
-						_ = ln.SetDeadline(time.Now().Add(peerTimeout))
-						tc, err := ln.AcceptTCP()
-						if err != nil {
-							end <- err
-							return
-						}
-						end <- serveHBONE(tc, cfg, srv)
-					})
-					t.Cleanup(func() {
-						ln.Close()
-						srv.Close()
-						wg.Wait()
-					})
-					p = startPeer(t, st, c, "client", ln.Addr().String(), plain.Addr().String())
+					_, addr, end := serveOurs(t, c)
+					p = startPeer(t, st, c, "client", addr, plain.Addr().String())
 					ourEnd = func() error { return <-end }
 				} else {
 					p = startPeer(t, st, c, "server", "", plain.Addr().String())

@@ -304,17 +304,6 @@ func checkClean(t *testing.T, st stack, p *peer) []string {
 	return evs
 }
 
-// listen returns a loopback TCP listener closed when the test ends.
-func listen(t *testing.T) *net.TCPListener {
-	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	return ln
-}
-
 // acceptOne accepts the peer's plaintext connection.
 func acceptOne(t *testing.T, ln *net.TCPListener, p *peer) *net.TCPConn {
 	t.Helper()

@@ -23,11 +23,11 @@ import (
 // connection.
 func rawConnect(t *testing.T, st stack, c *certs, role string, extra ...string) (*record.Conn, *net.TCPConn, *peer) {
 	t.Helper()
-	plain := listen(t)
+	plain := nettest.Listen(t)
 	var conn *record.Conn
 	var p *peer
 	if role == "server" {
-		ln := listen(t)
+		ln := nettest.Listen(t)
 		p = startPeer(t, st, c, "client", ln.Addr().String(), plain.Addr().String(), extra...)
 		_ = ln.SetDeadline(time.Now().Add(peerTimeout))
 		tc, err := ln.AcceptTCP()
