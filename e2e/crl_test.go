@@ -3,21 +3,13 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"io"
 	"math/big"
 	"net"
 	"net/netip"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,7 +23,9 @@ import (
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
+	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
 
 // crlConfig is the mesh of the CRL tests: client on node-a, server on
@@ -68,8 +62,7 @@ type crlLab struct {
 	configPath string
 	dir        string // the cluster's files (CA, config)
 	path       string
-	caCert     *x509.Certificate
-	caKey      crypto.Signer
+	ca         *tlstest.CA // the mesh's root, for CRLs and hand-made leaves
 	srv        netip.AddrPort
 }
 
@@ -89,85 +82,30 @@ func startCRLLab(t *testing.T, shared bool) *crlLab {
 	defer cancel()
 	extra := map[string][]string{"node-b": {"outsider"}}
 	env := []string{"CRL_PATH=" + l.path}
-	var (
-		ca    *caclient.BuiltinCA
-		close func() error
-		all   func() []*labrun.Daemon
-	)
+	var ca *caclient.BuiltinCA
 	if shared {
-		c, err := labrun.StartSharedCluster(ctx, lab, []byte(crlConfig), labrun.SharedOptions{
+		c := startSharedCluster(ctx, t, lab, crlConfig, labrun.SharedOptions{
 			Binary: ztunnelBin, Dir: dir, ExtraPods: extra, DaemonEnv: env,
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
 		l.daemons = map[string]*labrun.Daemon{"client": c.Daemons["node-a"], "server": c.Daemons["node-b"]}
-		l.pods, l.configPath, ca, close, all = c.Pods, c.ConfigPath, c.CA, c.Close, c.AllDaemons
+		l.pods, l.configPath, ca = c.Pods, c.ConfigPath, c.CA
 	} else {
-		c, err := labrun.StartCluster(ctx, lab, []byte(crlConfig), labrun.ClusterOptions{
+		c := startCluster(ctx, t, lab, crlConfig, labrun.ClusterOptions{
 			Binary: ztunnelBin, Dir: dir, ExtraPods: extra, DaemonEnv: env,
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
 		l.daemons = c.Daemons
-		l.pods, l.configPath, ca, close = c.Pods, c.ConfigPath, c.CA, c.Close
-		all = func() []*labrun.Daemon { return []*labrun.Daemon{c.Daemons["client"], c.Daemons["server"]} }
+		l.pods, l.configPath, ca = c.Pods, c.ConfigPath, c.CA
 	}
-	t.Cleanup(func() {
-		if err := close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for _, d := range all() {
-				t.Logf("daemon %s log:\n%s", d.Pod.Name, d.Log())
-			}
-		}
-	})
-	echo, err := labrun.StartEcho(l.pods["server"], 8080)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { echo.Close() })
+	echo := startEcho(t, l.pods["server"], 8080)
 	l.srv = echo.Addr
-	l.caCert, l.caKey = parseCA(t, ca)
+	l.ca = tlstest.FromBuiltin(t, ca)
 	return l
 }
 
-func parseCA(t *testing.T, ca *caclient.BuiltinCA) (*x509.Certificate, crypto.Signer) {
+// crl returns a PEM CRL issued by ca revoking serials.
+func crl(t *testing.T, ca *tlstest.CA, serials ...*big.Int) []byte {
 	t.Helper()
-	cb, _ := pem.Decode(ca.RootPEM())
-	kb, _ := pem.Decode(ca.KeyPEM())
-	if cb == nil || kb == nil {
-		t.Fatal("built-in CA PEM does not decode")
-	}
-	cert, err := x509.ParseCertificate(cb.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := x509.ParsePKCS8PrivateKey(kb.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert, key.(crypto.Signer)
-}
-
-// crl returns a PEM CRL issued by issuer (signed with key) revoking serials.
-func crl(t *testing.T, issuer *x509.Certificate, key crypto.Signer, serials ...*big.Int) []byte {
-	t.Helper()
-	n, err := rand.Int(rand.Reader, big.NewInt(1<<62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.RevocationList{Number: n, ThisUpdate: time.Now().Add(-time.Minute), NextUpdate: time.Now().Add(time.Hour)}
-	for _, s := range serials {
-		tmpl.RevokedCertificateEntries = append(tmpl.RevokedCertificateEntries, x509.RevocationListEntry{SerialNumber: s, RevocationTime: time.Now()})
-	}
-	der, err := x509.CreateRevocationList(rand.Reader, tmpl, issuer, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: der})
+	return tlstest.CRLPEM(ca.CRL(t, serials...))
 }
 
 // write replaces the CRL file as an editor would: a new file renamed over
@@ -242,7 +180,7 @@ func (l *crlLab) open(t *testing.T) net.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := echoRound(c, "before"); err != nil {
+	if err := nettest.RoundTrip(c, "before"); err != nil {
 		c.Close()
 		t.Fatalf("echo: %v", err)
 	}
@@ -290,16 +228,9 @@ func (l *crlLab) metric(t *testing.T, pod, family string, want map[string]string
 // waitMetric waits until the metric reaches at least min.
 func (l *crlLab) waitMetric(t *testing.T, pod, family string, want map[string]string, min float64) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got := l.metric(t, pod, family, want)
-		if got >= min {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s %s%v = %v, want >= %v", pod, family, want, got, min)
-		}
-		time.Sleep(100 * time.Millisecond)
+	var got float64
+	if !eventually(30*time.Second, 100*time.Millisecond, func() bool { got = l.metric(t, pod, family, want); return got >= min }) {
+		t.Fatalf("%s %s%v = %v, want >= %v", pod, family, want, got, min)
 	}
 }
 
@@ -332,12 +263,8 @@ func lastLine(d *labrun.Daemon, part string) string {
 // waitLogCount waits until logCount reaches min.
 func waitLogCount(t *testing.T, d *labrun.Daemon, min int, parts ...string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for logCount(d, parts...) < min {
-		if time.Now().After(deadline) {
-			t.Fatalf("daemon %s: %d log lines with %q, want %d", d.Pod.Name, logCount(d, parts...), parts, min)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !eventually(30*time.Second, 50*time.Millisecond, func() bool { return logCount(d, parts...) >= min }) {
+		t.Fatalf("daemon %s: %d log lines with %q, want %d", d.Pod.Name, logCount(d, parts...), parts, min)
 	}
 }
 
@@ -367,7 +294,7 @@ func testCRL(t *testing.T, shared bool) {
 	t.Run("inbound connection terminated when a reload revokes the client", func(t *testing.T) {
 		c := l.open(t)
 		defer c.Close()
-		l.write(t, crl(t, l.caCert, l.caKey, cliSerial))
+		l.write(t, crl(t, l.ca, cliSerial))
 		l.waitMetric(t, "server", rejections, destination, 1)
 		waitLogCount(t, srv, 1, "terminating inbound connection: peer certificate revoked by CRL update", "spiffe://cluster.local/ns/default/sa/client")
 		expectEnded(t, c)
@@ -391,8 +318,7 @@ func testCRL(t *testing.T, shared bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		otherCert, otherKey := parseCA(t, other)
-		for i, bad := range [][]byte{[]byte("not a valid CRL"), crl(t, otherCert, otherKey)} {
+		for i, bad := range [][]byte{[]byte("not a valid CRL"), crl(t, tlstest.FromBuiltin(t, other))} {
 			l.write(t, bad)
 			for _, pod := range []string{"client", "server"} {
 				l.waitMetric(t, pod, "istio_crl_load_failures_total", nil, failures[pod]+float64(i+1))
@@ -403,7 +329,7 @@ func testCRL(t *testing.T, shared bool) {
 	})
 
 	t.Run("a CRL revoking nothing lets the client in again", func(t *testing.T) {
-		l.reload(t, crl(t, l.caCert, l.caKey))
+		l.reload(t, crl(t, l.ca))
 		l.open(t).Close()
 	})
 
@@ -411,7 +337,7 @@ func testCRL(t *testing.T, shared bool) {
 		c := l.open(t)
 		defer c.Close()
 		before := l.metric(t, "server", rejections, destination)
-		l.write(t, crl(t, l.caCert, l.caKey, srvSerial))
+		l.write(t, crl(t, l.ca, srvSerial))
 		l.waitMetric(t, "client", rejections, source, 1)
 		waitLogCount(t, cli, 1, "terminating outbound connection: upstream certificate revoked by CRL update", "spiffe://cluster.local/ns/default/sa/server")
 		expectEnded(t, c)
@@ -457,12 +383,12 @@ func testCRL(t *testing.T, shared bool) {
 	}
 
 	t.Run("CRL issued by an intermediate CA", func(t *testing.T) {
-		inter, interKey := intermediateCA(t, l.caCert, l.caKey)
-		good := leafFrom(t, inter, interKey, "spiffe://cluster.local/ns/default/sa/outsider")
-		revoked := leafFrom(t, inter, interKey, "spiffe://cluster.local/ns/default/sa/outsider")
+		inter := l.intermediate(t)
+		good := leafFrom(t, inter, "spiffe://cluster.local/ns/default/sa/outsider")
+		revoked := leafFrom(t, inter, "spiffe://cluster.local/ns/default/sa/outsider")
 		// Two CRLs in one file: the intermediate's revokes one of its
 		// leaves, the root's revokes nothing (the server is back in).
-		l.reload(t, append(crl(t, inter, interKey, revoked.Leaf.SerialNumber), crl(t, l.caCert, l.caKey)...))
+		l.reload(t, append(crl(t, inter, revoked.Leaf.SerialNumber), crl(t, l.ca)...))
 		if !strings.Contains(lastLine(srv, "crl reloaded"), "crls=2") {
 			t.Fatalf("the server did not load both CRLs: %s", lastLine(srv, "crl reloaded"))
 		}
@@ -508,67 +434,23 @@ func (l *crlLab) connectAs(t *testing.T, cert tls.Certificate) error {
 		return err
 	}
 	defer s.Close()
-	return echoRound(s, "through the intermediate")
+	return nettest.RoundTrip(s, "through the intermediate")
 }
 
-// intermediateCA signs an intermediate CA (allowed to sign CRLs) with the
+// intermediate signs an intermediate CA (allowed to sign CRLs) with the
 // mesh's root.
-func intermediateCA(t *testing.T, root *x509.Certificate, rootKey crypto.Signer) (*x509.Certificate, crypto.Signer) {
+func (l *crlLab) intermediate(t *testing.T) *tlstest.CA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: "crl test intermediate", Organization: []string{"cluster.local"}},
-		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, root, key.Public(), rootKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c, key
+	return l.ca.Intermediate(t, tlstest.CAOptions{
+		CommonName: "crl test intermediate", Organization: []string{"cluster.local"}, NotAfter: time.Now().Add(time.Hour),
+	})
 }
 
 // leafFrom issues a client leaf for uri from the intermediate; the chain
 // sent is [leaf, intermediate].
-func leafFrom(t *testing.T, inter *x509.Certificate, interKey crypto.Signer, uri string) tls.Certificate {
+func leafFrom(t *testing.T, inter *tlstest.CA, uri string) tls.Certificate {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, err := url.Parse(uri)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
-		URIs:        []*url.URL{u},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, inter, key.Public(), interKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der, inter.Raw}, PrivateKey: key, Leaf: leaf}
+	return inter.Leaf(t, tlstest.LeafOptions{URIs: []string{uri}, NotAfter: time.Now().Add(time.Hour)}).TLS()
 }
 
 // parseMetrics parses a /metrics body.

@@ -22,6 +22,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
@@ -111,32 +112,15 @@ func startDataplane(t *testing.T) *dataplane {
 	lab := netnslab.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartCluster(ctx, lab, []byte(labConfig), labrun.ClusterOptions{
+	c := startCluster(ctx, t, lab, labConfig, labrun.ClusterOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(), ExtraPods: map[string][]string{"node-b": {"outsider"}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
 	})
 	dp := &dataplane{cluster: c, echo: map[string]*labrun.EchoServer{}}
 	for _, pe := range []struct {
 		pod  string
 		port uint16
 	}{{"server", 8080}, {"server", 9999}, {"plain", 8080}, {"outsider", 8080}, {"locked", 8080}, {"strict", 8080}} {
-		s, err := labrun.StartEcho(c.Pods[pe.pod], pe.port)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
+		s := startEcho(t, c.Pods[pe.pod], pe.port)
 		dp.echo[fmt.Sprintf("%s:%d", pe.pod, pe.port)] = s
 	}
 	return dp
@@ -181,20 +165,7 @@ func (dp *dataplane) expectRefused(t *testing.T, from, to string, port uint16) {
 // roundTrip sends payload, half-closes, and returns everything read back.
 func roundTrip(c *net.TCPConn, payload []byte) ([]byte, error) {
 	c.SetDeadline(time.Now().Add(60 * time.Second))
-	errc := make(chan error, 1)
-	go func() {
-		_, err := c.Write(payload)
-		if err == nil {
-			err = c.CloseWrite()
-		}
-		errc <- err
-	}()
-	got, rerr := io.ReadAll(c)
-	werr := <-errc
-	if rerr != nil {
-		return got, rerr
-	}
-	return got, werr
+	return nettest.Exchange(c, payload)
 }
 
 func TestDataPath(t *testing.T) {
@@ -442,24 +413,7 @@ func (dp *dataplane) connectFrom(t *testing.T, from string, cert *mtls.WorkloadC
 // connectWith is connectFrom with an explicit TLS config.
 func (dp *dataplane) connectWith(t *testing.T, from string, cfg *tls.Config, to, authority string) (*hbone.Stream, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	raw, err := dp.cluster.Pods[from].Dial(ctx, "tcp", netip.AddrPortFrom(dp.cluster.Pods[to].IP, 15008).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc := tls.Client(raw, cfg)
-	if err := tc.HandshakeContext(ctx); err != nil {
-		raw.Close()
-		return nil, err
-	}
-	cc, err := hbone.NewClientConn(tc, hbone.Config{})
-	if err != nil {
-		raw.Close()
-		return nil, err
-	}
-	t.Cleanup(func() { cc.Close() })
-	return cc.Connect(ctx, &hbone.Request{Authority: authority})
+	return hboneTunnel(context.Background(), t, dp.cluster.Pods[from], cfg, dp.cluster.Pods[to].IP, authority)
 }
 
 func sawPeer(s *labrun.EchoServer, ip netip.Addr) bool {

@@ -99,21 +99,8 @@ func startDirectLab(t *testing.T, node string, env ...string) *directLab {
 	if node != "" {
 		env = append(env, "NODE_NAME="+node)
 	}
-	c, err := labrun.StartCluster(ctx, lab, []byte(directConfig), labrun.ClusterOptions{
+	c := startCluster(ctx, t, lab, directConfig, labrun.ClusterOptions{
 		Binary: ztunnelBin, Dir: dir, DaemonEnv: env, ExtraPods: map[string][]string{"local": {"resolver"}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
 	})
 	if got := c.Pods["resolver"].IP.String(); got != directResolverIP {
 		t.Fatalf("resolver pod got %s, the daemons were told %s", got, directResolverIP)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/proxy/socks5"
 )
 
@@ -208,7 +209,7 @@ func TestDrainShared(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Close()
-	if err := echoRound(held, "before shutdown"); err != nil {
+	if err := nettest.RoundTrip(held, "before shutdown"); err != nil {
 		t.Fatal(err)
 	}
 	// Through the daemon: the server saw the client pod's address over
@@ -223,7 +224,7 @@ func TestDrainShared(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, msg := range []string{"during shutdown", "still during shutdown"} {
-		if err := echoRound(held, msg); err != nil {
+		if err := nettest.RoundTrip(held, msg); err != nil {
 			t.Fatalf("held connection after shutdown began: %v", err)
 		}
 	}
@@ -245,7 +246,7 @@ func TestDrainShared(t *testing.T) {
 			return true
 		}
 		defer conn.Close()
-		return echoRound(conn, "after shutdown") != nil
+		return nettest.RoundTrip(conn, "after shutdown") != nil
 	}
 	if !pollUntil(fctx, newFails) {
 		t.Fatalf("new connections still work %v after the held one closed", time.Since(closed))

@@ -5,14 +5,12 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -20,6 +18,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // faultConfig is the shared-mode mesh of the data-path fault tests: client
@@ -37,29 +36,14 @@ workloads:
 // what it has written, which is what the path holds while the client does
 // not read.
 type sourceServer struct {
-	ln      net.Listener
 	addr    netip.AddrPort
 	written atomic.Int64
-	wg      sync.WaitGroup
 }
 
 func startSource(t *testing.T, pod *netnslab.Pod, port uint16) *sourceServer {
 	t.Helper()
-	ln, err := pod.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &sourceServer{ln: ln, addr: netip.AddrPortFrom(pod.IP, port)}
-	s.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s.wg.Go(func() { s.serve(c.(*net.TCPConn)) })
-		}
-	})
-	t.Cleanup(func() { ln.Close(); s.wg.Wait() })
+	s := &sourceServer{}
+	s.addr = servePod(t, pod, port, func(c net.Conn) { s.serve(c.(*net.TCPConn)) }).Addr
 	return s
 }
 
@@ -123,38 +107,6 @@ func startFaultShared(t *testing.T) *labrun.SharedCluster {
 	return c
 }
 
-// dialEcho connects pod to addr and checks one round trip.
-func dialEcho(ctx context.Context, pod *netnslab.Pod, addr netip.AddrPort, msg string) (net.Conn, error) {
-	c, err := pod.Dial(ctx, "tcp", addr.String())
-	if err != nil {
-		return nil, err
-	}
-	if err := echoRound(c, msg); err != nil {
-		c.Close()
-		return nil, err
-	}
-	return c, nil
-}
-
-// waitDialEcho retries dialEcho until it works, failing after a generous
-// limit (a daemon recovering may refuse a few first).
-func waitDialEcho(t *testing.T, pod *netnslab.Pod, addr netip.AddrPort, msg string) net.Conn {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		c, err := dialEcho(ctx, pod, addr, msg)
-		cancel()
-		if err == nil {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s -> %s never recovered: %v", pod.Name, addr, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // settle polls f until it returns the same value three times in a row (or
 // a generous limit passes) and returns that value.
 func settle(f func() int64) int64 {
@@ -178,11 +130,7 @@ func settle(f func() int64) int64 {
 func TestDataFaults(t *testing.T) {
 	c := startFaultShared(t)
 	client, server := c.Pods["client"], c.Pods["server"]
-	echo, err := labrun.StartEcho(server, 8080)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { echo.Close() })
+	echo := startEcho(t, server, 8080)
 	src := startSource(t, server, 9000)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -266,7 +214,7 @@ func TestDataFaults(t *testing.T) {
 			t.Fatalf("after %d bytes the client read %v, want ECONNRESET", n, err)
 		}
 		t.Logf("the client read %d bytes, then ECONNRESET", n)
-		if err := echoRound(long, "others unaffected"); err != nil {
+		if err := nettest.RoundTrip(long, "others unaffected"); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -329,7 +277,7 @@ func TestDataFaults(t *testing.T) {
 		restore()
 		nc := waitDialEcho(t, client, echo.Addr, "after the descriptors came back")
 		nc.Close()
-		if err := echoRound(long, "the long connection outlived the exhaustion"); err != nil {
+		if err := nettest.RoundTrip(long, "the long connection outlived the exhaustion"); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -373,7 +321,7 @@ func TestDataFaults(t *testing.T) {
 		t.Logf("node-b: %s", line)
 		nc := waitDialEcho(t, client, echo.Addr, "after node-b's descriptors came back")
 		nc.Close()
-		if err := echoRound(warm, "the pooled connection outlived the exhaustion"); err != nil {
+		if err := nettest.RoundTrip(warm, "the pooled connection outlived the exhaustion"); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -398,7 +346,7 @@ func TestDataFaults(t *testing.T) {
 			vc.Read(make([]byte, 1))
 		}
 		// The daemon keeps serving the other pods.
-		if err := echoRound(long, "others unaffected"); err != nil {
+		if err := nettest.RoundTrip(long, "others unaffected"); err != nil {
 			t.Fatalf("open connection of another pod: %v", err)
 		}
 		nc := waitDialEcho(t, client, echo.Addr, "new connection of another pod")

@@ -14,7 +14,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
-	"github.com/ztunnel-go/ztunnel/mtls/caclient/catest"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
@@ -37,34 +37,15 @@ import (
 // cpLab is a dedicated-mode cluster on xDS and the Istio CA, both served
 // from the node "cp" (as TestControlPlane builds it).
 type cpLab struct {
-	dp    *dataplane
-	cp    *netnslab.Node
-	xds   *xdstest.Server
-	ca    *catest.Server
-	xAddr string // the xDS listener's host:port inside cp
-	echo  *labrun.EchoServer
+	*controlPlane
+	dp   *dataplane
+	echo *labrun.EchoServer
 }
 
 func startCPLab(t *testing.T, env ...string) *cpLab {
 	t.Helper()
 	lab := netnslab.New(t)
-	cp, err := lab.AddNode("cp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := []string{"istiod.istio-system.svc", cp.IP.String()}
-	xAddr := cp.IP.String() + ":15012"
-	xdsLn, err := cp.Listen("tcp", xAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caLn, err := cp.Listen("tcp", cp.IP.String()+":15013")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := &cpLab{cp: cp, xAddr: xAddr}
-	l.xds = xdstest.NewServer(t, xdstest.Options{Listener: xdsLn, ServerNames: names})
-	l.ca = catest.NewServer(t, catest.Options{Listener: caLn, ServerNames: names})
+	l := &cpLab{controlPlane: startControlPlane(t, lab)}
 	for _, w := range []struct{ name, ip, node string }{
 		{"client", "10.244.1.2", "node-a"}, {"other", "10.244.1.3", "node-a"}, {"server", "10.244.2.2", "node-b"},
 	} {
@@ -72,32 +53,12 @@ func startCPLab(t *testing.T, env ...string) *cpLab {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartCluster(ctx, lab, []byte(xdsTopology), labrun.ClusterOptions{
+	c := startCluster(ctx, t, lab, xdsTopology, labrun.ClusterOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(),
-		DaemonEnv: append([]string{
-			"LOCAL_XDS_PATH=", "BUILTIN_CA_CERT=", "BUILTIN_CA_KEY=", "FAKE_CA=false",
-			"XDS_ADDRESS=" + l.xds.Address(), "XDS_ROOT_CA=" + l.xds.TLS().RootFile,
-			"CA_ADDRESS=" + l.ca.Address(), "CA_ROOT_CA=" + l.ca.TLS().RootFile,
-		}, env...),
+		DaemonEnv: append(l.env(), env...),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	l.dp = &dataplane{cluster: c}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
-	})
-	if l.echo, err = labrun.StartEcho(c.Pods["server"], 8080); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.echo.Close() })
+	l.echo = startEcho(t, c.Pods["server"], 8080)
 	return l
 }
 
@@ -106,12 +67,8 @@ func startCPLab(t *testing.T, env ...string) *cpLab {
 func (l *cpLab) tryEcho(pod, msg string) (*net.TCPConn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := l.dp.cluster.Pods[pod].Dial(ctx, "tcp", l.echo.Addr.String())
+	c, err := dialEcho(ctx, l.dp.cluster.Pods[pod], l.echo.Addr, msg)
 	if err != nil {
-		return nil, err
-	}
-	if err := echoRound(c, msg); err != nil {
-		c.Close()
 		return nil, err
 	}
 	return c.(*net.TCPConn), nil
@@ -121,17 +78,7 @@ func (l *cpLab) tryEcho(pod, msg string) (*net.TCPConn, error) {
 // to recover), failing the test after a generous limit.
 func (l *cpLab) waitEcho(t *testing.T, pod, msg string) *net.TCPConn {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c, err := l.tryEcho(pod, msg)
-		if err == nil {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s -> server never recovered: %v", pod, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return waitDialEcho(t, l.dp.cluster.Pods[pod], l.echo.Addr, msg).(*net.TCPConn)
 }
 
 // TestControlPlaneFaults takes istiod away and brings it back, feeds it a
@@ -162,7 +109,7 @@ func TestControlPlaneFaults(t *testing.T) {
 			}
 		}
 		// The last snapshot keeps serving: the open connection and new ones.
-		if err := echoRound(long, "during the outage"); err != nil {
+		if err := nettest.RoundTrip(long, "during the outage"); err != nil {
 			t.Fatalf("open connection during the istiod outage: %v", err)
 		}
 		for _, from := range []string{"client", "other"} {
@@ -173,7 +120,7 @@ func TestControlPlaneFaults(t *testing.T) {
 			nc.Close()
 		}
 
-		ln, err := l.cp.Listen("tcp", l.xAddr)
+		ln, err := l.node.Listen("tcp", l.xdsAddr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -194,7 +141,7 @@ func TestControlPlaneFaults(t *testing.T) {
 				t.Errorf("stream %d resumed with initial_resource_versions %v, want %v", r.Stream, r.InitialResourceVersions, want)
 			}
 		}
-		if err := echoRound(long, "after the outage"); err != nil {
+		if err := nettest.RoundTrip(long, "after the outage"); err != nil {
 			t.Fatalf("open connection after istiod returned: %v", err)
 		}
 	})
@@ -233,7 +180,7 @@ func TestControlPlaneFaults(t *testing.T) {
 				t.Errorf("daemon %s after the partial push: want u-extra applied and u-broken left out", name)
 			}
 		}
-		if err := echoRound(long, "after the NACK"); err != nil {
+		if err := nettest.RoundTrip(long, "after the NACK"); err != nil {
 			t.Fatalf("open connection after the NACK: %v", err)
 		}
 		nc, err := l.tryEcho("other", "new after the NACK")
@@ -255,7 +202,7 @@ func TestControlPlaneFaults(t *testing.T) {
 		}
 		t.Logf("client's daemon: %s", line)
 		// A connection opened before the outage keeps its TLS session.
-		if err := echoRound(long, "with an expired certificate"); err != nil {
+		if err := nettest.RoundTrip(long, "with an expired certificate"); err != nil {
 			t.Logf("the connection opened before the outage ended with it: %v", err)
 		}
 		// New connections fail, with a clear reason in the log and the

@@ -36,19 +36,25 @@ func sum(fams map[string]*dto.MetricFamily, family string, want map[string]strin
 		return 0
 	}
 	for _, m := range f.GetMetric() {
-		got := map[string]string{}
-		for _, l := range m.GetLabel() {
-			got[l.GetName()] = l.GetValue()
-		}
-		ok := true
-		for k, v := range want {
-			ok = ok && got[k] == v
-		}
-		if ok {
+		if hasLabels(m, want) {
 			total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
 	return total
+}
+
+// hasLabels reports whether m carries every label of want with its value.
+func hasLabels(m *dto.Metric, want map[string]string) bool {
+	got := map[string]string{}
+	for _, l := range m.GetLabel() {
+		got[l.GetName()] = l.GetValue()
+	}
+	for k, v := range want {
+		if got[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 func TestMetricsCountTraffic(t *testing.T) {
@@ -74,15 +80,11 @@ func TestMetricsCountTraffic(t *testing.T) {
 	}
 	// Connections end asynchronously in the daemon; poll briefly for the
 	// closes, then check exact values.
-	deadline := time.Now().Add(10 * time.Second)
 	var fams map[string]*dto.MetricFamily
-	for {
+	eventually(10*time.Second, 50*time.Millisecond, func() bool {
 		fams = dp.scrape(t, "server")
-		if sum(fams, "istio_tcp_connections_closed_total", labels) >= 4 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return sum(fams, "istio_tcp_connections_closed_total", labels) >= 4
+	})
 	if got := sum(fams, "istio_tcp_connections_opened_total", labels); got != 4 {
 		t.Errorf("opened = %v, want 4 (3 echoes + 1 denied)", got)
 	}

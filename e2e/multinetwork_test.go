@@ -93,27 +93,10 @@ func startMultiNetwork(t *testing.T, config string, env ...string) *multiNetwork
 	lab := netnslab.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartCluster(ctx, lab, []byte(config), labrun.ClusterOptions{
+	c := startCluster(ctx, t, lab, config, labrun.ClusterOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(), LogLevel: "info,access=debug", DaemonEnv: env,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
-	})
-	echo, err := labrun.StartEcho(c.Pods["server"], 8080)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { echo.Close() })
+	echo := startEcho(t, c.Pods["server"], 8080)
 	serverHBONE := netip.AddrPortFrom(c.Pods["server"].IP, 15008)
 	gw, err := labrun.StartEWGateway(ctx, c.Pods["eastwest"], 15008, c.CA, identity.New("", "istio-system", "istio-eastwestgateway"),
 		map[string]netip.AddrPort{"echo.default.svc.cluster.local:80": serverHBONE})

@@ -16,6 +16,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
@@ -153,11 +154,10 @@ func TestSharedNodeView(t *testing.T) {
 	}
 	dst := map[string]string{"reporter": "destination", "destination_principal": "spiffe://cluster.local/ns/istio-system/sa/ztunnel"}
 	var got tcpCounts
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if got = readCounts(ctx, t, zt, dst); got.Opened == float64(served) && got.Closed == float64(served) {
-			break
-		}
-	}
+	eventually(10*time.Second, 50*time.Millisecond, func() bool {
+		got = readCounts(ctx, t, zt, dst)
+		return got.Opened == float64(served) && got.Closed == float64(served)
+	})
 	if served != 1 {
 		t.Logf("%d self-proxied requests logged (retries)", served)
 	}
@@ -172,7 +172,7 @@ func TestSharedNodeView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := echoRound(conn, "hello"); err != nil {
+	if err := nettest.RoundTrip(conn, "hello"); err != nil {
 		t.Fatalf("client -> server: %v", err)
 	}
 	conn.Close()
@@ -199,10 +199,8 @@ func TestSharedNodeView(t *testing.T) {
 		t.Helper()
 		slices.Sort(ids)
 		var got []string
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			if got = certIdentities(ctx, t, zt); slices.Equal(got, ids) {
-				return
-			}
+		if eventually(10*time.Second, 50*time.Millisecond, func() bool { got = certIdentities(ctx, t, zt); return slices.Equal(got, ids) }) {
+			return
 		}
 		t.Fatalf("%s: node-a holds certificates for %q, want %q", help, got, ids)
 	}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -59,21 +60,8 @@ func startExtraCluster(t *testing.T) *labrun.Cluster {
 	lab := netnslab.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartCluster(ctx, lab, []byte(extraConfig), labrun.ClusterOptions{
+	c := startCluster(ctx, t, lab, extraConfig, labrun.ClusterOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: []string{"UNSTABLE_ENABLE_SOCKS5=true"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
 	})
 	return c
 }
@@ -82,45 +70,27 @@ func startExtraCluster(t *testing.T) *labrun.Cluster {
 // with a PROXY v2 header, which is reported; the rest is echoed.
 func startProxyProtocolApp(t *testing.T, pod *netnslab.Pod, port uint16) <-chan *proxyproto.Header {
 	t.Helper()
-	ln, err := pod.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
 	headers := make(chan *proxyproto.Header, 8)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	servePod(t, pod, port, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(60 * time.Second))
+		h, err := proxyproto.Read(c)
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) { // not the test's end closing it
+				t.Errorf("app behind the tunnel: %v", err)
 			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(60 * time.Second))
-				h, err := proxyproto.Read(c)
-				if err != nil {
-					t.Errorf("app behind the tunnel: %v", err)
-					return
-				}
-				headers <- h
-				io.Copy(c, c)
-				c.(*net.TCPConn).CloseWrite()
-			}()
+			return
 		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
+		headers <- h
+		io.Copy(c, c)
+		c.(*net.TCPConn).CloseWrite()
+	})
 	return headers
 }
 
 func TestRoutingExtras(t *testing.T) {
 	c := startExtraCluster(t)
 	clientIP := c.Pods["client"].IP
-	echo, err := labrun.StartEcho(c.Pods["server"], 8080)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { echo.Close() })
+	echo := startEcho(t, c.Pods["server"], 8080)
 	headers := startProxyProtocolApp(t, c.Pods["tunneled"], 15088)
 
 	t.Run("application tunnel gets a PROXY v2 header with the SPIFFE TLV", func(t *testing.T) {

@@ -15,10 +15,8 @@ import (
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
-	"github.com/ztunnel-go/ztunnel/mtls/caclient/catest"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
-	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
 
 // routingConfig is the mesh of the service routing tests. node-a holds the
@@ -107,20 +105,7 @@ func startRoutingCluster(t *testing.T) *labrun.Cluster {
 	lab := netnslab.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartCluster(ctx, lab, []byte(routingConfig), labrun.ClusterOptions{Binary: ztunnelBin, Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
-	})
+	c := startCluster(ctx, t, lab, routingConfig, labrun.ClusterOptions{Binary: ztunnelBin, Dir: t.TempDir()})
 	return c
 }
 
@@ -132,12 +117,7 @@ func TestServiceCapacityWeights(t *testing.T) {
 	pods := []string{"web-1", "web-2", "web-3"}
 	echo := map[string]*labrun.EchoServer{}
 	for _, name := range pods {
-		s, err := labrun.StartEcho(c.Pods[name], 8080)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		echo[name] = s
+		echo[name] = startEcho(t, c.Pods[name], 8080)
 	}
 	const n = 300
 	for i := range n {
@@ -173,11 +153,7 @@ func TestServiceWaypoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { wp.Close() })
-	direct, err := labrun.StartEcho(c.Pods["web-1"], 8080)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { direct.Close() })
+	direct := startEcho(t, c.Pods["web-1"], 8080)
 
 	got := roundTripTo(t, c.Pods["client"], "10.96.0.20:80", []byte("through the waypoint"))
 	line, rest, _ := strings.Cut(string(got), "\n")
@@ -200,11 +176,7 @@ func TestServiceWaypoint(t *testing.T) {
 
 	// Traffic to the service without a waypoint still goes direct.
 	for _, name := range []string{"web-2", "web-3"} {
-		s, err := labrun.StartEcho(c.Pods[name], 8080)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
+		startEcho(t, c.Pods[name], 8080)
 	}
 	if got := roundTripTo(t, c.Pods["client"], "10.96.0.10:80", []byte("direct")); string(got) != "direct" {
 		t.Errorf("service without a waypoint: %q", got)
@@ -241,21 +213,8 @@ func localityWorkload(name, ip, node, zone string, svc bool) *workloadapi.Addres
 // is removed by an xDS push they fail over to the other zone.
 func TestLocalityFailover(t *testing.T) {
 	lab := netnslab.New(t)
-	cp, err := lab.AddNode("cp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := []string{"istiod.istio-system.svc", cp.IP.String()}
-	xdsLn, err := cp.Listen("tcp", cp.IP.String()+":15012")
-	if err != nil {
-		t.Fatal(err)
-	}
-	caLn, err := cp.Listen("tcp", cp.IP.String()+":15013")
-	if err != nil {
-		t.Fatal(err)
-	}
-	xds := xdstest.NewServer(t, xdstest.Options{Listener: xdsLn, ServerNames: names})
-	ca := catest.NewServer(t, catest.Options{Listener: caLn, ServerNames: names})
+	cp := startControlPlane(t, lab)
+	xds := cp.xds
 	xds.Set(xdsconv.AddressType, "u-client", "1", localityWorkload("client", "10.244.1.2", "node-a", "z1", false))
 	xds.Set(xdsconv.AddressType, "u-near", "1", localityWorkload("near", "10.244.1.3", "node-a", "z1", true))
 	xds.Set(xdsconv.AddressType, "u-far", "1", localityWorkload("far", "10.244.2.2", "node-b", "z2", true))
@@ -271,26 +230,9 @@ func TestLocalityFailover(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartCluster(ctx, lab, []byte(failoverTopology), labrun.ClusterOptions{
+	c := startCluster(ctx, t, lab, failoverTopology, labrun.ClusterOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(),
-		DaemonEnv: []string{
-			"LOCAL_XDS_PATH=", "BUILTIN_CA_CERT=", "BUILTIN_CA_KEY=", "FAKE_CA=false",
-			"XDS_ADDRESS=" + xds.Address(), "XDS_ROOT_CA=" + xds.TLS().RootFile,
-			"CA_ADDRESS=" + ca.Address(), "CA_ROOT_CA=" + ca.TLS().RootFile,
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
+		DaemonEnv: cp.env(),
 	})
 	// Each endpoint answers with its name, so the client sees who served it.
 	for _, name := range []string{"near", "far"} {
@@ -351,24 +293,11 @@ func TestLocalityFailover(t *testing.T) {
 // and closes; the returned function stops it.
 func startNamer(t *testing.T, pod *netnslab.Pod, port uint16, name string) func() {
 	t.Helper()
-	ln, err := pod.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.SetDeadline(time.Now().Add(10 * time.Second))
-			io.WriteString(c, name)
-			c.(*net.TCPConn).CloseWrite()
-			io.Copy(io.Discard, bufio.NewReader(c))
-			c.Close()
-		}
-	}()
-	return func() { ln.Close(); <-done }
+	s := servePod(t, pod, port, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(c, name)
+		c.(*net.TCPConn).CloseWrite()
+		io.Copy(io.Discard, bufio.NewReader(c))
+	})
+	return func() { s.Close() }
 }

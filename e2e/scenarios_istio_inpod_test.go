@@ -7,6 +7,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // inpodConfig is the mesh of istio/istio's ambient baseline tests run here
@@ -73,7 +74,7 @@ func TestIstioTrafficWithEstablishedPodsIfCNIMissing(t *testing.T) {
 	// Long enough for the daemons to have found the agents gone and tried
 	// to reconnect at least once.
 	time.Sleep(2 * time.Second)
-	if err := echoRound(held, "after the agents left"); err != nil {
+	if err := nettest.RoundTrip(held, "after the agents left"); err != nil {
 		t.Fatalf("the connection opened before the agents left: %v", err)
 	}
 	s.echoN(ctx, t, "client", 20)

@@ -119,21 +119,8 @@ func TestMulticlusterFailover(t *testing.T) {
 		lab := netnslab.New(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		c, err := labrun.StartCluster(ctx, lab, []byte(failoverMultiNetworkConfig), labrun.ClusterOptions{
+		c := startCluster(ctx, t, lab, failoverMultiNetworkConfig, labrun.ClusterOptions{
 			Binary: ztunnelBin, Dir: t.TempDir(), LogLevel: "info,access=debug",
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := c.Close(); err != nil {
-				t.Errorf("stopping daemons: %v", err)
-			}
-			if t.Failed() {
-				for name, d := range c.Daemons {
-					t.Logf("daemon %s log:\n%s", name, d.Log())
-				}
-			}
 		})
 		// Each endpoint answers with its name; the not-ready one too, so a
 		// connection routed to it would be seen.
@@ -225,10 +212,10 @@ func TestZtunnelCrlOutbound(t *testing.T) {
 	if err := l.daemons["server"].Stop(); err != nil {
 		t.Fatalf("stopping the server's daemon: %v", err)
 	}
-	inter, interKey := intermediateCA(t, l.caCert, l.caKey)
-	leaf := leafFrom(t, inter, interKey, "spiffe://cluster.local/ns/default/sa/server")
+	inter := l.intermediate(t)
+	leaf := leafFrom(t, inter, "spiffe://cluster.local/ns/default/sa/server")
 	roots := x509.NewCertPool()
-	roots.AddCert(l.caCert)
+	roots.AddCert(l.ca.Cert)
 	srv, err := labrun.StartWaypoint(l.pods["server"], 15008, &mtls.WorkloadCert{
 		Identity: identity.New("", "default", "server"), Certificate: leaf, Roots: roots,
 		NotBefore: leaf.Leaf.NotBefore, NotAfter: leaf.Leaf.NotAfter,
@@ -262,7 +249,7 @@ func TestZtunnelCrlOutbound(t *testing.T) {
 	// the file (the server's is stopped).
 	before := l.metric(t, "client", rejections, source)
 	reloads := logCount(l.daemons["client"], "crl reloaded")
-	l.write(t, crl(t, l.caCert, l.caKey, inter.SerialNumber))
+	l.write(t, crl(t, l.ca, inter.Cert.SerialNumber))
 	waitLogCount(t, l.daemons["client"], reloads+1, "crl reloaded")
 	l.expectNoEcho(t)
 	l.waitMetric(t, "client", rejections, source, before+1)

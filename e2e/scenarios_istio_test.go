@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"strings"
@@ -11,12 +10,9 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"github.com/ztunnel-go/ztunnel/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
-	"github.com/ztunnel-go/ztunnel/mtls/caclient/catest"
-	"github.com/ztunnel-go/ztunnel/state/xdsconv"
-	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // Cases of istio/istio's tests/integration/ambient that exercise ztunnel
@@ -249,17 +245,7 @@ func TestIstioServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conn.Write([]byte("localhost app"))
-			conn.Close()
-		}
-	}()
+	nettest.Handle(t, ln, func(conn net.Conn) { conn.Write([]byte("localhost app")) })
 
 	reach := func(t *testing.T, dst string, app *labrun.EchoServer) {
 		t.Helper()
@@ -325,14 +311,14 @@ func TestIstioCRLRevokedIntermediate(t *testing.T) {
 	for _, mode := range []string{"dedicated", "shared"} {
 		t.Run(mode, func(t *testing.T) {
 			l := startCRLLab(t, mode == "shared")
-			inter, interKey := intermediateCA(t, l.caCert, l.caKey)
-			leaf := leafFrom(t, inter, interKey, "spiffe://cluster.local/ns/default/sa/outsider")
-			l.reload(t, crl(t, l.caCert, l.caKey))
+			inter := l.intermediate(t)
+			leaf := leafFrom(t, inter, "spiffe://cluster.local/ns/default/sa/outsider")
+			l.reload(t, crl(t, l.ca))
 			if err := l.connectAs(t, leaf); err != nil {
 				t.Fatalf("baseline: a leaf of the intermediate before any revocation: %v", err)
 			}
 			before := l.metric(t, "server", rejections, destination)
-			l.reload(t, crl(t, l.caCert, l.caKey, inter.SerialNumber))
+			l.reload(t, crl(t, l.ca, inter.Cert.SerialNumber))
 			if err := l.connectAs(t, leaf); err == nil {
 				t.Fatal("a leaf of a revoked intermediate got a tunnel")
 			}
@@ -394,208 +380,4 @@ func TestIstioL4Telemetry(t *testing.T) {
 		}
 	}
 	checkCounts(ctx, t, d, labels, base, tcpCounts{n, n, n * float64(helloSize), n * float64(2*helloSize)})
-}
-
-// istioSERemovedTopology places the pods of TestIstioServiceEntryRemoved;
-// their workloads and the ServiceEntry come from xDS.
-const istioSERemovedTopology = `
-workloads:
-- {uid: u-client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.1.2"], protocol: HBONE, node: node-a, services: {}}
-- {uid: u-uncaptured, name: uncaptured, namespace: default, serviceAccount: uncaptured, workloadIps: ["10.244.2.2"], protocol: TCP, node: node-b, services: {}}
-`
-
-const istioSEKey = "default/serviceentry.istio.io"
-
-// startIstioXDSCluster runs topology's pods in dedicated mode on xDS and the
-// Istio CA; set fills the xDS server before the daemons start.
-func startIstioXDSCluster(t *testing.T, topology string, o labrun.ClusterOptions, set func(*xdstest.Server)) *labrun.Cluster {
-	t.Helper()
-	lab := netnslab.New(t)
-	cp, err := lab.AddNode("cp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := []string{"istiod.istio-system.svc", cp.IP.String()}
-	xdsLn, err := cp.Listen("tcp", cp.IP.String()+":15012")
-	if err != nil {
-		t.Fatal(err)
-	}
-	caLn, err := cp.Listen("tcp", cp.IP.String()+":15013")
-	if err != nil {
-		t.Fatal(err)
-	}
-	xds := xdstest.NewServer(t, xdstest.Options{Listener: xdsLn, ServerNames: names})
-	ca := catest.NewServer(t, catest.Options{Listener: caLn, ServerNames: names})
-	set(xds)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	o.Binary, o.Dir = ztunnelBin, t.TempDir()
-	o.DaemonEnv = append(o.DaemonEnv,
-		"LOCAL_XDS_PATH=", "BUILTIN_CA_CERT=", "BUILTIN_CA_KEY=", "FAKE_CA=false",
-		"XDS_ADDRESS="+xds.Address(), "XDS_ROOT_CA="+xds.TLS().RootFile,
-		"CA_ADDRESS="+ca.Address(), "CA_ROOT_CA="+ca.TLS().RootFile)
-	c, err := labrun.StartCluster(ctx, lab, []byte(topology), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
-	})
-	return c
-}
-
-// istioSEService is a ServiceEntry of host with one VIP, port 80 to 8080.
-func istioSEService(host, vip string) *workloadapi.Address {
-	return &workloadapi.Address{Type: &workloadapi.Address_Service{Service: &workloadapi.Service{
-		Name: host, Namespace: "default", Hostname: host,
-		Addresses: []*workloadapi.NetworkAddress{{Address: netip.MustParseAddr(vip).AsSlice()}},
-		Ports:     []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}},
-	}}}
-}
-
-// istioSEEndpoint makes w an uncaptured endpoint of the ServiceEntry key.
-func istioSEEndpoint(a *workloadapi.Address, key string) *workloadapi.Address {
-	w := a.GetWorkload()
-	w.TunnelProtocol = workloadapi.TunnelProtocol_NONE
-	w.Services = map[string]*workloadapi.PortList{key: {Ports: []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}}}}
-	return a
-}
-
-// callName connects from pod to dst and returns what the server wrote
-// before closing, "" when nobody answered within 3s.
-func callName(ctx context.Context, pod *netnslab.Pod, dst string) string {
-	cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
-	defer ccancel()
-	conn, err := pod.Dial(cctx, "tcp", dst)
-	if err != nil {
-		return ""
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(3 * time.Second))
-	got, _ := io.ReadAll(conn)
-	return string(got)
-}
-
-// TestIstioServiceEntryRemoved is the second half of istio/istio's
-// TestServiceEntryDNSWithAutoAssign on xDS: a ServiceEntry (VIP, port 80
-// to 8080) selecting an uncaptured pod is reached through its VIP; once
-// the control plane removes it, calls to the VIP no longer reach the pod.
-func TestIstioServiceEntryRemoved(t *testing.T) {
-	xdsRef := new(*xdstest.Server)
-	c := startIstioXDSCluster(t, istioSERemovedTopology, labrun.ClusterOptions{}, func(xds *xdstest.Server) {
-		*xdsRef = xds
-		xds.Set(xdsconv.AddressType, "u-client", "1", xdsWorkload("client", "10.244.1.2", "node-a"))
-		xds.Set(xdsconv.AddressType, "u-uncaptured", "1", istioSEEndpoint(xdsWorkload("uncaptured", "10.244.2.2", "node-b"), istioSEKey))
-		xds.Set(xdsconv.AddressType, istioSEKey, "1", istioSEService("serviceentry.istio.io", "240.240.240.1"))
-	})
-	xds := *xdsRef
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	t.Cleanup(startNamer(t, c.Pods["uncaptured"], 8080, "uncaptured"))
-	call := func() string { return callName(ctx, c.Pods["client"], "240.240.240.1:80") }
-	if got := call(); got != "uncaptured" {
-		t.Fatalf("the ServiceEntry's VIP answered %q, want the uncaptured pod", got)
-	}
-	xds.Remove(xdsconv.AddressType, istioSEKey)
-	gone := false
-	for i := 0; i < 100 && !gone; i++ {
-		gone = call() == ""
-	}
-	if !gone {
-		t.Fatal("the VIP still reaches the pod 100 calls after the ServiceEntry was removed")
-	}
-	for i := 0; i < 3; i++ {
-		if got := call(); got != "" {
-			t.Fatalf("call %d after the removal answered %q", i, got)
-		}
-	}
-}
-
-const istioRestartTopology = `
-workloads:
-- {uid: u-client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.1.2"], protocol: HBONE, node: node-a, services: {}}
-- {uid: u-old, name: old, namespace: default, serviceAccount: web, workloadIps: ["10.244.2.2"], protocol: HBONE, node: node-b, services: {}}
-- {uid: u-new, name: new, namespace: default, serviceAccount: web, workloadIps: ["10.244.2.3"], protocol: HBONE, node: node-b, services: {}}
-`
-
-// TestIstioServiceRestart is istio/istio's TestServiceRestart on xDS, in
-// the order Kubernetes replaces a pod: the new pod joins the service, the
-// old one leaves the service (while its app still runs), then it is gone.
-// Every connection to the service VIP must succeed throughout (istio's
-// threshold is 100%), and the traffic moves from the old pod to the new.
-func TestIstioServiceRestart(t *testing.T) {
-	const key = "default/web.default.svc.cluster.local"
-	member := func(a *workloadapi.Address) *workloadapi.Address {
-		a.GetWorkload().Services = map[string]*workloadapi.PortList{key: {Ports: []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}}}}
-		return a
-	}
-	xdsRef := new(*xdstest.Server)
-	c := startIstioXDSCluster(t, istioRestartTopology, labrun.ClusterOptions{}, func(xds *xdstest.Server) {
-		*xdsRef = xds
-		xds.Set(xdsconv.AddressType, "u-client", "1", xdsWorkload("client", "10.244.1.2", "node-a"))
-		old := member(xdsWorkload("old", "10.244.2.2", "node-b"))
-		old.GetWorkload().ServiceAccount = "web"
-		xds.Set(xdsconv.AddressType, "u-old", "1", old)
-		nw := xdsWorkload("new", "10.244.2.3", "node-b")
-		nw.GetWorkload().ServiceAccount = "web"
-		xds.Set(xdsconv.AddressType, "u-new", "1", nw)
-		xds.Set(xdsconv.AddressType, key, "1", &workloadapi.Address{Type: &workloadapi.Address_Service{Service: &workloadapi.Service{
-			Name: "web", Namespace: "default", Hostname: "web.default.svc.cluster.local",
-			Addresses: []*workloadapi.NetworkAddress{{Address: netip.MustParseAddr("10.96.0.30").AsSlice()}},
-			Ports:     []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}},
-		}}})
-	})
-	xds := *xdsRef
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	for _, name := range []string{"old", "new"} {
-		t.Cleanup(startNamer(t, c.Pods[name], 8080, name))
-	}
-	calls := 0
-	call := func() string {
-		t.Helper()
-		calls++
-		got := callName(ctx, c.Pods["client"], "10.96.0.30:80")
-		if got != "old" && got != "new" {
-			t.Fatalf("call %d to the service failed (%q): every call must succeed", calls, got)
-		}
-		return got
-	}
-	// until calls until want has answered n times in a row, at most max calls.
-	until := func(want string, n, max int) {
-		t.Helper()
-		run := 0
-		for i := 0; i < max && run < n; i++ {
-			if call() == want {
-				run++
-			} else {
-				run = 0
-			}
-		}
-		if run < n {
-			t.Fatalf("%s did not answer %d calls in a row within %d calls", want, n, max)
-		}
-	}
-	until("old", 5, 5)
-	// The new pod joins the service.
-	nw := member(xdsWorkload("new", "10.244.2.3", "node-b"))
-	nw.GetWorkload().ServiceAccount = "web"
-	xds.Set(xdsconv.AddressType, "u-new", "2", nw)
-	until("new", 1, 400)
-	// The old pod leaves the service; its app still serves.
-	old := xdsWorkload("old", "10.244.2.2", "node-b")
-	old.GetWorkload().ServiceAccount = "web"
-	xds.Set(xdsconv.AddressType, "u-old", "2", old)
-	until("new", 20, 400)
-	// The old pod is gone.
-	xds.Remove(xdsconv.AddressType, "u-old")
-	until("new", 20, 20)
-	t.Logf("%d calls, all served", calls)
 }

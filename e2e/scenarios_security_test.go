@@ -8,19 +8,11 @@ package e2e
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net/netip"
-	"net/url"
 	"os"
 	"syscall"
 	"testing"
@@ -30,6 +22,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
@@ -40,24 +33,7 @@ import (
 // CONNECTs to authority. The tunnel is closed when the test ends.
 func hboneConnect(ctx context.Context, t *testing.T, from *netnslab.Pod, cert *mtls.WorkloadCert, dst netip.Addr, authority, san string) (*hbone.Stream, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	raw, err := from.Dial(ctx, "tcp", netip.AddrPortFrom(dst, 15008).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc := tls.Client(raw, mtls.ClientConfig(cert, []string{san}))
-	if err := tc.HandshakeContext(ctx); err != nil {
-		raw.Close()
-		return nil, err
-	}
-	cc, err := hbone.NewClientConn(tc, hbone.Config{})
-	if err != nil {
-		raw.Close()
-		return nil, err
-	}
-	t.Cleanup(func() { cc.Close() })
-	return cc.Connect(ctx, &hbone.Request{Authority: authority})
+	return hboneTunnel(ctx, t, from, mtls.ClientConfig(cert, []string{san}), dst, authority)
 }
 
 // policyConfig is test_policy's and hbone_ip_mismatch's mesh (namespaced.rs,
@@ -154,34 +130,10 @@ workloads:
 // ztunnel's test for identities of two trust domains.
 func twoTrustDomainCA(t *testing.T, tds ...string) *caclient.BuiltinCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: "lab CA of two trust domains"},
-		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true,
+	return tlstest.NewRoot(t, tlstest.CAOptions{
+		CommonName: "lab CA of two trust domains", TrustDomains: tds,
 		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-	}
-	for _, td := range tds {
-		tmpl.URIs = append(tmpl.URIs, &url.URL{Scheme: "spiffe", Host: td})
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := caclient.LoadBuiltinCA(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ca
+	}).Builtin(t)
 }
 
 // TestTrustDomainMismatch is ztunnel's trust_domain_mismatch_rejected (row
@@ -204,7 +156,7 @@ func TestTrustDomainMismatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		if err := echoRound(conn, "hello world!"); err != nil {
+		if err := nettest.RoundTrip(conn, "hello world!"); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -272,7 +224,7 @@ func TestServerPodDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Close()
-	if err := echoRound(held, "hello world"); err != nil {
+	if err := nettest.RoundTrip(held, "hello world"); err != nil {
 		t.Fatalf("the held connection before the deletion: %v", err)
 	}
 	if err := c.RemoveFromMesh("server"); err != nil {
@@ -289,7 +241,7 @@ func TestServerPodDeleted(t *testing.T) {
 		t.Fatalf("a new connection after the deletion: %v, want it accepted by the client's outbound listener", err)
 	default:
 		defer conn.Close()
-		err = echoRound(conn, "hello world")
+		err = nettest.RoundTrip(conn, "hello world")
 		if err == nil {
 			t.Fatal("a new connection to the deleted pod got its echo")
 		}
@@ -298,7 +250,7 @@ func TestServerPodDeleted(t *testing.T) {
 		}
 	}
 
-	err = echoRound(held, "hello world")
+	err = nettest.RoundTrip(held, "hello world")
 	if err == nil {
 		t.Fatal("the held connection to the deleted pod still works")
 	}

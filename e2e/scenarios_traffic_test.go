@@ -33,38 +33,22 @@ const (
 // does.
 func startDoubler(t *testing.T, pod *netnslab.Pod, port uint16) {
 	t.Helper()
-	ln, err := pod.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	servePod(t, pod, port, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		buf := make([]byte, 4096)
 		for {
-			c, err := ln.Accept()
+			n, err := c.Read(buf)
+			if n > 0 {
+				if _, werr := c.Write(append(buf[:n:n], buf[:n]...)); werr != nil {
+					return
+				}
+			}
 			if err != nil {
+				c.(*net.TCPConn).CloseWrite()
 				return
 			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(30 * time.Second))
-				buf := make([]byte, 4096)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						if _, werr := c.Write(append(buf[:n:n], buf[:n]...)); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						c.(*net.TCPConn).CloseWrite()
-						return
-					}
-				}
-			}()
 		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
+	})
 }
 
 // helloDouble is ztunnel's client against the doubler: connect from pod to
@@ -121,15 +105,11 @@ func readCounts(ctx context.Context, t *testing.T, d *labrun.Daemon, labels map[
 // the client's close by a little.
 func checkCounts(ctx context.Context, t *testing.T, d *labrun.Daemon, labels map[string]string, base, want tcpCounts) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
 	var got tcpCounts
-	for i := 0; i < 500; i++ {
+	eventually(10*time.Second, 20*time.Millisecond, func() bool {
 		got = readCounts(ctx, t, d, labels).minus(base)
-		if got == want || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // poll interval of a bounded wait
-	}
+		return got == want
+	})
 	if got != want {
 		t.Errorf("%s: TCP counters with %v: %s, want %s", d.Pod.Name, labels, got, want)
 	}
@@ -232,20 +212,7 @@ func startTrafficLab(t *testing.T, shared bool, config string) *trafficLab {
 		c := startSharedCluster(ctx, t, lab, config, labrun.SharedOptions{Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: env})
 		return &trafficLab{pods: c.Pods, daemon: func(pod string) *labrun.Daemon { return c.Daemons[c.Pods[pod].Node.Name] }}
 	}
-	c, err := labrun.StartCluster(ctx, lab, []byte(config), labrun.ClusterOptions{Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: env})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
-	})
+	c := startCluster(ctx, t, lab, config, labrun.ClusterOptions{Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: env})
 	return &trafficLab{pods: c.Pods, daemon: func(pod string) *labrun.Daemon { return c.Daemons[pod] }}
 }
 

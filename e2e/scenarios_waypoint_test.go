@@ -2,11 +2,11 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -254,49 +254,36 @@ services:
 // connections relayed so far.
 func startForwarder(t *testing.T, pod *netnslab.Pod, port uint16, target func(net.Conn) (string, error)) func() int64 {
 	t.Helper()
-	ln, err := pod.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var relayed atomic.Int64
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	servePod(t, pod, port, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		dst, err := target(c)
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) { // not the test's end closing it
+				t.Errorf("forwarder in %s: %v", pod.Name, err)
 			}
-			wg.Go(func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(30 * time.Second))
-				dst, err := target(c)
-				if err != nil {
-					t.Errorf("forwarder in %s: %v", pod.Name, err)
-					return
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				up, err := pod.Dial(ctx, "tcp", dst)
-				cancel()
-				if err != nil {
-					t.Errorf("forwarder in %s: dial %s: %v", pod.Name, dst, err)
-					return
-				}
-				defer up.Close()
-				up.SetDeadline(time.Now().Add(30 * time.Second))
-				relayed.Add(1)
-				done := make(chan struct{})
-				go func() {
-					io.Copy(up, c)
-					up.(*net.TCPConn).CloseWrite()
-					close(done)
-				}()
-				io.Copy(c, up)
-				c.(*net.TCPConn).CloseWrite()
-				<-done
-			})
+			return
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		up, err := pod.Dial(ctx, "tcp", dst)
+		cancel()
+		if err != nil {
+			t.Errorf("forwarder in %s: dial %s: %v", pod.Name, dst, err)
+			return
+		}
+		defer up.Close()
+		up.SetDeadline(time.Now().Add(30 * time.Second))
+		relayed.Add(1)
+		done := make(chan struct{})
+		go func() {
+			io.Copy(up, c)
+			up.(*net.TCPConn).CloseWrite()
+			close(done)
+		}()
+		io.Copy(c, up)
+		c.(*net.TCPConn).CloseWrite()
+		<-done
 	})
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
 	return relayed.Load
 }
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // sharedConfig is the mesh of the shared-mode tests: client and late on
@@ -83,23 +83,6 @@ func startShared(t *testing.T, mods ...func(*labrun.SharedOptions)) *sharedLab {
 	return &sharedLab{c: c, srvAddr: s.Addr}
 }
 
-// echoRound writes msg on c and reads it back, leaving c open.
-func echoRound(c net.Conn, msg string) error {
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	defer c.SetDeadline(time.Time{})
-	if _, err := c.Write([]byte(msg)); err != nil {
-		return err
-	}
-	got := make([]byte, len(msg))
-	if _, err := io.ReadFull(c, got); err != nil {
-		return err
-	}
-	if string(got) != msg {
-		return fmt.Errorf("echo %q, want %q", got, msg)
-	}
-	return nil
-}
-
 // echoOnce opens a connection from pod to the server and checks one round
 // trip; the caller closes it.
 func (s *sharedLab) echoOnce(ctx context.Context, pod string) (net.Conn, error) {
@@ -107,15 +90,7 @@ func (s *sharedLab) echoOnce(ctx context.Context, pod string) (net.Conn, error) 
 }
 
 func (s *sharedLab) echoFrom(ctx context.Context, pod *netnslab.Pod) (net.Conn, error) {
-	c, err := pod.Dial(ctx, "tcp", s.srvAddr.String())
-	if err != nil {
-		return nil, err
-	}
-	if err := echoRound(c, "hello from "+pod.Name); err != nil {
-		c.Close()
-		return nil, err
-	}
-	return c, nil
+	return dialEcho(ctx, pod, s.srvAddr, "hello from "+pod.Name)
 }
 
 // workloadState fetches /config_dump's workloadState from d.
@@ -293,25 +268,20 @@ func TestSharedMode(t *testing.T) {
 			t.Fatal("the deleted pod's connection stayed open")
 		}
 		for _, port := range []int{15001, 15006, 15008} {
-			deadline := time.Now().Add(10 * time.Second)
-			for {
+			if !eventually(10*time.Second, 20*time.Millisecond, func() bool {
 				pc, err := c.Pods["late"].Dial(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", port))
-				if err != nil && errors.Is(err, syscall.ECONNREFUSED) {
-					break
-				}
 				if pc != nil {
 					pc.Close()
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the deleted pod still listens on %d", port)
-				}
-				time.Sleep(20 * time.Millisecond)
+				return err != nil && errors.Is(err, syscall.ECONNREFUSED)
+			}) {
+				t.Fatalf("the deleted pod still listens on %d", port)
 			}
 		}
 		if _, ok := workloadState(ctx, t, c.Daemons["node-a"])[c.UID("late")]; ok {
 			t.Fatal("the deleted pod is still in workloadState")
 		}
-		if err := echoRound(long, "others unaffected"); err != nil {
+		if err := nettest.RoundTrip(long, "others unaffected"); err != nil {
 			t.Fatalf("client's connection after late's deletion: %v", err)
 		}
 	})
@@ -336,7 +306,7 @@ func TestSharedMode(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		if err := echoRound(long, "after the nack"); err != nil {
+		if err := nettest.RoundTrip(long, "after the nack"); err != nil {
 			t.Fatalf("long-lived connection after a malformed request: %v", err)
 		}
 	})
@@ -350,7 +320,7 @@ func TestSharedMode(t *testing.T) {
 		if err := agent.WaitSnapshots(wctx, before+1); err != nil {
 			t.Fatal(err)
 		}
-		if err := echoRound(long, "after the agent restart"); err != nil {
+		if err := nettest.RoundTrip(long, "after the agent restart"); err != nil {
 			t.Fatalf("long-lived connection across the agent restart: %v", err)
 		}
 		nc, err := s.echoOnce(ctx, "client")
@@ -449,7 +419,7 @@ func TestSharedUpgrade(t *testing.T) {
 	}
 	// A connection that lived through the old daemons was closed by their
 	// drain deadline (ztunnel behaves the same): show it.
-	if err := echoRound(long, "x"); err == nil {
+	if err := nettest.RoundTrip(long, "x"); err == nil {
 		t.Log("the long-lived connection survived both upgrades")
 	} else {
 		t.Logf("the long-lived connection ended with the old daemons' drain (as in ztunnel): %v", err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -15,7 +14,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/api/securityapi"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
-	"github.com/ztunnel-go/ztunnel/mtls/caclient"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
@@ -93,7 +92,7 @@ func startAdmissionProbe(ctx context.Context, pod *netnslab.Pod, target string) 
 			c, err := pod.Dial(dctx, "tcp", target)
 			dcancel()
 			if err == nil {
-				if echoRound(c, "probe") == nil {
+				if nettest.RoundTrip(c, "probe") == nil {
 					p.mu.Lock()
 					p.admitted = append(p.admitted, time.Now())
 					p.mu.Unlock()
@@ -308,22 +307,11 @@ func TestDedicatedServesNothingBeforeSync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	ca, err := caclient.NewBuiltinCA("cluster.local")
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{"config.yaml": []byte(startupConfig), "ca.pem": ca.RootPEM(), "ca-key.pem": ca.KeyPEM()}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cfgPath, caCert, caKey := writeDaemonFiles(t, startupConfig)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	d, err := labrun.StartDaemon(ctx, pod, labrun.DaemonOptions{
-		Binary: ztunnelBin, ConfigPath: filepath.Join(dir, "config.yaml"),
-		CACert: filepath.Join(dir, "ca.pem"), CAKey: filepath.Join(dir, "ca-key.pem"),
+		Binary: ztunnelBin, ConfigPath: cfgPath, CACert: caCert, CAKey: caKey,
 		Workload: "default/client/client", Env: istiod.env(), NoWait: true,
 	})
 	if err != nil {

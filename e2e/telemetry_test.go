@@ -24,8 +24,8 @@ import (
 	"github.com/ztunnel-go/ztunnel/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
-	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
 
 // telemetryLayout places the pods (the daemons get the workloads from xDS,
@@ -95,11 +95,7 @@ func TestTelemetryShared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	xdsLn, err := cp.Listen("tcp", cp.IP.String()+":15012")
-	if err != nil {
-		t.Fatal(err)
-	}
-	xds := xdstest.NewServer(t, xdstest.Options{Listener: xdsLn, ServerNames: []string{"istiod.istio-system.svc", cp.IP.String()}})
+	xds := newFakeIstiod(t, cp, 15012)
 	web := map[string]*workloadapi.PortList{"default/web.default.svc.cluster.local": {Ports: []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}}}}
 	ext := map[string]*workloadapi.PortList{"default/ext.default.svc.cluster.local": {Ports: []*workloadapi.Port{{ServicePort: 80, TargetPort: 80}}}}
 	xds.Set(xdsconv.AddressType, "u-client", "1", telemetryWorkload("client", "10.244.1.2", "node-a", nil))
@@ -143,7 +139,7 @@ func TestTelemetryShared(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := echoRound(conn, "to the service"); err != nil {
+		if err := nettest.RoundTrip(conn, "to the service"); err != nil {
 			t.Fatal(err)
 		}
 		conn.Close()
@@ -154,7 +150,7 @@ func TestTelemetryShared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := echoRound(held, "held open"); err != nil {
+	if err := nettest.RoundTrip(held, "held open"); err != nil {
 		t.Fatal(err)
 	}
 	checkConnections(ctx, t, c.Daemons["node-a"], "u-client", "outbound", dumpConn{OriginalDst: "10.96.0.10:80", ActualDst: "10.244.2.2:15008", Protocol: "HBONE"})
@@ -234,15 +230,7 @@ func TestTelemetryShared(t *testing.T) {
 	}
 	has := func(family string, want map[string]string) bool {
 		for _, m := range fams[family] {
-			got := map[string]string{}
-			for _, l := range m.GetLabel() {
-				got[l.GetName()] = l.GetValue()
-			}
-			ok := true
-			for k, v := range want {
-				ok = ok && got[k] == v
-			}
-			if ok {
+			if hasLabels(m, want) {
 				return true
 			}
 		}

@@ -15,7 +15,6 @@ import (
 	"github.com/ztunnel-go/ztunnel/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
-	"github.com/ztunnel-go/ztunnel/mtls/caclient/catest"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
@@ -44,21 +43,8 @@ func xdsWorkload(name, ip, node string) *workloadapi.Address {
 // within a second and leaves the other open.
 func TestControlPlane(t *testing.T) {
 	lab := netnslab.New(t)
-	cp, err := lab.AddNode("cp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := []string{"istiod.istio-system.svc", cp.IP.String()}
-	xdsLn, err := cp.Listen("tcp", cp.IP.String()+":15012")
-	if err != nil {
-		t.Fatal(err)
-	}
-	caLn, err := cp.Listen("tcp", cp.IP.String()+":15013")
-	if err != nil {
-		t.Fatal(err)
-	}
-	xds := xdstest.NewServer(t, xdstest.Options{Listener: xdsLn, ServerNames: names})
-	ca := catest.NewServer(t, catest.Options{Listener: caLn, ServerNames: names})
+	cp := startControlPlane(t, lab)
+	xds := cp.xds
 	for _, w := range []struct{ name, ip, node string }{
 		{"client", "10.244.1.2", "node-a"}, {"other", "10.244.1.3", "node-a"}, {"server", "10.244.2.2", "node-b"},
 	} {
@@ -67,33 +53,12 @@ func TestControlPlane(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := labrun.StartCluster(ctx, lab, []byte(xdsTopology), labrun.ClusterOptions{
+	c := startCluster(ctx, t, lab, xdsTopology, labrun.ClusterOptions{
 		Binary: ztunnelBin, Dir: t.TempDir(),
-		DaemonEnv: []string{
-			"LOCAL_XDS_PATH=", "BUILTIN_CA_CERT=", "BUILTIN_CA_KEY=", "FAKE_CA=false",
-			"XDS_ADDRESS=" + xds.Address(), "XDS_ROOT_CA=" + xds.TLS().RootFile,
-			"CA_ADDRESS=" + ca.Address(), "CA_ROOT_CA=" + ca.TLS().RootFile,
-		},
+		DaemonEnv: cp.env(),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	dp := &dataplane{cluster: c}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("stopping daemons: %v", err)
-		}
-		if t.Failed() {
-			for name, d := range c.Daemons {
-				t.Logf("daemon %s log:\n%s", name, d.Log())
-			}
-		}
-	})
-	echo, err := labrun.StartEcho(c.Pods["server"], 8080)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { echo.Close() })
+	startEcho(t, c.Pods["server"], 8080)
 
 	// The daemons asked istiod with ztunnel's node identity.
 	first := xds.WaitRequest(func(r *xdstest.Request) bool { return r.Node != nil })
@@ -115,7 +80,7 @@ func TestControlPlane(t *testing.T) {
 	fromClient, fromOther := open("client"), open("other")
 	defer fromClient.Close()
 	defer fromOther.Close()
-	if len(ca.Requests()) == 0 {
+	if len(cp.ca.Requests()) == 0 {
 		t.Fatal("no certificate came from the Istio CA")
 	}
 
@@ -131,7 +96,7 @@ func TestControlPlane(t *testing.T) {
 	// wall-clock bound would flake, so the test requires the close (a stuck
 	// connection hits the read deadline) and reports how long it took.
 	fromClient.SetDeadline(time.Now().Add(10 * time.Second))
-	_, err = io.ReadAll(fromClient)
+	_, err := io.ReadAll(fromClient)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatal("the connection the pushed policy denies was not closed")
 	}

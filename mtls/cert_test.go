@@ -11,24 +11,26 @@ import (
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 	"github.com/ztunnel-go/ztunnel/mtls"
+	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
 
 func TestParseChain(t *testing.T) {
 	id := identity.New("", "ns", "sa")
 	uris := []string{id.String()}
-	root1 := newTestRoot(t)
-	root2 := newTestRoot(t)
-	inter := root2.intermediate(t)
-	key := newKey(t)
-	otherKey := newKey(t)
+	root1 := tlstest.NewRoot(t, tlstest.CAOptions{})
+	root2 := tlstest.NewRoot(t, tlstest.CAOptions{})
+	inter := root2.Intermediate(t, tlstest.CAOptions{})
+	key := tlstest.NewKey(t)
+	otherKey := tlstest.NewKey(t)
 
-	leaf1 := root1.leaf(t, key, leafOpts{uris: uris})
-	leaf2 := root2.leaf(t, key, leafOpts{uris: uris})
-	leafInter := inter.leaf(t, key, leafOpts{uris: uris})
-	twoURIs := root1.leaf(t, key, leafOpts{uris: []string{"spiffe://cluster.local/ns/ns/sa/other", id.String()}})
-	noURI := root1.leaf(t, key, leafOpts{dnsNames: []string{"a.example"}})
-	expired := root1.leaf(t, key, leafOpts{uris: uris, notBefore: time.Now().Add(-2 * time.Hour), notAfter: time.Now().Add(-time.Hour)})
-	bothRoots := root1.pem + "\n" + root2.pem
+	leaf1 := string(root1.Leaf(t, tlstest.LeafOptions{Key: key, URIs: uris}).PEM())
+	leaf2 := string(root2.Leaf(t, tlstest.LeafOptions{Key: key, URIs: uris}).PEM())
+	leafInter := string(inter.Leaf(t, tlstest.LeafOptions{Key: key, URIs: uris}).PEM())
+	twoURIs := string(root1.Leaf(t, tlstest.LeafOptions{Key: key, URIs: []string{"spiffe://cluster.local/ns/ns/sa/other", id.String()}}).PEM())
+	noURI := string(root1.Leaf(t, tlstest.LeafOptions{Key: key, Names: []string{"a.example"}}).PEM())
+	expired := string(root1.Leaf(t, tlstest.LeafOptions{Key: key, URIs: uris, NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: time.Now().Add(-time.Hour)}).PEM())
+	root1PEM, root2PEM, interPEM := string(root1.PEM()), string(root2.PEM()), string(inter.PEM())
+	bothRoots := root1PEM + "\n" + root2PEM
 
 	tests := []struct {
 		name      string
@@ -40,26 +42,26 @@ func TestParseChain(t *testing.T) {
 		wantErr   string            // substring; "" means success
 		wantIs    error
 	}{
-		{name: "leaf and root", chain: []string{leaf1, root1.pem}},
+		{name: "leaf and root", chain: []string{leaf1, root1PEM}},
 		{name: "two concatenated roots, leaf under the second", chain: []string{leaf2, bothRoots}},
 		{name: "two concatenated roots, leaf under the first", chain: []string{leaf1, bothRoots}},
-		{name: "intermediate entry", chain: []string{leafInter, inter.pem, bothRoots}, wantInter: 1},
-		{name: "intermediate inside the leaf entry", chain: []string{leafInter + inter.pem, root2.pem}, wantInter: 1},
-		{name: "text around PEM blocks", chain: []string{"subject=leaf\n" + leaf1 + "\n", "# roots\n" + root1.pem}},
-		{name: "identity mismatch", chain: []string{leaf1, root1.pem}, want: identity.New("", "ns", "other"), wantIs: mtls.ErrIdentityMismatch},
-		{name: "identity is the second URI", chain: []string{twoURIs, root1.pem}, wantIs: mtls.ErrIdentityMismatch},
-		{name: "no URI SAN", chain: []string{noURI, root1.pem}, wantIs: mtls.ErrIdentityMismatch},
-		{name: "key mismatch", chain: []string{leaf1, root1.pem}, key: otherKey, wantErr: "private key does not match"},
-		{name: "garbage leaf", chain: []string{"not a certificate", root1.pem}, wantErr: "no pem certificate"},
+		{name: "intermediate entry", chain: []string{leafInter, interPEM, bothRoots}, wantInter: 1},
+		{name: "intermediate inside the leaf entry", chain: []string{leafInter + interPEM, root2PEM}, wantInter: 1},
+		{name: "text around PEM blocks", chain: []string{"subject=leaf\n" + leaf1 + "\n", "# roots\n" + root1PEM}},
+		{name: "identity mismatch", chain: []string{leaf1, root1PEM}, want: identity.New("", "ns", "other"), wantIs: mtls.ErrIdentityMismatch},
+		{name: "identity is the second URI", chain: []string{twoURIs, root1PEM}, wantIs: mtls.ErrIdentityMismatch},
+		{name: "no URI SAN", chain: []string{noURI, root1PEM}, wantIs: mtls.ErrIdentityMismatch},
+		{name: "key mismatch", chain: []string{leaf1, root1PEM}, key: otherKey, wantErr: "private key does not match"},
+		{name: "garbage leaf", chain: []string{"not a certificate", root1PEM}, wantErr: "no pem certificate"},
 		{name: "garbage root", chain: []string{leaf1, "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"}, wantErr: "root bundle"},
-		{name: "garbage intermediate", chain: []string{leafInter, "junk", root2.pem}, wantErr: "intermediate entry 1"},
+		{name: "garbage intermediate", chain: []string{leafInter, "junk", root2PEM}, wantErr: "intermediate entry 1"},
 		{name: "key block in chain", chain: []string{leaf1, "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"}, wantErr: "not a CERTIFICATE"},
 		{name: "leaf only", chain: []string{leaf1}, wantErr: "want a leaf and a root bundle"},
 		{name: "empty", wantErr: "want a leaf and a root bundle"},
-		{name: "wrong root", chain: []string{leaf2, root1.pem}, wantErr: "does not verify"},
-		{name: "missing intermediate", chain: []string{leafInter, root2.pem}, wantErr: "does not verify"},
-		{name: "expired leaf", chain: []string{expired, root1.pem}, wantErr: "does not verify"},
-		{name: "zero identity", chain: []string{leaf1, root1.pem}, zeroWant: true, wantErr: "no identity"},
+		{name: "wrong root", chain: []string{leaf2, root1PEM}, wantErr: "does not verify"},
+		{name: "missing intermediate", chain: []string{leafInter, root2PEM}, wantErr: "does not verify"},
+		{name: "expired leaf", chain: []string{expired, root1PEM}, wantErr: "does not verify"},
+		{name: "zero identity", chain: []string{leaf1, root1PEM}, zeroWant: true, wantErr: "no identity"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -138,14 +140,14 @@ func TestRefreshAt(t *testing.T) {
 // certificate for the requested identity under the given key.
 func FuzzParseChain(f *testing.F) {
 	id := identity.New("", "ns", "sa")
-	root := newTestRoot(f)
-	inter := root.intermediate(f)
-	key := newKey(f)
-	leaf := root.leaf(f, key, leafOpts{uris: []string{id.String()}})
-	leafInter := inter.leaf(f, key, leafOpts{uris: []string{id.String()}})
-	fuzzseed.Add(f, []byte(leaf), []byte(nil), []byte(root.pem), uint8(2))
-	fuzzseed.Add(f, []byte(leafInter), []byte(inter.pem), []byte(root.pem), uint8(3))
-	fuzzseed.Add(f, []byte(leaf), []byte("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n"), []byte(root.pem+root.pem), uint8(3))
+	root := tlstest.NewRoot(f, tlstest.CAOptions{})
+	inter := root.Intermediate(f, tlstest.CAOptions{})
+	key := tlstest.NewKey(f)
+	leaf := string(root.Leaf(f, tlstest.LeafOptions{Key: key, URIs: []string{id.String()}}).PEM())
+	leafInter := string(inter.Leaf(f, tlstest.LeafOptions{Key: key, URIs: []string{id.String()}}).PEM())
+	fuzzseed.Add(f, []byte(leaf), []byte(nil), root.PEM(), uint8(2))
+	fuzzseed.Add(f, []byte(leafInter), inter.PEM(), root.PEM(), uint8(3))
+	fuzzseed.Add(f, []byte(leaf), []byte("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n"), append(root.PEM(), root.PEM()...), uint8(3))
 	fuzzseed.Add(f, []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"), []byte{}, []byte{0xff}, uint8(1))
 	f.Fuzz(func(t *testing.T, a, b, c []byte, n uint8) {
 		var chain []string

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 	"github.com/ztunnel-go/ztunnel/mtls"
+	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
 
 // FuzzParseCRLs reads a CRL file as a reload does: data is the file (whoever
@@ -16,13 +17,13 @@ import (
 // be asked about a chain whose leaf carries each revoked serial.
 func FuzzParseCRLs(f *testing.F) {
 	root := newCRLRoot(f, "root")
-	inter := root.crlIntermediate(f, "intermediate")
-	a := root.crl(f, big.NewInt(7), big.NewInt(1<<40))
-	b := inter.crl(f)
+	inter := root.Intermediate(f, tlstest.CAOptions{CommonName: "intermediate"})
+	a := root.CRL(f, big.NewInt(7), big.NewInt(1<<40))
+	b := inter.CRL(f)
 	fuzzseed.Add(f, []byte{})
 	fuzzseed.Add(f, a)
-	fuzzseed.Add(f, crlPEM(a, b))
-	fuzzseed.Add(f, append([]byte(root.pem), crlPEM(b)...))
+	fuzzseed.Add(f, tlstest.CRLPEM(a, b))
+	fuzzseed.Add(f, append(root.PEM(), tlstest.CRLPEM(b)...))
 	fuzzseed.Add(f, []byte("-----BEGIN X509 CRL-----\nMAA=\n-----END X509 CRL-----\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		crls, err := mtls.ParseCRLs(data)
@@ -32,7 +33,7 @@ func FuzzParseCRLs(f *testing.F) {
 			}
 			return
 		}
-		set, err := mtls.NewCRLSet(crls, []*x509.Certificate{root.cert, inter.cert})
+		set, err := mtls.NewCRLSet(crls, []*x509.Certificate{root.Cert, inter.Cert})
 		if err != nil {
 			if !errors.Is(err, mtls.ErrBadCRL) {
 				t.Fatalf("NewCRLSet error %v does not wrap ErrBadCRL", err)
@@ -42,7 +43,7 @@ func FuzzParseCRLs(f *testing.F) {
 		for _, crl := range crls {
 			for _, e := range crl.RevokedCertificateEntries {
 				leaf := &x509.Certificate{SerialNumber: e.SerialNumber, RawIssuer: crl.RawIssuer, RawSubject: []byte("leaf")}
-				set.Revoked([]*x509.Certificate{leaf}, []*x509.Certificate{root.cert})
+				set.Revoked([]*x509.Certificate{leaf}, []*x509.Certificate{root.Cert})
 			}
 		}
 	})

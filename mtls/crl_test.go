@@ -2,10 +2,8 @@ package mtls_test
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"math/big"
@@ -18,88 +16,30 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/mtls"
+	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
 
-// newCRLRoot returns a self-signed root allowed to sign CRLs.
-func newCRLRoot(t testing.TB, cn string) *testCA {
+// newCRLRoot returns a self-signed root for cluster.local allowed to sign
+// CRLs.
+func newCRLRoot(t testing.TB, cn string) *tlstest.CA {
 	t.Helper()
-	key := newKey(t)
-	tmpl := &x509.Certificate{
-		SerialNumber:          nextSerial(),
-		Subject:               pkix.Name{CommonName: cn, Organization: []string{"cluster.local"}},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		URIs:                  parseURIs(t, []string{"spiffe://cluster.local"}),
-	}
-	return signCA(t, tmpl, key, tmpl, key)
+	return tlstest.NewRoot(t, tlstest.CAOptions{CommonName: cn, Organization: []string{"cluster.local"}, TrustDomains: []string{"cluster.local"}})
 }
 
-// crlIntermediate returns a CA signed by ca that may sign CRLs.
-func (ca *testCA) crlIntermediate(t testing.TB, cn string) *testCA {
+// workload issues a workload certificate for uri (a cluster.local SPIFFE
+// ID) from ca, whose chain ends at its root.
+func workload(t testing.TB, ca *tlstest.CA, uri string) *mtls.WorkloadCert {
 	t.Helper()
-	key := newKey(t)
-	tmpl := &x509.Certificate{
-		SerialNumber:          nextSerial(),
-		Subject:               pkix.Name{CommonName: cn},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-	}
-	return signCA(t, tmpl, key, ca.cert, ca.key)
-}
-
-// crl returns a DER CRL of ca revoking serials.
-func (ca *testCA) crl(t testing.TB, serials ...*big.Int) []byte {
-	t.Helper()
-	tmpl := &x509.RevocationList{
-		Number:     nextSerial(),
-		ThisUpdate: time.Now().Add(-time.Minute),
-		NextUpdate: time.Now().Add(time.Hour),
-	}
-	for _, s := range serials {
-		tmpl.RevokedCertificateEntries = append(tmpl.RevokedCertificateEntries, x509.RevocationListEntry{SerialNumber: s, RevocationTime: time.Now()})
-	}
-	der, err := x509.CreateRevocationList(rand.Reader, tmpl, ca.cert, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return der
-}
-
-func crlPEM(ders ...[]byte) []byte {
-	var b []byte
-	for _, d := range ders {
-		b = append(b, pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: d})...)
-	}
-	return b
-}
-
-// workload issues a workload certificate for id from ca (through the
-// intermediates inters, leaf-adjacent first) trusting root.
-func workload(t testing.TB, root *testCA, ca *testCA, inters []*testCA, uri string) *mtls.WorkloadCert {
-	t.Helper()
-	key := newKey(t)
-	chain := []string{ca.leaf(t, key, leafOpts{uris: []string{uri}})}
-	for _, in := range inters {
-		chain = append(chain, in.pem)
-	}
-	chain = append(chain, root.pem)
-	id := strings.TrimPrefix(uri, "spiffe://cluster.local/")
-	parts := strings.Split(id, "/")
-	return mustParse(t, chain, key, identity.New("", parts[1], parts[3]))
+	parts := strings.Split(strings.TrimPrefix(uri, "spiffe://cluster.local/"), "/")
+	return ca.Leaf(t, tlstest.LeafOptions{URIs: []string{uri}}).Workload(t, identity.New("", parts[1], parts[3]))
 }
 
 func leafSerial(c *mtls.WorkloadCert) *big.Int { return c.Certificate.Leaf.SerialNumber }
 
 func TestParseCRLs(t *testing.T) {
 	root := newCRLRoot(t, "root")
-	a, b := root.crl(t, big.NewInt(7)), root.crl(t)
-	certBlock := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: root.cert.Raw})
+	a, b := root.CRL(t, big.NewInt(7)), root.CRL(t)
+	certBlock := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: root.Cert.Raw})
 	for _, tc := range []struct {
 		name string
 		data []byte
@@ -109,13 +49,13 @@ func TestParseCRLs(t *testing.T) {
 		{"empty", nil, 0, false},
 		{"whitespace", []byte(" \n\t\n"), 0, false},
 		{"der", a, 1, false},
-		{"pem one", crlPEM(a), 1, false},
-		{"pem two, certificate skipped", append(append(crlPEM(a), certBlock...), crlPEM(b)...), 2, false},
+		{"pem one", tlstest.CRLPEM(a), 1, false},
+		{"pem two, certificate skipped", append(append(tlstest.CRLPEM(a), certBlock...), tlstest.CRLPEM(b)...), 2, false},
 		{"pem without crl", certBlock, 0, false},
 		{"garbage", []byte("not a valid CRL"), 0, true},
 		{"truncated der", a[:len(a)/2], 0, true},
 		{"pem with bad body", pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: []byte{0x30, 0x03, 1, 2, 3}}), 0, true},
-		{"pem then garbage", append(crlPEM(a), []byte("-----BEGIN X509 CRL-----\nnope")...), 0, true},
+		{"pem then garbage", append(tlstest.CRLPEM(a), []byte("-----BEGIN X509 CRL-----\nnope")...), 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := mtls.ParseCRLs(tc.data)
@@ -134,13 +74,13 @@ func TestParseCRLs(t *testing.T) {
 
 func TestCRLSetRevoked(t *testing.T) {
 	root := newCRLRoot(t, "root")
-	inter := root.crlIntermediate(t, "intermediate")
+	inter := root.Intermediate(t, tlstest.CAOptions{CommonName: "intermediate"})
 	// forged claims the intermediate's name with another key.
-	forged := root.crlIntermediate(t, "intermediate")
+	forged := root.Intermediate(t, tlstest.CAOptions{CommonName: "intermediate"})
 	other := newCRLRoot(t, "root") // same name as root, another key
 
-	direct := workload(t, root, root, nil, "spiffe://cluster.local/ns/a/sa/direct")
-	viaInter := workload(t, root, inter, []*testCA{inter}, "spiffe://cluster.local/ns/a/sa/inter")
+	direct := workload(t, root, "spiffe://cluster.local/ns/a/sa/direct")
+	viaInter := workload(t, inter, "spiffe://cluster.local/ns/a/sa/inter")
 	chainOf := func(c *mtls.WorkloadCert) []*x509.Certificate {
 		var out []*x509.Certificate
 		for _, d := range c.Certificate.Certificate {
@@ -150,9 +90,9 @@ func TestCRLSetRevoked(t *testing.T) {
 			}
 			out = append(out, x)
 		}
-		return append(out, root.cert)
+		return append(out, root.Cert)
 	}
-	anchors := []*x509.Certificate{root.cert}
+	anchors := []*x509.Certificate{root.Cert}
 	for _, tc := range []struct {
 		name       string
 		crls       [][]byte
@@ -163,17 +103,17 @@ func TestCRLSetRevoked(t *testing.T) {
 		loadFails  bool
 		unanchored int
 	}{
-		{name: "root revokes leaf", crls: [][]byte{root.crl(t, leafSerial(direct))}, anchors: anchors, chain: chainOf(direct), revoked: true},
-		{name: "root lists another serial", crls: [][]byte{root.crl(t, big.NewInt(999999))}, anchors: anchors, chain: chainOf(direct)},
-		{name: "presented chain without root finds it among anchors", crls: [][]byte{root.crl(t, leafSerial(direct))}, anchors: anchors, chain: chainOf(direct)[:1], lookup: anchors, revoked: true},
-		{name: "presented chain, root unknown, anchored at load", crls: [][]byte{root.crl(t, leafSerial(direct))}, anchors: anchors, chain: chainOf(direct)[:1], revoked: true},
-		{name: "stray certificate under the root's name in a presented chain", crls: [][]byte{root.crl(t, leafSerial(direct))}, anchors: anchors, chain: []*x509.Certificate{chainOf(direct)[0], other.cert}, lookup: anchors, revoked: true},
-		{name: "intermediate revokes leaf", crls: [][]byte{inter.crl(t, leafSerial(viaInter))}, anchors: anchors, chain: chainOf(viaInter), revoked: true, unanchored: 1},
-		{name: "intermediate known at load", crls: [][]byte{inter.crl(t, leafSerial(viaInter))}, anchors: []*x509.Certificate{root.cert, inter.cert}, chain: chainOf(viaInter)[:2], revoked: true},
-		{name: "root revokes the intermediate", crls: [][]byte{root.crl(t, inter.cert.SerialNumber)}, anchors: anchors, chain: chainOf(viaInter), revoked: true},
-		{name: "root's CRL does not apply to the intermediate's leaves", crls: [][]byte{root.crl(t, leafSerial(viaInter))}, anchors: anchors, chain: chainOf(viaInter)},
-		{name: "forged intermediate CRL is not applied", crls: [][]byte{forged.crl(t, leafSerial(viaInter))}, anchors: anchors, chain: chainOf(viaInter), unanchored: 1},
-		{name: "CRL signed by another key under the root's name fails to load", crls: [][]byte{other.crl(t, leafSerial(direct))}, anchors: anchors, loadFails: true},
+		{name: "root revokes leaf", crls: [][]byte{root.CRL(t, leafSerial(direct))}, anchors: anchors, chain: chainOf(direct), revoked: true},
+		{name: "root lists another serial", crls: [][]byte{root.CRL(t, big.NewInt(999999))}, anchors: anchors, chain: chainOf(direct)},
+		{name: "presented chain without root finds it among anchors", crls: [][]byte{root.CRL(t, leafSerial(direct))}, anchors: anchors, chain: chainOf(direct)[:1], lookup: anchors, revoked: true},
+		{name: "presented chain, root unknown, anchored at load", crls: [][]byte{root.CRL(t, leafSerial(direct))}, anchors: anchors, chain: chainOf(direct)[:1], revoked: true},
+		{name: "stray certificate under the root's name in a presented chain", crls: [][]byte{root.CRL(t, leafSerial(direct))}, anchors: anchors, chain: []*x509.Certificate{chainOf(direct)[0], other.Cert}, lookup: anchors, revoked: true},
+		{name: "intermediate revokes leaf", crls: [][]byte{inter.CRL(t, leafSerial(viaInter))}, anchors: anchors, chain: chainOf(viaInter), revoked: true, unanchored: 1},
+		{name: "intermediate known at load", crls: [][]byte{inter.CRL(t, leafSerial(viaInter))}, anchors: []*x509.Certificate{root.Cert, inter.Cert}, chain: chainOf(viaInter)[:2], revoked: true},
+		{name: "root revokes the intermediate", crls: [][]byte{root.CRL(t, inter.Cert.SerialNumber)}, anchors: anchors, chain: chainOf(viaInter), revoked: true},
+		{name: "root's CRL does not apply to the intermediate's leaves", crls: [][]byte{root.CRL(t, leafSerial(viaInter))}, anchors: anchors, chain: chainOf(viaInter)},
+		{name: "forged intermediate CRL is not applied", crls: [][]byte{forged.CRL(t, leafSerial(viaInter))}, anchors: anchors, chain: chainOf(viaInter), unanchored: 1},
+		{name: "CRL signed by another key under the root's name fails to load", crls: [][]byte{other.CRL(t, leafSerial(direct))}, anchors: anchors, loadFails: true},
 		{name: "no CRLs", anchors: anchors, chain: chainOf(direct)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -229,10 +169,10 @@ func newTestCRL(t *testing.T, path string, anchors ...*x509.Certificate) *mtls.C
 
 func TestHandshakeRevoked(t *testing.T) {
 	root := newCRLRoot(t, "root")
-	inter := root.crlIntermediate(t, "intermediate")
-	srv := workload(t, root, root, nil, "spiffe://cluster.local/ns/a/sa/server")
-	cli := workload(t, root, root, nil, "spiffe://cluster.local/ns/a/sa/client")
-	cliInter := workload(t, root, inter, []*testCA{inter}, "spiffe://cluster.local/ns/a/sa/client")
+	inter := root.Intermediate(t, tlstest.CAOptions{CommonName: "intermediate"})
+	srv := workload(t, root, "spiffe://cluster.local/ns/a/sa/server")
+	cli := workload(t, root, "spiffe://cluster.local/ns/a/sa/client")
+	cliInter := workload(t, inter, "spiffe://cluster.local/ns/a/sa/client")
 	sans := []string{"spiffe://cluster.local/ns/a/sa/server"}
 	for _, tc := range []struct {
 		name               string
@@ -240,20 +180,20 @@ func TestHandshakeRevoked(t *testing.T) {
 		client             *mtls.WorkloadCert
 		srvRefuses, cliRef bool
 	}{
-		{name: "nothing revoked", srvCRL: crlPEM(root.crl(t)), cliCRL: crlPEM(root.crl(t)), client: cli},
-		{name: "server refuses revoked client", srvCRL: crlPEM(root.crl(t, leafSerial(cli))), client: cli, srvRefuses: true},
-		{name: "client refuses revoked server", cliCRL: crlPEM(root.crl(t, leafSerial(srv))), client: cli, cliRef: true},
-		{name: "server refuses client revoked by its intermediate", srvCRL: crlPEM(inter.crl(t, leafSerial(cliInter))), client: cliInter, srvRefuses: true},
-		{name: "server refuses client whose intermediate is revoked", srvCRL: crlPEM(root.crl(t, inter.cert.SerialNumber)), client: cliInter, srvRefuses: true},
-		{name: "intermediate's CRL revokes another serial", srvCRL: crlPEM(inter.crl(t, leafSerial(cli))), client: cliInter},
+		{name: "nothing revoked", srvCRL: tlstest.CRLPEM(root.CRL(t)), cliCRL: tlstest.CRLPEM(root.CRL(t)), client: cli},
+		{name: "server refuses revoked client", srvCRL: tlstest.CRLPEM(root.CRL(t, leafSerial(cli))), client: cli, srvRefuses: true},
+		{name: "client refuses revoked server", cliCRL: tlstest.CRLPEM(root.CRL(t, leafSerial(srv))), client: cli, cliRef: true},
+		{name: "server refuses client revoked by its intermediate", srvCRL: tlstest.CRLPEM(inter.CRL(t, leafSerial(cliInter))), client: cliInter, srvRefuses: true},
+		{name: "server refuses client whose intermediate is revoked", srvCRL: tlstest.CRLPEM(root.CRL(t, inter.Cert.SerialNumber)), client: cliInter, srvRefuses: true},
+		{name: "intermediate's CRL revokes another serial", srvCRL: tlstest.CRLPEM(inter.CRL(t, leafSerial(cli))), client: cliInter},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var srvOpts, cliOpts []mtls.Option
 			if tc.srvCRL != nil {
-				srvOpts = append(srvOpts, mtls.WithCRL(newTestCRL(t, crlFile(t, tc.srvCRL), root.cert)))
+				srvOpts = append(srvOpts, mtls.WithCRL(newTestCRL(t, crlFile(t, tc.srvCRL), root.Cert)))
 			}
 			if tc.cliCRL != nil {
-				cliOpts = append(cliOpts, mtls.WithCRL(newTestCRL(t, crlFile(t, tc.cliCRL), root.cert)))
+				cliOpts = append(cliOpts, mtls.WithCRL(newTestCRL(t, crlFile(t, tc.cliCRL), root.Cert)))
 			}
 			r := handshake(t, mtls.ServerConfig(static(srv), srvOpts...), mtls.ClientConfig(tc.client, sans, cliOpts...))
 			switch {
@@ -275,8 +215,8 @@ func TestHandshakeRevoked(t *testing.T) {
 
 	t.Run("open connection revoked by a reload", func(t *testing.T) {
 		path := crlFile(t, nil)
-		srvCRL := newTestCRL(t, path, root.cert)
-		cliCRL := newTestCRL(t, path, root.cert)
+		srvCRL := newTestCRL(t, path, root.Cert)
+		cliCRL := newTestCRL(t, path, root.Cert)
 		r := handshake(t, mtls.ServerConfig(static(srv), mtls.WithCRL(srvCRL)), mtls.ClientConfig(cli, sans, mtls.WithCRL(cliCRL)))
 		if r.srvErr != nil || r.cliErr != nil {
 			t.Fatalf("server %v, client %v", r.srvErr, r.cliErr)
@@ -286,7 +226,7 @@ func TestHandshakeRevoked(t *testing.T) {
 				t.Fatalf("%s side: revoked before any CRL", side)
 			}
 		}
-		if err := os.WriteFile(path, crlPEM(root.crl(t, leafSerial(srv), leafSerial(cli))), 0o600); err != nil {
+		if err := os.WriteFile(path, tlstest.CRLPEM(root.CRL(t, leafSerial(srv), leafSerial(cli))), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		for _, c := range []*mtls.CRL{srvCRL, cliCRL} {
@@ -308,16 +248,16 @@ func TestHandshakeRevoked(t *testing.T) {
 func TestCRLReload(t *testing.T) {
 	root := newCRLRoot(t, "root")
 	other := newCRLRoot(t, "root")
-	cli := workload(t, root, root, nil, "spiffe://cluster.local/ns/a/sa/client")
-	chains := [][]*x509.Certificate{{cli.Certificate.Leaf, root.cert}}
-	good := crlPEM(root.crl(t, leafSerial(cli)))
+	cli := workload(t, root, "spiffe://cluster.local/ns/a/sa/client")
+	chains := [][]*x509.Certificate{{cli.Certificate.Leaf, root.Cert}}
+	good := tlstest.CRLPEM(root.CRL(t, leafSerial(cli)))
 
 	dir := t.TempDir()
 	path := filepath.Join(dir, "ca-crl.pem")
 	var mu sync.Mutex
 	var errs []error
 	c, err := mtls.NewCRL(mtls.CRLConfig{
-		Path: path, Anchors: func() []*x509.Certificate { return []*x509.Certificate{root.cert} },
+		Path: path, Anchors: func() []*x509.Certificate { return []*x509.Certificate{root.Cert} },
 		OnError: func(err error) { mu.Lock(); errs = append(errs, err); mu.Unlock() },
 	})
 	if err != nil {
@@ -345,7 +285,7 @@ func TestCRLReload(t *testing.T) {
 		{"good CRL", good, true, false},
 		{"same content again", good, false, false},
 		{"garbage keeps the last good set", []byte("not a valid CRL"), false, true},
-		{"wrongly signed keeps the last good set", crlPEM(other.crl(t)), false, true},
+		{"wrongly signed keeps the last good set", tlstest.CRLPEM(other.CRL(t)), false, true},
 		{"file removed keeps the last good set", nil, false, true},
 		{"good again", good, false, false}, // same content as the set in force
 		{"empty file revokes nothing", []byte{}, true, false},
@@ -386,8 +326,8 @@ func TestCRLReload(t *testing.T) {
 // and an update swaps "..data" atomically.
 func TestCRLRunSymlinkSwap(t *testing.T) {
 	root := newCRLRoot(t, "root")
-	cli := workload(t, root, root, nil, "spiffe://cluster.local/ns/a/sa/client")
-	chains := [][]*x509.Certificate{{cli.Certificate.Leaf, root.cert}}
+	cli := workload(t, root, "spiffe://cluster.local/ns/a/sa/client")
+	chains := [][]*x509.Certificate{{cli.Certificate.Leaf, root.Cert}}
 	dir := t.TempDir()
 	version := func(name string, data []byte) {
 		t.Helper()
@@ -406,13 +346,13 @@ func TestCRLRunSymlinkSwap(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	version("..v1", crlPEM(root.crl(t)))
+	version("..v1", tlstest.CRLPEM(root.CRL(t)))
 	if err := os.Symlink("..data/ca-crl.pem", filepath.Join(dir, "ca-crl.pem")); err != nil {
 		t.Fatal(err)
 	}
 	c, err := mtls.NewCRL(mtls.CRLConfig{
 		Path: filepath.Join(dir, "ca-crl.pem"), PollInterval: 10 * time.Millisecond,
-		Anchors: func() []*x509.Certificate { return []*x509.Certificate{root.cert} },
+		Anchors: func() []*x509.Certificate { return []*x509.Certificate{root.Cert} },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -427,7 +367,7 @@ func TestCRLRunSymlinkSwap(t *testing.T) {
 	go func() { c.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 
-	version("..v2", crlPEM(root.crl(t, leafSerial(cli))))
+	version("..v2", tlstest.CRLPEM(root.CRL(t, leafSerial(cli))))
 	select {
 	case <-loaded:
 	case <-time.After(30 * time.Second):

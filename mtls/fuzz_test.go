@@ -3,7 +3,6 @@ package mtls_test
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"net/url"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 	"github.com/ztunnel-go/ztunnel/mtls"
+	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
 
 // FuzzPeerIdentity reads the peer identity from a leaf certificate as the
@@ -20,15 +20,15 @@ import (
 // The identity returned is the first URI SAN that is a SPIFFE identity, and
 // it prints back to that URI; with none, the error is ErrNoIdentity.
 func FuzzPeerIdentity(f *testing.F) {
-	root := newTestRoot(f)
-	key := newKey(f)
-	for _, o := range []leafOpts{
-		{uris: []string{"spiffe://cluster.local/ns/default/sa/web"}},
-		{uris: []string{"https://example.com/x", "spiffe://td/ns/a/sa/b", "spiffe://td/ns/c/sa/d"}},
-		{dnsNames: []string{"web.default.svc"}},
+	root := tlstest.NewRoot(f, tlstest.CAOptions{})
+	key := tlstest.NewKey(f)
+	for _, o := range []tlstest.LeafOptions{
+		{URIs: []string{"spiffe://cluster.local/ns/default/sa/web"}},
+		{URIs: []string{"https://example.com/x", "spiffe://td/ns/a/sa/b", "spiffe://td/ns/c/sa/d"}},
+		{Names: []string{"web.default.svc"}},
 	} {
-		block, _ := pem.Decode([]byte(root.leaf(f, key, o)))
-		fuzzseed.Add(f, block.Bytes, "")
+		o.Key = key
+		fuzzseed.Add(f, root.Leaf(f, o).Cert.Raw, "")
 	}
 	fuzzseed.Add(f, []byte{}, "spiffe://cluster.local/ns/a/sa/b")
 	fuzzseed.Add(f, []byte{0x30}, "spiffe://td/ns/a/sa\nspiffe://td/ns/a/sa/b/c\nspiffe://td/ns/a/sa/b")

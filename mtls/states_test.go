@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/identity"
@@ -17,6 +18,12 @@ import (
 // fails and the certificate is still valid), Unavailable again once it
 // expired with its renewal failing.
 func TestCertStates(t *testing.T) {
+	synctest.Test(t, testCertStates)
+}
+
+// testCertStates runs in a synctest bubble, so "the first fetch is under
+// way" is observed exactly (synctest.Wait) rather than polled for.
+func testCertStates(t *testing.T) {
 	var offset atomic.Int64
 	now := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
 	gate := make(chan struct{})
@@ -35,8 +42,9 @@ func TestCertStates(t *testing.T) {
 	src.fail.Store(true)
 	errc := make(chan error, 1)
 	go func() { _, err := s.Get(context.Background(), storeID); errc <- err }()
-	for src.fetches.Load() == 0 {
-		time.Sleep(time.Millisecond) // hang guard: Get is about to wait on the gate
+	synctest.Wait() // Get is waiting on the gate
+	if src.fetches.Load() != 1 {
+		t.Fatalf("%d fetches under way, want 1", src.fetches.Load())
 	}
 	if got := state().State(); got != mtls.CertInitializing {
 		t.Errorf("during the first fetch: %q, want Initializing", got)

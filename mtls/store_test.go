@@ -320,7 +320,13 @@ func TestStoreRejectsWrongIdentity(t *testing.T) {
 // flight, and its waiter.
 func TestStoreClose(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	synctest.Test(t, testStoreClose)
+}
 
+// testStoreClose runs in a synctest bubble: the blocked fetch is seen to
+// have started exactly (synctest.Wait), and every goroutine the stores
+// started must have ended when the bubble does.
+func testStoreClose(t *testing.T) {
 	ca := tlstest.NewCA(t, "")
 	s := mtls.NewStore(mtls.StoreConfig{Source: caclient.New(caclient.Config{Signer: ca, TTL: 2 * time.Second})})
 	for _, sa := range []string{"a", "b", "c"} {
@@ -334,10 +340,9 @@ func TestStoreClose(t *testing.T) {
 		_, err := blocked.Get(context.Background(), storeID)
 		waiter <- err
 	}()
-	for deadline := time.Now().Add(10 * time.Second); gated.fetches.Load() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the blocked fetch never started")
-		}
+	synctest.Wait()
+	if gated.fetches.Load() != 1 {
+		t.Fatal("the blocked fetch never started")
 	}
 
 	s.Close()

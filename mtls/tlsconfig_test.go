@@ -4,7 +4,6 @@ import (
 	"crypto"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"net"
 	"strings"
@@ -61,7 +60,7 @@ func TestServerRejects(t *testing.T) {
 
 	// One root signing for two trust domains, so that the foreign-domain
 	// client passes the chain check and meets the trust-domain rule.
-	multi := newTestRoot(t, "spiffe://cluster.local", "spiffe://other.td").builtin(t)
+	multi := tlstest.NewRoot(t, tlstest.CAOptions{TrustDomains: []string{"cluster.local", "other.td"}}).Builtin(t)
 	multiSrv := tlstest.Cert(t, multi, serverID)
 	foreignID := identity.New("other.td", "ns-b", "client")
 
@@ -156,12 +155,12 @@ func TestClientRejects(t *testing.T) {
 	otherSrv := tlstest.Cert(t, tlstest.NewCA(t, "cluster.local"), serverID)
 
 	// A server leaf with a DNS SAN as well, to show DNS names never match.
-	root := newTestRoot(t, "spiffe://cluster.local")
-	rootCA := root.builtin(t)
-	key := newKey(t)
+	root := tlstest.NewRoot(t, tlstest.CAOptions{TrustDomains: []string{"cluster.local"}})
+	rootCA := root.Builtin(t)
+	key := tlstest.NewKey(t)
 	dnsSrv := mustParse(t, []string{
-		root.leaf(t, key, leafOpts{uris: []string{serverID.String()}, dnsNames: []string{"server.example"}}),
-		root.pem,
+		string(root.Leaf(t, tlstest.LeafOptions{Key: key, URIs: []string{serverID.String()}, Names: []string{"server.example"}}).PEM()),
+		string(root.PEM()),
 	}, key, serverID)
 	dnsCli := tlstest.Cert(t, rootCA, clientID)
 
@@ -307,26 +306,13 @@ func TestPeerIdentityErrors(t *testing.T) {
 	if _, err := mtls.PeerIdentity(tls.ConnectionState{}); !errors.Is(err, mtls.ErrNoIdentity) {
 		t.Fatalf("empty state: %v, want ErrNoIdentity", err)
 	}
-	root := newTestRoot(t)
-	key := newKey(t)
-	leaf := mustLeaf(t, root.leaf(t, key, leafOpts{uris: []string{"https://example.com/x"}, dnsNames: []string{"a.example"}}))
+	root := tlstest.NewRoot(t, tlstest.CAOptions{})
+	key := tlstest.NewKey(t)
+	leaf := root.Leaf(t, tlstest.LeafOptions{Key: key, URIs: []string{"https://example.com/x"}, Names: []string{"a.example"}}).Cert
 	cs := tls.ConnectionState{HandshakeComplete: true, PeerCertificates: []*x509.Certificate{leaf}}
 	if _, err := mtls.PeerIdentity(cs); !errors.Is(err, mtls.ErrNoIdentity) {
 		t.Fatalf("non-spiffe leaf: %v, want ErrNoIdentity", err)
 	}
-}
-
-func mustLeaf(t testing.TB, p string) *x509.Certificate {
-	t.Helper()
-	block, _ := pem.Decode([]byte(p))
-	if block == nil {
-		t.Fatal("no PEM block")
-	}
-	c, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }
 
 // BenchmarkHandshake measures one complete mTLS handshake, both sides, over

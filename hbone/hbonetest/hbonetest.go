@@ -1,19 +1,14 @@
 // Package hbonetest runs HBONE servers on loopback for tests of code that
-// speaks HBONE (the proxy, the load generator). Imports (of ours): hbone.
+// speaks HBONE (the proxy, the load generator). Imports (of ours): hbone and
+// mtls/tlstest.
 // Imported by: tests.
 package hbonetest
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"sync"
@@ -21,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
 
 // Server is an hbone.Server on a loopback listener.
@@ -139,48 +135,9 @@ func Status(code int) hbone.Handler {
 
 // SelfSignedTLS returns TLS 1.3 configurations with ALPN "h2" for a server
 // and a client sharing one fresh self-signed certificate for 127.0.0.1,
-// each requiring the other's certificate (mutual TLS, as HBONE does).
+// each requiring the other's certificate (mutual TLS, as HBONE does). It is
+// tlstest.SelfSignedTLS, kept here for the tests that only know this kit.
 func SelfSignedTLS(t testing.TB) (server, client *tls.Config) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "hbonetest"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	pair := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: cert}
-	server = &tls.Config{
-		Certificates: []tls.Certificate{pair},
-		MinVersion:   tls.VersionTLS13,
-		NextProtos:   []string{"h2"},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    pool,
-	}
-	client = &tls.Config{
-		Certificates: []tls.Certificate{pair},
-		RootCAs:      pool,
-		MinVersion:   tls.VersionTLS13,
-		NextProtos:   []string{"h2"},
-		ServerName:   "127.0.0.1",
-	}
-	return server, client
+	return tlstest.SelfSignedTLS(t)
 }

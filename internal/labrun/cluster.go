@@ -4,14 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/state"
-	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
 
 // ClusterOptions describe a lab cluster beyond its config file.
@@ -50,11 +47,7 @@ type Cluster struct {
 // are created in file order per node, node N's pods get 10.244.N.2, .3, ...
 // A workload known by hostname only gets no pod.
 func StartCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o ClusterOptions) (*Cluster, error) {
-	lc, err := xdsconv.ParseLocalConfig(config)
-	if err != nil {
-		return nil, err
-	}
-	snap, err := lc.Snapshot()
+	lc, snap, err := parseTopology(config)
 	if err != nil {
 		return nil, err
 	}
@@ -65,59 +58,24 @@ func StartCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o Clust
 	if c.CA, err = caclient.NewBuiltinCA(c.TrustDomain); err != nil {
 		return nil, err
 	}
-	caCert, caKey := filepath.Join(o.Dir, "ca-cert.pem"), filepath.Join(o.Dir, "ca-key.pem")
-	c.ConfigPath = filepath.Join(o.Dir, "config.yaml")
-	for path, data := range map[string][]byte{caCert: c.CA.RootPEM(), caKey: c.CA.KeyPEM(), c.ConfigPath: config} {
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			return nil, err
-		}
+	files, err := writeClusterFiles(o.Dir, c.CA, config)
+	if err != nil {
+		return nil, err
 	}
+	c.ConfigPath = files.config
 
-	nodes := map[string]*netnslab.Node{}
-	node := func(name string) (*netnslab.Node, error) {
-		if n, ok := nodes[name]; ok {
-			return n, nil
-		}
-		n, err := lab.AddNode(name)
-		if err != nil {
-			return nil, err
-		}
-		nodes[name] = n
-		return n, nil
-	}
+	pl := newPlacement(lab, map[string]*netnslab.Node{}, c.Pods)
 	// Workloads in file order: the snapshot sorts, the raw config keeps order.
 	for _, w := range lc.Workloads {
 		if len(w.Addresses) == 0 && w.Hostname != "" {
 			continue // known by hostname only (on-demand DNS): no pod
 		}
-		if w.Node == "" {
-			return nil, fmt.Errorf("labrun: workload %s needs a node", w.UID)
-		}
-		n, err := node(w.Node)
-		if err != nil {
+		if _, err := pl.workload(w); err != nil {
 			return nil, err
 		}
-		p, err := n.AddPod(w.Name)
-		if err != nil {
-			return nil, err
-		}
-		if len(w.Addresses) == 0 || w.Addresses[0] != p.IP {
-			return nil, fmt.Errorf("labrun: config gives workload %s the address %v, but the lab assigned %s (pods are numbered in file order per node, from 10.244.<node>.2)", w.Name, w.Addresses, p.IP)
-		}
-		c.Pods[w.Name] = p
 	}
-	for nodeName, pods := range o.ExtraPods {
-		n, err := node(nodeName)
-		if err != nil {
-			return nil, err
-		}
-		for _, name := range pods {
-			p, err := n.AddPod(name)
-			if err != nil {
-				return nil, err
-			}
-			c.Pods[name] = p
-		}
+	if err := pl.extra(o.ExtraPods); err != nil {
+		return nil, err
 	}
 	for _, w := range lc.Workloads {
 		p := c.Pods[w.Name]
@@ -135,7 +93,7 @@ func StartCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o Clust
 			env = append([]string{"NETWORK=" + w.Network}, o.DaemonEnv...)
 		}
 		d, err := StartDaemon(ctx, p, DaemonOptions{
-			Binary: o.Binary, ConfigPath: c.ConfigPath, CACert: caCert, CAKey: caKey,
+			Binary: o.Binary, ConfigPath: c.ConfigPath, CACert: files.caCert, CAKey: files.caKey,
 			Workload: w.Namespace + "/" + w.Name + "/" + id.ServiceAccount, Env: env, LogLevel: o.LogLevel,
 		})
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // DemoOptions configure Demo.
@@ -196,20 +197,7 @@ func demoRoundTrip(ctx context.Context, pod *netnslab.Pod, dst netip.AddrPort, p
 	c := conn.(*net.TCPConn)
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(2 * time.Minute))
-	errc := make(chan error, 1)
-	go func() {
-		_, err := c.Write(payload)
-		if err == nil {
-			err = c.CloseWrite()
-		}
-		errc <- err
-	}()
-	got, rerr := io.ReadAll(c)
-	werr := <-errc
-	if rerr != nil {
-		return got, rerr
-	}
-	return got, werr
+	return nettest.Exchange(c, payload)
 }
 
 func trimLog(line string) string {

@@ -6,7 +6,7 @@
 // readiness, and runs echo servers whose accepted peers can be inspected.
 // The end-to-end tests and the demo share it.
 //
-// Imports (of ours): hbone, identity, inpod/zdstest, internal/netnslab, mtls,
-// mtls/caclient, state and state/xdsconv. Imported by: bench/harness, cmd/zlab
+// Imports (of ours): hbone, identity, inpod/zdstest, internal/netnslab,
+// internal/nettest, mtls, mtls/caclient, state and state/xdsconv. Imported by: bench/harness, cmd/zlab
 // and tests (e2e's, and the proxy's for its east-west gateway).
 package labrun

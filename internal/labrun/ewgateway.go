@@ -2,14 +2,11 @@ package labrun
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,18 +37,11 @@ type EWGatewayOptions struct {
 // splices the tunnel's bytes (the client's inner TLS session) to that
 // destination unread. Unknown authorities are answered 404.
 type EWGateway struct {
-	ln   net.Listener
-	srv  *hbone.Server
-	cfg  *tls.Config
+	hl   hboneListener // tracks upstream connections and splices too
 	opts EWGatewayOptions
 
 	conns   atomic.Int64 // outer TLS connections accepted
 	tunnels atomic.Int64 // CONNECTs spliced (one per inner connection)
-
-	mu     sync.Mutex // guards open and closed
-	open   map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup // accept loop, connections, splices
 }
 
 // ServeEWGateway serves the gateway on ln until Close.
@@ -60,11 +50,8 @@ func ServeEWGateway(ln net.Listener, o EWGatewayOptions) *EWGateway {
 		var d net.Dialer
 		o.Dial = d.DialContext
 	}
-	cert := o.Cert
-	g := &EWGateway{ln: ln, opts: o, open: map[net.Conn]struct{}{},
-		cfg: mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return cert, nil })}
-	g.srv = hbone.NewServer(hbone.Config{}, g.serve)
-	g.wg.Go(g.accept)
+	g := &EWGateway{opts: o}
+	g.hl.start(ln, o.Cert, g.serve, func() { g.conns.Add(1) })
 	return g
 }
 
@@ -83,7 +70,7 @@ func StartEWGateway(ctx context.Context, pod *netnslab.Pod, port uint16, ca *cac
 }
 
 // Addr returns the listener's address.
-func (g *EWGateway) Addr() net.Addr { return g.ln.Addr() }
+func (g *EWGateway) Addr() net.Addr { return g.hl.ln.Addr() }
 
 // Conns returns how many outer connections the gateway accepted.
 func (g *EWGateway) Conns() int64 { return g.conns.Load() }
@@ -91,33 +78,6 @@ func (g *EWGateway) Conns() int64 { return g.conns.Load() }
 // Tunnels returns how many CONNECTs the gateway spliced to a destination:
 // one per inner connection.
 func (g *EWGateway) Tunnels() int64 { return g.tunnels.Load() }
-
-func (g *EWGateway) accept() {
-	for {
-		nc, err := g.ln.Accept()
-		if err != nil {
-			return
-		}
-		if !g.track(nc) {
-			nc.Close()
-			return
-		}
-		g.wg.Go(func() {
-			defer g.untrack(nc)
-			tc := tls.Server(nc, g.cfg)
-			hctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			err := tc.HandshakeContext(hctx)
-			cancel()
-			if err != nil {
-				nc.Close()
-				return
-			}
-			g.conns.Add(1)
-			_ = g.srv.ServeConn(context.Background(), tc)
-			tc.Close()
-		})
-	}
-}
 
 func (g *EWGateway) serve(ctx context.Context, req *hbone.ServerRequest) {
 	dst, ok := g.opts.Routes[req.Authority]
@@ -132,25 +92,25 @@ func (g *EWGateway) serve(ctx context.Context, req *hbone.ServerRequest) {
 		_, _ = req.Respond(http.StatusServiceUnavailable, nil)
 		return
 	}
-	if !g.track(up) {
+	if !g.hl.track(up) {
 		up.Close()
 		_, _ = req.Respond(http.StatusServiceUnavailable, nil)
 		return
 	}
 	s, err := req.Respond(http.StatusOK, nil)
 	if err != nil {
-		g.untrack(up)
+		g.hl.untrack(up)
 		up.Close()
 		return
 	}
 	g.tunnels.Add(1)
-	g.wg.Go(func() { g.splice(s, up) })
+	g.hl.wg.Go(func() { g.splice(s, up) })
 }
 
 // splice copies both ways, propagating half-closes, until both directions
 // end; an error in either resets both.
 func (g *EWGateway) splice(s *hbone.Stream, up net.Conn) {
-	defer g.untrack(up)
+	defer g.hl.untrack(up)
 	defer up.Close()
 	defer s.Close()
 	errc := make(chan error, 2)
@@ -179,35 +139,5 @@ func (g *EWGateway) splice(s *hbone.Stream, up net.Conn) {
 	}
 }
 
-func (g *EWGateway) track(c net.Conn) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.closed {
-		return false
-	}
-	g.open[c] = struct{}{}
-	return true
-}
-
-func (g *EWGateway) untrack(c net.Conn) {
-	g.mu.Lock()
-	delete(g.open, c)
-	g.mu.Unlock()
-}
-
 // Close stops the gateway, ends every tunnel and waits for its goroutines.
-func (g *EWGateway) Close() error {
-	err := g.ln.Close()
-	g.mu.Lock()
-	g.closed = true
-	for c := range g.open {
-		c.Close()
-	}
-	g.mu.Unlock()
-	_ = g.srv.Close()
-	g.wg.Wait()
-	if errors.Is(err, net.ErrClosed) {
-		return nil
-	}
-	return err
-}
+func (g *EWGateway) Close() error { return g.hl.close() }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 
@@ -13,7 +12,6 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/state"
-	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
 
 // SharedOptions describe a shared-mode lab cluster beyond its config file.
@@ -74,14 +72,14 @@ type SharedCluster struct {
 	// Daemons is each node's current daemon (the newest after an upgrade).
 	Daemons map[string]*Daemon
 
-	opts          SharedOptions
-	caCert, caKey string
-	nodes         map[string]*netnslab.Node
-	workloads     map[string]*state.Workload // by name
-	all           []*Daemon                  // every daemon started, in order
-	ztPods        map[string]int             // ztunnel pods made per node
-	stopped       map[*Daemon]bool           // by StopDaemon
-	agentStopped  map[string]bool            // by StopAgent, per node
+	opts         SharedOptions
+	files        clusterFiles
+	nodes        map[string]*netnslab.Node
+	workloads    map[string]*state.Workload // by name
+	all          []*Daemon                  // every daemon started, in order
+	ztPods       map[string]int             // ztunnel pods made per node
+	stopped      map[*Daemon]bool           // by StopDaemon
+	agentStopped map[string]bool            // by StopAgent, per node
 }
 
 // StartSharedCluster builds the topology config describes inside lab (as
@@ -89,11 +87,7 @@ type SharedCluster struct {
 // starts one shared-mode daemon per node, waiting until each is ready (its
 // first snapshot processed, no pod pending).
 func StartSharedCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o SharedOptions) (*SharedCluster, error) {
-	lc, err := xdsconv.ParseLocalConfig(config)
-	if err != nil {
-		return nil, err
-	}
-	snap, err := lc.Snapshot()
+	lc, snap, err := parseTopology(config)
 	if err != nil {
 		return nil, err
 	}
@@ -108,40 +102,15 @@ func StartSharedCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o
 			return nil, err
 		}
 	}
-	c.caCert, c.caKey = filepath.Join(o.Dir, "ca-cert.pem"), filepath.Join(o.Dir, "ca-key.pem")
-	c.ConfigPath = filepath.Join(o.Dir, "config.yaml")
-	for path, data := range map[string][]byte{c.caCert: c.CA.RootPEM(), c.caKey: c.CA.KeyPEM(), c.ConfigPath: config} {
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			return nil, err
-		}
+	if c.files, err = writeClusterFiles(o.Dir, c.CA, config); err != nil {
+		return nil, err
 	}
-	node := func(name string) (*netnslab.Node, error) {
-		if n, ok := c.nodes[name]; ok {
-			return n, nil
-		}
-		n, err := lab.AddNode(name)
-		if err != nil {
-			return nil, err
-		}
-		c.nodes[name] = n
-		return n, nil
-	}
+	c.ConfigPath = c.files.config
+	pl := newPlacement(lab, c.nodes, c.Pods)
 	for _, w := range lc.Workloads {
-		if w.Node == "" {
-			return nil, fmt.Errorf("labrun: workload %s needs a node", w.UID)
-		}
-		n, err := node(w.Node)
-		if err != nil {
+		if _, err := pl.workload(w); err != nil {
 			return nil, err
 		}
-		p, err := n.AddPod(w.Name)
-		if err != nil {
-			return nil, err
-		}
-		if len(w.Addresses) == 0 || w.Addresses[0] != p.IP {
-			return nil, fmt.Errorf("labrun: config gives workload %s the address %v, but the lab assigned %s (pods are numbered in file order per node, from 10.244.<node>.2)", w.Name, w.Addresses, p.IP)
-		}
-		c.Pods[w.Name] = p
 		c.workloads[w.Name] = w
 	}
 	for _, name := range o.Later {
@@ -149,18 +118,8 @@ func StartSharedCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o
 			return nil, fmt.Errorf("labrun: Later names %q, which is no HBONE workload of the config", name)
 		}
 	}
-	for nodeName, pods := range o.ExtraPods {
-		n, err := node(nodeName)
-		if err != nil {
-			return nil, err
-		}
-		for _, name := range pods {
-			p, err := n.AddPod(name)
-			if err != nil {
-				return nil, err
-			}
-			c.Pods[name] = p
-		}
+	if err := pl.extra(o.ExtraPods); err != nil {
+		return nil, err
 	}
 	names := make([]string, 0, len(c.nodes))
 	for name := range c.nodes {
@@ -308,7 +267,7 @@ func (c *SharedCluster) StartDaemonWith(ctx context.Context, node string, o Daem
 	}, c.opts.DaemonEnv...)
 	env = append(env, o.Env...)
 	d, err := StartDaemon(ctx, zt, DaemonOptions{
-		Binary: c.opts.Binary, ConfigPath: c.ConfigPath, CACert: c.caCert, CAKey: c.caKey,
+		Binary: c.opts.Binary, ConfigPath: c.ConfigPath, CACert: c.files.caCert, CAKey: c.files.caKey,
 		Env: env, LogLevel: c.opts.LogLevel, NoWait: o.NoWait, ReadOnlyProcSys: c.opts.ReadOnlyProcSys,
 	})
 	if err != nil {

@@ -3,14 +3,11 @@ package labrun
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"sync"
-	"time"
 
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/identity"
@@ -35,18 +32,12 @@ type WaypointRequest struct {
 // then echoes the stream, half-closing when the client does. Tests see from
 // the first line that the traffic went through it and with which authority.
 type Waypoint struct {
-	ln  net.Listener
-	srv *hbone.Server
+	hl hboneListener
 	// Addr is where the waypoint listens.
 	Addr netip.AddrPort
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // the accept loop, connections and streams
-
-	mu       sync.Mutex // guards the following fields
+	mu       sync.Mutex // guards requests
 	requests []WaypointRequest
-	conns    map[net.Conn]struct{}
 }
 
 // StartWaypoint listens on port on all of pod's addresses and serves HBONE
@@ -56,44 +47,9 @@ func StartWaypoint(pod *netnslab.Pod, port uint16, cert *mtls.WorkloadCert) (*Wa
 	if err != nil {
 		return nil, fmt.Errorf("labrun: waypoint in %s: %w", pod.Name, err)
 	}
-	w := &Waypoint{ln: ln, Addr: netip.AddrPortFrom(pod.IP, port), conns: map[net.Conn]struct{}{}}
-	w.ctx, w.cancel = context.WithCancel(context.Background())
-	w.srv = hbone.NewServer(hbone.Config{}, w.serveStream)
-	tcfg := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return cert, nil })
-	w.wg.Add(1)
-	go w.accept(tcfg)
+	w := &Waypoint{Addr: netip.AddrPortFrom(pod.IP, port)}
+	w.hl.start(ln, cert, w.serveStream, nil)
 	return w, nil
-}
-
-func (w *Waypoint) accept(tcfg *tls.Config) {
-	defer w.wg.Done()
-	for {
-		c, err := w.ln.Accept()
-		if err != nil {
-			return
-		}
-		w.mu.Lock()
-		w.conns[c] = struct{}{}
-		w.mu.Unlock()
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			defer func() {
-				w.mu.Lock()
-				delete(w.conns, c)
-				w.mu.Unlock()
-				c.Close()
-			}()
-			tc := tls.Server(c, tcfg)
-			hctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
-			err := tc.HandshakeContext(hctx)
-			cancel()
-			if err != nil {
-				return
-			}
-			_ = w.srv.ServeConn(w.ctx, tc)
-		}()
-	}
 }
 
 func (w *Waypoint) serveStream(_ context.Context, req *hbone.ServerRequest) {
@@ -128,18 +84,4 @@ func (w *Waypoint) Requests() []WaypointRequest {
 }
 
 // Close stops the waypoint and ends its connections and streams.
-func (w *Waypoint) Close() error {
-	err := w.ln.Close()
-	w.cancel()
-	w.srv.Close()
-	w.mu.Lock()
-	for c := range w.conns {
-		c.Close()
-	}
-	w.mu.Unlock()
-	w.wg.Wait()
-	if errors.Is(err, net.ErrClosed) {
-		return nil
-	}
-	return err
-}
+func (w *Waypoint) Close() error { return w.hl.close() }

@@ -59,28 +59,19 @@ func (p *Pod) InstallCapture() error { return p.InstallCaptureWith(CaptureOption
 
 // InstallCaptureWith is InstallCapture with options.
 func (p *Pod) InstallCaptureWith(opts CaptureOptions) error {
-	l := p.lab
-	if l == nil {
-		return ErrNotInLab
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.lock == nil {
-		return ErrClosed
-	}
+	return p.changeLocked(func(l *Lab) error { return p.installCaptureLocked(l, opts) })
+}
+
+func (p *Pod) installCaptureLocked(l *Lab, opts CaptureOptions) error {
 	if p.Captured {
 		if p.capture != opts {
 			return fmt.Errorf("%w: pod %s", ErrCaptureInstalled, p.Name)
 		}
 		return nil
 	}
-	restore := opts.IPTablesRestore
-	if restore == "" {
-		restore = "iptables-restore"
-	}
 	// The namespace is ours and fresh, but --noflush keeps whatever else a test
 	// may have installed before.
-	if err := run(l.logf, CaptureRules(opts), "ip", "netns", "exec", p.NetNS, restore, "--noflush", "--wait", "10"); err != nil {
+	if err := p.restoreIPTables(l, opts, CaptureRules(opts)); err != nil {
 		return err
 	}
 	if err := ipBatch(l.logf, p.NetNS, CaptureRoutes()...); err != nil {
@@ -94,16 +85,9 @@ func (p *Pod) InstallCaptureWith(opts CaptureOptions) error {
 // istio-cni does when a running pod leaves the mesh (DeleteInpodRules before
 // it tells ztunnel): afterwards the pod's traffic goes straight to and from its
 // apps. A pod without capture is left as it is.
-func (p *Pod) RemoveCapture() error {
-	l := p.lab
-	if l == nil {
-		return ErrNotInLab
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.lock == nil {
-		return ErrClosed
-	}
+func (p *Pod) RemoveCapture() error { return p.changeLocked(p.removeCaptureLocked) }
+
+func (p *Pod) removeCaptureLocked(l *Lab) error {
 	if !p.Captured {
 		return nil
 	}
@@ -112,11 +96,7 @@ func (p *Pod) RemoveCapture() error {
 		fmt.Fprintf(&b, "*%s\n-D PREROUTING -j ISTIO_PRERT\n-D OUTPUT -j ISTIO_OUTPUT\n", table)
 		fmt.Fprintf(&b, "-F ISTIO_PRERT\n-F ISTIO_OUTPUT\n-X ISTIO_PRERT\n-X ISTIO_OUTPUT\nCOMMIT\n")
 	}
-	restore := p.capture.IPTablesRestore
-	if restore == "" {
-		restore = "iptables-restore"
-	}
-	if err := run(l.logf, b.String(), "ip", "netns", "exec", p.NetNS, restore, "--noflush", "--wait", "10"); err != nil {
+	if err := p.restoreIPTables(l, p.capture, b.String()); err != nil {
 		return err
 	}
 	if err := ipBatch(l.logf, p.NetNS,
@@ -127,6 +107,17 @@ func (p *Pod) RemoveCapture() error {
 	}
 	p.Captured, p.capture = false, CaptureOptions{}
 	return nil
+}
+
+// restoreIPTables feeds rules to iptables-restore (opts.IPTablesRestore if
+// set) in the pod's namespace, with --noflush: rules are added or deleted,
+// never the tables flushed.
+func (p *Pod) restoreIPTables(l *Lab, opts CaptureOptions, rules string) error {
+	restore := opts.IPTablesRestore
+	if restore == "" {
+		restore = "iptables-restore"
+	}
+	return run(l.logf, rules, "ip", "netns", "exec", p.NetNS, restore, "--noflush", "--wait", "10")
 }
 
 // CaptureRules returns the iptables-restore input (IPv4) that InstallCaptureWith

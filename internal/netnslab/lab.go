@@ -406,7 +406,12 @@ func (n *Node) AddPod(name string) (*Pod, error) {
 
 // Delete removes the pod's namespace (and with it its veth) from the lab. Sockets
 // already open in it keep working until closed; new connections to its IP fail.
-func (p *Pod) Delete() error {
+func (p *Pod) Delete() error { return p.changeLocked(p.deleteLocked) }
+
+// changeLocked runs change with the pod's lab locked, once it is known that
+// the pod is in a lab and the lab is still open: what every change to a
+// pod's namespace needs first.
+func (p *Pod) changeLocked(change func(l *Lab) error) error {
 	l := p.lab
 	if l == nil {
 		return ErrNotInLab
@@ -416,6 +421,10 @@ func (p *Pod) Delete() error {
 	if l.lock == nil {
 		return ErrClosed
 	}
+	return change(l)
+}
+
+func (p *Pod) deleteLocked(l *Lab) error {
 	if l.byName[p.Name] != p {
 		return fmt.Errorf("netnslab: pod %q is not in the lab", p.Name)
 	}

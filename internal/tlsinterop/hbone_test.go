@@ -16,6 +16,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/record"
 )
@@ -94,32 +95,41 @@ func connect(t *testing.T, st stack, c *certs, role string, extra ...string) *li
 	return l
 }
 
+// serveOurs is our side as the 15008 server: it accepts one connection
+// (within peerTimeout) on a fresh listener at addr and serves HBONE with
+// the echo on it; end yields why that connection ended. Cleanup closes the
+// listener and the server and waits for the accept.
+func serveOurs(t *testing.T, c *certs) (srv *hbone.Server, addr string, end <-chan error) {
+	t.Helper()
+	srv = hbone.NewServer(daemonH2, echo)
+	ln := nettest.Listen(t)
+	cfg := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return c.ours, nil })
+	ended := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_ = ln.SetDeadline(time.Now().Add(peerTimeout))
+		tc, err := ln.AcceptTCP()
+		if err != nil {
+			ended <- err
+			return
+		}
+		ended <- serveHBONE(tc, cfg, srv)
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		srv.Close()
+		wg.Wait()
+	})
+	return srv, ln.Addr().String(), ended
+}
+
 // connectTapped is connect with, if tapped, a tap on the TLS connection.
 func connectTapped(t *testing.T, st stack, c *certs, role string, tapped bool, extra ...string) (*link, *tap) {
 	t.Helper()
 	var tp *tap
-	plain := listen(t)
+	plain := nettest.Listen(t)
 	if role == "server" {
-		srv := hbone.NewServer(daemonH2, echo)
-		ln := listen(t)
-		cfg := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return c.ours, nil })
-		end := make(chan error, 1)
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			_ = ln.SetDeadline(time.Now().Add(peerTimeout))
-			tc, err := ln.AcceptTCP()
-			if err != nil {
-				end <- err
-				return
-			}
-			end <- serveHBONE(tc, cfg, srv)
-		})
-		t.Cleanup(func() {
-			ln.Close()
-			srv.Close()
-			wg.Wait()
-		})
-		addr := ln.Addr().String()
+		srv, addr, end := serveOurs(t, c)
 		if tapped {
 			tp = newTap(t, addr)
 			addr = tp.addr()
@@ -231,10 +241,10 @@ func (l *link) stream(t *testing.T) *hbone.Stream {
 	return s
 }
 
-// echoOn runs echoCheck of n bytes on a new stream.
+// echoOn runs nettest.CheckEcho of n bytes on a new stream.
 func (l *link) echoOn(t *testing.T, n int) {
 	t.Helper()
-	if err := echoCheck(l.stream(t), n, uint64(n)); err != nil {
+	if err := nettest.CheckEcho(l.stream(t), int64(n), uint64(n), 0); err != nil {
 		t.Fatalf("echo of %d bytes: %v; peer: %q", n, err, l.p.snapshot())
 	}
 }
@@ -258,7 +268,7 @@ func TestHBONETransfers(t *testing.T) {
 				errs := make(chan error, streams)
 				for i := range streams {
 					s := l.stream(t)
-					go func() { errs <- echoCheck(s, each, uint64(i)) }()
+					go func() { errs <- nettest.CheckEcho(s, each, uint64(i), 0) }()
 				}
 				for range streams {
 					if err := <-errs; err != nil {
@@ -421,7 +431,7 @@ func TestHBONEBrokenRecords(t *testing.T) {
 						extra = []string{"-cut-at", "100000", "-cut", fault}
 					}
 					l := connect(t, st, c, role, extra...)
-					if err := echoCheck(l.stream(t), 1<<20, 1); err == nil {
+					if err := nettest.CheckEcho(l.stream(t), 1<<20, 1, 0); err == nil {
 						t.Fatal("a transfer across the broken record succeeded")
 					}
 					end := l.ourEnd()
@@ -473,30 +483,12 @@ func TestHBONEProtocolError(t *testing.T) {
 		for _, role := range roles {
 			t.Run(st.name+"/our-"+role, func(t *testing.T) {
 				c := newCerts(t)
-				plain := listen(t)
+				plain := nettest.Listen(t)
 				var p *peer
 				var ourEnd func() error
 				if role == "server" {
-					srv := hbone.NewServer(daemonH2, echo)
-					ln := listen(t)
-					cfg := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return c.ours, nil })
-					end := make(chan error, 1)
-					var wg sync.WaitGroup
-					wg.Go(func() {
-						_ = ln.SetDeadline(time.Now().Add(peerTimeout))
-						tc, err := ln.AcceptTCP()
-						if err != nil {
-							end <- err
-							return
-						}
-						end <- serveHBONE(tc, cfg, srv)
-					})
-					t.Cleanup(func() {
-						ln.Close()
-						srv.Close()
-						wg.Wait()
-					})
-					p = startPeer(t, st, c, "client", ln.Addr().String(), plain.Addr().String())
+					_, addr, end := serveOurs(t, c)
+					p = startPeer(t, st, c, "client", addr, plain.Addr().String())
 					ourEnd = func() error { return <-end }
 				} else {
 					p = startPeer(t, st, c, "server", "", plain.Addr().String())

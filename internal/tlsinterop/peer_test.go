@@ -2,16 +2,11 @@ package tlsinterop
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"github.com/ztunnel-go/ztunnel/internal/netnslab"
-	"io"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -23,6 +18,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
@@ -308,17 +304,6 @@ func checkClean(t *testing.T, st stack, p *peer) []string {
 	return evs
 }
 
-// listen returns a loopback TCP listener closed when the test ends.
-func listen(t *testing.T) *net.TCPListener {
-	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	return ln
-}
-
 // acceptOne accepts the peer's plaintext connection.
 func acceptOne(t *testing.T, ln *net.TCPListener, p *peer) *net.TCPConn {
 	t.Helper()
@@ -329,51 +314,6 @@ func acceptOne(t *testing.T, ln *net.TCPListener, p *peer) *net.TCPConn {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
-}
-
-// halfCloser is a connection whose write side can end alone.
-type halfCloser interface {
-	io.ReadWriter
-	CloseWrite() error
-}
-
-// echoCheck sends n pseudo-random bytes on c, whose far end echoes them,
-// half-closes, and reads the echo back, comparing both directions' SHA-256.
-func echoCheck(c halfCloser, n int, seed uint64) error {
-	sent := sha256.New()
-	werr := make(chan error, 1)
-	go func() {
-		r := rand.New(rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8)}))
-		buf := make([]byte, 64<<10)
-		for left := n; left > 0; {
-			k := min(left, len(buf))
-			for i := 0; i < k; i += 8 {
-				v := r.Uint64()
-				for j := 0; j < 8 && i+j < k; j++ {
-					buf[i+j] = byte(v >> (8 * j))
-				}
-			}
-			sent.Write(buf[:k])
-			if _, err := c.Write(buf[:k]); err != nil {
-				werr <- fmt.Errorf("write: %w", err)
-				return
-			}
-			left -= k
-		}
-		werr <- c.CloseWrite()
-	}()
-	got := sha256.New()
-	m, rerr := io.Copy(got, c)
-	if err := <-werr; err != nil {
-		return err
-	}
-	if rerr != nil {
-		return fmt.Errorf("read after %d bytes: %w", m, rerr)
-	}
-	if m != int64(n) || !bytes.Equal(got.Sum(nil), sent.Sum(nil)) {
-		return fmt.Errorf("echo of %d bytes came back as %d bytes, sha256 %x, want %x", n, m, got.Sum(nil), sent.Sum(nil))
-	}
-	return nil
 }
 
 // errIsAny reports whether err matches one of targets.

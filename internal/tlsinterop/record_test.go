@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/record"
 )
@@ -22,11 +23,11 @@ import (
 // connection.
 func rawConnect(t *testing.T, st stack, c *certs, role string, extra ...string) (*record.Conn, *net.TCPConn, *peer) {
 	t.Helper()
-	plain := listen(t)
+	plain := nettest.Listen(t)
 	var conn *record.Conn
 	var p *peer
 	if role == "server" {
-		ln := listen(t)
+		ln := nettest.Listen(t)
 		p = startPeer(t, st, c, "client", ln.Addr().String(), plain.Addr().String(), extra...)
 		_ = ln.SetDeadline(time.Now().Add(peerTimeout))
 		tc, err := ln.AcceptTCP()
@@ -57,7 +58,7 @@ func rawConnect(t *testing.T, st stack, c *certs, role string, extra ...string) 
 
 // oneWay writes n pseudo-random bytes to w, calling mid once half of them
 // are written, then half-closes w; it returns their SHA-256.
-func oneWay(w halfCloser, n int, seed uint64, mid func() error) ([]byte, error) {
+func oneWay(w nettest.HalfCloser, n int, seed uint64, mid func() error) ([]byte, error) {
 	h := sha256.New()
 	r := rand.New(rand.NewPCG(seed, 1))
 	buf := make([]byte, 32<<10)

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // tap relays one TCP connection record by record and keeps the largest
@@ -23,7 +25,7 @@ type tap struct {
 // newTap listens for one connection and relays it to target.
 func newTap(t *testing.T, target string) *tap {
 	t.Helper()
-	tp := &tap{ln: listen(t), target: target}
+	tp := &tap{ln: nettest.Listen(t), target: target}
 	tp.wg.Go(func() {
 		_ = tp.ln.SetDeadline(time.Now().Add(peerTimeout))
 		in, err := tp.ln.AcceptTCP()

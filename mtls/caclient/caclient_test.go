@@ -9,10 +9,8 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
-	"math/big"
 	"net/url"
 	"strings"
 	"testing"
@@ -24,6 +22,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
+	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
 
 func TestMain(m *testing.M) {
@@ -45,15 +44,6 @@ func (r *recordingSigner) Sign(ctx context.Context, csrPEM []byte, ttl time.Dura
 	return r.ca.Sign(ctx, csrPEM, ttl, imp)
 }
 
-func newCA(t testing.TB, td string) *caclient.BuiltinCA {
-	t.Helper()
-	ca, err := caclient.NewBuiltinCA(td)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ca
-}
-
 func parseCSR(t testing.TB, p []byte) *x509.CertificateRequest {
 	t.Helper()
 	block, _ := pem.Decode(p)
@@ -68,7 +58,7 @@ func parseCSR(t testing.TB, p []byte) *x509.CertificateRequest {
 }
 
 func TestClientCSR(t *testing.T) {
-	ca := newCA(t, "")
+	ca := tlstest.NewCA(t, "")
 	for _, imp := range []bool{false, true} {
 		rec := &recordingSigner{ca: ca}
 		c := caclient.New(caclient.Config{Signer: rec, Impersonate: imp})
@@ -128,7 +118,7 @@ func (failingSigner) Sign(context.Context, []byte, time.Duration, identity.Ident
 }
 
 func TestClientErrors(t *testing.T) {
-	ca := newCA(t, "")
+	ca := tlstest.NewCA(t, "")
 	if _, err := caclient.New(caclient.Config{Signer: lyingSigner{ca}}).Fetch(context.Background(), id); !errors.Is(err, mtls.ErrIdentityMismatch) {
 		t.Fatalf("CA answering for another identity: %v, want ErrIdentityMismatch", err)
 	}
@@ -161,7 +151,7 @@ func csrFor(key crypto.Signer, uris, dns []string) (crypto.Signer, []byte) {
 }
 
 func TestBuiltinCASign(t *testing.T) {
-	ca := newCA(t, "cluster.local")
+	ca := tlstest.NewCA(t, "cluster.local")
 	_, good := csrFor(nil, []string{id.String()}, nil)
 
 	// A valid CSR whose signature no longer matches: flip the last byte, which
@@ -249,7 +239,7 @@ func checkLeaf(t *testing.T, ca *caclient.BuiltinCA, chain []string, ttl time.Du
 }
 
 func TestBuiltinCASignLimits(t *testing.T) {
-	ca := newCA(t, "")
+	ca := tlstest.NewCA(t, "")
 	_, csr := csrFor(nil, []string{id.String()}, nil)
 
 	// Capped at the root's expiry.
@@ -284,7 +274,7 @@ func TestBuiltinCASignLimits(t *testing.T) {
 }
 
 func TestLoadBuiltinCARoundTrip(t *testing.T) {
-	orig := newCA(t, "example.org")
+	orig := tlstest.NewCA(t, "example.org")
 	loaded, err := caclient.LoadBuiltinCA(orig.RootPEM(), orig.KeyPEM())
 	if err != nil {
 		t.Fatal(err)
@@ -310,37 +300,14 @@ func TestLoadBuiltinCARoundTrip(t *testing.T) {
 	}
 }
 
-// caFiles is a hand-made CA certificate and key, in PEM.
-type caFiles struct {
-	cert, key []byte
-}
-
-func makeCA(t *testing.T, key crypto.Signer, mod func(*x509.Certificate)) caFiles {
+// makeCA is a hand-made CA for cluster.local (in its Organization) valid
+// for an hour, shaped further by mod.
+func makeCA(t *testing.T, key crypto.Signer, mod func(*x509.Certificate)) *tlstest.CA {
 	t.Helper()
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "ca", Organization: []string{"cluster.local"}},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	if mod != nil {
-		mod(tmpl)
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return caFiles{
-		cert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		key:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}),
-	}
+	return tlstest.NewRoot(t, tlstest.CAOptions{
+		CommonName: "ca", Organization: []string{"cluster.local"}, KeyUsage: x509.KeyUsageCertSign,
+		NotAfter: time.Now().Add(time.Hour), Key: key, Modify: mod,
+	})
 }
 
 func TestLoadBuiltinCAInputs(t *testing.T) {
@@ -350,7 +317,8 @@ func TestLoadBuiltinCAInputs(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := makeCA(t, ecKey, nil)
-	other := newCA(t, "")
+	goodKey := good.KeyPEM(t)
+	other := tlstest.NewCA(t, "")
 	sec1, _ := x509.MarshalECPrivateKey(ecKey)
 	xKey, _ := ecdh.X25519().GenerateKey(rand.Reader)
 	xDER, _ := x509.MarshalPKCS8PrivateKey(xKey)
@@ -363,26 +331,26 @@ func TestLoadBuiltinCAInputs(t *testing.T) {
 		wantErr   string // "" means it loads
 		wantTDs   string
 	}{
-		{name: "PKCS#8 ECDSA, trust domain from Organization", cert: good.cert, key: good.key, wantTDs: "cluster.local"},
-		{name: "SEC 1 key after EC PARAMETERS", cert: good.cert,
+		{name: "PKCS#8 ECDSA, trust domain from Organization", cert: good.PEM(), key: goodKey, wantTDs: "cluster.local"},
+		{name: "SEC 1 key after EC PARAMETERS", cert: good.PEM(),
 			key: append(pem.EncodeToMemory(&pem.Block{Type: "EC PARAMETERS", Bytes: []byte{6, 8, 42, 134, 72, 206, 61, 3, 1, 7}}),
 				pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: sec1})...), wantTDs: "cluster.local"},
-		{name: "PKCS#1 RSA", cert: rsaCA.cert, key: pkcs1, wantTDs: "cluster.local"},
-		{name: "trust domains from URI SANs win", key: good.key, wantTDs: "a.example,b.example",
+		{name: "PKCS#1 RSA", cert: rsaCA.PEM(), key: pkcs1, wantTDs: "cluster.local"},
+		{name: "trust domains from URI SANs win", key: goodKey, wantTDs: "a.example,b.example",
 			cert: makeCA(t, ecKey, func(c *x509.Certificate) {
 				c.URIs = []*url.URL{{Scheme: "spiffe", Host: "a.example"}, {Scheme: "spiffe", Host: "b.example"}}
-			}).cert},
-		{name: "garbage certificate", cert: []byte("nope"), key: good.key, wantErr: "no PEM CERTIFICATE block"},
-		{name: "undecodable certificate", cert: []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"), key: good.key, wantErr: "CA certificate"},
-		{name: "two certificates", cert: append(append([]byte(nil), good.cert...), other.RootPEM()...), key: good.key, wantErr: "2 certificates"},
-		{name: "garbage key", cert: good.cert, key: []byte("nope"), wantErr: "CA key: no PEM block"},
-		{name: "certificate as key", cert: good.cert, key: good.cert, wantErr: `PEM block "CERTIFICATE"`},
-		{name: "wrong key type", cert: good.cert, key: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: xDER}), wantErr: "unsupported key type"},
-		{name: "key of another CA", cert: good.cert, key: other.KeyPEM(), wantErr: "does not match"},
-		{name: "not a CA", cert: makeCA(t, ecKey, func(c *x509.Certificate) { c.IsCA = false }).cert, key: good.key, wantErr: "not a CA certificate"},
-		{name: "no certSign usage", cert: makeCA(t, ecKey, func(c *x509.Certificate) { c.KeyUsage = x509.KeyUsageDigitalSignature }).cert, key: good.key, wantErr: "key usage"},
-		{name: "expired", cert: makeCA(t, ecKey, func(c *x509.Certificate) { c.NotAfter = time.Now().Add(-time.Minute) }).cert, key: good.key, wantErr: "expired"},
-		{name: "no trust domain", cert: makeCA(t, ecKey, func(c *x509.Certificate) { c.Subject.Organization = nil }).cert, key: good.key, wantErr: "names no trust domain"},
+			}).PEM()},
+		{name: "garbage certificate", cert: []byte("nope"), key: goodKey, wantErr: "no PEM CERTIFICATE block"},
+		{name: "undecodable certificate", cert: []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"), key: goodKey, wantErr: "CA certificate"},
+		{name: "two certificates", cert: append(append([]byte(nil), good.PEM()...), other.RootPEM()...), key: goodKey, wantErr: "2 certificates"},
+		{name: "garbage key", cert: good.PEM(), key: []byte("nope"), wantErr: "CA key: no PEM block"},
+		{name: "certificate as key", cert: good.PEM(), key: good.PEM(), wantErr: `PEM block "CERTIFICATE"`},
+		{name: "wrong key type", cert: good.PEM(), key: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: xDER}), wantErr: "unsupported key type"},
+		{name: "key of another CA", cert: good.PEM(), key: other.KeyPEM(), wantErr: "does not match"},
+		{name: "not a CA", cert: makeCA(t, ecKey, func(c *x509.Certificate) { c.IsCA = false }).PEM(), key: goodKey, wantErr: "not a CA certificate"},
+		{name: "no certSign usage", cert: makeCA(t, ecKey, func(c *x509.Certificate) { c.KeyUsage = x509.KeyUsageDigitalSignature }).PEM(), key: goodKey, wantErr: "key usage"},
+		{name: "expired", cert: makeCA(t, ecKey, func(c *x509.Certificate) { c.NotAfter = time.Now().Add(-time.Minute) }).PEM(), key: goodKey, wantErr: "expired"},
+		{name: "no trust domain", cert: makeCA(t, ecKey, func(c *x509.Certificate) { c.Subject.Organization = nil }).PEM(), key: goodKey, wantErr: "names no trust domain"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -408,7 +376,7 @@ func TestLoadBuiltinCAInputs(t *testing.T) {
 }
 
 func TestNewBuiltinCA(t *testing.T) {
-	ca := newCA(t, "")
+	ca := tlstest.NewCA(t, "")
 	if got := ca.TrustDomains(); len(got) != 1 || got[0] != identity.DefaultTrustDomain {
 		t.Fatalf("default trust domain %v", got)
 	}
@@ -431,7 +399,7 @@ func TestNewBuiltinCA(t *testing.T) {
 // FuzzSign feeds arbitrary bytes as a CSR. Sign must never panic, and what
 // it signs must be a single SPIFFE identity in the CA's trust domain.
 func FuzzSign(f *testing.F) {
-	ca := newCA(f, "cluster.local")
+	ca := tlstest.NewCA(f, "cluster.local")
 	_, good := csrFor(nil, []string{id.String()}, nil)
 	_, two := csrFor(nil, []string{id.String(), "spiffe://cluster.local/ns/a/sa/b"}, nil)
 	fuzzseed.Add(f, good)

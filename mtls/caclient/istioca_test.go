@@ -4,13 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient/catest"
@@ -127,31 +125,8 @@ func isCode(err error, c codes.Code) bool {
 // echoServer serves TLS from the store's current certificate and echoes.
 func echoServer(t *testing.T, store *mtls.Store, id identity.Identity) string {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return store.Get(context.Background(), id) })
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		lis.Close()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(waitLimit))
-				tc := tls.Server(c, cfg)
-				_, _ = io.Copy(tc, tc)
-			})
-		}
-	})
-	return lis.Addr().String()
+	return nettest.Handle(t, tls.NewListener(nettest.Listen(t), cfg), nettest.Echo).Addr.String()
 }
 
 func TestIstioCARotationKeepsConnections(t *testing.T) {
@@ -176,12 +151,8 @@ func TestIstioCARotationKeepsConnections(t *testing.T) {
 	_ = conn.SetDeadline(time.Now().Add(waitLimit))
 	echo := func(c *tls.Conn) {
 		t.Helper()
-		if _, err := c.Write([]byte("ping")); err != nil {
-			t.Fatal(err)
-		}
-		buf := make([]byte, 4)
-		if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
-			t.Fatalf("echo: %q, %v", buf, err)
+		if err := nettest.RoundTrip(c, "ping"); err != nil {
+			t.Fatalf("echo: %v", err)
 		}
 	}
 	echo(conn)
