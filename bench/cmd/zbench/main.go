@@ -20,10 +20,11 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/bench/harness"
+	"github.com/ztunnel-go/ztunnel/bench/load"
 	"github.com/ztunnel-go/ztunnel/bench/report"
 )
 
-func main() { harness.Main("zbench", run) }
+func main() { load.Main("zbench", run) }
 
 func run(ctx context.Context, args []string) error {
 	self, _ := os.Executable()
