@@ -48,6 +48,22 @@ type Census struct {
 	Procs      []CensusProc     `json:"procs"`
 	Profiles   []report.Profile `json:"profiles,omitempty"`
 	Traces     []string         `json:"traces,omitempty"` // Go execution traces, relative to the report
+	// TraceRoundTrips estimates the round trips inside each trace: the
+	// traced load's rate times the trace's length.
+	TraceRoundTrips float64 `json:"trace_round_trips,omitempty"`
+	// Wakeups are each daemon's goroutine wake-ups per round trip, from
+	// its trace (needs the go command).
+	Wakeups []DaemonWakes `json:"wakeups,omitempty"`
+}
+
+// DaemonWakes is one daemon's wake-ups per round trip, by kind, and the
+// syscalls its goroutines entered (the trace's count: raw syscalls and the
+// runtime's own are not in it).
+type DaemonWakes struct {
+	Proc     string  `json:"proc"`
+	Total    float64 `json:"total"`
+	Syscalls float64 `json:"go_syscalls"`
+	Wakes    []Wake  `json:"wakes"`
 }
 
 // CensusProc is one proxy process's counts per round trip.
@@ -183,8 +199,32 @@ func (b *bench) census(ctx context.Context, t *target, n int64) (Census, error) 
 	if c.Profiles, err = b.profile(ctx, t, m); err != nil {
 		return c, err
 	}
-	c.Traces, err = b.traces(ctx, t, m)
-	return c, err
+	if c.Traces, c.TraceRoundTrips, err = b.traces(ctx, t, m); err != nil || c.TraceRoundTrips <= 0 {
+		return c, err
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		return c, nil // the traces are saved; go tool trace reads them later
+	}
+	var daemons []*proc
+	for _, p := range t.procs {
+		if p.daemon {
+			daemons = append(daemons, p)
+		}
+	}
+	for i, f := range c.Traces {
+		wakes, syscalls, err := traceWakeups(ctx, filepath.Join(b.o.OutDir, f))
+		if err != nil {
+			return c, err
+		}
+		dw := DaemonWakes{Proc: daemons[i].name, Syscalls: float64(syscalls) / c.TraceRoundTrips}
+		for _, w := range wakes {
+			w.Count /= c.TraceRoundTrips
+			dw.Total += w.Count
+			dw.Wakes = append(dw.Wakes, w)
+		}
+		c.Wakeups = append(c.Wakeups, dw)
+	}
+	return c, nil
 }
 
 // straceCensus counts t's processes' syscalls over n round trips.
@@ -334,21 +374,26 @@ func parsePerfStat(b []byte) map[string]int64 {
 	return m
 }
 
-// traces saves a Go execution trace of each of t's daemons under m.
-func (b *bench) traces(ctx context.Context, t *target, m metric) ([]string, error) {
-	daemons, data, err := b.underLoad(ctx, t, m, "trace")
+// traces saves a Go execution trace of each of t's daemons under m, and
+// estimates the round trips each holds.
+func (b *bench) traces(ctx context.Context, t *target, m metric) ([]string, float64, error) {
+	daemons, data, res, err := b.underLoad(ctx, t, m, "trace")
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var files []string
 	for i, p := range daemons {
 		f, err := b.saveProfile(t, m.name+"-trace", p, data[i])
 		if err != nil {
-			return files, err
+			return files, 0, err
 		}
 		files = append(files, f)
 	}
-	return files, nil
+	var rts float64
+	if res != nil && res.RR != nil {
+		rts = res.RR.PerSecond * float64(b.o.ProfileSeconds)
+	}
+	return files, rts, nil
 }
 
 // counters are one process's /proc counters: context switches summed over
@@ -480,7 +525,17 @@ func CensusMarkdown(cs []Census) string {
 			fmt.Fprintf(&b, "CPU profile, %s (`%s`): %s\n\n", p.Proc, p.File, p.Summary)
 		}
 		for _, f := range c.Traces {
-			fmt.Fprintf(&b, "Go execution trace: `%s`\n\n", f)
+			fmt.Fprintf(&b, "Go execution trace (about %.0f round trips): `%s`\n\n", c.TraceRoundTrips, f)
+		}
+		for _, d := range c.Wakeups {
+			fmt.Fprintf(&b, "Goroutine wake-ups per round trip, %s: %.2f (goroutines entered %.2f syscalls)\n\n"+
+				"| waker | by | wakee | per round trip |\n|---|---|---|---|\n", d.Proc, d.Total, d.Syscalls)
+			for _, w := range d.Wakes {
+				if w.Count >= 0.02 {
+					fmt.Fprintf(&b, "| %s | %s | %s | %.2f |\n", w.Waker, w.Via, w.Wakee, w.Count)
+				}
+			}
+			b.WriteString("\n")
 		}
 	}
 	return b.String()

@@ -76,3 +76,59 @@ func TestParsePerfStat(t *testing.T) {
 		t.Fatalf("nothing counted: got %v, want nil", m)
 	}
 }
+
+// A cut of `go tool trace -d=parsed`: the loop (G66) parks, the TLS reader
+// (G12) blocks, netpoll wakes G12, G12 wakes the loop.
+const parsedTrace = `M=1 P=0 G=66 StateTransition Time=1 GoID=66 Running->Waiting Reason="network"
+TransitionStack=
+	internal/poll.(*FD).RawRead @ 0x50930c
+		internal/poll/fd_unix.go:710
+	github.com/ztunnel-go/ztunnel/engine/poll.(*Poller).WaitPark @ 0xab8670
+		github.com/ztunnel-go/ztunnel/engine/poll/poll_linux.go:234
+	github.com/ztunnel-go/ztunnel/engine.(*eloop).run @ 0xabfb4e
+		github.com/ztunnel-go/ztunnel/engine/loop.go:1
+M=1 P=1 G=12 StateTransition Time=2 GoID=12 Running->Waiting Reason="network"
+TransitionStack=
+	internal/poll.(*FD).RawRead @ 0x50930c
+		internal/poll/fd_unix.go:710
+	github.com/ztunnel-go/ztunnel/mtls/record.(*Conn).fillEmptyLocked @ 0xb09395
+		github.com/ztunnel-go/ztunnel/mtls/record/conn.go:462
+M=1 P=-1 G=-1 StateTransition Time=3 GoID=12 Waiting->Runnable Reason=""
+M=1 P=1 G=12 StateTransition Time=4 GoID=12 Running->Syscall Reason=""
+TransitionStack=
+	syscall.read @ 0x4aeab7
+		syscall/zsyscall_linux_amd64.go:736
+M=1 P=1 G=12 StateTransition Time=5 GoID=66 Waiting->Runnable Reason=""
+Stack=
+	internal/poll.setDeadlineImpl @ 0x503a73
+		internal/poll/fd_poll_runtime.go:162
+	github.com/ztunnel-go/ztunnel/engine/poll.(*Poller).Wake @ 0xab8aff
+		github.com/ztunnel-go/ztunnel/engine/poll/poll_linux.go:292
+	github.com/ztunnel-go/ztunnel/engine.(*eloop).wake @ 0xacf71a
+		github.com/ztunnel-go/ztunnel/engine/loop.go:2
+M=1 P=1 G=-1 StateTransition Time=6 GoID=7 Waiting->Runnable Reason=""
+`
+
+func TestParseWakeups(t *testing.T) {
+	wakes, syscalls, err := parseWakeups(strings.NewReader(parsedTrace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Equal counts sort by waker, via and wakee.
+	want := []Wake{
+		{Waker: "mtls/record.(*Conn).fillEmptyLocked", Via: "engine/poll.(*Poller).Wake", Wakee: "engine.(*eloop).run", Count: 1},
+		{Waker: "netpoll", Via: "", Wakee: "g7", Count: 1},
+		{Waker: "netpoll", Via: "", Wakee: "mtls/record.(*Conn).fillEmptyLocked", Count: 1},
+	}
+	if len(wakes) != len(want) {
+		t.Fatalf("wakes %+v, want %+v", wakes, want)
+	}
+	for i := range want {
+		if wakes[i] != want[i] {
+			t.Errorf("wake %d: %+v, want %+v", i, wakes[i], want[i])
+		}
+	}
+	if syscalls != 1 {
+		t.Errorf("syscalls %d, want 1", syscalls)
+	}
+}
