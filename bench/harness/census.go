@@ -506,11 +506,12 @@ func CensusMarkdown(cs []Census) string {
 	var b strings.Builder
 	b.WriteString("# Round-trip census (1-byte request, 1-byte response, one connection)\n\n")
 	for _, c := range cs {
-		fmt.Fprintf(&b, "## %s\n\n%d round trips; untraced p50 %.0f µs, p99 %.0f µs, %.0f/s; under strace %.0f/s\n\n",
-			c.Config, c.RoundTrips, c.P50us, c.P99us, c.PerSecond, c.TracedRate)
+		fmt.Fprintf(&b, "## %s\n\n%d round trips; untraced p50 %.0f µs, p99 %.0f µs, %.0f/s", c.Config, c.RoundTrips, c.P50us, c.P99us, c.PerSecond)
 		if len(c.Procs) == 0 {
+			b.WriteString("\n\n")
 			continue
 		}
+		fmt.Fprintf(&b, "; under strace %.0f/s\n\n", c.TracedRate)
 		b.WriteString("| per round trip | syscalls | by kind | under strace | failed (strace) | voluntary cs | involuntary cs | CPU µs |\n|---|---|---|---|---|---|---|---|\n")
 		for _, p := range c.Procs {
 			var st float64
