@@ -3,15 +3,12 @@ package harness
 import (
 	"bufio"
 	"bytes"
-	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,13 +19,15 @@ import (
 )
 
 // The round-trip census (issue 23: "publish the round-trip syscall count
-// and wake-ups per round trip"): a counted number of 1-byte round trips
-// through each path, run three times. Untraced, for each proxy process's
-// context switches (every thread's, from /proc) and CPU; under `strace -c -f`
-// for its syscalls by kind (ptrace slows the run, not the count); and, for
-// the daemons, under a CPU profile and a Go execution trace (saved; the
-// trace's goroutine unblocks say which goroutine wakes which). Counts are
-// per round trip, so two paths are compared as ratios in one run.
+// and wake-ups per round trip"): counted 1-byte round trips through each
+// path. Untraced, for each proxy process's syscalls by kind (perf's
+// tracepoint counters, which do not slow the run), context switches (every
+// thread's, from /proc) and CPU; under `strace -c -f` for its failed calls
+// (ptrace slows the run, not the count of the calls each message makes);
+// and, for the daemons, a CPU profile under load and a Go execution trace
+// around a counted run (saved; its goroutine unblocks say which goroutine
+// wakes which). Counts are per round trip, so two paths are compared as
+// ratios in one run.
 
 // CensusFile and CensusReport are the census's outputs in the report
 // directory.
@@ -48,8 +47,8 @@ type Census struct {
 	Procs      []CensusProc     `json:"procs"`
 	Profiles   []report.Profile `json:"profiles,omitempty"`
 	Traces     []string         `json:"traces,omitempty"` // Go execution traces, relative to the report
-	// TraceRoundTrips estimates the round trips inside each trace: the
-	// traced load's rate times the trace's length.
+	// TraceRoundTrips is the round trips inside each trace: a counted
+	// zload run that starts after the traces and ends before them.
 	TraceRoundTrips float64 `json:"trace_round_trips,omitempty"`
 	// Wakeups are each daemon's goroutine wake-ups per round trip, from
 	// its trace (needs the go command).
@@ -199,9 +198,11 @@ func (b *bench) census(ctx context.Context, t *target, n int64) (Census, error) 
 	if c.Profiles, err = b.profile(ctx, t, m); err != nil {
 		return c, err
 	}
-	if c.Traces, c.TraceRoundTrips, err = b.traces(ctx, t, m); err != nil || c.TraceRoundTrips <= 0 {
+	var traced int64
+	if c.Traces, traced, err = b.traces(ctx, t, c.PerSecond); err != nil {
 		return c, err
 	}
+	c.TraceRoundTrips = float64(traced)
 	if _, err := exec.LookPath("go"); err != nil {
 		return c, nil // the traces are saved; go tool trace reads them later
 	}
@@ -374,26 +375,45 @@ func parsePerfStat(b []byte) map[string]int64 {
 	return m
 }
 
-// traces saves a Go execution trace of each of t's daemons under m, and
-// estimates the round trips each holds.
-func (b *bench) traces(ctx context.Context, t *target, m metric) ([]string, float64, error) {
-	daemons, data, res, err := b.underLoad(ctx, t, m, "trace")
+// traces saves a Go execution trace of each of t's daemons that holds a
+// counted number of round trips: the traces start first, then zload runs
+// about half of ProfileSeconds' worth (at the untraced rate) and must end
+// inside them. It returns the files and the count.
+func (b *bench) traces(ctx context.Context, t *target, untracedRate float64) ([]string, int64, error) {
+	secs := float64(b.o.ProfileSeconds)
+	n := max(int64(untracedRate*secs/2), 100)
+	type fetched struct {
+		daemons []*proc
+		data    [][]byte
+		err     error
+	}
+	done := make(chan fetched, 1)
+	go func() {
+		var f fetched
+		f.daemons, f.data, f.err = b.fetchDaemons(ctx, t, "trace")
+		done <- f
+	}()
+	time.Sleep(300 * time.Millisecond) // the traces start (a stop-the-world each)
+	res, err := b.zload(ctx, t.ns, 10*time.Minute, nil, append(rrArgs(n, 0), t.args...)...)
+	f := <-done
 	if err != nil {
 		return nil, 0, err
 	}
+	if f.err != nil {
+		return nil, 0, f.err
+	}
+	if res.RR == nil || res.RR.Requests != n || res.RR.Seconds+0.3 >= secs {
+		return nil, 0, fmt.Errorf("the traced %d round trips did not fit in the %gs trace (%+v)", n, secs, res.RR)
+	}
 	var files []string
-	for i, p := range daemons {
-		f, err := b.saveProfile(t, m.name+"-trace", p, data[i])
+	for i, p := range f.daemons {
+		file, err := b.saveProfile(t, "rr-1x1-trace", p, f.data[i])
 		if err != nil {
 			return files, 0, err
 		}
-		files = append(files, f)
+		files = append(files, file)
 	}
-	var rts float64
-	if res != nil && res.RR != nil {
-		rts = res.RR.PerSecond * float64(b.o.ProfileSeconds)
-	}
-	return files, rts, nil
+	return files, n, nil
 }
 
 // counters are one process's /proc counters: context switches summed over
@@ -485,80 +505,4 @@ func parseStraceSummary(b []byte) (calls, errs map[string]int64, err error) {
 		return nil, nil, fmt.Errorf("strace summary: no table in %q", b)
 	}
 	return calls, errs, nil
-}
-
-// WriteCensus writes census.json and CENSUS.md (a table per path) to dir.
-func WriteCensus(dir string, cs []Census) error {
-	j, err := json.MarshalIndent(cs, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, CensusFile), append(j, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, CensusReport), []byte(CensusMarkdown(cs)), 0o644)
-}
-
-// CensusMarkdown renders the census: per path its latency, then per process
-// the syscalls by kind (the commonest first), context switches and CPU per
-// round trip.
-func CensusMarkdown(cs []Census) string {
-	var b strings.Builder
-	b.WriteString("# Round-trip census (1-byte request, 1-byte response, one connection)\n\n")
-	for _, c := range cs {
-		fmt.Fprintf(&b, "## %s\n\n%d round trips; untraced p50 %.0f µs, p99 %.0f µs, %.0f/s", c.Config, c.RoundTrips, c.P50us, c.P99us, c.PerSecond)
-		if len(c.Procs) == 0 {
-			b.WriteString("\n\n")
-			continue
-		}
-		fmt.Fprintf(&b, "; under strace %.0f/s\n\n", c.TracedRate)
-		b.WriteString("| per round trip | syscalls | by kind | under strace | failed (strace) | voluntary cs | involuntary cs | CPU µs |\n|---|---|---|---|---|---|---|---|\n")
-		for _, p := range c.Procs {
-			var st float64
-			for _, v := range p.Straced {
-				st += v
-			}
-			fmt.Fprintf(&b, "| %s | %.2f | %s | %.2f | %s | %.2f | %.2f | %.1f |\n", p.Proc, p.TotalSyscalls(), byKind(p.Syscalls),
-				st, byKind(p.Errors), p.Voluntary, p.Involuntary, p.CPUus)
-		}
-		b.WriteString("\n")
-		for _, p := range c.Profiles {
-			fmt.Fprintf(&b, "CPU profile, %s (`%s`): %s\n\n", p.Proc, p.File, p.Summary)
-		}
-		for _, f := range c.Traces {
-			fmt.Fprintf(&b, "Go execution trace (about %.0f round trips): `%s`\n\n", c.TraceRoundTrips, f)
-		}
-		for _, d := range c.Wakeups {
-			fmt.Fprintf(&b, "Goroutine wake-ups per round trip, %s: %.2f (goroutines entered %.2f syscalls)\n\n"+
-				"| waker | by | wakee | per round trip |\n|---|---|---|---|\n", d.Proc, d.Total, d.Syscalls)
-			for _, w := range d.Wakes {
-				if w.Count >= 0.02 {
-					fmt.Fprintf(&b, "| %s | %s | %s | %.2f |\n", w.Waker, w.Via, w.Wakee, w.Count)
-				}
-			}
-			b.WriteString("\n")
-		}
-	}
-	return b.String()
-}
-
-// byKind lists m's entries of at least 0.01, the largest first.
-func byKind(m map[string]float64) string {
-	names := make([]string, 0, len(m))
-	for k, v := range m {
-		if v >= 0.01 {
-			names = append(names, k)
-		}
-	}
-	slices.SortFunc(names, func(x, y string) int {
-		if c := cmp.Compare(m[y], m[x]); c != 0 {
-			return c
-		}
-		return strings.Compare(x, y)
-	})
-	kinds := make([]string, len(names))
-	for i, k := range names {
-		kinds[i] = fmt.Sprintf("%s %.2f", k, m[k])
-	}
-	return strings.Join(kinds, ", ")
 }

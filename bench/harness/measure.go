@@ -409,7 +409,7 @@ func settle(ctx context.Context, procs []*proc) {
 // profile loads t with m while taking a CPU profile from each of its
 // daemons.
 func (b *bench) profile(ctx context.Context, t *target, m metric) ([]report.Profile, error) {
-	daemons, data, _, err := b.underLoad(ctx, t, m, "profile")
+	daemons, data, err := b.underLoad(ctx, t, m, "profile")
 	if err != nil {
 		return nil, err
 	}
@@ -433,10 +433,9 @@ func (b *bench) profile(ctx context.Context, t *target, m metric) ([]report.Prof
 }
 
 // underLoad loads t with m (its duration stretched around the fetch) and
-// fetches /debug/pprof/<kind>?seconds=ProfileSeconds (a CPU profile, an
-// execution trace) from each of t's daemons at once while it runs. It
-// returns the daemons, what each gave, and the load's result.
-func (b *bench) underLoad(ctx context.Context, t *target, m metric, kind string) ([]*proc, [][]byte, *load.Result, error) {
+// fetches /debug/pprof/<kind>?seconds=ProfileSeconds from each of t's
+// daemons while it runs (fetchDaemons).
+func (b *bench) underLoad(ctx context.Context, t *target, m metric, kind string) ([]*proc, [][]byte, error) {
 	secs := b.o.ProfileSeconds
 	args := append([]string{}, m.args...)
 	for i, a := range args {
@@ -446,19 +445,29 @@ func (b *bench) underLoad(ctx context.Context, t *target, m metric, kind string)
 	}
 	args = append(args, t.args...)
 	loadDone := make(chan error, 1)
-	var res *load.Result
 	go func() {
-		var err error
-		res, err = b.zload(ctx, t.ns, time.Duration(secs)*time.Second+90*time.Second, nil, args...)
+		_, err := b.zload(ctx, t.ns, time.Duration(secs)*time.Second+90*time.Second, nil, args...)
 		loadDone <- err
 	}()
 	// Let the load start (process, certificates, connections) first.
 	select {
 	case <-ctx.Done():
 		<-loadDone
-		return nil, nil, nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	case <-time.After(500 * time.Millisecond):
 	}
+	daemons, data, err := b.fetchDaemons(ctx, t, kind)
+	if lerr := <-loadDone; lerr != nil {
+		return nil, nil, fmt.Errorf("load during %s: %w", kind, lerr)
+	}
+	return daemons, data, err
+}
+
+// fetchDaemons fetches /debug/pprof/<kind>?seconds=ProfileSeconds (a CPU
+// profile, an execution trace) from each of t's daemons at once, and
+// returns the daemons and what each gave.
+func (b *bench) fetchDaemons(ctx context.Context, t *target, kind string) ([]*proc, [][]byte, error) {
+	secs := b.o.ProfileSeconds
 	var daemons []*proc
 	for _, p := range t.procs {
 		if p.daemon {
@@ -478,13 +487,10 @@ func (b *bench) underLoad(ctx context.Context, t *target, m metric, kind string)
 		}()
 	}
 	wg.Wait()
-	if err := <-loadDone; err != nil {
-		return nil, nil, nil, fmt.Errorf("load during %s: %w", kind, err)
-	}
 	for i, p := range daemons {
 		if errs[i] != nil {
-			return nil, nil, nil, fmt.Errorf("%s: %w", p.name, errs[i])
+			return nil, nil, fmt.Errorf("%s: %w", p.name, errs[i])
 		}
 	}
-	return daemons, data, res, nil
+	return daemons, data, nil
 }
