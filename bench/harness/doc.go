@@ -13,6 +13,13 @@
 // redirect reaches the daemon; server-side proxies in the server's pod.
 // Traffic never leaves the lab's namespaces.
 //
+// RunCensus, instead of the measurements, counts what one 1-byte round trip
+// costs each proxy process (issue 23): syscalls by kind (perf's syscall
+// tracepoints; failed calls from strace), context switches of all its
+// threads, CPU, and for the daemons a CPU profile and a Go execution trace
+// and the goroutine wake-ups it holds, by waker and wakee (`zbench
+// --syscalls N`, written to CENSUS.md).
+//
 // Imports (of ours): bench/load, bench/report, internal/labrun and
 // internal/netnslab. Imported by: bench/cmd/zbench.
 package harness

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ztunnel-go/ztunnel/bench/load"
 	"github.com/ztunnel-go/ztunnel/bench/report"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
@@ -455,7 +454,3 @@ func checkQuick(r *report.Run) error {
 	}
 	return nil
 }
-
-// Main is load.Main for zbench, whose layering row (internal/deptest) lets
-// it import harness and report only: every bench command ends alike.
-func Main(name string, run func(ctx context.Context, args []string) error) { load.Main(name, run) }

@@ -365,14 +365,19 @@ func (b *bench) heapProfile(ctx context.Context, t *target, p *proc) (report.Hea
 	return report.HeapProfile{Proc: p.name, Conns: b.o.IdleConns, File: name, Summary: sum}, nil
 }
 
-// saveProfile writes a raw profile under OutDir/profiles and returns its
+// saveProfile writes a raw profile (or, what ending in "-trace", an
+// execution trace) under OutDir/profiles and returns its
 // path relative to OutDir.
 func (b *bench) saveProfile(t *target, what string, p *proc, data []byte) (string, error) {
+	ext := ".pb.gz"
+	if strings.HasSuffix(what, "-trace") {
+		ext = ".trace" // an execution trace: go tool trace reads it
+	}
 	dir := filepath.Join(b.o.OutDir, "profiles")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	name := strings.NewReplacer("/", "_", " ", "_").Replace(fmt.Sprintf("%s-%s-%s.pb.gz", t.cfg.ID, what, strings.TrimPrefix(p.name, "ztunnel in ")))
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(fmt.Sprintf("%s-%s-%s%s", t.cfg.ID, what, strings.TrimPrefix(p.name, "ztunnel in "), ext))
 	if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 		return "", err
 	}
@@ -404,6 +409,33 @@ func settle(ctx context.Context, procs []*proc) {
 // profile loads t with m while taking a CPU profile from each of its
 // daemons.
 func (b *bench) profile(ctx context.Context, t *target, m metric) ([]report.Profile, error) {
+	daemons, data, err := b.underLoad(ctx, t, m, "profile")
+	if err != nil {
+		return nil, err
+	}
+	var out []report.Profile
+	for i, p := range daemons {
+		file, err := b.saveProfile(t, m.name, p, data[i])
+		if err != nil {
+			return out, err
+		}
+		prof, err := profile.ParseData(data[i])
+		if err != nil {
+			return out, fmt.Errorf("%s: %w", p.name, err)
+		}
+		sum, err := report.SummarizeProfile(prof, 15)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, report.Profile{Config: t.cfg.ID, Metric: m.name, Proc: p.name, File: file, Summary: sum})
+	}
+	return out, nil
+}
+
+// underLoad loads t with m (its duration stretched around the fetch) and
+// fetches /debug/pprof/<kind>?seconds=ProfileSeconds from each of t's
+// daemons while it runs (fetchDaemons).
+func (b *bench) underLoad(ctx context.Context, t *target, m metric, kind string) ([]*proc, [][]byte, error) {
 	secs := b.o.ProfileSeconds
 	args := append([]string{}, m.args...)
 	for i, a := range args {
@@ -421,20 +453,29 @@ func (b *bench) profile(ctx context.Context, t *target, m metric) ([]report.Prof
 	select {
 	case <-ctx.Done():
 		<-loadDone
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	case <-time.After(500 * time.Millisecond):
 	}
-	type got struct {
-		data []byte
-		err  error
+	daemons, data, err := b.fetchDaemons(ctx, t, kind)
+	if lerr := <-loadDone; lerr != nil {
+		return nil, nil, fmt.Errorf("load during %s: %w", kind, lerr)
 	}
+	return daemons, data, err
+}
+
+// fetchDaemons fetches /debug/pprof/<kind>?seconds=ProfileSeconds (a CPU
+// profile, an execution trace) from each of t's daemons at once, and
+// returns the daemons and what each gave.
+func (b *bench) fetchDaemons(ctx context.Context, t *target, kind string) ([]*proc, [][]byte, error) {
+	secs := b.o.ProfileSeconds
 	var daemons []*proc
 	for _, p := range t.procs {
 		if p.daemon {
 			daemons = append(daemons, p)
 		}
 	}
-	results := make([]got, len(daemons))
+	data := make([][]byte, len(daemons))
+	errs := make([]error, len(daemons))
 	var wg sync.WaitGroup
 	for i, p := range daemons {
 		wg.Add(1)
@@ -442,31 +483,14 @@ func (b *bench) profile(ctx context.Context, t *target, m metric) ([]report.Prof
 			defer wg.Done()
 			pctx, cancel := context.WithTimeout(ctx, time.Duration(secs)*time.Second+30*time.Second)
 			defer cancel()
-			results[i].data, results[i].err = nsGet(pctx, p.ns, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", p.pprof, secs), 64<<20)
+			data[i], errs[i] = nsGet(pctx, p.ns, fmt.Sprintf("%s/debug/pprof/%s?seconds=%d", p.pprof, kind, secs), 256<<20)
 		}()
 	}
 	wg.Wait()
-	if err := <-loadDone; err != nil {
-		return nil, fmt.Errorf("load during profile: %w", err)
-	}
-	var out []report.Profile
 	for i, p := range daemons {
-		if results[i].err != nil {
-			return out, fmt.Errorf("%s: %w", p.name, results[i].err)
+		if errs[i] != nil {
+			return nil, nil, fmt.Errorf("%s: %w", p.name, errs[i])
 		}
-		file, err := b.saveProfile(t, m.name, p, results[i].data)
-		if err != nil {
-			return out, err
-		}
-		prof, err := profile.ParseData(results[i].data)
-		if err != nil {
-			return out, fmt.Errorf("%s: %w", p.name, err)
-		}
-		sum, err := report.SummarizeProfile(prof, 15)
-		if err != nil {
-			return out, err
-		}
-		out = append(out, report.Profile{Config: t.cfg.ID, Metric: m.name, Proc: p.name, File: file, Summary: sum})
 	}
-	return out, nil
+	return daemons, data, nil
 }

@@ -15,6 +15,7 @@
 // enforced by Validate.
 //
 // Imports (of ours): hbone, identity, mtls, mtls/caclient and mtls/record.
-// Imported by: bench/cmd/zpeer, bench/harness, bench/report (for the result
-// types), cmd/zload and tests.
+// Imported by: bench/cmd/zbench (Main), bench/cmd/zpeer, bench/harness,
+// bench/peers (Acceptor), bench/report (for the result types), cmd/zload and
+// tests.
 package load

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"time"
 )
 
@@ -27,10 +26,7 @@ type ServerConfig struct {
 // Server is the echo/sink end of every load mode.
 type Server struct {
 	cfg ServerConfig
-
-	mu    sync.Mutex // guards conns
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	a   Acceptor
 }
 
 // NewServer returns a server; Serve runs it on a listener.
@@ -44,59 +40,22 @@ func NewServer(cfg ServerConfig) *Server {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
-	return &Server{cfg: cfg, conns: map[net.Conn]struct{}{}}
+	return &Server{cfg: cfg}
 }
 
 // Serve accepts connections on ln until ctx ends or ln fails, then closes ln
 // and every open connection and returns once their goroutines are done. It
 // returns nil when ctx ended it.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
-	defer stop()
-	var err error
-	for {
-		var c net.Conn
-		c, err = ln.Accept()
-		if err != nil {
-			break
-		}
-		s.spawn(c)
-	}
-	ln.Close()
-	s.mu.Lock()
-	for c := range s.conns {
-		c.Close()
-	}
-	s.mu.Unlock()
-	s.wg.Wait()
-	if ctx.Err() != nil {
-		return nil
-	}
-	return fmt.Errorf("load: accept: %w", err)
-}
-
-// spawn serves c on a goroutine of its own, in s.conns while it runs so
-// that Serve's end can close it.
-func (s *Server) spawn(c net.Conn) {
-	s.mu.Lock()
-	s.conns[c] = struct{}{}
-	s.mu.Unlock()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer s.forget(c)
+	err := s.a.Serve(ctx, ln, func(_ context.Context, c net.Conn) {
 		if err := s.serveConn(c); err != nil {
 			s.cfg.Logf("load: server: %v: %v", c.RemoteAddr(), err)
 		}
-	}()
-}
-
-// forget closes c and takes it out of s.conns.
-func (s *Server) forget(c net.Conn) {
-	s.mu.Lock()
-	delete(s.conns, c)
-	s.mu.Unlock()
-	c.Close()
+	})
+	if err != nil {
+		return fmt.Errorf("load: accept: %w", err)
+	}
+	return nil
 }
 
 func (s *Server) serveConn(c net.Conn) error {

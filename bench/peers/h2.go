@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/net/http2"
 
+	"github.com/ztunnel-go/ztunnel/bench/load"
 	"github.com/ztunnel-go/ztunnel/mtls"
 )
 
@@ -23,7 +24,7 @@ func H2Server(ctx context.Context, ln net.Listener, cert *mtls.WorkloadCert, cfg
 	tlsCfg := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return cert, nil })
 	d := cfg.dialer()
 	srv := &http2.Server{}
-	var a acceptor
+	var a load.Acceptor
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodConnect {
 			http.Error(w, "CONNECT only", http.StatusMethodNotAllowed)
@@ -40,7 +41,7 @@ func H2Server(ctx context.Context, ln net.Listener, cert *mtls.WorkloadCert, cfg
 		fl.Flush()
 		// Upload: ends when the client half-closes (END_STREAM) or, after
 		// this handler returns, when the server closes the request body.
-		a.goHandler(func() {
+		a.Go(func() {
 			if _, err := io.Copy(up, r.Body); err == nil {
 				closeWrite(up)
 				return
@@ -50,7 +51,7 @@ func H2Server(ctx context.Context, ln net.Listener, cert *mtls.WorkloadCert, cfg
 		// Download: returning sends END_STREAM.
 		_, _ = io.Copy(flushWriter{w, fl}, up)
 	})
-	return a.serve(ctx, ln, func(ctx context.Context, c net.Conn) {
+	return serve(ctx, &a, ln, func(ctx context.Context, c net.Conn) {
 		tc := serverHandshake(ctx, c, tlsCfg, cfg, "h2 server")
 		if tc == nil {
 			return
@@ -98,8 +99,8 @@ func H2Client(ctx context.Context, ln net.Listener, server, authority string, ce
 	}
 	defer tr.CloseIdleConnections()
 	target := &url.URL{Scheme: "https", Host: server}
-	var a acceptor
-	return a.serve(ctx, ln, func(ctx context.Context, c net.Conn) {
+	var a load.Acceptor
+	return serve(ctx, &a, ln, func(ctx context.Context, c net.Conn) {
 		defer c.Close()
 		pr, pw := io.Pipe()
 		req := (&http.Request{

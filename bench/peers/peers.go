@@ -10,8 +10,9 @@
 //   - H2Server and H2Client: the naive HBONE, HTTP/2 CONNECT over mutual TLS
 //     with golang.org/x/net/http2's Server and Transport.
 //
-// Imports (of ours): mtls (and besides the standard library,
-// golang.org/x/net/http2 and x/sys/unix). Imported by: bench/cmd/zpeer.
+// Imports (of ours): bench/load (its Acceptor) and mtls (and besides the
+// standard library, golang.org/x/net/http2 and x/sys/unix). Imported by:
+// bench/cmd/zpeer.
 package peers
 
 import (
@@ -19,8 +20,9 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel/bench/load"
 )
 
 // Config is shared by every peer. The zero value is usable.
@@ -44,69 +46,12 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// acceptor runs a handler per accepted connection and owns those goroutines.
-type acceptor struct {
-	mu    sync.Mutex // guards conns
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
-}
-
-// serve accepts on ln until ctx ends or ln fails, runs handle on a goroutine
-// per connection (handle closes it), and on the way out closes ln and every
-// open connection and waits for every handler (and every goroutine started
-// with a.goHandler). It returns nil when ctx ended it.
-func (a *acceptor) serve(ctx context.Context, ln net.Listener, handle func(ctx context.Context, c net.Conn)) error {
-	a.mu.Lock()
-	if a.conns == nil {
-		a.conns = map[net.Conn]struct{}{}
+// serve is load.Acceptor's Serve with this package's name on its error.
+func serve(ctx context.Context, a *load.Acceptor, ln net.Listener, handle func(ctx context.Context, c net.Conn)) error {
+	if err := a.Serve(ctx, ln, handle); err != nil {
+		return fmt.Errorf("peers: accept: %w", err)
 	}
-	a.mu.Unlock()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
-	defer stop()
-	var err error
-	for {
-		var c net.Conn
-		if c, err = ln.Accept(); err != nil {
-			break
-		}
-		a.mu.Lock()
-		a.conns[c] = struct{}{}
-		a.mu.Unlock()
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			defer func() {
-				a.mu.Lock()
-				delete(a.conns, c)
-				a.mu.Unlock()
-			}()
-			handle(ctx, c)
-		}()
-	}
-	ended := ctx.Err() != nil
-	cancel()
-	ln.Close()
-	a.mu.Lock()
-	for c := range a.conns {
-		c.Close()
-	}
-	a.mu.Unlock()
-	a.wg.Wait()
-	if ended {
-		return nil
-	}
-	return fmt.Errorf("peers: accept: %w", err)
-}
-
-// goHandler runs fn on a goroutine that serve waits for.
-func (a *acceptor) goHandler(fn func()) {
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
-		fn()
-	}()
+	return nil
 }
 
 type closeWriter interface{ CloseWrite() error }
@@ -157,8 +102,8 @@ func (c Config) dialer() *net.Dialer {
 func Copy(ctx context.Context, ln net.Listener, to string, cfg Config) error {
 	cfg = cfg.withDefaults()
 	d := cfg.dialer()
-	var a acceptor
-	return a.serve(ctx, ln, func(ctx context.Context, c net.Conn) {
+	var a load.Acceptor
+	return serve(ctx, &a, ln, func(ctx context.Context, c net.Conn) {
 		to := to
 		if to == "" {
 			var err error

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"net"
 
+	"github.com/ztunnel-go/ztunnel/bench/load"
 	"github.com/ztunnel-go/ztunnel/mtls"
 )
 
@@ -15,8 +16,8 @@ func TLS(ctx context.Context, ln net.Listener, to string, cert *mtls.WorkloadCer
 	cfg = cfg.withDefaults()
 	tlsCfg := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return cert, nil })
 	d := cfg.dialer()
-	var a acceptor
-	return a.serve(ctx, ln, func(ctx context.Context, c net.Conn) {
+	var a load.Acceptor
+	return serve(ctx, &a, ln, func(ctx context.Context, c net.Conn) {
 		tc := serverHandshake(ctx, c, tlsCfg, cfg, "tls")
 		if tc == nil {
 			return

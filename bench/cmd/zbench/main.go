@@ -4,6 +4,7 @@
 // network namespaces.
 //
 //	zbench [--quick] [--out DIR] [--rounds N] [--duration D] [--backends std,epoll,uring]
+//	zbench --syscalls N [--paths RE] [--backends B]   (the round-trip census)
 //
 // The binaries default to ztunnel, zload and zpeer next to zbench itself.
 package main
@@ -20,10 +21,11 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/bench/harness"
+	"github.com/ztunnel-go/ztunnel/bench/load"
 	"github.com/ztunnel-go/ztunnel/bench/report"
 )
 
-func main() { harness.Main("zbench", run) }
+func main() { load.Main("zbench", run) }
 
 func run(ctx context.Context, args []string) error {
 	self, _ := os.Executable()
@@ -35,6 +37,7 @@ func run(ctx context.Context, args []string) error {
 		backends string
 		paths    string
 		timeout  time.Duration
+		census   int64
 	)
 	fs.BoolVar(&o.Quick, "quick", false, "CI smoke run: one short round, checks only that every path produced numbers")
 	fs.StringVar(&out, "out", "", "report directory (default bench/results/<date>-<host>; quick: a temporary directory)")
@@ -52,6 +55,8 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&o.Zload, "zload", filepath.Join(binDir, "zload"), "load generator binary")
 	fs.StringVar(&o.Zpeer, "zpeer", filepath.Join(binDir, "zpeer"), "peer proxies binary")
 	fs.StringVar(&o.HAProxy, "haproxy", "", `haproxy binary (default: from PATH; "-" skips HAProxy)`)
+	fs.Int64Var(&census, "syscalls", 0, "instead of the measurements, take the round-trip census: N 1-byte round trips per path, untraced (context switches)\nand under strace -c -f (syscalls by kind), plus the daemons' CPU profile and Go execution trace; writes "+harness.CensusReport)
+	fs.StringVar(&o.Prefix, "prefix", "", "the lab's namespace prefix (default zl-bench; its stale namespaces are removed first, so two runs at once need two)")
 	fs.DurationVar(&timeout, "timeout", 30*time.Minute, "abort the whole run after this long")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -105,6 +110,17 @@ func run(ctx context.Context, args []string) error {
 	o.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	if census > 0 {
+		cs, err := harness.RunCensus(ctx, o, census)
+		if len(cs) > 0 {
+			if werr := harness.WriteCensus(out, cs); werr != nil {
+				err = errors.Join(err, werr)
+			} else {
+				fmt.Fprintf(os.Stderr, "census: %s\n", filepath.Join(out, harness.CensusReport))
+			}
+		}
+		return err
+	}
 	run, err := harness.Run(ctx, o)
 	if run != nil && (err == nil || len(run.Samples) > 0) {
 		if werr := report.Write(out, run); werr != nil {
