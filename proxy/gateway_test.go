@@ -145,8 +145,9 @@ func TestRouteViaGateway(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// Every pick of the route shares the random source: modulo
 			// n, picks among one candidate stay in range.
-			p := &Proxy{cfg: Config{Network: "net-a", PoolInnerHBONE: tc.poolInner}, rnd: func(n uint64) uint64 { return tc.rnd % n }}
-			r, err := p.routeOutbound(context.Background(), snap, src, netip.AddrPort{}, netip.MustParseAddrPort(tc.dst))
+			rt := newRouter(&Config{Network: "net-a", PoolInnerHBONE: tc.poolInner})
+			rt.rnd = func(n uint64) uint64 { return tc.rnd % n }
+			r, err := rt.routeOutbound(context.Background(), snap, src, netip.AddrPort{}, netip.MustParseAddrPort(tc.dst))
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, tc.wantIs) {
 					t.Fatalf("error %v, want %q wrapping %v", err, tc.wantErr, tc.wantIs)
@@ -181,8 +182,8 @@ func TestRouteViaGateway(t *testing.T) {
 		})
 	}
 	t.Run("workload address without a service", func(t *testing.T) {
-		p := &Proxy{cfg: Config{Network: "net-a"}}
-		_, err := p.routeViaGateway(context.Background(), snap, src, snap.WorkloadByUID("remote"), nil, netip.MustParseAddrPort("10.1.0.2:8080"))
+		rt := newRouter(&Config{Network: "net-a"})
+		_, err := rt.routeViaGateway(context.Background(), snap, src, snap.WorkloadByUID("remote"), nil, netip.MustParseAddrPort("10.1.0.2:8080"))
 		if err == nil || !strings.Contains(err.Error(), "needs a service address") {
 			t.Fatalf("error %v, want the service-address explanation", err)
 		}
@@ -318,7 +319,7 @@ func startMultiNet(t testing.TB, poolInner bool, opts ...func(*Config)) *multiNe
 // route returns the client's route to the echo service VIP.
 func (r *multiNetRig) route(t testing.TB) outboundRoute {
 	t.Helper()
-	route, err := r.client.routeOutbound(context.Background(), r.snap, r.srcW, netip.AddrPort{}, netip.MustParseAddrPort("10.96.0.10:80"))
+	route, err := r.client.router.routeOutbound(context.Background(), r.snap, r.srcW, netip.AddrPort{}, netip.MustParseAddrPort("10.96.0.10:80"))
 	if err != nil {
 		t.Fatal(err)
 	}
