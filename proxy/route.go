@@ -3,23 +3,12 @@ package proxy
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"net/netip"
 	"slices"
-	"time"
 
 	"github.com/ztunnel-go/ztunnel/state"
 )
-
-// Resolver looks up the addresses of hostname-only workloads (ztunnel's
-// on-demand DNS). *net.Resolver implements it.
-type Resolver interface {
-	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
-}
-
-// dnsTimeout bounds one on-demand lookup of a workload hostname.
-const dnsTimeout = 10 * time.Second
 
 // routeOutbound decides where an outbound connection from client (an app of
 // workload src) to dst goes, in ztunnel's order (build_request):
@@ -169,61 +158,6 @@ func (rt *router) fromWaypoint(snap *state.Snapshot, dst, src *state.Workload, c
 	return snap.GatewayHasWorkload(dst.Waypoint, func(w *state.Workload) bool {
 		return rt.identityOf(w) == srcID && slices.Contains(w.Addresses, client)
 	})
-}
-
-// selectIP picks the address to dial w on: state.SelectAddress, or for a
-// hostname-only workload an on-demand DNS lookup, preferring want's family.
-func (rt *router) selectIP(ctx context.Context, src, w *state.Workload, want netip.Addr, fam state.IPFamilies) (netip.Addr, error) {
-	if ip, ok := state.SelectAddress(w, want, fam); ok {
-		return ip, nil
-	}
-	if w.Hostname == "" {
-		return netip.Addr{}, fmt.Errorf("workload %s has no suitable address", w.UID)
-	}
-	rt.metrics.OnDemandDNS(metricsWorkload(src, rt.identityOf(src)), w.Hostname)
-	ctx, cancel := context.WithTimeout(ctx, dnsTimeout)
-	defer cancel()
-	addrs, err := rt.resolver.LookupNetIP(ctx, "ip", w.Hostname)
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("workload %s: dns lookup of %s: %w", w.UID, w.Hostname, err)
-	}
-	ip, ok := pickResolved(addrs, want, rt.rnd)
-	if !ok {
-		return netip.Addr{}, fmt.Errorf("workload %s: dns lookup of %s returned no address", w.UID, w.Hostname)
-	}
-	return ip, nil
-}
-
-// pickResolved picks one of a lookup's addresses at random, from those of
-// want's family if there are any (pure IPv4 or IPv6 clients need their own
-// family), else from all.
-func pickResolved(addrs []netip.Addr, want netip.Addr, rnd func(uint64) uint64) (netip.Addr, bool) {
-	if rnd == nil {
-		rnd = rand.Uint64N
-	}
-	want = want.Unmap()
-	var same int
-	for _, a := range addrs {
-		if a.Unmap().Is6() == want.Is6() {
-			same++
-		}
-	}
-	if same == 0 {
-		if len(addrs) == 0 {
-			return netip.Addr{}, false
-		}
-		return addrs[rnd(uint64(len(addrs)))].Unmap(), true
-	}
-	n := rnd(uint64(same))
-	for _, a := range addrs {
-		if a.Unmap().Is6() == want.Is6() {
-			if n == 0 {
-				return a.Unmap(), true
-			}
-			n--
-		}
-	}
-	return netip.Addr{}, false
 }
 
 // validateDestination is ztunnel's validate_destination for an inbound

@@ -17,8 +17,9 @@ import (
 // presents (identityOf); where an outbound connection goes (routeOutbound,
 // route.go; through a network gateway, gateway.go); who an inbound one
 // comes from (inboundSource, authority.go) and whether its tunnel may name
-// its target (validateDestination); and, for what the snapshot lacks, the
-// on-demand lookups (ondemand.go) and DNS. It opens no socket and keeps
+// its target (validateDestination); which address a SOCKS5 client's name
+// means (resolveSOCKS, resolve.go); and, for what the snapshot lacks, the
+// on-demand lookups (ondemand.go) and DNS (resolve.go). It opens no socket and keeps
 // nothing per connection, so the handlers of *Proxy call it and its tests
 // call it directly (newRouter), with neither a listener nor a proxy.
 type router struct {
