@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/netip"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/proxy/socks5"
@@ -13,7 +15,7 @@ import (
 // The router's tests call it as the handlers do, built by newRouter from a
 // Config with what each test exercises, with no proxy or listener (its
 // decisions: route_test.go, gateway_test.go, localworkload_test.go; these
-// are the identities and the SOCKS5 names).
+// are the identities, the SOCKS5 names and the on-demand wait).
 
 // A record that names no trust domain takes the proxy's; one that names
 // its own keeps it.
@@ -83,5 +85,50 @@ func TestRouterResolveSOCKS(t *testing.T) {
 	// to the resolver, which does not know it.
 	if got, err := rt.resolveSOCKS(context.Background(), socks5.Target{Host: "private.secret.svc", Port: 80}); err == nil {
 		t.Errorf("namespace-private service resolved to %v for a client in another namespace", got)
+	}
+}
+
+// fetchAddress asks for "network/IP" only when the snapshot lacks the
+// address, waits for the answer at most OnDemandWait (DefaultOnDemandWait
+// when zero), and returns the store's snapshot after it, answered or not.
+func TestRouterFetchAddressWait(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wait time.Duration
+		want time.Duration
+	}{
+		{"configured", 50 * time.Millisecond, 50 * time.Millisecond},
+		{"default", 0, DefaultOnDemandWait},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				before := routeMesh(t) // route_test.go
+				store := state.NewStore(before)
+				var asked []string
+				rt := newRouter(&Config{Network: "net1", State: store, OnDemandWait: tc.wait,
+					OnDemand: func(ctx context.Context, name string) error {
+						asked = append(asked, name)
+						<-ctx.Done() // a control plane that never answers
+						return ctx.Err()
+					}})
+				addr := netip.MustParseAddr("::ffff:10.1.2.3")
+				if got := rt.fetchAddress(context.Background(), before, addr, func(*state.Snapshot) bool { return true }); got != before || asked != nil {
+					t.Fatalf("known address: snapshot %p (want %p), asked %v", got, before, asked)
+				}
+				after := routeMesh(t)
+				store.Publish(after)
+				start := time.Now()
+				got := rt.fetchAddress(context.Background(), before, addr, func(*state.Snapshot) bool { return false })
+				if waited := time.Since(start); waited != tc.want {
+					t.Errorf("waited %v, want %v", waited, tc.want)
+				}
+				if got != after {
+					t.Error("after the wait: not the store's current snapshot")
+				}
+				if len(asked) != 1 || asked[0] != "net1/10.1.2.3" {
+					t.Errorf("asked %v, want [net1/10.1.2.3]", asked)
+				}
+			})
+		})
 	}
 }
