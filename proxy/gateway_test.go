@@ -259,7 +259,6 @@ func startMultiNet(t testing.TB, poolInner bool, opts ...func(*Config)) *multiNe
 		t.Fatal(err)
 	}
 	gwPort := gwLn.Addr().(*net.TCPAddr).Port
-	dstPort := freePort(t)
 	snap, err := xdsconv.LocalSnapshot(fmt.Appendf(nil, multiNetConfig, gwPort, app))
 	if err != nil {
 		gwLn.Close()
@@ -273,23 +272,16 @@ func startMultiNet(t testing.TB, poolInner bool, opts ...func(*Config)) *multiNe
 	dcfg := Config{
 		Workload: WorkloadRef{Namespace: "ns", Name: "srv", ServiceAccount: "srv"}, Network: "net-b",
 		State: store, Certs: certs, Pool: dstPool,
-		BindHost: "127.0.0.1", OutboundPort: freePort(t), InboundPlainPort: freePort(t), InboundHBONEPort: dstPort,
+		BindHost: "127.0.0.1", OutboundPort: freePort(t), InboundPlainPort: freePort(t), InboundHBONEPort: freePort(t),
 		OrigSrc: new(bool),
 		Logger:  slog.New(slog.NewTextHandler(rig.dstLog, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	for _, o := range opts {
 		o(&dcfg)
 	}
-	dst, err := New(dcfg)
-	if err != nil {
-		gwLn.Close()
-		t.Fatal(err)
-	}
-	if err := dst.Start(context.Background()); err != nil {
-		gwLn.Close()
-		t.Fatal(err)
-	}
-	dstHBONE := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(dstPort))
+	t.Cleanup(func() { gwLn.Close() }) // for a failed start; once served, the gateway closes it (twice is harmless)
+	dst := startOnFreePorts(t, dcfg)   // rig_test.go
+	dstHBONE := addrPortOf(dst.Addrs()[2])
 	rig.gw = labrun.ServeEWGateway(gwLn, labrun.EWGatewayOptions{
 		Cert: tlstest.Cert(t, ca, identity.New("", "istio-system", "ew-gateway")),
 		Routes: map[string]netip.AddrPort{
