@@ -238,8 +238,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		}
 		cn.dst = target
 	}
-	snap = p.router.fetchTunnelTarget(ctx, snap, w, target, local) // ondemand.go
-	if err := p.router.validateDestination(snap, w, target, local); err != nil {
+	if snap, err = p.router.validateDestination(ctx, snap, w, target, local); err != nil {
 		return nil, nil, err
 	}
 	// The app is always this pod; the authority gives the port (and may

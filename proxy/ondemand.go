@@ -62,18 +62,3 @@ func (rt *router) fetchWorkloadByAddr(ctx context.Context, snap *state.Snapshot,
 	snap = rt.fetchAddress(ctx, snap, addr, func(s *state.Snapshot) bool { return s.WorkloadByAddr(rt.network, addr) != nil })
 	return snap.WorkloadByAddr(rt.network, addr)
 }
-
-// fetchTunnelTarget is the on-demand lookup of ztunnel's
-// validate_destination: a tunnel whose authority names an IP other than the
-// one it arrived on is allowed when this workload is that target's waypoint
-// (the "sandwich"), so when the snapshot knows nothing at that IP it is asked
-// for before the check.
-func (rt *router) fetchTunnelTarget(ctx context.Context, snap *state.Snapshot, local *state.Workload, target, conn netip.AddrPort) *state.Snapshot {
-	if target.Addr() == conn.Addr() || local.ApplicationTunnel != nil {
-		return snap
-	}
-	return rt.fetchAddress(ctx, snap, target.Addr(), func(s *state.Snapshot) bool {
-		w, svc := s.FindAddress(rt.network, target.Addr())
-		return w != nil || svc != nil
-	})
-}

@@ -165,13 +165,20 @@ func (rt *router) fromWaypoint(snap *state.Snapshot, dst, src *state.Workload, c
 // must be conn's, so a peer cannot use this pod as a relay to elsewhere.
 // Two exceptions: a local workload with an application tunnel decides
 // itself what to do with the target, and a waypoint receives tunnels
-// addressed to the destinations it serves (the "sandwich").
-func (rt *router) validateDestination(snap *state.Snapshot, local *state.Workload, target, conn netip.AddrPort) error {
+// addressed to the destinations it serves (the "sandwich"). For the
+// second, when the snapshot knows nothing at the target's IP it is asked
+// for on demand first (ondemand.go); the snapshot returned is the one the
+// check used.
+func (rt *router) validateDestination(ctx context.Context, snap *state.Snapshot, local *state.Workload, target, conn netip.AddrPort) (*state.Snapshot, error) {
 	if target.Addr() == conn.Addr() || local.ApplicationTunnel != nil {
-		return nil
+		return snap, nil
 	}
+	snap = rt.fetchAddress(ctx, snap, target.Addr(), func(s *state.Snapshot) bool {
+		w, svc := s.FindAddress(rt.network, target.Addr())
+		return w != nil || svc != nil
+	})
 	if snap.IsWaypointFor(rt.network, target.Addr(), local, conn.Addr()) {
-		return nil
+		return snap, nil
 	}
-	return &inboundError{status: http.StatusBadRequest, err: errIPMismatch(conn.Addr(), target.Addr())} // inbound.go
+	return snap, &inboundError{status: http.StatusBadRequest, err: errIPMismatch(conn.Addr(), target.Addr())} // inbound.go
 }

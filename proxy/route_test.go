@@ -371,7 +371,7 @@ func TestValidateDestination(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := newRouter(&Config{})
-			err := rt.validateDestination(snap, tc.local, netip.MustParseAddrPort(tc.target), netip.MustParseAddrPort(tc.conn))
+			_, err := rt.validateDestination(context.Background(), snap, tc.local, netip.MustParseAddrPort(tc.target), netip.MustParseAddrPort(tc.conn))
 			if tc.ok != (err == nil) {
 				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
 			}
