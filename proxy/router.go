@@ -19,9 +19,10 @@ import (
 // comes from (inboundSource, authority.go) and whether its tunnel may name
 // its target (validateDestination); which address a SOCKS5 client's name
 // means (resolveSOCKS, resolve.go); and, for what the snapshot lacks, the
-// on-demand lookups (ondemand.go) and DNS (resolve.go). It opens no socket and keeps
-// nothing per connection, so the handlers of *Proxy call it and its tests
-// call it directly (newRouter), with neither a listener nor a proxy.
+// on-demand lookups (ondemand.go) and DNS (resolve.go). It opens no socket
+// and keeps nothing per connection, so the handlers of *Proxy call it and
+// its tests call it directly (newRouter), with neither a listener nor a
+// proxy.
 type router struct {
 	network     string // Config.Network: this node's network
 	preferredNS string // Config.PreferredServiceNamespace
@@ -29,11 +30,11 @@ type router struct {
 	poolInner   bool   // Config.PoolInnerHBONE
 
 	state     *state.Store
-	self      WorkloadRef        // the served workload, for errors
+	self      WorkloadRef        // the served workload: its namespace, its name in errors
 	info      state.WorkloadInfo // its snapshot lookup key
 	localWait time.Duration      // Config.LocalWorkloadWait
 
-	resolver     Resolver      // hostname-only workloads
+	resolver     Resolver      // hostname-only workloads, SOCKS5 names
 	onDemand     Demand        // nil: the snapshot is all there is
 	onDemandWait time.Duration // zero: DefaultOnDemandWait
 	metrics      *metrics.Metrics
