@@ -26,7 +26,7 @@ var updateGolden = flag.Bool("update", false, "rewrite testdata/accesslog.golden
 // workloads named by pod name (or, known only from baggage, by canonical
 // service), the destination of double HBONE as its answer described it.
 func TestAccessLogGolden(t *testing.T) {
-	p := &Proxy{cfg: Config{TrustDomain: "cluster.local"}}
+	p := &Proxy{router: newRouter(&Config{TrustDomain: "cluster.local"})}
 	client := &state.Workload{UID: "c1//Pod/ns-a/client-7d4", Name: "client-7d4", Namespace: "ns-a", ServiceAccount: "client",
 		WorkloadName: "client", CanonicalName: "client", CanonicalRevision: "v1", ClusterID: "c1"}
 	server := &state.Workload{UID: "c1//Pod/ns-b/server-5f9", Name: "server-5f9", Namespace: "ns-b", ServiceAccount: "server",

@@ -115,11 +115,11 @@ func endpointService(snap *state.Snapshot, w *state.Workload, host string) *stat
 // a network other than ours) carries the gateway's address, not the
 // client's, so it is not looked up by address: that would credit the
 // gateway with the client's traffic.
-func (p *Proxy) inboundSource(ctx context.Context, snap *state.Snapshot, req *hbone.ServerRequest, src netip.AddrPort) *state.Workload {
-	if n := req.Header.Get(headerForwardedNetwork); n != "" && n != p.cfg.Network {
-		p.access.Debug("connection from another network through its gateway",
+func (rt *router) inboundSource(ctx context.Context, snap *state.Snapshot, req *hbone.ServerRequest, src netip.AddrPort) *state.Workload {
+	if n := req.Header.Get(headerForwardedNetwork); n != "" && n != rt.network {
+		rt.access.Debug("connection from another network through its gateway",
 			"src.addr", src, "src.network", n, "dst.hbone_addr", req.Authority)
 		return nil
 	}
-	return p.fetchWorkloadByAddr(ctx, snap, src.Addr()) // ondemand.go
+	return rt.fetchWorkloadByAddr(ctx, snap, src.Addr()) // ondemand.go
 }

@@ -47,7 +47,7 @@ type conn struct {
 	ext         *connExt       // what only some connections need (telemetry.go)
 	srcWorkload *state.Workload
 	srcIdentity *identity.Identity // proven by mTLS; nil for plaintext. Shared, not copied: see srcID
-	dstWorkload *state.Workload    // its identity is p.identityOf(dstWorkload)
+	dstWorkload *state.Workload    // its identity is p.router.identityOf(dstWorkload)
 	service     *state.Service
 
 	counters engine.Counters

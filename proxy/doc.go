@@ -18,9 +18,14 @@
 // The parts, each with one owner: *Proxy (proxy.go, config.go) owns the
 // listeners and their accept workers, the per-peer limits on 15008, Drain,
 // and the four handlers (outbound.go, inbound.go, passthrough.go,
-// socks5.go) with the routing decisions they make (route.go, gateway.go,
-// ondemand.go, authority.go). A conn (conn.go) is one connection's record
-// and lifecycle: newConn, then fail (no route) or open, relay, end, with
+// socks5.go). The handlers ask a router (router.go) for the decisions over
+// the snapshot: the proxy's own workload and identities, where an outbound
+// connection goes (route.go; through a network gateway, gateway.go), who an
+// inbound one comes from and what its authority may name (authority.go),
+// which address a name means (resolve.go), and on demand what the
+// snapshot lacks (ondemand.go); it opens nothing, so its tests call it
+// without a proxy. A conn (conn.go) is one connection's record and
+// lifecycle: newConn, then fail (no route) or open, relay, end, with
 // the connection manager's policy hooks and the /config_dump list. A
 // tunnel (tunnel.go) opens an outbound HBONE stream: TLS to the peer's
 // 15008 and CONNECT through the pool (open), or double HBONE through a

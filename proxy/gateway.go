@@ -52,12 +52,12 @@ type doubleHBONE struct {
 // service's SANs. A gateway given by address is dialed on that address
 // (when it is the workload's); by hostname, on the workload address of the
 // original destination's family.
-func (p *Proxy) routeViaGateway(ctx context.Context, snap *state.Snapshot, src, w *state.Workload, svc *state.Service, dst netip.AddrPort) (outboundRoute, error) {
+func (rt *router) routeViaGateway(ctx context.Context, snap *state.Snapshot, src, w *state.Workload, svc *state.Service, dst netip.AddrPort) (outboundRoute, error) {
 	if svc == nil {
 		return outboundRoute{}, fmt.Errorf("workload %s is on network %q and reachable only through its network gateway, which needs a service address (svc-hostname:port); address a service of the workload instead", w.UID, w.Network)
 	}
 	g := w.NetworkGateway
-	up, target, err := snap.ResolveGateway(g, src, dst.Addr(), state.ResolveStandard, p.rnd)
+	up, target, err := snap.ResolveGateway(g, src, dst.Addr(), state.ResolveStandard, rt.rnd)
 	if err != nil {
 		return outboundRoute{}, fmt.Errorf("workload %s on network %q: network gateway %s: %w", w.UID, w.Network, g.Destination(), err)
 	}
@@ -65,28 +65,28 @@ func (p *Proxy) routeViaGateway(ctx context.Context, snap *state.Snapshot, src, 
 	if up.Service != nil {
 		fam = up.Service.IPFamilies
 	}
-	ip, err := p.selectIP(ctx, src, up.Workload, target, fam)
+	ip, err := rt.selectIP(ctx, src, up.Workload, target, fam)
 	if err != nil {
 		return outboundRoute{}, fmt.Errorf("workload %s on network %q: network gateway %s: %w", w.UID, w.Network, g.Destination(), err)
 	}
 	gw := netip.AddrPortFrom(ip, up.Port)
 	authority := net.JoinHostPort(svc.Hostname, strconv.Itoa(int(dst.Port())))
-	final := append([]string{p.identityOf(w).String()}, svc.SubjectAltNames...)
+	final := append([]string{rt.identityOf(w).String()}, svc.SubjectAltNames...)
 	inner := &doubleHBONE{
 		authority: authority,
 		sans:      final,
-		peerID:    p.identityOf(w),
+		peerID:    rt.identityOf(w),
 		// Only a ztunnel (or a waypoint) behind the gateway multiplexes
 		// inner streams; see Config.PoolInnerHBONE.
-		pool: p.cfg.PoolInnerHBONE && w.Protocol == state.ProtocolHBONE,
+		pool: rt.poolInner && w.Protocol == state.ProtocolHBONE,
 	}
 	if inner.pool {
-		inner.key = tunnelKey{srcID: p.identityOf(src), dstIDs: final, dst: gw, inner: svc.Key()}
+		inner.key = tunnelKey{srcID: rt.identityOf(src), dstIDs: final, dst: gw, inner: svc.Key()}
 	}
 	// As ztunnel, the connection's destination workload is the gateway
 	// (the next hop); its labels come from the destination's answer.
 	return outboundRoute{
-		hbone: true, dst: gw, authority: authority, sans: p.upstreamSANs(up),
+		hbone: true, dst: gw, authority: authority, sans: rt.upstreamSANs(up),
 		workload: up.Workload, service: svc, gateway: inner,
 	}, nil
 }

@@ -145,8 +145,9 @@ func TestRouteViaGateway(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// Every pick of the route shares the random source: modulo
 			// n, picks among one candidate stay in range.
-			p := &Proxy{cfg: Config{Network: "net-a", PoolInnerHBONE: tc.poolInner}, rnd: func(n uint64) uint64 { return tc.rnd % n }}
-			r, err := p.routeOutbound(context.Background(), snap, src, netip.AddrPort{}, netip.MustParseAddrPort(tc.dst))
+			rt := newRouter(&Config{Network: "net-a", PoolInnerHBONE: tc.poolInner})
+			rt.rnd = func(n uint64) uint64 { return tc.rnd % n }
+			r, err := rt.routeOutbound(context.Background(), snap, src, netip.AddrPort{}, netip.MustParseAddrPort(tc.dst))
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, tc.wantIs) {
 					t.Fatalf("error %v, want %q wrapping %v", err, tc.wantErr, tc.wantIs)
@@ -181,8 +182,8 @@ func TestRouteViaGateway(t *testing.T) {
 		})
 	}
 	t.Run("workload address without a service", func(t *testing.T) {
-		p := &Proxy{cfg: Config{Network: "net-a"}}
-		_, err := p.routeViaGateway(context.Background(), snap, src, snap.WorkloadByUID("remote"), nil, netip.MustParseAddrPort("10.1.0.2:8080"))
+		rt := newRouter(&Config{Network: "net-a"})
+		_, err := rt.routeViaGateway(context.Background(), snap, src, snap.WorkloadByUID("remote"), nil, netip.MustParseAddrPort("10.1.0.2:8080"))
 		if err == nil || !strings.Contains(err.Error(), "needs a service address") {
 			t.Fatalf("error %v, want the service-address explanation", err)
 		}
@@ -258,7 +259,6 @@ func startMultiNet(t testing.TB, poolInner bool, opts ...func(*Config)) *multiNe
 		t.Fatal(err)
 	}
 	gwPort := gwLn.Addr().(*net.TCPAddr).Port
-	dstPort := freePort(t)
 	snap, err := xdsconv.LocalSnapshot(fmt.Appendf(nil, multiNetConfig, gwPort, app))
 	if err != nil {
 		gwLn.Close()
@@ -272,23 +272,16 @@ func startMultiNet(t testing.TB, poolInner bool, opts ...func(*Config)) *multiNe
 	dcfg := Config{
 		Workload: WorkloadRef{Namespace: "ns", Name: "srv", ServiceAccount: "srv"}, Network: "net-b",
 		State: store, Certs: certs, Pool: dstPool,
-		BindHost: "127.0.0.1", OutboundPort: freePort(t), InboundPlainPort: freePort(t), InboundHBONEPort: dstPort,
+		BindHost: "127.0.0.1", OutboundPort: freePort(t), InboundPlainPort: freePort(t), InboundHBONEPort: freePort(t),
 		OrigSrc: new(bool),
 		Logger:  slog.New(slog.NewTextHandler(rig.dstLog, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	for _, o := range opts {
 		o(&dcfg)
 	}
-	dst, err := New(dcfg)
-	if err != nil {
-		gwLn.Close()
-		t.Fatal(err)
-	}
-	if err := dst.Start(context.Background()); err != nil {
-		gwLn.Close()
-		t.Fatal(err)
-	}
-	dstHBONE := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(dstPort))
+	t.Cleanup(func() { gwLn.Close() }) // for a failed start; once served, the gateway closes it (twice is harmless)
+	dst := startOnFreePorts(t, dcfg)   // rig_test.go
+	dstHBONE := addrPortOf(dst.Addrs()[2])
 	rig.gw = labrun.ServeEWGateway(gwLn, labrun.EWGatewayOptions{
 		Cert: tlstest.Cert(t, ca, identity.New("", "istio-system", "ew-gateway")),
 		Routes: map[string]netip.AddrPort{
@@ -318,7 +311,7 @@ func startMultiNet(t testing.TB, poolInner bool, opts ...func(*Config)) *multiNe
 // route returns the client's route to the echo service VIP.
 func (r *multiNetRig) route(t testing.TB) outboundRoute {
 	t.Helper()
-	route, err := r.client.routeOutbound(context.Background(), r.snap, r.srcW, netip.AddrPort{}, netip.MustParseAddrPort("10.96.0.10:80"))
+	route, err := r.client.router.routeOutbound(context.Background(), r.snap, r.srcW, netip.AddrPort{}, netip.MustParseAddrPort("10.96.0.10:80"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -129,13 +129,13 @@ type peerIdentity struct {
 
 // serverCert returns the certificate of the workload this proxy serves.
 func (p *Proxy) serverCert() (*mtls.WorkloadCert, error) {
-	w, _, err := p.localWorkload(p.ctx)
+	w, _, err := p.router.localWorkload(p.ctx)
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
 	defer cancel()
-	return p.cfg.Certs.Get(ctx, p.identityOf(w))
+	return p.cfg.Certs.Get(ctx, p.router.identityOf(w))
 }
 
 // inboundError carries the HTTP status an inbound failure answers with.
@@ -223,12 +223,12 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	}
 	cn.srcIdentity = &peer.id
 
-	w, snap, err := p.localWorkload(ctx)
+	w, snap, err := p.router.localWorkload(ctx)
 	if err != nil {
 		return nil, nil, inboundErr(http.StatusServiceUnavailable, "%w", err)
 	}
 	cn.dstWorkload = w
-	cn.srcWorkload = p.inboundSource(ctx, snap, req, cn.src)
+	cn.srcWorkload = p.router.inboundSource(ctx, snap, req, cn.src)
 
 	local := addrPortOf(req.Conn.LocalAddr())
 	if host != "" {
@@ -238,8 +238,7 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 		}
 		cn.dst = target
 	}
-	snap = p.fetchTunnelTarget(ctx, snap, w, target, local) // ondemand.go
-	if err := p.validateDestination(snap, w, target, local); err != nil {
+	if snap, err = p.router.validateDestination(ctx, snap, w, target, local); err != nil {
 		return nil, nil, err
 	}
 	// The app is always this pod; the authority gives the port (and may

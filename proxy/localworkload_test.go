@@ -24,10 +24,10 @@ func TestLocalWorkloadWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ref := WorkloadRef{Namespace: "ns", Name: "srv", ServiceAccount: "srv"}
 		store := state.NewStore(nil)
-		p := &Proxy{cfg: Config{Workload: ref, State: store, LocalWorkloadWait: 5 * time.Second}, info: ref.Info()}
+		rt := newRouter(&Config{Workload: ref, State: store, LocalWorkloadWait: 5 * time.Second})
 
 		start := time.Now()
-		_, _, err := p.localWorkload(context.Background())
+		_, _, err := rt.localWorkload(context.Background())
 		if err == nil || !strings.Contains(err.Error(), "failed to fetch information about local workload ns/srv") {
 			t.Fatalf("without the workload: %v, want ztunnel's local workload error", err)
 		}
@@ -40,7 +40,7 @@ func TestLocalWorkloadWait(t *testing.T) {
 			store.Publish(snap)
 		}()
 		start = time.Now()
-		w, got, err := p.localWorkload(context.Background())
+		w, got, err := rt.localWorkload(context.Background())
 		if err != nil || w == nil || w.Name != "srv" || got != snap {
 			t.Fatalf("after the push: %v, %v, want srv from the pushed snapshot", w, err)
 		}

@@ -63,12 +63,12 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, cn *conn, origDst netip.AddrPort) 
 		return
 	}
 	ctx := p.ctx
-	srcW, snap, err := p.localWorkload(ctx)
+	srcW, snap, err := p.router.localWorkload(ctx)
 	if err != nil {
 		abort(err)
 		return
 	}
-	route, err := p.routeOutbound(ctx, snap, srcW, cn.src, origDst)
+	route, err := p.router.routeOutbound(ctx, snap, srcW, cn.src, origDst)
 	if err != nil {
 		abort(err)
 		return
@@ -86,7 +86,7 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, cn *conn, origDst netip.AddrPort) 
 	var upstream engine.Endpoint
 	if route.hbone {
 		cn.mtls = true
-		cn.srcIdentity = p.ownIdentity(srcW)
+		cn.srcIdentity = p.router.ownIdentity(srcW)
 		t := newTunnel(p, srcW, cn.src, &route)
 		var s *hbone.Stream
 		if route.gateway != nil {

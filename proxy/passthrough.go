@@ -32,13 +32,13 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 		abort(fmt.Errorf("illegal target port %d", dst.Port()))
 		return
 	}
-	w, snap, err := p.localWorkload(p.ctx)
+	w, snap, err := p.router.localWorkload(p.ctx)
 	if err != nil {
 		abort(err)
 		return
 	}
 	cn.dstWorkload = w
-	cn.srcWorkload = p.fetchWorkloadByAddr(p.ctx, snap, cn.src.Addr()) // ondemand.go
+	cn.srcWorkload = p.router.fetchWorkloadByAddr(p.ctx, snap, cn.src.Addr()) // ondemand.go
 	cn.open()
 	// What re-checks evaluate too (connmgr reads it from cn): no identity.
 	dec := snap.Authorize(cn.PolicyConn())

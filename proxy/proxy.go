@@ -8,19 +8,17 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
-	"github.com/ztunnel-go/ztunnel/identity"
-	"github.com/ztunnel-go/ztunnel/state"
 )
 
 // Proxy serves one workload: outbound, inbound HBONE and inbound plaintext.
 type Proxy struct {
-	cfg    Config
-	rnd    func(n uint64) uint64 // load-balancing randomness; nil = math/rand/v2
+	cfg Config
+	// router makes the routing decisions the handlers ask for (router.go).
+	router *router
 	log    *slog.Logger
 	access *slog.Logger // log.With("scope", "access"), made once
 	hbsrv  *hbone.Server
@@ -30,14 +28,11 @@ type Proxy struct {
 	ownEngine bool
 
 	origSrc bool
-	info    state.WorkloadInfo
 	baggage baggageCache // baggage of the served workload, for CONNECT and 200
 
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // accept loops and connection goroutines
-
-	ownID atomic.Pointer[workloadIdentity] // ownIdentity's
 
 	stopCRL func() // ends the CRL subscription Start made; nil without one
 
@@ -60,13 +55,11 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, errors.New("proxy: workload namespace and name are required")
 	}
 	cfg.setDefaults()
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	p := &Proxy{cfg: cfg, log: log, access: log.With("scope", "access"), conns: make(map[*net.TCPConn]struct{}),
+	// The router's loggers are the proxy's: one pair, made once.
+	rt := newRouter(&cfg)
+	log := rt.log
+	p := &Proxy{cfg: cfg, router: rt, log: log, access: rt.access, conns: make(map[*net.TCPConn]struct{}),
 		peers: make(map[netip.Addr]*peerCount)}
-	p.info = cfg.Workload.Info()
 	if p.engine = cfg.Engine; p.engine == nil {
 		e, err := engine.New(engine.Config{})
 		if err != nil {
@@ -316,59 +309,6 @@ func (p *Proxy) Close() {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	p.Drain(ctx)
-}
-
-// localWorkload finds the workload this proxy serves, waiting up to
-// LocalWorkloadWait for it to appear (ztunnel's 5s wait for xDS).
-func (p *Proxy) localWorkload(ctx context.Context) (*state.Workload, *state.Snapshot, error) {
-	// The common case, once per connection: the workload is known; no timer.
-	snap := p.cfg.State.Load()
-	if w := snap.FindWorkload(p.info); w != nil {
-		return w, snap, nil
-	}
-	deadline := time.NewTimer(p.cfg.LocalWorkloadWait)
-	defer deadline.Stop()
-	for {
-		changed := p.cfg.State.Changed()
-		snap := p.cfg.State.Load()
-		if w := snap.FindWorkload(p.info); w != nil {
-			return w, snap, nil
-		}
-		select {
-		case <-changed:
-		case <-deadline.C:
-			return nil, nil, fmt.Errorf("failed to fetch information about local workload %s", p.cfg.Workload)
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
-		}
-	}
-}
-
-// identityOf returns the identity the proxy's workload presents.
-// ownIdentity is p.identityOf(w) for w, the proxy's own workload, shared by
-// the outbound connections made while w is current, which point at it
-// rather than each holding a copy.
-func (p *Proxy) ownIdentity(w *state.Workload) *identity.Identity {
-	if c := p.ownID.Load(); c != nil && c.w == w {
-		return &c.id
-	}
-	c := &workloadIdentity{w: w, id: p.identityOf(w)}
-	p.ownID.Store(c)
-	return &c.id
-}
-
-// workloadIdentity is a workload and its identity (ownIdentity).
-type workloadIdentity struct {
-	w  *state.Workload
-	id identity.Identity
-}
-
-func (p *Proxy) identityOf(w *state.Workload) identity.Identity {
-	id := w.Identity()
-	if w.TrustDomain == "" && p.cfg.TrustDomain != "" {
-		id.TrustDomain = p.cfg.TrustDomain
-	}
-	return id
 }
 
 func addrPortOf(a net.Addr) netip.AddrPort {

@@ -9,11 +9,13 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -35,6 +37,33 @@ func freePort(t testing.TB) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// startOnFreePorts makes and starts a proxy from cfg, whose listener
+// ports (and SOCKS5's, when on) freePort picked. A port freePort saw free
+// can be taken before the proxy binds it (the local port of any test's
+// outgoing connection, or another process's), so a bind conflict picks
+// them all again, up to five times.
+func startOnFreePorts(t testing.TB, cfg Config) *Proxy {
+	t.Helper()
+	for try := 1; ; try++ {
+		p, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = p.Start(context.Background())
+		if err == nil {
+			return p
+		}
+		p.Close()
+		if !errors.Is(err, syscall.EADDRINUSE) || try == 5 {
+			t.Fatal(err)
+		}
+		cfg.OutboundPort, cfg.InboundPlainPort, cfg.InboundHBONEPort = freePort(t), freePort(t), freePort(t)
+		if cfg.SOCKS5 {
+			cfg.SOCKS5Port = freePort(t)
+		}
+	}
 }
 
 // echoApp is the local application behind the proxy.
@@ -142,13 +171,7 @@ func startProxy(t *testing.T, yaml, name string, mutate func(*Config)) *proxyRig
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	p, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	p := startOnFreePorts(t, cfg)
 	rig.p = p
 	t.Cleanup(func() {
 		p.Close()

@@ -3,23 +3,12 @@ package proxy
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"net/netip"
 	"slices"
-	"time"
 
 	"github.com/ztunnel-go/ztunnel/state"
 )
-
-// Resolver looks up the addresses of hostname-only workloads (ztunnel's
-// on-demand DNS). *net.Resolver implements it.
-type Resolver interface {
-	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
-}
-
-// dnsTimeout bounds one on-demand lookup of a workload hostname.
-const dnsTimeout = 10 * time.Second
 
 // routeOutbound decides where an outbound connection from client (an app of
 // workload src) to dst goes, in ztunnel's order (build_request):
@@ -39,32 +28,32 @@ const dnsTimeout = 10 * time.Second
 //     ip:targetPort, or plain TCP to ip:targetPort.
 //
 // The self-call check on dst's port happens before, in handleOutbound.
-func (p *Proxy) routeOutbound(ctx context.Context, snap *state.Snapshot, src *state.Workload, client, dst netip.AddrPort) (outboundRoute, error) {
-	network := p.cfg.Network
-	snap = p.fetchDestination(ctx, snap, src, dst.Addr()) // ondemand.go
-	if svc := snap.ResolveVIPPreferring(network, dst.Addr(), src.Namespace, p.cfg.PreferredServiceNamespace); svc != nil {
-		if wp := state.ServiceWaypoint(svc, p.rnd); wp != nil {
-			return p.routeWaypoint(ctx, snap, src, wp, svc, dst)
+func (rt *router) routeOutbound(ctx context.Context, snap *state.Snapshot, src *state.Workload, client, dst netip.AddrPort) (outboundRoute, error) {
+	network := rt.network
+	snap = rt.fetchDestination(ctx, snap, src, dst.Addr()) // ondemand.go
+	if svc := snap.ResolveVIPPreferring(network, dst.Addr(), src.Namespace, rt.preferredNS); svc != nil {
+		if wp := state.ServiceWaypoint(svc, rt.rnd); wp != nil {
+			return rt.routeWaypoint(ctx, snap, src, wp, svc, dst)
 		}
 		if lb := svc.LoadBalancer; lb != nil && lb.Mode == state.LBModePassthrough {
 			return outboundRoute{dst: dst}, nil
 		}
-		up, err := snap.PickUpstream(src, svc, dst.Port(), state.ResolveStandard, p.rnd)
+		up, err := snap.PickUpstream(src, svc, dst.Port(), state.ResolveStandard, rt.rnd)
 		if err != nil {
 			return outboundRoute{}, fmt.Errorf("service %s: %w", svc.Key(), err)
 		}
-		return p.routeUpstream(ctx, snap, src, client, dst, up)
+		return rt.routeUpstream(ctx, snap, src, client, dst, up)
 	}
 	w := snap.WorkloadByAddr(network, dst.Addr())
 	if w == nil {
 		// Unknown destination: passthrough, as ztunnel does.
 		return outboundRoute{dst: dst}, nil
 	}
-	return p.routeUpstream(ctx, snap, src, client, dst, state.Upstream{Workload: w, Port: dst.Port()})
+	return rt.routeUpstream(ctx, snap, src, client, dst, state.Upstream{Workload: w, Port: dst.Port()})
 }
 
 // routeUpstream finishes a route to a chosen workload (steps 4 to 6).
-func (p *Proxy) routeUpstream(ctx context.Context, snap *state.Snapshot, src *state.Workload, client, dst netip.AddrPort, up state.Upstream) (outboundRoute, error) {
+func (rt *router) routeUpstream(ctx context.Context, snap *state.Snapshot, src *state.Workload, client, dst netip.AddrPort, up state.Upstream) (outboundRoute, error) {
 	w := up.Workload
 	if w.Network != src.Network {
 		if up.Service == nil {
@@ -72,16 +61,16 @@ func (p *Proxy) routeUpstream(ctx context.Context, snap *state.Snapshot, src *st
 			// network is never found by address.
 			return outboundRoute{}, fmt.Errorf("workload %s is on network %q and was not addressed through a service", w.UID, w.Network)
 		}
-		return p.routeViaNetworkGateway(ctx, snap, src, up, up.Service, dst)
+		return rt.routeViaNetworkGateway(ctx, snap, src, up, up.Service, dst)
 	}
-	if up.Service == nil && w.Waypoint != nil && !p.fromWaypoint(snap, w, src, client.Addr()) {
-		return p.routeWaypoint(ctx, snap, src, w.Waypoint, nil, dst)
+	if up.Service == nil && w.Waypoint != nil && !rt.fromWaypoint(snap, w, src, client.Addr()) {
+		return rt.routeWaypoint(ctx, snap, src, w.Waypoint, nil, dst)
 	}
 	fam := state.IPFamiliesAutomatic
 	if up.Service != nil {
 		fam = up.Service.IPFamilies
 	}
-	ip, err := p.selectIP(ctx, src, w, dst.Addr(), fam)
+	ip, err := rt.selectIP(ctx, src, w, dst.Addr(), fam)
 	if err != nil {
 		return outboundRoute{}, err
 	}
@@ -93,7 +82,7 @@ func (p *Proxy) routeUpstream(ctx context.Context, snap *state.Snapshot, src *st
 	r.hbone = true
 	r.dst = netip.AddrPortFrom(ip, InboundHBONEPort)
 	r.authority = netip.AddrPortFrom(ip, up.Port).String()
-	r.sans = p.upstreamSANs(up)
+	r.sans = rt.upstreamSANs(up)
 	return r, nil
 }
 
@@ -102,20 +91,20 @@ func (p *Proxy) routeUpstream(ctx context.Context, snap *state.Snapshot, src *st
 // for service traffic), and the server must be the waypoint workload's
 // identity or one of its service's SANs. svc is the service the client
 // addressed, if any.
-func (p *Proxy) routeWaypoint(ctx context.Context, snap *state.Snapshot, src *state.Workload, g *state.GatewayAddress, svc *state.Service, dst netip.AddrPort) (outboundRoute, error) {
-	up, target, err := snap.ResolveGateway(g, src, dst.Addr(), state.ResolveWaypoint, p.rnd)
+func (rt *router) routeWaypoint(ctx context.Context, snap *state.Snapshot, src *state.Workload, g *state.GatewayAddress, svc *state.Service, dst netip.AddrPort) (outboundRoute, error) {
+	up, target, err := snap.ResolveGateway(g, src, dst.Addr(), state.ResolveWaypoint, rt.rnd)
 	if err != nil {
 		return outboundRoute{}, fmt.Errorf("waypoint %s: %w", g.Destination(), err)
 	}
 	w := up.Workload
 	if svc != nil && w.Network != src.Network {
-		return p.routeViaNetworkGateway(ctx, snap, src, up, svc, dst)
+		return rt.routeViaNetworkGateway(ctx, snap, src, up, svc, dst)
 	}
 	fam := state.IPFamiliesAutomatic
 	if up.Service != nil {
 		fam = up.Service.IPFamilies
 	}
-	ip, err := p.selectIP(ctx, src, w, target, fam)
+	ip, err := rt.selectIP(ctx, src, w, target, fam)
 	if err != nil {
 		return outboundRoute{}, fmt.Errorf("waypoint %s: %w", g.Destination(), err)
 	}
@@ -123,7 +112,7 @@ func (p *Proxy) routeWaypoint(ctx context.Context, snap *state.Snapshot, src *st
 		hbone:     true,
 		dst:       netip.AddrPortFrom(ip, up.Port),
 		authority: dst.String(),
-		sans:      p.upstreamSANs(up),
+		sans:      rt.upstreamSANs(up),
 		workload:  w,
 		service:   svc,
 	}, nil
@@ -140,18 +129,18 @@ func (p *Proxy) routeWaypoint(ctx context.Context, snap *state.Snapshot, src *st
 // must list the gateway's HBONE port, and the outer tunnel verifies the
 // gateway workload's identity and its service's SANs (routeViaGateway,
 // gateway.go).
-func (p *Proxy) routeViaNetworkGateway(ctx context.Context, snap *state.Snapshot, src *state.Workload, up state.Upstream, svc *state.Service, dst netip.AddrPort) (outboundRoute, error) {
+func (rt *router) routeViaNetworkGateway(ctx context.Context, snap *state.Snapshot, src *state.Workload, up state.Upstream, svc *state.Service, dst netip.AddrPort) (outboundRoute, error) {
 	if up.Workload.NetworkGateway == nil {
 		return outboundRoute{}, fmt.Errorf("workload %s is on network %q, which has no network gateway", up.Workload.UID, up.Workload.Network)
 	}
-	return p.routeViaGateway(ctx, snap, src, up.Workload, svc, dst) // gateway.go
+	return rt.routeViaGateway(ctx, snap, src, up.Workload, svc, dst) // gateway.go
 }
 
 // upstreamSANs returns the identities the next hop may present: the
 // workload's own and, when it was chosen from a service, the service's
 // subject alt names.
-func (p *Proxy) upstreamSANs(up state.Upstream) []string {
-	sans := []string{p.identityOf(up.Workload).String()}
+func (rt *router) upstreamSANs(up state.Upstream) []string {
+	sans := []string{rt.identityOf(up.Workload).String()}
 	if up.Service != nil {
 		sans = append(sans, up.Service.SubjectAltNames...)
 	}
@@ -163,67 +152,12 @@ func (p *Proxy) upstreamSANs(up state.Upstream) []string {
 // the client address is that workload's (ztunnel's check_from_waypoint).
 // The waypoint already applied its policy; sending the traffic back to it
 // would loop.
-func (p *Proxy) fromWaypoint(snap *state.Snapshot, dst, src *state.Workload, client netip.Addr) bool {
-	srcID := p.identityOf(src)
+func (rt *router) fromWaypoint(snap *state.Snapshot, dst, src *state.Workload, client netip.Addr) bool {
+	srcID := rt.identityOf(src)
 	client = client.Unmap()
 	return snap.GatewayHasWorkload(dst.Waypoint, func(w *state.Workload) bool {
-		return p.identityOf(w) == srcID && slices.Contains(w.Addresses, client)
+		return rt.identityOf(w) == srcID && slices.Contains(w.Addresses, client)
 	})
-}
-
-// selectIP picks the address to dial w on: state.SelectAddress, or for a
-// hostname-only workload an on-demand DNS lookup, preferring want's family.
-func (p *Proxy) selectIP(ctx context.Context, src, w *state.Workload, want netip.Addr, fam state.IPFamilies) (netip.Addr, error) {
-	if ip, ok := state.SelectAddress(w, want, fam); ok {
-		return ip, nil
-	}
-	if w.Hostname == "" {
-		return netip.Addr{}, fmt.Errorf("workload %s has no suitable address", w.UID)
-	}
-	p.cfg.Metrics.OnDemandDNS(metricsWorkload(src, p.identityOf(src)), w.Hostname)
-	ctx, cancel := context.WithTimeout(ctx, dnsTimeout)
-	defer cancel()
-	addrs, err := p.cfg.Resolver.LookupNetIP(ctx, "ip", w.Hostname)
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("workload %s: dns lookup of %s: %w", w.UID, w.Hostname, err)
-	}
-	ip, ok := pickResolved(addrs, want, p.rnd)
-	if !ok {
-		return netip.Addr{}, fmt.Errorf("workload %s: dns lookup of %s returned no address", w.UID, w.Hostname)
-	}
-	return ip, nil
-}
-
-// pickResolved picks one of a lookup's addresses at random, from those of
-// want's family if there are any (pure IPv4 or IPv6 clients need their own
-// family), else from all.
-func pickResolved(addrs []netip.Addr, want netip.Addr, rnd func(uint64) uint64) (netip.Addr, bool) {
-	if rnd == nil {
-		rnd = rand.Uint64N
-	}
-	want = want.Unmap()
-	var same int
-	for _, a := range addrs {
-		if a.Unmap().Is6() == want.Is6() {
-			same++
-		}
-	}
-	if same == 0 {
-		if len(addrs) == 0 {
-			return netip.Addr{}, false
-		}
-		return addrs[rnd(uint64(len(addrs)))].Unmap(), true
-	}
-	n := rnd(uint64(same))
-	for _, a := range addrs {
-		if a.Unmap().Is6() == want.Is6() {
-			if n == 0 {
-				return a.Unmap(), true
-			}
-			n--
-		}
-	}
-	return netip.Addr{}, false
 }
 
 // validateDestination is ztunnel's validate_destination for an inbound
@@ -231,13 +165,20 @@ func pickResolved(addrs []netip.Addr, want netip.Addr, rnd func(uint64) uint64) 
 // must be conn's, so a peer cannot use this pod as a relay to elsewhere.
 // Two exceptions: a local workload with an application tunnel decides
 // itself what to do with the target, and a waypoint receives tunnels
-// addressed to the destinations it serves (the "sandwich").
-func (p *Proxy) validateDestination(snap *state.Snapshot, local *state.Workload, target, conn netip.AddrPort) error {
+// addressed to the destinations it serves (the "sandwich"). For the
+// second, when the snapshot knows nothing at the target's IP it is asked
+// for on demand first (ondemand.go); the snapshot returned is the one the
+// check used.
+func (rt *router) validateDestination(ctx context.Context, snap *state.Snapshot, local *state.Workload, target, conn netip.AddrPort) (*state.Snapshot, error) {
 	if target.Addr() == conn.Addr() || local.ApplicationTunnel != nil {
-		return nil
+		return snap, nil
 	}
-	if snap.IsWaypointFor(p.cfg.Network, target.Addr(), local, conn.Addr()) {
-		return nil
+	snap = rt.fetchAddress(ctx, snap, target.Addr(), func(s *state.Snapshot) bool {
+		w, svc := s.FindAddress(rt.network, target.Addr())
+		return w != nil || svc != nil
+	})
+	if snap.IsWaypointFor(rt.network, target.Addr(), local, conn.Addr()) {
+		return snap, nil
 	}
-	return &inboundError{status: http.StatusBadRequest, err: errIPMismatch(conn.Addr(), target.Addr())} // inbound.go
+	return snap, &inboundError{status: http.StatusBadRequest, err: errIPMismatch(conn.Addr(), target.Addr())} // inbound.go
 }

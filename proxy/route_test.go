@@ -231,18 +231,19 @@ func TestRouteOutbound(t *testing.T) {
 			res := &fakeResolver{answers: map[string][]netip.Addr{
 				"vm.example.com": {netip.MustParseAddr("198.51.100.7"), netip.MustParseAddr("2001:db8::7")},
 			}}
-			p := &Proxy{cfg: Config{Resolver: res, PreferredServiceNamespace: tc.preferred}, rnd: func(n uint64) uint64 {
+			rt := newRouter(&Config{Resolver: res, PreferredServiceNamespace: tc.preferred})
+			rt.rnd = func(n uint64) uint64 {
 				if tc.rnd >= n {
 					t.Fatalf("test rnd %d out of range %d", tc.rnd, n)
 				}
 				return tc.rnd
-			}}
+			}
 			src := snap.WorkloadByUID(tc.src)
 			client := src.Addresses[0]
 			if tc.client != "" {
 				client = netip.MustParseAddr(tc.client)
 			}
-			r, err := p.routeOutbound(context.Background(), snap, src, netip.AddrPortFrom(client, 40000), netip.MustParseAddrPort(tc.dst))
+			r, err := rt.routeOutbound(context.Background(), snap, src, netip.AddrPortFrom(client, 40000), netip.MustParseAddrPort(tc.dst))
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) {
 					t.Fatalf("err = %v, want %v", err, tc.wantErr)
@@ -276,15 +277,15 @@ func TestRouteOutboundDNSMetric(t *testing.T) {
 	snap := routeMesh(t)
 	m := metrics.New(metrics.Config{})
 	res := &fakeResolver{answers: map[string][]netip.Addr{"vm.example.com": {netip.MustParseAddr("198.51.100.7")}}}
-	p := &Proxy{cfg: Config{Resolver: res, Metrics: m}}
+	rt := newRouter(&Config{Resolver: res, Metrics: m})
 	src := snap.WorkloadByUID("client")
 	for range 2 {
-		if _, err := p.routeOutbound(context.Background(), snap, src, netip.MustParseAddrPort("10.0.0.1:4000"), netip.MustParseAddrPort("10.96.0.70:80")); err != nil {
+		if _, err := rt.routeOutbound(context.Background(), snap, src, netip.MustParseAddrPort("10.0.0.1:4000"), netip.MustParseAddrPort("10.96.0.70:80")); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// Workload-addressed traffic needs no lookup.
-	if _, err := p.routeOutbound(context.Background(), snap, src, netip.MustParseAddrPort("10.0.0.1:4000"), netip.MustParseAddrPort("10.0.0.20:80")); err != nil {
+	if _, err := rt.routeOutbound(context.Background(), snap, src, netip.MustParseAddrPort("10.0.0.1:4000"), netip.MustParseAddrPort("10.0.0.20:80")); err != nil {
 		t.Fatal(err)
 	}
 	families, err := m.Gatherer().Gather()
@@ -313,8 +314,8 @@ func TestRouteOutboundDNSMetric(t *testing.T) {
 
 func TestRouteOutboundDNSFailure(t *testing.T) {
 	snap := routeMesh(t)
-	p := &Proxy{cfg: Config{Resolver: &fakeResolver{}}}
-	_, err := p.routeOutbound(context.Background(), snap, snap.WorkloadByUID("client"), netip.MustParseAddrPort("10.0.0.1:4000"), netip.MustParseAddrPort("10.96.0.70:80"))
+	rt := newRouter(&Config{Resolver: &fakeResolver{}})
+	_, err := rt.routeOutbound(context.Background(), snap, snap.WorkloadByUID("client"), netip.MustParseAddrPort("10.0.0.1:4000"), netip.MustParseAddrPort("10.96.0.70:80"))
 	if err == nil || !strings.Contains(err.Error(), "vm.example.com") {
 		t.Fatalf("err = %v, want a DNS failure naming the host", err)
 	}
@@ -369,8 +370,8 @@ func TestValidateDestination(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := &Proxy{}
-			err := p.validateDestination(snap, tc.local, netip.MustParseAddrPort(tc.target), netip.MustParseAddrPort(tc.conn))
+			rt := newRouter(&Config{})
+			_, err := rt.validateDestination(context.Background(), snap, tc.local, netip.MustParseAddrPort(tc.target), netip.MustParseAddrPort(tc.conn))
 			if tc.ok != (err == nil) {
 				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
 			}

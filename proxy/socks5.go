@@ -9,7 +9,6 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/proxy/socks5"
-	"github.com/ztunnel-go/ztunnel/state"
 )
 
 // socksHandshakeTimeout bounds the SOCKS5 handshake and the name lookup, so
@@ -29,7 +28,7 @@ func (p *Proxy) handleSOCKS5(c *net.TCPConn) bool {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(p.ctx, socksHandshakeTimeout)
-	dst, err := p.resolveSOCKS(ctx, t)
+	dst, err := p.router.resolveSOCKS(ctx, t)
 	cancel()
 	if err != nil {
 		// The client learns why; the error is logged as the connection's.
@@ -45,62 +44,4 @@ func (p *Proxy) handleSOCKS5(c *net.TCPConn) bool {
 	}
 	_ = c.SetDeadline(time.Time{})
 	return p.proxyOutbound(c, cn, dst)
-}
-
-// resolveSOCKS turns a SOCKS5 target into an address. A service hostname
-// resolves to the service's VIP on our network (what the DNS proxy would
-// answer); any other name goes to the resolver.
-func (p *Proxy) resolveSOCKS(ctx context.Context, t socks5.Target) (netip.AddrPort, error) {
-	if !t.IsDomain() {
-		return t.Addr, nil
-	}
-	snap := p.cfg.State.Load()
-	clientNS := p.cfg.Workload.Namespace
-	if ip, ok := serviceVIP(snap, p.cfg.Network, t.Host, clientNS); ok {
-		return netip.AddrPortFrom(ip, t.Port), nil
-	}
-	ips, err := p.cfg.Resolver.LookupNetIP(ctx, "ip", t.Host)
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("resolve %s: %w", t.Host, err)
-	}
-	// Prefer IPv4, as most pods have it; else the first answer.
-	best := ips[0]
-	for _, ip := range ips {
-		if ip.Unmap().Is4() {
-			best = ip
-			break
-		}
-	}
-	return netip.AddrPortFrom(best.Unmap(), t.Port), nil
-}
-
-// serviceVIP finds the VIP of the service named host that a client in
-// clientNS may use: one in the client's namespace first, then the first
-// visible one by key; an IPv4 VIP on network first, then an IPv6 one.
-func serviceVIP(snap *state.Snapshot, network, host, clientNS string) (netip.Addr, bool) {
-	var chosen *state.Service
-	for _, svc := range snap.ServicesByHostname(host) {
-		if !svc.VisibleTo(clientNS) {
-			continue
-		}
-		if chosen == nil || (svc.Namespace == clientNS && chosen.Namespace != clientNS) {
-			chosen = svc
-		}
-	}
-	if chosen == nil {
-		return netip.Addr{}, false
-	}
-	var v6 netip.Addr
-	for _, vip := range chosen.VIPs {
-		if vip.Network != network {
-			continue
-		}
-		if vip.Addr.Is4() {
-			return vip.Addr, true
-		}
-		if !v6.IsValid() {
-			v6 = vip.Addr
-		}
-	}
-	return v6, v6.IsValid()
 }

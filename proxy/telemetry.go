@@ -144,7 +144,7 @@ func (c *conn) labels() metrics.ConnLabels {
 		l.SetSource(metricsWorkload(c.srcWorkload, c.srcWorkload.Identity()))
 	}
 	if c.dstWorkload != nil {
-		l.SetDestination(metricsWorkload(c.dstWorkload, c.p.identityOf(c.dstWorkload)))
+		l.SetDestination(metricsWorkload(c.dstWorkload, c.p.router.identityOf(c.dstWorkload)))
 	}
 	if e := c.ext; !c.inbound && e != nil && e.hasBaggage {
 		var id identity.Identity

@@ -74,7 +74,7 @@ func (t *tunnel) certificate(ctx context.Context) (*mtls.WorkloadCert, error) {
 	if t.cert != nil {
 		return t.cert, nil
 	}
-	srcID := t.p.identityOf(t.src)
+	srcID := t.p.router.identityOf(t.src)
 	cert, err := t.p.cfg.Certs.Get(ctx, srcID)
 	if err != nil {
 		return nil, withFlags(metrics.FlagIdentityError, fmt.Errorf("certificate for %s: %w", srcID, err))
@@ -89,7 +89,7 @@ func (t *tunnel) key() tunnelKey {
 	if len(t.src.Addresses) > 0 {
 		srcIP = t.src.Addresses[0]
 	}
-	return tunnelKey{srcID: t.p.identityOf(t.src), dstIDs: t.route.sans, dst: t.route.dst, srcIP: srcIP}
+	return tunnelKey{srcID: t.p.router.identityOf(t.src), dstIDs: t.route.sans, dst: t.route.dst, srcIP: srcIP}
 }
 
 // open opens (or reuses) a tunnel to the route's peer and sends CONNECT
