@@ -140,31 +140,9 @@ func wildcards(name string) []string {
 // headless service. The client's namespace wins, then a canonical service,
 // then the preferred namespace, then the first by key.
 func (v *view) bestService(host string) *state.Service {
-	var canonical, preferred, first *state.Service
-	for _, svc := range v.snap.ServicesByHostname(host) {
-		if !svc.VisibleTo(v.ns) || (len(svc.VIPs) == 0 && !v.kubeHeadless(svc)) {
-			continue
-		}
-		if svc.Namespace == v.ns {
-			return svc
-		}
-		if canonical == nil && svc.Canonical {
-			canonical = svc
-		}
-		if preferred == nil && v.preferNS != "" && svc.Namespace == v.preferNS {
-			preferred = svc
-		}
-		if first == nil {
-			first = svc
-		}
-	}
-	switch {
-	case canonical != nil:
-		return canonical
-	case preferred != nil:
-		return preferred
-	}
-	return first
+	return v.snap.ServiceByHostnameWhere(host, v.ns, v.preferNS, func(svc *state.Service) bool {
+		return len(svc.VIPs) > 0 || v.kubeHeadless(svc)
+	})
 }
 
 // kubeHeadless reports whether svc is a Kubernetes headless service: no VIP

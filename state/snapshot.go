@@ -187,7 +187,7 @@ func (s *Snapshot) ServicesByHostname(host string) []*Service {
 // by key. Clients that know their namespace use ResolveVIP instead.
 func (s *Snapshot) ServiceByVIP(network string, ip netip.Addr) *Service {
 	k := NetworkAddress{network, ip.Unmap()}
-	return bestService(s.svcByVIP.get(hashAddr(k), k), "", "", false)
+	return bestService(s.svcByVIP.get(hashAddr(k), k), "", "", false, nil)
 }
 
 // ResolveVIP returns the service a client in namespace clientNS reaches by
@@ -212,7 +212,7 @@ func (s *Snapshot) ResolveVIPPreferring(network string, ip netip.Addr, clientNS,
 func (s *Snapshot) resolveVIP(network string, ip netip.Addr, clientNS, preferredNS string, useNS bool) *Service {
 	ip = ip.Unmap()
 	k := NetworkAddress{network, ip}
-	if svc := bestService(s.svcByVIP.get(hashAddr(k), k), clientNS, preferredNS, useNS); svc != nil {
+	if svc := bestService(s.svcByVIP.get(hashAddr(k), k), clientNS, preferredNS, useNS, nil); svc != nil {
 		return svc
 	}
 	var (
@@ -233,10 +233,14 @@ func (s *Snapshot) resolveVIP(network string, ip netip.Addr, clientNS, preferred
 
 // bestService ranks services sharing a VIP or hostname as ztunnel does: one
 // in the client's namespace, then a canonical one, then one in preferredNS,
-// then the first (by key). Without useNS, visibility is not checked.
-func bestService(list []*Service, clientNS, preferredNS string, useNS bool) *Service {
+// then the first (by key). Without useNS, visibility is not checked; a
+// non-nil keep skips the services it refuses.
+func bestService(list []*Service, clientNS, preferredNS string, useNS bool, keep func(*Service) bool) *Service {
 	var first, canonical, preferred *Service
 	for _, svc := range list {
+		if keep != nil && !keep(svc) {
+			continue
+		}
 		if useNS {
 			if !svc.VisibleTo(clientNS) {
 				continue
