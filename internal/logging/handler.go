@@ -191,6 +191,17 @@ func (h *Handler) appendPlain(b []byte, t time.Time, scope string, r *slog.Recor
 	b = append(b, '\t')
 	start := len(b)
 	b = append(b, h.pre...)
+	b = h.appendAttrs(b, r)
+	if len(b) > start && b[start] == ' ' {
+		// Fields are written with a leading separator; the first needs none.
+		b = append(b[:start], b[start+1:]...)
+	}
+	return append(b, '\n')
+}
+
+// appendAttrs writes the record's fields, each with its leading separator;
+// the scope field is the line's own column, not repeated as a field.
+func (h *Handler) appendAttrs(b []byte, r *slog.Record) []byte {
 	r.Attrs(func(a slog.Attr) bool {
 		if h.prefix == "" && a.Key == ScopeKey {
 			return true
@@ -198,11 +209,7 @@ func (h *Handler) appendPlain(b []byte, t time.Time, scope string, r *slog.Recor
 		b = h.appendAttr(b, h.prefix, a)
 		return true
 	})
-	if len(b) > start && b[start] == ' ' {
-		// Fields are written with a leading separator; the first needs none.
-		b = append(b[:start], b[start+1:]...)
-	}
-	return append(b, '\n')
+	return b
 }
 
 // appendJSON writes {"level":..,"time":..,"scope":..,"message":..,fields}.
@@ -216,13 +223,7 @@ func (h *Handler) appendJSON(b []byte, t time.Time, scope string, r *slog.Record
 	b = append(b, `,"message":`...)
 	b = appendJSONString(b, r.Message)
 	b = append(b, h.pre...)
-	r.Attrs(func(a slog.Attr) bool {
-		if h.prefix == "" && a.Key == ScopeKey {
-			return true
-		}
-		b = h.appendAttr(b, h.prefix, a)
-		return true
-	})
+	b = h.appendAttrs(b, r)
 	return append(b, "}\n"...)
 }
 
