@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"sync/atomic"
@@ -20,8 +21,9 @@ import (
 // scavenger keeps up to ~10% above the heap goal resident: the RSS an idle
 // connection costs then depends on whether a GC happened to run after the
 // burst (issue 23 measured 4.3-8.2 KiB per idle HBONE-carried connection
-// from run to run). debug.FreeOSMemory, run once the burst has settled,
-// makes the figure the live heap's, every run, for one GC's CPU.
+// from run to run). A GC and debug.FreeOSMemory, run once the burst has
+// settled, make the figure the live heap's, every run, for two GCs' CPU
+// (a few ms for 5,000 connections).
 const DefaultMemoryReleaseInterval = 10 * time.Second
 
 // The release policy (memReleaser.step). A tick reads five runtime
@@ -34,11 +36,11 @@ const (
 	// GC is due soon on its own. A busy daemon collects by itself.
 	releaseQuietTicks = 3
 	releaseQuietBytes = 1 << 20
-	// releaseMinBytes is the least reclaimable memory worth a forced GC;
-	// above a live heap of 4x that, a quarter of the live heap (a GC's
-	// cost grows with the live heap, so a big heap must free more to pay
-	// for one).
-	releaseMinBytes = 4 << 20
+	// releaseMinBytes is the least reclaimable memory worth a forced GC
+	// (5,000 idle connections leave ~2-3 MiB behind their burst); above a
+	// live heap of 8x that, an eighth of the live heap: a GC's cost grows
+	// with the live heap, so a big heap must free more to pay for one.
+	releaseMinBytes = 1 << 20
 )
 
 // memSample is what the policy reads of the runtime each tick.
@@ -65,7 +67,7 @@ func (s memSample) reclaimable() uint64 {
 // worthReleasing says whether a release would return enough (see
 // releaseMinBytes).
 func (s memSample) worthReleasing() bool {
-	return s.reclaimable() >= max(releaseMinBytes, s.live/4)
+	return s.reclaimable() >= max(releaseMinBytes, s.live/8)
 }
 
 // runtimeMetrics are the runtime/metrics names memSample reads, in the
@@ -139,8 +141,17 @@ func newMemReleaser(interval time.Duration, stats *MemoryReleaseStats, log *slog
 	return &memReleaser{
 		interval: interval, stats: stats, log: log,
 		read:    func() memSample { return readRuntime(buf) },
-		release: debug.FreeOSMemory,
+		release: releaseAll,
 	}
+}
+
+// releaseAll is the daemon's release: two GCs, since a sync.Pool keeps
+// what it holds over one (the record and frame buffers a burst left in the
+// pools, ~0.1-0.2 KiB per connection of 5,000, go with the second), the
+// second one debug.FreeOSMemory's, which then returns every free page.
+func releaseAll() {
+	runtime.GC()
+	debug.FreeOSMemory()
 }
 
 // run ticks the policy until ctx ends.

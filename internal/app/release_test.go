@@ -164,30 +164,30 @@ func TestMemReleaserHonoursGOGCOff(t *testing.T) {
 	})
 }
 
-// TestMemReleaserWorth: a big live heap must free a quarter of itself to
+// TestMemReleaserWorth: a big live heap must free an eighth of itself to
 // be worth a GC; a small one, releaseMinBytes.
 func TestMemReleaserWorth(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()
 		h, _ := startReleaser(t, 100*mib, false)
-		burst(h, 1200*time.Millisecond) // 24 MiB dead, under 25 MiB
+		burst(h, 600*time.Millisecond) // 12 MiB dead, under 12.5 MiB
 		if n := releasesAt(h, start, 30*time.Second); n != 0 {
-			t.Fatalf("%d releases for 24 MiB over a 100 MiB live heap", n)
+			t.Fatalf("%d releases for 12 MiB over a 100 MiB live heap", n)
 		}
-		burst(h, 100*time.Millisecond) // 26 MiB
+		burst(h, 100*time.Millisecond) // 14 MiB
 		if n := releasesAt(h, start, 34500*time.Millisecond); n != 1 {
-			t.Fatalf("%d releases for 26 MiB over a 100 MiB live heap, want 1", n)
+			t.Fatalf("%d releases for 14 MiB over a 100 MiB live heap, want 1", n)
 		}
 	})
 	for _, tc := range []struct {
 		s    memSample
 		want bool
 	}{
-		{memSample{live: mib, objects: mib + 3*mib}, false},
-		{memSample{live: mib, objects: mib + 2*mib, free: 2 * mib}, true},
-		{memSample{live: 64 * mib, objects: 64*mib + 15*mib}, false},
-		{memSample{live: 64 * mib, objects: 64*mib + 8*mib, free: 8 * mib}, true},
-		{memSample{live: 8 * mib, objects: 4 * mib, free: 3 * mib}, false}, // objects below live: swept since the GC
+		{memSample{live: mib, objects: mib + mib/2}, false},
+		{memSample{live: mib, objects: mib + mib/2, free: mib / 2}, true},
+		{memSample{live: 64 * mib, objects: 64*mib + 7*mib}, false},
+		{memSample{live: 64 * mib, objects: 64*mib + 4*mib, free: 4 * mib}, true},
+		{memSample{live: 8 * mib, objects: 4 * mib, free: mib / 2}, false}, // objects below live: swept since the GC
 	} {
 		if got := tc.s.worthReleasing(); got != tc.want {
 			t.Errorf("%+v: worthReleasing %v, want %v", tc.s, got, tc.want)
