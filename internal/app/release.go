@@ -20,13 +20,15 @@ import (
 // nothing, so no GC comes to free that garbage, and Go's background
 // scavenger keeps up to ~10% above the heap goal resident: the RSS an idle
 // connection costs then depends on whether a GC happened to run after the
-// burst (issue 23 measured 4.3-8.2 KiB per idle HBONE-carried connection
-// from run to run). A GC and debug.FreeOSMemory, run once the burst has
-// settled, make the figure the live heap's, every run, for two GCs' CPU
-// (a few ms for 5,000 connections).
+// burst, and sync.Pool keeps the burst's buffers over the next one (issue
+// 23: 4.3-8.2 KiB per idle HBONE-carried connection from run to run; 2.4-3.0
+// KiB per daemon in zbench's hbone2 lab read 30 s after 5,000 opened). Two
+// GCs and debug.FreeOSMemory, run once the burst has settled, leave the
+// live heap and its partly used spans (2.2-2.6 KiB there), every run, for
+// a few ms of CPU.
 const DefaultMemoryReleaseInterval = 10 * time.Second
 
-// The release policy (memReleaser.step). A tick reads five runtime
+// The release policy (memReleaser.step). A tick reads six runtime
 // metrics, which neither stops the world nor allocates.
 const (
 	// releaseTick is how often the policy looks at the heap.
