@@ -56,6 +56,13 @@ func (f *fakeHeap) gc() {
 	f.s.objects = f.s.live
 }
 
+// spend is CPU the daemon used.
+func (f *fakeHeap) spend(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.s.cpu += d
+}
+
 func (f *fakeHeap) count() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -147,6 +154,27 @@ func TestMemReleaserBusy(t *testing.T) {
 		// Once it stops, what its GCs left free goes back.
 		if n := releasesAt(h, start, 63500*time.Millisecond); n != 1 {
 			t.Fatalf("%d releases after the busy minute, want 1", n)
+		}
+	})
+}
+
+// TestMemReleaserServing: a daemon relaying traffic allocates next to
+// nothing, but uses CPU: no forced GC delays its requests until the
+// traffic stops.
+func TestMemReleaserServing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		h, _ := startReleaser(t, 10*mib, false)
+		burst(h, 2*time.Second) // set-ups, then 30 s of requests
+		for range 300 {
+			h.spend(10 * time.Millisecond) // 10% of a core
+			time.Sleep(100 * time.Millisecond)
+		}
+		if n := releasesAt(h, start, 32500*time.Millisecond); n != 0 {
+			t.Fatalf("%d releases while serving", n)
+		}
+		if n := releasesAt(h, start, 35500*time.Millisecond); n != 1 {
+			t.Fatalf("%d releases once the traffic stopped, want 1", n)
 		}
 	})
 }
