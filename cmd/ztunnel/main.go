@@ -51,11 +51,15 @@ func run(args []string, stderr *os.File) int {
 	if procs := app.ApplyWorkerThreads(cfg, os.LookupEnv); cfg.WorkerThreads > 0 {
 		log.Info("worker threads (ZTUNNEL_WORKER_THREADS)", "gomaxprocs", procs)
 	}
-	if gc != (app.GCSettings{}) {
-		log.Info("go runtime memory settings", "gc_percent", gc.GCPercent, "memory_limit_bytes", gc.MemoryLimit)
+	if gc != (app.GCSettings{}) || cfg.MemoryReleaseInterval > 0 {
+		log.Info("go runtime memory settings", "gc_percent", gc.GCPercent, "memory_limit_bytes", gc.MemoryLimit,
+			"memory_release_interval", cfg.MemoryReleaseInterval.String())
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// What a burst of set-ups freed goes back to the OS once it settles
+	// (ZTUNNEL_MEMORY_RELEASE_INTERVAL); before Start, for /config_dump.
+	app.StartMemoryRelease(ctx, cfg, log)
 	d, err := app.Start(ctx, cfg, log, levels)
 	if err != nil {
 		log.Error("failed to start", "error", err)

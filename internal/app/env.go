@@ -123,6 +123,13 @@ type Config struct {
 	// has started it names the backend that runs.
 	Engine string
 
+	// MemoryReleaseInterval is ZTUNNEL_MEMORY_RELEASE_INTERVAL (ours): at
+	// most one return of freed memory to the OS per interval once a burst
+	// has settled (release.go); 0 turns the releaser off. MemoryRelease
+	// counts the releases, set once the releaser runs.
+	MemoryReleaseInterval time.Duration
+	MemoryRelease         *MemoryReleaseStats `json:",omitempty"`
+
 	// PreferredServiceNamespace is PREFERED_SERVICE_NAMESPACE (sic): the
 	// tiebreak namespace for services sharing a VIP.
 	PreferredServiceNamespace string
@@ -384,6 +391,7 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	default:
 		e.fail("ZTUNNEL_ENGINE", c.Engine, errors.New("want auto, std, epoll or uring"))
 	}
+	c.MemoryReleaseInterval = e.duration("ZTUNNEL_MEMORY_RELEASE_INTERVAL", DefaultMemoryReleaseInterval)
 
 	c.LogLevel = e.str("RUST_LOG", "info")
 	c.LogFormat = e.str("LOG_FORMAT", "plain")
