@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -249,6 +250,67 @@ func TestHostileFloods(t *testing.T) {
 				t.Errorf("write backlog peaked at %d bytes, bound %d", peak, backlogBound(r.cfg))
 			}
 			r.checkHealthy(t)
+		})
+	}
+}
+
+// TestFloodWriterBlocked: a peer that floods frames demanding answers and
+// never reads ends its connection with ENHANCE_YOUR_CALM even when the
+// server's writer is blocked on it from the first byte (net.Pipe buffers
+// nothing), and within the bounded final flush: the reader never waits on
+// the writer, and the control backlog bound, not the peer's patience, ends
+// the connection. Over sockets under CPU load these floods can take long
+// (the reader must process ~25k requests or ~58k SETTINGS before the
+// backlog passes its bound); this pins that nothing but CPU time is needed.
+func TestFloodWriterBlocked(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cfg   Config
+		frame func(p *rawPeer) func(fr *http2.Framer, i int)
+	}{
+		{
+			name: "SETTINGS",
+			frame: func(*rawPeer) func(*http2.Framer, int) {
+				return func(fr *http2.Framer, _ int) {
+					_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 65535})
+				}
+			},
+		},
+		{
+			name: "malformed requests",
+			cfg:  Config{MaxResetStreams: 1 << 30},
+			frame: func(p *rawPeer) func(*http2.Framer, int) {
+				block := p.headerBlock(":method", "GET", ":scheme", "https", ":path", "/", ":authority", "a:1")
+				return func(fr *http2.Framer, i int) {
+					_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), BlockFragment: block, EndHeaders: true})
+				}
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ts := startServerOver(t, tc.cfg, holdHandler, overPipe)
+				nc, err := ts.dial(testContext(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				p := newRawPeer(t, nc, true)
+				const n = 2_000_000 // far more than the bound lets through
+				sent := flood(p, n, tc.frame(p))
+				err = <-ts.serveErrs
+				elapsed := time.Since(start)
+				_ = nc.Close()
+				expectConnError(t, err, http2.ErrCodeEnhanceYourCalm)
+				if got := sent(); got == n {
+					t.Errorf("the server read all %d frames of a peer that never read", n)
+				}
+				// The reader ends at once; only the writer's final flush,
+				// bounded by closeFlushTimeout, waits (fake time).
+				if limit := closeFlushTimeout + abruptCloseTimeout; elapsed > limit {
+					t.Errorf("the connection took %v to end, want at most %v", elapsed, limit)
+				}
+			})
 		})
 	}
 }

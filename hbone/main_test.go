@@ -3,16 +3,10 @@ package hbone
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"sync"
@@ -24,6 +18,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/ztunnel-go/ztunnel/mtls/record"
+	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
 
 func TestMain(m *testing.M) {
@@ -42,50 +37,12 @@ func testContext(t testing.TB) context.Context {
 }
 
 // testTLS returns a server and a client TLS 1.3 configuration with ALPN h2
-// around a fresh self-signed certificate for 127.0.0.1.
+// around a fresh self-signed certificate for 127.0.0.1, each side requiring
+// the other's (mutual TLS, as HBONE has it). Callers make it once per
+// connection set-up, outside any benchmark loop.
 func testTLS(t testing.TB) (server, client *tls.Config) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "hbone test"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	pair := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: cert}
-	server = &tls.Config{
-		Certificates: []tls.Certificate{pair},
-		MinVersion:   tls.VersionTLS13,
-		NextProtos:   []string{"h2"},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    pool,
-	}
-	client = &tls.Config{
-		Certificates: []tls.Certificate{pair},
-		RootCAs:      pool,
-		MinVersion:   tls.VersionTLS13,
-		NextProtos:   []string{"h2"},
-		ServerName:   "127.0.0.1",
-	}
-	return server, client
+	return tlstest.SelfSignedTLS(t)
 }
 
 // testServer is an hbone Server on a loopback listener, or on net.Pipes.
