@@ -26,8 +26,8 @@ func TestMain(m *testing.M) {
 }
 
 // testTimeout bounds any single wait in a test; it is a hang guard, not a
-// timing assertion.
-const testTimeout = 20 * time.Second
+// timing assertion (longer under the race detector: raceSlowdown).
+const testTimeout = raceSlowdown * 20 * time.Second
 
 func testContext(t testing.TB) context.Context {
 	t.Helper()
