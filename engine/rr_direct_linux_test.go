@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -23,7 +24,7 @@ type directRig struct {
 	counters  engine.Counters
 }
 
-func startDirectRig(t *testing.T, cfg hbone.Config, h hbone.Handler, tune func(client, a *net.TCPConn)) *directRig {
+func startDirectRig(t *testing.T, cfg hbone.Config, ecfg engine.Config, h hbone.Handler, tune func(client, a *net.TCPConn)) *directRig {
 	t.Helper()
 	srvTLS, cliTLS := hbonetest.SelfSignedTLS(t)
 	srv := hbonetest.Start(t, hbone.Config{}, h, srvTLS)
@@ -38,7 +39,8 @@ func startDirectRig(t *testing.T, cfg hbone.Config, h hbone.Handler, tune func(c
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cc.Close() })
-	e, err := engine.New(engine.Config{Backend: engine.BackendEpoll, Loops: 1})
+	ecfg.Backend, ecfg.Loops = engine.BackendEpoll, 1
+	e, err := engine.New(ecfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +77,7 @@ func (r *directRig) wait(t *testing.T) {
 // the loop, with the counters and the FIN after them as on the loop's
 // path.
 func TestDirectDeliveryRoundTrips(t *testing.T) {
-	r := startDirectRig(t, hbone.Config{}, hbonetest.Echo, nil)
+	r := startDirectRig(t, hbone.Config{}, engine.Config{}, hbonetest.Echo, nil)
 	const trips = 300
 	var b [1]byte
 	for i := range trips {
@@ -147,7 +149,7 @@ func TestDirectDeliveryOrderWhenPartial(t *testing.T) {
 	// Small receive windows keep the backlog the loop holds small, so
 	// that it drains between the reader's reads.
 	small := hbone.Config{StreamWindow: 65535, ConnWindow: 65535}
-	r := startDirectRig(t, small, streamer, func(client, a *net.TCPConn) {
+	r := startDirectRig(t, small, engine.Config{}, streamer, func(client, a *net.TCPConn) {
 		_ = a.SetWriteBuffer(4 << 10)
 		_ = client.SetReadBuffer(8 << 10)
 	})
@@ -192,5 +194,52 @@ func TestDirectDeliveryOrderWhenPartial(t *testing.T) {
 	}
 	if down := r.counters.BToA.Load(); down != size {
 		t.Errorf("counted %d bytes down, want %d", down, size)
+	}
+}
+
+// TestDirectDeliveryIdleTimeout: a relay whose only traffic goes straight
+// to its socket (TryDeliver, which the loop does not see) is active for
+// the idle timeout, and still ends by it once that traffic stops.
+func TestDirectDeliveryIdleTimeout(t *testing.T) {
+	const idle, pushes, every = 150 * time.Millisecond, 12, 50 * time.Millisecond
+	pusher := func(_ context.Context, req *hbone.ServerRequest) {
+		s, err := req.Respond(http.StatusOK, nil)
+		if err != nil {
+			return
+		}
+		go func() {
+			defer s.Close()
+			for i := range pushes {
+				time.Sleep(every)
+				if _, err := s.Write([]byte{byte(i)}); err != nil {
+					return
+				}
+			}
+			_, _ = io.Copy(io.Discard, s) // then quiet, until the relay ends
+		}()
+	}
+	r := startDirectRig(t, hbone.Config{}, engine.Config{IdleTimeout: idle}, pusher, nil)
+	var b [1]byte
+	for i := range pushes {
+		_ = r.client.SetReadDeadline(time.Now().Add(hangLimit))
+		if _, err := io.ReadFull(r.client, b[:]); err != nil {
+			t.Fatalf("push %d of %d (%v in, idle timeout %v): %v", i, pushes, time.Duration(i+1)*every, idle, err)
+		}
+		if b[0] != byte(i) {
+			t.Fatalf("push %d: got %d", i, b[0])
+		}
+	}
+	quiet := time.Now()
+	select {
+	case res := <-r.done:
+		if !errors.Is(res.Err, engine.ErrIdleTimeout) {
+			t.Fatalf("relay ended with %v, want ErrIdleTimeout", res.Err)
+		}
+		t.Logf("ended %v after the last push (idle timeout %v)", time.Since(quiet).Round(time.Millisecond), idle)
+	case <-time.After(hangLimit):
+		t.Fatal("the relay did not time out once quiet")
+	}
+	if direct := r.e.Stats().DirectWrites; direct < pushes/2 {
+		t.Errorf("DirectWrites = %d of %d pushes: the test did not exercise the direct path", direct, pushes)
 	}
 }
