@@ -315,6 +315,10 @@ type Stats struct {
 	// StreamBuffers counts the buffers TCP⇄stream relays hold for bytes in
 	// flight (none while idle).
 	StreamBuffers int
+	// DirectWrites counts, since the engine started, the socket writes
+	// TCP⇄stream relays let the stream's receiving goroutine make itself
+	// (TryDeliver: the loop was not woken for those bytes).
+	DirectWrites int64
 }
 
 // Stats reports the engine's current load.

@@ -106,6 +106,7 @@ func (b *epollBackend) stats(st *Stats) {
 	for _, l := range b.loops {
 		l.coreStats(st)
 		st.StreamBuffers += int(l.nBufs.Load())
+		st.DirectWrites += l.nDirect.Load()
 	}
 }
 
@@ -190,7 +191,10 @@ type eloop struct {
 	events     []poll.Event
 
 	// Mirrors for Stats, written by the loop.
-	nBufs atomic.Int32 // buffers held by stream relays, for Stats
+	nBufs   atomic.Int32 // buffers held by stream relays, for Stats
+	nDirect atomic.Int64 // writes stream relays' TryDeliver made, for Stats
+	// TryDeliver's writes the socket did not take whole (tests)
+	nDirectShort atomic.Int64
 }
 
 // submit queues t for the loop, starting the loop if it is parked; false
@@ -422,7 +426,15 @@ func (l *eloop) runReady() {
 // expireIdle ends the relays idle for the idle timeout (ending takes a
 // relay off the idle list).
 func (l *eloop) expireIdle() {
-	l.expire(func(r *relayBase) { r.self.end(ErrIdleTimeout, true) })
+	l.expire(func(r *relayBase) {
+		if sr, ok := r.self.(*streamRelay); ok && sr.directSinceTouch() {
+			// Bytes went straight to its socket (TryDeliver) since its
+			// last move on the loop: it was active.
+			l.touch(r)
+			return
+		}
+		r.self.end(ErrIdleTimeout, true)
+	})
 }
 
 // scratchBuf returns the loop's copy buffer, made on first use: one per

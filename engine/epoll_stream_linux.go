@@ -39,11 +39,24 @@ type streamRelay struct {
 	down    sdir         // stream → socket
 	// The flags share a word: an idle relay is one of these, within the
 	// 224-byte size class (TestRelaySizeClass).
-	woke   atomic.Bool
-	peeked bool // a Peek awaits its Consume
-	rd, wr bool // the socket's readiness as last learnt
-	hup    bool // the peer's FIN (or an error) was signalled: read until EOF
+	flags  atomic.Uint32 // flagWoke, flagDownBusy, flagDirect
+	peeked bool          // a Peek awaits its Consume
+	rd, wr bool          // the socket's readiness as last learnt
+	hup    bool          // the peer's FIN (or an error) was signalled: read until EOF
 }
+
+// The bits of streamRelay.flags, which other goroutines read and set.
+const (
+	// flagWoke: a wake-up task is queued (Wake coalesces).
+	flagWoke uint32 = 1 << iota
+	// flagDownBusy: the loop holds stream → socket bytes (a relay buffer
+	// or a Peek's views), or is taking some: TryDeliver must not write
+	// ahead of them.
+	flagDownBusy
+	// flagDirect: TryDeliver moved bytes since the loop last marked the
+	// relay active (the idle timeout counts them as activity).
+	flagDirect
+)
 
 // sdir is one direction of a streamRelay.
 type sdir struct {
@@ -108,14 +121,55 @@ func (b *epollBackend) relayStream(fd, tcpSide int, st StreamEndpoint, s *sessio
 // Wake is the stream's signal, from any goroutine: queue one look at the
 // relay on its loop.
 func (r *streamRelay) Wake() {
-	if r.woke.CompareAndSwap(false, true) {
+	if r.flags.Or(flagWoke)&flagWoke == 0 {
 		r.l.submit(task{op: opWake, r: r})
 	}
 }
 
+// TryDeliver is the stream's direct delivery (see DirectSink in
+// stream.go), from the goroutine that received the bytes: when the loop
+// holds no stream → socket byte, it writes p to the socket itself with
+// one non-blocking write and returns what the socket took, so the loop
+// need not be woken for it. 0 (the loop is busy with that direction, the
+// socket is full or failed) leaves p to the stream, which buffers it and
+// wakes the loop: the loop's own write then meets whatever the socket
+// said.
+func (r *streamRelay) TryDeliver(p []byte) int {
+	if len(p) == 0 || r.flags.Load()&flagDownBusy != 0 {
+		return 0
+	}
+	n, err := unix.Write(r.fd, p)
+	if n < len(p) {
+		r.l.nDirectShort.Add(1)
+	}
+	if err != nil || n <= 0 {
+		return 0
+	}
+	r.down.count.Add(int64(n))
+	r.l.nDirect.Add(1)
+	if r.flags.Load()&flagDirect == 0 {
+		r.flags.Or(flagDirect)
+	}
+	return n
+}
+
+// touch marks the relay active for the idle timeout.
+func (r *streamRelay) touch() {
+	if r.flags.Load()&flagDirect != 0 {
+		r.flags.And(^flagDirect)
+	}
+	r.l.touch(&r.relayBase)
+}
+
+// directSinceTouch reports (and forgets) whether TryDeliver moved bytes
+// since the loop last marked the relay active.
+func (r *streamRelay) directSinceTouch() bool {
+	return r.flags.And(^flagDirect)&flagDirect != 0
+}
+
 // woken runs the wake-up on the loop.
 func (r *streamRelay) woken() {
-	r.woke.Store(false)
+	r.flags.And(^flagWoke)
 	if r.slot >= 0 {
 		r.service()
 	}
@@ -203,7 +257,7 @@ func (r *streamRelay) turn(step func() (moved bool, err error)) (more bool, err 
 		if err != nil || !moved {
 			return false, err
 		}
-		r.l.touch(&r.relayBase)
+		r.touch()
 	}
 	return true, nil
 }
@@ -330,11 +384,22 @@ func (sr *sockReader) Read(p []byte) (int, error) {
 // pumpDown moves stream → socket: it takes bytes from the stream (which
 // returns their window to the peer) only once the previous ones are in the
 // socket, so a slow reader slows the peer down.
+//
+// While it runs, and while it holds bytes for the socket, flagDownBusy
+// keeps TryDeliver from writing ahead of them: it is set before the loop
+// takes bytes from the stream (under the stream's lock, which TryDeliver
+// runs under), so either TryDeliver wrote before them or it sees the flag.
 func (r *streamRelay) pumpDown() (more bool, err error) {
+	r.flags.Or(flagDownBusy)
 	if r.pk != nil {
-		return r.pumpDownPeek()
+		more, err = r.pumpDownPeek()
+	} else {
+		more, err = r.turn(r.downCopy)
 	}
-	return r.turn(r.downCopy)
+	if !r.down.pending() && !r.peeked {
+		r.flags.And(^flagDownBusy)
+	}
+	return more, err
 }
 
 // downCopy is one round of pumpDown through the relay's own buffer.
@@ -423,7 +488,7 @@ func (r *streamRelay) pumpDownPeek() (more bool, err error) {
 			r.pk.Consume(k)
 			r.peeked = false
 			d.count.Add(int64(k))
-			r.l.touch(&r.relayBase)
+			r.touch()
 			continue
 		}
 		break
@@ -492,3 +557,5 @@ func (r *streamRelay) streamErr(op string, err error) error {
 	}
 	return fmt.Errorf("engine: stream %s %s: %w", op, sideName[1-r.tcpSide], err)
 }
+
+var _ DirectSink = (*streamRelay)(nil)

@@ -4,3 +4,15 @@ package engine
 // StreamPeeker (true) or lend its buffer as in production (false), so
 // benchmarks measure both in one run. Set it before the first relay.
 func SetNoPeek(e *Engine, v bool) { e.noPeek = v }
+
+// DirectShortWrites counts the direct writes (TryDeliver) of e's stream
+// relays that the socket did not take whole: a partial write or EAGAIN.
+func DirectShortWrites(e *Engine) int64 {
+	var n int64
+	if b, ok := e.backend.(*epollBackend); ok {
+		for _, l := range b.loops {
+			n += l.nDirectShort.Load()
+		}
+	}
+	return n
+}

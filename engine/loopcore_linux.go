@@ -389,7 +389,9 @@ func (c *loopCore[T, R, N]) touch(n N) {
 }
 
 // expire calls end for each relay idle for the idle timeout, least
-// recently active first; end takes the relay off the idle list.
+// recently active first; end takes the relay off the idle list's tail
+// (ending it, or marking it active when it moved bytes the loop did not
+// see).
 func (c *loopCore[T, R, N]) expire(end func(N)) {
 	it := c.cfg.IdleTimeout
 	if it <= 0 {

@@ -27,6 +27,10 @@ import "io"
 //     (an hbone.Stream) saves that copy and buffer: the loop writes to S
 //     from the view Peek returns and Consumes what S took. The other way, a
 //     StreamFiller lets the loop read S straight into T's send buffer.
+//     A stream that knows DirectSink (hbone's) skips the loop on that
+//     path when the loop holds none of its bytes: its reader goroutine
+//     writes the payload to S itself (see DirectSink), and only what S
+//     does not take is buffered for the loop and woken for.
 //   - FIN both ways: EOF on S becomes T.CloseWrite (END_STREAM); io.EOF from
 //     TryRead becomes shutdown(S, SHUT_WR).
 //   - RST both ways: an error on S becomes T.Abort (RST_STREAM); an error
@@ -95,6 +99,38 @@ type StreamFiller interface {
 	// queued); writeErr is the stream's, as TryWrite's. src.Read must not
 	// block.
 	WriteFrom(limit int, src io.Reader) (n int, readErr, writeErr error)
+}
+
+// DirectSink is the Waker an epoll loop's TCP⇄stream relay registers: a
+// stream that knows it (an hbone.Stream, which asserts its own DirectSink
+// with the same methods on the Waker it is given) may hand received bytes
+// to TryDeliver from the goroutine that received them, and the relay writes
+// them to its socket at once, without a wake-up of the loop: the response
+// half of a round trip then crosses no goroutine.
+//
+// The contract, both sides:
+//
+//   - The stream calls TryDeliver(p) only when every byte it received
+//     before p has been taken (by TryRead, Peek+Consume or TryDeliver):
+//     nothing is buffered or lent. It calls it with the lock its TryRead,
+//     Peek and SetWaker take held, so that SetWaker(nil) is a barrier:
+//     after it returns no TryDeliver runs, and the relay may close the
+//     socket.
+//   - TryDeliver writes what the socket takes now with one non-blocking
+//     write and returns how much (0: not now). It takes nothing while the
+//     loop holds bytes of that direction or is taking some (flagDownBusy,
+//     set before its TryRead or Peek), so bytes never overtake each other.
+//     It must not block or call back into the stream.
+//   - The stream keeps p[n:] as received bytes and wakes the relay as for
+//     any data; the n bytes count as read (their window goes back to the
+//     peer as with TryRead). END_STREAM or a reset after them reaches the
+//     loop as usual, through TryRead or Peek, once nothing is left.
+//   - The relay counts the bytes (the session's counters) and marks itself
+//     active for the idle timeout (flagDirect, read by the loop when the
+//     relay would expire).
+type DirectSink interface {
+	Waker
+	TryDeliver(p []byte) int
 }
 
 // Waker is how a stream tells its event loop to look at it again. Wake must

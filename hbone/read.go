@@ -349,6 +349,14 @@ func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) er
 	overhead := frameLen - dataLen
 	var dropped int // payload read but not kept: the stream was reset meanwhile
 	var rerr error
+	var inc int64
+	// Straight to the relay's socket when it can take it (DirectSink);
+	// then the bytes count as read at once.
+	direct := c.deliverLocked(s, dataLen)
+	if direct > 0 {
+		dataLen -= direct
+		inc = s.creditLocked(direct)
+	}
 	for dataLen > 0 {
 		if s.rerrNow != nil {
 			s.mu.Unlock()
@@ -384,7 +392,7 @@ func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) er
 			s.rbuf.free()
 		}
 		s.mu.Unlock()
-		c.consumed(dropped)
+		c.consumed(dropped + direct)
 		return fmt.Errorf("hbone: read: %w", rerr)
 	}
 	if end && s.rerrAfter == nil {
@@ -392,9 +400,8 @@ func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) er
 		s.wakeReaderLocked()
 		s.wake()
 	}
-	var inc int64
 	if overhead > 0 && s.rerrAfter == nil && s.rerrNow == nil {
-		inc = s.creditLocked(overhead)
+		inc += s.creditLocked(overhead)
 	}
 	s.mu.Unlock()
 	if padLen > 0 {
@@ -402,7 +409,7 @@ func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) er
 			return fmt.Errorf("hbone: read: %w", err)
 		}
 	}
-	c.consumed(dropped + overhead)
+	c.consumed(dropped + overhead + direct)
 	if inc > 0 {
 		c.queueStreamWindowUpdate(s, inc)
 	}

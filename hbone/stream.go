@@ -62,7 +62,7 @@ type Stream struct {
 
 	// waker, if set, is told whenever TryRead or TryWrite may progress
 	// (stream_poll.go).
-	waker atomic.Pointer[Waker]
+	waker atomic.Pointer[wakerRef]
 	// dl holds the deadlines and their timers, made by the first
 	// SetDeadline: a relayed stream never has one.
 	dl atomic.Pointer[deadlines]

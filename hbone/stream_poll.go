@@ -22,22 +22,74 @@ type Waker interface {
 	Wake()
 }
 
+// DirectSink is a Waker that can also take received bytes itself: the
+// event loop's relay, which then writes them to its socket from the
+// connection's reader goroutine instead of being woken to do it (the
+// response path of a round trip crosses no goroutine). When a DATA frame's
+// payload is already read from the network and the stream has no received
+// byte buffered or lent (every earlier byte reached the sink), the reader
+// offers the payload to TryDeliver instead of buffering it and waking the
+// loop. TryDeliver writes what it can without blocking and returns how
+// many bytes it took (0: not now); the stream buffers the rest and wakes
+// the sink as usual, so the bytes keep their order. Bytes taken count as
+// read: their flow-control window goes back to the peer as with TryRead.
+//
+// TryDeliver runs with the stream's receive lock held: it must not block
+// or call back into the stream. SetWaker takes that lock too, so once
+// SetWaker(nil) (or another Waker) has returned no TryDeliver of the old
+// sink runs any more, and the sink may close its socket.
+type DirectSink interface {
+	Waker
+	TryDeliver(p []byte) int
+}
+
+// wakerRef is a registered Waker and, if it is one, its DirectSink.
+type wakerRef struct {
+	w    Waker
+	sink DirectSink
+}
+
 // SetWaker registers w (nil removes it). From then on w.Wake is called when
 // data, END_STREAM or a reset arrives, when the send window opens and when
 // the connection's write buffer drains after TryWrite or WriteWindow found
-// it full.
+// it full. A w that is a DirectSink is also offered received bytes.
 func (s *Stream) SetWaker(w Waker) {
-	if w == nil {
-		s.waker.Store(nil)
-		return
+	var ref *wakerRef
+	if w != nil {
+		ref = &wakerRef{w: w}
+		ref.sink, _ = w.(DirectSink)
 	}
-	s.waker.Store(&w)
+	s.mu.Lock() // the barrier for a TryDeliver in progress (see DirectSink)
+	s.waker.Store(ref)
+	s.mu.Unlock()
 }
 
 func (s *Stream) wake() {
-	if w := s.waker.Load(); w != nil {
-		(*w).Wake()
+	if ref := s.waker.Load(); ref != nil {
+		ref.w.Wake()
 	}
+}
+
+// deliverLocked offers the next dataLen payload bytes of a DATA frame for
+// s to its DirectSink, when they are all in the read buffer already (so a
+// bulk frame that is not keeps the buffered path) and s holds no received
+// byte, and returns how many the sink took (consumed from c.br). Reader
+// goroutine, s.mu held.
+func (c *conn) deliverLocked(s *Stream, dataLen int) int {
+	ref := s.waker.Load()
+	if ref == nil || ref.sink == nil || dataLen > c.br.Buffered() ||
+		s.rbuf.size > 0 || s.peeking || s.filling || s.rerrNow != nil || s.rerrAfter != nil {
+		return 0
+	}
+	p, err := c.br.Peek(dataLen)
+	if err != nil {
+		return 0
+	}
+	n := min(max(ref.sink.TryDeliver(p), 0), len(p))
+	if n > 0 {
+		_, _ = c.br.Discard(n)
+	}
+	return n
 }
 
 // TryRead is Read without blocking: (0, nil) means no data is buffered now

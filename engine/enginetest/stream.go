@@ -18,6 +18,11 @@ import (
 // often. Two goroutines of its own move bytes between the connection and its
 // buffers.
 //
+// Like an HBONE stream it offers what it receives to a Waker that is an
+// engine.DirectSink (the epoll relays) whenever nothing received before is
+// still buffered, so the scenarios run through the direct path and its
+// fall-backs too.
+//
 // It keeps to the letter of the wake-up contract, so that a relay relying on
 // more fails here rather than in production: it wakes its Waker for send
 // room only after a WriteWindow or TryWrite found the window shut (as an
@@ -89,7 +94,14 @@ func (s *Stream) receive() {
 			// reached through our own FIN.
 			err = &net.OpError{Op: "read", Net: "tcp", Source: s.c.LocalAddr(), Addr: s.c.RemoteAddr(), Err: os.NewSyscallError("read", syscall.ECONNRESET)}
 		}
-		s.rbuf = append(s.rbuf, buf[:n]...)
+		data := buf[:n]
+		if ds, ok := s.waker.(engine.DirectSink); ok && len(data) > 0 && len(s.rbuf) == 0 && !s.closed && s.rerr == nil {
+			// As an HBONE stream does: bytes with none before them
+			// still buffered go to the relay's socket at once, when
+			// it takes them.
+			data = data[ds.TryDeliver(data):]
+		}
+		s.rbuf = append(s.rbuf, data...)
 		if err != nil && s.rerr == nil {
 			s.rerr = err
 			if err != io.EOF && s.werr == nil {
