@@ -11,5 +11,5 @@
 //
 // Every certificate gets a random serial, so CRLs made by one test never
 // revoke another's certificates. Imports (of ours): identity, mtls and
-// mtls/caclient. Imported by: hbone/hbonetest and tests.
+// mtls/caclient. Imported by: hbone/hbonetest, xdsclient/xdstest and tests.
 package tlstest
