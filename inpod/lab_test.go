@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -19,7 +18,9 @@ import (
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/inpod/zdstest"
+	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
@@ -218,55 +219,15 @@ func waitReady(t *testing.T, d *labDaemon) {
 	eventually(t, "daemon ready", d.ready.ready)
 }
 
-// echo serves an echo app in pod on port.
-func echo(t *testing.T, pod *netnslab.Pod, port int) {
+// echo serves an echo app (labrun's, nettest's echo) in pod on port until
+// the test ends.
+func echo(t *testing.T, pod *netnslab.Pod, port uint16) {
 	t.Helper()
-	ln, err := pod.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
+	s, err := labrun.StartEcho(pod, port)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	conns := map[net.Conn]bool{}
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns[c] = true
-			mu.Unlock()
-			wg.Go(func() {
-				io.Copy(c, c)
-				c.Close()
-			})
-		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-}
-
-func roundTrip(c net.Conn, msg string) error {
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.Write([]byte(msg)); err != nil {
-		return err
-	}
-	got := make([]byte, len(msg))
-	if _, err := io.ReadFull(c, got); err != nil {
-		return err
-	}
-	if string(got) != msg {
-		return fmt.Errorf("echo %q, want %q", got, msg)
-	}
-	return nil
+	t.Cleanup(func() { s.Close() })
 }
 
 func dialEcho(ctx context.Context, from *netnslab.Pod, to netip.AddrPort) (net.Conn, error) {
@@ -274,7 +235,7 @@ func dialEcho(ctx context.Context, from *netnslab.Pod, to netip.AddrPort) (net.C
 	if err != nil {
 		return nil, err
 	}
-	if err := roundTrip(c, "hello "+from.Name); err != nil {
+	if err := nettest.RoundTrip(c, "hello "+from.Name); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -318,7 +279,7 @@ func TestSharedModeLab(t *testing.T) {
 	}
 	defer long.Close()
 	if c, err := nodeA.Dial(ctx, "tcp", srvAddr.String()); err == nil {
-		if roundTrip(c, "plain") == nil {
+		if nettest.RoundTrip(c, "plain") == nil {
 			t.Fatal("a plaintext connection from outside the mesh reached the STRICT server")
 		}
 		c.Close()
@@ -401,12 +362,13 @@ func TestSharedModeLab(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitReady(t, dA)
-	if err := roundTrip(long, "still here after the agent restarted"); err != nil {
+	if err := nettest.RoundTrip(long, "still here after the agent restarted"); err != nil {
 		t.Fatalf("long-lived connection across the agent restart: %v", err)
 	}
 
 	// The daemon restarts: a new manager gets the snapshot and serves.
 	dB.drain(500 * time.Millisecond)
+	long.SetReadDeadline(time.Now().Add(nettest.RoundTripTimeout))
 	if _, err := long.Read(make([]byte, 1)); err == nil {
 		t.Fatal("connection through the stopped daemon still open")
 	}

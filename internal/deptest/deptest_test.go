@@ -56,7 +56,7 @@ var allowed = map[string][]string{
 	"proto/gen":              {},
 	"xdsclient":              {"xdsclient/controlplane"},
 	"xdsclient/controlplane": {},
-	"xdsclient/xdstest":      {},
+	"xdsclient/xdstest":      {"mtls/tlstest"},
 	"mtls/tlstest":           {"mtls", "mtls/caclient", "identity"},
 	"mtls":                   {"identity"},
 	"mtls/record":            {},

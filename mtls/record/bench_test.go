@@ -5,6 +5,8 @@ import (
 	"io"
 	"net"
 	"testing"
+
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 const benchSize = 256 << 10
@@ -39,7 +41,7 @@ func BenchmarkWrite(b *testing.B) {
 	for _, tc := range writeCases {
 		b.Run(tc.name, func(b *testing.B) {
 			ccfg, scfg := testConfigs(b)
-			cr, sr := tcpPair(b)
+			cr, sr := nettest.TCPPair(b)
 			cli, g := tc.client(cr, ccfg)
 			handshakePair(b, cli, tls.Server(sr, scfg))
 			done := make(chan struct{})
@@ -116,7 +118,7 @@ func BenchmarkRead(b *testing.B) {
 	for _, tc := range readCases {
 		b.Run(tc.name, func(b *testing.B) {
 			ccfg, scfg := testConfigs(b)
-			cr, sr := tcpPair(b)
+			cr, sr := nettest.TCPPair(b)
 			var cli endpoint = tls.Client(cr, ccfg)
 			if tc.ours {
 				cli = Client(cr, ccfg)
@@ -183,7 +185,7 @@ func BenchmarkSealOnly(b *testing.B) {
 	for _, tc := range writeCases {
 		b.Run(tc.name, func(b *testing.B) {
 			ccfg, scfg := testConfigs(b)
-			cr, sr := tcpPair(b)
+			cr, sr := nettest.TCPPair(b)
 			m := &memConn{Conn: cr}
 			cli, g := tc.client(m, ccfg)
 			handshakePair(b, cli, tls.Server(sr, scfg))
@@ -202,7 +204,7 @@ func BenchmarkOpenOnly(b *testing.B) {
 			ccfg, scfg := testConfigs(b)
 			kl := &keyLog{}
 			ccfg.KeyLogWriter = kl
-			cr, sr := tcpPair(b)
+			cr, sr := nettest.TCPPair(b)
 			m := &memConn{Conn: cr}
 			var cli endpoint = tls.Client(m, ccfg)
 			if tc.ours {

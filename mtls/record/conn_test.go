@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // interopCases are the end pairings every data test runs over.
@@ -166,7 +168,7 @@ func TestSessionTickets(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ccfg, scfg := testConfigs(t)
 			tickets(ccfg, scfg)
-			cr, sr := tcpPair(t)
+			cr, sr := nettest.TCPPair(t)
 			cli, srv := wrap(tc.cli, cr, ccfg, true), wrap(tc.srv, sr, scfg, false)
 			handshakePair(t, cli, srv)
 			defer cli.Close()
@@ -187,7 +189,7 @@ func TestNotTLS13(t *testing.T) {
 	ccfg, scfg := testConfigs(t)
 	scfg.MinVersion, scfg.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
 	ccfg.MinVersion = tls.VersionTLS12
-	cr, sr := tcpPair(t)
+	cr, sr := nettest.TCPPair(t)
 	cli, srv := Client(cr, ccfg), wrap(kindTLS, sr, scfg, false)
 	handshakePair(t, cli, srv)
 	defer cli.Close()
@@ -207,7 +209,7 @@ func TestKeyLogWriterKept(t *testing.T) {
 	var logged bytes.Buffer
 	ccfg, scfg := testConfigs(t)
 	ccfg.KeyLogWriter = &logged
-	cr, sr := tcpPair(t)
+	cr, sr := nettest.TCPPair(t)
 	cli, srv := Client(cr, ccfg), Server(sr, scfg)
 	handshakePair(t, cli, srv)
 	defer cli.Close()
@@ -240,7 +242,7 @@ func TestGetConfigForClient(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			inner.SessionTicketsDisabled = !tc.tickets
-			cr, sr := tcpPair(t)
+			cr, sr := nettest.TCPPair(t)
 			cli, srv := Client(cr, ccfg), Server(sr, outer)
 			handshakePair(t, cli, srv)
 			defer cli.Close()
@@ -264,7 +266,7 @@ func TestLeftoverAfterFinished(t *testing.T) {
 		t.Run(string(ck)+"-client", func(t *testing.T) {
 			for i := range 30 {
 				ccfg, scfg := testConfigs(t)
-				cr, sr := tcpPair(t)
+				cr, sr := nettest.TCPPair(t)
 				hc := &holdConn{Conn: cr}
 				cli, srv := wrap(ck, hc, ccfg, true), Server(sr, scfg)
 				msg := fmt.Appendf(nil, "first data %d", i)
@@ -370,7 +372,7 @@ func TestOneWritePerBatch(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ccfg, scfg := testConfigs(t)
-			cr, sr := tcpPair(t)
+			cr, sr := nettest.TCPPair(t)
 			cc := &countConn{Conn: cr}
 			cli, srv := Client(cc, ccfg), tls.Server(sr, scfg)
 			handshakePair(t, cli, srv)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // streamConn is a net.Conn that reads a fixed byte stream in chunks of the
@@ -152,7 +153,7 @@ func FuzzRead(f *testing.F) {
 func TestSuites(t *testing.T) {
 	for _, id := range []uint16{tls.TLS_AES_128_GCM_SHA256, tls.TLS_AES_256_GCM_SHA384} {
 		t.Run(tls.CipherSuiteName(id), func(t *testing.T) {
-			cr, sr := tcpPair(t)
+			cr, sr := nettest.TCPPair(t)
 			cli, srv := established(t, cr, id, true), established(t, sr, id, false)
 			if err := cli.KeyUpdate(true); err != nil {
 				t.Fatal(err)

@@ -2,112 +2,40 @@ package record
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"net"
 	"sync"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
+	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// testCert is one self-signed certificate both sides use, made once.
-var testCert = sync.OnceValues(func() (tls.Certificate, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "record test"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		DNSNames:              []string{"localhost"},
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return tls.Certificate{}, err
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+// testCert is the one self-signed certificate both sides use, made once:
+// benchmarks and fuzz targets reuse it, so no one testing.TB owns it.
+var testCert = sync.OnceValues(func() (*tlstest.Leaf, error) {
+	return tlstest.NewSelfSigned(tlstest.LeafOptions{CommonName: "record test", Names: []string{"localhost"}})
 })
 
 // testConfigs returns mutual-TLS 1.3 configs like HBONE's: client
-// certificate required, ALPN h2, no session tickets.
+// certificate required, ALPN h2, no session tickets. They are fresh on each
+// call, since tests change them.
 func testConfigs(t testing.TB) (client, server *tls.Config) {
 	t.Helper()
-	cert, err := testCert()
+	leaf, err := testCert()
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaf, err := x509.ParseCertificate(cert.Certificate[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(leaf)
-	server = &tls.Config{
-		MinVersion:             tls.VersionTLS13,
-		Certificates:           []tls.Certificate{cert},
-		ClientAuth:             tls.RequireAndVerifyClientCert,
-		ClientCAs:              pool,
-		NextProtos:             []string{"h2"},
-		SessionTicketsDisabled: true,
-	}
-	client = &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{cert},
-		RootCAs:      pool,
-		ServerName:   "localhost",
-		NextProtos:   []string{"h2"},
-	}
-	return client, server
-}
-
-// tcpPair returns the two ends of a loopback TCP connection.
-func tcpPair(t testing.TB) (client, server *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	type res struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		c, err := ln.Accept()
-		ch <- res{c, err}
-	}()
-	cc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := <-ch
-	if r.err != nil {
-		cc.Close()
-		t.Fatal(r.err)
-	}
-	t.Cleanup(func() {
-		cc.Close()
-		r.c.Close()
-	})
-	return cc.(*net.TCPConn), r.c.(*net.TCPConn)
+	cert := leaf.TLS()
+	server = tlstest.ServerConfig(cert, leaf.Pool(), "h2")
+	server.SessionTicketsDisabled = true
+	return tlstest.ClientConfig(&cert, leaf.Pool(), "localhost", "h2"), server
 }
 
 // kind says what runs one end of a test connection.
@@ -165,7 +93,7 @@ func pair(t testing.TB, ck, sk kind, mod func(cli, srv *tls.Config)) (cli, srv e
 	if mod != nil {
 		mod(ccfg, scfg)
 	}
-	cr, sr := tcpPair(t)
+	cr, sr := nettest.TCPPair(t)
 	cli, srv = wrap(ck, cr, ccfg, true), wrap(sk, sr, scfg, false)
 	handshakePair(t, cli, srv)
 	t.Cleanup(func() {

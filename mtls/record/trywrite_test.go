@@ -10,6 +10,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // TestTryWriteRefuses lists the cases where TryWrite must take nothing and
@@ -29,7 +31,7 @@ func TestTryWriteRefuses(t *testing.T) {
 		}},
 		{"handshake not run", func(t *testing.T) (*Conn, []byte) {
 			ccfg, _ := testConfigs(t)
-			cr, _ := tcpPair(t)
+			cr, _ := nettest.TCPPair(t)
 			return Client(cr, ccfg), []byte("x")
 		}},
 		{"no file descriptor under the connection", func(t *testing.T) (*Conn, []byte) {

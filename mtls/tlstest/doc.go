@@ -8,8 +8,10 @@
 //     not make: intermediates, several trust domains on one root, DNS and IP
 //     SANs, expired or not-yet-valid leaves, leaves of another trust domain,
 //     CRLs revoking a serial, and plain crypto/tls configurations around them.
+//     NewSelfSigned returns an error instead of taking a testing.TB, for a
+//     certificate made once and shared by tests, benchmarks and fuzz targets.
 //
 // Every certificate gets a random serial, so CRLs made by one test never
 // revoke another's certificates. Imports (of ours): identity, mtls and
-// mtls/caclient. Imported by: hbone/hbonetest and tests.
+// mtls/caclient. Imported by: hbone/hbonetest, xdsclient/xdstest and tests.
 package tlstest

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"fmt"
 	"math/big"
 	"net/url"
 	"testing"
@@ -53,7 +54,10 @@ type Leaf struct {
 // Leaf issues a leaf shaped by o from ca.
 func (ca *CA) Leaf(t testing.TB, o LeafOptions) *Leaf {
 	t.Helper()
-	key, tmpl := leafTemplate(t, o)
+	key, tmpl, err := leafTemplate(o)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if o.Modify != nil {
 		o.Modify(tmpl)
 	}
@@ -65,7 +69,21 @@ func (ca *CA) Leaf(t testing.TB, o LeafOptions) *Leaf {
 // certificate both sides of a test connection can share.
 func SelfSigned(t testing.TB, o LeafOptions) *Leaf {
 	t.Helper()
-	key, tmpl := leafTemplate(t, o)
+	l, err := NewSelfSigned(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// NewSelfSigned is SelfSigned returning its error rather than failing a
+// test: for a certificate made once (sync.OnceValues) and shared by tests,
+// benchmarks and fuzz targets, where no one testing.TB owns it.
+func NewSelfSigned(o LeafOptions) (*Leaf, error) {
+	key, tmpl, err := leafTemplate(o)
+	if err != nil {
+		return nil, err
+	}
 	tmpl.IsCA, tmpl.BasicConstraintsValid = true, true
 	tmpl.KeyUsage |= x509.KeyUsageCertSign
 	if tmpl.Subject.CommonName == "" {
@@ -74,14 +92,21 @@ func SelfSigned(t testing.TB, o LeafOptions) *Leaf {
 	if o.Modify != nil {
 		o.Modify(tmpl)
 	}
-	return &Leaf{Cert: sign(t, tmpl, tmpl, key.Public(), key), Key: key}
+	cert, err := signCert(tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, err
+	}
+	return &Leaf{Cert: cert, Key: key}, nil
 }
 
-func leafTemplate(t testing.TB, o LeafOptions) (crypto.Signer, *x509.Certificate) {
-	t.Helper()
+func leafTemplate(o LeafOptions) (crypto.Signer, *x509.Certificate, error) {
 	key := o.Key
 	if key == nil {
-		key = NewKey(t)
+		k, err := newKey()
+		if err != nil {
+			return nil, nil, err
+		}
+		key = k
 	}
 	if o.KeyUsage == 0 {
 		o.KeyUsage = x509.KeyUsageDigitalSignature
@@ -89,8 +114,12 @@ func leafTemplate(t testing.TB, o LeafOptions) (crypto.Signer, *x509.Certificate
 	if o.ExtKeyUsage == nil {
 		o.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 	}
+	sn, err := serial()
+	if err != nil {
+		return nil, nil, err
+	}
 	tmpl := &x509.Certificate{
-		SerialNumber: Serial(t),
+		SerialNumber: sn,
 		Subject:      pkix.Name{CommonName: o.CommonName},
 		NotBefore:    o.NotBefore,
 		NotAfter:     o.NotAfter,
@@ -100,13 +129,13 @@ func leafTemplate(t testing.TB, o LeafOptions) (crypto.Signer, *x509.Certificate
 	for _, s := range o.URIs {
 		u, err := url.Parse(s)
 		if err != nil {
-			t.Fatalf("tlstest: URI SAN %q: %v", s, err)
+			return nil, nil, fmt.Errorf("tlstest: URI SAN %q: %w", s, err)
 		}
 		tmpl.URIs = append(tmpl.URIs, u)
 	}
 	parseNames(tmpl, o.Names)
 	defaultValidity(tmpl)
-	return key, tmpl
+	return key, tmpl, nil
 }
 
 // Serial returns the leaf's serial number, for CRLs revoking it.

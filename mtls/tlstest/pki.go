@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"net/url"
@@ -205,21 +206,37 @@ func KeyPEM(t testing.TB, key crypto.Signer) []byte {
 // NewKey returns a fresh ECDSA P-256 key, the workload key type.
 func NewKey(t testing.TB) *ecdsa.PrivateKey {
 	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	k, err := newKey()
 	if err != nil {
-		t.Fatalf("tlstest: key: %v", err)
+		t.Fatal(err)
 	}
 	return k
+}
+
+func newKey() (*ecdsa.PrivateKey, error) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("tlstest: key: %w", err)
+	}
+	return k, nil
 }
 
 // Serial returns a random positive 62-bit serial number.
 func Serial(t testing.TB) *big.Int {
 	t.Helper()
+	n, err := serial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func serial() (*big.Int, error) {
 	n, err := rand.Int(rand.Reader, big.NewInt(1<<62))
 	if err != nil {
-		t.Fatalf("tlstest: serial: %v", err)
+		return nil, fmt.Errorf("tlstest: serial: %w", err)
 	}
-	return n.Add(n, big.NewInt(1))
+	return n.Add(n, big.NewInt(1)), nil
 }
 
 // parseNames splits names into IP addresses and DNS names.
@@ -245,13 +262,21 @@ func defaultValidity(tmpl *x509.Certificate) {
 // sign creates the certificate and parses it back.
 func sign(t testing.TB, tmpl, issuer *x509.Certificate, pub crypto.PublicKey, issuerKey crypto.Signer) *x509.Certificate {
 	t.Helper()
+	c, err := signCert(tmpl, issuer, pub, issuerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func signCert(tmpl, issuer *x509.Certificate, pub crypto.PublicKey, issuerKey crypto.Signer) (*x509.Certificate, error) {
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, issuer, pub, issuerKey)
 	if err != nil {
-		t.Fatalf("tlstest: sign %q: %v", tmpl.Subject.CommonName, err)
+		return nil, fmt.Errorf("tlstest: sign %q: %w", tmpl.Subject.CommonName, err)
 	}
 	c, err := x509.ParseCertificate(der)
 	if err != nil {
-		t.Fatalf("tlstest: parse %q: %v", tmpl.Subject.CommonName, err)
+		return nil, fmt.Errorf("tlstest: parse %q: %w", tmpl.Subject.CommonName, err)
 	}
-	return c
+	return c, nil
 }

@@ -94,3 +94,16 @@ func TestSelfSignedTLS(t *testing.T) {
 		t.Fatalf("ALPN %q", p)
 	}
 }
+
+func TestNewSelfSignedReturnsErrors(t *testing.T) {
+	if _, err := tlstest.NewSelfSigned(tlstest.LeafOptions{URIs: []string{"spiffe://%zz"}}); err == nil {
+		t.Fatal("a URI SAN that does not parse made a certificate")
+	}
+	l, err := tlstest.NewSelfSigned(tlstest.LeafOptions{Names: []string{"localhost"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Cert.Verify(x509.VerifyOptions{Roots: l.Pool(), DNSName: "localhost"}); err != nil {
+		t.Fatalf("self-signed leaf does not verify against its own pool: %v", err)
+	}
+}

@@ -190,3 +190,29 @@ func TestCurvePreferences(t *testing.T) {
 		})
 	}
 }
+
+func TestRootFileIsReReadWhenItChanges(t *testing.T) {
+	a, b := xdstest.NewTLS(t), xdstest.NewTLS(t)
+	path := filepath.Join(t.TempDir(), "root.pem")
+	if err := os.WriteFile(path, a.RootPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pool := controlplane.RootPool(path)
+	p1, err := pool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p2, _ := pool(); p2 != p1 {
+		t.Error("unchanged file was parsed again")
+	}
+	if err := os.WriteFile(path, append(b.RootPEM, a.RootPEM...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(path, time.Now(), time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	p3, err := pool()
+	if err != nil || p3 == p1 || p3.Equal(p1) {
+		t.Errorf("changed file not re-read (err %v)", err)
+	}
+}

@@ -1,19 +1,13 @@
 package xdstest
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
+
+	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
 
 // DefaultServerNames are the names a kit server's certificate carries unless
@@ -33,69 +27,26 @@ type TLS struct {
 }
 
 // NewTLS creates a CA and a server certificate for names (DNS names or IP
-// addresses; DefaultServerNames if none).
+// addresses; DefaultServerNames if none), from the module's one test PKI.
 func NewTLS(t testing.TB, names ...string) *TLS {
 	t.Helper()
 	if len(names) == 0 {
 		names = DefaultServerNames
 	}
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "xdstest root"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, caKey.Public(), caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "istiod"},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	for _, n := range names {
-		if ip := net.ParseIP(n); ip != nil {
-			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-		} else {
-			tmpl.DNSNames = append(tmpl.DNSNames, n)
-		}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, key.Public(), caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rootPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	ca := tlstest.NewRoot(t, tlstest.CAOptions{CommonName: "xdstest root", KeyUsage: x509.KeyUsageCertSign})
+	leaf := ca.Leaf(t, tlstest.LeafOptions{
+		CommonName:  "istiod",
+		Names:       names,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+	rootPEM := ca.PEM()
 	rootFile := filepath.Join(t.TempDir(), "root-cert.pem")
 	if err := os.WriteFile(rootFile, rootPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return &TLS{
-		ServerConfig: &tls.Config{
-			MinVersion:   tls.VersionTLS13,
-			Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
-		},
-		RootPEM:  rootPEM,
-		RootFile: rootFile,
+		ServerConfig: tlstest.ServerConfig(leaf.TLS(), nil),
+		RootPEM:      rootPEM,
+		RootFile:     rootFile,
 	}
 }
