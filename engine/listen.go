@@ -56,7 +56,9 @@ func (d *Dialer) Dial(ctx context.Context, src netip.Addr, dst netip.AddrPort) (
 	if src.IsValid() {
 		nd.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
 	}
-	dial := func() (net.Conn, error) { return nd.DialContext(ctx, "tcp", dst.String()) }
+	dctx, stop := dialContext(ctx)
+	defer stop()
+	dial := func() (net.Conn, error) { return nd.DialContext(dctx, "tcp", dst.String()) }
 	var c net.Conn
 	var err error
 	if d.Control != nil {
@@ -70,6 +72,40 @@ func (d *Dialer) Dial(ctx context.Context, src netip.Addr, dst netip.AddrPort) (
 	// Keepalive was set before connect (Options' control function) and Go
 	// sets TCP_NODELAY on every TCP connection: nothing left to tune.
 	return c.(*net.TCPConn), nil
+}
+
+// dialContext returns the context to dial under: ctx's values and
+// deadline, cancelled when ctx is, and a stop that releases it (call it once
+// the dial is over). net.Dialer derives a context.WithDeadline from the
+// context it is given, and that derivation (like context.AfterFunc) asks the
+// parent for its Done channel before it looks for an AfterFunc method: an
+// HBONE stream's context makes that channel on demand and keeps it for the
+// stream's life, ~100 B per idle relayed stream. Dialing under
+// context.WithoutCancel and binding ctx's cancellation through ctx's own
+// AfterFunc, where it has one, never asks for it.
+func dialContext(ctx context.Context) (context.Context, func()) {
+	if ctx.Err() != nil {
+		// Already over: the dial fails at once with ctx's own error.
+		return ctx, func() {}
+	}
+	af, ok := ctx.(interface{ AfterFunc(func()) func() bool })
+	if !ok {
+		// A context without the method: deriving from it directly costs
+		// what net.Dialer's own derivation would.
+		return ctx, func() {}
+	}
+	var dctx context.Context
+	var cancel context.CancelFunc
+	if dl, ok := ctx.Deadline(); ok {
+		dctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
+	} else {
+		dctx, cancel = context.WithCancel(context.WithoutCancel(ctx))
+	}
+	stopAfter := af.AfterFunc(cancel)
+	return dctx, func() {
+		stopAfter()
+		cancel()
+	}
 }
 
 // Accepted applies the per-connection options (TCP_NODELAY, keepalive) to an
