@@ -164,7 +164,7 @@ func Markdown(r *Run, st *Stats, plots []string) []byte {
 	if f := s.FixedRate; f.Rate > 0 {
 		m.p("- Fixed rate: open loop, %d requests/s of %d B each way over %d connections (sent on schedule whatever the responses do; latency from the schedule).", f.Rate, f.Size, f.Conns)
 	}
-	m.p("- Idle: %d connections opened in %d step(s), each after one 1-byte exchange; measured before any traffic; the last reading %s.", s.IdleConns, s.IdleSteps, idleReadAt(s))
+	m.p("- Idle: %d connections opened in %d step(s), each after one 1-byte exchange; measured before any traffic and %s.", s.IdleConns, s.IdleSteps, idleReadAt(s))
 	m.p("- Daemon engine backends: %s (selected with `ZTUNNEL_ENGINE`); daemon log level `%s` (no per-connection access log, as the peers).", strings.Join(s.Backends, ", "), s.DaemonLogLevel)
 	m.p("- Profiles: %d s of CPU profile from each daemon's `/debug/pprof/profile` under load.", s.ProfileSeconds)
 	m.p("")
