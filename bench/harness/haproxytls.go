@@ -51,7 +51,7 @@ func haproxyTLSConfig(role haproxyTLSRole, listen, backend, crt, ca string) stri
 		server += " " + tlsArgs
 	}
 	return fmt.Sprintf(`global
-    maxconn 4000
+    maxconn %[4]d
     nbthread 2
     ssl-default-bind-options ssl-min-ver TLSv1.3
     ssl-default-bind-ciphersuites %[1]s
@@ -67,7 +67,7 @@ frontend bench
     default_backend up
 backend up
     %[3]s
-`, haproxyTLSSuite, bind, server)
+`, haproxyTLSSuite, bind, server, haproxyMaxConn)
 }
 
 // writeHAProxyCert issues a certificate for the SPIFFE identity of sa from

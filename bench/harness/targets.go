@@ -62,17 +62,22 @@ func (b *bench) startServerPeer(ctx context.Context, pod *netnslab.Pod, name str
 	return b.startPeer(ctx, pod, name, fmt.Sprintf("0.0.0.0:%d", port), pprofN, append(args, b.certArgs(peerServerSA)...)...)
 }
 
+// haproxyMaxConn is every HAProxy's global maxconn: above the full run's
+// idle ramp (defaultIdleConns, which a lower maxconn would stall), yet low
+// enough that HAProxy's file limit (two fds per connection, plus a pipe
+// pair for a quarter of them with splice: about 15,000) fits under the
+// usual hard limit of 20000.
+const haproxyMaxConn = 6000
+
 // haproxyConfig is a minimal TCP-mode configuration, as a user would
-// write it: the default thread count, no logging. maxconn stays low enough
-// that HAProxy's file limit (two fds per connection, plus pipes with
-// splice) fits under the usual hard limit of 20000.
+// write it: the default thread count, no logging.
 func haproxyConfig(listen, backend string, splice bool) string {
 	sp := "no option splice-auto"
 	if splice {
 		sp = "option splice-auto"
 	}
 	return fmt.Sprintf(`global
-    maxconn 4000
+    maxconn %d
 defaults
     mode tcp
     timeout connect 5s
@@ -84,7 +89,7 @@ frontend bench
     default_backend up
 backend up
     server s1 %s
-`, sp, listen, backend)
+`, haproxyMaxConn, sp, listen, backend)
 }
 
 func (b *bench) startHAProxy(ctx context.Context, pod *netnslab.Pod, name string, port int, backend string, splice bool) (*proc, error) {
