@@ -60,14 +60,14 @@ func haproxyTLSConfig(role haproxyTLSRole, listen, backend, crt, ca string) stri
 defaults
     mode tcp
     timeout connect 5s
-    timeout client 60s
-    timeout server 60s
+    timeout client %[5]s
+    timeout server %[5]s
 frontend bench
     %[2]s
     default_backend up
 backend up
     %[3]s
-`, haproxyTLSSuite, bind, server, haproxyMaxConn)
+`, haproxyTLSSuite, bind, server, haproxyMaxConn, haproxyIdleTimeout)
 }
 
 // writeHAProxyCert issues a certificate for the SPIFFE identity of sa from

@@ -69,6 +69,12 @@ func (b *bench) startServerPeer(ctx context.Context, pod *netnslab.Pod, name str
 // usual hard limit of 20000.
 const haproxyMaxConn = 6000
 
+// haproxyIdleTimeout is every HAProxy's client and server timeout: an idle
+// ramp's first connections sit idle through the rest of the ramp (some 20 s
+// for 5,000 TLS handshakes on a busy machine), the 30 s settle and the hold,
+// and HAProxy must not close them before the last reading.
+const haproxyIdleTimeout = "2m"
+
 // haproxyConfig is a minimal TCP-mode configuration, as a user would
 // write it: the default thread count, no logging.
 func haproxyConfig(listen, backend string, splice bool) string {
@@ -77,19 +83,19 @@ func haproxyConfig(listen, backend string, splice bool) string {
 		sp = "option splice-auto"
 	}
 	return fmt.Sprintf(`global
-    maxconn %d
+    maxconn %[1]d
 defaults
     mode tcp
     timeout connect 5s
-    timeout client 60s
-    timeout server 60s
-    %s
+    timeout client %[2]s
+    timeout server %[2]s
+    %[3]s
 frontend bench
-    bind %s
+    bind %[4]s
     default_backend up
 backend up
-    server s1 %s
-`, haproxyMaxConn, sp, listen, backend)
+    server s1 %[5]s
+`, haproxyMaxConn, haproxyIdleTimeout, sp, listen, backend)
 }
 
 func (b *bench) startHAProxy(ctx context.Context, pod *netnslab.Pod, name string, port int, backend string, splice bool) (*proc, error) {
