@@ -51,7 +51,7 @@ func haproxyTLSConfig(role haproxyTLSRole, listen, backend, crt, ca string) stri
 		server += " " + tlsArgs
 	}
 	return fmt.Sprintf(`global
-    maxconn 4000
+    maxconn %[4]d
     nbthread 2
     ssl-default-bind-options ssl-min-ver TLSv1.3
     ssl-default-bind-ciphersuites %[1]s
@@ -60,14 +60,14 @@ func haproxyTLSConfig(role haproxyTLSRole, listen, backend, crt, ca string) stri
 defaults
     mode tcp
     timeout connect 5s
-    timeout client 60s
-    timeout server 60s
+    timeout client %[5]s
+    timeout server %[5]s
 frontend bench
     %[2]s
     default_backend up
 backend up
     %[3]s
-`, haproxyTLSSuite, bind, server)
+`, haproxyTLSSuite, bind, server, haproxyMaxConn, haproxyIdleTimeout)
 }
 
 // writeHAProxyCert issues a certificate for the SPIFFE identity of sa from

@@ -48,7 +48,7 @@ func TestHAProxyConfig(t *testing.T) {
 	if !strings.Contains(on, "\n    option splice-auto\n") || !strings.Contains(off, "no option splice-auto") {
 		t.Fatalf("splice options:\n%s\n%s", on, off)
 	}
-	for _, want := range []string{"mode tcp", "bind 127.0.0.1:9002", "server s1 10.244.1.3:8080"} {
+	for _, want := range []string{"mode tcp", "bind 127.0.0.1:9002", "server s1 10.244.1.3:8080", "maxconn 6000", "timeout client 2m"} {
 		if !strings.Contains(on, want) {
 			t.Errorf("config lacks %q:\n%s", want, on)
 		}

@@ -278,14 +278,15 @@ func (b *bench) idle(ctx context.Context, t *target) (report.Idle, error) {
 	if b.o.Quick {
 		hold = "1s"
 	}
-	args := []string{"idle", "--count", fmt.Sprint(b.o.IdleConns), "--steps", fmt.Sprint(b.o.IdleSteps), "--hold", hold}
+	args := []string{"idle", "--count", fmt.Sprint(b.o.IdleConns), "--steps", fmt.Sprint(b.o.IdleSteps),
+		"--final-settle", b.o.IdleSettle.String(), "--hold", hold}
 	for _, p := range t.procs {
 		args = append(args, "--pid", fmt.Sprint(p.pid))
 	}
 	args = append(args, t.args...)
 	var once sync.Once
 	var heapErr error
-	res, err := b.zload(ctx, t.ns, 3*time.Minute, func(line string) {
+	res, err := b.zload(ctx, t.ns, 3*time.Minute+b.o.IdleSettle, func(line string) {
 		if strings.HasPrefix(line, "zload: holding") {
 			once.Do(func() {
 				for i, p := range t.procs {

@@ -62,29 +62,40 @@ func (b *bench) startServerPeer(ctx context.Context, pod *netnslab.Pod, name str
 	return b.startPeer(ctx, pod, name, fmt.Sprintf("0.0.0.0:%d", port), pprofN, append(args, b.certArgs(peerServerSA)...)...)
 }
 
+// haproxyMaxConn is every HAProxy's global maxconn: above the full run's
+// idle ramp (defaultIdleConns, which a lower maxconn would stall), yet low
+// enough that HAProxy's file limit (two fds per connection, plus a pipe
+// pair for a quarter of them with splice: about 15,000) fits under the
+// usual hard limit of 20000.
+const haproxyMaxConn = 6000
+
+// haproxyIdleTimeout is every HAProxy's client and server timeout: an idle
+// ramp's first connections sit idle through the rest of the ramp (some 20 s
+// for 5,000 TLS handshakes on a busy machine), the 30 s settle and the hold,
+// and HAProxy must not close them before the last reading.
+const haproxyIdleTimeout = "2m"
+
 // haproxyConfig is a minimal TCP-mode configuration, as a user would
-// write it: the default thread count, no logging. maxconn stays low enough
-// that HAProxy's file limit (two fds per connection, plus pipes with
-// splice) fits under the usual hard limit of 20000.
+// write it: the default thread count, no logging.
 func haproxyConfig(listen, backend string, splice bool) string {
 	sp := "no option splice-auto"
 	if splice {
 		sp = "option splice-auto"
 	}
 	return fmt.Sprintf(`global
-    maxconn 4000
+    maxconn %[1]d
 defaults
     mode tcp
     timeout connect 5s
-    timeout client 60s
-    timeout server 60s
-    %s
+    timeout client %[2]s
+    timeout server %[2]s
+    %[3]s
 frontend bench
-    bind %s
+    bind %[4]s
     default_backend up
 backend up
-    server s1 %s
-`, sp, listen, backend)
+    server s1 %[5]s
+`, haproxyMaxConn, haproxyIdleTimeout, sp, listen, backend)
 }
 
 func (b *bench) startHAProxy(ctx context.Context, pod *netnslab.Pod, name string, port int, backend string, splice bool) (*proc, error) {

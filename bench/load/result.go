@@ -137,6 +137,9 @@ type IdleSample struct {
 	// Goroutines holds the count from each GoroutineURLs entry (-1 when the
 	// fetch failed).
 	Goroutines []int `json:"goroutines,omitempty"`
+	// Settle is the pause before the sample, after its step's connections
+	// opened: a reading's age, which a goal may set (IdleConfig.FinalSettle).
+	Settle time.Duration `json:"settle_ns,omitempty"`
 }
 
 // IdleResult is the outcome of an idle run: samples from 0 connections (the

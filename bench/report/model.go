@@ -109,6 +109,9 @@ type Settings struct {
 	CPSConcurrency int           `json:"cps_concurrency"`
 	IdleConns      int           `json:"idle_conns"`
 	IdleSteps      int           `json:"idle_steps"`
+	// IdleSettle is how long after the idle ramp's last step its final
+	// reading was taken; zero in runs that predate it (300 ms then).
+	IdleSettle     time.Duration `json:"idle_settle_ns,omitempty"`
 	ProfileSeconds int           `json:"profile_seconds"`
 	Backends       []string      `json:"backends"`
 	DaemonLogLevel string        `json:"daemon_log_level"`

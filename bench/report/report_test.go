@@ -29,7 +29,7 @@ func synthetic() *report.Run {
 		Machine:  report.Machine{Host: "testhost", CPUModel: "Test CPU", Cores: 2, Kernel: "6.1", GoVersion: "go1.26"},
 		Settings: report.Settings{Rounds: 3, Duration: 2 * time.Second, Streams: 8,
 			RRSizes: []report.RRSize{{Req: 1, Resp: 1}, {Req: 1024, Resp: 16384}}, CPSConcurrency: 4,
-			IdleConns: 2000, IdleSteps: 4, ProfileSeconds: 3, Backends: []string{"std"}, DaemonLogLevel: "warn"},
+			IdleConns: 2000, IdleSteps: 4, IdleSettle: 30 * time.Second, ProfileSeconds: 3, Backends: []string{"std"}, DaemonLogLevel: "warn"},
 		Skipped: []report.Skip{{What: "HAProxy TCP, no splice", Reason: "not installed"}},
 	}
 	d := report.DaemonKey("std")
@@ -178,6 +178,7 @@ func TestWrite(t *testing.T) {
 		"(largest gap)",
 		"## Throughput", "## Request/response latency", "### 1024 B request, 16384 B response",
 		"## Connection rate", "## Idle connections", "## CPU profiles of the daemon",
+		"between 0 and the last step (read 30 s after the last step)", // issue 23's idle goal reads 30 s after
 		"`internal/runtime/syscall.Syscall6` | 50.0%",
 		"### Live heap of ztunnel in mcli-std holding 2000 idle connections",
 		"| `hbone.newStream` | 1.54 |", // 3 MiB over 2000 connections

@@ -11,7 +11,7 @@
 //	zload rr         --target 10.244.1.2:8080 --duration 10s --req-size 1 --resp-size 1
 //	zload rr         --target 10.244.1.2:8080 --duration 10s --open-rate 1000 --concurrency 10 --req-size 1024 --resp-size 1024
 //	zload cps        --target 10.244.1.2:8080 --count 100000 --concurrency 4
-//	zload idle       --target 10.244.1.2:8080 --count 2000 --steps 4 --pid 1234
+//	zload idle       --target 10.244.1.2:8080 --count 5000 --steps 5 --final-settle 30s --pid 1234
 //	zload rr --hbone --target 10.244.1.2:15008 --authority 10.244.1.2:8080 \
 //	    --ca-cert ca-cert.pem --ca-key ca-key.pem --identity spiffe://cluster.local/ns/a/sa/b \
 //	    --san spiffe://cluster.local/ns/default/sa/server --duration 5s
@@ -69,7 +69,7 @@ func (s *intList) Set(v string) error {
 type flags struct {
 	target, listen, authority string
 	duration, timeout, hold   time.Duration
-	settle                    time.Duration
+	settle, finalSettle       time.Duration
 	count                     int64
 	concurrency, steps        int
 	size, reqSize, respSize   int
@@ -137,6 +137,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool)
 		fs.Var(&f.pids, "pid", "process to measure: RSS, fds (repeatable)")
 		fs.Var(&f.goroutineURLs, "goroutines-url", "pprof goroutine URL (…/debug/pprof/goroutine?debug=1) to sample (repeatable)")
 		fs.DurationVar(&f.settle, "settle", 300*time.Millisecond, "pause before each sample")
+		fs.DurationVar(&f.finalSettle, "final-settle", 0, "pause before the last sample instead, if longer than --settle (issue 23 reads idle RSS 30s after the connections opened)")
 		fs.DurationVar(&f.hold, "hold", 0, "keep the connections open this long after the last sample")
 	case "server":
 		fs.StringVar(&f.listen, "listen", ":8080", "address to listen on")
@@ -185,7 +186,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool)
 	case "idle":
 		res.Idle, err = load.Idle(ctx, load.IdleConfig{
 			Dialer: d, Count: int(f.count), Steps: f.steps, Concurrency: f.concurrency,
-			Pids: f.pids, GoroutineURLs: f.goroutineURLs, Settle: f.settle, Hold: f.hold, Raw: f.raw,
+			Pids: f.pids, GoroutineURLs: f.goroutineURLs, Settle: f.settle, FinalSettle: f.finalSettle, Hold: f.hold, Raw: f.raw,
 			Progress: report,
 			OnHold: func(n int) {
 				// The harness waits for this exact line before measuring.
@@ -278,7 +279,7 @@ func printText(w io.Writer, r *load.Result) {
 		id := r.Idle
 		fmt.Fprintf(w, "  %d idle connections\n", id.Connections)
 		for _, s := range id.Samples {
-			fmt.Fprintf(w, "  %6d conns:", s.Conns)
+			fmt.Fprintf(w, "  %6d conns (read %v after):", s.Conns, s.Settle)
 			for _, p := range s.Procs {
 				fmt.Fprintf(w, "  pid %d rss %d KiB fds %d", p.Pid, p.RSSKiB, p.FDs)
 			}

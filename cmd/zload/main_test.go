@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -64,9 +65,12 @@ func TestModesJSON(t *testing.T) {
 	if r, _ := zload(t, "throughput", "--target", addr, "--duration", "50ms", "--concurrency", "2"); r.Throughput == nil || r.Throughput.Streams != 2 || r.Throughput.Bytes == 0 {
 		t.Fatalf("throughput: %+v", r.Throughput)
 	}
-	r, stderr := zload(t, "idle", "--target", addr, "--count", "10", "--steps", "2", "--pid", fmt.Sprint(os.Getpid()), "--settle", "1ms", "--hold", "1ms")
+	r, stderr := zload(t, "idle", "--target", addr, "--count", "10", "--steps", "2", "--pid", fmt.Sprint(os.Getpid()), "--settle", "1ms", "--final-settle", "20ms", "--hold", "1ms")
 	if r.Idle == nil || r.Idle.Connections != 10 || len(r.Idle.Samples) != 3 || len(r.Idle.PerConn) != 1 {
 		t.Fatalf("idle: %+v", r.Idle)
+	}
+	if s := r.Idle.Samples; s[1].Settle != time.Millisecond || s[2].Settle != 20*time.Millisecond {
+		t.Fatalf("idle: --final-settle not applied to the last sample only: %+v", s)
 	}
 	if !strings.Contains(stderr, "zload: holding 10 connections\n") {
 		t.Fatalf("idle did not announce the hold: %q", stderr)

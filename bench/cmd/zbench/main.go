@@ -44,7 +44,8 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&o.Rounds, "rounds", 0, "rounds per measurement (default 3, quick 1)")
 	fs.DurationVar(&o.Duration, "duration", 0, "length of each measurement (default 2s, quick 500ms)")
 	fs.IntVar(&o.Streams, "streams", 0, "streams of the N-stream throughput (default 8, quick 4)")
-	fs.IntVar(&o.IdleConns, "idle-conns", 0, "idle connections to hold (default 2000, quick 100)")
+	fs.IntVar(&o.IdleConns, "idle-conns", 0, "idle connections to hold (default 5000, issue 23's; quick 100)")
+	fs.DurationVar(&o.IdleSettle, "idle-settle", 0, "wait after the idle ramp's last step before its final reading (default 30s, issue 23's; quick 1s)")
 	fs.IntVar(&o.FixedRate.Rate, "fixed-rate", 0, "requests/s of the fixed-rate CPU measurement, open loop (default 1000)")
 	fs.IntVar(&o.FixedRate.Conns, "fixed-conns", 0, "connections of the fixed-rate measurement (default 10)")
 	fs.IntVar(&o.FixedRate.Size, "fixed-size", 0, "request and response bytes of the fixed-rate measurement (default 1024)")
@@ -57,7 +58,7 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&o.HAProxy, "haproxy", "", `haproxy binary (default: from PATH; "-" skips HAProxy)`)
 	fs.Int64Var(&census, "syscalls", 0, "instead of the measurements, take the round-trip census: N 1-byte round trips per path, untraced (context switches)\nand under strace -c -f (syscalls by kind), plus the daemons' CPU profile and Go execution trace; writes "+harness.CensusReport)
 	fs.StringVar(&o.Prefix, "prefix", "", "the lab's namespace prefix (default zl-bench; its stale namespaces are removed first, so two runs at once need two)")
-	fs.DurationVar(&timeout, "timeout", 30*time.Minute, "abort the whole run after this long")
+	fs.DurationVar(&timeout, "timeout", 45*time.Minute, "abort the whole run after this long (a full run takes about 25 minutes, some 10 of them the idle ramps' 30 s settles)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
