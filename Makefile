@@ -86,6 +86,11 @@ bench: bench-tools ## End-to-end benchmarks of std, epoll and io_uring side by s
 	@command -v haproxy >/dev/null 2>&1 || echo "haproxy is not installed: the report will mark its rows as skipped"
 	$(BIN)/zbench $(BENCHFLAGS)
 
+.PHONY: bench-census
+bench-census: bench-tools ## Round-trip census (issue 23): syscalls, context switches, CPU and goroutine wake-ups per 1-byte round trip, ztunnel-go pair against the HAProxy mTLS pair (root, a few minutes; BENCHFLAGS adds zbench flags)
+	@scripts/deps.sh bench
+	$(BIN)/zbench --syscalls 20000 --paths 'hbone2/' --backends epoll $(BENCHFLAGS)
+
 .PHONY: bench-quick
 bench-quick: bench-tools ## CI smoke run of the end-to-end benchmarks (root, about a minute; HAProxy paths skipped if it is missing)
 	@scripts/deps.sh lab

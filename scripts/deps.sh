@@ -29,6 +29,8 @@ mode=${1:-test}
 #                       daemons with /proc/sys read-only.
 #   haproxy:            one of the proxies the benchmarks compare (TCP, and the mTLS
 #                       pair and terminator); its peer configs are tested in make test.
+#   strace:             the benchmarks' round-trip census (make bench-census; perf, if
+#                       present, adds syscall counts by kind).
 DEPS=(
 	iproute2:ip
 	iptables:iptables-restore
@@ -45,6 +47,7 @@ DEPS=(
 	util-linux:unshare
 	mount:mount
 	haproxy:haproxy
+	strace:strace
 )
 # LAB: what `make demo` and the benchmarks cannot run without.
 LAB=(iproute2 iptables)
