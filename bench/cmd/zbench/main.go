@@ -44,7 +44,7 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&o.Rounds, "rounds", 0, "rounds per measurement (default 3, quick 1)")
 	fs.DurationVar(&o.Duration, "duration", 0, "length of each measurement (default 2s, quick 500ms)")
 	fs.IntVar(&o.Streams, "streams", 0, "streams of the N-stream throughput (default 8, quick 4)")
-	fs.IntVar(&o.IdleConns, "idle-conns", 0, "idle connections to hold (default 5000, issue 23's; quick 100)")
+	fs.IntVar(&o.IdleConns, "idle-conns", 0, "idle connections to hold (default 2000, quick 100; issue 23 reads its idle goal at 5000: --idle-conns 5000 --paths hbone2/)")
 	fs.DurationVar(&o.IdleSettle, "idle-settle", 0, "wait after the idle ramp's last step before its final reading (default 30s, issue 23's; quick 1s)")
 	fs.IntVar(&o.FixedRate.Rate, "fixed-rate", 0, "requests/s of the fixed-rate CPU measurement, open loop (default 1000)")
 	fs.IntVar(&o.FixedRate.Conns, "fixed-conns", 0, "connections of the fixed-rate measurement (default 10)")
