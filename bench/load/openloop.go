@@ -147,7 +147,7 @@ type openConn struct {
 	lag  *hdrhistogram.Histogram // how late each request went out, µs
 	// Owned by the reader until run's end.
 	answered int64
-	lat      *hdrhistogram.Histogram // response time from the schedule, µs
+	lat      *hdrhistogram.Histogram // response time, µs: from the send if on time, else from the slot
 }
 
 // slot is a request sent, as the reader needs it.

@@ -162,7 +162,7 @@ func Markdown(r *Run, st *Stats, plots []string) []byte {
 	m.p("- Request/response: closed loop, one connection: %s.", strings.Join(sizes, ", "))
 	m.p("- Connection rate: %d workers, each connection carries one 1-byte request and response and is closed by the server.", s.CPSConcurrency)
 	if f := s.FixedRate; f.Rate > 0 {
-		m.p("- Fixed rate: open loop, %d requests/s of %d B each way over %d connections (sent on schedule whatever the responses do; latency from the schedule).", f.Rate, f.Size, f.Conns)
+		m.p("- Fixed rate: open loop, %d requests/s of %d B each way over %d connections (sent on schedule whatever the responses do; latency from the actual send of a request that left on time, from its scheduled time otherwise).", f.Rate, f.Size, f.Conns)
 	}
 	m.p("- Idle: %d connections opened in %d step(s), each after one 1-byte exchange; measured before any traffic and %s.", s.IdleConns, s.IdleSteps, idleReadAt(s))
 	m.p("- Daemon engine backends: %s (selected with `ZTUNNEL_ENGINE`); daemon log level `%s` (no per-connection access log, as the peers).", strings.Join(s.Backends, ", "), s.DaemonLogLevel)
