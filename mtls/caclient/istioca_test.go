@@ -1,6 +1,7 @@
 package caclient_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -253,5 +254,54 @@ func TestIstioCARootFileLate(t *testing.T) {
 			t.Fatalf("Fetch after the root file appeared = %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestIstioCAIntermediateRotation is the store's half of istio/istio's
+// TestIntermediateCertificateRefresh: once the CA signs through a new
+// intermediate, the refreshed certificate carries it as the chain's second
+// entry, a peer that trusts only the root accepts it, and a second
+// rotation moves the chain on to the next intermediate.
+func TestIstioCAIntermediateRotation(t *testing.T) {
+	t.Parallel()
+	srv := catest.NewServer(t, catest.Options{})
+	id := identity.New("cluster.local", "ns", "sa")
+	store := mtls.NewStore(mtls.StoreConfig{Source: caclient.New(caclient.Config{Signer: newIstioCA(t, srv, nil), TTL: 2 * time.Second}), Logf: t.Logf})
+	defer store.Close()
+	cert, err := store.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(cert.Certificate.Certificate); n != 1 {
+		t.Fatalf("chain of a root-signed leaf has %d certificates, want 1", n)
+	}
+	addr := echoServer(t, store, id)
+	for round := range 2 {
+		inter := srv.UseIntermediate(t)
+		cert = waitNewCert(t, store, id, cert)
+		for cert.Certificate.Leaf.CheckSignatureFrom(inter) != nil {
+			// A refresh already under way when the CA rotated is signed by
+			// the previous issuer; the next one is the new intermediate's.
+			cert = waitNewCert(t, store, id, cert)
+		}
+		chain := cert.Certificate.Certificate
+		if len(chain) != 2 || !bytes.Equal(chain[1], inter.Raw) {
+			t.Fatalf("round %d: chain has %d certificates, want [leaf, the new intermediate]", round, len(chain))
+		}
+		// The server side serves the new chain; a client trusting only the
+		// root verifies it through the intermediate it is sent.
+		conn, err := tls.Dial("tcp", addr, mtls.ClientConfig(cert, []string{id.String()}))
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(waitLimit))
+		if err := nettest.RoundTrip(conn, "ping"); err != nil {
+			t.Fatalf("round %d: echo: %v", round, err)
+		}
+		peer := conn.ConnectionState().PeerCertificates
+		conn.Close()
+		if len(peer) != 2 || !peer[1].Equal(inter) {
+			t.Fatalf("round %d: the server sent %d certificates, not the new intermediate", round, len(peer))
+		}
 	}
 }

@@ -1,8 +1,9 @@
 // Package catest is a test kit: a real gRPC Istio CA
 // (istio.v1.auth.IstioCertificateService over TLS on a loopback port) that
 // signs with a caclient.BuiltinCA, checks the bearer token when told to,
-// records every request, and can be made to fail or to issue the wrong
-// identity.
+// records every request, and can be made to fail, to issue the wrong
+// identity, or to sign through a fresh intermediate CA (a rotation of the
+// CA's intermediate, as istiod's plugged-in CA goes through).
 //
 // Imports (of ours): api/caapi, identity, mtls/caclient and xdsclient/xdstest.
 // Imported by: tests (of mtls/caclient, mtls and the daemon). Production code
@@ -12,8 +13,11 @@ package catest
 import (
 	"context"
 	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"math/big"
@@ -78,7 +82,10 @@ type Server struct {
 	// failWith, when set, is returned by every call.
 	failWith error
 	// issueAs, when set, is the identity put in leaves instead of the CSR's.
-	issueAs  identity.Identity
+	issueAs identity.Identity
+	// inter, when set, signs the leaves; chains are then
+	// [leaf, intermediate, root].
+	inter    *caclient.BuiltinCA
 	requests []Request
 }
 
@@ -139,6 +146,60 @@ func (s *Server) IssueAs(id identity.Identity) {
 	s.issueAs = id
 }
 
+// UseIntermediate creates a new intermediate CA under the root, valid for
+// an hour, and signs every later leaf with it: the chains the server
+// returns become [leaf, intermediate, root]. Each call rotates to a new
+// intermediate; the root, the mesh's trust anchor, stays. It returns the
+// new intermediate's certificate.
+func (s *Server) UseIntermediate(t testing.TB) *x509.Certificate {
+	t.Helper()
+	root, err := parseCert(s.ca.RootPEM())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootKey, err := parseKey(s.ca.KeyPEM())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	tds := s.ca.TrustDomains()
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(now.UnixNano()),
+		Subject:               pkix.Name{CommonName: "catest intermediate", Organization: tds},
+		NotBefore:             now.Add(-time.Minute),
+		NotAfter:              now.Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		URIs:                  []*url.URL{{Scheme: "spiffe", Host: tds[0]}},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, root, key.Public(), rootKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inter, err := caclient.LoadBuiltinCA(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inter = inter
+	return cert
+}
+
 // Requests returns the calls received so far.
 func (s *Server) Requests() []Request {
 	s.mu.Lock()
@@ -159,7 +220,7 @@ func (s *Server) CreateCertificate(ctx context.Context, req *caapi.IstioCertific
 	}
 	s.mu.Lock()
 	s.requests = append(s.requests, rec)
-	failWith, issueAs := s.failWith, s.issueAs
+	failWith, issueAs, inter := s.failWith, s.issueAs, s.inter
 	s.mu.Unlock()
 
 	if failWith != nil {
@@ -190,12 +251,21 @@ func (s *Server) CreateCertificate(ctx context.Context, req *caapi.IstioCertific
 		}
 		return &caapi.IstioCertificateResponse{CertChain: []string{leaf, string(s.ca.RootPEM())}}, nil
 	}
-	chain, err := s.ca.Sign(ctx, []byte(req.GetCsr()), rec.TTL, imp)
+	signer := s.ca
+	if inter != nil {
+		signer = inter
+	}
+	chain, err := signer.Sign(ctx, []byte(req.GetCsr()), rec.TTL, imp)
 	if err != nil {
 		if errors.Is(err, caclient.ErrCSRRejected) {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
 		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if inter != nil {
+		// The intermediate's Sign gives [leaf, intermediate]; Istio's CA
+		// ends the chain with the root.
+		chain = append(chain, string(s.ca.RootPEM()))
 	}
 	return &caapi.IstioCertificateResponse{CertChain: chain}, nil
 }
