@@ -5,8 +5,11 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/netip"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,13 +116,48 @@ workloads:
 - {uid: u-client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.1.2"], protocol: HBONE, node: node-a, services: {}}
 - {uid: u-old, name: old, namespace: default, serviceAccount: web, workloadIps: ["10.244.2.2"], protocol: HBONE, node: node-b, services: {}}
 - {uid: u-new, name: new, namespace: default, serviceAccount: web, workloadIps: ["10.244.2.3"], protocol: HBONE, node: node-b, services: {}}
+- {uid: u-outsider, name: outsider, namespace: default, serviceAccount: outsider, workloadIps: ["10.244.1.3"], protocol: TCP, node: node-a, services: {}}
 `
+
+// kubeProxy stands in for kube-proxy in pod, an uncaptured client: its
+// connections to vip:80 are DNATed to one of endpoints (host:port), picked
+// at random as kube-proxy's iptables mode picks, and each call replaces the
+// set. ztunnel never sees the choice: the connection reaches the chosen
+// pod's inbound capture as plaintext.
+func kubeProxy(t *testing.T, pod *netnslab.Pod, vip string, endpoints ...string) {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("*nat\n:ZTLAB-SVC - [0:0]\n") // declaring the chain flushes it
+	for i, ep := range endpoints {
+		if left := len(endpoints) - i; left > 1 {
+			fmt.Fprintf(&b, "-A ZTLAB-SVC -p tcp -m statistic --mode random --probability %.4f -j DNAT --to-destination %s\n", 1/float64(left), ep)
+		} else {
+			fmt.Fprintf(&b, "-A ZTLAB-SVC -p tcp -j DNAT --to-destination %s\n", ep)
+		}
+	}
+	b.WriteString("COMMIT\n")
+	restore := exec.Command("ip", "netns", "exec", pod.NetNS, "iptables-restore", "--noflush", "--wait", "10")
+	restore.Stdin = strings.NewReader(b.String())
+	if out, err := restore.CombinedOutput(); err != nil {
+		t.Fatalf("kube-proxy rules: %v: %s", err, out)
+	}
+	jump := []string{"-t", "nat", "-C", "OUTPUT", "-d", vip + "/32", "-p", "tcp", "--dport", "80", "-j", "ZTLAB-SVC"}
+	if exec.Command("ip", append([]string{"netns", "exec", pod.NetNS, "iptables"}, jump...)...).Run() != nil {
+		jump[2] = "-A"
+		if out, err := exec.Command("ip", append([]string{"netns", "exec", pod.NetNS, "iptables"}, jump...)...).CombinedOutput(); err != nil {
+			t.Fatalf("kube-proxy jump: %v: %s", err, out)
+		}
+	}
+}
 
 // TestIstioServiceRestart is istio/istio's TestServiceRestart on xDS, in
 // the order Kubernetes replaces a pod: the new pod joins the service, the
 // old one leaves the service (while its app still runs), then it is gone.
 // Every connection to the service VIP must succeed throughout (istio's
 // threshold is 100%), and the traffic moves from the old pod to the new.
+// Two clients call: a captured one, balanced by its ztunnel, and an
+// uncaptured one, whose calls kube-proxy (kubeProxy) sends to the pods'
+// inbound capture; the endpoints it knows follow the same steps.
 func TestIstioServiceRestart(t *testing.T) {
 	const key = "default/web.default.svc.cluster.local"
 	member := func(a *workloadapi.Address) *workloadapi.Address {
@@ -130,6 +168,9 @@ func TestIstioServiceRestart(t *testing.T) {
 	c := startIstioXDSCluster(t, istioRestartTopology, labrun.ClusterOptions{}, func(xds *xdstest.Server) {
 		*xdsRef = xds
 		xds.Set(xdsconv.AddressType, "u-client", "1", xdsWorkload("client", "10.244.1.2", "node-a"))
+		outsider := xdsWorkload("outsider", "10.244.1.3", "node-a")
+		outsider.GetWorkload().TunnelProtocol = workloadapi.TunnelProtocol_NONE
+		xds.Set(xdsconv.AddressType, "u-outsider", "1", outsider)
 		old := member(xdsWorkload("old", "10.244.2.2", "node-b"))
 		old.GetWorkload().ServiceAccount = "web"
 		xds.Set(xdsconv.AddressType, "u-old", "1", old)
@@ -148,6 +189,9 @@ func TestIstioServiceRestart(t *testing.T) {
 	for _, name := range []string{"old", "new"} {
 		t.Cleanup(startNamer(t, c.Pods[name], 8080, name))
 	}
+	const oldEP, newEP = "10.244.2.2:8080", "10.244.2.3:8080"
+	kubeProxy(t, c.Pods["outsider"], "10.96.0.30", oldEP)
+	outsiderWants := "old" // the pod kube-proxy's rules allow, "" for either
 	calls := 0
 	call := func() string {
 		t.Helper()
@@ -155,6 +199,11 @@ func TestIstioServiceRestart(t *testing.T) {
 		got := callName(ctx, c.Pods["client"], "10.96.0.30:80")
 		if got != "old" && got != "new" {
 			t.Fatalf("call %d to the service failed (%q): every call must succeed", calls, got)
+		}
+		if out := callName(ctx, c.Pods["outsider"], "10.96.0.30:80"); out != "old" && out != "new" {
+			t.Fatalf("call %d of the uncaptured client failed (%q): every call must succeed", calls, out)
+		} else if outsiderWants != "" && out != outsiderWants {
+			t.Fatalf("call %d of the uncaptured client reached %s, want %s", calls, out, outsiderWants)
 		}
 		return got
 	}
@@ -178,11 +227,15 @@ func TestIstioServiceRestart(t *testing.T) {
 	nw := member(xdsWorkload("new", "10.244.2.3", "node-b"))
 	nw.GetWorkload().ServiceAccount = "web"
 	xds.Set(xdsconv.AddressType, "u-new", "2", nw)
+	kubeProxy(t, c.Pods["outsider"], "10.96.0.30", oldEP, newEP)
+	outsiderWants = ""
 	until("new", 1, 400)
 	// The old pod leaves the service; its app still serves.
 	old := xdsWorkload("old", "10.244.2.2", "node-b")
 	old.GetWorkload().ServiceAccount = "web"
 	xds.Set(xdsconv.AddressType, "u-old", "2", old)
+	kubeProxy(t, c.Pods["outsider"], "10.96.0.30", newEP)
+	outsiderWants = "new"
 	until("new", 20, 400)
 	// The old pod is gone.
 	xds.Remove(xdsconv.AddressType, "u-old")
