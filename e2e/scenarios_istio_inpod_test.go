@@ -5,9 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/internal/nettest"
+	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
 
 // inpodConfig is the mesh of istio/istio's ambient baseline tests run here
@@ -173,4 +175,71 @@ func TestIstioZtunnelRestart(t *testing.T) {
 			t.Errorf("%s: %d of %d connections lost during the upgrades", pod, failed, ok+failed)
 		}
 	}
+}
+
+// inpodXDSConfig is inpodConfig's pods in a lab whose first node is the
+// control plane's (so the nodes' pod ranges start at 10.244.1.0); their
+// workloads come from xDS, with the UIDs the CNI agent hands the daemons.
+const inpodXDSConfig = `
+workloads:
+- {uid: cluster1//v1/Pod/default/client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.1.2"], protocol: HBONE, node: node-a, services: {}}
+- {uid: cluster1//v1/Pod/default/server, name: server, namespace: default, serviceAccount: server, workloadIps: ["10.244.2.2"], protocol: HBONE, node: node-b, services: {}}
+`
+
+// TestIstioServiceDynamicEnrollBothClients is TestIstioServiceDynamicEnroll
+// with istio's captured client too, on xDS so that the server's workload
+// changes as istiod changes it: when the server leaves the mesh (capture
+// rules out, Del), istiod then sends it with no tunnel protocol, and the
+// client's daemon connects to it directly; when it rejoins (Add), istiod
+// sends it as HBONE again. Both clients open connections back to back
+// throughout; istio wants >= 50% of each client's calls to succeed.
+func TestIstioServiceDynamicEnrollBothClients(t *testing.T) {
+	lab := netnslab.New(t)
+	cp := startControlPlane(t, lab)
+	setServer := func(version string, proto workloadapi.TunnelProtocol) {
+		a := xdsWorkload("server", "10.244.2.2", "node-b")
+		a.GetWorkload().Uid, a.GetWorkload().TunnelProtocol = "cluster1//v1/Pod/default/server", proto
+		cp.xds.Set(xdsconv.AddressType, a.GetWorkload().Uid, version, a)
+	}
+	client := xdsWorkload("client", "10.244.1.2", "node-a")
+	client.GetWorkload().Uid = "cluster1//v1/Pod/default/client"
+	cp.xds.Set(xdsconv.AddressType, client.GetWorkload().Uid, "1", client)
+	setServer("1", workloadapi.TunnelProtocol_HBONE)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := startSharedCluster(ctx, t, lab, inpodXDSConfig, labrun.SharedOptions{
+		Binary: ztunnelBin, Dir: t.TempDir(), ExtraPods: map[string][]string{"node-a": {"outsider"}},
+		DaemonEnv: cp.env(),
+	})
+	s := &sharedLab{c: c, srvAddr: startEcho(t, c.Pods["server"], 8080).Addr}
+	s.echoN(ctx, t, "client", 2)
+
+	loads := map[string]*connLoad{"client": startConnLoad(ctx, s, "client", 2), "outsider": startConnLoad(ctx, s, "outsider", 2)}
+	time.Sleep(200 * time.Millisecond) // traffic before the change
+	if err := c.RemoveFromMesh("server"); err != nil {
+		t.Fatal(err)
+	}
+	setServer("2", workloadapi.TunnelProtocol_NONE)
+	time.Sleep(500 * time.Millisecond) // Istio's time out of the mesh
+	outOK := loads["client"].ok.Load()
+	if err := c.AddToMesh("server"); err != nil {
+		t.Fatal(err)
+	}
+	setServer("3", workloadapi.TunnelProtocol_HBONE)
+	time.Sleep(500 * time.Millisecond) // and after rejoining
+	for name, load := range loads {
+		ok, failed, errs := load.finish()
+		t.Logf("%s while the server left and rejoined the mesh: %d connections, %d failed %q", name, ok+failed, failed, errs)
+		if ok == 0 || float64(ok) < 0.5*float64(ok+failed) {
+			t.Errorf("%s: success %d of %d, want >= 50%%", name, ok, ok+failed)
+		}
+	}
+	if outOK == 0 {
+		t.Error("the captured client had no connection served before the server rejoined")
+	}
+	if st := workloadState(ctx, t, c.Daemons["node-b"])[c.UID("server")]; st.State != "Up" {
+		t.Fatalf("node-b's workloadState for the rejoined server: %+v, want Up", st)
+	}
+	s.echoN(ctx, t, "outsider", 5)
+	s.echoN(ctx, t, "client", 5)
 }
