@@ -16,3 +16,15 @@ func DirectShortWrites(e *Engine) int64 {
 	}
 	return n
 }
+
+// SetStreamWaitBlock makes e's stream loops block their goroutine in
+// epoll_wait, as the TCP⇄TCP loops do, instead of parking in the
+// runtime's netpoller (the design's StreamWait=block, step 6), so
+// benchmarks can compare both. Set it before the first relay.
+func SetStreamWaitBlock(e *Engine) {
+	if b, ok := e.backend.(*epollBackend); ok {
+		for _, l := range b.strm {
+			l.blocking = true
+		}
+	}
+}

@@ -128,6 +128,9 @@ type MuxOptions struct {
 	// NoHome makes the streams report no Home, so their relays are placed
 	// round-robin and the Mux's WakeFrom may come from another loop.
 	NoHome bool
+	// Goroutines drives the connection with goroutines without asking
+	// the engine (benchmarks: today's reader-goroutine path).
+	Goroutines bool
 }
 
 // NewMux makes the engine side of a Mux over c: loop-owned through
@@ -139,7 +142,10 @@ func NewMux(e *engine.Engine, c *net.TCPConn, opt MuxOptions) (*Mux, error) {
 	m.cond.L = &m.mu
 	// Held until the handle is known: the loop's first Readable waits.
 	m.mu.Lock()
-	h, err := e.StartConn(c, muxDriver{m}, func(fd int) error { m.fd = fd; return nil })
+	h, err := (*engine.ConnHandle)(nil), engine.ErrUnsupported
+	if !opt.Goroutines {
+		h, err = e.StartConn(c, muxDriver{m}, func(fd int) error { m.fd = fd; return nil })
+	}
 	switch {
 	case err == nil:
 		m.h = h

@@ -46,7 +46,9 @@ type peerStream struct {
 }
 
 // NewMuxPeer serves c, the far end of a Mux's connection; open returns
-// the socket each new stream is bridged to.
+// the socket each new stream is bridged to, or nil for a stream the
+// peer's reader echoes itself, frame by frame (no goroutine of its own;
+// the Mux's side must keep less than MuxWindow bytes in flight on it).
 func NewMuxPeer(c *net.TCPConn, open func(id uint32) *net.TCPConn) *MuxPeer {
 	p := &MuxPeer{c: c, open: open, streams: make(map[uint32]*peerStream), done: make(chan struct{})}
 	go p.readLoop()
@@ -82,7 +84,7 @@ func (p *MuxPeer) readLoop() {
 	p.mu.Lock()
 	p.dead = true
 	for _, s := range p.streams {
-		if !s.fin || !s.upDone {
+		if s.c != nil && (!s.fin || !s.upDone) {
 			s.rst = true
 			abort(s.c)
 		}
@@ -100,13 +102,18 @@ func (p *MuxPeer) frame(kind byte, id uint32, payload []byte) error {
 		s := &peerStream{id: id, c: p.open(id), credit: MuxWindow}
 		s.cond.L = &p.mu
 		p.streams[id] = s
-		go p.up(s)
-		go p.down(s)
+		if s.c != nil {
+			go p.up(s)
+			go p.down(s)
+		}
 		return nil
 	}
 	s := p.streams[id]
 	if s == nil {
 		return nil
+	}
+	if s.c == nil {
+		return p.echoLocked(s, kind, payload)
 	}
 	switch kind {
 	case muxData:
@@ -125,6 +132,27 @@ func (p *MuxPeer) frame(kind byte, id uint32, payload []byte) error {
 		s.credit += int(binary.BigEndian.Uint32(payload))
 	}
 	s.cond.Broadcast()
+	return nil
+}
+
+// echoLocked answers a frame of an echo stream: data back with its
+// credit, FIN with FIN, reset ends it.
+func (p *MuxPeer) echoLocked(s *peerStream, kind byte, payload []byte) error {
+	switch kind {
+	case muxData:
+		var b [4]byte
+		binary.BigEndian.PutUint32(b[:], uint32(len(payload)))
+		p.wmu.Lock()
+		out := appendFrame(nil, muxCredit, s.id, b[:])
+		out = appendFrame(out, muxData, s.id, payload)
+		_, _ = p.c.Write(out)
+		p.wmu.Unlock()
+	case muxFin:
+		p.send(muxFin, s.id, nil)
+		delete(p.streams, s.id)
+	case muxRst:
+		delete(p.streams, s.id)
+	}
 	return nil
 }
 
