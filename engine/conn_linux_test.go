@@ -304,6 +304,34 @@ func TestConnCloseGracefulAndAbort(t *testing.T) {
 			peer.Close()
 			d.wantEnded(t, errDriverFail)
 		}},
+		{"linger", 0, func(t *testing.T, e *engine.Engine, d *fakeDriver, peer *net.TCPConn) {
+			// The peer reads the FIN but neither closes nor stops
+			// sending: the engine discards its bytes and closes after
+			// the linger, and the close was still clean.
+			d.h.Load().Close(false)
+			if _, err := io.ReadAll(peer); err != nil {
+				t.Fatal(err)
+			}
+			peer.Write([]byte("ignored"))
+			d.wantEnded(t, nil)
+		}},
+		{"flush-timeout", 0, func(t *testing.T, e *engine.Engine, d *fakeDriver, peer *net.TCPConn) {
+			// The peer reads nothing: the held bytes never go out, and
+			// the flush's bound resets the connection.
+			d.commit(big)
+			d.h.Load().Close(false)
+			select {
+			case err := <-d.ended:
+				if err == nil || !strings.Contains(err.Error(), "flush timed out") {
+					t.Fatalf("Ended(%v), want the flush timeout", err)
+				}
+			case <-time.After(hangLimit):
+				t.Fatal("Ended was not called")
+			}
+			if _, err := io.ReadAll(peer); !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("peer read %v, want ECONNRESET", err)
+			}
+		}},
 		{"engine-close", 0, func(t *testing.T, e *engine.Engine, d *fakeDriver, peer *net.TCPConn) {
 			if err := e.Close(); err != nil {
 				t.Fatal(err)
@@ -401,6 +429,8 @@ func TestConnWakeFromLocalAndForeign(t *testing.T) {
 		local bool
 	}{
 		{"local", 1, enginetest.MuxOptions{}, true},
+		// Two stream loops: the relay still goes to its home's.
+		{"placed-home", 2, enginetest.MuxOptions{}, true},
 		// Two stream loops, round-robin from a fresh engine: the
 		// connection on one, the relay (no Home) on the other.
 		{"foreign", 2, enginetest.MuxOptions{NoHome: true}, false},
@@ -450,4 +480,22 @@ func TestConnEndsEveryGoroutine(t *testing.T) {
 		buf := make([]byte, 1<<20)
 		t.Fatalf("%d goroutines after Close, %d before:\n%s", got, before, buf[:runtime.Stack(buf, true)])
 	}
+}
+
+// TestConnCommitsCostNoWakeup: round trips through a loop-owned Mux make
+// no Poller.Wake at all: the relay's commits and the driver's own are
+// made on the loop (connOnLoop), the Flush runs at the end of the
+// iteration, and nothing crosses a goroutine.
+func TestConnCommitsCostNoWakeup(t *testing.T) {
+	e := newEpoll(t, 1)
+	x := enginetest.NewMuxFrameEcho(t, e, enginetest.MuxOptions{})
+	x.RoundTrip(t, []byte("up"))
+	before := engine.PollerWakes(e)
+	for i := range 100 {
+		x.RoundTrip(t, []byte{byte(i)})
+	}
+	if n := engine.PollerWakes(e) - before; n != 0 {
+		t.Fatalf("100 round trips sent the loop %d wake-ups, want none", n)
+	}
+	x.End(t)
 }

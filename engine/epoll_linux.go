@@ -212,6 +212,7 @@ type eloop struct {
 	nConns       atomic.Int32 // loop-owned connections, for Stats
 	nStalls      atomic.Int64 // driver calls over connStall, for Stats
 	nLocalWakes  atomic.Int64 // WakeFrom readying a relay directly, for Stats
+	nWakeups     atomic.Int64 // Poller.Wake calls (tests: what awake saves)
 }
 
 // submit queues t for the loop, starting the loop if it is parked; false
@@ -230,7 +231,10 @@ func (l *eloop) closeLoop() {
 
 // wake ends the loop's wait (under l.q's lock, so the wake-up cannot reach
 // a poller that close has already released).
-func (l *eloop) wake() { _ = l.p.Wake() }
+func (l *eloop) wake() {
+	l.nWakeups.Add(1)
+	_ = l.p.Wake()
+}
 
 func (l *eloop) run() {
 	wait := l.p.WaitPark

@@ -28,3 +28,15 @@ func SetStreamWaitBlock(e *Engine) {
 		}
 	}
 }
+
+// PollerWakes counts the wake-ups e's epoll loops were sent through their
+// pollers (eventfd writes or deadline pokes) since e started.
+func PollerWakes(e *Engine) int64 {
+	var n int64
+	if b, ok := e.backend.(*epollBackend); ok {
+		for _, l := range b.loops {
+			n += l.nWakeups.Load()
+		}
+	}
+	return n
+}
