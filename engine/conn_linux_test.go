@@ -499,3 +499,56 @@ func TestConnCommitsCostNoWakeup(t *testing.T) {
 	}
 	x.End(t)
 }
+
+// TestConnSlowStreamDoesNotStallItsConnection: two streams of one
+// loop-owned Mux; the first one's client reads nothing while its server
+// pushes far more than the stream's window, and the second stream's round
+// trips still go through: the stalled stream withholds its own window,
+// never the connection's reads.
+func TestConnSlowStreamDoesNotStallItsConnection(t *testing.T) {
+	e := newEpoll(t, 1)
+	var servers [2]*net.TCPConn
+	var bridged [2]*net.TCPConn
+	for i := range servers {
+		bridged[i], servers[i] = enginetest.TCPPair(t)
+		_ = servers[i].SetDeadline(time.Now().Add(hangLimit))
+	}
+	mc, rc := enginetest.TCPPair(t)
+	m, err := enginetest.NewMux(e, mc, enginetest.MuxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enginetest.NewMuxPeer(rc, func(id uint32) *net.TCPConn { return bridged[id-1] })
+	var clients [2]*net.TCPConn
+	for i := range clients {
+		c, a := enginetest.TCPPair(t)
+		_ = c.SetDeadline(time.Now().Add(hangLimit))
+		clients[i] = c
+		e.Start(engine.TCPEndpoint{TCPConn: a}, m.Open(), nil, nil)
+	}
+	// The slow stream: its server writes until its socket is full, the
+	// relay's client socket full and the stream's window spent.
+	pushed := make(chan int64, 1)
+	go func() {
+		_ = servers[0].SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+		n, _ := io.Copy(servers[0], bytes.NewReader(make([]byte, 64<<20)))
+		pushed <- n
+	}()
+	if n := <-pushed; n < 2*enginetest.MuxWindow {
+		t.Fatalf("the slow stream's server pushed only %d bytes", n)
+	}
+	// The other stream of the same connection answers at once.
+	go io.Copy(servers[1], servers[1])
+	for i := range 10 {
+		msg := []byte{byte(i)}
+		if _, err := clients[1].Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if got := readN(t, clients[1], 1); got != string(msg) {
+			t.Fatalf("round trip %d read %q", i, got)
+		}
+	}
+	if st := e.Stats(); st.Conns != 1 || st.LoopRelays != 2 {
+		t.Fatalf("stats %+v: want 1 connection, 2 relays", st)
+	}
+}
