@@ -24,6 +24,14 @@
 // backends, are relayed by two goroutines (std.go). A relay is reset from
 // outside through the Handle Start returns.
 //
+// A multiplexed connection (a pooled HBONE connection) can be handed to
+// an epoll stream loop as a whole with StartConn (conn.go, conn_linux.go):
+// the loop owns its socket's readiness, flush and close while a
+// ConnDriver (the protocol, outside this package) does the I/O, and the
+// relays of its streams (Homed) are placed on the same loop, so a round
+// trip crosses no goroutine. The std and uring backends answer
+// ErrUnsupported and the caller keeps its goroutines.
+//
 // Backends, chosen by Config.Backend (the daemon's ZTUNNEL_ENGINE):
 //
 //   - auto (default): the fastest the kernel allows, by measurement: epoll
@@ -46,6 +54,6 @@
 //
 // Imports (of ours): engine/bufpool, engine/poll, engine/splice and
 // engine/uring (no TLS, no HTTP/2: streams reach it through the small
-// interfaces in relay.go and stream.go). Imported by: engine/enginetest,
+// interfaces in relay.go, stream.go and conn.go). Imported by: engine/enginetest,
 // internal/app, proxy and tests.
 package engine

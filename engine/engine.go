@@ -84,9 +84,10 @@ type Engine struct {
 	fallback error   // why the backend asked for does not run, nil if it does
 
 	mu        sync.Mutex // guards the following fields
-	idle      sync.Cond  // signalled when active or callbacks drops to zero
+	idle      sync.Cond  // signalled when active+conns or callbacks drops to zero
 	closed    bool
 	active    int             // relays started and not yet ended
+	conns     int             // loop-owned connections started and not yet ended
 	callbacks int             // done functions running
 	drained   []chan struct{} // closed when active drops to zero
 	stdLive   map[*stdRelay]struct{}
@@ -214,14 +215,20 @@ func (e *Engine) Fallback() error { return e.fallback }
 func (e *Engine) ended() {
 	e.mu.Lock()
 	e.active--
-	if e.active == 0 {
+	e.idleCheckLocked()
+	e.mu.Unlock()
+}
+
+// idleCheckLocked releases Drain and Close once no relay and no
+// loop-owned connection is left. e.mu held.
+func (e *Engine) idleCheckLocked() {
+	if e.active+e.conns == 0 {
 		for _, ch := range e.drained {
 			close(ch)
 		}
 		e.drained = nil
 		e.idle.Broadcast()
 	}
-	e.mu.Unlock()
 }
 
 // callback runs done on a goroutine that Close waits for.
@@ -240,13 +247,14 @@ func (e *Engine) callback(done func(Result), res Result) {
 	}()
 }
 
-// Drain waits until every relay has ended or ctx is done, then closes the
-// engine (aborting what is left with ErrClosed). New relays are still
-// accepted while it waits: stop the listeners first.
+// Drain waits until every relay and every loop-owned connection has ended
+// or ctx is done, then closes the engine (aborting what is left with
+// ErrClosed). New relays are still accepted while it waits: stop the
+// listeners first.
 func (e *Engine) Drain(ctx context.Context) error {
 	e.mu.Lock()
 	var ch chan struct{}
-	if e.active > 0 && !e.closed {
+	if e.active+e.conns > 0 && !e.closed {
 		ch = make(chan struct{})
 		e.drained = append(e.drained, ch)
 	}
@@ -265,8 +273,9 @@ func (e *Engine) Drain(ctx context.Context) error {
 	return err
 }
 
-// Close aborts every relay with ErrClosed (RST to both peers), stops the
-// loops and waits for them and for the done callbacks. Relays handed over
+// Close aborts every relay with ErrClosed (RST to both peers), ends every
+// loop-owned connection with ConnDriver.Ended(ErrClosed), stops the loops
+// and waits for them and for the done callbacks. Relays handed over
 // afterwards are refused. It is idempotent; a second call returns ErrClosed.
 func (e *Engine) Close() error {
 	e.mu.Lock()
@@ -289,7 +298,7 @@ func (e *Engine) Close() error {
 	// Goroutine relays end soon after their abort; wait for them and for
 	// the done functions.
 	e.mu.Lock()
-	for e.active > 0 || e.callbacks > 0 {
+	for e.active+e.conns > 0 || e.callbacks > 0 {
 		e.idle.Wait()
 	}
 	e.mu.Unlock()
@@ -319,6 +328,17 @@ type Stats struct {
 	// TCP⇄stream relays let the stream's receiving goroutine make itself
 	// (TryDeliver: the loop was not woken for those bytes).
 	DirectWrites int64
+	// Conns counts the loop-owned connections (StartConn) held by the
+	// loops.
+	Conns int
+	// ConnStalls counts, since the engine started, the ConnDriver calls
+	// that took over 1 ms: each held up every other connection and relay
+	// of its loop (the loop's watchdog).
+	ConnStalls int64
+	// LocalWakes counts, since the engine started, the stream relays a
+	// loop-owned connection's driver readied on its own loop (WakeFrom)
+	// without a task.
+	LocalWakes int64
 }
 
 // Stats reports the engine's current load.

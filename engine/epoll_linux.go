@@ -107,16 +107,22 @@ func (b *epollBackend) stats(st *Stats) {
 		l.coreStats(st)
 		st.StreamBuffers += int(l.nBufs.Load())
 		st.DirectWrites += l.nDirect.Load()
+		st.Conns += int(l.nConns.Load())
+		st.ConnStalls += l.nStalls.Load()
+		st.LocalWakes += l.nLocalWakes.Load()
 	}
 }
 
 type taskOp uint8
 
 const (
-	opAdd   taskOp = iota // register a new relay
-	opAbort               // abort a relay with err
-	opWake                // a stream relay's stream may progress
-	opStop                // abort everything and end the loop
+	opAdd       taskOp = iota // register a new relay
+	opAbort                   // abort a relay with err
+	opWake                    // a stream relay's stream may progress
+	opStop                    // abort everything and end the loop
+	opConnAdd                 // register a loop-owned connection (conn_linux.go)
+	opConnWake                // a loop-owned connection owes a Flush
+	opConnClose               // close a loop-owned connection (err: ErrAborted to reset)
 )
 
 // task is work handed to a loop by another goroutine.
@@ -136,8 +142,9 @@ type dialing struct {
 	deadline time.Duration // loop time, set when the loop adds the relay
 }
 
-// loopRelay is a relay an epoll loop owns: TCP⇄TCP (tcpRelay) or
-// TCP⇄stream (streamRelay).
+// loopRelay is what an epoll loop's slots hold: a relay, TCP⇄TCP
+// (tcpRelay) or TCP⇄stream (streamRelay), or a loop-owned connection
+// (connEntry).
 type loopRelay interface {
 	base() *relayBase
 	// fdOf returns the socket of side (0 A, 1 B), -1 for a stream side.
@@ -190,11 +197,22 @@ type eloop struct {
 	dialing    []*dialing // relays whose B side is connecting
 	events     []poll.Event
 
+	// Loop-owned connections (conn_linux.go), owned by the loop goroutine.
+	conns      []*connEntry  // every live one, for Tick
+	flush      []*connEntry  // to Flush at the end of the iteration
+	spareFlush []*connEntry  // flush's other half
+	closing    []*connEntry  // flushing or lingering, by deadline
+	nextTick   time.Duration // loop time of the next Tick
+
 	// Mirrors for Stats, written by the loop.
 	nBufs   atomic.Int32 // buffers held by stream relays, for Stats
 	nDirect atomic.Int64 // writes stream relays' TryDeliver made, for Stats
 	// TryDeliver's writes the socket did not take whole (tests)
 	nDirectShort atomic.Int64
+	nConns       atomic.Int32 // loop-owned connections, for Stats
+	nStalls      atomic.Int64 // driver calls over connStall, for Stats
+	nLocalWakes  atomic.Int64 // WakeFrom readying a relay directly, for Stats
+	nWakeups     atomic.Int64 // Poller.Wake calls (tests: what awake saves)
 }
 
 // submit queues t for the loop, starting the loop if it is parked; false
@@ -213,7 +231,10 @@ func (l *eloop) closeLoop() {
 
 // wake ends the loop's wait (under l.q's lock, so the wake-up cannot reach
 // a poller that close has already released).
-func (l *eloop) wake() { _ = l.p.Wake() }
+func (l *eloop) wake() {
+	l.nWakeups.Add(1)
+	_ = l.p.Wake()
+}
 
 func (l *eloop) run() {
 	wait := l.p.WaitPark
@@ -226,11 +247,20 @@ func (l *eloop) run() {
 		wait = l.p.Wait
 	}
 	l.loopClock.start()
+	l.q.awake.Store(true)
 	if l.drainTasks() {
 		return
 	}
 	for {
-		n, woken, err := wait(l.events, l.timeout())
+		timeout := l.timeout()
+		// The queue is looked at once more before a wait that may block
+		// (submitters skip the wake-up while the loop is awake); tasks
+		// that came meanwhile make it a poll.
+		if timeout != 0 && !l.q.sleep() {
+			timeout = 0
+		}
+		n, woken, err := wait(l.events, timeout)
+		l.q.awake.Store(true)
 		l.tick()
 		if err != nil {
 			// The poller is broken; nothing more can run here.
@@ -242,11 +272,16 @@ func (l *eloop) run() {
 			l.handle(l.events[i])
 		}
 		l.runReady()
-		if woken && l.drainTasks() {
+		if l.drainTasks() {
 			return
 		}
 		l.expireIdle()
 		l.expireDials()
+		l.expireConns()
+		l.tickConns()
+		// Last: every commit of the iteration (the driver's own, its
+		// relays') leaves in one Flush per connection.
+		l.flushConns()
 		if len(l.ready) == 0 && n == 0 && !woken && l.lingeredEmpty() {
 			if l.q.park() {
 				return
@@ -273,7 +308,7 @@ func (l *eloop) relayTimeout() time.Duration {
 	if len(l.ready) > 0 {
 		return 0
 	}
-	return l.relayWait()
+	return l.connWait(l.relayWait())
 }
 
 // drainTasks runs the queued tasks; true means the loop has stopped.
@@ -294,6 +329,12 @@ func (l *eloop) drainTasks() bool {
 			}
 		case opWake:
 			t.r.(*streamRelay).woken()
+		case opConnAdd:
+			l.addConn(t.r.(*connEntry))
+		case opConnWake:
+			l.markFlush(t.r.(*connEntry))
+		case opConnClose:
+			t.r.(*connEntry).close(t.err)
 		case opStop:
 			stop = true
 		}
@@ -308,14 +349,21 @@ func (l *eloop) drainTasks() bool {
 // stop aborts every relay and ends the loop.
 func (l *eloop) stop(err error) {
 	for _, r := range l.slots.slots {
-		if r != nil {
+		switch r := r.(type) {
+		case nil:
+		case *connEntry:
+			// No reset: the driver may write a last alert in Ended.
+			r.finish(err, false)
+		default:
 			r.end(err, true)
 		}
 	}
 	l.ready = l.ready[:0]
+	clear(l.flush)
+	l.flush = l.flush[:0]
 	// Relays queued after the stop would never run: refuse them.
 	for _, t := range l.q.stop(true) {
-		if t.op == opAdd {
+		if t.op == opAdd || t.op == opConnAdd {
 			t.r.refuse(err)
 		}
 	}

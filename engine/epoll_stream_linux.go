@@ -35,6 +35,7 @@ type streamRelay struct {
 	pk      StreamPeeker // st, if it lends its buffer (T→S without a copy)
 	fl      StreamFiller // st, if the socket may be read into its buffer (S→T without a copy)
 	tcpSide int          // the side (0 A, 1 B) the socket is on
+	home    *connEntry   // the stream's loop-owned connection, on this loop; nil if none
 	up      sdir         // socket → stream
 	down    sdir         // stream → socket
 	// The flags share a word: an idle relay is one of these, within the
@@ -94,8 +95,20 @@ func (d *sdir) filled(n int) {
 }
 
 func (b *epollBackend) relayStream(fd, tcpSide int, st StreamEndpoint, s *session) {
-	l := b.strm[b.pick(len(b.strm))]
-	r := &streamRelay{l: l, s: s, fd: fd, st: st, tcpSide: tcpSide}
+	// A stream of a loop-owned connection goes to its connection's loop:
+	// its bytes then cross no goroutine. Placement only: any loop would
+	// work through Wake and TryDeliver.
+	var home *connEntry
+	var l *eloop
+	if hm, ok := st.(Homed); ok {
+		if h := hm.Home(); h != nil && h.l.b == b {
+			home, l = h.entry(), h.l
+		}
+	}
+	if l == nil {
+		l = b.strm[b.pick(len(b.strm))]
+	}
+	r := &streamRelay{l: l, s: s, fd: fd, st: st, tcpSide: tcpSide, home: home}
 	if pk, ok := st.(StreamPeeker); ok && !b.e.noPeek {
 		r.pk = pk
 	}
@@ -217,6 +230,14 @@ func (r *streamRelay) event(_ int, ev poll.Event) {
 func (r *streamRelay) service() {
 	if r.closed {
 		return
+	}
+	if h := r.home; h != nil {
+		// What the turn commits to the connection (DATA, WINDOW_UPDATE,
+		// RST_STREAM) leaves in the connection's Flush at the end of the
+		// iteration; its Wakes meanwhile need no task.
+		r.l.enter(h)
+		r.l.markFlush(h)
+		defer r.l.leave(h)
 	}
 	moreUp, err := r.pumpUp()
 	if err != nil {

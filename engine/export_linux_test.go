@@ -16,3 +16,27 @@ func DirectShortWrites(e *Engine) int64 {
 	}
 	return n
 }
+
+// SetStreamWaitBlock makes e's stream loops block their goroutine in
+// epoll_wait, as the TCP⇄TCP loops do, instead of parking in the
+// runtime's netpoller (the design's StreamWait=block, step 6), so
+// benchmarks can compare both. Set it before the first relay.
+func SetStreamWaitBlock(e *Engine) {
+	if b, ok := e.backend.(*epollBackend); ok {
+		for _, l := range b.strm {
+			l.blocking = true
+		}
+	}
+}
+
+// PollerWakes counts the wake-ups e's epoll loops were sent through their
+// pollers (eventfd writes or deadline pokes) since e started.
+func PollerWakes(e *Engine) int64 {
+	var n int64
+	if b, ok := e.backend.(*epollBackend); ok {
+		for _, l := range b.loops {
+			n += l.nWakeups.Load()
+		}
+	}
+	return n
+}

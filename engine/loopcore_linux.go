@@ -26,12 +26,20 @@ type taskQueue[T any] struct {
 	tasks   []T
 	running bool // a goroutine runs (or is about to run) the loop
 	closed  bool // the engine is closing: refuse new tasks
+	// awake: the loop is between two waits and will look at the queue
+	// before its next one, so submit need not wake it (an eventfd write
+	// in block mode, a deadline poke in park mode). Only loops that keep
+	// it (epoll's) set it: cleared under mu by sleep, with the queue seen
+	// empty, and set again by the loop when its wait returns; a submit
+	// that races with the set wakes the loop spuriously, never too late.
+	awake atomic.Bool
 
 	spare []T // owned by the loop goroutine
 }
 
 // submit queues t. With the loop parked it marks it running and calls
-// start (which starts the loop goroutine); otherwise it calls wake. Both
+// start (which starts the loop goroutine); otherwise it calls wake,
+// unless the loop is awake (it drains the queue before it waits). Both
 // run under the lock, so a wake-up cannot reach a loop that close has
 // already released. False means the engine is closing.
 func (q *taskQueue[T]) submit(t T, start, wake func()) bool {
@@ -46,7 +54,22 @@ func (q *taskQueue[T]) submit(t T, start, wake func()) bool {
 		start()
 		return true
 	}
-	wake()
+	if !q.awake.Load() {
+		wake()
+	}
+	return true
+}
+
+// sleep is the loop's last look before a wait that may block: with no
+// task queued it clears awake (from now on submitters wake the loop) and
+// returns true; false means tasks are queued: do not block.
+func (q *taskQueue[T]) sleep() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.tasks) > 0 {
+		return false
+	}
+	q.awake.Store(false)
 	return true
 }
 

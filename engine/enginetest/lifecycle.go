@@ -39,7 +39,7 @@ func testEndpointAbortDoesNotReach(t *testing.T, e *engine.Engine, k kit) {
 	if k.stream && e.Backend() != engine.BackendEpoll {
 		t.Skipf("the %s backend relays streams with goroutines, on the endpoints", e.Backend())
 	}
-	client, ea, b, server := k.ends(t)
+	client, ea, b, server := k.ends(t, e)
 	deadline(client, server)
 	done := make(chan engine.Result, 1)
 	h := e.Start(ea, b, nil, func(r engine.Result) { done <- r })
@@ -138,12 +138,12 @@ func testIdleHoldsNothing(t *testing.T, e *engine.Engine, k kit) {
 	if st.StreamBuffers != 0 {
 		t.Fatalf("%d buffers held by idle stream relays", st.StreamBuffers)
 	}
-	// At most the loops themselves were added (and the test Streams' own
-	// two goroutines each, which stand for the HBONE connection's).
-	own := 0
-	if k.stream && e.Backend() == engine.BackendEpoll {
-		own = 2 * n
+	if k.homed && st.Conns != n {
+		t.Fatalf("stats: %d loop-owned connections, want %d", st.Conns, n)
 	}
+	// At most the loops themselves were added (and the fakes' own
+	// goroutines, which stand for the HBONE connection's and its peer's).
+	own := n * k.ownGoroutines(e)
 	if grown := runtime.NumGoroutine() - before - own; grown > st.Loops+st.StreamLoops {
 		t.Fatalf("%d idle relays added %d goroutines (loops: %d+%d)", n, grown, st.Loops, st.StreamLoops)
 	}
@@ -177,7 +177,7 @@ func testCloseEndsGoroutines(t *testing.T, e *engine.Engine, k kit) {
 	for _, p := range pairs {
 		p.wantErr(t, engine.ErrClosed)
 	}
-	if st := e.Stats(); st.Running != 0 || st.Relays != 0 || st.LoopRelays != 0 {
+	if st := e.Stats(); st.Running != 0 || st.Relays != 0 || st.LoopRelays != 0 || st.Conns != 0 {
 		t.Fatalf("stats %+v after Close: want no loop running and no relay", st)
 	}
 	// Goroutines that delivered their last result return just after it.

@@ -48,9 +48,11 @@ func Run(t *testing.T, rig Rig) {
 		{"IdleHoldsNothing", testIdleHoldsNothing},
 		{"CloseEndsEveryGoroutine", testCloseEndsGoroutines},
 	}
-	// Every scenario runs with TCP on both sides and with a stream (see
-	// Stream) on the B side: the TCP⇄stream relays.
-	for _, k := range []kit{{}, {stream: true}} {
+	// Every scenario runs with TCP on both sides, with a stream (see
+	// Stream) on the B side (the TCP⇄stream relays), and with a stream of
+	// a Mux, whose connection the relay's loop owns where the backend
+	// allows (epoll) and goroutines drive elsewhere (ErrUnsupported).
+	for _, k := range []kit{{}, {stream: true}, {stream: true, homed: true}} {
 		t.Run(k.name(), func(t *testing.T) {
 			for _, tc := range tests {
 				t.Run(tc.name, func(t *testing.T) {
@@ -66,24 +68,70 @@ func Run(t *testing.T, rig Rig) {
 // kit builds the relays of one variant of the suite.
 type kit struct {
 	stream bool // the B side is a Stream rather than a TCP socket
+	homed  bool // the stream is a MuxStream (on its own Mux, AutoClose)
 }
 
 func (k kit) name() string {
-	if k.stream {
+	switch {
+	case k.homed:
+		return "TCPToMuxStream"
+	case k.stream:
 		return "TCPToStream"
 	}
 	return "TCPToTCP"
 }
 
+// loopOwned reports whether e's loops own a Mux's connection.
+func loopOwned(e *engine.Engine) bool { return e.Backend() == engine.BackendEpoll }
+
+// ownGoroutines is how many goroutines each relay's B side runs itself
+// (the fakes' stand-ins for the HBONE connection's), on e.
+func (k kit) ownGoroutines(e *engine.Engine) int {
+	switch {
+	case k.homed && loopOwned(e):
+		return 3 // the MuxPeer's reader, its stream's two
+	case k.homed:
+		return 5 // and the Mux's reader and writer
+	case k.stream:
+		return 2
+	}
+	return 0
+}
+
+// newMux connects a Mux on e to a MuxPeer that bridges its streams to
+// socket, and checks StartConn's answer: loop-owned on epoll,
+// ErrUnsupported (the goroutine fallback) elsewhere.
+func newMux(t testing.TB, e *engine.Engine, socket func() *net.TCPConn, opt MuxOptions) *Mux {
+	t.Helper()
+	mc, rc := TCPPair(t)
+	m, err := NewMux(e, mc, opt)
+	switch {
+	case errors.Is(err, engine.ErrClosed):
+		// A closed engine: the relay is refused too (testClose).
+	case loopOwned(e) && err != nil:
+		t.Fatalf("StartConn on %s: %v", e.Backend(), err)
+	case !loopOwned(e) && !errors.Is(err, engine.ErrUnsupported):
+		t.Fatalf("StartConn on %s = %v, want ErrUnsupported", e.Backend(), err)
+	case !loopOwned(e) && m.Handle() != nil:
+		t.Fatal("a fallen-back Mux has a loop handle")
+	}
+	NewMuxPeer(rc, func(uint32) *net.TCPConn { return socket() })
+	return m
+}
+
 // ends returns a relay's endpoints and the connections of the peers behind
 // them: client talks to a, server sits behind b.
-func (k kit) ends(t testing.TB) (client *net.TCPConn, a, b engine.Endpoint, server *net.TCPConn) {
+func (k kit) ends(t testing.TB, e *engine.Engine) (client *net.TCPConn, a, b engine.Endpoint, server *net.TCPConn) {
 	client, ca := TCPPair(t)
 	cb, server := TCPPair(t)
 	a = engine.TCPEndpoint{TCPConn: ca}
-	if k.stream {
+	switch {
+	case k.homed:
+		m := newMux(t, e, func() *net.TCPConn { return cb }, MuxOptions{AutoClose: true})
+		b = m.Open()
+	case k.stream:
 		b = NewStream(cb)
-	} else {
+	default:
 		b = engine.TCPEndpoint{TCPConn: cb}
 	}
 	return client, a, b, server
@@ -93,7 +141,7 @@ func (k kit) pair(t testing.TB, e *engine.Engine) *Pair {
 	if !k.stream {
 		return NewPair(t, e)
 	}
-	client, a, b, server := k.ends(t)
+	client, a, b, server := k.ends(t, e)
 	p := &Pair{Client: client, Server: server, Counters: new(engine.Counters), Done: make(chan engine.Result, 1)}
 	p.Handle = e.Start(a, b, p.Counters, func(r engine.Result) { p.Done <- r })
 	return p

@@ -1,0 +1,464 @@
+package engine
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/engine/poll"
+	"golang.org/x/sys/unix"
+)
+
+// The epoll side of a loop-owned connection (contract in conn.go): a
+// connEntry in a stream loop's slot table, beside the relays, registered
+// In|Out|RDHup|ET once with tag side 0 like them.
+
+// connState is where a connEntry is in its life.
+type connState uint8
+
+const (
+	connOpen      connState = iota // the driver reads and writes
+	connFlushing                   // closing: the driver's last bytes are going out
+	connLingering                  // FIN sent: discarding input until the peer's EOF
+)
+
+// The bits of connEntry.flags, which other goroutines read and set.
+const (
+	// connFlushOwed: a Wake asked for a Flush that has not run yet.
+	// Whoever sets it also arranges the Flush (a task, or the loop sees it
+	// on leaving the entry).
+	connFlushOwed uint32 = 1 << iota
+	// connOnLoop: the loop runs code on the entry's behalf (a driver
+	// callback, a relay of its streams) and looks at connFlushOwed when it
+	// is done, so Wake needs no task.
+	connOnLoop
+)
+
+// connEntry is a loop-owned connection. Its *ConnHandle is the entry
+// itself (no allocation of its own).
+type connEntry struct {
+	relayBase
+	l     *eloop
+	d     ConnDriver
+	fd    int
+	flags atomic.Uint32 // connFlushOwed, connOnLoop
+
+	// Owned by the loop goroutine.
+	held     int // depth of enter: connOnLoop is set while > 0
+	state    connState
+	onFlush  bool          // in l.flush
+	wrote    bool          // a Flush ran since the last Writable: room goes to Writable
+	holding  bool          // the last Writable held bytes
+	deadline time.Duration // loop time: end of the flushing or lingering phase
+	closeErr error         // what Ended gets after a close that completes
+	idx      int           // in l.conns
+}
+
+// ConnHandle is a loop-owned connection seen from outside (StartConn): it
+// is what a Homed stream returns and the owner hbone hands back to
+// WakeFrom. Its methods are safe from any goroutine.
+type ConnHandle connEntry
+
+func (h *ConnHandle) entry() *connEntry { return (*connEntry)(h) }
+
+// Wake asks the loop to call the driver's Flush at the end of its current
+// or next iteration. Wake-ups coalesce: a burst of commits costs one
+// Flush, and while the loop runs code of this connection (or is awake
+// anyway) no syscall.
+func (h *ConnHandle) Wake() {
+	c := h.entry()
+	if c.flags.Or(connFlushOwed)&(connFlushOwed|connOnLoop) != 0 {
+		return
+	}
+	c.l.submit(task{op: opConnWake, r: c})
+}
+
+// Close ends the connection on its loop. abort=false flushes first: the
+// loop calls Flush (the driver writes its last bytes there and in
+// Writable), sends the FIN once the driver holds nothing, waits for the
+// peer's EOF (bounded) and closes; Ended gets nil. abort=true resets the
+// socket at once, nothing more sent; Ended gets ErrAborted. Later calls,
+// and calls after the end, do nothing.
+func (h *ConnHandle) Close(abort bool) {
+	var err error
+	if abort {
+		err = ErrAborted
+	}
+	h.entry().l.submit(task{op: opConnClose, r: h.entry(), err: err})
+}
+
+func (b *epollBackend) startConn(fd int, d ConnDriver) (*ConnHandle, bool) {
+	l := b.strm[b.pick(len(b.strm))]
+	c := &connEntry{l: l, d: d, fd: fd}
+	c.init(c)
+	if !l.submit(task{op: opConnAdd, r: c}) {
+		_ = unix.Close(fd)
+		return nil, false
+	}
+	return (*ConnHandle)(c), true
+}
+
+// addConn registers a new connection and gives it its first read turn.
+func (l *eloop) addConn(c *connEntry) {
+	c.slot = l.slots.put(c)
+	c.idx = len(l.conns)
+	l.conns = append(l.conns, c)
+	l.nConns.Add(1)
+	if len(l.conns) == 1 {
+		l.nextTick = l.now + connTick
+	}
+	const interest = poll.In | poll.Out | poll.RDHup | poll.ET
+	if err := l.p.Add(c.fd, interest, uint64(c.slot)<<1); err != nil {
+		c.finish(err, true)
+		return
+	}
+	c.readable()
+}
+
+// enter marks the loop as running code on c's behalf: a Wake meanwhile
+// only sets connFlushOwed, which leave turns into a place on the flush
+// list.
+func (l *eloop) enter(c *connEntry) {
+	if c.held == 0 {
+		c.flags.Or(connOnLoop)
+	}
+	c.held++
+}
+
+func (l *eloop) leave(c *connEntry) {
+	c.held--
+	if c.held == 0 && c.flags.And(^connOnLoop)&connFlushOwed != 0 {
+		l.markFlush(c)
+	}
+}
+
+// markFlush puts c on the list the loop flushes at the end of the
+// iteration (once, however often it is marked).
+func (l *eloop) markFlush(c *connEntry) {
+	if c.onFlush || c.closed {
+		return
+	}
+	c.onFlush = true
+	l.flush = append(l.flush, c)
+}
+
+// stalled counts a driver call that held the loop since start.
+func (l *eloop) stalled(start time.Time) {
+	if time.Since(start) > connStall {
+		l.nStalls.Add(1)
+	}
+}
+
+// readable gives the driver a read turn.
+func (c *connEntry) readable() {
+	l := c.l
+	l.enter(c)
+	start := time.Now()
+	more, err := c.d.Readable()
+	l.stalled(start)
+	l.leave(c)
+	if c.closed {
+		return
+	}
+	if err != nil {
+		c.startClose(err, connAbruptTimeout)
+		return
+	}
+	if more && !c.queued && c.state == connOpen {
+		// Back in line behind the loop's other work (runReady).
+		c.queued = true
+		l.ready = append(l.ready, loopRelay(c))
+	}
+}
+
+// writable gives the driver the socket's room.
+func (c *connEntry) writable() {
+	l := c.l
+	l.enter(c)
+	start := time.Now()
+	more, err := c.d.Writable()
+	l.stalled(start)
+	l.leave(c)
+	c.wrote = false
+	if c.closed {
+		return
+	}
+	if err != nil {
+		c.finish(err, true)
+		return
+	}
+	c.holding = more
+	if c.state == connFlushing && !more {
+		c.shut()
+	}
+}
+
+// flushNow runs the driver's Flush.
+func (c *connEntry) flushNow() {
+	l := c.l
+	l.enter(c)
+	// Cleared before the call: a commit during it sets the flag again and
+	// gets a Flush of its own.
+	c.flags.And(^connFlushOwed)
+	start := time.Now()
+	err := c.d.Flush()
+	l.stalled(start)
+	l.leave(c)
+	c.wrote = true
+	if err != nil && !c.closed {
+		c.finish(err, true)
+	}
+}
+
+// event records the socket's readiness and gives the driver its turns.
+func (c *connEntry) event(_ int, ev poll.Event) {
+	if ev.Events&poll.Err != 0 {
+		if err := sockError(c.fd); err != nil {
+			c.finish(err, true)
+			return
+		}
+	}
+	room := ev.Events&(poll.Out|poll.Hup|poll.Err) != 0
+	input := ev.Events&(poll.In|poll.RDHup|poll.Hup|poll.Err) != 0
+	switch c.state {
+	case connOpen:
+		if room && (c.wrote || c.holding) {
+			c.writable()
+		}
+		if input && !c.closed && c.state == connOpen {
+			c.readable()
+		}
+	case connFlushing:
+		if room {
+			c.writable()
+		}
+	case connLingering:
+		if input {
+			c.discard()
+		}
+	}
+}
+
+// service is a requeued read turn (Readable said more).
+func (c *connEntry) service() {
+	if !c.closed && c.state == connOpen {
+		c.readable()
+	}
+}
+
+// startClose begins a close that flushes: the driver's Flush, then its
+// Writable until it holds nothing, within bound.
+func (c *connEntry) startClose(err error, bound time.Duration) {
+	if c.closed || c.state != connOpen {
+		return
+	}
+	l := c.l
+	c.state, c.closeErr = connFlushing, err
+	c.deadline = l.now + bound
+	l.closing = append(l.closing, c)
+	c.flushNow()
+	if c.closed {
+		return
+	}
+	// Whether the Flush left bytes held: Writable says (at worst one
+	// write that meets a full socket again).
+	c.writable()
+}
+
+// shut sends the FIN once the driver's bytes are out, and lingers for the
+// peer's.
+func (c *connEntry) shut() {
+	l := c.l
+	c.state = connLingering
+	c.deadline = l.now + connLinger
+	if err := unix.Shutdown(c.fd, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
+		c.finish(c.closeErr, false)
+		return
+	}
+	c.discard() // input that came while flushing brought its edge then
+}
+
+// discard reads and drops the input of a lingering connection until
+// EAGAIN; the peer's EOF (or an error) ends the connection.
+func (c *connEntry) discard() {
+	buf := c.l.scratchBuf()
+	for {
+		n, err := unix.Read(c.fd, buf)
+		switch {
+		case err == unix.EAGAIN:
+			return
+		case err == unix.EINTR:
+			continue
+		case err != nil || n == 0:
+			c.finish(c.closeErr, false)
+			return
+		}
+	}
+}
+
+// close is Close on the loop.
+func (c *connEntry) close(err error) {
+	if c.closed {
+		return
+	}
+	if err != nil {
+		c.finish(err, true)
+		return
+	}
+	c.startClose(nil, connFlushTimeout)
+}
+
+// expireConns ends the closing connections whose phase outlasted its
+// bound: a flush that did not finish resets, a linger closes.
+func (l *eloop) expireConns() {
+	for i := 0; i < len(l.closing); {
+		c := l.closing[i]
+		if l.now < c.deadline {
+			i++
+			continue
+		}
+		// finish removes c from the list.
+		if c.state == connFlushing {
+			c.finish(errCloseFlush, true)
+		} else {
+			c.finish(c.closeErr, false)
+		}
+	}
+}
+
+// tickConns gives every open connection its Tick once per connTick.
+func (l *eloop) tickConns() {
+	if len(l.conns) == 0 || l.now < l.nextTick {
+		return
+	}
+	l.nextTick = l.now + connTick
+	now := l.base.Add(l.now)
+	for i := 0; i < len(l.conns); i++ {
+		c := l.conns[i]
+		if c.state != connOpen {
+			continue
+		}
+		l.enter(c)
+		start := time.Now()
+		c.d.Tick(now)
+		l.stalled(start)
+		l.leave(c)
+	}
+}
+
+// flushConns runs the Flush of every connection marked in the iteration;
+// those marked again meanwhile wait for the next one.
+func (l *eloop) flushConns() {
+	if len(l.flush) == 0 {
+		return
+	}
+	batch := l.flush
+	l.flush = l.spareFlush[:0]
+	for i, c := range batch {
+		batch[i] = nil
+		c.onFlush = false
+		if !c.closed && c.state != connLingering {
+			c.flushNow()
+		}
+	}
+	l.spareFlush = batch[:0]
+}
+
+// connWait shortens the loop's wait for its connections: a flush owed
+// now, the next tick, the end of a close phase.
+func (l *eloop) connWait(t time.Duration) time.Duration {
+	if len(l.flush) > 0 {
+		return 0
+	}
+	at := func(deadline time.Duration) {
+		left := max(deadline-l.now, 0)
+		if t < 0 || left < t {
+			t = left
+		}
+	}
+	if len(l.conns) > 0 {
+		at(l.nextTick)
+	}
+	for _, c := range l.closing {
+		at(c.deadline)
+	}
+	return t
+}
+
+// finish ends the connection: Ended (the descriptor still open), then the
+// descriptor closed (reset when rst), the slot freed.
+func (c *connEntry) finish(err error, rst bool) {
+	if c.closed {
+		return
+	}
+	l := c.l
+	c.closed = true
+	for i, o := range l.closing {
+		if o == c {
+			last := len(l.closing) - 1
+			l.closing[i] = l.closing[last]
+			l.closing[last] = nil
+			l.closing = l.closing[:last]
+			break
+		}
+	}
+	last := len(l.conns) - 1
+	moved := l.conns[last]
+	l.conns[c.idx] = moved
+	moved.idx = c.idx
+	l.conns[last] = nil
+	l.conns = l.conns[:last]
+	start := time.Now()
+	c.d.Ended(err)
+	l.stalled(start)
+	if rst {
+		abortFD(c.fd)
+	} else {
+		_ = unix.Close(c.fd)
+	}
+	l.slots.drop(c.slot)
+	if l.slots.live == 0 {
+		l.emptySince = l.now
+	}
+	l.nConns.Add(-1)
+	l.b.e.connEnded()
+}
+
+// end is the loopRelay form of finish (a registration that failed, the
+// loop's stop).
+func (c *connEntry) end(err error, abort bool) { c.finish(err, abort) }
+
+// refuse ends a connection whose loop stopped before adding it.
+func (c *connEntry) refuse(err error) {
+	c.closed = true
+	c.d.Ended(err)
+	_ = unix.Close(c.fd)
+	c.l.b.e.connEnded()
+}
+
+func (c *connEntry) fdOf(side int) int {
+	if side == 0 {
+		return c.fd
+	}
+	return -1
+}
+
+// WakeFrom readies the relay on its loop at once when owner is a
+// loop-owned connection of that loop, whose driver callback is the caller
+// (LocalWaker); otherwise it is Wake.
+func (r *streamRelay) WakeFrom(owner any) {
+	h, ok := owner.(*ConnHandle)
+	if !ok || h.l != r.l {
+		r.Wake()
+		return
+	}
+	if assertions && h.held == 0 {
+		panic("engine: WakeFrom outside a driver callback of its connection")
+	}
+	r.l.nLocalWakes.Add(1)
+	if !r.queued && !r.closed && r.slot >= 0 {
+		r.queued = true
+		r.l.ready = append(r.l.ready, loopRelay(r))
+	}
+}
+
+var _ LocalWaker = (*streamRelay)(nil)
