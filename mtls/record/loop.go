@@ -175,8 +175,9 @@ func (c *Conn) tryWriteFDLocked(p []byte) (ok, queued bool, err error) {
 			stillHeld = true
 		}
 	}
-	buf, err := c.sealAllLocked(c.heldBufLocked(), p)
-	c.holdLocked(buf)
+	buf, start := c.heldBufLocked(sealRoom(len(p)))
+	buf, err = c.sealAllLocked(buf, p)
+	c.holdLocked(buf, start)
 	if err != nil {
 		return true, c.unsent != nil, err
 	}
@@ -254,8 +255,9 @@ func (c *Conn) TryKeyUpdate(requestPeer bool) error {
 	}
 	// Our KeyUpdate also answers one the peer requested.
 	c.pendingKeyUpdate.Store(false)
-	buf, err := c.appendKeyUpdateLocked(c.heldBufLocked(), requestPeer)
-	c.holdLocked(buf)
+	buf, start := c.heldBufLocked(ctrlRecordLen)
+	buf, err := c.appendKeyUpdateLocked(buf, requestPeer)
+	c.holdLocked(buf, start)
 	if err != nil {
 		return err
 	}
@@ -297,8 +299,9 @@ func (c *Conn) queueAlertLocked(a alert) {
 		level = 1 // warning
 	}
 	c.out.ctrl = [5]byte{level, byte(a)}
-	buf, err := c.appendRecordLocked(c.heldBufLocked(), typeAlert, c.out.ctrl[:2])
-	c.holdLocked(buf)
+	buf, start := c.heldBufLocked(ctrlRecordLen)
+	buf, err := c.appendRecordLocked(buf, typeAlert, c.out.ctrl[:2])
+	c.holdLocked(buf, start)
 	if a == alertCloseNotify {
 		c.closeNotifySent = true
 	} else if c.werr == nil {
@@ -309,26 +312,32 @@ func (c *Conn) queueAlertLocked(a alert) {
 	}
 }
 
-// heldBufLocked returns the buffer new records are appended to, for
-// holdLocked: the held records moved to the front of the held buffer, or,
-// with nothing held, an empty pooled buffer.
-func (c *Conn) heldBufLocked() []byte {
+// heldBufLocked returns the buffer new records (need bytes at most) are
+// appended to, and where in it the held records start, for holdLocked: the
+// held buffer, whose sent part is dropped (the held records moved to its
+// front) only when its tail lacks the room; with nothing held, an empty
+// pooled buffer.
+func (c *Conn) heldBufLocked(need int) (buf []byte, start int) {
 	if c.backlog == nil {
 		c.backlog = outBufs.Get().(*[]byte)
-		return (*c.backlog)[:0]
+		return (*c.backlog)[:0], 0
 	}
-	b := (*c.backlog)[:cap(*c.backlog)]
-	return b[:copy(b, c.unsent)]
+	b := *c.backlog // the held records are its end
+	if cap(b)-len(b) >= need {
+		return b, len(b) - len(c.unsent)
+	}
+	b = b[:cap(b)]
+	return b[:copy(b, c.unsent)], 0
 }
 
-// holdLocked makes buf, from heldBufLocked, the held records.
-func (c *Conn) holdLocked(buf []byte) {
-	if len(buf) == 0 {
+// holdLocked makes buf[start:], buf from heldBufLocked, the held records.
+func (c *Conn) holdLocked(buf []byte, start int) {
+	if len(buf) == start {
 		c.dropHeldLocked()
 		return
 	}
 	*c.backlog = buf // a buffer that grew goes back to the pool grown
-	c.unsent = buf
+	c.unsent = buf[start:]
 }
 
 // dropHeldLocked gives the held buffer back.
