@@ -51,7 +51,6 @@ type conn struct {
 	inR, inW    int
 	inNeed      int   // bytes from inR the pump needs before it can progress
 	inErr       error // the transport's read error, returned once in is processed
-	inBulk      bool  // the last read filled its buffer: the next one is large
 	state       pumpState
 	fh          http2.FrameHeader // stFrame: the frame whose payload is awaited
 	scan        blockScan         // stFrame on HEADERS: how much of the block is checked

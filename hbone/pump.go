@@ -16,12 +16,14 @@ import (
 // Read per fill. Because step never blocks, the same parser can be driven
 // by an event loop that reads only when the socket is readable.
 
-// Read buffer size classes. A connection starts each fill with a small
-// buffer (what a round trip's few frames need) and takes a large one when a
-// read filled its buffer or a DATA payload still to come needs it; a
-// frame that must be whole and is larger gets a buffer of its own size (at
-// most MaxFrameSize+9, or a header block's budget). The buffer goes back
-// to its pool whenever it is empty.
+// Read buffer size classes. A fill at a frame boundary reads into a small
+// buffer: what a round trip's few frames need, and as bufio did, no more
+// than the start of a large DATA payload, whose rest then goes straight
+// into the stream's buffer (fillStream) or, when the stream's DirectSink
+// may take it, through a large buffer. A frame that must be whole and is
+// larger gets a buffer of its own size (at most MaxFrameSize+9, or a
+// header block's budget). The buffer goes back to its pool whenever it is
+// empty.
 const (
 	inSmallSize = 4 << 10
 	inLargeSize = 64 << 10
@@ -218,7 +220,7 @@ func (c *conn) inSize(need int) int {
 	if need > inLargeSize {
 		return need
 	}
-	if c.inBulk || need > inSmallSize || (c.state == stData && c.data.left+c.data.pad > inSmallSize) {
+	if need > inSmallSize || (c.state == stData && c.data.left+c.data.pad > inSmallSize) {
 		return inLargeSize
 	}
 	return inSmallSize
@@ -231,6 +233,11 @@ func (c *conn) inSize(need int) int {
 func (c *conn) fill() error {
 	if c.inErr != nil {
 		return c.inErr
+	}
+	if c.in == nil && c.state == stData && c.data.s != nil && c.data.left >= inSmallSize {
+		if done, err := c.fillStream(&c.data); done {
+			return err
+		}
 	}
 	avail := c.inW - c.inR
 	need := max(c.inNeed, avail+1)
@@ -251,7 +258,6 @@ func (c *conn) fill() error {
 	for range 100 { // as bufio: a transport that keeps returning nothing is broken
 		n, err := c.nc.Read(space)
 		c.inW += n
-		c.inBulk = n == len(space)
 		if err != nil {
 			c.inErr = err
 			if n == 0 {
@@ -265,6 +271,50 @@ func (c *conn) fill() error {
 	}
 	c.inErr = io.ErrNoProgress
 	return c.inErr
+}
+
+// fillStream is fill in the middle of a large DATA payload that no
+// DirectSink can take now: the read goes straight into the stream's buffer
+// (as far as the payload goes), saving the copy through c.in. It runs
+// outside s.mu, so the stream's reader keeps draining older data
+// meanwhile; s.filling keeps the tail chunk alive until the read is done.
+// done is false when the stream's sink may take the bytes or the stream
+// was reset: then the bytes go through c.in.
+func (c *conn) fillStream(d *dataState) (done bool, err error) {
+	s := d.s
+	s.mu.Lock()
+	if ref := s.waker.Load(); s.rerrNow != nil || (ref != nil && ref.sink != nil && s.rbuf.size == 0) {
+		s.mu.Unlock()
+		return false, nil
+	}
+	dst := s.rbuf.reserve(d.left)
+	s.filling = true
+	s.mu.Unlock()
+	n, err := c.nc.Read(dst)
+	s.mu.Lock()
+	s.filling = false
+	if s.rerrNow != nil {
+		if !s.peeking {
+			s.rbuf.free() // else the Consume that ends the Peek does
+		}
+		d.dropped += n
+	} else if n > 0 {
+		s.rbuf.commit(n)
+		s.wakeReaderLocked()
+		s.wake()
+	}
+	if n == 0 && s.rbuf.size == 0 && !s.peeking {
+		s.rbuf.free() // the chunk reserved for nothing
+	}
+	s.mu.Unlock()
+	d.left -= n
+	if err != nil {
+		c.inErr = err
+		if n == 0 {
+			return true, err
+		}
+	}
+	return true, nil
 }
 
 // releaseIfEmpty releases c.in if it holds nothing.

@@ -296,16 +296,21 @@ func (c *conn) fillData(d *dataState, p []byte) {
 		d.dropped += len(p)
 		return
 	}
+	// Chunks are sized for the payload still to come (d.left counts p
+	// too), so the rest of a large one fills the same chunk.
+	want := d.left
 	if k := c.deliverLocked(s, p); k > 0 {
 		d.direct += k
 		d.inc += s.creditLocked(k)
 		p = p[k:]
+		want -= k
 	}
 	if len(p) > 0 {
 		for len(p) > 0 {
-			k := copy(s.rbuf.reserve(len(p)), p)
+			k := copy(s.rbuf.reserve(want), p)
 			s.rbuf.commit(k)
 			p = p[k:]
+			want -= k
 		}
 		s.wakeReaderLocked()
 		s.wake()
