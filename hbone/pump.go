@@ -103,9 +103,18 @@ func (r *frameSrc) Read(p []byte) (int, error) {
 	return k, nil
 }
 
-// set points the framer at n bytes of c.in from c.inR.
+// setSrc points the framer at n bytes of c.in from c.inR.
 func (c *conn) setSrc(n, left int) {
-	c.src = frameSrc{b: c.in.b[c.inR : c.inR+n], left: left}
+	c.src = frameSrc{b: c.peekIn(n), left: left}
+}
+
+// peekIn returns the n bytes of c.in from c.inR, which it holds; nil
+// when n is 0 (c.in may be released then).
+func (c *conn) peekIn(n int) []byte {
+	if n == 0 {
+		return nil
+	}
+	return c.in.b[c.inR : c.inR+n]
 }
 
 // blockScan is how far the pump has checked a header block that arrives in
@@ -424,7 +433,7 @@ func (c *conn) stepFrame() (bool, error) {
 		if avail < n {
 			return c.wait(n)
 		}
-		err := c.readPriority(fh, c.in.b[c.inR:c.inR+n])
+		err := c.readPriority(fh, c.peekIn(n))
 		c.eat(n)
 		c.state = stHeader
 		return true, err
@@ -441,11 +450,7 @@ func (c *conn) stepFrame() (bool, error) {
 	} else if avail < n {
 		return c.wait(n)
 	}
-	if n == 0 {
-		c.src = frameSrc{left: left}
-	} else {
-		c.setSrc(n, left)
-	}
+	c.src = frameSrc{b: c.peekIn(n), left: left}
 	f, err := c.fr.ReadFrameForHeader(fh)
 	used := c.src.n
 	c.src.b = nil

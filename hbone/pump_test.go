@@ -238,6 +238,7 @@ func pumpCases() []struct {
 				_ = fr.WriteData(5, false, []byte("after reset")) // STREAM_CLOSED: the client reset it
 				_ = fr.WritePriority(7, http2.PriorityParam{StreamDep: 7})
 				_ = fr.WriteRawFrame(http2.FramePriority, 0, 9, []byte{1, 2})
+				_ = fr.WriteRawFrame(http2.FramePriority, 0, 11, nil)
 				_ = fr.WriteGoAway(0, http2.ErrCodeNo, []byte("bye"))
 				endWithError(fr)
 			}),
