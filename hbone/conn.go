@@ -1,7 +1,6 @@
 package hbone
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -21,11 +20,6 @@ import (
 // lifecycle and close.
 
 const (
-	// readBufSize sizes the connection's bufio.Reader, which every
-	// connection holds for its life. DATA payloads larger than what it
-	// holds go straight from the connection into stream chunks, so a small
-	// one costs less idle memory and fewer double copies.
-	readBufSize = 4 << 10
 	// closeFlushTimeout bounds the final flush (GOAWAY, pending frames) of a
 	// connection that closes gracefully or with a protocol error.
 	closeFlushTimeout = 2 * time.Second
@@ -39,9 +33,9 @@ const (
 )
 
 // conn is one HTTP/2 connection, client or server side. Its reader goroutine
-// (readFrames) owns the framer and the receive path; its writer goroutine
-// (writeLoop) owns the network writes. Streams and the reader append frames
-// to a shared write buffer under wmu.
+// (readFrames) owns the read pump (pump.go), the framer and the receive
+// path; its writer goroutine (writeLoop) owns the network writes. Streams
+// and the reader append frames to a shared write buffer under wmu.
 //
 // Lock order: mu before wmu, mu before Stream.mu. Stream.mu and wmu are
 // leaves: nothing is locked while holding them.
@@ -52,10 +46,16 @@ type conn struct {
 	client bool
 	logf   func(format string, args ...any)
 
-	// Reader goroutine only (read.go).
-	nr          netReader
-	br          *bufio.Reader
-	hr          blockReader // the framer reads through it
+	// Reader goroutine only (read.go, pump.go).
+	in          *inBuf // received plaintext: in.b[inR:inW] is unprocessed; nil when empty
+	inR, inW    int
+	inNeed      int   // bytes from inR the pump needs before it can progress
+	inErr       error // the transport's read error, returned once in is processed
+	state       pumpState
+	fh          http2.FrameHeader // stFrame: the frame whose payload is awaited
+	scan        blockScan         // stFrame on HEADERS: how much of the block is checked
+	data        dataState         // stData: the DATA frame in progress
+	src         frameSrc          // the framer reads through it
 	fr          *http2.Framer
 	gotSettings bool
 	resetTokens float64   // server: streams the peer may still waste (see Config.MaxResetStreams)
@@ -160,10 +160,11 @@ func newConn(nc net.Conn, cfg Config, client bool) *conn {
 		done:               make(chan struct{}),
 	}
 	c.direct, _ = nc.(directWriter)
-	c.nr.nc = nc
-	c.br = bufio.NewReaderSize(&c.nr, readBufSize)
-	c.hr = blockReader{r: c.br, left: -1}
-	c.fr = http2.NewFramer(io.Discard, &c.hr)
+	if client {
+		c.state = stHeader
+	}
+	c.src.left = -1
+	c.fr = http2.NewFramer(io.Discard, &c.src)
 	c.fr.SetMaxReadFrameSize(cfg.MaxFrameSize)
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	c.fr.MaxHeaderListSize = cfg.MaxHeaderListSize
@@ -208,6 +209,7 @@ func (c *conn) start() {
 // readLoop runs the reader until the connection ends.
 func (c *conn) readLoop() {
 	err := c.readFrames()
+	c.releaseIn()
 	close(c.readDone)
 	c.closeWith(err)
 	c.exit()

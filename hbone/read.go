@@ -1,111 +1,28 @@
 package hbone
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
-	"net"
 	"time"
 
 	"golang.org/x/net/http2"
 )
 
-// netReader remembers the first error of the underlying connection, which
-// tells network failures apart from malformed frames.
-type netReader struct {
-	nc  net.Conn
-	err error
-}
-
-func (r *netReader) Read(p []byte) (int, error) {
-	n, err := r.nc.Read(p)
-	if err != nil && r.err == nil {
-		r.err = err
-	}
-	return n, err
-}
-
-// blockReader is the framer's reader. While a header block is being read
-// (left >= 0) it lets at most left more bytes through, so a peer cannot make
-// the reader decode an endless run of CONTINUATION frames.
-type blockReader struct {
-	r        *bufio.Reader
-	left     int64 // bytes the current header block may still take; -1: no block
-	exceeded bool  // the budget ran out: the peer's block was too large
-}
-
-func (b *blockReader) Read(p []byte) (int, error) {
-	if b.left < 0 {
-		return b.r.Read(p)
-	}
-	if b.left == 0 {
-		b.exceeded = true
-		return 0, errHeaderBlockTooLarge
-	}
-	if int64(len(p)) > b.left {
-		p = p[:b.left]
-	}
-	n, err := b.r.Read(p)
-	b.left -= int64(n)
-	return n, err
-}
-
-// readFrames is the reader goroutine's loop. It returns why the connection
-// must end: a *ConnError (answered with GOAWAY), a network error, or
-// ErrBadPreface.
+// readFrames is the reader goroutine's loop: the pump (pump.go) steps
+// through what c.in holds and, when it needs more, one blocking read fills
+// it. It returns why the connection must end: a *ConnError (answered with
+// GOAWAY), a network error, or ErrBadPreface.
 func (c *conn) readFrames() error {
-	if !c.client {
-		var preface [len(http2.ClientPreface)]byte
-		if _, err := io.ReadFull(c.br, preface[:]); err != nil {
-			if c.nr.err != nil {
-				return fmt.Errorf("hbone: reading preface: %w", err)
-			}
-			return ErrBadPreface
-		}
-		if string(preface[:]) != http2.ClientPreface {
-			return ErrBadPreface
-		}
-	}
 	for {
-		fh, err := c.fr.ReadFrameHeader()
-		if err != nil {
-			return c.frameError(fh, err)
-		}
-		if !c.gotSettings {
-			// RFC 9113 section 3.4: the peer's preface ends with SETTINGS. A
-			// GOAWAY instead still tells why the peer is leaving.
-			if fh.Type != http2.FrameGoAway && (fh.Type != http2.FrameSettings || fh.Flags.Has(http2.FlagSettingsAck)) {
-				return connError(http2.ErrCodeProtocol, "first frame is %v, not SETTINGS", fh.Type)
-			}
-			c.gotSettings = true
-		}
-		switch fh.Type {
-		case http2.FrameData:
-			err = c.readData(fh)
-		case http2.FramePriority:
-			err = c.readPriority(fh)
-		default:
-			if fh.Type == http2.FrameHeaders {
-				// The framer reads the whole block, CONTINUATIONs included.
-				c.hr.left = int64(c.cfg.MaxHeaderBlockSize) - frameHeaderLen
-			}
-			var f http2.Frame
-			f, err = c.fr.ReadFrameForHeader(fh)
-			c.hr.left = -1
-			if err != nil {
-				err = c.frameError(fh, err)
-			} else {
-				err = c.handleFrame(f)
-			}
-			if err == nil {
-				// Whatever the frame provoked must not pile up unread.
-				err = c.checkBacklog()
-			}
-		}
+		progress, err := c.step()
 		if err != nil {
 			return err
+		}
+		if !progress {
+			if err := c.fill(); err != nil {
+				return c.readErr(err)
+			}
 		}
 	}
 }
@@ -113,10 +30,7 @@ func (c *conn) readFrames() error {
 // frameError classifies an error of the framer. Stream errors reset the
 // stream and return nil; anything else ends the connection.
 func (c *conn) frameError(fh http2.FrameHeader, err error) error {
-	if c.nr.err != nil {
-		return fmt.Errorf("hbone: read: %w", c.nr.err)
-	}
-	if c.hr.exceeded {
+	if c.src.exceeded {
 		return connError(http2.ErrCodeEnhanceYourCalm, "header block on stream %d exceeds %d bytes", fh.StreamID, c.cfg.MaxHeaderBlockSize)
 	}
 	if errors.Is(err, http2.ErrFrameTooLarge) {
@@ -225,24 +139,15 @@ func (c *conn) handleFrame(f http2.Frame) error {
 	return nil
 }
 
-// readPriority skips a PRIORITY frame. RFC 9113 deprecates the signal but
-// keeps its framing rules (section 6.3): stream 0 is a connection error, a
-// length other than 5 a stream error (the framer would end the connection),
-// and so is a stream depending on itself (RFC 7540 section 5.3.1). PRIORITY
-// may name a stream in any state.
-func (c *conn) readPriority(fh http2.FrameHeader) error {
-	if fh.StreamID == 0 {
-		return connError(http2.ErrCodeProtocol, "PRIORITY on stream 0")
-	}
+// readPriority checks a PRIORITY frame, whose payload p is whole, and
+// otherwise ignores it. RFC 9113 deprecates the signal but keeps its
+// framing rules (section 6.3): stream 0 is a connection error (checked
+// with the header), a length other than 5 a stream error (the framer would
+// end the connection), and so is a stream depending on itself (RFC 7540
+// section 5.3.1). PRIORITY may name a stream in any state.
+func (c *conn) readPriority(fh http2.FrameHeader, p []byte) error {
 	if fh.Length != 5 {
-		if _, err := c.br.Discard(int(fh.Length)); err != nil {
-			return fmt.Errorf("hbone: read: %w", err)
-		}
 		return c.rejectStream(fh.StreamID, http2.ErrCodeFrameSize, http2.FramePriority)
-	}
-	var p [5]byte
-	if _, err := io.ReadFull(c.br, p[:]); err != nil {
-		return fmt.Errorf("hbone: read: %w", err)
 	}
 	if binary.BigEndian.Uint32(p[:4])&maxStreamID == fh.StreamID {
 		return c.rejectStream(fh.StreamID, http2.ErrCodeProtocol, http2.FramePriority)
@@ -250,23 +155,36 @@ func (c *conn) readPriority(fh http2.FrameHeader) error {
 	return nil
 }
 
-// readData reads a DATA frame's payload straight into the stream's buffer.
-func (c *conn) readData(fh http2.FrameHeader) error {
+// dataState is the DATA frame whose payload the pump is delivering: the
+// checks ran once, with its header and pad length (readData); the payload
+// then goes to the stream as it arrives (fillData), and its window and
+// end of stream are settled when it is all in (endPayload, endData).
+type dataState struct {
+	s        *Stream // the stream it fills; nil: the payload is skipped
+	id       uint32
+	left     int // payload bytes still to come
+	pad      int // padding bytes after them
+	frameLen int
+	overhead int   // the pad length byte and padding: never buffered
+	direct   int   // payload bytes the stream's DirectSink took
+	dropped  int   // payload read but not kept: the stream was reset meanwhile
+	inc      int64 // stream window to return once the frame is in
+	end      bool  // END_STREAM
+	ended    bool  // the payload is all in and endPayload ran
+	// What a skipped payload leads to once it is read: RST_STREAM for a
+	// stream the peer had closed, or a stream error on rejected.
+	rst      bool
+	rejected *Stream
+	code     http2.ErrCode
+}
+
+// readData runs a DATA frame's checks once its header and pad length are
+// read, and sets the pump to deliver or skip its payload.
+func (c *conn) readData(fh http2.FrameHeader, padLen int) error {
 	id := fh.StreamID
-	if id == 0 {
-		return connError(http2.ErrCodeProtocol, "DATA on stream 0")
-	}
 	frameLen := int(fh.Length)
-	dataLen, padLen := frameLen, 0
+	dataLen := frameLen
 	if fh.Flags.Has(http2.FlagDataPadded) {
-		if frameLen == 0 {
-			return connError(http2.ErrCodeFrameSize, "padded DATA frame without pad length")
-		}
-		p, err := c.br.ReadByte()
-		if err != nil {
-			return fmt.Errorf("hbone: read: %w", err)
-		}
-		padLen = int(p)
 		if padLen >= frameLen {
 			return connError(http2.ErrCodeProtocol, "DATA padding of %d bytes in a %d-byte frame", padLen, frameLen)
 		}
@@ -277,6 +195,8 @@ func (c *conn) readData(fh http2.FrameHeader) error {
 		return connError(http2.ErrCodeFlowControl, "DATA exceeds the connection window")
 	}
 	end := fh.Flags.Has(http2.FlagDataEndStream)
+	c.data = dataState{id: id, left: dataLen, pad: padLen, frameLen: frameLen, end: end}
+	c.state = stData
 
 	c.mu.Lock()
 	s := c.streams[id]
@@ -289,15 +209,10 @@ func (c *conn) readData(fh http2.FrameHeader) error {
 			// Section 5.1.1: the client never opened it.
 			return connError(http2.ErrCodeProtocol, "DATA on stream %d, which the peer never opened", id)
 		}
-		if err := c.skipData(dataLen+padLen, frameLen); err != nil {
-			return err
-		}
-		if how.peerDone() {
-			// RFC 9113 section 5.1: the client ended or reset the stream
-			// itself, so this DATA did not cross our RST_STREAM.
-			return c.rstClosed(id, http2.ErrCodeStreamClosed)
-		}
-		// A closed stream: frames may still arrive after our RST_STREAM.
+		// RFC 9113 section 5.1: if the client ended or reset the stream
+		// itself, this DATA did not cross our RST_STREAM; on a stream we
+		// closed, frames may still arrive after our RST_STREAM.
+		c.data.rst = how.peerDone()
 		return nil
 	case s.remoteClosed:
 		code = http2.ErrCodeStreamClosed
@@ -306,114 +221,152 @@ func (c *conn) readData(fh http2.FrameHeader) error {
 	}
 	if code != 0 {
 		c.mu.Unlock()
-		if err := c.skipData(dataLen+padLen, frameLen); err != nil {
-			return err
-		}
-		c.streamError(s, code)
-		return c.spendReset()
+		c.data.rejected, c.data.code = s, code
+		return nil
 	}
 	if end {
 		s.remoteClosed = true
 		c.maybeFinishLocked(s)
 	}
 	c.unlock()
-	return c.fillStream(s, dataLen, padLen, frameLen, end)
-}
 
-// skipData discards a payload nobody will read and returns its connection
-// window at once.
-func (c *conn) skipData(n, frameLen int) error {
-	if _, err := c.br.Discard(n); err != nil {
-		return fmt.Errorf("hbone: read: %w", err)
-	}
-	c.consumed(frameLen)
-	return nil
-}
-
-// fillStream moves dataLen payload bytes into s's buffer. The network read
-// happens outside s.mu, so the stream's reader keeps draining older data
-// meanwhile; s.filling keeps the tail chunk alive until the fill is done.
-func (c *conn) fillStream(s *Stream, dataLen, padLen, frameLen int, end bool) error {
 	s.mu.Lock()
 	if int64(frameLen) > s.recvWindow {
 		s.mu.Unlock()
-		if err := c.skipData(dataLen+padLen, frameLen); err != nil {
-			return err
-		}
-		c.streamError(s, http2.ErrCodeFlowControl)
-		return c.spendReset()
+		c.data.rejected, c.data.code = s, http2.ErrCodeFlowControl
+		return nil
 	}
 	s.recvWindow -= int64(frameLen)
-	// The pad length byte and padding are never buffered: their window goes
-	// back right away.
-	overhead := frameLen - dataLen
-	var dropped int // payload read but not kept: the stream was reset meanwhile
-	var rerr error
-	var inc int64
-	// Straight to the relay's socket when it can take it (DirectSink);
-	// then the bytes count as read at once.
-	direct := c.deliverLocked(s, dataLen)
-	if direct > 0 {
-		dataLen -= direct
-		inc = s.creditLocked(direct)
-	}
-	for dataLen > 0 {
-		if s.rerrNow != nil {
-			s.mu.Unlock()
-			_, rerr = c.br.Discard(dataLen)
-			dropped += dataLen
-			s.mu.Lock()
-			break
+	s.mu.Unlock()
+	c.data.s = s
+	// The pad length byte and padding are never buffered: their window
+	// goes back once the frame is in.
+	c.data.overhead = frameLen - dataLen
+	return nil
+}
+
+// stepData delivers or skips the part of the current DATA frame that c.in
+// holds, and settles the frame once it is all in.
+func (c *conn) stepData() (bool, error) {
+	d := &c.data
+	avail := c.inW - c.inR
+	progress := false
+	if d.left > 0 {
+		n := min(avail, d.left)
+		if n == 0 {
+			return c.wait(1)
 		}
-		dst := s.rbuf.reserve(dataLen)
-		s.filling = true
+		if d.s != nil {
+			c.fillData(d, c.in.b[c.inR:c.inR+n])
+		}
+		d.left -= n
+		avail -= n
+		c.eat(n)
+		if d.left > 0 {
+			return true, nil
+		}
+		progress = true
+	}
+	if d.left == 0 && d.s != nil && !d.ended {
+		c.endPayload(d)
+	}
+	if d.pad > 0 {
+		n := min(avail, d.pad)
+		if n == 0 {
+			c.inNeed = 1
+			return progress, nil
+		}
+		d.pad -= n
+		c.eat(n)
+		if d.pad > 0 {
+			return true, nil
+		}
+	}
+	return true, c.endData()
+}
+
+// fillData hands payload bytes p (in c.in) to d's stream: to its
+// DirectSink when the stream holds no received byte and the sink takes
+// them (they then count as read at once), the rest to its buffer.
+func (c *conn) fillData(d *dataState, p []byte) {
+	s := d.s
+	s.mu.Lock()
+	if s.rerrNow != nil {
 		s.mu.Unlock()
-		n, err := c.br.Read(dst)
-		s.mu.Lock()
-		s.filling = false
-		if s.rerrNow != nil {
-			if !s.peeking {
-				s.rbuf.free() // else the Consume that ends the Peek does
-			}
-			dropped += n
-		} else if n > 0 {
-			s.rbuf.commit(n)
-			s.wakeReaderLocked()
-			s.wake()
-		}
-		dataLen -= n
-		if err != nil {
-			rerr = err
-			break
-		}
+		d.dropped += len(p)
+		return
 	}
-	if rerr != nil {
-		if s.rbuf.size == 0 && !s.peeking {
-			s.rbuf.free()
-		}
-		s.mu.Unlock()
-		c.consumed(dropped + direct)
-		return fmt.Errorf("hbone: read: %w", rerr)
+	// Chunks are sized for the payload still to come (d.left counts p
+	// too), so the rest of a large one fills the same chunk.
+	want := d.left
+	if k := c.deliverLocked(s, p); k > 0 {
+		d.direct += k
+		d.inc += s.creditLocked(k)
+		p = p[k:]
+		want -= k
 	}
-	if end && s.rerrAfter == nil {
+	if len(p) > 0 {
+		for len(p) > 0 {
+			k := copy(s.rbuf.reserve(want), p)
+			s.rbuf.commit(k)
+			p = p[k:]
+			want -= k
+		}
+		s.wakeReaderLocked()
+		s.wake()
+	}
+	s.mu.Unlock()
+}
+
+// endPayload notes the end of stream once d's payload is all in and takes
+// back the window of its padding.
+func (c *conn) endPayload(d *dataState) {
+	s := d.s
+	d.ended = true
+	s.mu.Lock()
+	if d.end && s.rerrAfter == nil {
 		s.rerrAfter = io.EOF
 		s.wakeReaderLocked()
 		s.wake()
 	}
-	if overhead > 0 && s.rerrAfter == nil && s.rerrNow == nil {
-		inc += s.creditLocked(overhead)
+	if d.overhead > 0 && s.rerrAfter == nil && s.rerrNow == nil {
+		d.inc += s.creditLocked(d.overhead)
 	}
 	s.mu.Unlock()
-	if padLen > 0 {
-		if _, err := c.br.Discard(padLen); err != nil {
-			return fmt.Errorf("hbone: read: %w", err)
+}
+
+// endData settles a DATA frame read to its end: the connection window of
+// what no stream will read goes back at once; a skipped frame then leads
+// to what readData decided.
+func (c *conn) endData() error {
+	d := c.data
+	c.data = dataState{}
+	c.state = stHeader
+	if d.s == nil {
+		c.consumed(d.frameLen)
+		switch {
+		case d.rst:
+			return c.rstClosed(d.id, http2.ErrCodeStreamClosed)
+		case d.rejected != nil:
+			c.streamError(d.rejected, d.code)
+			return c.spendReset()
 		}
+		return nil
 	}
-	c.consumed(dropped + overhead + direct)
-	if inc > 0 {
-		c.queueStreamWindowUpdate(s, inc)
+	c.consumed(d.dropped + d.overhead + d.direct)
+	if d.inc > 0 {
+		c.queueStreamWindowUpdate(d.s, d.inc)
 	}
 	return nil
+}
+
+// abortData returns, when the connection fails inside a DATA payload, the
+// window of what was read of it and not buffered.
+func (c *conn) abortData() {
+	if c.state == stData && c.data.s != nil && !c.data.ended {
+		c.consumed(c.data.dropped + c.data.direct)
+	}
+	c.data = dataState{}
 }
 
 func (c *conn) handleSettings(f *http2.SettingsFrame) error {

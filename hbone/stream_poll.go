@@ -70,26 +70,16 @@ func (s *Stream) wake() {
 	}
 }
 
-// deliverLocked offers the next dataLen payload bytes of a DATA frame for
-// s to its DirectSink, when they are all in the read buffer already (so a
-// bulk frame that is not keeps the buffered path) and s holds no received
-// byte, and returns how many the sink took (consumed from c.br). Reader
-// goroutine, s.mu held.
-func (c *conn) deliverLocked(s *Stream, dataLen int) int {
+// deliverLocked offers p, payload bytes of a DATA frame for s that are in
+// the connection's read buffer, to s's DirectSink when s holds no received
+// byte, and returns how many the sink took. Reader goroutine, s.mu held.
+func (c *conn) deliverLocked(s *Stream, p []byte) int {
 	ref := s.waker.Load()
-	if ref == nil || ref.sink == nil || dataLen > c.br.Buffered() ||
+	if ref == nil || ref.sink == nil ||
 		s.rbuf.size > 0 || s.peeking || s.filling || s.rerrNow != nil || s.rerrAfter != nil {
 		return 0
 	}
-	p, err := c.br.Peek(dataLen)
-	if err != nil {
-		return 0
-	}
-	n := min(max(ref.sink.TryDeliver(p), 0), len(p))
-	if n > 0 {
-		_, _ = c.br.Discard(n)
-	}
-	return n
+	return min(max(ref.sink.TryDeliver(p), 0), len(p))
 }
 
 // TryRead is Read without blocking: (0, nil) means no data is buffered now
