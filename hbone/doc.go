@@ -73,6 +73,9 @@
 //     connection and its streams, WINDOW_UPDATE accounting;
 //   - conn_timers.go: the keepalive PING and a pooled connection's idle
 //     timer;
+//   - pump.go: the read pump: the plaintext buffer c.in, fill (the reader
+//     goroutine's blocking read) and step, which processes what c.in holds
+//     frame by frame without blocking, so an event loop can drive it too;
 //   - read.go: the reader goroutine, the frames it handles and the peer's
 //     reset budget; server.go and client.go the request and response
 //     HEADERS of each side, history.go how recent streams closed;
