@@ -148,6 +148,13 @@ func fdWriteAll(t testing.TB, c *Conn, fd int, p []byte) {
 // goroutines), and checks what arrives.
 func fdExchange(t *testing.T, c *Conn, fd int, peer endpoint, n int) {
 	t.Helper()
+	fdExchangeWith(t, c, func(ev int16) int16 { return waitFD(t, fd, ev) }, peer, n)
+}
+
+// fdExchangeWith is fdExchange waiting for readiness with wait (which
+// returns the poll events it found, perhaps not those asked for).
+func fdExchangeWith(t *testing.T, c *Conn, wait func(events int16) int16, peer endpoint, n int) {
+	t.Helper()
 	ours, theirs := make([]byte, n), make([]byte, n)
 	rand.Read(ours)
 	rand.Read(theirs)
@@ -207,7 +214,7 @@ func fdExchange(t *testing.T, c *Conn, fd int, peer endpoint, n int) {
 		if ev == 0 {
 			continue
 		}
-		if waitFD(t, fd, ev)&unix.POLLOUT != 0 && held {
+		if wait(ev)&unix.POLLOUT != 0 && held {
 			done, err := c.TryFlush()
 			if err != nil {
 				t.Fatal(err)
@@ -543,6 +550,60 @@ func TestFDKeyUpdate(t *testing.T) {
 			}
 			if got := !bytes.Equal(out0, out1); got != wantOut {
 				t.Errorf("write secret changed = %v, want %v", got, wantOut)
+			}
+		})
+	}
+}
+
+// edgeWaiter waits in an edge-triggered epoll on fd, as the engine's loops
+// do: it reports only what changed since it last returned, so a caller
+// that stops reading before the socket is empty (trusting Drained) waits
+// for ever.
+func edgeWaiter(t *testing.T, fd int) func(int16) int16 {
+	t.Helper()
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Close(ep) })
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		t.Fatal(err)
+	}
+	return func(int16) int16 {
+		var evs [1]unix.EpollEvent
+		for {
+			n, err := unix.EpollWait(ep, evs[:], -1)
+			if err == unix.EINTR || err == nil && n == 0 {
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got int16
+			if evs[0].Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLERR|unix.EPOLLHUP) != 0 {
+				got |= unix.POLLIN
+			}
+			if evs[0].Events&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) != 0 {
+				got |= unix.POLLOUT
+			}
+			return got
+		}
+	}
+}
+
+// TestFDEdgeTriggered runs the exchanges under an edge-triggered epoll, the
+// engine's way: reading stops at ErrWouldBlock or when Drained says so, and
+// writing waits for EPOLLOUT only when records are held. A wrong Drained
+// (true with bytes left) or a held write that never met EAGAIN would leave
+// the loop waiting for an edge that never comes.
+func TestFDEdgeTriggered(t *testing.T) {
+	for _, peerKind := range []kind{kindTLS, kindOurs} {
+		t.Run(string(peerKind)+"-peer", func(t *testing.T) {
+			c, fd, peer := fdPair(t, true, peerKind)
+			wait := edgeWaiter(t, fd)
+			for _, n := range append(interopSizes, 8<<20) {
+				fdExchangeWith(t, c, wait, peer, n)
 			}
 		})
 	}
