@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -457,6 +458,34 @@ func TestTryCloseOwedAlert(t *testing.T) {
 	}
 	if _, err := io.ReadAll(cli); !errors.Is(err, AlertError(alertBadRecordMAC)) {
 		t.Fatalf("peer read %v, want bad_record_mac", err)
+	}
+}
+
+// TestTryCloseOwedAlertTLSPeer: a crypto/tls peer receives the fatal
+// alert TryClose sends after a failed TryRead (here unexpected_message, for
+// a record of an unknown type the peer's socket carries).
+func TestTryCloseOwedAlertTLSPeer(t *testing.T) {
+	for _, client := range []bool{true, false} {
+		t.Run(map[bool]string{true: "our-client", false: "our-server"}[client], func(t *testing.T) {
+			c, fd, peer := fdPair(t, client, kindTLS)
+			// The peer's raw socket: the tls.Conn's NetConn.
+			raw := peer.(*tls.Conn).NetConn()
+			if _, err := raw.Write([]byte{24, 3, 3, 0, 1, 0}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := fdReadAll(t, c, fd)
+			var pe *ProtocolError
+			if !errors.As(err, &pe) || alert(pe.Alert) != alertUnexpectedMessage {
+				t.Fatalf("TryRead: %v, want unexpected_message", err)
+			}
+			for !c.TryClose() {
+				waitFD(t, fd, unix.POLLOUT)
+			}
+			_, err = io.ReadAll(peer)
+			if err == nil || !strings.Contains(err.Error(), "unexpected message") {
+				t.Fatalf("crypto/tls peer read %v, want the unexpected_message alert", err)
+			}
+		})
 	}
 }
 
