@@ -69,6 +69,11 @@ type Conn struct {
 	fallback bool
 
 	closed atomic.Bool
+	// fdMode reports that UseFD handed the connection a descriptor: socket
+	// I/O is then non-blocking system calls on fd, by the Try methods only
+	// (set with rmu and wmu held, never cleared).
+	fdMode atomic.Bool
+	fd     int
 
 	// pendingKeyUpdate asks the writer to send a KeyUpdate (peer requested
 	// one) before its next application data.
@@ -92,6 +97,9 @@ type Conn struct {
 	// idle counts consecutive records that carried no data.
 	idle int
 	rerr error // sticky read error
+	// drained reports, in fd mode, that the last socket read returned
+	// less than it asked for (or nothing).
+	drained bool
 	// readNowFn and rnow carry fillEmptyLocked's read through
 	// syscall.RawConn without allocating.
 	readNowFn func(fd uintptr) bool
@@ -276,6 +284,10 @@ func (c *Conn) Close() error {
 	if c.closed.Swap(true) {
 		return net.ErrClosed
 	}
+	if c.fdMode.Load() {
+		c.closeFD()
+		return nil
+	}
 	if !c.hsDone.Load() {
 		// A handshake in progress ends when the connection closes.
 		return c.raw.Close()
@@ -321,6 +333,10 @@ func (c *Conn) CloseWrite() error {
 		}
 	} else {
 		c.wmu.Lock()
+		if c.fdMode.Load() {
+			c.wmu.Unlock()
+			return ErrFDMode
+		}
 		if c.closeNotifySent {
 			c.wmu.Unlock()
 			return errors.New("record: CloseWrite called twice")
@@ -422,8 +438,9 @@ var rawBufs = sync.Pool{New: func() any {
 // fillLocked reads the socket once, into the buffer's free tail, after
 // making room for need bytes from c.r on (need is at most maxRecord).
 func (c *Conn) fillLocked(need int) error {
+	fdMode := c.fdMode.Load()
 	if c.rb == nil {
-		if c.rc != nil {
+		if c.rc != nil && !fdMode {
 			return c.fillEmptyLocked()
 		}
 		c.rb = rawBufs.Get().(*[]byte)
@@ -437,6 +454,9 @@ func (c *Conn) fillLocked(need int) error {
 		// take the rest of it, or a whole record no longer fits.
 		c.w = copy(buf, buf[c.r:c.w])
 		c.r = 0
+	}
+	if fdMode {
+		return c.readFDLocked(buf)
 	}
 	n, err := c.raw.Read(buf[c.w:])
 	c.w += n

@@ -48,24 +48,27 @@ func padded(content []byte, typ byte, n int) []byte {
 
 func keyUpdateMsg(req byte) []byte { return []byte{hsKeyUpdate, 0, 0, 1, req} }
 
-// TestHostileRecords sends crafted records to our server after a real
-// handshake: each must end in a clear error (or be handled), never a panic,
-// and a protocol error is answered with its alert on Close.
-func TestHostileRecords(t *testing.T) {
+// hostileCase is one crafted stream a peer sends after a real handshake,
+// and how the read side must end.
+type hostileCase struct {
+	name string
+	// wire builds the bytes the client puts on the socket.
+	wire     func(t *testing.T, c *Conn) []byte
+	closeRaw bool // then shut the sender's socket for writing
+	// toClient sends wire from the server to the client (messages
+	// only a server may send); else the client sends it.
+	toClient  bool
+	want      string // data the server reads before the end
+	wantAlert alert  // a *ProtocolError with this alert; 0: see wantErr
+	wantErr   error  // errors.Is match when wantAlert is 0
+}
+
+// hostileCases are the streams TestHostileRecords (blocking Read) and
+// TestHostileRecordsFD (TryRead) feed to the read side.
+func hostileCases() []hostileCase {
 	flip := func(b []byte, i int) []byte { b[i] ^= 0x40; return b }
 	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
-	for _, tc := range []struct {
-		name string
-		// wire builds the bytes the client puts on the socket.
-		wire     func(t *testing.T, c *Conn) []byte
-		closeRaw bool // then shut the sender's socket for writing
-		// toClient sends wire from the server to the client (messages
-		// only a server may send); else the client sends it.
-		toClient  bool
-		want      string // data the server reads before the end
-		wantAlert alert  // a *ProtocolError with this alert; 0: see wantErr
-		wantErr   error  // errors.Is match when wantAlert is 0
-	}{
+	return []hostileCase{
 		{name: "flipped ciphertext byte", wire: func(t *testing.T, c *Conn) []byte {
 			return flip(sealed(t, c, typeApplicationData, []byte("hello world")), 8)
 		}, wantAlert: alertBadRecordMAC},
@@ -221,7 +224,32 @@ func TestHostileRecords(t *testing.T) {
 			}
 			return cat(b, sealed(t, c, typeApplicationData, []byte("new keys")), sealed(t, c, typeAlert, []byte{1, 0}))
 		}, want: "new keys", wantErr: io.EOF},
-	} {
+	}
+}
+
+// checkHostileEnd checks how a read side ended on tc's stream: the data it
+// returned and its error.
+func checkHostileEnd(t *testing.T, tc hostileCase, got []byte, err error) {
+	t.Helper()
+	if string(got) != tc.want {
+		t.Errorf("read %q, want %q", got, tc.want)
+	}
+	var pe *ProtocolError
+	switch {
+	case tc.wantAlert != 0:
+		if !errors.As(err, &pe) || alert(pe.Alert) != tc.wantAlert {
+			t.Fatalf("error %v, want a protocol error with alert %s", err, tc.wantAlert)
+		}
+	case !errors.Is(err, tc.wantErr):
+		t.Fatalf("error %v, want %v", err, tc.wantErr)
+	}
+}
+
+// TestHostileRecords sends crafted records to our server after a real
+// handshake: each must end in a clear error (or be handled), never a panic,
+// and a protocol error is answered with its alert on Close.
+func TestHostileRecords(t *testing.T) {
+	for _, tc := range hostileCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			c, s := pair(t, kindOurs, kindOurs, nil)
 			// cli sends the crafted bytes, srv reads them.
@@ -238,21 +266,10 @@ func TestHostileRecords(t *testing.T) {
 				}
 			}
 			got, err := io.ReadAll(srv)
-			if string(got) != tc.want {
-				t.Errorf("read %q, want %q", got, tc.want)
-			}
 			if err == nil {
 				err = io.EOF // ReadAll's way of saying io.EOF
 			}
-			var pe *ProtocolError
-			switch {
-			case tc.wantAlert != 0:
-				if !errors.As(err, &pe) || alert(pe.Alert) != tc.wantAlert {
-					t.Fatalf("error %v, want a protocol error with alert %s", err, tc.wantAlert)
-				}
-			case !errors.Is(err, tc.wantErr):
-				t.Fatalf("error %v, want %v", err, tc.wantErr)
-			}
+			checkHostileEnd(t, tc, got, err)
 			// The error is sticky.
 			if _, err2 := srv.Read(make([]byte, 10)); err2 == nil {
 				t.Fatal("read after the error succeeded")

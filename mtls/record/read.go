@@ -34,6 +34,9 @@ func (c *Conn) Read(p []byte) (int, error) {
 	}
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
+	if c.fdMode.Load() {
+		return 0, ErrFDMode
+	}
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -255,8 +258,12 @@ func (c *Conn) failLocked(a alert, reason string) error {
 }
 
 // readErrorLocked turns a socket read error into the Read's error: a
-// timeout can be retried, anything else is final.
+// timeout (or, in fd mode, an empty socket) can be retried, anything else
+// is final.
 func (c *Conn) readErrorLocked(err error) error {
+	if err == ErrWouldBlock {
+		return err
+	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
 		return err

@@ -46,6 +46,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if c.fdMode.Load() {
+		return 0, ErrFDMode
+	}
 	if err := c.writableLocked(); err != nil {
 		return 0, err
 	}
@@ -93,6 +96,22 @@ func (c *Conn) sealLocked(buf, p []byte) ([]byte, int, error) {
 	return buf, queued, nil
 }
 
+// sealAllLocked is sealLocked for all of p (at most MaxTryWrite bytes): in
+// the rare batch where KeyUpdates take the room of the last record (one
+// the peer asked for and one rekeyAfter makes due), buf grows for it.
+func (c *Conn) sealAllLocked(buf, p []byte) ([]byte, error) {
+	for {
+		var queued int
+		var err error
+		buf, queued, err = c.sealLocked(buf, p)
+		if err != nil || queued == len(p) {
+			return buf, err
+		}
+		p = p[queued:]
+		buf = slices.Grow(buf, sealedLen+ctrlRecordLen)
+	}
+}
+
 // MaxTryWrite is the most a TryWrite takes: what one output buffer holds.
 const MaxTryWrite = writeBatch * maxPlaintext
 
@@ -105,7 +124,25 @@ const MaxTryWrite = writeBatch * maxPlaintext
 // sealed: the socket took the records, or queued reports that the rest is
 // held in the connection, to go out before anything else on the next Write
 // or Flush, which the caller must then arrange.
+//
+// In fd mode (UseFD) TryWrite writes on the descriptor, the KeyUpdate the
+// peer asked for first, and does not refuse while records are held: it
+// seals p behind them (ok=true, queued=true), as long as the held records
+// stay within one output buffer (about MaxTryWrite bytes of content). Past
+// that bound it takes nothing and reports ok=false, queued=true: the caller
+// waits until the descriptor is writable, calls TryFlush, and tries again;
+// that is the back-pressure. It never holds more than one buffer. A fatal
+// alert the reader owes the peer is queued instead of p, and TryWrite
+// returns the write side's error.
 func (c *Conn) TryWrite(p []byte) (ok, queued bool, err error) {
+	if c.fdMode.Load() {
+		if len(p) > MaxTryWrite {
+			return false, false, nil
+		}
+		c.wmu.Lock()
+		defer c.wmu.Unlock()
+		return c.tryWriteFDLocked(p)
+	}
 	if !c.hsDone.Load() || c.fallback || c.rc == nil || len(p) > MaxTryWrite {
 		return false, false, nil
 	}
@@ -122,7 +159,7 @@ func (c *Conn) TryWrite(p []byte) (ok, queued bool, err error) {
 		return true, false, err
 	}
 	ob := outBufs.Get().(*[]byte)
-	buf, _, err := c.sealLocked((*ob)[:0], p)
+	buf, err := c.sealAllLocked((*ob)[:0], p)
 	if err != nil {
 		putOut(ob)
 		return true, false, err
@@ -186,6 +223,9 @@ func (c *Conn) writeNow(fd uintptr) bool {
 func (c *Conn) Flush() error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if c.fdMode.Load() {
+		return ErrFDMode
+	}
 	if c.werr != nil {
 		return c.werr
 	}
@@ -210,6 +250,9 @@ func (c *Conn) KeyUpdate(requestPeer bool) error {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if c.fdMode.Load() {
+		return ErrFDMode
+	}
 	if err := c.writableLocked(); err != nil {
 		return err
 	}
