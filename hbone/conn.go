@@ -33,9 +33,9 @@ const (
 )
 
 // conn is one HTTP/2 connection, client or server side. Its reader goroutine
-// (readFrames) owns the read pump (pump.go), the framer and the receive path; its writer goroutine
-// (writeLoop) owns the network writes. Streams and the reader append frames
-// to a shared write buffer under wmu.
+// (readFrames) owns the read pump (pump.go), the framer and the receive
+// path; its writer goroutine (writeLoop) owns the network writes. Streams
+// and the reader append frames to a shared write buffer under wmu.
 //
 // Lock order: mu before wmu, mu before Stream.mu. Stream.mu and wmu are
 // leaves: nothing is locked while holding them.

@@ -79,6 +79,9 @@
 //     Config.Drive (Driven, Owner) instead of its reader and writer
 //     goroutines: the read turn over the pump, the loop's flush of the
 //     write buffer, the close through the loop;
+//   - pump.go: the read pump: the plaintext buffer c.in, fill (the reader
+//     goroutine's blocking read) and step, which processes what c.in holds
+//     frame by frame without blocking, so an event loop can drive it too;
 //   - read.go: the reader goroutine, the frames it handles and the peer's
 //     reset budget; server.go and client.go the request and response
 //     HEADERS of each side, history.go how recent streams closed;

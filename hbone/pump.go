@@ -254,7 +254,10 @@ func (c *conn) fill() error {
 	case c.in == nil:
 		c.in = getInBuf(c.inSize(need))
 	case need > len(c.in.b):
-		nb := getInBuf(max(c.inSize(need), need))
+		// Doubling bounds the copies of a header block that arrives in
+		// many pieces, each needing more.
+		limit := max(int(c.cfg.MaxFrameSize), int(c.cfg.MaxHeaderBlockSize)) + frameHeaderLen
+		nb := getInBuf(max(c.inSize(need), need, min(2*len(c.in.b), limit)))
 		copy(nb.b, c.in.b[c.inR:c.inW])
 		putInBuf(c.in)
 		c.in, c.inR, c.inW = nb, 0, avail

@@ -24,6 +24,15 @@
 // progress has finished; it spends at most closeAlertTimeout on a peer
 // that stopped reading, then closes the socket without it.
 //
+// A connection can also be driven by an event loop that owns the socket
+// (fd mode, loop.go): after UseFD every read and write is one non-blocking
+// system call on the caller's descriptor, made by TryRead, TryWrite,
+// TryFlush, TryKeyUpdate and TryClose; Drained tells an edge-triggered
+// caller when it may wait for the next edge. The record rules are the same
+// code as Read's and Write's; held records are bounded by one output buffer
+// (TryWrite refuses past it); the connection never closes the descriptor,
+// and the blocking methods return ErrFDMode.
+//
 // Packages that carry HBONE over TLS may import it. Imports (of ours): nothing
 // of ours (only the standard library). Imported by: bench/load, proxy and
 // tests.

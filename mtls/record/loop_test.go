@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -148,6 +149,13 @@ func fdWriteAll(t testing.TB, c *Conn, fd int, p []byte) {
 // goroutines), and checks what arrives.
 func fdExchange(t *testing.T, c *Conn, fd int, peer endpoint, n int) {
 	t.Helper()
+	fdExchangeWith(t, c, func(ev int16) int16 { return waitFD(t, fd, ev) }, peer, n)
+}
+
+// fdExchangeWith is fdExchange waiting for readiness with wait (which
+// returns the poll events it found, perhaps not those asked for).
+func fdExchangeWith(t *testing.T, c *Conn, wait func(events int16) int16, peer endpoint, n int) {
+	t.Helper()
 	ours, theirs := make([]byte, n), make([]byte, n)
 	rand.Read(ours)
 	rand.Read(theirs)
@@ -207,7 +215,7 @@ func fdExchange(t *testing.T, c *Conn, fd int, peer endpoint, n int) {
 		if ev == 0 {
 			continue
 		}
-		if waitFD(t, fd, ev)&unix.POLLOUT != 0 && held {
+		if wait(ev)&unix.POLLOUT != 0 && held {
 			done, err := c.TryFlush()
 			if err != nil {
 				t.Fatal(err)
@@ -453,6 +461,34 @@ func TestTryCloseOwedAlert(t *testing.T) {
 	}
 }
 
+// TestTryCloseOwedAlertTLSPeer: a crypto/tls peer receives the fatal
+// alert TryClose sends after a failed TryRead (here unexpected_message, for
+// a record of an unknown type the peer's socket carries).
+func TestTryCloseOwedAlertTLSPeer(t *testing.T) {
+	for _, client := range []bool{true, false} {
+		t.Run(map[bool]string{true: "our-client", false: "our-server"}[client], func(t *testing.T) {
+			c, fd, peer := fdPair(t, client, kindTLS)
+			// The peer's raw socket: the tls.Conn's NetConn.
+			raw := peer.(*tls.Conn).NetConn()
+			if _, err := raw.Write([]byte{24, 3, 3, 0, 1, 0}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := fdReadAll(t, c, fd)
+			var pe *ProtocolError
+			if !errors.As(err, &pe) || alert(pe.Alert) != alertUnexpectedMessage {
+				t.Fatalf("TryRead: %v, want unexpected_message", err)
+			}
+			for !c.TryClose() {
+				waitFD(t, fd, unix.POLLOUT)
+			}
+			_, err = io.ReadAll(peer)
+			if err == nil || !strings.Contains(err.Error(), "unexpected message") {
+				t.Fatalf("crypto/tls peer read %v, want the unexpected_message alert", err)
+			}
+		})
+	}
+}
+
 // TestTryCloseNotify: after data, TryClose's close_notify reaches a
 // crypto/tls peer, as either end. A bogus record written on the socket
 // behind it proves it: a peer that had not read close_notify would fail on
@@ -543,6 +579,60 @@ func TestFDKeyUpdate(t *testing.T) {
 			}
 			if got := !bytes.Equal(out0, out1); got != wantOut {
 				t.Errorf("write secret changed = %v, want %v", got, wantOut)
+			}
+		})
+	}
+}
+
+// edgeWaiter waits in an edge-triggered epoll on fd, as the engine's loops
+// do: it reports only what changed since it last returned, so a caller
+// that stops reading before the socket is empty (trusting Drained) waits
+// for ever.
+func edgeWaiter(t *testing.T, fd int) func(int16) int16 {
+	t.Helper()
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Close(ep) })
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		t.Fatal(err)
+	}
+	return func(int16) int16 {
+		var evs [1]unix.EpollEvent
+		for {
+			n, err := unix.EpollWait(ep, evs[:], -1)
+			if err == unix.EINTR || err == nil && n == 0 {
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got int16
+			if evs[0].Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLERR|unix.EPOLLHUP) != 0 {
+				got |= unix.POLLIN
+			}
+			if evs[0].Events&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) != 0 {
+				got |= unix.POLLOUT
+			}
+			return got
+		}
+	}
+}
+
+// TestFDEdgeTriggered runs the exchanges under an edge-triggered epoll, the
+// engine's way: reading stops at ErrWouldBlock or when Drained says so, and
+// writing waits for EPOLLOUT only when records are held. A wrong Drained
+// (true with bytes left) or a held write that never met EAGAIN would leave
+// the loop waiting for an edge that never comes.
+func TestFDEdgeTriggered(t *testing.T) {
+	for _, peerKind := range []kind{kindTLS, kindOurs} {
+		t.Run(string(peerKind)+"-peer", func(t *testing.T) {
+			c, fd, peer := fdPair(t, true, peerKind)
+			wait := edgeWaiter(t, fd)
+			for _, n := range append(interopSizes, 8<<20) {
+				fdExchangeWith(t, c, wait, peer, n)
 			}
 		})
 	}
