@@ -69,8 +69,10 @@ type testLoop struct {
 	ready    []*loopEntry
 	flush    []*loopEntry
 	nextTick time.Time
-	// calls counts driver calls (for tests of the loop itself).
-	calls atomic.Int64
+	// calls counts driver calls; inCall is set during one (tests of the
+	// seam check who calls them back from where).
+	calls  atomic.Int64
+	inCall atomic.Bool
 }
 
 type entryState uint8
@@ -173,14 +175,16 @@ func (l *testLoop) drive(nc net.Conn, d Driven) (Owner, bool) {
 	if !ok {
 		return nil, false
 	}
-	fd, err := detachTCP(tc)
+	fd, err := dupFD(tc)
 	if err != nil {
-		return nil, false // tc is closed: the connection ends
-	}
-	if err := u.UseFD(fd); err != nil {
-		_ = unix.Close(fd)
 		return nil, false
 	}
+	if err := u.UseFD(fd); err != nil {
+		_ = unix.Close(fd) // refused (crypto/tls keeps the records): tc goes on
+		return nil, false
+	}
+	// Out of the runtime's poller: the descriptor is the loop's alone.
+	_ = tc.Close()
 	e := &loopEntry{l: l, fd: fd, d: d}
 	if !l.submit(loopTask{op: opAdd, e: e}) {
 		_ = unix.Close(fd)
@@ -189,12 +193,12 @@ func (l *testLoop) drive(nc net.Conn, d Driven) (Owner, bool) {
 	return e, true
 }
 
-// detachTCP duplicates tc's descriptor and closes tc, which takes the
-// socket out of the runtime's poller; the duplicate is the caller's.
-func detachTCP(tc *net.TCPConn) (int, error) {
+// dupFD duplicates tc's descriptor; closing tc then takes the socket out of
+// the runtime's poller (as engine.StartConn's detach, which binds after the
+// close: here UseFD runs first, so a refusal leaves tc usable).
+func dupFD(tc *net.TCPConn) (int, error) {
 	rc, err := tc.SyscallConn()
 	if err != nil {
-		_ = tc.Close()
 		return -1, err
 	}
 	fd := -1
@@ -202,9 +206,8 @@ func detachTCP(tc *net.TCPConn) (int, error) {
 	if err := rc.Control(func(f uintptr) {
 		fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0)
 	}); err != nil {
-		derr = err
+		return -1, err
 	}
-	_ = tc.Close()
 	return fd, derr
 }
 
@@ -366,7 +369,9 @@ func (e *loopEntry) event(ev uint32) {
 
 func (e *loopEntry) readable() {
 	e.l.calls.Add(1)
+	e.l.inCall.Store(true)
 	more, err := e.d.Readable()
+	e.l.inCall.Store(false)
 	if e.closed {
 		return
 	}
@@ -382,7 +387,9 @@ func (e *loopEntry) readable() {
 
 func (e *loopEntry) writable() {
 	e.l.calls.Add(1)
+	e.l.inCall.Store(true)
 	more, err := e.d.Writable()
+	e.l.inCall.Store(false)
 	e.wrote = false
 	if e.closed {
 		return
@@ -400,7 +407,9 @@ func (e *loopEntry) writable() {
 func (e *loopEntry) flushNow() {
 	e.l.calls.Add(1)
 	e.flushOwed.Store(false)
+	e.l.inCall.Store(true)
 	err := e.d.Flush()
+	e.l.inCall.Store(false)
 	e.wrote = true
 	if err != nil && !e.closed {
 		e.finish(err, true)
