@@ -306,13 +306,15 @@ func (c *conn) readTurn(lm *loopMode) (more bool, err error) {
 				break
 			}
 			if c.state == stHeader {
-				frames++
+				if frames++; frames >= loopFrameBudget {
+					return true, nil // c.in may hold more: the next turn goes on
+				}
 			}
 		}
 		if c.inErr != nil {
 			return false, c.endRead(lm, c.readErr(c.inErr))
 		}
-		if read >= loopReadBudget || frames >= loopFrameBudget {
+		if read >= loopReadBudget {
 			return true, nil
 		}
 		n, err := c.tryFill(lm)

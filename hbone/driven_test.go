@@ -5,6 +5,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2"
 )
 
 // Tests of loop mode's seam itself; the protocol is the whole suite's, run
@@ -153,5 +155,158 @@ func TestLoopDriveRefused(t *testing.T) {
 				t.Fatalf("Drive offered %d times, want %d", offered, tc.offered)
 			}
 		})
+	}
+}
+
+// memTransport is a loopTransport over memory, for white-box tests of the
+// turns: TryRead returns in (at most chunk bytes a call), then would
+// block; the socket takes room bytes, the rest is held for TryFlush.
+type memTransport struct {
+	net.Conn // addresses for log lines; never read or written
+	in       []byte
+	chunk    int
+	room     int
+	out      []byte // what the "socket" took
+	held     []byte
+	closed   bool // TryClose ran
+}
+
+func (m *memTransport) TryRead(p []byte) (int, error) {
+	if len(m.in) == 0 {
+		return 0, errLoopWouldBlock
+	}
+	n := copy(p[:min(len(p), m.chunk)], m.in)
+	m.in = m.in[n:]
+	return n, nil
+}
+
+func (m *memTransport) Drained() bool { return len(m.in) == 0 }
+
+func (m *memTransport) send() {
+	n := min(m.room, len(m.held))
+	m.out = append(m.out, m.held[:n]...)
+	m.held = m.held[n:]
+	m.room -= n
+}
+
+func (m *memTransport) TryWrite(p []byte) (ok, queued bool, err error) {
+	m.held = append(m.held, p...)
+	m.send()
+	return true, len(m.held) > 0, nil
+}
+
+func (m *memTransport) TryFlush() (bool, error) {
+	m.send()
+	return len(m.held) == 0, nil
+}
+
+func (m *memTransport) TryClose() bool {
+	m.closed = true
+	return len(m.held) == 0
+}
+
+// nopOwner counts what the connection asks of its loop.
+type nopOwner struct{ wakes, closes int }
+
+func (o *nopOwner) Wake()      { o.wakes++ }
+func (o *nopOwner) Close(bool) { o.closes++ }
+
+// TestLoopTurns drives a server connection's turns by hand: a read turn
+// stops after its frame budget with more=true and the next goes on where
+// it stopped; Flush writes what the frames provoked, holding what the
+// socket refuses, and Writable sends the rest in order as room comes.
+func TestLoopTurns(t *testing.T) {
+	onceOnly(t)
+	const pings = 5*loopFrameBudget + 3
+	var in []byte
+	in = append(in, http2.ClientPreface...)
+	in = appendSettings(in, nil)
+	for i := range pings {
+		in = appendPing(in, false, [8]byte{byte(i)})
+	}
+	a, b := net.Pipe()
+	t.Cleanup(func() { _, _ = a.Close(), b.Close() })
+	m := &memTransport{Conn: a, in: in, chunk: 100}
+	c := newConn(m, Config{}.withDefaults(true), false)
+	lm := &loopMode{lt: m}
+	c.loop.Store(lm)
+	o := &nopOwner{}
+	lm.setOwner(o)
+	d := driven{c: c, lm: lm}
+
+	turns := 0
+	for more := true; more; turns++ {
+		var err error
+		if more, err = d.Readable(); err != nil {
+			t.Fatal(err)
+		}
+		if turns > pings {
+			t.Fatal("read turns do not end")
+		}
+	}
+	if want := pings/loopFrameBudget + 1; turns < want {
+		t.Fatalf("%d read turns for %d frames, want at least %d (budget %d frames a turn)", turns, pings+1, want, loopFrameBudget)
+	}
+	if len(m.in) != 0 {
+		t.Fatalf("%d bytes left unread", len(m.in))
+	}
+
+	m.room = 20 // less than the first frame: everything is held
+	if err := d.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for range 1000 {
+		if len(m.held) == 0 && lm.out == nil && c.pendingLenLocked() == 0 {
+			break
+		}
+		m.room = 37 // odd, so frames are cut anywhere
+		if _, err := d.Writable(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fr := http2.NewFramer(nil, bytes.NewReader(m.out))
+	var acks []byte
+	settings := 0
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			break
+		}
+		switch f := f.(type) {
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				t.Fatalf("PING %v, want acknowledgements only", f.Data)
+			}
+			acks = append(acks, f.Data[0])
+		case *http2.SettingsFrame:
+			settings++
+		}
+	}
+	if settings != 2 { // ours, and the ACK of the peer's
+		t.Fatalf("%d SETTINGS frames, want 2", settings)
+	}
+	if len(acks) != pings {
+		t.Fatalf("%d PING acknowledgements, want %d", len(acks), pings)
+	}
+	for i, v := range acks {
+		if v != byte(i) {
+			t.Fatalf("acknowledgement %d is for PING %d: out of order", i, v)
+		}
+	}
+	if o.wakes == 0 {
+		t.Fatal("the connection never asked its loop for a Flush")
+	}
+	c.shutdown(ErrConnClosed, false, 0, "", false)
+	if _, err := d.Writable(); err != nil {
+		t.Fatal(err)
+	}
+	if !m.closed || o.closes != 1 {
+		t.Fatalf("after shutdown: TryClose ran %v, Close asked %d times; want true, 1", m.closed, o.closes)
+	}
+	d.Ended(nil)
+	select {
+	case <-c.done:
+	default:
+		t.Fatal("Done not closed after Ended")
 	}
 }
