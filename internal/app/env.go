@@ -122,6 +122,10 @@ type Config struct {
 	// validated here and handed to engine.New (engine.go); once the daemon
 	// has started it names the backend that runs.
 	Engine string
+	// EngineStreamWait is ZTUNNEL_ENGINE_STREAM_WAIT (ours): how the epoll
+	// backend's TCP⇄stream loops wait, park (in the runtime's netpoller,
+	// the default) or block (in epoll_wait, engine.Config.BlockStreamLoops).
+	EngineStreamWait string
 
 	// MemoryReleaseInterval is ZTUNNEL_MEMORY_RELEASE_INTERVAL (ours): at
 	// most one return of freed memory to the OS per interval once a burst
@@ -390,6 +394,11 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	case "", "auto", "std", "epoll", "uring":
 	default:
 		e.fail("ZTUNNEL_ENGINE", c.Engine, errors.New("want auto, std, epoll or uring"))
+	}
+	switch c.EngineStreamWait = e.str("ZTUNNEL_ENGINE_STREAM_WAIT", "park"); c.EngineStreamWait {
+	case "park", "block":
+	default:
+		e.fail("ZTUNNEL_ENGINE_STREAM_WAIT", c.EngineStreamWait, errors.New("want park or block"))
 	}
 	c.MemoryReleaseInterval = e.duration("ZTUNNEL_MEMORY_RELEASE_INTERVAL", DefaultMemoryReleaseInterval)
 

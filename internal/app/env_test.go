@@ -41,6 +41,7 @@ func TestParseEnvDefaults(t *testing.T) {
 		{"socks5 off", c.EnableSOCKS5, false},
 		{"app tunnel over loopback", c.LocalhostAppTunnel, true},
 		{"memory release interval", c.MemoryReleaseInterval, DefaultMemoryReleaseInterval},
+		{"stream loops park", c.EngineStreamWait, "park"},
 	}
 	for _, ch := range checks {
 		if ch.got != ch.want {
@@ -149,6 +150,7 @@ func TestParseEnvErrorsNameTheVariable(t *testing.T) {
 		{"frame too small", map[string]string{"HTTP2_FRAME_SIZE": "100"}, "HTTP2_FRAME_SIZE"},
 		{"bad duration", map[string]string{"CONNECTION_TERMINATION_DEADLINE": "soon"}, "CONNECTION_TERMINATION_DEADLINE"},
 		{"bad release interval", map[string]string{"ZTUNNEL_MEMORY_RELEASE_INTERVAL": "often"}, "ZTUNNEL_MEMORY_RELEASE_INTERVAL"},
+		{"bad stream wait", map[string]string{"ZTUNNEL_ENGINE_STREAM_WAIT": "spin"}, "ZTUNNEL_ENGINE_STREAM_WAIT"},
 		{"bad log format", map[string]string{"LOG_FORMAT": "xml"}, "LOG_FORMAT"},
 		{"bad log level", map[string]string{"RUST_LOG": "access=loud"}, "RUST_LOG"},
 		{"admin off host", map[string]string{"ZTUNNEL_ADMIN_ADDR": "0.0.0.0:15000"}, "ZTUNNEL_ADMIN_ADDR"},
