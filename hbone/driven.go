@@ -23,6 +23,10 @@ import (
 // buffered or one socket read's worth; with nothing to return it returns
 // (0, err), and err only means "wait for the next readable edge" when
 // Drained then reports true (a would-block carries no error to report).
+// Drained after a TryRead that returned bytes says that this very call read
+// the socket and found it empty (never an earlier call's read: the edge
+// that started the turn may have brought bytes since), so the read turn
+// stops without the failing read edge-triggered polling does not need.
 // TryWrite takes all of p (ok) or nothing; queued means the
 // transport holds part of it for TryFlush, which the loop calls when the
 // socket has room. It must take up to loopWriteMax bytes when it holds
@@ -319,15 +323,28 @@ func (c *conn) readTurn(lm *loopMode) (more bool, err error) {
 		}
 		n, err := c.tryFill(lm)
 		read += n
-		// After bytes, Drained is not asked: mtls/record's is stale when
-		// the TryRead was served from its buffer without a socket read (the
-		// edge that brought this turn may then be unread), so the turn reads
-		// on until the transport would block.
-		if err != nil {
-			if lm.lt.Drained() {
-				return false, nil // nothing until the next edge
-			}
+		switch {
+		case err != nil && lm.lt.Drained():
+			return false, nil // nothing until the next edge
+		case err != nil:
 			c.inErr = err // reported once c.in is processed, as fill does
+		case lm.lt.Drained():
+			// This read found the socket empty: process what came and
+			// wait for the next edge, without the failing read.
+			for {
+				progress, err := c.step()
+				if err != nil {
+					return false, c.endRead(lm, err)
+				}
+				if !progress {
+					return false, nil
+				}
+				if c.state == stHeader {
+					if frames++; frames >= loopFrameBudget {
+						return true, nil
+					}
+				}
+			}
 		}
 	}
 }

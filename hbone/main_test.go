@@ -55,17 +55,18 @@ const (
 	byGoroutines driverKind = iota // reader and writer goroutines
 	loopServer                     // the server side loop-driven (testLoop)
 	loopClient                     // the client side loop-driven
+	loopBoth                       // both sides, on one loop (HBONE_TEST_DRIVERS=both)
 )
 
 func (d driverKind) String() string {
-	return [...]string{"goroutines", "loop-driven server", "loop-driven client"}[d]
+	return [...]string{"goroutines", "loop-driven server", "loop-driven client", "loop-driven both sides"}[d]
 }
 
 // suiteDriver is the driver of the current suite run.
 var suiteDriver driverKind
 
 // suiteDrivers are the runs of the suite: every driver, unless
-// HBONE_TEST_DRIVERS names some (goroutines, server, client), or the run
+// HBONE_TEST_DRIVERS names some (goroutines, server, client, both), or the run
 // fuzzes or benchmarks (goroutines only: a loop run is about behaviour).
 func suiteDrivers() []driverKind {
 	if env := os.Getenv("HBONE_TEST_DRIVERS"); env != "" {
@@ -78,6 +79,8 @@ func suiteDrivers() []driverKind {
 				ds = append(ds, loopServer)
 			case "client":
 				ds = append(ds, loopClient)
+			case "both":
+				ds = append(ds, loopBoth)
 			}
 		}
 		return ds
@@ -96,6 +99,9 @@ func suiteDrivers() []driverKind {
 func loopDriven(tp transport, client bool) bool {
 	if tp != overTCP && tp != overRecord {
 		return false
+	}
+	if suiteDriver == loopBoth {
+		return true
 	}
 	if client {
 		return suiteDriver == loopClient
