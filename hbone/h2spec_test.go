@@ -108,6 +108,7 @@ func startH2SpecTarget(t *testing.T, cfg Config, h Handler) *h2specTarget {
 	ours := tlstest.Cert(t, ca, identity.New("cluster.local", "ns-hbone", "sa-hbone"))
 	theirs := tlstest.Cert(t, ca, identity.New("cluster.local", "ns-h2spec", "sa-h2spec"))
 	dir := t.TempDir()
+	cfg = suiteConfig(t, cfg, false)
 	tg := &h2specTarget{
 		chain: filepath.Join(dir, "chain.pem"), key: filepath.Join(dir, "key.pem"),
 		srv: NewServer(cfg, h), handshakeFails: make(chan error, 1),

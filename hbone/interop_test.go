@@ -19,13 +19,13 @@ import (
 // TestInteropXNetClient: x/net/http2's Transport sends CONNECT with a
 // full-duplex body over TLS (ALPN h2) to our Server.
 func TestInteropXNetClient(t *testing.T) {
-	ts := startServer(t, Config{}, func(ctx context.Context, req *ServerRequest) {
+	ts := startServerOver(t, Config{}, func(ctx context.Context, req *ServerRequest) {
 		if req.Authority == "deny.example:80" {
 			_, _ = req.Respond(http.StatusUnauthorized, nil)
 			return
 		}
 		echoHandler(ctx, req)
-	}, true)
+	}, suiteServerTransport())
 	tr := &http2.Transport{TLSClientConfig: ts.tlsClient}
 	defer tr.CloseIdleConnections()
 
@@ -91,14 +91,19 @@ func TestInteropXNetServer(t *testing.T) {
 	addr, stop := startXNetServer(t, serverTLS, http.HandlerFunc(xnetEcho))
 	defer stop()
 
-	nc, err := tls.Dial("tcp", addr, clientTLS)
+	raw, err := net.Dial("tcp", addr)
 	if err != nil {
+		t.Fatal(err)
+	}
+	nc := suiteTLS(raw, clientTLS, true)
+	if err := nc.HandshakeContext(testContext(t)); err != nil {
+		_ = raw.Close()
 		t.Fatal(err)
 	}
 	if p := nc.ConnectionState().NegotiatedProtocol; p != "h2" {
 		t.Fatalf("ALPN %q", p)
 	}
-	cc, err := NewClientConn(nc, Config{})
+	cc, err := NewClientConn(nc, suiteConfig(t, Config{}, true))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,7 +124,7 @@ func (e *recordingEcho) handle(_ context.Context, req *ServerRequest) {
 		return
 	}
 	var peer string
-	if tc, ok := req.Conn.(*tls.Conn); ok {
+	if tc, ok := req.Conn.(interface{ ConnectionState() tls.ConnectionState }); ok {
 		if id, err := mtls.PeerIdentity(tc.ConnectionState()); err == nil {
 			peer = id.String()
 		}
@@ -144,14 +144,14 @@ func TestInteropNodeClient(t *testing.T) {
 	nodeBin(t)
 	peers := newNodePeers(t)
 	echo := &recordingEcho{seen: make(map[string]echoRecord)}
-	srv := NewServer(Config{}, echo.handle)
+	srv := NewServer(suiteConfig(t, Config{}, false), echo.handle)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	serverTLS := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return peers.ours, nil })
 	wait := serveEach(ln, func(nc net.Conn) {
-		tc := tls.Server(nc, serverTLS)
+		tc := suiteTLS(nc, serverTLS, false)
 		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 		defer cancel()
 		if err := tc.HandshakeContext(ctx); err != nil {
@@ -283,13 +283,13 @@ func TestInteropNodeServer(t *testing.T) {
 		t.Fatalf("node server said %q", lines.Text())
 	}
 
-	dial := func(t *testing.T, want identity.Identity) (*tls.Conn, error) {
+	dial := func(t *testing.T, want identity.Identity) (tlsConn, error) {
 		var d net.Dialer
 		nc, err := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", port))
 		if err != nil {
 			t.Fatal(err)
 		}
-		tc := tls.Client(nc, mtls.ClientConfig(peers.ours, []string{want.String()}))
+		tc := suiteTLS(nc, mtls.ClientConfig(peers.ours, []string{want.String()}), true)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			_ = nc.Close()
 			return nil, err
@@ -312,7 +312,7 @@ func TestInteropNodeServer(t *testing.T) {
 	if cs.NegotiatedProtocol != "h2" || cs.Version != tls.VersionTLS13 {
 		t.Fatalf("ALPN %q, version %x", cs.NegotiatedProtocol, cs.Version)
 	}
-	cc, err := NewClientConn(tc, Config{})
+	cc, err := NewClientConn(tc, suiteConfig(t, Config{}, true))
 	if err != nil {
 		t.Fatal(err)
 	}

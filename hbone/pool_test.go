@@ -29,7 +29,20 @@ func (d *countingDialer) dial(ctx context.Context) (net.Conn, error) {
 			return nil, ctx.Err()
 		}
 	}
-	return d.ts.dial(ctx)
+	nc, err := d.ts.dial(ctx)
+	if tc, ok := nc.(*net.TCPConn); ok && loopDriven(d.ts.tp, true) {
+		return newLoopConn(tc), nil
+	}
+	return nc, err
+}
+
+// suitePool is NewPool(pc) for pools dialing ts: with ts's test loop
+// driving their connections when the suite run drives clients by the loop.
+func suitePool(ts *testServer, pc PoolConfig) *Pool {
+	if loopDriven(ts.tp, true) {
+		pc.Config.Drive = ts.loop.drive
+	}
+	return NewPool(pc)
 }
 
 // poolConns returns the connections the pool holds for key.
@@ -45,7 +58,7 @@ func poolConns(p *Pool, key string) []*ClientConn {
 func TestPoolReuse(t *testing.T) {
 	ts := startServer(t, Config{}, echoHandler, true)
 	d := &countingDialer{ts: ts}
-	p := NewPool(PoolConfig{})
+	p := suitePool(d.ts, PoolConfig{})
 	defer p.Close()
 	ctx := testContext(t)
 	for i := range 5 {
@@ -73,7 +86,7 @@ func TestPoolReuse(t *testing.T) {
 func TestPoolStreamLimit(t *testing.T) {
 	ts := startServer(t, Config{}, holdHandler, false)
 	d := &countingDialer{ts: ts}
-	p := NewPool(PoolConfig{MaxStreamsPerConn: 2})
+	p := suitePool(d.ts, PoolConfig{MaxStreamsPerConn: 2})
 	defer p.Close()
 	ctx := testContext(t)
 	var streams []*Stream
@@ -120,7 +133,7 @@ func TestPoolStreamLimit(t *testing.T) {
 func TestPoolPeerStreamLimit(t *testing.T) {
 	ts := startServer(t, Config{MaxStreams: 1}, holdHandler, false)
 	d := &countingDialer{ts: ts}
-	p := NewPool(PoolConfig{})
+	p := suitePool(d.ts, PoolConfig{})
 	defer p.Close()
 	ctx := testContext(t)
 	for range 3 {
@@ -139,7 +152,7 @@ func TestPoolDialCoalescing(t *testing.T) {
 	const callers = 20
 	ts := startServer(t, Config{}, echoHandler, true)
 	d := &countingDialer{ts: ts, gate: make(chan struct{})}
-	p := NewPool(PoolConfig{})
+	p := suitePool(d.ts, PoolConfig{})
 	defer p.Close()
 	ctx := testContext(t)
 	var wg sync.WaitGroup
@@ -195,7 +208,7 @@ func TestPoolIdleRelease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ts := startServerOver(t, Config{}, echoHandler, overPipe)
 		d := &countingDialer{ts: ts}
-		p := NewPool(PoolConfig{IdleTimeout: 20e6})
+		p := suitePool(d.ts, PoolConfig{IdleTimeout: 20e6})
 		defer p.Close()
 		ctx := testContext(t)
 		s, err := p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
@@ -275,7 +288,7 @@ func TestPoolGoAway(t *testing.T) {
 func TestPoolClose(t *testing.T) {
 	ts := startServer(t, Config{}, echoHandler, false)
 	d := &countingDialer{ts: ts}
-	p := NewPool(PoolConfig{})
+	p := suitePool(d.ts, PoolConfig{})
 	ctx := testContext(t)
 	s, err := p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
 	if err != nil {
@@ -295,7 +308,7 @@ func TestPoolStatusError(t *testing.T) {
 		_, _ = req.Respond(http.StatusServiceUnavailable, nil)
 	}, false)
 	d := &countingDialer{ts: ts}
-	p := NewPool(PoolConfig{})
+	p := suitePool(d.ts, PoolConfig{})
 	defer p.Close()
 	for range 3 {
 		_, err := p.Connect(testContext(t), "key", d.dial, &Request{Authority: "10.0.0.1:80"})
@@ -318,7 +331,7 @@ func TestPoolIdleWithLiveStream(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ts := startServerOver(t, Config{}, echoHandler, overPipe)
 		d := &countingDialer{ts: ts}
-		p := NewPool(PoolConfig{IdleTimeout: 50 * time.Millisecond, MaxStreamsPerConn: 4})
+		p := suitePool(d.ts, PoolConfig{IdleTimeout: 50 * time.Millisecond, MaxStreamsPerConn: 4})
 		defer p.Close()
 		ctx := testContext(t)
 		req := &Request{Authority: "10.0.0.1:80"}
