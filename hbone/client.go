@@ -45,8 +45,10 @@ func newClientConn(nc net.Conn, cfg Config, idleTimeout time.Duration, onClose f
 	if onClose != nil {
 		cc.c.onClose = func() { onClose(cc) }
 	}
-	cc.c.start()
-	go cc.c.readLoop()
+	if !cc.c.startDriven() {
+		cc.c.start()
+		go cc.c.readLoop()
+	}
 	return cc
 }
 

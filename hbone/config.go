@@ -111,6 +111,20 @@ type Config struct {
 	// revocations in force, then sweeps), so no connection verified against
 	// the old state slips between the two.
 	Admit func(net.Conn) error
+	// Drive, when set, is offered each new connection whose transport has
+	// a non-blocking face (mtls/record.Conn: TryRead, Drained, TryWrite,
+	// TryFlush, TryClose), after Admit and before the connection starts
+	// (NewClientConn and the Pool's dials, Server.ServeConn), so that an
+	// event loop can drive it instead of a reader and a writer goroutine
+	// (docs/design/hbone-loop.md). ok=true: the loop drives d from now on
+	// (the proxy: engine.StartConn with the record's UseFD as bind) and
+	// owner is its handle for the connection; hbone hands owner, as is, to
+	// the WakeFrom of stream Wakers that have one (engine.LocalWaker), so
+	// it must be the engine's *ConnHandle itself, not a wrapper. d may be
+	// called on the loop before Drive returns. ok=false: d was not called
+	// and never will be; the connection keeps its goroutines (if nc was
+	// closed meanwhile, it just ends).
+	Drive func(nc net.Conn, d Driven) (owner Owner, ok bool)
 }
 
 // withDefaults returns cfg with zero values replaced by the defaults of the

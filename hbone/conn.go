@@ -121,6 +121,9 @@ type conn struct {
 	hbuf          bytes.Buffer
 	poll          pollWaiters // event-loop streams waiting for window or buffer room
 
+	// loop is set when an event loop drives the connection (driven.go).
+	loop atomic.Pointer[loopMode]
+
 	closeNC sync.Once
 	linger  atomic.Bool // close gracefully: flush, half-close, wait for the peer
 	// writeFailed: the writer's write failed, so the transport owes the
@@ -235,6 +238,10 @@ func (c *conn) exit() {
 // (mtls/record bounds its own Close more tightly). After a failed write
 // there is nothing left to send, and that transport is closed at once.
 func (c *conn) closeConn(abrupt bool) {
+	if lm := c.loop.Load(); lm != nil {
+		c.loopClose(lm, abrupt) // the transport is closed once the loop is done
+		return
+	}
 	c.closeNC.Do(func() {
 		if u, ok := c.nc.(interface{ NetConn() net.Conn }); ok && abrupt {
 			if c.writeFailed.Load() {
@@ -327,7 +334,9 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 	for _, s := range streams {
 		s.endRecv(serr)
 	}
-	if goAway || graceful {
+	if lm := c.loop.Load(); lm != nil {
+		c.loopClose(lm, !goAway && !graceful)
+	} else if goAway || graceful {
 		// The writer flushes and closes; do not let a peer that stopped
 		// reading hold it forever.
 		c.linger.Store(true)

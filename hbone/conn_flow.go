@@ -61,7 +61,7 @@ func (c *conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
 		if c.connWinWaiters > 0 {
 			c.connWinCond.Broadcast()
 		}
-		c.poll.wakeWin()
+		c.poll.wakeWin(c.readOwner())
 		c.mu.Unlock()
 		return nil
 	}
@@ -83,7 +83,7 @@ func (c *conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
 		return c.spendReset()
 	}
 	s.wakeWriterLocked()
-	s.wake()
+	c.wakeRead(s)
 	c.mu.Unlock()
 	return nil
 }
@@ -101,7 +101,7 @@ func (c *conn) setPeerInitialWindowLocked(v uint32) error {
 		}
 		if delta > 0 {
 			st.wakeWriterLocked()
-			st.wake()
+			c.wakeRead(st)
 		}
 	}
 	return nil
@@ -153,7 +153,7 @@ func (c *conn) giveBackSendLocked(s *Stream, n int64) {
 	}
 	if c.sendWindow == n {
 		// It was exhausted: event-loop streams may be waiting for it.
-		c.poll.wakeWin()
+		c.poll.wakeWin(nil)
 	}
 }
 

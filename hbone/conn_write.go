@@ -28,6 +28,14 @@ func (c *conn) wbufLocked() []byte {
 // commitLocked stores the appended buffer and wakes the writer. c.wmu held.
 func (c *conn) commitLocked(b []byte) {
 	c.pending.b = b
+	if lm := c.loop.Load(); lm != nil {
+		// Loop mode: the loop's Flush writes (one Wake until it does).
+		if !lm.flushAsked {
+			lm.flushAsked = true
+			lm.wake()
+		}
+		return
+	}
 	if c.writerWaiting {
 		c.writerWaiting = false
 		c.writerCond.Signal()
@@ -135,7 +143,7 @@ func (c *conn) writeLoop() {
 		if c.bufWaiters > 0 {
 			c.bufCond.Signal()
 		}
-		c.poll.wakeBuf()
+		c.poll.wakeBuf(nil)
 		// A Write sends what a direct write left held first.
 		c.flushOwed = false
 		c.wmu.Unlock()

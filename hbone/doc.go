@@ -7,7 +7,9 @@
 // Transport or Server machinery, so that the per-byte cost stays low:
 //
 //   - each connection has exactly one reader goroutine and one writer
-//     goroutine, none per stream;
+//     goroutine, none per stream, or none at all when an event loop drives
+//     it (Config.Drive: the loop reads, processes and flushes on its own
+//     goroutine, through the same parser and write buffer);
 //   - streams append frames to a shared, bounded write buffer which the writer
 //     flushes with one Write per batch, so frames of many streams coalesce into
 //     few syscalls (and few TLS records); a small batch an event loop queues
@@ -73,6 +75,10 @@
 //     connection and its streams, WINDOW_UPDATE accounting;
 //   - conn_timers.go: the keepalive PING and a pooled connection's idle
 //     timer;
+//   - driven.go: loop mode: a connection an event loop drives through
+//     Config.Drive (Driven, Owner) instead of its reader and writer
+//     goroutines: the read turn over the pump, the loop's flush of the
+//     write buffer, the close through the loop;
 //   - pump.go: the read pump: the plaintext buffer c.in, fill (the reader
 //     goroutine's blocking read) and step, which processes what c.in holds
 //     frame by frame without blocking, so an event loop can drive it too;

@@ -6,9 +6,13 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,8 +25,82 @@ import (
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
 
+// TestMain runs the package's tests once per driver (suiteDrivers), then
+// checks that no goroutine outlived them.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	flag.Parse()
+	code := 0
+	for _, d := range suiteDrivers() {
+		suiteDriver = d
+		if len(suiteDrivers()) > 1 {
+			fmt.Fprintf(os.Stderr, "=== hbone tests, %v\n", d)
+		}
+		if c := m.Run(); c != 0 {
+			code = c
+		}
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// driverKind is what drives the connections of a suite run.
+type driverKind int
+
+const (
+	byGoroutines driverKind = iota // reader and writer goroutines
+	loopServer                     // the server side loop-driven (testLoop)
+	loopClient                     // the client side loop-driven
+)
+
+func (d driverKind) String() string {
+	return [...]string{"goroutines", "loop-driven server", "loop-driven client"}[d]
+}
+
+// suiteDriver is the driver of the current suite run.
+var suiteDriver driverKind
+
+// suiteDrivers are the runs of the suite: every driver, unless
+// HBONE_TEST_DRIVERS names some (goroutines, server, client), or the run
+// fuzzes or benchmarks (goroutines only: a loop run is about behaviour).
+func suiteDrivers() []driverKind {
+	if env := os.Getenv("HBONE_TEST_DRIVERS"); env != "" {
+		var ds []driverKind
+		for _, name := range strings.Split(env, ",") {
+			switch strings.TrimSpace(name) {
+			case "goroutines":
+				ds = append(ds, byGoroutines)
+			case "server":
+				ds = append(ds, loopServer)
+			case "client":
+				ds = append(ds, loopClient)
+			}
+		}
+		return ds
+	}
+	for _, name := range []string{"test.fuzz", "test.bench"} {
+		if f := flag.Lookup(name); f != nil && f.Value.String() != "" {
+			return []driverKind{byGoroutines}
+		}
+	}
+	return []driverKind{byGoroutines, loopServer, loopClient}
+}
+
+// loopDriven reports whether the suite run drives tp's connections on the
+// given side by an event loop: plain TCP (loopConn) and mtls/record (fd
+// mode) can be.
+func loopDriven(tp transport, client bool) bool {
+	if tp != overTCP && tp != overRecord {
+		return false
+	}
+	if client {
+		return suiteDriver == loopClient
+	}
+	return suiteDriver == loopServer
 }
 
 // testTimeout bounds any single wait in a test; it is a hang guard, not a
@@ -53,6 +131,8 @@ type testServer struct {
 	record    bool        // TLS through mtls/record (direct writes)
 	serveErrs chan error
 	pipes     chan net.Conn // overPipe: the server ends of dialed pipes
+	tp        transport
+	loop      *testLoop // the event loop of a loop-driven suite run
 }
 
 // startServer serves h on loopback, over TLS if useTLS. Cleanup closes
@@ -96,7 +176,15 @@ func startServerOver(t testing.TB, cfg Config, h Handler, tp transport) *testSer
 func startServerWith(t testing.TB, cfg Config, h Handler, tp transport, accepted func(net.Conn)) *testServer {
 	t.Helper()
 	useTLS := tp == overTLS || tp == overRecord
-	ts := &testServer{Server: NewServer(cfg, h), serveErrs: make(chan error, 100), record: tp == overRecord}
+	var loop *testLoop
+	if loopDriven(tp, false) || loopDriven(tp, true) {
+		// Made first, so stopped last: after the connections ended.
+		loop = newTestLoop(t)
+	}
+	if loopDriven(tp, false) {
+		cfg.Drive = loop.drive
+	}
+	ts := &testServer{Server: NewServer(cfg, h), serveErrs: make(chan error, 100), record: tp == overRecord, tp: tp, loop: loop}
 	var ln net.Listener
 	if tp == overPipe {
 		ts.addr = "pipe"
@@ -134,6 +222,8 @@ func startServerWith(t testing.TB, cfg Config, h Handler, tp transport, accepted
 				return
 			}
 			nc = tc
+		} else if tc, ok := nc.(*net.TCPConn); ok && loopDriven(tp, false) {
+			nc = newLoopConn(tc)
 		}
 		err := ts.ServeConn(context.Background(), nc)
 		select {
@@ -237,6 +327,12 @@ func (ts *testServer) client(t testing.TB, cfg Config) *ClientConn {
 	nc, err := ts.dial(testContext(t))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if loopDriven(ts.tp, true) {
+		if tc, ok := nc.(*net.TCPConn); ok {
+			nc = newLoopConn(tc)
+		}
+		cfg.Drive = ts.loop.drive
 	}
 	cc, err := NewClientConn(nc, cfg)
 	if err != nil {

@@ -313,7 +313,7 @@ func (c *conn) fillData(d *dataState, p []byte) {
 			want -= k
 		}
 		s.wakeReaderLocked()
-		s.wake()
+		c.wakeRead(s)
 	}
 	s.mu.Unlock()
 }
@@ -327,7 +327,7 @@ func (c *conn) endPayload(d *dataState) {
 	if d.end && s.rerrAfter == nil {
 		s.rerrAfter = io.EOF
 		s.wakeReaderLocked()
-		s.wake()
+		c.wakeRead(s)
 	}
 	if d.overhead > 0 && s.rerrAfter == nil && s.rerrNow == nil {
 		d.inc += s.creditLocked(d.overhead)

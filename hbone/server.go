@@ -150,9 +150,12 @@ func (srv *Server) ServeConn(ctx context.Context, nc net.Conn) error {
 		}
 	}
 
+	driven := c.startDriven()
 	stop := context.AfterFunc(ctx, func() { c.forceClose(ctx.Err()) })
-	c.start()
-	c.readLoop()
+	if !driven {
+		c.start()
+		c.readLoop()
+	}
 	<-c.done
 	stop()
 	c.handlers.Wait()

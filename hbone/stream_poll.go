@@ -45,8 +45,9 @@ type DirectSink interface {
 
 // wakerRef is a registered Waker and, if it is one, its DirectSink.
 type wakerRef struct {
-	w    Waker
-	sink DirectSink
+	w     Waker
+	sink  DirectSink
+	local localWaker // w, when it can be readied from its own loop (driven.go)
 }
 
 // SetWaker registers w (nil removes it). From then on w.Wake is called when
@@ -58,6 +59,7 @@ func (s *Stream) SetWaker(w Waker) {
 	if w != nil {
 		ref = &wakerRef{w: w}
 		ref.sink, _ = w.(DirectSink)
+		ref.local, _ = w.(localWaker)
 	}
 	s.mu.Lock() // the barrier for a TryDeliver in progress (see DirectSink)
 	s.waker.Store(ref)
@@ -66,6 +68,20 @@ func (s *Stream) SetWaker(w Waker) {
 
 func (s *Stream) wake() {
 	if ref := s.waker.Load(); ref != nil {
+		ref.w.Wake()
+	}
+}
+
+// wakeFrom is wake from inside a driver callback of the connection's
+// event loop, owner the loop's Owner (nil: not on a loop): a localWaker is
+// then told which loop calls it (see Driven).
+func (s *Stream) wakeFrom(owner any) {
+	ref := s.waker.Load()
+	switch {
+	case ref == nil:
+	case owner != nil && ref.local != nil:
+		ref.local.WakeFrom(owner)
+	default:
 		ref.w.Wake()
 	}
 }
@@ -235,14 +251,15 @@ func (w *pollWaiters) wait(s *Stream, window bool) {
 }
 
 // wakeWin wakes the streams waiting for connection window; called when a
-// connection-level WINDOW_UPDATE arrives.
-func (w *pollWaiters) wakeWin() { w.wakeAll(true) }
+// connection-level WINDOW_UPDATE arrives. from is the event loop's Owner
+// when called inside its driver callback (see Stream.wakeFrom), else nil.
+func (w *pollWaiters) wakeWin(from any) { w.wakeAll(true, from) }
 
 // wakeBuf wakes the streams waiting for write-buffer room; called when the
-// writer takes the buffer to flush it.
-func (w *pollWaiters) wakeBuf() { w.wakeAll(false) }
+// writer takes the buffer to flush it. from as for wakeWin.
+func (w *pollWaiters) wakeBuf(from any) { w.wakeAll(false, from) }
 
-func (w *pollWaiters) wakeAll(window bool) {
+func (w *pollWaiters) wakeAll(window bool, from any) {
 	w.mu.Lock()
 	list := &w.buf
 	if window {
@@ -263,7 +280,7 @@ func (w *pollWaiters) wakeAll(window bool) {
 	}
 	w.mu.Unlock()
 	for i, s := range ws {
-		s.wake()
+		s.wakeFrom(from)
 		ws[i] = nil
 	}
 	w.mu.Lock()
