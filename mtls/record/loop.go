@@ -99,6 +99,11 @@ func (c *Conn) TryRead(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	// Only a socket read made by this call may say the socket is drained:
+	// a call served from what earlier reads buffered says nothing of the
+	// bytes (and the edge) that arrived since, and a caller that trusted
+	// an earlier short read would leave them unread.
+	c.drained = false
 	n, err := c.readLocked(p)
 	c.releaseIfEmptyLocked()
 	if n > 0 {
@@ -108,8 +113,8 @@ func (c *Conn) TryRead(p []byte) (int, error) {
 }
 
 // Drained reports whether an edge-triggered caller may stop reading until
-// the descriptor's next readable edge: the last socket read returned less
-// than it asked for, and what is buffered cannot make a TryRead return
+// the descriptor's next readable edge: the last TryRead read the socket and
+// got less than it asked for, and what is buffered cannot make a TryRead return
 // anything without new bytes (no plaintext, no complete record, no error
 // to report). When it is false, the caller calls TryRead again.
 func (c *Conn) Drained() bool {

@@ -731,8 +731,16 @@ func TestDrained(t *testing.T) {
 			t.Fatalf("Drained after %q of \"abcd\"", got)
 		}
 	}
+	// The last calls were served from the buffer: the socket may hold
+	// more since, so Drained waits for a call that reads it.
+	if c.Drained() {
+		t.Fatal("Drained after calls that did not read the socket")
+	}
+	if _, err := c.TryRead(p); err != ErrWouldBlock {
+		t.Fatalf("TryRead once everything was read: %v", err)
+	}
 	if !c.Drained() {
-		t.Fatal("not Drained once everything was read")
+		t.Fatal("not Drained after a TryRead found the socket empty")
 	}
 }
 
@@ -985,5 +993,39 @@ func TestTryMethodsNeedFD(t *testing.T) {
 	}
 	if c.Drained() {
 		t.Error("Drained without fd mode")
+	}
+}
+
+// TestDrainedOnlyAfterSocketRead: a TryRead served from what an earlier
+// socket read buffered must not leave Drained saying the socket is empty.
+// The peer's next record arrives after the short read; a caller trusting a
+// stale Drained would stop before reading it (its edge already consumed),
+// and the connection would stall.
+func TestDrainedOnlyAfterSocketRead(t *testing.T) {
+	c, fd, peer := fdPair(t, true, kindOurs)
+	if _, err := peer.Write(bytes.Repeat([]byte{'a'}, 100)); err != nil {
+		t.Fatal(err)
+	}
+	waitFD(t, fd, unix.POLLIN)
+	half := make([]byte, 50)
+	if n, err := c.TryRead(half); n != 50 || err != nil {
+		t.Fatalf("first TryRead: %d %v", n, err)
+	}
+	if c.Drained() {
+		t.Fatal("Drained = true with 50 bytes of plaintext still to return")
+	}
+	if _, err := peer.Write(bytes.Repeat([]byte{'b'}, 100)); err != nil {
+		t.Fatal(err)
+	}
+	waitFD(t, fd, unix.POLLIN)
+	if n, err := c.TryRead(half); n != 50 || err != nil || half[0] != 'a' {
+		t.Fatalf("second TryRead (the buffered half): %d %v %q", n, err, half[:1])
+	}
+	if c.Drained() {
+		t.Fatal("Drained = true after a TryRead that did not read the socket: the peer's second record would be left unread")
+	}
+	got, err := c.TryRead(make([]byte, 200))
+	if got != 100 || err != nil {
+		t.Fatalf("third TryRead (the second record): %d %v", got, err)
 	}
 }
