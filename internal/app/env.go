@@ -122,6 +122,12 @@ type Config struct {
 	// validated here and handed to engine.New (engine.go); once the daemon
 	// has started it names the backend that runs.
 	Engine string
+	// HBONELoop is ZTUNNEL_HBONE_LOOP (ours, default off): HBONE
+	// connections over our TLS record layer are owned by the engine's
+	// event loops (proxy.LoopDrive) instead of a reader and a writer
+	// goroutine each; with a backend that cannot own them (std, uring)
+	// every connection keeps its goroutines.
+	HBONELoop bool
 
 	// MemoryReleaseInterval is ZTUNNEL_MEMORY_RELEASE_INTERVAL (ours): at
 	// most one return of freed memory to the OS per interval once a burst
@@ -391,6 +397,7 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	default:
 		e.fail("ZTUNNEL_ENGINE", c.Engine, errors.New("want auto, std, epoll or uring"))
 	}
+	c.HBONELoop = e.boolean("ZTUNNEL_HBONE_LOOP", false)
 	c.MemoryReleaseInterval = e.duration("ZTUNNEL_MEMORY_RELEASE_INTERVAL", DefaultMemoryReleaseInterval)
 
 	c.LogLevel = e.str("RUST_LOG", "info")
