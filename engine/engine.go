@@ -70,6 +70,14 @@ type Config struct {
 	// goroutine in epoll_wait (thread not locked) and its TCP⇄stream loops
 	// park in the runtime's netpoller, each the faster way for its kind.
 	LockOSThread bool
+	// BlockStreamLoops makes the epoll backend's TCP⇄stream loops block
+	// their goroutine in epoll_wait as its TCP⇄TCP loops do, instead of
+	// parking in the runtime's netpoller (ZTUNNEL_ENGINE_STREAM_WAIT=block).
+	// It pays where the loops own the HBONE connections of their streams
+	// (StartConn): they are then woken by their own descriptors, not by
+	// reader goroutines, and blocking saves the nested epoll's extra
+	// calls per wake-up (docs/design/hbone-loop.md, "Waiting").
+	BlockStreamLoops bool
 	// Logf, if set, receives the engine's rare notes (a loop whose poller
 	// broke). Nil discards them. The backend choice and a fallback are the
 	// caller's to log (Backend, Fallback).

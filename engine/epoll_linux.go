@@ -66,7 +66,7 @@ func newEpollBackend(e *Engine) (backend, error) {
 		b.loops = append(b.loops, &eloop{
 			b:        b,
 			p:        p,
-			blocking: i < e.cfg.Loops,
+			blocking: i < e.cfg.Loops || e.cfg.BlockStreamLoops,
 			loopCore: newLoopCore[task, loopRelay, *relayBase](&e.cfg),
 			events:   make([]poll.Event, 256),
 		})

@@ -113,3 +113,27 @@ func queued(t *testing.T, c *net.TCPConn) int {
 	}
 	return n
 }
+
+// TestBlockStreamLoops: Config.BlockStreamLoops makes the stream loops
+// wait as the TCP⇄TCP loops do (blocked in epoll_wait); without it they
+// park in the runtime's netpoller.
+func TestBlockStreamLoops(t *testing.T) {
+	for _, block := range []bool{false, true} {
+		e, err := New(Config{Backend: BackendEpoll, Loops: 2, BlockStreamLoops: block})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := e.backend.(*epollBackend)
+		for _, l := range b.tcp {
+			if !l.blocking {
+				t.Errorf("BlockStreamLoops=%v: a TCP⇄TCP loop parks", block)
+			}
+		}
+		for _, l := range b.strm {
+			if l.blocking != block {
+				t.Errorf("BlockStreamLoops=%v: a stream loop has blocking=%v", block, l.blocking)
+			}
+		}
+		e.Close()
+	}
+}

@@ -18,9 +18,9 @@ func DirectShortWrites(e *Engine) int64 {
 }
 
 // SetStreamWaitBlock makes e's stream loops block their goroutine in
-// epoll_wait, as the TCP⇄TCP loops do, instead of parking in the
-// runtime's netpoller (the design's StreamWait=block, step 6), so
-// benchmarks can compare both. Set it before the first relay.
+// epoll_wait, as Config.BlockStreamLoops does, on an engine made without
+// it, so benchmarks can compare both in one engine set-up. Set it before
+// the first relay.
 func SetStreamWaitBlock(e *Engine) {
 	if b, ok := e.backend.(*epollBackend); ok {
 		for _, l := range b.strm {

@@ -15,9 +15,10 @@ import (
 // (Drain, Close).
 func newEngine(cfg *Config, log *slog.Logger) (*engine.Engine, error) {
 	e, err := engine.New(engine.Config{
-		Backend:  cfg.Engine,
-		Fallback: true,
-		Logf:     func(f string, a ...any) { log.Warn(fmt.Sprintf(f, a...), "scope", "engine") },
+		Backend:          cfg.Engine,
+		Fallback:         true,
+		BlockStreamLoops: cfg.EngineStreamWait == "block",
+		Logf:             func(f string, a ...any) { log.Warn(fmt.Sprintf(f, a...), "scope", "engine") },
 	})
 	if err != nil {
 		return nil, err

@@ -128,6 +128,10 @@ type Config struct {
 	// goroutine each; with a backend that cannot own them (std, uring)
 	// every connection keeps its goroutines.
 	HBONELoop bool
+	// EngineStreamWait is ZTUNNEL_ENGINE_STREAM_WAIT (ours): how the epoll
+	// backend's TCP⇄stream loops wait, park (in the runtime's netpoller,
+	// the default) or block (in epoll_wait, engine.Config.BlockStreamLoops).
+	EngineStreamWait string
 
 	// MemoryReleaseInterval is ZTUNNEL_MEMORY_RELEASE_INTERVAL (ours): at
 	// most one return of freed memory to the OS per interval once a burst
@@ -398,6 +402,11 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 		e.fail("ZTUNNEL_ENGINE", c.Engine, errors.New("want auto, std, epoll or uring"))
 	}
 	c.HBONELoop = e.boolean("ZTUNNEL_HBONE_LOOP", false)
+	switch c.EngineStreamWait = e.str("ZTUNNEL_ENGINE_STREAM_WAIT", "park"); c.EngineStreamWait {
+	case "park", "block":
+	default:
+		e.fail("ZTUNNEL_ENGINE_STREAM_WAIT", c.EngineStreamWait, errors.New("want park or block"))
+	}
 	c.MemoryReleaseInterval = e.duration("ZTUNNEL_MEMORY_RELEASE_INTERVAL", DefaultMemoryReleaseInterval)
 
 	c.LogLevel = e.str("RUST_LOG", "info")

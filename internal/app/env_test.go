@@ -42,6 +42,7 @@ func TestParseEnvDefaults(t *testing.T) {
 		{"app tunnel over loopback", c.LocalhostAppTunnel, true},
 		{"memory release interval", c.MemoryReleaseInterval, DefaultMemoryReleaseInterval},
 		{"HBONE connections on goroutines", c.HBONELoop, false},
+		{"stream loops park", c.EngineStreamWait, "park"},
 	}
 	for _, ch := range checks {
 		if ch.got != ch.want {
@@ -152,6 +153,7 @@ func TestParseEnvErrorsNameTheVariable(t *testing.T) {
 		{"bad duration", map[string]string{"CONNECTION_TERMINATION_DEADLINE": "soon"}, "CONNECTION_TERMINATION_DEADLINE"},
 		{"bad release interval", map[string]string{"ZTUNNEL_MEMORY_RELEASE_INTERVAL": "often"}, "ZTUNNEL_MEMORY_RELEASE_INTERVAL"},
 		{"bad HBONE loop bool", map[string]string{"ZTUNNEL_HBONE_LOOP": "maybe"}, "ZTUNNEL_HBONE_LOOP"},
+		{"bad stream wait", map[string]string{"ZTUNNEL_ENGINE_STREAM_WAIT": "spin"}, "ZTUNNEL_ENGINE_STREAM_WAIT"},
 		{"bad log format", map[string]string{"LOG_FORMAT": "xml"}, "LOG_FORMAT"},
 		{"bad log level", map[string]string{"RUST_LOG": "access=loud"}, "RUST_LOG"},
 		{"admin off host", map[string]string{"ZTUNNEL_ADMIN_ADDR": "0.0.0.0:15000"}, "ZTUNNEL_ADMIN_ADDR"},
