@@ -47,6 +47,13 @@ type EngineDump struct {
 	PipesInUse    int `json:"pipesInUse"`
 	PipesFree     int `json:"pipesFree"`
 	StreamBuffers int `json:"streamBuffers"`
+	// Conns are the HBONE connections the loops own (ZTUNNEL_HBONE_LOOP),
+	// ConnStalls the driver calls that held a loop over a millisecond,
+	// LocalWakes the relays readied on their connection's loop without a
+	// task.
+	Conns      int   `json:"conns"`
+	ConnStalls int64 `json:"connStalls"`
+	LocalWakes int64 `json:"localWakes"`
 }
 
 // StaticDump is the local config as loaded, in ztunnel's LocalConfig shape.

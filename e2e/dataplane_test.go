@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -107,13 +108,13 @@ type dataplane struct {
 	echo    map[string]*labrun.EchoServer // "pod:port"
 }
 
-func startDataplane(t *testing.T) *dataplane {
+func startDataplane(t *testing.T, env ...string) *dataplane {
 	t.Helper()
 	lab := netnslab.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := startCluster(ctx, t, lab, labConfig, labrun.ClusterOptions{
-		Binary: ztunnelBin, Dir: t.TempDir(), ExtraPods: map[string][]string{"node-b": {"outsider"}},
+		Binary: ztunnelBin, Dir: t.TempDir(), ExtraPods: map[string][]string{"node-b": {"outsider"}}, DaemonEnv: env,
 	})
 	dp := &dataplane{cluster: c, echo: map[string]*labrun.EchoServer{}}
 	for _, pe := range []struct {
@@ -168,8 +169,40 @@ func roundTrip(c *net.TCPConn, payload []byte) ([]byte, error) {
 	return nettest.Exchange(c, payload)
 }
 
-func TestDataPath(t *testing.T) {
-	dp := startDataplane(t)
+func TestDataPath(t *testing.T) { testDataPath(t) }
+
+// TestDataPathHBONELoop is TestDataPath with ZTUNNEL_HBONE_LOOP=true: the
+// daemons' HBONE connections, both the pooled outbound ones and those their
+// 15008 accepts, are owned by the engine's event loops instead of reader and
+// writer goroutines. Every case must hold the same; at the end each daemon
+// that carried HBONE counts loop-owned connections in its /config_dump.
+func TestDataPathHBONELoop(t *testing.T) {
+	dp := testDataPath(t, "ZTUNNEL_HBONE_LOOP=true")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, pod := range []string{"client", "server"} {
+		code, body, err := dp.cluster.Daemons[pod].Get(ctx, "http://127.0.0.1:15000/config_dump")
+		if err != nil || code != 200 {
+			t.Fatalf("config_dump of %s: %d %v", pod, code, err)
+		}
+		var dump struct {
+			Engine struct {
+				Conns int `json:"conns"`
+			} `json:"engine"`
+		}
+		if err := json.Unmarshal(body, &dump); err != nil {
+			t.Fatal(err)
+		}
+		if dump.Engine.Conns == 0 {
+			t.Errorf("%s's daemon owns no HBONE connection in its loops: %s", pod, body)
+		}
+	}
+}
+
+// testDataPath runs the data-path cases on a dataplane whose daemons get
+// env, and returns it.
+func testDataPath(t *testing.T, env ...string) *dataplane {
+	dp := startDataplane(t, env...)
 	clientIP := dp.cluster.Pods["client"].IP
 	logCtx := func() context.Context {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -401,6 +434,7 @@ func TestDataPath(t *testing.T) {
 			t.Fatalf("after garbage: %q, %v", got, err)
 		}
 	})
+	return dp
 }
 
 // connectFrom opens an HBONE tunnel from inside pod `from` (not through its

@@ -171,7 +171,7 @@ func TestApplicationTunnel(t *testing.T) {
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {
 				extra := fmt.Sprintf("  applicationTunnel: {protocol: PROXY, port: %d}", tc.tunnelPort)
-				rig := startProxy(t, fmt.Sprintf(srvConfig, extra), "srv", func(c *Config) { c.DirectAppTunnel, c.Engine = tc.direct, eng })
+				rig := startProxy(t, fmt.Sprintf(srvConfig, extra), "srv", func(c *Config) { c.DirectAppTunnel = tc.direct; withEngine(eng)(c) })
 				target := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(tc.targetPort))
 				if tc.authority != "" {
 					target = netip.MustParseAddrPort(tc.authority)

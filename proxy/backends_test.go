@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -12,8 +13,16 @@ import (
 
 // testBackends are the engine backends the proxy's byte-carrying rig tests
 // run on: the proxy hands every relay to the engine, and each backend
-// relays (and ends, and reports) them its own way.
-var testBackends = []string{engine.BackendStd, engine.BackendEpoll, engine.BackendUring}
+// relays (and ends, and reports) them its own way. backendEpollLoop is
+// epoll with the HBONE connections owned by its loops too (LoopDrive,
+// ZTUNNEL_HBONE_LOOP).
+var testBackends = []string{engine.BackendStd, engine.BackendEpoll, backendEpollLoop, engine.BackendUring}
+
+const backendEpollLoop = "epoll+loop"
+
+// loopEngines holds the engines onEachBackend made for backendEpollLoop:
+// withEngine gives their proxies LoopDrive.
+var loopEngines sync.Map // *engine.Engine -> struct{}
 
 // onEachBackend runs fn as a subtest per backend, with an engine of that
 // backend for the rig's proxies (withEngine). Where the kernel refuses
@@ -25,7 +34,11 @@ func onEachBackend(t *testing.T, fn func(t *testing.T, eng *engine.Engine)) {
 	t.Helper()
 	for _, name := range testBackends {
 		t.Run(name, func(t *testing.T) {
-			eng, err := engine.New(engine.Config{Backend: name})
+			backend := name
+			if name == backendEpollLoop {
+				backend = engine.BackendEpoll
+			}
+			eng, err := engine.New(engine.Config{Backend: backend})
 			if err != nil {
 				if name == engine.BackendUring && kernelRefused(err) {
 					netnslab.Skip(t, fmt.Sprintf("the kernel refuses io_uring: %v", err))
@@ -33,6 +46,10 @@ func onEachBackend(t *testing.T, fn func(t *testing.T, eng *engine.Engine)) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { eng.Close() })
+			if name == backendEpollLoop {
+				loopEngines.Store(eng, struct{}{})
+				t.Cleanup(func() { loopEngines.Delete(eng) })
+			}
 			fn(t, eng)
 		})
 	}
@@ -46,5 +63,10 @@ func kernelRefused(err error) bool {
 
 // withEngine is the Config option that runs a rig proxy's relays on eng.
 func withEngine(eng *engine.Engine) func(*Config) {
-	return func(c *Config) { c.Engine = eng }
+	return func(c *Config) {
+		c.Engine = eng
+		if _, ok := loopEngines.Load(eng); ok {
+			c.HBONE.Drive = LoopDrive(eng)
+		}
+	}
 }

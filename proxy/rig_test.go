@@ -160,17 +160,20 @@ func startProxy(t *testing.T, yaml, name string, mutate func(*Config)) *proxyRig
 	}
 	ca := tlstest.NewCA(t, "cluster.local")
 	certs := mtls.NewStore(mtls.StoreConfig{Source: caclient.New(caclient.Config{Signer: ca})})
-	pool := hbone.NewPool(hbone.PoolConfig{})
 	rig := &proxyRig{ca: ca, store: state.NewStore(snap), logs: make(chan map[string]string, 16)}
 	cfg := Config{
 		Workload: WorkloadRef{Namespace: "ns", Name: name, ServiceAccount: name},
-		State:    rig.store, Certs: certs, Pool: pool,
+		State:    rig.store, Certs: certs,
 		BindHost: "127.0.0.1", OutboundPort: freePort(t), InboundPlainPort: freePort(t), InboundHBONEPort: freePort(t),
 		OrigSrc: new(bool), Logger: slog.New(&logCapture{ch: rig.logs}),
 	}
 	if mutate != nil {
 		mutate(&cfg)
 	}
+	// The pool's connections are driven as the inbound server's are
+	// (withEngine on an "epoll+loop" backend sets the Drive).
+	pool := hbone.NewPool(hbone.PoolConfig{Config: hbone.Config{Drive: cfg.HBONE.Drive}})
+	cfg.Pool = pool
 	p := startOnFreePorts(t, cfg)
 	rig.p = p
 	t.Cleanup(func() {
@@ -233,6 +236,14 @@ func (r *proxyRig) hbonePort() int { return r.p.Addrs()[2].(*net.TCPAddr).Port }
 // returned.
 func connectHBONE(t *testing.T, ca *caclient.BuiltinCA, port int, sa, serverSA string, req *hbone.Request) (*hbone.Stream, netip.AddrPort, error) {
 	t.Helper()
+	_, s, local, err := connectHBONEConn(t, ca, port, sa, serverSA, req)
+	return s, local, err
+}
+
+// connectHBONEConn is connectHBONE that also returns the client connection
+// (closed when the test ends, or earlier by the test).
+func connectHBONEConn(t *testing.T, ca *caclient.BuiltinCA, port int, sa, serverSA string, req *hbone.Request) (*hbone.ClientConn, *hbone.Stream, netip.AddrPort, error) {
+	t.Helper()
 	cert := tlstest.Cert(t, ca, identity.New("", "ns", sa))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -252,5 +263,5 @@ func connectHBONE(t *testing.T, ca *caclient.BuiltinCA, port int, sa, serverSA s
 	}
 	t.Cleanup(func() { cc.Close() })
 	s, err := cc.Connect(ctx, req)
-	return s, local, err
+	return cc, s, local, err
 }

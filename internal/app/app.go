@@ -144,15 +144,20 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	h2 := hbone.Config{
 		StreamWindow: cfg.StreamWindow, ConnWindow: cfg.ConnectionWindow, MaxFrameSize: cfg.FrameSize,
 	}
-	poolCfg := hbone.PoolConfig{Config: h2, MaxStreamsPerConn: cfg.PoolMaxStreams, IdleTimeout: cfg.PoolUnusedRelease}
-	poolCfg.Config.Logf = func(f string, a ...any) { log.Debug(fmt.Sprintf(f, a...), "scope", "hbone") }
-	poolCfg.Config.Admit = proxy.AdmitOutbound(d.crl.Load, log, m) // the CRL, once startCRL has loaded it
-	d.pool = hbone.NewPool(poolCfg)
 	if d.engine, err = newEngine(cfg, log); err != nil { // engine.go
 		d.Close()
 		return nil, err
 	}
 	eng := d.engine
+	if cfg.HBONELoop {
+		// Both directions' HBONE connections: the pool's and the
+		// inbound servers' (h2 goes to every proxy's Config.HBONE).
+		h2.Drive = proxy.LoopDrive(eng)
+	}
+	poolCfg := hbone.PoolConfig{Config: h2, MaxStreamsPerConn: cfg.PoolMaxStreams, IdleTimeout: cfg.PoolUnusedRelease}
+	poolCfg.Config.Logf = func(f string, a ...any) { log.Debug(fmt.Sprintf(f, a...), "scope", "hbone") }
+	poolCfg.Config.Admit = proxy.AdmitOutbound(d.crl.Load, log, m) // the CRL, once startCRL has loaded it
+	d.pool = hbone.NewPool(poolCfg)
 
 	ready := admin.NewReadiness()
 	proxyDone := ready.Register("proxy")

@@ -36,6 +36,7 @@ func engineDump(e *engine.Engine) admin.EngineDump {
 		Backend: st.Backend, Loops: st.Loops, StreamLoops: st.StreamLoops, Running: st.Running,
 		Relays: st.Relays, LoopRelays: st.LoopRelays,
 		PipesInUse: st.PipesInUse, PipesFree: st.PipesFree, StreamBuffers: st.StreamBuffers,
+		Conns: st.Conns, ConnStalls: st.ConnStalls, LocalWakes: st.LocalWakes,
 	}
 	if why := e.Fallback(); why != nil {
 		d.Fallback = why.Error()

@@ -122,6 +122,12 @@ type Config struct {
 	// validated here and handed to engine.New (engine.go); once the daemon
 	// has started it names the backend that runs.
 	Engine string
+	// HBONELoop is ZTUNNEL_HBONE_LOOP (ours, default off): HBONE
+	// connections over our TLS record layer are owned by the engine's
+	// event loops (proxy.LoopDrive) instead of a reader and a writer
+	// goroutine each; with a backend that cannot own them (std, uring)
+	// every connection keeps its goroutines.
+	HBONELoop bool
 	// EngineStreamWait is ZTUNNEL_ENGINE_STREAM_WAIT (ours): how the epoll
 	// backend's TCP⇄stream loops wait, park (in the runtime's netpoller,
 	// the default) or block (in epoll_wait, engine.Config.BlockStreamLoops).
@@ -395,6 +401,7 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	default:
 		e.fail("ZTUNNEL_ENGINE", c.Engine, errors.New("want auto, std, epoll or uring"))
 	}
+	c.HBONELoop = e.boolean("ZTUNNEL_HBONE_LOOP", false)
 	switch c.EngineStreamWait = e.str("ZTUNNEL_ENGINE_STREAM_WAIT", "park"); c.EngineStreamWait {
 	case "park", "block":
 	default:

@@ -41,6 +41,7 @@ func TestParseEnvDefaults(t *testing.T) {
 		{"socks5 off", c.EnableSOCKS5, false},
 		{"app tunnel over loopback", c.LocalhostAppTunnel, true},
 		{"memory release interval", c.MemoryReleaseInterval, DefaultMemoryReleaseInterval},
+		{"HBONE connections on goroutines", c.HBONELoop, false},
 		{"stream loops park", c.EngineStreamWait, "park"},
 	}
 	for _, ch := range checks {
@@ -67,6 +68,7 @@ func TestParseEnvOverrides(t *testing.T) {
 		"NODE_NAME": "node-a", "NETWORK": "net1", "PACKET_MARK": "99", "PREFERED_SERVICE_NAMESPACE": "istio-system",
 		"HTTP2_STREAM_WINDOW_SIZE": "65535", "HTTP2_CONNECTION_WINDOW_SIZE": "1048576", "HTTP2_FRAME_SIZE": "16384",
 		"CONNECTION_TERMINATION_DEADLINE": "30s", "ENABLE_ORIG_SRC": "false", "ZTUNNEL_POOL_INNER_HBONE": "true",
+		"ZTUNNEL_HBONE_LOOP": "true",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +76,7 @@ func TestParseEnvOverrides(t *testing.T) {
 	if c.ClusterID != "c2" || c.TrustDomain != "example.org" || c.NodeName != "node-a" || c.Network != "net1" ||
 		c.PacketMark != 99 || c.StreamWindow != 65535 || c.ConnectionWindow != 1<<20 || c.FrameSize != 16384 ||
 		c.TerminationDeadline != 30*time.Second || c.OrigSrc == nil || *c.OrigSrc || c.PreferredServiceNamespace != "istio-system" ||
-		!c.PoolInnerHBONE {
+		!c.PoolInnerHBONE || !c.HBONELoop {
 		t.Fatalf("overrides not applied: %+v", c)
 	}
 }
@@ -150,6 +152,7 @@ func TestParseEnvErrorsNameTheVariable(t *testing.T) {
 		{"frame too small", map[string]string{"HTTP2_FRAME_SIZE": "100"}, "HTTP2_FRAME_SIZE"},
 		{"bad duration", map[string]string{"CONNECTION_TERMINATION_DEADLINE": "soon"}, "CONNECTION_TERMINATION_DEADLINE"},
 		{"bad release interval", map[string]string{"ZTUNNEL_MEMORY_RELEASE_INTERVAL": "often"}, "ZTUNNEL_MEMORY_RELEASE_INTERVAL"},
+		{"bad HBONE loop bool", map[string]string{"ZTUNNEL_HBONE_LOOP": "maybe"}, "ZTUNNEL_HBONE_LOOP"},
 		{"bad stream wait", map[string]string{"ZTUNNEL_ENGINE_STREAM_WAIT": "spin"}, "ZTUNNEL_ENGINE_STREAM_WAIT"},
 		{"bad log format", map[string]string{"LOG_FORMAT": "xml"}, "LOG_FORMAT"},
 		{"bad log level", map[string]string{"RUST_LOG": "access=loud"}, "RUST_LOG"},

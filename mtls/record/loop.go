@@ -400,3 +400,13 @@ func (c *Conn) closeFD() {
 	c.dropHeldLocked()
 	c.wmu.Unlock()
 }
+
+// CanUseFD reports whether UseFD would take the connection now: the
+// handshake is done, this package (not crypto/tls's fallback) protects the
+// data, and the connection is open and not in fd mode yet. A caller that
+// gives the socket away before UseFD runs (the engine's StartConn takes it
+// out of the runtime's poller first) asks here, so that a refusal costs it
+// nothing.
+func (c *Conn) CanUseFD() bool {
+	return c.hsDone.Load() && !c.fallback && !c.closed.Load() && !c.fdMode.Load()
+}

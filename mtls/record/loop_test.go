@@ -240,47 +240,53 @@ func TestUseFDRefuses(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		setup func(t *testing.T) (*Conn, int)
+		// can is what CanUseFD says: it looks at the connection's state,
+		// not at the descriptor or at calls in progress.
+		can bool
 	}{
 		{"handshake not run", func(t *testing.T) (*Conn, int) {
 			ccfg, _ := testConfigs(t)
 			cr, _ := nettest.TCPPair(t)
 			return Client(cr, ccfg), 0
-		}},
+		}, false},
 		{"fallback to crypto/tls records", func(t *testing.T) (*Conn, int) {
 			cli, _ := pair(t, kindFallback, kindTLS, nil)
 			return cli.(*Conn), 0
-		}},
+		}, false},
 		{"negative descriptor", func(t *testing.T) (*Conn, int) {
 			cli, _ := pair(t, kindOurs, kindTLS, nil)
 			return cli.(*Conn), -1
-		}},
+		}, true},
 		{"closed", func(t *testing.T) (*Conn, int) {
 			cli, _ := pair(t, kindOurs, kindTLS, nil)
 			c := cli.(*Conn)
 			c.Close()
 			return c, 0
-		}},
+		}, false},
 		{"a Read in progress", func(t *testing.T) (*Conn, int) {
 			cli, _ := pair(t, kindOurs, kindTLS, nil)
 			c := cli.(*Conn)
 			c.rmu.Lock()
 			t.Cleanup(c.rmu.Unlock)
 			return c, 0
-		}},
+		}, true},
 		{"a Write in progress", func(t *testing.T) (*Conn, int) {
 			cli, _ := pair(t, kindOurs, kindTLS, nil)
 			c := cli.(*Conn)
 			c.wmu.Lock()
 			t.Cleanup(c.wmu.Unlock)
 			return c, 0
-		}},
+		}, true},
 		{"twice", func(t *testing.T) (*Conn, int) {
 			c, fd, _ := fdPair(t, true, kindTLS)
 			return c, fd
-		}},
+		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, fd := tc.setup(t)
+			if got := c.CanUseFD(); got != tc.can {
+				t.Errorf("CanUseFD = %v, want %v", got, tc.can)
+			}
 			wasFD := c.fdMode.Load()
 			if err := c.UseFD(fd); err == nil {
 				t.Fatal("UseFD succeeded")
@@ -289,6 +295,16 @@ func TestUseFDRefuses(t *testing.T) {
 				t.Fatal("a refused UseFD changed the mode")
 			}
 		})
+	}
+}
+
+// TestCanUseFD: a connection of ours whose handshake is done may go to fd
+// mode (TestUseFDRefuses has the cases where it may not).
+func TestCanUseFD(t *testing.T) {
+	cli, _ := pair(t, kindOurs, kindTLS, nil)
+	c := cli.(*Conn)
+	if !c.CanUseFD() {
+		t.Fatal("CanUseFD = false on an open connection of ours")
 	}
 }
 

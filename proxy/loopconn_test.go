@@ -1,0 +1,69 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/engine"
+	"github.com/ztunnel-go/ztunnel/hbone"
+)
+
+// TestLoopOwnedHBONE: with LoopDrive, the inbound server's HBONE
+// connection is owned by an engine loop (Stats.Conns counts it while it is
+// open), its stream's relay is readied on that loop without a task
+// (Stats.LocalWakes), 4 MiB echo both ways arrive whole, and once the
+// client closes its connection the engine holds none.
+func TestLoopOwnedHBONE(t *testing.T) {
+	eng, err := engine.New(engine.Config{Backend: engine.BackendEpoll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	loopEngines.Store(eng, struct{}{})
+	t.Cleanup(func() { loopEngines.Delete(eng) })
+	app := echoApp(t)
+	rig := startInbound(t, 1, withEngine(eng))
+
+	cc, s, _, err := connectHBONEConn(t, rig.ca, rig.hbonePort, "client", "srv", &hbone.Request{Authority: fmt.Sprintf("127.0.0.1:%d", app)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := eng.Stats().Conns; n != 1 {
+		t.Errorf("the engine owns %d connections with one HBONE connection open, want 1", n)
+	}
+	payload := make([]byte, 4<<20)
+	rand.Read(payload)
+	got := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(s)
+		got <- b
+	}()
+	if _, err := s.Write(payload); err != nil {
+		t.Fatal(err)
+	}
+	s.CloseWrite()
+	select {
+	case b := <-got:
+		if !bytes.Equal(b, payload) {
+			t.Fatalf("echo of %d bytes came back as %d different bytes", len(payload), len(b))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no echo within 30 s")
+	}
+	if st := eng.Stats(); st.LocalWakes == 0 {
+		t.Errorf("no relay readied on its connection's loop after a 4 MiB echo: %+v", st)
+	}
+	s.Close()
+	cc.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for eng.Stats().Conns != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the engine still owns %d connections 10 s after the client closed", eng.Stats().Conns)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
