@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"io"
 	"math/big"
@@ -147,32 +146,15 @@ func (l *crlLab) serial(t *testing.T, pod string) *big.Int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	code, body, err := l.daemons[pod].Get(ctx, "http://127.0.0.1:15000/config_dump")
-	if err != nil || code != 200 {
-		t.Fatalf("config_dump of %s: %d %v", pod, code, err)
+	chain := dumpedChain(ctx, t, l.daemons[pod], pod)
+	if len(chain) == 0 {
+		t.Fatalf("no certificate for %s in its config dump", pod)
 	}
-	var dump struct {
-		Certificates []struct {
-			Identity  string `json:"identity"`
-			CertChain []struct {
-				SerialNumber string `json:"serialNumber"`
-			} `json:"certChain"`
-		} `json:"certificates"`
+	n, ok := new(big.Int).SetString(chain[0], 10) // decimal, as istioctl parses it
+	if !ok {
+		t.Fatalf("serial %q", chain[0])
 	}
-	if err := json.Unmarshal(body, &dump); err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range dump.Certificates {
-		if strings.HasSuffix(c.Identity, "/sa/"+pod) && len(c.CertChain) > 0 {
-			n, ok := new(big.Int).SetString(c.CertChain[0].SerialNumber, 10) // decimal, as istioctl parses it
-			if !ok {
-				t.Fatalf("serial %q", c.CertChain[0].SerialNumber)
-			}
-			return n
-		}
-	}
-	t.Fatalf("no certificate for %s in its config dump: %s", pod, body)
-	return nil
+	return n
 }
 
 // open connects the client app to the server's echo and checks one round

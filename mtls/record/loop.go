@@ -165,7 +165,7 @@ func (c *Conn) readFDLocked(buf []byte) error {
 // the held buffer without growing it, so at most one output buffer is ever
 // held per connection.
 func (c *Conn) tryWriteFDLocked(p []byte) (ok, queued bool, err error) {
-	if err := c.writableFDLocked(); err != nil {
+	if err := c.writableLocked(); err != nil {
 		return true, c.unsent != nil, err
 	}
 	stillHeld := false
@@ -203,25 +203,6 @@ func sealRoom(n int) int {
 	return r*sealedLen + (r+1)*ctrlRecordLen
 }
 
-// writableFDLocked is writableLocked in fd mode: an alert the reader owes
-// the peer is queued, not written with waiting.
-func (c *Conn) writableFDLocked() error {
-	if c.werr != nil {
-		return c.werr
-	}
-	if c.closeNotifySent {
-		return errShutdown
-	}
-	if c.closed.Load() {
-		return net.ErrClosed
-	}
-	if c.pendingAlert.Load() != 0 {
-		c.queueAlertLocked(c.closingAlert())
-		return c.werr
-	}
-	return nil
-}
-
 // TryFlush sends, without waiting, the records TryWrite, TryKeyUpdate or
 // TryClose left held, in fd mode: the caller calls it when the descriptor
 // becomes writable. done reports that nothing is held any more; err is the
@@ -255,7 +236,7 @@ func (c *Conn) TryKeyUpdate(requestPeer bool) error {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if err := c.writableFDLocked(); err != nil {
+	if err := c.writableLocked(); err != nil {
 		return err
 	}
 	// Our KeyUpdate also answers one the peer requested.

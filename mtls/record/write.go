@@ -268,8 +268,9 @@ func (c *Conn) KeyUpdate(requestPeer bool) error {
 }
 
 // writableLocked reports why nothing more may be written, if so. A read
-// side that failed with a protocol error sends its alert here and fails
-// the write side too.
+// side that failed with a protocol error sends its alert here (in fd mode
+// queues it, for TryFlush: nothing may wait there) and fails the write
+// side too.
 func (c *Conn) writableLocked() error {
 	if c.werr != nil {
 		return c.werr
@@ -281,7 +282,11 @@ func (c *Conn) writableLocked() error {
 		return net.ErrClosed
 	}
 	if c.pendingAlert.Load() != 0 {
-		_ = c.sendAlertLocked(c.closingAlert())
+		if c.fdMode.Load() {
+			c.queueAlertLocked(c.closingAlert())
+		} else {
+			_ = c.sendAlertLocked(c.closingAlert())
+		}
 		return c.werr
 	}
 	return nil
