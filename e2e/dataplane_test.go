@@ -169,34 +169,55 @@ func roundTrip(c *net.TCPConn, payload []byte) ([]byte, error) {
 	return nettest.Exchange(c, payload)
 }
 
-func TestDataPath(t *testing.T) { testDataPath(t) }
-
-// TestDataPathHBONELoop is TestDataPath with ZTUNNEL_HBONE_LOOP=true: the
-// daemons' HBONE connections, both the pooled outbound ones and those their
-// 15008 accepts, are owned by the engine's event loops instead of reader and
-// writer goroutines. Every case must hold the same; at the end each daemon
-// that carried HBONE counts loop-owned connections in its /config_dump.
-func TestDataPathHBONELoop(t *testing.T) {
-	dp := testDataPath(t, "ZTUNNEL_HBONE_LOOP=true")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+// TestDataPath runs the data-path cases on the daemons' defaults, where the
+// HBONE connections, both the pooled outbound ones and those their 15008
+// accepts, are owned by the engine's event loops (ZTUNNEL_HBONE_LOOP) and the
+// loops block in epoll_wait: at the end each daemon that carried HBONE
+// counts loop-owned connections in its /config_dump.
+func TestDataPath(t *testing.T) {
+	dp := testDataPath(t)
 	for _, pod := range []string{"client", "server"} {
-		code, body, err := dp.cluster.Daemons[pod].Get(ctx, "http://127.0.0.1:15000/config_dump")
-		if err != nil || code != 200 {
-			t.Fatalf("config_dump of %s: %d %v", pod, code, err)
-		}
-		var dump struct {
-			Engine struct {
-				Conns int `json:"conns"`
-			} `json:"engine"`
-		}
-		if err := json.Unmarshal(body, &dump); err != nil {
-			t.Fatal(err)
-		}
-		if dump.Engine.Conns == 0 {
-			t.Errorf("%s's daemon owns no HBONE connection in its loops: %s", pod, body)
+		if n := dp.loopConns(t, pod); n == 0 {
+			t.Errorf("%s's daemon owns no HBONE connection in its loops", pod)
 		}
 	}
+}
+
+// TestDataPathHBONEGoroutines is TestDataPath on the goroutine-driven HBONE
+// path (ZTUNNEL_HBONE_LOOP=false, parking stream loops): a reader and a
+// writer goroutine per connection. Every case must hold the same, and no
+// loop owns a connection.
+func TestDataPathHBONEGoroutines(t *testing.T) {
+	dp := testDataPath(t, "ZTUNNEL_HBONE_LOOP=false", "ZTUNNEL_ENGINE_STREAM_WAIT=park")
+	for _, pod := range []string{"client", "server"} {
+		if n := dp.loopConns(t, pod); n != 0 {
+			t.Errorf("%s's daemon owns %d HBONE connections in its loops with ZTUNNEL_HBONE_LOOP=false", pod, n)
+		}
+	}
+}
+
+// loopConns reads engine.conns, the HBONE connections the loops own, from
+// pod's daemon's /config_dump.
+func (dp *dataplane) loopConns(t *testing.T, pod string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	code, body, err := dp.cluster.Daemons[pod].Get(ctx, "http://127.0.0.1:15000/config_dump")
+	if err != nil || code != 200 {
+		t.Fatalf("config_dump of %s: %d %v", pod, code, err)
+	}
+	var dump struct {
+		Engine struct {
+			Conns *int `json:"conns"`
+		} `json:"engine"`
+	}
+	if err := json.Unmarshal(body, &dump); err != nil {
+		t.Fatal(err)
+	}
+	if dump.Engine.Conns == nil {
+		t.Fatalf("%s's /config_dump has no engine.conns: %s", pod, body)
+	}
+	return *dump.Engine.Conns
 }
 
 // testDataPath runs the data-path cases on a dataplane whose daemons get

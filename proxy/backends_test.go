@@ -14,8 +14,10 @@ import (
 // testBackends are the engine backends the proxy's byte-carrying rig tests
 // run on: the proxy hands every relay to the engine, and each backend
 // relays (and ends, and reports) them its own way. backendEpollLoop is
-// epoll with the HBONE connections owned by its loops too (LoopDrive,
-// ZTUNNEL_HBONE_LOOP).
+// epoll with the HBONE connections owned by its loops too and the loops
+// blocking in epoll_wait (LoopDrive, BlockStreamLoops: the daemon's default,
+// ZTUNNEL_HBONE_LOOP and ZTUNNEL_ENGINE_STREAM_WAIT); backendEpoll is the
+// goroutine-driven HBONE path with parking loops.
 var testBackends = []string{engine.BackendStd, engine.BackendEpoll, backendEpollLoop, engine.BackendUring}
 
 const backendEpollLoop = "epoll+loop"
@@ -38,7 +40,9 @@ func onEachBackend(t *testing.T, fn func(t *testing.T, eng *engine.Engine)) {
 			if name == backendEpollLoop {
 				backend = engine.BackendEpoll
 			}
-			eng, err := engine.New(engine.Config{Backend: backend})
+			// The loop-owned backend is the daemon's default: its stream
+			// loops block in epoll_wait (ZTUNNEL_ENGINE_STREAM_WAIT=block).
+			eng, err := engine.New(engine.Config{Backend: backend, BlockStreamLoops: name == backendEpollLoop})
 			if err != nil {
 				if name == engine.BackendUring && kernelRefused(err) {
 					netnslab.Skip(t, fmt.Sprintf("the kernel refuses io_uring: %v", err))

@@ -182,6 +182,9 @@ func EvaluateGoals(r *Run, st *Stats, backend string) []Goal {
 	atLeast(i23, "two hops throughput, 1 stream, vs HAProxy mTLS pair", two, vs(two, hp, MetricTput1, FieldGbps), 1.3)
 	atMost(i23, "two hops CPU per Gbit/s vs HAProxy mTLS pair", two, vs(two, hp, MetricTput1, FieldCoresPerGbps), 0.75)
 	atLeast(i23, "two hops connection rate vs HAProxy mTLS pair", two, vs(two, hp, MetricCPS, FieldPerSecond), 2)
+	// The pair's cores summed against the HAProxy pair's: both pairs are a
+	// client side and a server side doing the same work per request.
+	atMost(i23, "two hops CPU at a fixed rate vs HAProxy mTLS pair", two, vs(two, hp, MetricFixedRate, FieldCores), 0.7)
 	if i, ok := idle(two); ok {
 		atMostAbs(i23, "idle HBONE-carried connection, tighter: RSS per daemon (costlier one)", two, i.MaxPerProc().RSSKiB, 3, "KiB")
 	}

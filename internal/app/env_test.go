@@ -41,8 +41,8 @@ func TestParseEnvDefaults(t *testing.T) {
 		{"socks5 off", c.EnableSOCKS5, false},
 		{"app tunnel over loopback", c.LocalhostAppTunnel, true},
 		{"memory release interval", c.MemoryReleaseInterval, DefaultMemoryReleaseInterval},
-		{"HBONE connections on goroutines", c.HBONELoop, false},
-		{"stream loops park", c.EngineStreamWait, "park"},
+		{"HBONE connections loop-owned", c.HBONELoop, true},
+		{"stream loops block", c.EngineStreamWait, "block"},
 	}
 	for _, ch := range checks {
 		if ch.got != ch.want {
@@ -68,7 +68,7 @@ func TestParseEnvOverrides(t *testing.T) {
 		"NODE_NAME": "node-a", "NETWORK": "net1", "PACKET_MARK": "99", "PREFERED_SERVICE_NAMESPACE": "istio-system",
 		"HTTP2_STREAM_WINDOW_SIZE": "65535", "HTTP2_CONNECTION_WINDOW_SIZE": "1048576", "HTTP2_FRAME_SIZE": "16384",
 		"CONNECTION_TERMINATION_DEADLINE": "30s", "ENABLE_ORIG_SRC": "false", "ZTUNNEL_POOL_INNER_HBONE": "true",
-		"ZTUNNEL_HBONE_LOOP": "true",
+		"ZTUNNEL_HBONE_LOOP": "false", "ZTUNNEL_ENGINE_STREAM_WAIT": "park",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +76,7 @@ func TestParseEnvOverrides(t *testing.T) {
 	if c.ClusterID != "c2" || c.TrustDomain != "example.org" || c.NodeName != "node-a" || c.Network != "net1" ||
 		c.PacketMark != 99 || c.StreamWindow != 65535 || c.ConnectionWindow != 1<<20 || c.FrameSize != 16384 ||
 		c.TerminationDeadline != 30*time.Second || c.OrigSrc == nil || *c.OrigSrc || c.PreferredServiceNamespace != "istio-system" ||
-		!c.PoolInnerHBONE || !c.HBONELoop {
+		!c.PoolInnerHBONE || c.HBONELoop || c.EngineStreamWait != "park" {
 		t.Fatalf("overrides not applied: %+v", c)
 	}
 }
