@@ -147,6 +147,11 @@ func TestDrainEndsWithLastConnection(t *testing.T) {
 			wctx, wcancel := context.WithTimeout(ctx, drainDeadline/2)
 			defer wcancel()
 			if err := d.Wait(wctx); err != nil {
+				// What it waits for: its goroutines, while it is still up.
+				gctx, gcancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_, body, gerr := d.Get(gctx, "http://127.0.0.1:15000/debug/pprof/goroutine?debug=2")
+				gcancel()
+				t.Logf("goroutines of the daemon that did not exit (%v):\n%s", gerr, body)
 				t.Fatalf("daemon exit after the last connection closed: %v, want status 0", err)
 			}
 			if took := time.Since(closed); took > time.Second {

@@ -224,13 +224,7 @@ func (p *Pool) CloseConns(match func(net.Conn) bool, cause error) int {
 // Close closes every connection abruptly and waits for their goroutines to
 // end. Later Connects fail with ErrPoolClosed.
 func (p *Pool) Close() error {
-	p.mu.Lock()
-	p.closed = true
-	var conns []*ClientConn
-	for _, k := range p.keys {
-		conns = append(conns, k.conns...)
-	}
-	p.mu.Unlock()
+	conns := p.closeAll()
 	// In parallel: each close may spend up to abruptCloseTimeout on the
 	// TLS alert it owes a peer that stopped reading.
 	var wg sync.WaitGroup
@@ -239,4 +233,38 @@ func (p *Pool) Close() error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// Shutdown closes the pool gracefully, as a draining daemon does once its
+// proxies are done: later Connects fail with ErrPoolClosed, and every
+// connection gets a GOAWAY and closes once its open streams end (at once
+// when it has none), cleanly, its last bytes flushed; what is still open
+// when ctx ends is closed abruptly, and Shutdown returns ctx's error. It
+// waits for every connection to end.
+func (p *Pool) Shutdown(ctx context.Context) error {
+	conns := p.closeAll()
+	errs := make([]error, len(conns))
+	var wg sync.WaitGroup
+	for i, cc := range conns {
+		wg.Go(func() { errs[i] = cc.Shutdown(ctx) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// closeAll refuses later Connects and returns the pool's connections.
+func (p *Pool) closeAll() []*ClientConn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	var conns []*ClientConn
+	for _, k := range p.keys {
+		conns = append(conns, k.conns...)
+	}
+	return conns
 }

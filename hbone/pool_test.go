@@ -303,6 +303,61 @@ func TestPoolClose(t *testing.T) {
 	}
 }
 
+// TestPoolShutdown is a draining daemon's pool: GOAWAY on every
+// connection, the open stream still carries bytes, the connection closes
+// cleanly once it ends, and nothing new is dialled. A stream still open at
+// the deadline is cut.
+func TestPoolShutdown(t *testing.T) {
+	ts := startServer(t, Config{}, echoHandler, false)
+	d := &countingDialer{ts: ts}
+	p := suitePool(d.ts, PoolConfig{})
+	defer p.Close()
+	ctx := testContext(t)
+	s, err := p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := poolConns(p, "key")[0]
+	done := make(chan error, 1)
+	go func() { done <- p.Shutdown(ctx) }()
+	waitFor(t, "GOAWAY", func() bool { return !cc.CanTakeNewStream() })
+	if _, err := p.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"}); !errors.Is(err, ErrPoolClosed) {
+		t.Fatalf("Connect during Shutdown: %v", err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Shutdown returned %v with a stream open", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	// The round trip ends the stream both ways (CloseWrite, the echo's
+	// END_STREAM): the connection is drained.
+	echoRoundTrip(t, s, 2, 256<<10, 16<<10)
+	if err := <-done; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	<-cc.Done()
+	if n := d.dials.Load(); n != 1 {
+		t.Fatalf("%d dials, want 1", n)
+	}
+
+	// The deadline passes with a stream open: Shutdown cuts it.
+	p2 := suitePool(d.ts, PoolConfig{})
+	defer p2.Close()
+	held, err := p2.Connect(ctx, "key", d.dial, &Request{Authority: "10.0.0.1:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := p2.Shutdown(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown past its deadline: %v, want DeadlineExceeded", err)
+	}
+	if _, err := held.Read(make([]byte, 1)); !errors.Is(err, ErrConnClosed) {
+		t.Fatalf("Read after a cut Shutdown: %v", err)
+	}
+}
+
 func TestPoolStatusError(t *testing.T) {
 	ts := startServer(t, Config{}, func(_ context.Context, req *ServerRequest) {
 		_, _ = req.Respond(http.StatusServiceUnavailable, nil)

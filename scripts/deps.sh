@@ -30,7 +30,8 @@ mode=${1:-test}
 #   haproxy:            one of the proxies the benchmarks compare (TCP, and the mTLS
 #                       pair and terminator); its peer configs are tested in make test.
 #   strace:             the benchmarks' round-trip census (make bench-census; perf, if
-#                       present, adds syscall counts by kind).
+#                       present (Debian's linux-perf), adds syscall counts by kind and
+#                       each proxy's kernel and user CPU per round trip by function).
 DEPS=(
 	iproute2:ip
 	iptables:iptables-restore

@@ -22,7 +22,8 @@ import (
 // and wake-ups per round trip"): counted 1-byte round trips through each
 // path. Untraced, for each proxy process's syscalls by kind (perf's
 // tracepoint counters, which do not slow the run), context switches (every
-// thread's, from /proc) and CPU; under `strace -c -f` for its failed calls
+// thread's, from /proc) and CPU; sampled by perf record over as many more,
+// for the CPU's split into kernel and user functions (censusperf.go); under `strace -c -f` for its failed calls
 // (ptrace slows the run, not the count of the calls each message makes);
 // and, for the daemons, a CPU profile under load and a Go execution trace
 // around a counted run (saved; its goroutine unblocks say which goroutine
@@ -84,6 +85,9 @@ type CensusProc struct {
 	Voluntary   float64 `json:"voluntary_cs"`
 	Involuntary float64 `json:"involuntary_cs"`
 	CPUus       float64 `json:"cpu_us"` // CPU µs per round trip (10 ms ticks: long runs only)
+	// Sampled is perf record's split of the CPU per round trip into
+	// kernel and user time, by function (censusperf.go); nil without perf.
+	Sampled *SampledCPU `json:"sampled,omitempty"`
 }
 
 // TotalSyscalls is the sum over kinds (perf's count, else strace's).
@@ -187,6 +191,9 @@ func (b *bench) census(ctx context.Context, t *target, n int64) (Census, error) 
 	}
 	if len(t.procs) == 0 {
 		return c, nil
+	}
+	if err := b.perfSamples(ctx, t, n, &c); err != nil {
+		return c, err
 	}
 	if err := b.straceCensus(ctx, t, n, &c); err != nil {
 		return c, err

@@ -132,3 +132,37 @@ func TestParseWakeups(t *testing.T) {
 		t.Errorf("syscalls %d, want 1", syscalls)
 	}
 }
+
+func TestParsePerfReport(t *testing.T) {
+	// perf report --stdio -q --no-children -n --sort sym, as perf 6 writes
+	// it (a dd run on the CI machine kind), plus lines it must skip.
+	out := []byte(`    29.46%           104  [k] do_syscall_64
+    15.01%            53  [k] read_zero
+    10.48%            37  [.] read
+     9.92%            35  [.] __GI___libc_write
+     4.25%            15  [k] fdget_pos
+     1.13%             4  [.] intel_check_word.constprop.0
+     0.28%             1  [.] 0x00000000004a95a8
+#
+garbage line
+     1.00%          many  [k] not_a_count
+`)
+	// 1000 round trips sampled at 1000 Hz: one sample is 1000 µs / 1000.
+	s := parsePerfReport(out, 1000*1000/1e6)
+	if s.KernelUS != 172 || s.UserUS != 77 {
+		t.Fatalf("kernel %v user %v µs, want 172 and 77", s.KernelUS, s.UserUS)
+	}
+	if len(s.TopKernel) != 3 || s.TopKernel[0] != (SymbolCost{"do_syscall_64", 104}) || s.TopKernel[2].Symbol != "fdget_pos" {
+		t.Errorf("top kernel: %+v", s.TopKernel)
+	}
+	if len(s.TopUser) != 4 || s.TopUser[3] != (SymbolCost{"0x00000000004a95a8", 1}) {
+		t.Errorf("top user: %+v", s.TopUser)
+	}
+	md := sampledMarkdown("d1", &s)
+	if !strings.Contains(md, "kernel 172.0 µs + user 77.0 µs") || !strings.Contains(md, "read_zero 53.0") {
+		t.Errorf("markdown: %s", md)
+	}
+	if sampledMarkdown("d1", nil) != "" {
+		t.Error("a process without samples has a perf line")
+	}
+}

@@ -45,6 +45,9 @@ func CensusMarkdown(cs []Census) string {
 				st, byKind(p.Errors), p.Voluntary, p.Involuntary, p.CPUus)
 		}
 		b.WriteString("\n")
+		for _, p := range c.Procs {
+			b.WriteString(sampledMarkdown(p.Proc, p.Sampled))
+		}
 		for _, p := range c.Profiles {
 			fmt.Fprintf(&b, "CPU profile, %s (`%s`): %s\n\n", p.Proc, p.File, p.Summary)
 		}

@@ -503,6 +503,12 @@ func (d *Daemon) Drain() {
 	for _, p := range proxies {
 		p.Drain(ctx)
 	}
+	// The proxies' outbound streams have ended: the pooled HBONE
+	// connections get their GOAWAY and close cleanly. Before the engine's
+	// drain, which waits for the loop-owned ones among them to end.
+	if d.pool != nil {
+		_ = d.pool.Shutdown(ctx)
+	}
 	// The engine last: the proxies have ended or aborted their relays; any
 	// left get what remains of the grace period.
 	if d.engine != nil {
