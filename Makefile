@@ -87,7 +87,7 @@ bench: bench-tools ## End-to-end benchmarks of std, epoll and io_uring side by s
 	$(BIN)/zbench $(BENCHFLAGS)
 
 .PHONY: bench-census
-bench-census: bench-tools ## Round-trip census (issue 23): syscalls, context switches, CPU and goroutine wake-ups per 1-byte round trip, ztunnel-go pair against the HAProxy mTLS pair (root, a few minutes; BENCHFLAGS adds zbench flags)
+bench-census: bench-tools ## Round-trip census (issue 23): syscalls, context switches, CPU (kernel and user by function, with perf) and goroutine wake-ups per 1-byte round trip, ztunnel-go pair against the HAProxy mTLS pair (root, a few minutes; BENCHFLAGS adds zbench flags)
 	@scripts/deps.sh bench
 	$(BIN)/zbench --syscalls 20000 --paths 'hbone2/' --backends epoll $(BENCHFLAGS)
 
