@@ -299,7 +299,7 @@ func (c *conn) readTurn(lm *loopMode) (more bool, err error) {
 	if lm.readEnded {
 		return false, nil
 	}
-	read, frames := 0, 0
+	read, frames, drained := 0, 0, false
 	for {
 		for {
 			progress, err := c.step()
@@ -318,6 +318,12 @@ func (c *conn) readTurn(lm *loopMode) (more bool, err error) {
 		if c.inErr != nil {
 			return false, c.endRead(lm, c.readErr(c.inErr))
 		}
+		if drained {
+			// The last read found the socket empty and what it brought
+			// is processed: wait for the next edge, without the failing
+			// read.
+			return false, nil
+		}
 		if read >= loopReadBudget {
 			return true, nil
 		}
@@ -328,23 +334,8 @@ func (c *conn) readTurn(lm *loopMode) (more bool, err error) {
 			return false, nil // nothing until the next edge
 		case err != nil:
 			c.inErr = err // reported once c.in is processed, as fill does
-		case lm.lt.Drained():
-			// This read found the socket empty: process what came and
-			// wait for the next edge, without the failing read.
-			for {
-				progress, err := c.step()
-				if err != nil {
-					return false, c.endRead(lm, err)
-				}
-				if !progress {
-					return false, nil
-				}
-				if c.state == stHeader {
-					if frames++; frames >= loopFrameBudget {
-						return true, nil
-					}
-				}
-			}
+		default:
+			drained = lm.lt.Drained()
 		}
 	}
 }

@@ -18,7 +18,8 @@ import (
 // (Stats.LocalWakes), 4 MiB echo both ways arrive whole, and once the
 // client closes its connection the engine holds none.
 func TestLoopOwnedHBONE(t *testing.T) {
-	eng, err := engine.New(engine.Config{Backend: engine.BackendEpoll})
+	// The daemon's defaults: loop-owned connections, blocking stream loops.
+	eng, err := engine.New(engine.Config{Backend: engine.BackendEpoll, BlockStreamLoops: true})
 	if err != nil {
 		t.Fatal(err)
 	}
