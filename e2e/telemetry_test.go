@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/ztunnel-go/ztunnel/admin"
 	"github.com/ztunnel-go/ztunnel/api/securityapi"
 	"github.com/ztunnel-go/ztunnel/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
@@ -41,10 +42,9 @@ workloads:
 // noSampleFeature lists the registered families this scenario cannot feed,
 // and why; every other family must have samples.
 var noSampleFeature = map[string]string{
-	"istio_crl_policy_rejections_total":          "CRL enforcement is not configured in this lab",
-	"istio_crl_untracked_connections_total":      "CRL enforcement is not configured in this lab",
-	"istio_crl_load_failures_total":              "CRL enforcement is not configured in this lab (e2e/crl_test.go feeds it)",
-	"ztunnel_go_admin_connections_refused_total": "needs a connection flood past the admin servers' caps (admin.TestConnectionCaps feeds the counter; metrics.TestFamiliesMatchGolden the family)",
+	"istio_crl_policy_rejections_total":     "CRL enforcement is not configured in this lab",
+	"istio_crl_untracked_connections_total": "CRL enforcement is not configured in this lab",
+	"istio_crl_load_failures_total":         "CRL enforcement is not configured in this lab (e2e/crl_test.go feeds it)",
 }
 
 // goldenFamily is one line of metrics/testdata/families.golden: a family
@@ -87,9 +87,10 @@ func telemetryWorkload(name, ip, node string, services map[string]*workloadapi.P
 // TestTelemetryShared runs the two-node shared mode on xDS with the DNS
 // proxy, drives every feeder (HBONE traffic to a service, a policy denial,
 // an on-demand DNS lookup, DNS answered locally, forwarded and failed
-// upstream, an xDS reconnect, pods coming up), then scrapes both daemons:
-// every family the daemon registers has samples with ztunnel's label
-// names, and the destination attributes the traffic to the service.
+// upstream, a connection flood on readiness, an xDS reconnect, pods coming
+// up), then scrapes both daemons: every family the daemon registers has
+// samples with ztunnel's label names, and the destination attributes the
+// traffic to the service.
 func TestTelemetryShared(t *testing.T) {
 	lab := netnslab.New(t)
 	cp, err := lab.AddNode("cp")
@@ -178,6 +179,19 @@ func TestTelemetryShared(t *testing.T) {
 	dnsAsk(ctx, t, client, "external.example.com")
 	startFakeResolver(t, c.Pods["resolver"])
 	dnsAsk(ctx, t, client, "external.example.com")
+	// A connection flood on node-a's readiness port from one peer: past
+	// admin.DefaultMaxConnsPerPeer held at once, connections are refused
+	// (the held ones stay up to the 2 s head timeout: far longer than the
+	// flood takes).
+	var flood []net.Conn
+	for range 3 * admin.DefaultMaxConnsPerPeer {
+		if conn, err := c.Daemons["node-a"].Pod.Dial(ctx, "tcp", "127.0.0.1:15021"); err == nil {
+			flood = append(flood, conn)
+		}
+	}
+	for _, conn := range flood {
+		conn.Close()
+	}
 	// An xDS reconnect: the server ends every stream; the daemons resume.
 	opened := xds.StreamsOpened()
 	xds.CloseStreams()
@@ -253,6 +267,7 @@ func TestTelemetryShared(t *testing.T) {
 		{"istio_xds_message_total", map[string]string{"url": xdsconv.AddressType}},
 		{"istio_xds_message_total", map[string]string{"url": xdsconv.AuthorizationType}},
 		{"istio_dns_requests_total", map[string]string{"request_query_type": "a", "request_protocol": "udp", "source_canonical_service": "client"}},
+		{"ztunnel_go_admin_connections_refused_total", map[string]string{"listener": "readiness", "reason": "peer"}},
 	} {
 		if !has(want.family, want.labels) {
 			t.Errorf("%s has no sample with %v", want.family, want.labels)
