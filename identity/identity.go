@@ -44,16 +44,25 @@ func New(td, ns, sa string) Identity {
 	return Identity{TrustDomain: td, Namespace: ns, ServiceAccount: sa}
 }
 
-// Parse parses a full SPIFFE URI. Istio accepts exactly five path segments
-// after the scheme: td, "ns", namespace, "sa", service account.
+// Parse parses a SPIFFE URI exactly as ztunnel's Identity::from_str does,
+// whether the string comes from a peer's certificate or from configuration:
+// the scheme is "spiffe://", case-sensitive (a URI SAN "SPIFFE://..." is not
+// an identity, although RFC 3986 calls schemes case-insensitive and Go's
+// url.URL lower-cases them), then exactly five '/'-separated segments: td,
+// "ns", namespace, "sa", service account. Nothing else is checked, so, as in
+// ztunnel, segments may be empty ("spiffe://td/ns//sa/" is trust domain td,
+// namespace "" and service account "") and may hold any other character.
+//
+// "spiffe:///ns//sa/", all three empty, parses to the zero Identity, which
+// every caller reads as "no identity" (ztunnel would see an identity that no
+// policy or trust domain names): the one place this package is stricter.
 func Parse(s string) (Identity, error) {
 	rest, ok := strings.CutPrefix(s, Scheme)
 	if !ok {
 		return Identity{}, fmt.Errorf("%w: %q lacks the %s scheme", ErrMalformed, s, Scheme)
 	}
 	parts := strings.Split(rest, "/")
-	if len(parts) != 5 || parts[1] != "ns" || parts[3] != "sa" ||
-		parts[0] == "" || parts[2] == "" || parts[4] == "" {
+	if len(parts) != 5 || parts[1] != "ns" || parts[3] != "sa" {
 		return Identity{}, fmt.Errorf("%w: %q is not spiffe://<td>/ns/<ns>/sa/<sa>", ErrMalformed, s)
 	}
 	return Identity{TrustDomain: parts[0], Namespace: parts[2], ServiceAccount: parts[4]}, nil

@@ -21,8 +21,18 @@ func TestParse(t *testing.T) {
 		{name: "too few segments", in: "spiffe://cluster.local/ns/default", wantErr: true},
 		{name: "too many segments", in: "spiffe://cluster.local/ns/default/sa/web/x", wantErr: true},
 		{name: "wrong keyword", in: "spiffe://cluster.local/namespace/default/sa/web", wantErr: true},
-		{name: "empty namespace", in: "spiffe://cluster.local/ns//sa/web", wantErr: true},
+		{name: "trailing slash", in: "spiffe://td/ns/ns/sa/sa/", wantErr: true},
+		{name: "keyword in the wrong place", in: "spiffe://td/ns/ns/foobar/sa/", wantErr: true},
 		{name: "empty", in: "", wantErr: true},
+		// ztunnel's from_str compares the scheme byte for byte.
+		{name: "upper-case scheme", in: "SPIFFE://cluster.local/ns/default/sa/web", wantErr: true},
+		{name: "mixed-case scheme", in: "Spiffe://cluster.local/ns/default/sa/web", wantErr: true},
+		{name: "upper-case keyword", in: "spiffe://cluster.local/NS/default/sa/web", wantErr: true},
+		// and accepts empty segments, as its own tests show.
+		{name: "empty namespace", in: "spiffe://cluster.local/ns//sa/web", want: Identity{"cluster.local", "", "web"}},
+		{name: "empty namespace and service account", in: "spiffe://td/ns//sa/", want: Identity{"td", "", ""}},
+		{name: "empty trust domain", in: "spiffe:///ns/a/sa/b", want: Identity{"", "a", "b"}},
+		{name: "other characters", in: "spiffe://td.with.dots/ns/a%2Fb?c/sa/d#e", want: Identity{"td.with.dots", "a%2Fb?c", "d#e"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -52,6 +62,9 @@ func TestNewDefaults(t *testing.T) {
 		t.Fatalf("principal %q", id.Principal())
 	}
 	var zero Identity
+	if got, err := Parse("spiffe:///ns//sa/"); err != nil || got != zero {
+		t.Fatalf("Parse of the all-empty identity = %+v, %v; want the zero identity", got, err)
+	}
 	if !zero.IsZero() || zero.String() != "" || zero.Principal() != "" {
 		t.Fatal("zero identity must format as empty")
 	}
@@ -60,10 +73,22 @@ func TestNewDefaults(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	fuzzseed.Add(f, "spiffe://cluster.local/ns/default/sa/web")
 	fuzzseed.Add(f, "spiffe:///ns//sa/")
+	fuzzseed.Add(f, "SPIFFE://cluster.local/ns/default/sa/web")
+	fuzzseed.Add(f, "spiffe://td/ns//sa/")
 	f.Fuzz(func(t *testing.T, s string) {
 		id, err := Parse(s)
 		if err != nil {
 			return
+		}
+		if id.IsZero() {
+			// The one string that parses to "no identity".
+			if s != "spiffe:///ns//sa/" {
+				t.Fatalf("%q parsed to the zero identity", s)
+			}
+			return
+		}
+		if id.String() != s {
+			t.Fatalf("%q parsed to %+v, which prints as %q", s, id, id.String())
 		}
 		again, err := Parse(id.String())
 		if err != nil || again != id {

@@ -4,6 +4,7 @@ import (
 	"crypto"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/asn1"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -22,6 +23,10 @@ var (
 	ErrTrustDomain = errors.New("mtls: peer is not in our trust domain")
 	// ErrNoIdentity means a certificate carries no SPIFFE identity at all.
 	ErrNoIdentity = errors.New("mtls: certificate has no spiffe identity")
+	// ErrCAAsEndEntity means a peer presented a CA certificate (basic
+	// constraints CA:true) as its own, which ztunnel's verifier (webpki)
+	// refuses as CaUsedAsEndEntity.
+	ErrCAAsEndEntity = errors.New("mtls: peer certificate is a CA certificate (basic constraints CA:true), not an end entity")
 )
 
 // WorkloadCert is a workload's certificate chain, key and trusted roots.
@@ -173,23 +178,70 @@ func ParseCertificatesPEM(data []byte) ([]*x509.Certificate, error) {
 	}
 }
 
-// firstURI returns the certificate's first URI SAN, the one ztunnel reads as
-// the certificate's identity; "" if there is none.
-func firstURI(c *x509.Certificate) string {
-	if len(c.URIs) == 0 {
-		return ""
+// oidSubjectAltName is the subject alternative name extension (RFC 5280
+// section 4.2.1.6).
+var oidSubjectAltName = asn1.ObjectIdentifier{2, 5, 29, 17}
+
+// uriSANs returns the URI SANs of c as the certificate spells them, in
+// order. c.URIs will not do: crypto/x509 runs each URI through url.Parse,
+// which lower-cases the scheme (and url.URL.String re-escapes the rest), so
+// a SAN "SPIFFE://td/ns/a/sa/b" would read back as the identity
+// "spiffe://td/ns/a/sa/b". ztunnel reads the SAN's IA5String as it is, and
+// so do we. A SAN extension that does not decode yields nothing (crypto/x509
+// has refused such a certificate before a handshake gets here).
+func uriSANs(c *x509.Certificate) []string {
+	for _, ext := range c.Extensions {
+		if !ext.Id.Equal(oidSubjectAltName) {
+			continue
+		}
+		// GeneralNames ::= SEQUENCE OF GeneralName; a URI is the
+		// primitive [6] IA5String.
+		var seq asn1.RawValue
+		if rest, err := asn1.Unmarshal(ext.Value, &seq); err != nil || len(rest) != 0 ||
+			seq.Class != asn1.ClassUniversal || seq.Tag != asn1.TagSequence || !seq.IsCompound {
+			return nil
+		}
+		var uris []string
+		for b := seq.Bytes; len(b) > 0; {
+			var gn asn1.RawValue
+			var err error
+			if b, err = asn1.Unmarshal(b, &gn); err != nil {
+				return nil
+			}
+			if gn.Class == asn1.ClassContextSpecific && gn.Tag == 6 && !gn.IsCompound {
+				uris = append(uris, string(gn.Bytes))
+			}
+		}
+		return uris
 	}
-	return c.URIs[0].String()
+	return nil
 }
 
-// identities returns every URI SAN of c that is a SPIFFE identity, in order.
-// URIs of other shapes are skipped, as ztunnel does.
+// firstURI returns the certificate's first URI SAN as written, the one
+// ztunnel reads as its own certificate's identity; "" if there is none.
+func firstURI(c *x509.Certificate) string {
+	if uris := uriSANs(c); len(uris) > 0 {
+		return uris[0]
+	}
+	return ""
+}
+
+// identities returns, in order, the identities of c's URI SANs that parse
+// as SPIFFE identities (identity.Parse, ztunnel's from_str, on the SAN as
+// written); others are skipped, as ztunnel's identities() skips them.
 func identities(c *x509.Certificate) []identity.Identity {
 	var ids []identity.Identity
-	for _, u := range c.URIs {
-		if id, err := identity.Parse(u.String()); err == nil {
+	for _, u := range uriSANs(c) {
+		if id, err := identity.Parse(u); err == nil {
 			ids = append(ids, id)
 		}
 	}
 	return ids
+}
+
+// isCA reports whether c says, in its basic constraints, that it is a CA.
+// webpki, which ztunnel verifies peers with, refuses such a certificate as an
+// end entity (CaUsedAsEndEntity); crypto/x509 does not look.
+func isCA(c *x509.Certificate) bool {
+	return c.BasicConstraintsValid && c.IsCA
 }

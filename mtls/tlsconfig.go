@@ -58,12 +58,14 @@ func baseConfig() *tls.Config {
 // listener, so a rotated certificate takes effect on the next handshake.
 //
 // A client certificate is required; it must chain to the Roots of the
-// certificate cert returned and carry a SPIFFE URI SAN in the same trust
+// certificate cert returned, not be a CA certificate, and carry a SPIFFE URI
+// SAN (any of them, read as written: see identity.Parse) in the same trust
 // domain as that certificate's Identity. A handshake that fails the chain
 // check fails with a *tls.CertificateVerificationError wrapping the x509
-// error; one that fails the trust-domain check with an error wrapping
-// ErrTrustDomain; with WithCRL, one whose verified chain holds a revoked
-// certificate with an error wrapping ErrRevoked.
+// error; one whose leaf is a CA with an error wrapping ErrCAAsEndEntity; one
+// that fails the trust-domain check with an error wrapping ErrTrustDomain;
+// with WithCRL, one whose verified chain holds a revoked certificate with an
+// error wrapping ErrRevoked.
 func ServerConfig(cert func() (*WorkloadCert, error), opts ...Option) *tls.Config {
 	o := optionsOf(opts)
 	// The last per-certificate config, reused while the certificate is
@@ -102,11 +104,15 @@ func serverConfigWith(c *WorkloadCert, o options) *tls.Config {
 	cfg.ClientCAs = c.Roots
 	td := c.Identity.TrustDomain
 	// crypto/tls has verified the chain (and client-auth usage) by the time
-	// this runs; what is left is ztunnel's trust-domain rule. Aliases are not
-	// supported, as in ztunnel.
+	// this runs; what is left is webpki's refusal of a CA as the end entity
+	// and ztunnel's trust-domain rule. Aliases are not supported, as in
+	// ztunnel.
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
 			return fmt.Errorf("%w: no client certificate", ErrNoIdentity)
+		}
+		if isCA(cs.PeerCertificates[0]) {
+			return fmt.Errorf("client certificate: %w", ErrCAAsEndEntity)
 		}
 		// Revocation is checked on the chains crypto/tls verified, so a
 		// CRL applies only through a signature of the issuer it names.
@@ -128,14 +134,16 @@ func serverConfigWith(c *WorkloadCert, o options) *tls.Config {
 }
 
 // ClientConfig returns the config for dialing an HBONE peer as cert's
-// identity. cert must not be nil. The server's chain must verify against
-// cert.Roots and its leaf must carry a URI SAN equal to one of expectedSANs
-// (SPIFFE URIs such as "spiffe://cluster.local/ns/a/sa/b"); DNS SANs are
-// ignored. An empty expectedSANs accepts no server. A server that fails the
-// identity check fails the handshake with an error wrapping
-// ErrIdentityMismatch; one that fails the chain check with an error wrapping
-// the x509 error; with WithCRL, one whose chain holds a revoked certificate
-// with an error wrapping ErrRevoked.
+// identity. cert must not be nil. The server's leaf must not be a CA
+// certificate (ErrCAAsEndEntity otherwise), its chain must verify against
+// cert.Roots, and one of its URI SANs, read as written, must be the same
+// identity as one of expectedSANs (SPIFFE URIs such as
+// "spiffe://cluster.local/ns/a/sa/b"; those that do not parse, DNS names
+// among them, are ignored, as ztunnel ignores them). An expectedSANs with no
+// identity accepts no server. A server that fails the identity check fails
+// the handshake with an error wrapping ErrIdentityMismatch; one that fails
+// the chain check with an error wrapping the x509 error; with WithCRL, one
+// whose chain holds a revoked certificate with an error wrapping ErrRevoked.
 //
 // Our certificate is sent whatever CAs the server names in its request, so
 // that a server mid-way through a root rotation can still decide for itself.
@@ -153,12 +161,17 @@ func ClientConfig(cert *WorkloadCert, expectedSANs []string, opts ...Option) *tl
 	// VerifyConnection, which runs on every handshake, resumed or not.
 	cfg.InsecureSkipVerify = true
 	roots := cert.Roots
-	want := slices.Clone(expectedSANs)
+	want := expectedIdentities(expectedSANs)
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
 			return fmt.Errorf("%w: server sent no certificate", ErrNoIdentity)
 		}
 		leaf := cs.PeerCertificates[0]
+		// webpki checks the end entity's basic constraints before it
+		// looks for an issuer; so do we.
+		if isCA(leaf) {
+			return fmt.Errorf("server certificate: %w", ErrCAAsEndEntity)
+		}
 		inters := x509.NewCertPool()
 		for _, c := range cs.PeerCertificates[1:] {
 			inters.AddCert(c)
@@ -176,18 +189,34 @@ func ClientConfig(cert *WorkloadCert, expectedSANs []string, opts ...Option) *tl
 		if err := o.crl.Check(chains); err != nil {
 			return fmt.Errorf("server certificate: %w", err)
 		}
-		for _, u := range leaf.URIs {
-			if slices.Contains(want, u.String()) {
+		for _, id := range identities(leaf) {
+			if slices.Contains(want, id) {
 				return nil
 			}
 		}
-		return fmt.Errorf("%w: server URI SANs %v, want one of %v", ErrIdentityMismatch, leaf.URIs, want)
+		return fmt.Errorf("%w: server URI SANs %q, want one of %v", ErrIdentityMismatch, uriSANs(leaf), want)
 	}
 	return withSuiteCheck(cfg) // suites.go: AES-GCM only, as ztunnel
 }
 
+// expectedIdentities parses the SANs a client expects of a server, skipping
+// those that are not SPIFFE identities, as ztunnel's service_sans skips them
+// (with a warning) before comparing identities: a DNS name never matches.
+func expectedIdentities(sans []string) []identity.Identity {
+	ids := make([]identity.Identity, 0, len(sans))
+	for _, s := range sans {
+		if id, err := identity.Parse(s); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 // PeerIdentity returns the first SPIFFE identity in the peer's leaf
-// certificate. It is meaningful only for connections whose handshake
+// certificate: the first URI SAN that identity.Parse accepts as written, as
+// ztunnel's tls::identity takes it (a URI that is not a SPIFFE identity is
+// skipped; one with empty segments is not: it decides, and authorization
+// then sees its empty namespace or service account). It is meaningful only for connections whose handshake
 // completed under ServerConfig or ClientConfig, which fail every handshake
 // whose peer does not verify (on the client side crypto/tls leaves
 // VerifiedChains empty because the check is ours, so the leaf is read from

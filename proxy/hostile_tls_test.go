@@ -28,6 +28,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
+	"github.com/ztunnel-go/ztunnel/state"
 )
 
 // Hostile and broken TLS peers on 15008, through the real proxy: each is
@@ -288,6 +289,24 @@ func TestInboundRefusesBadTLS(t *testing.T) {
 			logs: []string{"tls handshake", "expired or is not yet valid"},
 		},
 		{
+			name: "CA certificate as the client's",
+			try: func(t *testing.T) error {
+				leaf := tlstest.FromBuiltin(t, rig.ca).Leaf(t, tlstest.LeafOptions{URIs: []string{client.String()}, CA: true})
+				_, err := tlsClient(rig.dialFrom(t, "127.0.0.1"), peerCfg(leaf.TLS()))
+				return err
+			},
+			logs: []string{"tls handshake", "client certificate: mtls: peer certificate is a CA certificate (basic constraints CA:true), not an end entity"},
+		},
+		{
+			name: "upper-case SPIFFE scheme",
+			try: func(t *testing.T) error {
+				leaf := tlstest.FromBuiltin(t, rig.ca).Leaf(t, tlstest.LeafOptions{RawURIs: []string{"SPIFFE://cluster.local/ns/ns/sa/client"}})
+				_, err := tlsClient(rig.dialFrom(t, "127.0.0.1"), peerCfg(leaf.TLS()))
+				return err
+			},
+			logs: []string{"tls handshake", "client certificate has no spiffe identity, want trust domain"},
+		},
+		{
 			name: "server SAN is not the expected identity",
 			try: func(t *testing.T) error {
 				cert := tlstest.Cert(t, rig.ca, client)
@@ -440,6 +459,80 @@ func TestInboundPeerLimits(t *testing.T) {
 			// The proxy notices the closes on its own time; the first source
 			// is served again once it has.
 			rig.eventuallyEcho(t, "127.0.0.1", app)
+		})
+	}
+}
+
+// TestInboundFirstURIDecides: of a client certificate's URI SANs, the first
+// that parses as a SPIFFE identity (as written: "SPIFFE://" does not, empty
+// segments do) is the peer's identity, as ztunnel reads it; an ALLOW policy
+// for namespace ns then judges that identity, not a later one.
+func TestInboundFirstURIDecides(t *testing.T) {
+	app := echoApp(t)
+	var logs logBuf
+	rig := startInbound(t, 1, withLog(&logs))
+	old := rig.store.Load()
+	allow := &state.Policy{
+		Name: "allow-ns", Namespace: "ns", Scope: state.ScopeNamespace, Action: state.ActionAllow,
+		Rules: [][][]state.Match{{{{Namespaces: []state.StringMatch{{Kind: state.MatchExact, Value: "ns"}}}}}},
+	}
+	next, err := state.NewSnapshot(old.Workloads(), old.Services(), append(append([]*state.Policy(nil), old.Policies()...), allow))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rig.store.Publish(next)
+	ca := tlstest.FromBuiltin(t, rig.ca)
+	const inNS = "spiffe://cluster.local/ns/ns/sa/client"
+
+	for _, tc := range []struct {
+		name string
+		leaf tlstest.LeafOptions
+		// want is the CONNECT's status: a 401 means the policy judged an
+		// identity outside ns, which only the first SPIFFE URI is.
+		want int
+	}{
+		{name: "one URI in the namespace", leaf: tlstest.LeafOptions{URIs: []string{inNS}}, want: 200},
+		{name: "non-SPIFFE first URI is skipped", leaf: tlstest.LeafOptions{URIs: []string{"https://example.com/ns/x/sa/y", inNS}}, want: 200},
+		{
+			name: "empty namespace first decides", leaf: tlstest.LeafOptions{URIs: []string{"spiffe://cluster.local/ns//sa/client", inNS}},
+			want: 401,
+		},
+		{
+			name: "upper-case first URI is no identity", leaf: tlstest.LeafOptions{RawURIs: []string{"SPIFFE://cluster.local/ns/ns/sa/client", "spiffe://cluster.local/ns/other/sa/client"}},
+			want: 401,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			leaf := ca.Leaf(t, tc.leaf)
+			cert := leaf.TLS()
+			tc0 := tls.Client(rig.dialFrom(t, "127.0.0.1"), &tls.Config{
+				GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil },
+				InsecureSkipVerify:   true,
+				MinVersion:           tls.VersionTLS13, NextProtos: []string{"h2"},
+			})
+			if err := tc0.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			cc, err := hbone.NewClientConn(tc0, hbone.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cc.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			s, err := cc.Connect(ctx, &hbone.Request{Authority: fmt.Sprintf("127.0.0.1:%d", app)})
+			if tc.want == 200 {
+				if err != nil {
+					t.Fatalf("CONNECT: %v, want 200", err)
+				}
+				s.Close()
+				return
+			}
+			var se *hbone.StatusError
+			if !errors.As(err, &se) || se.Code != tc.want {
+				t.Fatalf("CONNECT: %v, want status %d", err, tc.want)
+			}
+			logs.waitFor(t, "policy rejection")
 		})
 	}
 }

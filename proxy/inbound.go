@@ -210,9 +210,15 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, cn *conn) (*net.TCPConn, *state.Snapshot, error) {
 	host, target, err := splitAuthority(req.Authority) // authority.go
 	if err != nil {
+		if _, ok := errors.AsType[*inboundError](err); ok {
+			return nil, nil, err
+		}
 		return nil, nil, inboundErr(http.StatusBadRequest, "%w", err)
 	}
-	authority := target
+	// An application tunnel's PROXY header names the authority's address
+	// unmapped, as before ztunnel's spelling rules came in (validation
+	// below sees it as written).
+	authority := netip.AddrPortFrom(target.Addr().Unmap(), target.Port())
 	cn.dst = target
 	peer, ok := ctx.Value(peerIdentityKey{}).(*peerIdentity)
 	if !ok {

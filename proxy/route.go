@@ -169,9 +169,17 @@ func (rt *router) fromWaypoint(snap *state.Snapshot, dst, src *state.Workload, c
 // second, when the snapshot knows nothing at the target's IP it is asked
 // for on demand first (ondemand.go); the snapshot returned is the one the
 // check used.
+//
+// An IPv4-mapped target ("[::ffff:a.b.c.d]:p") is never conn's address
+// (conn is unmapped) and names nothing: ztunnel's tables are keyed by the
+// address as written, where ours unmap, so it is refused here before a
+// lookup could find the IPv4 address's waypoint.
 func (rt *router) validateDestination(ctx context.Context, snap *state.Snapshot, local *state.Workload, target, conn netip.AddrPort) (*state.Snapshot, error) {
 	if target.Addr() == conn.Addr() || local.ApplicationTunnel != nil {
 		return snap, nil
+	}
+	if target.Addr().Is4In6() {
+		return snap, &inboundError{status: http.StatusBadRequest, err: errIPMismatch(conn.Addr(), target.Addr())}
 	}
 	snap = rt.fetchAddress(ctx, snap, target.Addr(), func(s *state.Snapshot) bool {
 		w, svc := s.FindAddress(rt.network, target.Addr())

@@ -365,6 +365,9 @@ func TestValidateDestination(t *testing.T) {
 		{"waypoint of the target workload", snap.WorkloadByUID("waypoint-1"), "10.0.0.30:8080", "10.0.0.50:15008", true},
 		{"waypoint of the target service VIP", snap.WorkloadByUID("waypoint-1"), "10.96.0.20:80", "10.0.0.50:15008", true},
 		{"waypoint of another target", snap.WorkloadByUID("waypoint-1"), "10.0.0.10:8080", "10.0.0.50:15008", false},
+		// ztunnel looks [::ffff:10.0.0.30] up as written and finds nothing.
+		{"waypoint of the target's IPv4-mapped spelling", snap.WorkloadByUID("waypoint-1"), "[::ffff:10.0.0.30]:8080", "10.0.0.50:15008", false},
+		{"mapped spelling of the connection's address", snap.WorkloadByUID("web-1"), "[::ffff:10.0.0.10]:9090", "10.0.0.10:15008", false},
 		{"waypoint by address with another local address", snap.WorkloadByUID("waypoint-2"), "10.96.0.23:80", "10.0.0.99:15008", false},
 		{"weighted waypoint by address", snap.WorkloadByUID("waypoint-2"), "10.96.0.23:80", "10.0.0.51:15008", true},
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/asn1"
 	"fmt"
 	"math/big"
 	"net/url"
@@ -25,7 +26,17 @@ type LeafOptions struct {
 	// default).
 	CommonName string
 	// URIs are URI SANs, usually one SPIFFE ID ("spiffe://td/ns/n/sa/s").
+	// crypto/x509 writes each as url.Parse(s).String(), which lower-cases
+	// the scheme; RawURIs keeps every byte.
 	URIs []string
+	// RawURIs are URI SANs written byte for byte after URIs (for example an
+	// upper-case "SPIFFE://..." scheme, or a SAN url.URL would re-escape).
+	// With RawURIs the SAN extension is built here rather than by
+	// crypto/x509: URIs, then RawURIs, then Names, in order.
+	RawURIs []string
+	// CA marks the leaf a CA in its basic constraints (CA:true), as a
+	// hostile peer may present one as its own certificate.
+	CA bool
 	// Names are DNS names or IP addresses (those that parse as one).
 	Names []string
 	// NotBefore and NotAfter default to an hour ago and a day from now.
@@ -134,8 +145,49 @@ func leafTemplate(o LeafOptions) (crypto.Signer, *x509.Certificate, error) {
 		tmpl.URIs = append(tmpl.URIs, u)
 	}
 	parseNames(tmpl, o.Names)
+	if len(o.RawURIs) > 0 {
+		ext, err := rawSANExtension(append(append([]string(nil), o.URIs...), o.RawURIs...), tmpl)
+		if err != nil {
+			return nil, nil, err
+		}
+		tmpl.ExtraExtensions = append(tmpl.ExtraExtensions, ext)
+	}
+	if o.CA {
+		tmpl.IsCA, tmpl.BasicConstraintsValid = true, true
+	}
 	defaultValidity(tmpl)
 	return key, tmpl, nil
+}
+
+// oidSubjectAltName is the subject alternative name extension (RFC 5280
+// section 4.2.1.6).
+var oidSubjectAltName = asn1.ObjectIdentifier{2, 5, 29, 17}
+
+// rawSANExtension builds the SAN extension of tmpl with the URIs uris
+// written as given, then tmpl's DNS names and IP addresses. crypto/x509
+// leaves a template's own SAN fields out when ExtraExtensions holds one.
+// As crypto/x509 does, the extension is critical when the subject is empty
+// (RFC 5280 section 4.2.1.6).
+func rawSANExtension(uris []string, tmpl *x509.Certificate) (pkix.Extension, error) {
+	var names []asn1.RawValue
+	for _, u := range uris {
+		names = append(names, asn1.RawValue{Class: asn1.ClassContextSpecific, Tag: 6, Bytes: []byte(u)})
+	}
+	for _, d := range tmpl.DNSNames {
+		names = append(names, asn1.RawValue{Class: asn1.ClassContextSpecific, Tag: 2, Bytes: []byte(d)})
+	}
+	for _, ip := range tmpl.IPAddresses {
+		if v4 := ip.To4(); v4 != nil {
+			ip = v4
+		}
+		names = append(names, asn1.RawValue{Class: asn1.ClassContextSpecific, Tag: 7, Bytes: ip})
+	}
+	der, err := asn1.Marshal(names)
+	if err != nil {
+		return pkix.Extension{}, fmt.Errorf("tlstest: SAN extension: %w", err)
+	}
+	empty := len(tmpl.RawSubject) == 0 && len(tmpl.Subject.ToRDNSequence()) == 0
+	return pkix.Extension{Id: oidSubjectAltName, Critical: empty, Value: der}, nil
 }
 
 // Serial returns the leaf's serial number, for CRLs revoking it.
