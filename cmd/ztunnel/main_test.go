@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -62,9 +63,57 @@ func TestBadConfigurationExitsNonZero(t *testing.T) {
 	}
 }
 
+// captureStdout runs f with os.Stdout sent to a file and returns what f
+// wrote there (the daemon logs to stdout, as ztunnel does).
+func captureStdout(t *testing.T, f func()) string {
+	t.Helper()
+	out, err := os.CreateTemp(t.TempDir(), "stdout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	saved := os.Stdout
+	os.Stdout = out
+	defer func() { os.Stdout = saved }()
+	f()
+	b, err := os.ReadFile(out.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 func TestVersion(t *testing.T) {
-	code, _ := runWith(t, []string{"ztunnel", "version"}, nil)
-	if code != 0 {
-		t.Fatalf("version exit code %d", code)
+	for _, arg := range []string{"version", "--version", "-V"} {
+		t.Run(arg, func(t *testing.T) {
+			var code int
+			out := captureStdout(t, func() { code, _ = runWith(t, []string{"ztunnel", arg}, nil) })
+			if code != 0 || !strings.HasPrefix(out, "ztunnel-go ") && !strings.Contains(out, "version") {
+				t.Fatalf("exit code %d, stdout %q", code, out)
+			}
+		})
+	}
+}
+
+// TestWorkerThreadsLogged: the daemon sizes GOMAXPROCS as ztunnel sizes its
+// worker threads and says so at start (here from the chart's CPU limit,
+// before a start that then fails on a missing config file).
+func TestWorkerThreadsLogged(t *testing.T) {
+	t.Cleanup(func() { runtime.GOMAXPROCS(runtime.NumCPU()) })
+	out := captureStdout(t, func() {
+		runWith(t, []string{"ztunnel", "proxy"}, map[string]string{
+			"ZTUNNEL_RESOURCE_CPU_LIMIT": "1", "PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "ns/a/sa",
+			"LOCAL_XDS_PATH": "/nonexistent/config.yaml", "ZTUNNEL_READINESS_ADDR": "127.0.0.1:0",
+			"ZTUNNEL_ADMIN_ADDR": "127.0.0.1:0", "ZTUNNEL_STATS_ADDR": "127.0.0.1:0",
+		})
+	})
+	var line string
+	for l := range strings.Lines(out) {
+		if strings.Contains(l, "worker threads") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "gomaxprocs=1") || !strings.Contains(line, `from="default"`) {
+		t.Fatalf("no worker threads line with gomaxprocs=1 from=default in:\n%s", out)
 	}
 }

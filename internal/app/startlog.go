@@ -8,8 +8,9 @@ import (
 	"github.com/ztunnel-go/ztunnel/admin"
 )
 
-// Build stamps, set by the linker: `make build` passes git describe and the
-// commit, the image its version (or istio_version) build arg, as
+// Build stamps, set by the linker: `make build` and the image pass
+// ztunnel-go's version (the VERSION file) and the commit, both through
+// scripts/ldflags.sh, as
 //
 //	-ldflags "-X github.com/ztunnel-go/ztunnel/internal/app.stampedVersion=v1.2.3
 //	          -X github.com/ztunnel-go/ztunnel/internal/app.stampedRevision=<sha>"
