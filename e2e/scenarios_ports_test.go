@@ -317,3 +317,51 @@ func TestMaliciousCallsInPod(t *testing.T) {
 		}
 	}
 }
+
+// TestIPv6Disabled (issue 34): with IPV6_ENABLED=false every listener of a
+// dedicated daemon is IPv4 only, as ztunnel's: an IPv6 connection to any of
+// its ports (over the pod's ::1) is refused, where Go's dual-stack sockets
+// for 0.0.0.0 used to take it; the same ports answer over IPv4.
+func TestIPv6Disabled(t *testing.T) {
+	lab := netnslab.New(t)
+	node, err := lab.AddNode("node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := node.AddPod("client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPath, caCert, caKey := writeDaemonFiles(t, portInUseConfig)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := labrun.StartDaemon(ctx, pod, labrun.DaemonOptions{
+		Binary: ztunnelBin, ConfigPath: cfgPath, CACert: caCert, CAKey: caKey,
+		Workload: "default/client/client", Env: []string{"IPV6_ENABLED=false", "ISTIO_META_DNS_CAPTURE=true"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	for _, port := range []int{15000, 15001, 15006, 15008, 15020, 15021, 15053} {
+		t.Run(fmt.Sprint(port), func(t *testing.T) {
+			c, err := pod.Dial(ctx, "tcp6", fmt.Sprintf("[::1]:%d", port))
+			if err == nil {
+				c.Close()
+				t.Fatalf("an IPv6 connection to [::1]:%d was taken with IPV6_ENABLED=false", port)
+			}
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("IPv6 dial to port %d: %v, want connection refused", port, err)
+			}
+			// Listening over IPv4 (15006 resets a call to its own port
+			// at once: a self call).
+			c, err = pod.Dial(ctx, "tcp4", fmt.Sprintf("127.0.0.1:%d", port))
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("IPv4 dial to port %d: %v", port, err)
+			}
+			if c != nil {
+				c.Close()
+			}
+		})
+	}
+}
