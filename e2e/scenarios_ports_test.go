@@ -7,6 +7,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -343,6 +344,28 @@ func TestIPv6Disabled(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Stop()
+	// What the operator reads is ztunnel's shape (issue 34): the jq paths
+	// .config.proxyMode, .config.ipv6Enabled and serde's durations.
+	code, body, err := d.Get(ctx, "http://127.0.0.1:15000/config_dump")
+	if err != nil || code != 200 {
+		t.Fatalf("config_dump: %d %v", code, err)
+	}
+	var dump struct {
+		Config struct {
+			ProxyMode    string `json:"proxyMode"`
+			IPv6Enabled  *bool  `json:"ipv6Enabled"`
+			InboundAddr  string `json:"inboundAddr"`
+			SocketConfig struct {
+				KeepaliveTime struct{ Secs int } `json:"keepaliveTime"`
+			} `json:"socketConfig"`
+		} `json:"config"`
+	}
+	if err := json.Unmarshal(body, &dump); err != nil {
+		t.Fatal(err)
+	}
+	if c := dump.Config; c.ProxyMode != "Dedicated" || c.IPv6Enabled == nil || *c.IPv6Enabled || c.InboundAddr != "0.0.0.0:15008" || c.SocketConfig.KeepaliveTime.Secs != 180 {
+		t.Errorf("config in /config_dump not in ztunnel's shape: %s", body[:min(len(body), 2000)])
+	}
 	for _, port := range []int{15000, 15001, 15006, 15008, 15020, 15021, 15053} {
 		t.Run(fmt.Sprint(port), func(t *testing.T) {
 			c, err := pod.Dial(ctx, "tcp6", fmt.Sprintf("[::1]:%d", port))

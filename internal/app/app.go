@@ -198,7 +198,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		return nil, err
 	}
 	admCfg := admin.Config{
-		State: store, Certs: certs, DaemonConfig: cfg, Version: daemonBuildInfo(cfg), Logger: log,
+		State: store, Certs: certs, DaemonConfig: liveView{cfg}, Version: daemonBuildInfo(cfg), Logger: log,
 		StaticConfig: snap, // nil without a local config
 		Quit:         d.requestQuit,
 		Logging:      levels,
