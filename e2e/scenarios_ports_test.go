@@ -388,3 +388,39 @@ func TestIPv6Disabled(t *testing.T) {
 		})
 	}
 }
+
+// TestMissingLocalWorkload (issue 34): a dedicated daemon whose own
+// workload (PROXY_WORKLOAD_INFO) is not in its config says so at start, a
+// warning naming it, and its readiness stays pending on "local workload":
+// every connection would wait for the workload and then fail.
+func TestMissingLocalWorkload(t *testing.T) {
+	lab := netnslab.New(t)
+	node, err := lab.AddNode("node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := node.AddPod("client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPath, caCert, caKey := writeDaemonFiles(t, portInUseConfig)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := labrun.StartDaemon(ctx, pod, labrun.DaemonOptions{
+		Binary: ztunnelBin, ConfigPath: cfgPath, CACert: caCert, CAKey: caKey,
+		Workload: "default/ghost/ghost", NoWait: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	line, err := d.WaitLog(ctx, "warn", "local workload not found", "default/ghost")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, d.Log())
+	}
+	t.Logf("daemon: %s", line)
+	code, body, err := d.Get(ctx, "http://127.0.0.1:15021/healthz/ready")
+	if err != nil || code == 200 || !strings.Contains(string(body), "local workload") {
+		t.Fatalf("readiness %d %q %v, want not ready pending on the local workload", code, body, err)
+	}
+}

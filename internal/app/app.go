@@ -322,6 +322,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			d.Close()
 			return nil, err
 		}
+		d.watchLocalWorkload(synced, ref, ready.Register("local workload"))
 	}
 	cfg.Engine = eng.Backend()
 	log.Info("ztunnel-go started", "mode", string(cfg.Mode), "engine", cfg.Engine, "workload", cfg.Workload.Namespace+"/"+cfg.Workload.Name,
