@@ -35,7 +35,7 @@ func serveMetrics(t *testing.T) string {
 	for i := range 50 {
 		c.WithLabelValues(strings.Repeat("w", i+1)).Add(float64(i))
 	}
-	srv, err := Serve("127.0.0.1:0", NewMetricsHandler(reg, nil), nil)
+	srv, err := Serve(ServeConfig{Name: "stats", Addr: "127.0.0.1:0", Handler: NewMetricsHandler(reg, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestConfigDumpCompressed(t *testing.T) {
 // before it closes, and after it closes opened equals closed.
 func TestScrapeShowsLiveBytes(t *testing.T) {
 	m := metrics.New(metrics.Config{IstioVersion: "1.27.0"})
-	srv, err := Serve("127.0.0.1:0", NewMetricsHandler(m.Gatherer(), nil), nil)
+	srv, err := Serve(ServeConfig{Name: "stats", Addr: "127.0.0.1:0", Handler: NewMetricsHandler(m.Gatherer(), nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,19 +1,16 @@
 package admin
 
 import (
-	"context"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"html"
 	"log/slog"
 	"net"
 	"net/http"
 	"runtime"
-	"sync"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/mtls"
@@ -177,48 +174,4 @@ func certDump(der []byte) CertDump {
 		d.ExpirationTime = c.NotAfter.UTC().Format(time.RFC3339)
 	}
 	return d
-}
-
-// HTTPServer runs one handler on one listener and shuts it down with ctx.
-type HTTPServer struct {
-	srv  *http.Server
-	ln   net.Listener
-	done chan struct{}
-	once sync.Once
-}
-
-// Serve starts h on addr. The returned server runs until Shutdown.
-func Serve(addr string, h http.Handler, log *slog.Logger) (*HTTPServer, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("admin: listen %s: %w", addr, err)
-	}
-	s := &HTTPServer{
-		srv:  &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second},
-		ln:   ln,
-		done: make(chan struct{}),
-	}
-	go func() {
-		defer close(s.done)
-		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && log != nil {
-			log.Error("http server failed", "addr", addr, "error", err)
-		}
-	}()
-	return s, nil
-}
-
-// Addr is the bound address.
-func (s *HTTPServer) Addr() net.Addr { return s.ln.Addr() }
-
-// Shutdown stops the server, waiting for in-flight requests until ctx ends.
-func (s *HTTPServer) Shutdown(ctx context.Context) error {
-	var err error
-	s.once.Do(func() {
-		err = s.srv.Shutdown(ctx)
-		if err != nil {
-			s.srv.Close()
-		}
-		<-s.done
-	})
-	return err
 }

@@ -109,6 +109,7 @@ const drainDeadline = 30 * time.Second
 // of docs/ztunnel-scenarios.md): once shutdown starts, a daemon with a
 // proxied connection open stays up and the connection keeps working; when
 // it closes the daemon exits 0 within a second, long before the deadline.
+// Meanwhile its admin, metrics and readiness servers refuse connections.
 // Run on both daemons of a SOCKS5 connection to an HBONE workload: the
 // client's (its SOCKS5 relay) and the destination's (its HBONE inbound, with
 // the client daemon's pooled HBONE connection still open to it).
@@ -141,17 +142,27 @@ func TestDrainEndsWithLastConnection(t *testing.T) {
 				t.Fatal("the daemon exited with a connection open")
 			default:
 			}
+			// But not ready: as ztunnel's, the admin, metrics and
+			// readiness servers stopped accepting when the drain began.
+			for _, url := range []string{"http://127.0.0.1:15021/healthz/ready", "http://127.0.0.1:15020/metrics", "http://127.0.0.1:15000/config_dump"} {
+				if code, _, err := d.Get(ctx, url); err == nil {
+					t.Errorf("GET %s during the drain: %d, want the connection refused", url, code)
+				}
+			}
 
 			conn.Close()
 			closed := time.Now()
 			wctx, wcancel := context.WithTimeout(ctx, drainDeadline/2)
 			defer wcancel()
 			if err := d.Wait(wctx); err != nil {
-				// What it waits for: its goroutines, while it is still up.
-				gctx, gcancel := context.WithTimeout(context.Background(), 5*time.Second)
-				_, body, gerr := d.Get(gctx, "http://127.0.0.1:15000/debug/pprof/goroutine?debug=2")
-				gcancel()
-				t.Logf("goroutines of the daemon that did not exit (%v):\n%s", gerr, body)
+				// What it waits for: its goroutines, which SIGQUIT has
+				// the Go runtime print to the log (the admin server is
+				// closed during a drain).
+				_ = d.Signal(syscall.SIGQUIT)
+				qctx, qcancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_ = d.Wait(qctx)
+				qcancel()
+				t.Logf("log of the daemon that did not exit, goroutines at its end:\n%s", d.Log())
 				t.Fatalf("daemon exit after the last connection closed: %v, want status 0", err)
 			}
 			if took := time.Since(closed); took > time.Second {

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/ztunnel-go/ztunnel/admin"
 	"github.com/ztunnel-go/ztunnel/api/securityapi"
 	"github.com/ztunnel-go/ztunnel/api/workloadapi"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
@@ -86,9 +87,10 @@ func telemetryWorkload(name, ip, node string, services map[string]*workloadapi.P
 // TestTelemetryShared runs the two-node shared mode on xDS with the DNS
 // proxy, drives every feeder (HBONE traffic to a service, a policy denial,
 // an on-demand DNS lookup, DNS answered locally, forwarded and failed
-// upstream, an xDS reconnect, pods coming up), then scrapes both daemons:
-// every family the daemon registers has samples with ztunnel's label
-// names, and the destination attributes the traffic to the service.
+// upstream, a connection flood on readiness, an xDS reconnect, pods coming
+// up), then scrapes both daemons: every family the daemon registers has
+// samples with ztunnel's label names, and the destination attributes the
+// traffic to the service.
 func TestTelemetryShared(t *testing.T) {
 	lab := netnslab.New(t)
 	cp, err := lab.AddNode("cp")
@@ -177,6 +179,19 @@ func TestTelemetryShared(t *testing.T) {
 	dnsAsk(ctx, t, client, "external.example.com")
 	startFakeResolver(t, c.Pods["resolver"])
 	dnsAsk(ctx, t, client, "external.example.com")
+	// A connection flood on node-a's readiness port from one peer: past
+	// admin.DefaultMaxConnsPerPeer held at once, connections are refused
+	// (the held ones stay up to the 2 s head timeout: far longer than the
+	// flood takes).
+	var flood []net.Conn
+	for range 3 * admin.DefaultMaxConnsPerPeer {
+		if conn, err := c.Daemons["node-a"].Pod.Dial(ctx, "tcp", "127.0.0.1:15021"); err == nil {
+			flood = append(flood, conn)
+		}
+	}
+	for _, conn := range flood {
+		conn.Close()
+	}
 	// An xDS reconnect: the server ends every stream; the daemons resume.
 	opened := xds.StreamsOpened()
 	xds.CloseStreams()
@@ -252,6 +267,7 @@ func TestTelemetryShared(t *testing.T) {
 		{"istio_xds_message_total", map[string]string{"url": xdsconv.AddressType}},
 		{"istio_xds_message_total", map[string]string{"url": xdsconv.AuthorizationType}},
 		{"istio_dns_requests_total", map[string]string{"request_query_type": "a", "request_protocol": "udp", "source_canonical_service": "client"}},
+		{"ztunnel_go_admin_connections_refused_total", map[string]string{"listener": "readiness", "reason": "peer"}},
 	} {
 		if !has(want.family, want.labels) {
 			t.Errorf("%s has no sample with %v", want.family, want.labels)

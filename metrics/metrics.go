@@ -40,6 +40,8 @@ type Metrics struct {
 	pendingProxies prometheus.Gauge
 	proxiesStarted prometheus.Counter
 	proxiesStopped prometheus.Counter
+
+	adminRefused *prometheus.CounterVec
 }
 
 // dnsLabelNames is the label set of the istio_dns_* families.
@@ -101,6 +103,11 @@ func New(cfg Config) *Metrics {
 	m.proxiesStarted = prometheus.NewCounter(prometheus.CounterOpts{Name: "workload_manager_proxies_started_total", Help: "Workload proxies started (unstable)."})
 	m.proxiesStopped = prometheus.NewCounter(prometheus.CounterOpts{Name: "workload_manager_proxies_stopped_total", Help: "Workload proxies stopped (unstable)."})
 	m.reg.MustRegister(m.activeProxies, m.pendingProxies, m.proxiesStarted, m.proxiesStopped)
+	// ztunnel's servers have no connection caps, so no such family: ours
+	// carries the project's prefix rather than istio_.
+	m.adminRefused = counterVec("ztunnel_go_admin_connections_refused_total",
+		"Connections refused at accept by the admin (15000), metrics (15020) and readiness (15021) servers, by server and cap (unstable).",
+		[]string{"listener", "reason"})
 
 	tag := cfg.IstioVersion
 	if tag == "" {
@@ -275,5 +282,14 @@ func (m *Metrics) SetActiveProxies(n int) {
 func (m *Metrics) SetPendingProxies(n int) {
 	if m != nil {
 		m.pendingProxies.Set(float64(n))
+	}
+}
+
+// AdminConnRefused counts a connection the admin, stats or readiness server
+// (listener) refused at accept over its per-peer or total cap (reason:
+// "peer" or "total"; ztunnel_go_admin_connections_refused_total).
+func (m *Metrics) AdminConnRefused(listener, reason string) {
+	if m != nil {
+		m.adminRefused.WithLabelValues(listener, reason).Inc()
 	}
 }

@@ -135,6 +135,7 @@ func exerciseAll(m *Metrics) {
 	m.ProxyStopped()
 	m.SetActiveProxies(2)
 	m.SetPendingProxies(1)
+	m.AdminConnRefused("readiness", "peer")
 }
 
 func TestFamiliesMatchGolden(t *testing.T) {

@@ -34,6 +34,10 @@ func (p *Proxy) dialAppTunnel(ctx context.Context, cn *conn, target, tunnelDst n
 	if port == 0 {
 		port = target.Port()
 	}
+	if p.isIllegalPort(port) {
+		// The record names the port, but an own port would loop.
+		return nil, fmt.Errorf("application tunnel: illegal port %d", port)
+	}
 	var (
 		c   *net.TCPConn
 		err error

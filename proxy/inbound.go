@@ -245,8 +245,11 @@ func (p *Proxy) inboundAuthorize(ctx context.Context, req *hbone.ServerRequest, 
 	// name another IP in the exceptions validateDestination allows).
 	target = netip.AddrPortFrom(local.Addr(), target.Port())
 	cn.dst = target
-	if p.isIllegalPort(target.Port()) {
-		return nil, nil, inboundErr(http.StatusBadRequest, "illegal target port %d", target.Port())
+	// The tunnel's own address must be the workload's (dialguard.go): a
+	// stream on 15008 reached through loopback or an address the record
+	// does not list is not this workload's traffic.
+	if err := p.checkInboundTarget(target, w); err != nil {
+		return nil, nil, inboundErr(http.StatusBadRequest, "%w", err)
 	}
 	cn.service = guessInboundService(inboundCandidates(snap, w, host), cn.ext.forHost, w, appPort(w, target.Port()))
 	cn.open()

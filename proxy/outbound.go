@@ -58,7 +58,11 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, cn *conn, origDst netip.AddrPort) 
 		engine.TCPEndpoint{TCPConn: c}.Abort()
 	}
 	cn.dst = origDst
-	if origDst.Addr().IsLoopback() && p.isIllegalPort(origDst.Port()) {
+	// A destination on an own port at a local address is this listener or
+	// a sibling: a self call, refused before and after the workload (and
+	// its addresses) is known (dialguard.go).
+	local := addrPortOf(c.LocalAddr()).Addr()
+	if p.isSelfTarget(origDst, nil, local) {
 		abort(fmt.Errorf("self call to illegal port %d refused", origDst.Port()))
 		return
 	}
@@ -66,6 +70,10 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, cn *conn, origDst netip.AddrPort) 
 	srcW, snap, err := p.router.localWorkload(ctx)
 	if err != nil {
 		abort(err)
+		return
+	}
+	if p.isSelfTarget(origDst, srcW, local) {
+		abort(fmt.Errorf("self call to illegal port %d refused", origDst.Port()))
 		return
 	}
 	route, err := p.router.routeOutbound(ctx, snap, srcW, cn.src, origDst)
@@ -110,6 +118,11 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, cn *conn, origDst netip.AddrPort) 
 		}
 		upstream = streamEndpoint{s}
 	} else {
+		if p.isSelfTarget(route.dst, srcW, local) {
+			cn.fail(fmt.Errorf("self call to %s refused", route.dst))
+			engine.TCPEndpoint{TCPConn: c}.Abort()
+			return
+		}
 		// TCP to TCP: the engine connects and relays (on the epoll backend
 		// its event loop completes the connect; see engine.StartDial).
 		cn.open()

@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"net"
+	"net/netip"
 
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/metrics"
@@ -37,6 +38,15 @@ func (p *Proxy) handlePassthrough(c *net.TCPConn) (handedOff bool) {
 		abort(err)
 		return
 	}
+	// The original destination came from the packet: dial it only when it
+	// is this workload's own address (dialguard.go), never the pod's
+	// loopback, an unspecified address or a host behind the pod.
+	if err := p.checkInboundTarget(dst, w); err != nil {
+		abort(err)
+		return
+	}
+	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+	cn.dst = dst
 	cn.dstWorkload = w
 	cn.srcWorkload = p.router.fetchWorkloadByAddr(p.ctx, snap, cn.src.Addr()) // ondemand.go
 	cn.open()

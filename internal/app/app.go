@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"runtime/debug"
 	"sync"
@@ -184,7 +185,13 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			}
 		})
 	}
-	if d.readiness, err = admin.Serve(cfg.ReadinessAddr, ready, log); err != nil {
+	// The three servers count their refused connections in m; their
+	// limits are admin's defaults.
+	refused := func(name string, r admin.RefusalReason) { m.AdminConnRefused(name, string(r)) }
+	serve := func(name, addr string, h http.Handler) (*admin.HTTPServer, error) {
+		return admin.Serve(admin.ServeConfig{Name: name, Addr: addr, Handler: h, Logger: log, OnRefused: refused})
+	}
+	if d.readiness, err = serve("readiness", cfg.ReadinessAddr, ready); err != nil {
 		d.Close()
 		return nil, err
 	}
@@ -193,7 +200,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		d.Close()
 		return nil, err
 	}
-	if d.stats, err = admin.Serve(cfg.StatsAddr, admin.NewMetricsHandler(m.Gatherer(), log), log); err != nil {
+	if d.stats, err = serve("stats", cfg.StatsAddr, admin.NewMetricsHandler(m.Gatherer(), log)); err != nil {
 		d.Close()
 		return nil, err
 	}
@@ -208,7 +215,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		admCfg.WorkloadState = func() map[string]admin.WorkloadStateDump { return workloadStateDump(d.inpod.Load()) }
 	}
 	adm := admin.NewServer(admCfg)
-	if d.admin, err = admin.Serve(cfg.AdminAddr, adm, log); err != nil {
+	if d.admin, err = serve("admin", cfg.AdminAddr, adm); err != nil {
 		d.Close()
 		return nil, err
 	}
@@ -495,6 +502,17 @@ func (d *Daemon) Drain() {
 	d.closing = true // nothing more starts serving
 	proxies, dns := d.proxies, d.dns
 	d.serveMu.Unlock()
+	// As ztunnel's admin, stats and readiness servers (hyper_util.rs
+	// serve: take_until(drain), then graceful_shutdown): they stop
+	// accepting now (readiness probes fail from here), idle keep-alive
+	// connections close, and requests in flight get the grace period, in
+	// parallel with the proxies' drain.
+	var web sync.WaitGroup
+	for _, s := range []*admin.HTTPServer{d.admin, d.stats, d.readiness} {
+		if s != nil {
+			web.Go(func() { _ = s.Shutdown(ctx) })
+		}
+	}
 	if m := d.inpod.Load(); m != nil {
 		m.Drain(ctx) // every pod's proxy, in parallel
 	}
@@ -515,6 +533,7 @@ func (d *Daemon) Drain() {
 	if d.engine != nil {
 		_ = d.engine.Drain(ctx)
 	}
+	web.Wait() // before Close, which would cut their requests at once
 	d.log.Info("drain complete", "duration", time.Since(start).Round(time.Millisecond).String())
 	d.Close()
 }
