@@ -47,6 +47,10 @@ func TestBadConfigurationExitsNonZero(t *testing.T) {
 		{"unknown field in config", []string{"ztunnel", "proxy"}, map[string]string{
 			"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "ns/a/sa", "LOCAL_XDS_PATH": bad,
 		}, "line 7"},
+		{"stats address that cannot be bound", []string{"ztunnel", "proxy"}, map[string]string{
+			"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "ns/a/sa", "LOCAL_XDS": "workloads: []",
+			"ZTUNNEL_READINESS_ADDR": "127.0.0.1:0", "ZTUNNEL_ADMIN_ADDR": "127.0.0.1:0", "ZTUNNEL_STATS_ADDR": "192.0.2.1:15020",
+		}, "ZTUNNEL_STATS_ADDR=192.0.2.1:15020"},
 		{"shared mode without a packet mark", []string{"ztunnel"}, map[string]string{"LOCAL_XDS": "workloads: []", "PACKET_MARK": "0",
 			"ZTUNNEL_READINESS_ADDR": "127.0.0.1:0", "ZTUNNEL_ADMIN_ADDR": "127.0.0.1:0", "ZTUNNEL_STATS_ADDR": "127.0.0.1:0"}, "PACKET_MARK=0"},
 	}

@@ -188,8 +188,14 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	// The three servers count their refused connections in m; their
 	// limits are admin's defaults.
 	refused := func(name string, r admin.RefusalReason) { m.AdminConnRefused(name, string(r)) }
+	// A listener that cannot open is reported under the variable that
+	// names its address.
 	serve := func(name, addr string, h http.Handler) (*admin.HTTPServer, error) {
-		return admin.Serve(admin.ServeConfig{Name: name, Addr: addr, Handler: h, Logger: log, OnRefused: refused})
+		s, err := admin.Serve(admin.ServeConfig{Name: name, Addr: addr, IPv4Only: !cfg.IPv6Enabled, Handler: h, Logger: log, OnRefused: refused})
+		if err != nil {
+			return nil, fmt.Errorf("%s=%s: %w", listenerVar[name], addr, err)
+		}
+		return s, nil
 	}
 	if d.readiness, err = serve("readiness", cfg.ReadinessAddr, ready); err != nil {
 		d.Close()

@@ -9,6 +9,10 @@ import (
 	"github.com/ztunnel-go/ztunnel/proxy"
 )
 
+// listenerVar names the variable that sets each admin-side listener's
+// address, for errors.
+var listenerVar = map[string]string{"admin": "ZTUNNEL_ADMIN_ADDR", "stats": "ZTUNNEL_STATS_ADDR", "readiness": "ZTUNNEL_READINESS_ADDR"}
+
 // closedChan returns a channel that is already closed.
 func closedChan() <-chan struct{} {
 	ch := make(chan struct{})
