@@ -7,11 +7,13 @@ TEST_TIMEOUT ?= 20m
 FUZZTIME ?= 10s
 FUZZPARALLEL ?=
 GOLANGCI_LINT_VERSION := v2.15.0
-# VERSION is stamped into the daemon (its start log, /config_dump, --version):
-# git describe of the checkout, or "dev" outside one.
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-GIT_REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
-VERSION_LDFLAGS := -X github.com/ztunnel-go/ztunnel/internal/app.stampedVersion=$(VERSION) -X github.com/ztunnel-go/ztunnel/internal/app.stampedRevision=$(GIT_REVISION)
+# ztunnel-go's version and revision, stamped into the daemon (its start log,
+# /config_dump, `ztunnel version`) by scripts/ldflags.sh: the VERSION file and
+# the checkout's commit unless VERSION=... / GIT_REVISION=... are given.
+VERSION ?= $(shell tr -d ' \n' < VERSION)
+GIT_REVISION ?=
+VERSION_LDFLAGS := $(shell version='$(VERSION)' git_revision='$(GIT_REVISION)' sh scripts/ldflags.sh)
+IMAGE ?= ztunnel-go:$(VERSION)
 
 .DEFAULT_GOAL := help
 
@@ -24,6 +26,11 @@ build: ## Build the daemon (bin/ztunnel) and the tools (bin/zlab)
 	@mkdir -p $(BIN)
 	$(GO) build -trimpath -ldflags '$(VERSION_LDFLAGS)' -o $(BIN)/ztunnel ./cmd/ztunnel
 	$(GO) build -trimpath -o $(BIN)/zlab ./cmd/zlab
+
+.PHONY: image
+image: ## Build the container image $(IMAGE) with deploy/Dockerfile, stamped with VERSION and this checkout's commit (needs a Docker engine)
+	docker build -f deploy/Dockerfile --build-arg version='$(VERSION)' \
+		--build-arg git_revision="$$(git rev-parse HEAD 2>/dev/null || echo unknown)" -t '$(IMAGE)' .
 
 .PHONY: test
 test: ## Run every test with the race detector; as root installs the system packages first and runs the lab tests too

@@ -407,3 +407,47 @@ func TestRefusalLogBackoff(t *testing.T) {
 		})
 	}
 }
+
+// TestServeAddresses: "localhost:PORT" listens on both loopbacks, as
+// ztunnel's Address::Localhost, and on 127.0.0.1 alone with IPv4Only
+// (IPV6_ENABLED=false); an IPv4 wildcard takes no IPv6 connection.
+func TestServeAddresses(t *testing.T) {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })
+	get := func(url string) error {
+		resp, err := http.Get(url)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	}
+	for _, tc := range []struct {
+		addr         string
+		ipv4Only     bool
+		v4, v6       bool
+		wantListener int
+	}{
+		{"localhost:0", false, true, true, 2},
+		{"localhost:0", true, true, false, 1},
+		{"0.0.0.0:0", false, true, false, 1},
+		{"[::]:0", false, true, true, 1},
+	} {
+		t.Run(fmt.Sprintf("%s_ipv4only=%v", tc.addr, tc.ipv4Only), func(t *testing.T) {
+			s, err := Serve(ServeConfig{Name: "test", Addr: tc.addr, IPv4Only: tc.ipv4Only, Handler: ok})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Shutdown(context.Background())
+			if n := len(s.Addrs()); n != tc.wantListener {
+				t.Fatalf("%d listeners (%v), want %d", n, s.Addrs(), tc.wantListener)
+			}
+			port := s.Addr().(*net.TCPAddr).Port
+			if err := get(fmt.Sprintf("http://127.0.0.1:%d/", port)); (err == nil) != tc.v4 {
+				t.Errorf("over IPv4: %v, want served %v", err, tc.v4)
+			}
+			if err := get(fmt.Sprintf("http://[::1]:%d/", port)); (err == nil) != tc.v6 {
+				t.Errorf("over IPv6: %v, want served %v", err, tc.v6)
+			}
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -102,8 +103,13 @@ type ServeConfig struct {
 	// Name labels the server in logs and refusals: "admin", "stats" or
 	// "readiness".
 	Name string
-	// Addr is the address to listen on.
+	// Addr is the address to listen on; "localhost:PORT" listens on both
+	// loopbacks, as ztunnel's Address::Localhost (IPv4's only with
+	// IPv4Only). A host that is an IPv4 address takes IPv4 connections
+	// only (Go would listen dual-stack on 0.0.0.0).
 	Addr string
+	// IPv4Only is IPV6_ENABLED=false: localhost means 127.0.0.1 alone.
+	IPv4Only bool
 	// Handler serves the requests.
 	Handler http.Handler
 	// Logger receives the server's errors and refusals; nil discards.
@@ -116,12 +122,33 @@ type ServeConfig struct {
 	OnRefused func(name string, reason RefusalReason)
 }
 
-// HTTPServer runs one handler on one listener and shuts it down with ctx.
+// HTTPServer runs one handler on its listeners (one, or both loopbacks)
+// and shuts it down with ctx.
 type HTTPServer struct {
 	srv  *http.Server
-	ln   *limitListener
+	lns  []*limitListener
 	done chan struct{}
 	once sync.Once
+}
+
+// listenAddrs expands addr as ServeConfig.Addr says, each with the network
+// to listen on.
+func listenAddrs(addr string, ipv4Only bool) (addrs, networks []string) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return []string{addr}, []string{"tcp"}
+	}
+	if host == "localhost" {
+		addrs, networks = []string{net.JoinHostPort("127.0.0.1", port)}, []string{"tcp4"}
+		if !ipv4Only {
+			addrs, networks = append(addrs, net.JoinHostPort("::1", port)), append(networks, "tcp6")
+		}
+		return addrs, networks
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.Is4() {
+		return []string{addr}, []string{"tcp4"}
+	}
+	return []string{addr}, []string{"tcp"}
 }
 
 // Serve starts cfg.Handler on cfg.Addr, bounded by cfg.Limits. The returned
@@ -131,11 +158,22 @@ func Serve(cfg ServeConfig) (*HTTPServer, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	lim := cfg.Limits.withDefaults()
-	inner, err := net.Listen("tcp", cfg.Addr)
-	if err != nil {
-		return nil, fmt.Errorf("admin: listen %s: %w", cfg.Addr, err)
+	addrs, networks := listenAddrs(cfg.Addr, cfg.IPv4Only)
+	var lns []*limitListener
+	for i, a := range addrs {
+		if host, port, _ := net.SplitHostPort(a); i > 0 && port == "0" {
+			// localhost:0 (tests): both loopbacks on the port the first got.
+			a = net.JoinHostPort(host, fmt.Sprint(lns[0].Addr().(*net.TCPAddr).Port))
+		}
+		inner, err := net.Listen(networks[i], a)
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return nil, fmt.Errorf("listen %s: %w", a, err)
+		}
+		lns = append(lns, newLimitListener(inner, cfg, lim))
 	}
-	ln := newLimitListener(inner, cfg, lim)
 	s := &HTTPServer{
 		srv: &http.Server{
 			Handler:           cfg.Handler,
@@ -151,20 +189,35 @@ func Serve(cfg ServeConfig) (*HTTPServer, error) {
 			// daemon's log rather than on stderr.
 			ErrorLog: slog.NewLogLogger(cfg.Logger.With("scope", "admin", "listener", cfg.Name).Handler(), slog.LevelWarn),
 		},
-		ln:   ln,
+		lns:  lns,
 		done: make(chan struct{}),
 	}
+	var wg sync.WaitGroup
+	for _, ln := range lns {
+		wg.Go(func() {
+			if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				cfg.Logger.Error("http server failed", "addr", ln.Addr().String(), "error", err, "scope", "admin")
+			}
+		})
+	}
 	go func() {
-		defer close(s.done)
-		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			cfg.Logger.Error("http server failed", "addr", cfg.Addr, "error", err, "scope", "admin")
-		}
+		wg.Wait()
+		close(s.done)
 	}()
 	return s, nil
 }
 
-// Addr is the bound address.
-func (s *HTTPServer) Addr() net.Addr { return s.ln.Addr() }
+// Addr is the bound address (the first, IPv4's, for localhost).
+func (s *HTTPServer) Addr() net.Addr { return s.lns[0].Addr() }
+
+// Addrs are all the bound addresses.
+func (s *HTTPServer) Addrs() []net.Addr {
+	out := make([]net.Addr, len(s.lns))
+	for i, l := range s.lns {
+		out[i] = l.Addr()
+	}
+	return out
+}
 
 // Shutdown stops accepting at once, closes idle connections, and waits for
 // the requests in flight until ctx ends, then closes what is left. Only

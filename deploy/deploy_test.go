@@ -3,9 +3,11 @@ package deploy
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -411,8 +413,9 @@ func TestDockerfile(t *testing.T) {
 		"./cmd/ztunnel",
 		"WORKDIR /\n",
 		"ISTIO_META_ISTIO_VERSION",
-		// The version is stamped into the binary.
-		"-X github.com/ztunnel-go/ztunnel/internal/app.stampedVersion=${version:-$istio_version}",
+		// ztunnel-go's version is stamped into the binary by the one
+		// recipe make build uses too (TestStampRecipe runs it).
+		"$(version=$version git_revision=$git_revision sh scripts/ldflags.sh)",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("Dockerfile lacks %q", want)
@@ -420,5 +423,60 @@ func TestDockerfile(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join("..", "cmd", "ztunnel")); err != nil {
 		t.Errorf("the Dockerfile builds ./cmd/ztunnel: %v", err)
+	}
+}
+
+// TestStampRecipe runs scripts/ldflags.sh as the image build runs it: in a
+// context without .git (what .dockerignore leaves), with and without the
+// build args. The version is ztunnel-go's own (the VERSION file), never
+// Istio's release; the revision is the arg or "unknown".
+func TestStampRecipe(t *testing.T) {
+	ignore, err := os.ReadFile(filepath.Join("..", ".dockerignore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{".git", "bin/", "bench/results/"} {
+		if !slices.Contains(strings.Fields(string(ignore)), want) {
+			t.Errorf(".dockerignore does not keep %s out of the build context", want)
+		}
+	}
+	own, err := os.ReadFile(filepath.Join("..", "VERSION"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.TempDir() // the build context: no .git
+	for _, f := range []string{"VERSION", "scripts/ldflags.sh"} {
+		b, err := os.ReadFile(filepath.Join("..", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.MkdirAll(filepath.Join(ctx, filepath.Dir(f)), 0o755)
+		if err := os.WriteFile(filepath.Join(ctx, f), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const pkg = "github.com/ztunnel-go/ztunnel/internal/app"
+	for _, tc := range []struct {
+		name              string
+		env               []string
+		version, revision string
+	}{
+		{"defaults", nil, strings.TrimSpace(string(own)), "unknown"},
+		{"build args", []string{"version=1.2.3", "git_revision=abc123"}, "1.2.3", "abc123"},
+		{"istio_version is not ours", []string{"istio_version=1.27.0"}, strings.TrimSpace(string(own)), "unknown"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command("sh", "scripts/ldflags.sh")
+			cmd.Dir = ctx
+			cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "GIT_CEILING_DIRECTORIES=" + filepath.Dir(ctx)}, tc.env...)
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := fmt.Sprintf("-X %s.stampedVersion=%s -X %s.stampedRevision=%s\n", pkg, tc.version, pkg, tc.revision)
+			if string(out) != want {
+				t.Fatalf("ldflags %q, want %q", out, want)
+			}
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"math/big"
@@ -365,6 +366,34 @@ func testCRL(t *testing.T, shared bool) {
 			}
 			if !strings.Contains(err.Error(), "CRL_PATH") {
 				t.Fatalf("the error does not name CRL_PATH: %v", err)
+			}
+		})
+		t.Run("a CRL from an issuer that may not sign CRLs says so", func(t *testing.T) {
+			// The mesh's root lacks cRLSign; its key signs the CRL through a
+			// twin certificate that has it (x509 would not sign otherwise).
+			twin := tlstest.NewRoot(t, tlstest.CAOptions{CommonName: "no-crlsign root", Organization: []string{"cluster.local"}, TrustDomains: []string{"cluster.local"}})
+			root := tlstest.NewRoot(t, tlstest.CAOptions{CommonName: "no-crlsign root", Organization: []string{"cluster.local"}, TrustDomains: []string{"cluster.local"},
+				KeyUsage: x509.KeyUsageCertSign, Key: twin.Key})
+			dir := t.TempDir()
+			files := map[string][]byte{"ca-cert.pem": root.PEM(), "ca-key.pem": root.KeyPEM(t), "crl.pem": tlstest.CRLPEM(twin.CRL(t))}
+			for name, b := range files {
+				if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			d, err := labrun.StartDaemon(ctx, l.pods["outsider"], labrun.DaemonOptions{
+				Binary: ztunnelBin, ConfigPath: l.configPath,
+				CACert: filepath.Join(dir, "ca-cert.pem"), CAKey: filepath.Join(dir, "ca-key.pem"),
+				Workload: "default/outsider/outsider", Env: []string{"CRL_PATH=" + filepath.Join(dir, "crl.pem")},
+			})
+			if err == nil {
+				d.Stop()
+				t.Fatal("the daemon started with a CRL its root may not have signed")
+			}
+			if !strings.Contains(err.Error(), "CRL_PATH") || !strings.Contains(err.Error(), "lacks the cRLSign key usage") {
+				t.Fatalf("the error does not say CRL_PATH's issuer lacks cRLSign: %v", err)
 			}
 		})
 	}

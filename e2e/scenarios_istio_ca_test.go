@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/internal/nettest"
@@ -108,4 +111,66 @@ func dumpedChain(ctx context.Context, t *testing.T, d *labrun.Daemon, pod string
 		}
 	}
 	return nil
+}
+
+// TestCertificateRecoversWithoutTraffic (issue 34): the CA is down when the
+// daemons start, so each pod's certificate is Unavailable in /config_dump;
+// once the CA is back the daemon's own retries (with backoff, as ztunnel's
+// identity manager) make it Available, with no connection asking for it.
+func TestCertificateRecoversWithoutTraffic(t *testing.T) {
+	lab := netnslab.New(t)
+	cp := startControlPlane(t, lab)
+	cp.xds.Set(xdsconv.AddressType, "u-client", "1", xdsWorkload("client", "10.244.1.2", "node-a"))
+	cp.xds.Set(xdsconv.AddressType, "u-server", "1", xdsWorkload("server", "10.244.2.2", "node-b"))
+	cp.ca.SetFailing(status.Error(codes.Unavailable, "istiod is restarting"))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := startCluster(ctx, t, lab, istioCARotationTopology, labrun.ClusterOptions{
+		Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: cp.env(),
+	})
+	d := c.Daemons["client"]
+	waitState := func(want string, within time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for {
+			state := dumpedCertState(ctx, t, d, "client")
+			if strings.HasPrefix(state, want) {
+				t.Logf("client's certificate: %s", state)
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("client's certificate %q after %s, want %s", state, within, want)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	waitState("Unavailable", 30*time.Second)
+	cp.ca.SetFailing(nil)
+	// The first retries come 1, 2, 4, 8 s after the failure (±20%).
+	waitState("Available", 30*time.Second)
+}
+
+// dumpedCertState is the state /config_dump shows for pod's certificate,
+// "" when it lists none.
+func dumpedCertState(ctx context.Context, t *testing.T, d *labrun.Daemon, pod string) string {
+	t.Helper()
+	code, body, err := d.Get(ctx, "http://127.0.0.1:15000/config_dump")
+	if err != nil || code != 200 {
+		t.Fatalf("config_dump for %s: %d %v", pod, code, err)
+	}
+	var dump struct {
+		Certificates []struct {
+			Identity string `json:"identity"`
+			State    string `json:"state"`
+		} `json:"certificates"`
+	}
+	if err := json.Unmarshal(body, &dump); err != nil {
+		t.Fatal(err)
+	}
+	for _, cert := range dump.Certificates {
+		if strings.HasSuffix(cert.Identity, "/sa/"+pod) {
+			return cert.State
+		}
+	}
+	return ""
 }

@@ -7,6 +7,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -315,5 +316,111 @@ func TestMaliciousCallsInPod(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestIPv6Disabled (issue 34): with IPV6_ENABLED=false every listener of a
+// dedicated daemon is IPv4 only, as ztunnel's: an IPv6 connection to any of
+// its ports (over the pod's ::1) is refused, where Go's dual-stack sockets
+// for 0.0.0.0 used to take it; the same ports answer over IPv4.
+func TestIPv6Disabled(t *testing.T) {
+	lab := netnslab.New(t)
+	node, err := lab.AddNode("node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := node.AddPod("client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPath, caCert, caKey := writeDaemonFiles(t, portInUseConfig)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := labrun.StartDaemon(ctx, pod, labrun.DaemonOptions{
+		Binary: ztunnelBin, ConfigPath: cfgPath, CACert: caCert, CAKey: caKey,
+		Workload: "default/client/client", Env: []string{"IPV6_ENABLED=false", "ISTIO_META_DNS_CAPTURE=true"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	// What the operator reads is ztunnel's shape (issue 34): the jq paths
+	// .config.proxyMode, .config.ipv6Enabled and serde's durations.
+	code, body, err := d.Get(ctx, "http://127.0.0.1:15000/config_dump")
+	if err != nil || code != 200 {
+		t.Fatalf("config_dump: %d %v", code, err)
+	}
+	var dump struct {
+		Config struct {
+			ProxyMode    string `json:"proxyMode"`
+			IPv6Enabled  *bool  `json:"ipv6Enabled"`
+			InboundAddr  string `json:"inboundAddr"`
+			SocketConfig struct {
+				KeepaliveTime struct{ Secs int } `json:"keepaliveTime"`
+			} `json:"socketConfig"`
+		} `json:"config"`
+	}
+	if err := json.Unmarshal(body, &dump); err != nil {
+		t.Fatal(err)
+	}
+	if c := dump.Config; c.ProxyMode != "Dedicated" || c.IPv6Enabled == nil || *c.IPv6Enabled || c.InboundAddr != "0.0.0.0:15008" || c.SocketConfig.KeepaliveTime.Secs != 180 {
+		t.Errorf("config in /config_dump not in ztunnel's shape: %s", body[:min(len(body), 2000)])
+	}
+	for _, port := range []int{15000, 15001, 15006, 15008, 15020, 15021, 15053} {
+		t.Run(fmt.Sprint(port), func(t *testing.T) {
+			c, err := pod.Dial(ctx, "tcp6", fmt.Sprintf("[::1]:%d", port))
+			if err == nil {
+				c.Close()
+				t.Fatalf("an IPv6 connection to [::1]:%d was taken with IPV6_ENABLED=false", port)
+			}
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("IPv6 dial to port %d: %v, want connection refused", port, err)
+			}
+			// Listening over IPv4 (15006 resets a call to its own port
+			// at once: a self call).
+			c, err = pod.Dial(ctx, "tcp4", fmt.Sprintf("127.0.0.1:%d", port))
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("IPv4 dial to port %d: %v", port, err)
+			}
+			if c != nil {
+				c.Close()
+			}
+		})
+	}
+}
+
+// TestMissingLocalWorkload (issue 34): a dedicated daemon whose own
+// workload (PROXY_WORKLOAD_INFO) is not in its config says so at start, a
+// warning naming it, and its readiness stays pending on "local workload":
+// every connection would wait for the workload and then fail.
+func TestMissingLocalWorkload(t *testing.T) {
+	lab := netnslab.New(t)
+	node, err := lab.AddNode("node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := node.AddPod("client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPath, caCert, caKey := writeDaemonFiles(t, portInUseConfig)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := labrun.StartDaemon(ctx, pod, labrun.DaemonOptions{
+		Binary: ztunnelBin, ConfigPath: cfgPath, CACert: caCert, CAKey: caKey,
+		Workload: "default/ghost/ghost", NoWait: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	line, err := d.WaitLog(ctx, "warn", "local workload not found", "default/ghost")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, d.Log())
+	}
+	t.Logf("daemon: %s", line)
+	code, body, err := d.Get(ctx, "http://127.0.0.1:15021/healthz/ready")
+	if err != nil || code == 200 || !strings.Contains(string(body), "local workload") {
+		t.Fatalf("readiness %d %q %v, want not ready pending on the local workload", code, body, err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -179,5 +180,34 @@ func TestListenReusePortTwice(t *testing.T) {
 	b.Close()
 	if _, err := Listen(ctx, a.Addr().String(), SocketOptions{}); err == nil {
 		t.Fatal("a listener without SO_REUSEPORT bound a taken port")
+	}
+}
+
+// TestListenIPv4WildcardIsIPv4Only: 0.0.0.0 (IPV6_ENABLED=false) takes no
+// IPv6 connection, where Go's "tcp" would have listened dual-stack; [::]
+// stays dual-stack.
+func TestListenIPv4WildcardIsIPv4Only(t *testing.T) {
+	for _, tc := range []struct {
+		addr   string
+		takes6 bool
+	}{
+		{"0.0.0.0:0", false},
+		{"[::]:0", true},
+	} {
+		t.Run(tc.addr, func(t *testing.T) {
+			ln, err := Listen(context.Background(), tc.addr, SocketOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			port := ln.Addr().(*net.TCPAddr).Port
+			c, err := net.Dial("tcp6", fmt.Sprintf("[::1]:%d", port))
+			if c != nil {
+				c.Close()
+			}
+			if (err == nil) != tc.takes6 {
+				t.Fatalf("IPv6 dial to %s: %v, want taken %v", ln.Addr(), err, tc.takes6)
+			}
+		})
 	}
 }

@@ -20,7 +20,7 @@ func Listen(ctx context.Context, addr string, opts SocketOptions) (*net.TCPListe
 	// sockets by default, which refuse most socket options (the
 	// SO_REUSEPORT steering program among them) with EOPNOTSUPP.
 	lc.SetMultipathTCP(false)
-	ln, err := lc.Listen(ctx, "tcp", addr)
+	ln, err := lc.Listen(ctx, ListenNetwork(addr), addr)
 	if err != nil {
 		return nil, fmt.Errorf("engine: listen %s: %w", addr, err)
 	}
@@ -31,6 +31,22 @@ func Listen(ctx context.Context, addr string, opts SocketOptions) (*net.TCPListe
 		}
 	}
 	return ln.(*net.TCPListener), nil
+}
+
+// ListenNetwork is the network to listen on addr with: "tcp4" when its
+// host is an IPv4 address, else "tcp". Go listens on 0.0.0.0 with "tcp"
+// through a dual-stack IPv6 socket, which would take IPv6 connections too:
+// with IPV6_ENABLED=false the wildcard is 0.0.0.0 and must mean IPv4 only,
+// as it does for ztunnel.
+func ListenNetwork(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "tcp"
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.Is4() {
+		return "tcp4"
+	}
+	return "tcp"
 }
 
 // Dialer originates proxied connections.

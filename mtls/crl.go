@@ -106,24 +106,40 @@ func NewCRLSet(crls []*x509.RevocationList, anchors []*x509.Certificate) (*CRLSe
 				e.revoked[r.SerialNumber.String()] = struct{}{}
 			}
 		}
-		named := false
+		var why error // the last anchor of that name's reason to refuse
 		for _, a := range anchors {
 			if !bytes.Equal(a.RawSubject, crl.RawIssuer) {
 				continue
 			}
-			named = true
-			if crl.CheckSignatureFrom(a) == nil {
+			if why = crlIssuerProblem(crl, a); why == nil {
 				e.anchored = true
 				e.verified[string(a.Raw)] = true
 				break
 			}
 		}
-		if named && !e.anchored {
-			return nil, fmt.Errorf("%w: CRL %d (issuer %q) is not signed by the CA certificate of that name", ErrBadCRL, i+1, crl.Issuer.String())
+		if why != nil && !e.anchored {
+			return nil, fmt.Errorf("%w: CRL %d (issuer %q): %w", ErrBadCRL, i+1, crl.Issuer.String(), why)
 		}
 		s.byIssuer[string(crl.RawIssuer)] = append(s.byIssuer[string(crl.RawIssuer)], e)
 	}
 	return s, nil
+}
+
+// crlIssuerProblem says why crl does not verify against a, the CA
+// certificate of its issuer's name, in words an operator can act on: a
+// certificate that may not sign CRLs (not a CA, or a key usage without
+// cRLSign) is not the same fault as a signature by another key.
+func crlIssuerProblem(crl *x509.RevocationList, a *x509.Certificate) error {
+	switch {
+	case a.BasicConstraintsValid && !a.IsCA, a.Version == 3 && !a.BasicConstraintsValid:
+		return errors.New("the certificate of that name is not a CA certificate")
+	case a.KeyUsage != 0 && a.KeyUsage&x509.KeyUsageCRLSign == 0:
+		return errors.New("the CA certificate of that name lacks the cRLSign key usage")
+	}
+	if err := crl.CheckSignatureFrom(a); err != nil {
+		return fmt.Errorf("not signed by the CA certificate of that name (%w)", err)
+	}
+	return nil
 }
 
 // Len is the number of CRLs in the set.

@@ -377,3 +377,39 @@ func TestCRLRunSymlinkSwap(t *testing.T) {
 		t.Fatal("the second version is not in force")
 	}
 }
+
+// TestCRLIssuerRefusalSaysWhy: a CRL refused at load names the reason an
+// operator can act on. A root whose key usage lacks cRLSign (its CRL signed
+// with the same key through a twin certificate that has it) is not "not
+// signed"; a CRL signed by another key of the same name is.
+func TestCRLIssuerRefusalSaysWhy(t *testing.T) {
+	twin := newCRLRoot(t, "mesh root")
+	noCRLSign := tlstest.NewRoot(t, tlstest.CAOptions{CommonName: "mesh root", Organization: []string{"cluster.local"},
+		KeyUsage: x509.KeyUsageCertSign, Key: twin.Key})
+	notCA := tlstest.NewRoot(t, tlstest.CAOptions{CommonName: "mesh root", Organization: []string{"cluster.local"}, Key: twin.Key,
+		Modify: func(c *x509.Certificate) { c.IsCA = false; c.KeyUsage = x509.KeyUsageDigitalSignature }})
+	otherKey := newCRLRoot(t, "mesh root")
+	crl, err := x509.ParseRevocationList(twin.CRL(t, big.NewInt(9)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		anchor *tlstest.CA
+		want   string
+	}{
+		{"issuer without cRLSign", noCRLSign, "lacks the cRLSign key usage"},
+		{"issuer that is not a CA", notCA, "is not a CA certificate"},
+		{"another key of the same name", otherKey, "not signed by the CA certificate of that name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := mtls.NewCRLSet([]*x509.RevocationList{crl}, []*x509.Certificate{tc.anchor.Cert})
+			if !errors.Is(err, mtls.ErrBadCRL) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("NewCRLSet: %v, want ErrBadCRL saying %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := mtls.NewCRLSet([]*x509.RevocationList{crl}, []*x509.Certificate{twin.Cert}); err != nil {
+		t.Fatalf("the twin that may sign CRLs: %v", err)
+	}
+}

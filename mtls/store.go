@@ -186,12 +186,18 @@ func (s *Store) runFetch(e *entry, cl *call) {
 	if err != nil {
 		e.lastErr = err
 	}
-	if c != nil && !s.closed && s.entries[e.id] == e {
-		e.cert, e.lastErr = c, nil
+	if !s.closed && s.entries[e.id] == e {
+		if c != nil {
+			e.cert, e.lastErr = c, nil
+		}
+		// After a first fetch that failed too (the CA down at start, istiod
+		// restarting): the loop retries with backoff, as ztunnel's identity
+		// manager does, so the certificate is Available again without a
+		// connection asking for it.
 		if !e.looping {
 			e.looping = true
 			s.wg.Add(1)
-			go s.refreshLoop(e)
+			go s.refreshLoop(e, err != nil)
 		}
 	}
 	s.mu.Unlock()
@@ -202,11 +208,18 @@ func (s *Store) runFetch(e *entry, cl *call) {
 // closes. It sleeps until the current certificate's refresh point, fetches
 // (sharing the fetch with any Get under way), and after a failure retries
 // with backoff. A certificate that a Get fetched in the meantime moves the
-// refresh point rather than causing a second fetch.
-func (s *Store) refreshLoop(e *entry) {
+// refresh point rather than causing a second fetch. failed: the loop starts
+// after a first fetch that failed, with no certificate yet, so it begins
+// with the first retry's wait.
+func (s *Store) refreshLoop(e *entry, failed bool) {
 	defer s.wg.Done()
 	failures := 0
-	timer := time.NewTimer(s.refreshDelay(s.current(e)))
+	wait := s.refreshDelay(s.current(e))
+	if failed {
+		wait, failures = retryDelay(0), 1
+		s.logf("mtls: certificate fetch for %s failed; retrying in %s", e.id, wait.Round(time.Millisecond))
+	}
+	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
 		select {
@@ -214,10 +227,9 @@ func (s *Store) refreshLoop(e *entry) {
 			return
 		case <-timer.C:
 		}
-		// Never nil: the loop starts after the first certificate is set, and
-		// nothing clears it.
+		// nil only until the first fetch succeeds; nothing clears it.
 		cur := s.current(e)
-		if s.now().Before(cur.RefreshAt()) {
+		if cur != nil && s.now().Before(cur.RefreshAt()) {
 			failures = 0
 			timer.Reset(s.refreshDelay(cur))
 			continue
@@ -239,7 +251,9 @@ func (s *Store) refreshLoop(e *entry) {
 
 		delay := retryDelay(failures)
 		failures++
-		if left := cur.NotAfter.Sub(s.now()); left > 0 {
+		if cur == nil {
+			s.logf("mtls: certificate fetch failed (%v); retrying in %s", cl.err, delay.Round(time.Millisecond))
+		} else if left := cur.NotAfter.Sub(s.now()); left > 0 {
 			// Retry no later than the old certificate's expiry, when Gets
 			// would start failing.
 			delay = min(delay, left)

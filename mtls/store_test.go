@@ -355,3 +355,40 @@ func testStoreClose(t *testing.T) {
 		t.Fatalf("Get after Close = %v, want ErrStoreClosed", err)
 	}
 }
+
+// TestStoreRetriesFailedFirstFetch: a certificate whose first fetch failed
+// (the CA down when the pod came) is retried in the background with
+// backoff, and is Available once the CA is back without any Get asking.
+func TestStoreRetriesFailedFirstFetch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &fakeSource{lifetime: 24 * time.Hour}
+		src.fail.Store(true)
+		s := mtls.NewStore(mtls.StoreConfig{Source: src})
+		defer s.Close()
+		if _, err := s.Get(context.Background(), storeID); !errors.Is(err, errCADown) {
+			t.Fatalf("Get with the CA down: %v", err)
+		}
+		if st := s.CertStates(); len(st) != 1 || !strings.HasPrefix(st[0].State(), mtls.CertUnavailable) {
+			t.Fatalf("states %v, want one Unavailable", st)
+		}
+		// Backoff: a minute of outage holds a handful of retries.
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if n := src.fetches.Load(); n < 4 || n > 12 {
+			t.Fatalf("%d fetches in the first minute of the outage, want a few retries with backoff", n)
+		}
+		src.fail.Store(false)
+		time.Sleep(2*time.Minute + time.Second) // at most one capped wait (150 s ±20%)
+		synctest.Wait()
+		if st := s.CertStates(); len(st) != 1 || st[0].State() != mtls.CertAvailable {
+			t.Fatalf("states %v after the CA came back, want Available without a Get", st)
+		}
+		// Recovered: no more fetches until the half-life.
+		n := src.fetches.Load()
+		time.Sleep(11 * time.Hour)
+		synctest.Wait()
+		if got := src.fetches.Load(); got != n {
+			t.Fatalf("%d fetches after recovery, want none before half-life", got-n)
+		}
+	})
+}

@@ -1,6 +1,7 @@
 // Command ztunnel is the ztunnel-go node proxy daemon. It takes the same
 // arguments and environment variables as Istio's ztunnel: `ztunnel proxy
-// ztunnel` (only the first argument matters), `ztunnel version`.
+// ztunnel` (only the first argument matters), `ztunnel version` (or
+// `--version`, `-V`).
 package main
 
 import (
@@ -24,11 +25,11 @@ func run(args []string, stderr *os.File) int {
 	}
 	switch cmd {
 	case "", "proxy":
-	case "version":
+	case "version", "--version", "-V":
 		fmt.Println(app.Version())
 		return 0
 	case "help", "-h", "--help":
-		fmt.Fprintf(stderr, "ztunnel-go %s\n\nCommands:\nproxy (default) - Start the proxy\nversion         - Print the version\nhelp            - Print commands and version\n", app.Version())
+		fmt.Fprintf(stderr, "ztunnel-go %s\n\nCommands:\nproxy (default) - Start the proxy\nversion         - Print the version (also --version, -V)\nhelp            - Print commands and version\n", app.Version())
 		return 0
 	default:
 		fmt.Fprintf(stderr, "ztunnel: unknown command %q (want proxy, version or help)\n", cmd)
@@ -48,9 +49,12 @@ func run(args []string, stderr *os.File) int {
 		fmt.Fprintf(stderr, "ztunnel: %v\n", err)
 		return 1
 	}
-	if procs := app.ApplyWorkerThreads(cfg, os.LookupEnv); cfg.WorkerThreads > 0 {
-		log.Info("worker threads (ZTUNNEL_WORKER_THREADS)", "gomaxprocs", procs)
+	procs := app.ApplyWorkerThreads(cfg, os.LookupEnv)
+	from := cfg.WorkerThreadsFrom
+	if _, set := os.LookupEnv("GOMAXPROCS"); set {
+		from = "GOMAXPROCS"
 	}
+	log.Info("worker threads", "gomaxprocs", procs, "from", from)
 	if gc != (app.GCSettings{}) || cfg.MemoryReleaseInterval > 0 {
 		log.Info("go runtime memory settings", "gc_percent", gc.GCPercent, "memory_limit_bytes", gc.MemoryLimit,
 			"memory_release_interval", cfg.MemoryReleaseInterval.String())

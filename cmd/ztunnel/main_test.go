@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -46,6 +47,10 @@ func TestBadConfigurationExitsNonZero(t *testing.T) {
 		{"unknown field in config", []string{"ztunnel", "proxy"}, map[string]string{
 			"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "ns/a/sa", "LOCAL_XDS_PATH": bad,
 		}, "line 7"},
+		{"stats address that cannot be bound", []string{"ztunnel", "proxy"}, map[string]string{
+			"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "ns/a/sa", "LOCAL_XDS": "workloads: []",
+			"ZTUNNEL_READINESS_ADDR": "127.0.0.1:0", "ZTUNNEL_ADMIN_ADDR": "127.0.0.1:0", "ZTUNNEL_STATS_ADDR": "192.0.2.1:15020",
+		}, "ZTUNNEL_STATS_ADDR=192.0.2.1:15020"},
 		{"shared mode without a packet mark", []string{"ztunnel"}, map[string]string{"LOCAL_XDS": "workloads: []", "PACKET_MARK": "0",
 			"ZTUNNEL_READINESS_ADDR": "127.0.0.1:0", "ZTUNNEL_ADMIN_ADDR": "127.0.0.1:0", "ZTUNNEL_STATS_ADDR": "127.0.0.1:0"}, "PACKET_MARK=0"},
 	}
@@ -62,9 +67,57 @@ func TestBadConfigurationExitsNonZero(t *testing.T) {
 	}
 }
 
+// captureStdout runs f with os.Stdout sent to a file and returns what f
+// wrote there (the daemon logs to stdout, as ztunnel does).
+func captureStdout(t *testing.T, f func()) string {
+	t.Helper()
+	out, err := os.CreateTemp(t.TempDir(), "stdout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	saved := os.Stdout
+	os.Stdout = out
+	defer func() { os.Stdout = saved }()
+	f()
+	b, err := os.ReadFile(out.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 func TestVersion(t *testing.T) {
-	code, _ := runWith(t, []string{"ztunnel", "version"}, nil)
-	if code != 0 {
-		t.Fatalf("version exit code %d", code)
+	for _, arg := range []string{"version", "--version", "-V"} {
+		t.Run(arg, func(t *testing.T) {
+			var code int
+			out := captureStdout(t, func() { code, _ = runWith(t, []string{"ztunnel", arg}, nil) })
+			if code != 0 || !strings.HasPrefix(out, "ztunnel-go ") && !strings.Contains(out, "version") {
+				t.Fatalf("exit code %d, stdout %q", code, out)
+			}
+		})
+	}
+}
+
+// TestWorkerThreadsLogged: the daemon sizes GOMAXPROCS as ztunnel sizes its
+// worker threads and says so at start (here from the chart's CPU limit,
+// before a start that then fails on a missing config file).
+func TestWorkerThreadsLogged(t *testing.T) {
+	t.Cleanup(func() { runtime.GOMAXPROCS(runtime.NumCPU()) })
+	out := captureStdout(t, func() {
+		runWith(t, []string{"ztunnel", "proxy"}, map[string]string{
+			"ZTUNNEL_RESOURCE_CPU_LIMIT": "1", "PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "ns/a/sa",
+			"LOCAL_XDS_PATH": "/nonexistent/config.yaml", "ZTUNNEL_READINESS_ADDR": "127.0.0.1:0",
+			"ZTUNNEL_ADMIN_ADDR": "127.0.0.1:0", "ZTUNNEL_STATS_ADDR": "127.0.0.1:0",
+		})
+	})
+	var line string
+	for l := range strings.Lines(out) {
+		if strings.Contains(l, "worker threads") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "gomaxprocs=1") || !strings.Contains(line, `from="default"`) {
+		t.Fatalf("no worker threads line with gomaxprocs=1 from=default in:\n%s", out)
 	}
 }

@@ -188,8 +188,14 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	// The three servers count their refused connections in m; their
 	// limits are admin's defaults.
 	refused := func(name string, r admin.RefusalReason) { m.AdminConnRefused(name, string(r)) }
+	// A listener that cannot open is reported under the variable that
+	// names its address.
 	serve := func(name, addr string, h http.Handler) (*admin.HTTPServer, error) {
-		return admin.Serve(admin.ServeConfig{Name: name, Addr: addr, Handler: h, Logger: log, OnRefused: refused})
+		s, err := admin.Serve(admin.ServeConfig{Name: name, Addr: addr, IPv4Only: !cfg.IPv6Enabled, Handler: h, Logger: log, OnRefused: refused})
+		if err != nil {
+			return nil, fmt.Errorf("%s=%s: %w", listenerVar[name], addr, err)
+		}
+		return s, nil
 	}
 	if d.readiness, err = serve("readiness", cfg.ReadinessAddr, ready); err != nil {
 		d.Close()
@@ -205,7 +211,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		return nil, err
 	}
 	admCfg := admin.Config{
-		State: store, Certs: certs, DaemonConfig: cfg, Version: daemonBuildInfo(cfg), Logger: log,
+		State: store, Certs: certs, DaemonConfig: liveView{cfg}, Version: daemonBuildInfo(cfg), Logger: log,
 		StaticConfig: snap, // nil without a local config
 		Quit:         d.requestQuit,
 		Logging:      levels,
@@ -329,6 +335,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			d.Close()
 			return nil, err
 		}
+		d.watchLocalWorkload(synced, ref, ready.Register("local workload"))
 	}
 	cfg.Engine = eng.Backend()
 	log.Info("ztunnel-go started", "mode", string(cfg.Mode), "engine", cfg.Engine, "workload", cfg.Workload.Namespace+"/"+cfg.Workload.Name,

@@ -238,6 +238,19 @@ func (e *env) duration(name string, def time.Duration) time.Duration {
 	return d
 }
 
+// positiveDuration is duration for a variable whose zero would mean
+// nothing (a certificate valid for no time, a keepalive probe after no idle
+// time) or silently fall back to a default: 0 is refused, naming it.
+func (e *env) positiveDuration(name string, def time.Duration) time.Duration {
+	d := e.duration(name, def)
+	if d == 0 {
+		v, _ := e.lookup(name)
+		e.fail(name, v, errors.New("want a duration above zero"))
+		return def
+	}
+	return d
+}
+
 // parseDuration accepts Go durations ("1m30s") and the forms ztunnel's
 // duration_str takes for plain values ("5s", "10m", "1h", "500ms") and a bare
 // number of seconds.
@@ -314,7 +327,7 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	if (c.BuiltinCACert == "") != (c.BuiltinCAKey == "") {
 		e.fail("BUILTIN_CA_KEY", c.BuiltinCAKey, errors.New("BUILTIN_CA_CERT and BUILTIN_CA_KEY go together"))
 	}
-	c.SecretTTL = e.duration("SECRET_TTL", 24*time.Hour)
+	c.SecretTTL = e.positiveDuration("SECRET_TTL", 24*time.Hour)
 
 	c.ClusterID = e.str("CLUSTER_ID", "Kubernetes")
 	if v, ok := lookup("ISTIO_META_CLUSTER_ID"); ok && v != "" {
@@ -342,7 +355,7 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	c.ConnectionWindow = uint32(e.uint("HTTP2_CONNECTION_WINDOW_SIZE", 16<<20, 1, math.MaxInt32))
 	c.FrameSize = uint32(e.uint("HTTP2_FRAME_SIZE", 1<<20, 16384, 1<<24-1))
 	c.PoolMaxStreams = int(e.uint("POOL_MAX_STREAMS_PER_CONNECTION", 100, 1, math.MaxUint16))
-	c.PoolUnusedRelease = e.duration("POOL_UNUSED_RELEASE_TIMEOUT", 5*time.Minute)
+	c.PoolUnusedRelease = e.positiveDuration("POOL_UNUSED_RELEASE_TIMEOUT", 5*time.Minute)
 	c.PoolInnerHBONE = e.boolean("ZTUNNEL_POOL_INNER_HBONE", false)
 
 	c.TerminationDeadline = 5 * time.Second
@@ -354,8 +367,8 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	}
 
 	c.KeepAliveEnabled = e.boolean("KEEPALIVE_ENABLED", true)
-	c.KeepAliveTime = e.duration("KEEPALIVE_TIME", 180*time.Second)
-	c.KeepAliveInterval = e.duration("KEEPALIVE_INTERVAL", 180*time.Second)
+	c.KeepAliveTime = e.positiveDuration("KEEPALIVE_TIME", 180*time.Second)
+	c.KeepAliveInterval = e.positiveDuration("KEEPALIVE_INTERVAL", 180*time.Second)
 	c.KeepAliveRetries = int(e.uint("KEEPALIVE_RETRIES", 9, 1, 255))
 
 	c.PodName = e.str("POD_NAME", "")

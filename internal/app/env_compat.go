@@ -37,10 +37,13 @@ type Compat struct {
 	// only, for HBONE and the control plane.
 	PQC bool
 	// WorkerThreads is what ZTUNNEL_WORKER_THREADS asks for (N, N% of the
-	// CPUs, or 0 for all of them), resolved to a count; 0 = unset, Go's
-	// runtime default (sized from the cgroup's CPU limit) stays.
-	// ApplyWorkerThreads sets GOMAXPROCS to it.
+	// CPUs, or 0 for all of them), resolved to a count; unset, ztunnel's
+	// default (defaultWorkerThreads). ApplyWorkerThreads sets GOMAXPROCS to
+	// it.
 	WorkerThreads int
+	// WorkerThreadsFrom names what WorkerThreads came from, for the log:
+	// the variable, or "default" for ztunnel's sizing.
+	WorkerThreadsFrom string
 	// CPUResourceLimit is ZTUNNEL_RESOURCE_CPU_LIMIT in cores (0 = unset):
 	// the CPU count a WorkerThreads percentage is taken of, before
 	// ZTUNNEL_CPU_LIMIT and the machine's count.
@@ -93,9 +96,31 @@ func (e *env) parseCompat(c *Config) {
 		if err != nil {
 			e.fail("ZTUNNEL_WORKER_THREADS", v, err)
 		}
-		cc.WorkerThreads = n
+		cc.WorkerThreads, cc.WorkerThreadsFrom = n, "ZTUNNEL_WORKER_THREADS"
+	} else {
+		cc.WorkerThreads = defaultWorkerThreads(cc.CPUResourceLimit, c.CPURequest, cpuCount(cc.CPUResourceLimit, c.CPULimit))
+		cc.WorkerThreadsFrom = "default"
 	}
 }
+
+// defaultWorkerThreads is ztunnel's default_worker_threads, the count when
+// ZTUNNEL_WORKER_THREADS is unset: an explicit resource limit (the chart
+// sets ZTUNNEL_RESOURCE_CPU_LIMIT only when resources.limits.cpu is) wins,
+// raised to the request; otherwise a quarter of the CPUs, rounded up, and
+// at least the request and 2.
+func defaultWorkerThreads(resourceLimit, request float64, cpus int) int {
+	req := int(math.Ceil(request))
+	if resourceLimit > 0 {
+		return max(int(math.Ceil(resourceLimit)), req)
+	}
+	return max(int(math.Ceil(float64(cpus)*defaultWorkerThreadFraction)), req, defaultWorkerThreadsFloor)
+}
+
+// ztunnel's DEFAULT_WORKER_THREAD_CPU_FRACTION and DEFAULT_WORKER_THREADS.
+const (
+	defaultWorkerThreadFraction = 0.25
+	defaultWorkerThreadsFloor   = 2
+)
 
 // cpuCount is ztunnel's get_cpu_count: the resource limit rounded up, else
 // ZTUNNEL_CPU_LIMIT, else the logical CPUs.
@@ -133,7 +158,7 @@ func workerThreads(v string, cpus int) (int, error) {
 }
 
 // ApplyWorkerThreads sets GOMAXPROCS to ZTUNNEL_WORKER_THREADS (ztunnel's
-// worker thread count), unless the operator set GOMAXPROCS itself, and
+// worker thread count, or its default), unless the operator set GOMAXPROCS itself, and
 // returns the value in force.
 func ApplyWorkerThreads(cfg *Config, lookup func(string) (string, bool)) int {
 	if _, set := lookup("GOMAXPROCS"); cfg.WorkerThreads > 0 && !set {

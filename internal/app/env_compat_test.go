@@ -20,7 +20,7 @@ func TestCompatHonoured(t *testing.T) {
 		check func(*Config) bool
 	}{
 		{"defaults", nil, func(c *Config) bool {
-			return c.IPv6Enabled && !c.UserTimeoutEnabled && !c.PolicyInfoLogging && !c.PQC && c.WorkerThreads == 0 &&
+			return c.IPv6Enabled && !c.UserTimeoutEnabled && !c.PolicyInfoLogging && !c.PQC && c.WorkerThreads == max(2, (cpus+3)/4) && c.WorkerThreadsFrom == "default" &&
 				bindHost(c) == "::" && userTimeout(c) == 0 && slices.Equal(c.DNSProxyAddrs, []string{"127.0.0.1:15053", "[::1]:15053"})
 		}},
 		{"IPV6_ENABLED=false", map[string]string{"IPV6_ENABLED": "false"}, func(c *Config) bool {
@@ -40,6 +40,10 @@ func TestCompatHonoured(t *testing.T) {
 		{"worker threads of ZTUNNEL_CPU_LIMIT", map[string]string{"ZTUNNEL_WORKER_THREADS": "100%", "ZTUNNEL_CPU_LIMIT": "5"},
 			func(c *Config) bool { return c.WorkerThreads == 5 }},
 		{"worker threads 0 means all", map[string]string{"ZTUNNEL_WORKER_THREADS": "0"}, func(c *Config) bool { return c.WorkerThreads == cpus }},
+		{"default worker threads of the resource limit", map[string]string{"ZTUNNEL_RESOURCE_CPU_LIMIT": "1", "ZTUNNEL_RESOURCE_CPU_REQUEST": "500m"},
+			func(c *Config) bool { return c.WorkerThreads == 1 && c.WorkerThreadsFrom == "default" }},
+		{"default worker threads raised to the request", map[string]string{"ZTUNNEL_RESOURCE_CPU_REQUEST": "3"},
+			func(c *Config) bool { return c.WorkerThreads == max(3, (cpus+3)/4) }},
 		{"SO_REUSEPORT in shared mode", nil, func(c *Config) bool { return reusePort(c) }},
 		{"INPOD_PORT_REUSE=false", map[string]string{"INPOD_PORT_REUSE": "false"}, func(c *Config) bool { return !reusePort(c) }},
 		{"no SO_REUSEPORT in dedicated mode", map[string]string{"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "ns/a/sa", "INPOD_PORT_REUSE": "true"},
@@ -91,6 +95,23 @@ func TestWorkerThreads(t *testing.T) {
 		got, err := workerThreads(tc.v, tc.cpus)
 		if (err != nil) != tc.bad || got != tc.want {
 			t.Errorf("workerThreads(%q, %d) = %d, %v", tc.v, tc.cpus, got, err)
+		}
+	}
+}
+
+// TestDefaultWorkerThreads: without ZTUNNEL_WORKER_THREADS the count is
+// ztunnel's default_worker_threads (src/config.rs).
+func TestDefaultWorkerThreads(t *testing.T) {
+	for _, tc := range []struct {
+		limit, request float64
+		cpus, want     int
+	}{
+		{0, 0, 2, 2}, {0, 0, 8, 2}, {0, 0, 16, 4}, {0, 0, 64, 16}, {0, 0, 13, 4},
+		{0, 3, 8, 3}, {0, 0.5, 2, 2},
+		{1, 0, 64, 1}, {2.5, 0, 64, 3}, {1, 4, 64, 4},
+	} {
+		if got := defaultWorkerThreads(tc.limit, tc.request, tc.cpus); got != tc.want {
+			t.Errorf("defaultWorkerThreads(limit %v, request %v, %d cpus) = %d, want %d", tc.limit, tc.request, tc.cpus, got, tc.want)
 		}
 	}
 }

@@ -9,6 +9,10 @@ import (
 	"github.com/ztunnel-go/ztunnel/proxy"
 )
 
+// listenerVar names the variable that sets each admin-side listener's
+// address, for errors.
+var listenerVar = map[string]string{"admin": "ZTUNNEL_ADMIN_ADDR", "stats": "ZTUNNEL_STATS_ADDR", "readiness": "ZTUNNEL_READINESS_ADDR"}
+
 // closedChan returns a channel that is already closed.
 func closedChan() <-chan struct{} {
 	ch := make(chan struct{})
@@ -129,4 +133,42 @@ func (d *Daemon) startSelfProxy(ctx context.Context, p *proxy.Proxy) error {
 	}
 	d.log.Info("serving HBONE for the daemon's own pod", "workload", d.cfg.PodNamespace+"/"+d.cfg.PodName, "identity", id.String())
 	return nil
+}
+
+// watchLocalWorkload completes done, the readiness task "local workload"
+// of a dedicated daemon, once the synced state holds the workload it
+// serves (PROXY_WORKLOAD_INFO). A workload absent then is said at once: a
+// warning naming it, and readiness pending until it appears, for every
+// connection meanwhile waits for it (proxy.Config.LocalWorkloadWait) and
+// then fails.
+func (d *Daemon) watchLocalWorkload(synced <-chan struct{}, ref proxy.WorkloadRef, done func()) {
+	info := ref.Info()
+	d.bgWG.Go(func() {
+		select {
+		case <-synced:
+		case <-d.bg.Done():
+			return
+		}
+		warned := false
+		for {
+			changed := d.store.Changed()
+			if d.store.Load().FindWorkload(info) != nil {
+				if warned {
+					d.log.Info("local workload found in the state", "workload", ref.String())
+				}
+				done()
+				return
+			}
+			if !warned {
+				warned = true
+				d.log.Warn("local workload not found in the state: its connections will fail until it appears (PROXY_WORKLOAD_INFO)",
+					"workload", ref.String())
+			}
+			select {
+			case <-changed:
+			case <-d.bg.Done():
+				return
+			}
+		}
+	})
 }

@@ -8,8 +8,9 @@ import (
 	"github.com/ztunnel-go/ztunnel/admin"
 )
 
-// Build stamps, set by the linker: `make build` passes git describe and the
-// commit, the image its version (or istio_version) build arg, as
+// Build stamps, set by the linker: `make build` and the image pass
+// ztunnel-go's version (the VERSION file) and the commit, both through
+// scripts/ldflags.sh, as
 //
 //	-ldflags "-X github.com/ztunnel-go/ztunnel/internal/app.stampedVersion=v1.2.3
 //	          -X github.com/ztunnel-go/ztunnel/internal/app.stampedRevision=<sha>"
@@ -34,11 +35,11 @@ func stamp(bi admin.BuildInfo) admin.BuildInfo {
 
 // logStart logs what ztunnel logs as it starts (main.rs, app.rs): the
 // version, the effective configuration, and the mode. The configuration
-// is the one /config_dump shows, secrets left out (AuthToken is never
-// serialized).
+// is the one /config_dump shows, in ztunnel's shape (configview.go), secrets
+// left out.
 func logStart(log *slog.Logger, cfg *Config, bi admin.BuildInfo) {
 	log.Info(fmt.Sprintf("version: %s", formatBuildInfo(bi)))
-	if b, err := json.Marshal(cfg); err == nil {
+	if b, err := json.Marshal(processView(cfg)); err == nil {
 		log.Info("running with config: " + string(b))
 	}
 	if cfg.Mode == ModeShared {

@@ -27,7 +27,7 @@ func TestLogStart(t *testing.T) {
 			var buf bytes.Buffer
 			logStart(slog.New(slog.NewTextHandler(&buf, nil)), cfg, daemonBuildInfo(cfg))
 			out := buf.String()
-			for _, want := range []string{"version: version.BuildInfo{Version:", `IstioVersion:\"1.27.0\"`, "running with config: ", `\"ClusterID\":\"Kubernetes\"`, tc.want} {
+			for _, want := range []string{"version: version.BuildInfo{Version:", `IstioVersion:\"1.27.0\"`, "running with config: ", `\"clusterId\":\"Kubernetes\"`, tc.want} {
 				if !strings.Contains(out, want) {
 					t.Errorf("start log lacks %q:\n%s", want, out)
 				}
