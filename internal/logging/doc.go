@@ -8,9 +8,13 @@
 // then the fields); per-scope levels in RUST_LOG syntax ("info,access=debug")
 // that the admin /logging endpoint changes while the daemon runs (Levels).
 //
-// A record's scope (ztunnel's tracing target: "access" for access logs) is
-// its "scope" attribute, given per record or, cheaper, once with
-// logger.With("scope", name). Records without one get Options.DefaultScope.
+// A record's scope is its "scope" attribute, given per record or, cheaper,
+// once with logger.With("scope", name); records without one get
+// Options.DefaultScope. It is written and filtered as ztunnel's tracing
+// target for the same events (Target: "xds" is xds::client, "access" stays
+// access), so log alerts and RUST_LOG directives carry over: the plain
+// format prints the module path, the JSON format the full target
+// (ztunnel::xds::client), as ztunnel's do.
 //
 // Imports (of ours): nothing of ours. Imported by: internal/app (which builds
 // the daemon's logger and hands Levels to admin) and tests. The packages that

@@ -18,6 +18,47 @@ import (
 // ScopeKey is the attribute that names a record's scope (ztunnel's target).
 const ScopeKey = "scope"
 
+// ztunnelTargets maps the short scopes the daemon's packages log under to
+// the tracing target ztunnel logs the same events under: its module path
+// without the crate prefix, as its plain format prints it. Log alerts and
+// RUST_LOG directives written for ztunnel then match ("xds=debug" still
+// matches "xds::client", by prefix). A scope not listed is its own target
+// (call sites may name a module path directly: "proxy::h2::server").
+var ztunnelTargets = map[string]string{
+	"xds":      "xds::client",
+	"identity": "identity::manager",
+	"inpod":    "inpod::statemanager",
+	"hbone":    "proxy::pool",
+	"state":    "state",
+	"admin":    "admin",
+	"metrics":  "metrics",
+	"dns":      "dns",
+	"access":   "access",
+}
+
+// Target is the target a record of scope is written and filtered under.
+func Target(scope string) string {
+	if t, ok := ztunnelTargets[scope]; ok {
+		return t
+	}
+	return scope
+}
+
+// explicitTargets are the targets ztunnel names itself (target: "access")
+// rather than taking a module path, and its crate root: its JSON format
+// writes them as they are, every other target with its crate prefix.
+var explicitTargets = map[string]bool{"access": true, "dns": true, "ztunnel": true}
+
+// jsonScope is the JSON "scope" of target: ztunnel's JSON format writes the
+// full tracing target (ztunnel::xds::client), its plain format strips the
+// crate prefix.
+func jsonScope(target string) string {
+	if explicitTargets[target] {
+		return target
+	}
+	return "ztunnel::" + target
+}
+
 // Options configures a Handler. The zero value writes the plain format at
 // info for every scope.
 type Options struct {
@@ -61,7 +102,7 @@ type scopeLevel struct {
 
 // NewHandler returns a handler writing to w.
 func NewHandler(w io.Writer, opts Options) *Handler {
-	h := &Handler{out: &output{w: w}, json: opts.Format == "json", levels: opts.Levels, defScope: opts.DefaultScope}
+	h := &Handler{out: &output{w: w}, json: opts.Format == "json", levels: opts.Levels, defScope: Target(opts.DefaultScope)}
 	if h.defScope == "" {
 		h.defScope = "ztunnel"
 	}
@@ -109,7 +150,7 @@ func (h *Handler) WithAttrs(attrs []slog.Attr) slog.Handler {
 	c := h.clone()
 	for _, a := range attrs {
 		if c.prefix == "" && a.Key == ScopeKey {
-			c.scope = a.Value.Resolve().String()
+			c.scope = Target(a.Value.Resolve().String())
 			c.cache = new(atomic.Pointer[scopeLevel])
 			continue
 		}
@@ -137,7 +178,7 @@ func (h *Handler) Handle(_ context.Context, r slog.Record) error {
 	if h.prefix == "" {
 		r.Attrs(func(a slog.Attr) bool {
 			if a.Key == ScopeKey {
-				scope = a.Value.Resolve().String()
+				scope = Target(a.Value.Resolve().String())
 				return false
 			}
 			return true
@@ -219,7 +260,7 @@ func (h *Handler) appendJSON(b []byte, t time.Time, scope string, r *slog.Record
 	b = append(b, `","time":"`...)
 	b = appendTime(b, t)
 	b = append(b, `","scope":`...)
-	b = appendJSONString(b, scope)
+	b = appendJSONString(b, jsonScope(scope))
 	b = append(b, `,"message":`...)
 	b = appendJSONString(b, r.Message)
 	b = append(b, h.pre...)

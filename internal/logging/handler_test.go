@@ -67,7 +67,7 @@ func TestPlainFormat(t *testing.T) {
 				return r
 			}(),
 			with: []slog.Attr{slog.String("scope", "hbone"), slog.String("peer", "10.0.0.2")},
-			want: "2026-01-02T03:04:05.123456Z\tinfo\thbone\tpool\t" + `peer="10.0.0.2" conn.streams=3 conn.idle=false age=1.5s` + "\n",
+			want: "2026-01-02T03:04:05.123456Z\tinfo\tproxy::pool\tpool\t" + `peer="10.0.0.2" conn.streams=3 conn.idle=false age=1.5s` + "\n",
 		},
 	}
 	for _, tc := range tests {
@@ -110,6 +110,55 @@ func TestJSONFormat(t *testing.T) {
 	}
 	if m["message"] != "odd \x01 \ufffd \"msg\"" || m["scope"] != "ztunnel" || m["g.list"] == nil {
 		t.Errorf("decoded %v", m)
+	}
+}
+
+// TestZtunnelTargets (issue 34): records are written under ztunnel's
+// targets, its module paths (plain: without the crate prefix; JSON: with
+// it, but for the targets ztunnel names itself), and RUST_LOG directives
+// written for ztunnel select them: by module path, with or without the
+// crate, or by its first segment.
+func TestZtunnelTargets(t *testing.T) {
+	for _, tc := range []struct {
+		scope, plain, json string
+	}{
+		{"xds", "xds::client", "ztunnel::xds::client"},
+		{"identity", "identity::manager", "ztunnel::identity::manager"},
+		{"inpod", "inpod::statemanager", "ztunnel::inpod::statemanager"},
+		{"hbone", "proxy::pool", "ztunnel::proxy::pool"},
+		{"proxy::h2::server", "proxy::h2::server", "ztunnel::proxy::h2::server"},
+		{"access", "access", "access"},
+		{"dns", "dns", "dns"},
+		{"", "ztunnel", "ztunnel"},
+	} {
+		t.Run(tc.plain, func(t *testing.T) {
+			for _, format := range []string{"plain", "json"} {
+				var buf bytes.Buffer
+				log := New(&buf, Options{Format: format})
+				if tc.scope != "" {
+					log = log.With("scope", tc.scope)
+				}
+				log.Info("hello")
+				want := "\t" + tc.plain + "\thello"
+				if format == "json" {
+					want = `"scope":"` + tc.json + `"`
+				}
+				if !strings.Contains(buf.String(), want) {
+					t.Errorf("%s: %q lacks %q", format, buf.String(), want)
+				}
+			}
+		})
+	}
+	for _, spec := range []string{"info,xds=debug", "info,ztunnel::xds=debug", "info,xds::client=debug", "info,ztunnel::xds::client=debug"} {
+		levels, err := NewLevels(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		New(&buf, Options{Levels: levels}).Debug("delta", "scope", "xds")
+		if !strings.Contains(buf.String(), "xds::client\tdelta") {
+			t.Errorf("RUST_LOG=%s: debug record of xds::client not logged: %q", spec, buf.String())
+		}
 	}
 }
 
