@@ -129,6 +129,13 @@ func TestCertificateRecoversWithoutTraffic(t *testing.T) {
 		Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: cp.env(),
 	})
 	d := c.Daemons["client"]
+	// Logged under ztunnel's targets (issue 34), so alerts carry over.
+	if _, err := d.WaitLog(ctx, "\txds::client\txds synced"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.WaitLog(ctx, "\tidentity::manager\t", "certificate fetch failed"); err != nil {
+		t.Fatal(err)
+	}
 	waitState := func(want string, within time.Duration) {
 		t.Helper()
 		deadline := time.Now().Add(within)
