@@ -19,32 +19,24 @@ type LogLevels interface {
 const loggingHelp = `
 usage: POST /logging                                  show the current filter
 usage: POST /logging?level=<level>                    set the default level
-usage: POST /logging?level=<scope>=<level>,...        set scopes' levels (<scope>:<level> works too)
+usage: POST /logging?level=<target>=<level>,...       set targets' levels (<target>:<level> works too)
 usage: POST /logging?reset[&level=...]                back to the startup filter (RUST_LOG), then apply level
-GET /logging shows the filter too.
 
 levels: error, warn, info, debug, trace, off
-scopes: access (access logs), proxy, hbone, identity, xds, dns, ... (prefix match)
+targets: access, dns, xds::client, identity::manager, inpod::statemanager, proxy::pool, ... (prefix match; ztunnel::xds works too)
 `
 
 // logging serves ztunnel's /logging: POST with no parameter (or an empty
 // level) shows the filter; ?level= changes it on top of the current one;
 // ?reset starts from the startup filter. istioctl ztunnel-config log uses
-// exactly this. GET only shows.
+// exactly this. Other methods get ztunnel's 405, GET included.
 func (s *Server) logging(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	level := q.Get("level")
 	_, reset := q["reset"]
 	change := level != "" || reset
-	switch r.Method {
-	case http.MethodPost:
-	case http.MethodGet, http.MethodHead:
-		if change {
-			plain(w, http.StatusMethodNotAllowed, "use POST to change the log level\n"+loggingHelp)
-			return
-		}
-	default:
-		plain(w, http.StatusMethodNotAllowed, "invalid HTTP method\n"+loggingHelp)
+	if r.Method != http.MethodPost {
+		plain(w, http.StatusMethodNotAllowed, "Invalid HTTP method\n "+loggingHelp)
 		return
 	}
 	if s.cfg.Logging == nil {

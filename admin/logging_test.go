@@ -43,7 +43,7 @@ func TestLoggingChangesLevelLive(t *testing.T) {
 		debugLogged    bool
 	}{
 		{"POST", "/logging", 200, "current log level is info\n", false},
-		{"GET", "/logging", 200, "current log level is info\n", false},
+		{"GET", "/logging", 405, "Invalid HTTP method", false},
 		{"POST", "/logging?level=", 200, "current log level is info\n", false}, // istioctl's "show"
 		{"POST", "/logging?level=access=debug", 200, "current log level is access=debug,info\n", true},
 		{"POST", "/logging?level=access:warn,hbone:debug", 200, "current log level is access=warn,hbone=debug,info\n", false},
@@ -51,8 +51,8 @@ func TestLoggingChangesLevelLive(t *testing.T) {
 		{"POST", "/logging?level=info&reset", 200, "current log level is info\n", false}, // istioctl --reset
 		{"POST", "/logging?reset&level=access%3Ddebug", 200, "current log level is access=debug,info\n", true},
 		{"POST", "/logging?level=loud", 400, "invalid level", true},
-		{"GET", "/logging?level=debug", 405, "use POST", true},
-		{"PUT", "/logging", 405, "invalid HTTP method", true},
+		{"GET", "/logging?level=debug", 405, "Invalid HTTP method", true},
+		{"PUT", "/logging", 405, "Invalid HTTP method", true},
 		{"POST", "/logging?reset", 200, "current log level is info\n", false},
 	}
 	for i, st := range steps {
@@ -93,9 +93,14 @@ func TestPprofEndpoints(t *testing.T) {
 		code           int
 		body           string
 	}{
-		{"GET", "/debug/pprof/profile?seconds=0", 400, "seconds"},
-		{"GET", "/debug/pprof/profile?seconds=301", 400, "seconds"},
-		{"GET", "/debug/pprof/profile?seconds=1&frequency=5000", 400, "frequency"},
+		{"GET", "/debug/pprof/profile?seconds=0", 400, "invalid seconds value; expected 1-300\n"},
+		{"GET", "/debug/pprof/profile?seconds=301", 400, "invalid seconds value; expected 1-300\n"},
+		{"GET", "/debug/pprof/profile?seconds=-1", 400, "invalid seconds value; expected 1-300\n"},
+		{"GET", "/debug/pprof/profile?seconds=1&frequency=5000", 400, "invalid frequency value; expected 1-1000\n"},
+		{"GET", "/debug/pprof/heap/profiling", 200, "heap profiling active: true\n"},
+		{"POST", "/debug/pprof/heap/profiling?activate=true", 200, "heap profiling active: true\n"},
+		{"POST", "/debug/pprof/heap/profiling?activate=maybe", 400, `invalid activate value "maybe"; expected true or false`},
+		{"GET", "/nope", 404, ""},
 		{"GET", "/debug/pprof/goroutine?debug=1", 200, "goroutine profile"},
 		{"GET", "/debug/pprof/heap?debug=1", 200, "heap profile"},
 		{"GET", "/debug/pprof/contention", 200, "inactive"},

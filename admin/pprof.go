@@ -25,6 +25,25 @@ func (s *Server) routePprof() {
 	s.mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	s.mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	s.mux.HandleFunc("/debug/pprof/contention", s.contention)
+	s.mux.HandleFunc("/debug/pprof/heap/profiling", heapProfiling)
+}
+
+// heapProfiling is ztunnel's /debug/pprof/heap/profiling (query or toggle
+// jemalloc's heap sampling with ?activate=true|false). Go samples the heap
+// from the start at runtime.MemProfileRate, which may only be set before
+// the first allocation, so it is always active: activate=true is
+// accepted, false refused with a reason.
+func heapProfiling(w http.ResponseWriter, r *http.Request) {
+	switch v, ok := r.URL.Query()["activate"]; {
+	case !ok || v[0] == "true":
+	case v[0] == "false":
+		plain(w, http.StatusBadRequest, "heap profiling cannot be deactivated: the Go runtime samples the heap from the start\n")
+		return
+	default:
+		plain(w, http.StatusBadRequest, fmt.Sprintf("invalid activate value %q; expected true or false\n", v[0]))
+		return
+	}
+	plain(w, http.StatusOK, fmt.Sprintf("heap profiling active: %v\n", runtime.MemProfileRate > 0))
 }
 
 // cpuProfile applies ztunnel's parameter rules to Go's CPU profile:
@@ -33,8 +52,8 @@ func (s *Server) routePprof() {
 func cpuProfile(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	if v := q.Get("seconds"); v != "" {
-		if n, err := strconv.Atoi(v); err != nil || n < 1 || n > 300 {
-			http.Error(w, "seconds must be between 1 and 300", http.StatusBadRequest)
+		if n, err := strconv.ParseUint(v, 10, 64); err != nil || n < 1 || n > 300 {
+			plain(w, http.StatusBadRequest, "invalid seconds value; expected 1-300\n")
 			return
 		}
 	} else {
@@ -42,8 +61,8 @@ func cpuProfile(w http.ResponseWriter, r *http.Request) {
 		r.URL.RawQuery = q.Encode()
 	}
 	if v := q.Get("frequency"); v != "" {
-		if n, err := strconv.Atoi(v); err != nil || n < 1 || n > 1000 {
-			http.Error(w, "frequency must be between 1 and 1000", http.StatusBadRequest)
+		if n, err := strconv.ParseInt(v, 10, 32); err != nil || n < 1 || n > 1000 {
+			plain(w, http.StatusBadRequest, "invalid frequency value; expected 1-1000\n")
 			return
 		}
 	}

@@ -90,6 +90,7 @@ var endpoints = []struct{ path, help string }{
 	{"/debug/pprof/", "Go profiles: index of heap, goroutine, allocs, threadcreate, mutex, block"},
 	{"/debug/pprof/profile", "CPU profile; seconds (1-300, default 10)"},
 	{"/debug/pprof/heap", "heap profile"},
+	{"/debug/pprof/heap/profiling", "heap profiling state (always active in Go; ?activate=true accepted)"},
 	{"/debug/pprof/goroutine?debug=2", "goroutine stacks"},
 	{"/debug/pprof/trace", "execution trace; seconds (default 1)"},
 	{"/debug/pprof/contention", "mutex and block profiling state; POST ?activate=true|false"},
@@ -97,7 +98,8 @@ var endpoints = []struct{ path, help string }{
 
 func (s *Server) index(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != "/" {
-		http.NotFound(w, r)
+		// ztunnel's: an empty 404.
+		w.WriteHeader(http.StatusNotFound)
 		return
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -154,14 +156,15 @@ func (s *Server) configDump(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) quit(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
-		http.Error(w, "use POST", http.StatusMethodNotAllowed)
+		// ztunnel's: an empty 405.
+		w.WriteHeader(http.StatusMethodNotAllowed)
 		return
 	}
 	if s.cfg.Quit == nil {
 		http.Error(w, "shutdown is not wired", http.StatusServiceUnavailable)
 		return
 	}
-	w.Write([]byte("OK\n"))
+	plain(w, http.StatusOK, "shutdown now\n")
 	s.cfg.Quit()
 }
 

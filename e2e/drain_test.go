@@ -87,13 +87,32 @@ func TestDrain(t *testing.T) {
 		t.Fatalf("daemon exit after SIGTERM: %v, want status 0", err)
 	}
 
-	// /quitquitquit drains and exits 0 as well.
+	// /quitquitquit drains and exits 0 as well. Its answers and the other
+	// admin paths' methods are ztunnel's (issue 34).
 	locked := dp.cluster.Daemons["locked"]
-	if code, _, err := locked.Get(ctx, "http://127.0.0.1:15000/quitquitquit"); err != nil || code != 405 {
-		t.Fatalf("GET /quitquitquit: %d %v, want 405", code, err)
+	for _, c := range []struct {
+		post       bool
+		path, body string
+		code       int
+	}{
+		{false, "/quitquitquit", "", 405},
+		{false, "/logging", "Invalid HTTP method", 405},
+		{true, "/logging", "current log level is", 200},
+		{false, "/debug/pprof/heap/profiling", "heap profiling active: true\n", 200},
+		{false, "/debug/pprof/profile?seconds=0", "invalid seconds value; expected 1-300\n", 400},
+		{false, "/unknown", "", 404},
+	} {
+		get := locked.Get
+		if c.post {
+			get = locked.Post
+		}
+		code, body, err := get(ctx, "http://127.0.0.1:15000"+c.path)
+		if err != nil || code != c.code || !strings.HasPrefix(string(body), c.body) || (c.body == "" && len(body) > 0) {
+			t.Errorf("%s: %d %q %v, want %d %q", c.path, code, body, err, c.code, c.body)
+		}
 	}
-	if code, _, err := locked.Post(ctx, "http://127.0.0.1:15000/quitquitquit"); err != nil || code != 200 {
-		t.Fatalf("POST /quitquitquit: %d %v", code, err)
+	if code, body, err := locked.Post(ctx, "http://127.0.0.1:15000/quitquitquit"); err != nil || code != 200 || string(body) != "shutdown now\n" {
+		t.Fatalf("POST /quitquitquit: %d %q %v, want 200 \"shutdown now\"", code, body, err)
 	}
 	if err := locked.Wait(ctx); err != nil {
 		t.Fatalf("daemon exit after /quitquitquit: %v, want status 0", err)
