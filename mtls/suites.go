@@ -27,6 +27,30 @@ func checkSuite(cs tls.ConnectionState) error {
 	return fmt.Errorf("%w: %s (ztunnel accepts only the AES-GCM TLS 1.3 suites)", ErrCipherSuite, tls.CipherSuiteName(cs.CipherSuite))
 }
 
+// noSuite stands in for a suite a server must not pick: no cipher suite
+// has the ID 0 (TLS_NULL_WITH_NULL_NULL), so nothing matches it.
+const noSuite = 0x0000
+
+// refuseNonAESSuites makes a server handshake negotiate as ztunnel's rustls
+// server does, which has only the AES-GCM suites: a client that offers
+// ChaCha20-Poly1305 gets AES-GCM if it offers that too (Go would pick
+// ChaCha20 for a client that prefers it), and one that offers nothing else
+// is refused in the handshake with handshake_failure, "no cipher suite
+// supported by both client and server", not with bad_certificate after it.
+// crypto/tls offers no setting for its TLS 1.3 suites, but the ClientHello
+// it selects from is the slice GetConfigForClient sees
+// (hello.CipherSuites), so the suites it must not pick are blanked there
+// before it selects; the handshake transcript is the ClientHello as sent,
+// so nothing else changes. checkSuite stays behind it, should a future Go
+// copy the slice (TestServerSuiteRefusedInHandshake would then fail).
+func refuseNonAESSuites(hello *tls.ClientHelloInfo) {
+	for i, id := range hello.CipherSuites {
+		if id == tls.TLS_CHACHA20_POLY1305_SHA256 {
+			hello.CipherSuites[i] = noSuite
+		}
+	}
+}
+
 // withSuiteCheck runs checkSuite before cfg's own VerifyConnection.
 func withSuiteCheck(cfg *tls.Config) *tls.Config {
 	verify := cfg.VerifyConnection

@@ -122,10 +122,12 @@ func startSuitePeer(t *testing.T, cert *mtls.WorkloadCert, role string, noAES bo
 }
 
 // TestChaChaRefused: a crypto/tls peer that prefers
-// TLS_CHACHA20_POLY1305_SHA256 (no AES hardware, as far as it knows) gets
-// it from Go's crypto/tls, which cannot be told otherwise; ztunnel never
-// agrees to it, so our side fails the handshake, as server and as client.
-// With AES the same peer negotiates AES-GCM and is accepted.
+// TLS_CHACHA20_POLY1305_SHA256 (no AES hardware, as far as it knows) but
+// offers AES-GCM too gets AES-GCM from our server, as from ztunnel's rustls
+// (refuseNonAESSuites). As our client's peer it is a server that picks
+// ChaCha20, which Go's client cannot be told not to offer: ztunnel never
+// agrees to it, so our side fails the handshake. With AES the peer
+// negotiates AES-GCM both ways.
 func TestChaChaRefused(t *testing.T) {
 	ca := tlstest.NewCA(t, "cluster.local")
 	ours := tlstest.Cert(t, ca, identity.New("cluster.local", "ns", "ours"))
@@ -153,7 +155,7 @@ func TestChaChaRefused(t *testing.T) {
 			defer raw.Close()
 			raw.SetDeadline(time.Now().Add(10 * time.Second))
 			conn := tls.Server(raw, mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return ours, nil }))
-			checkSuiteOutcome(t, conn.Handshake(), conn, out, tc.noAES)
+			checkSuiteOutcome(t, conn.Handshake(), conn, out, false)
 		})
 		t.Run("client/"+tc.name, func(t *testing.T) {
 			_, out := startSuitePeer(t, peer, "server", tc.noAES)
@@ -237,6 +239,61 @@ func TestPQCPolicy(t *testing.T) {
 			}
 			b.Close()
 			<-errc
+		})
+	}
+}
+
+// TestServerSuiteRefusedInHandshake: a client that offers only
+// TLS_CHACHA20_POLY1305_SHA256 is refused in the handshake with
+// handshake_failure, as ztunnel's rustls server (AES-GCM suites only)
+// refuses it, not with bad_certificate after the handshake; one that offers
+// ChaCha20 first and AES-GCM after gets AES-GCM.
+func TestServerSuiteRefusedInHandshake(t *testing.T) {
+	ca := tlstest.NewCA(t, "cluster.local")
+	ours := tlstest.Cert(t, ca, identity.New("cluster.local", "ns", "ours"))
+	for _, tc := range []struct {
+		name   string
+		suites []uint16
+	}{
+		{"ChaCha20 only", []uint16{tls.TLS_CHACHA20_POLY1305_SHA256}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			done := make(chan error, 1)
+			go func() {
+				b, err := ln.Accept()
+				if err != nil {
+					done <- err
+					return
+				}
+				defer b.Close()
+				b.SetDeadline(time.Now().Add(10 * time.Second))
+				done <- tls.Server(b, mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return ours, nil })).Handshake()
+			}()
+			a, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			a.SetDeadline(time.Now().Add(10 * time.Second))
+			hello, err := tlstest.ClientHello(tc.suites)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.Write(hello); err != nil {
+				t.Fatal(err)
+			}
+			desc, err := tlstest.ReadAlert(a)
+			if err != nil || desc != tlstest.AlertHandshakeFailure {
+				t.Errorf("answer: alert %d, %v; want handshake_failure (%d)", desc, err, tlstest.AlertHandshakeFailure)
+			}
+			if err := <-done; err == nil || !strings.Contains(err.Error(), "no cipher suite supported by both client and server") {
+				t.Errorf("server handshake: %v, want no mutual cipher suite", err)
+			}
 		})
 	}
 }

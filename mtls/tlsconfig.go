@@ -72,7 +72,8 @@ func ServerConfig(cert func() (*WorkloadCert, error), opts ...Option) *tls.Confi
 	// unchanged so that a handshake does not build a config each time.
 	var last atomic.Pointer[serverConfigFor]
 	cfg := baseConfig()
-	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+	cfg.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		refuseNonAESSuites(hello) // suites.go
 		c, err := cert()
 		if err != nil {
 			return nil, fmt.Errorf("mtls: no server certificate: %w", err)

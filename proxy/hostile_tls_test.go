@@ -240,6 +240,32 @@ func TestInboundRefusesBadTLS(t *testing.T) {
 			logs: []string{"tls handshake", "unsupported versions"},
 		},
 		{
+			// As ztunnel's rustls server (AES-GCM suites only): refused in
+			// the handshake with handshake_failure (mtls/suites.go).
+			name: "ChaCha20-only client",
+			try: func(t *testing.T) error {
+				c := rig.dialFrom(t, "127.0.0.1")
+				hello, err := tlstest.ClientHello([]uint16{tls.TLS_CHACHA20_POLY1305_SHA256})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := c.Write(hello); err != nil {
+					return err
+				}
+				desc, err := tlstest.ReadAlert(c)
+				if err != nil {
+					return err
+				}
+				return fmt.Errorf("alert %d", desc)
+			},
+			logs: []string{"tls handshake", "no cipher suite supported by both client and server"},
+			check: func(t *testing.T, err error) {
+				if want := fmt.Sprintf("alert %d", tlstest.AlertHandshakeFailure); err == nil || err.Error() != want {
+					t.Fatalf("client saw %v, want %s (handshake_failure)", err, want)
+				}
+			},
+		},
+		{
 			name: "client without a certificate",
 			try: func(t *testing.T) error {
 				cfg := peerCfg(tls.Certificate{}) // an empty certificate message
