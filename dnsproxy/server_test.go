@@ -173,37 +173,6 @@ func TestIPv6Unavailable(t *testing.T) {
 	}
 }
 
-// TestOverload: with MaxInFlight queries in flight (held by an upstream
-// that never answers), further UDP queries are dropped, not queued; once
-// the slot frees, queries are answered again.
-func TestOverload(t *testing.T) {
-	silent, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
-	s := started(t, Config{Upstreams: []string{silent.LocalAddr().String()}, MaxInFlight: 1, UpstreamTimeout: time.Minute})
-	addr := s.UDPAddrs()[0].String()
-	c, err := net.Dial("udp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	// Occupies the only slot until the upstream exchange ends.
-	c.Write(pack(t, query("www.bing.com", dns.TypeA)))
-	buf := make([]byte, 512)
-	if _, _, err := silent.ReadFrom(buf); err != nil {
-		t.Fatal(err)
-	}
-	c.Write(pack(t, query("productpage", dns.TypeA)))
-	for i := 0; s.Dropped() == 0; i++ {
-		if i == 1000 {
-			t.Fatal("second query not dropped")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // TestDrainAndClose: Drain stops serving and returns once in-flight work
 // is done; Close ends a server blocked on an upstream. goleak checks that
 // nothing is left.
