@@ -19,7 +19,10 @@
 // Unknown names and other question types go to the upstream resolvers
 // (resolv.conf's, read by the caller with ReadResolvConf) over sockets made
 // by the caller's Dial inside Config.Control, so that in shared mode they
-// leave from the pod's namespace with the proxy's mark.
+// leave from the pod's namespace with the proxy's mark. They are tried in
+// order, except that one whose exchanges keep failing is tried after those
+// that answer, so that a dead resolver does not hold every forwarded query
+// for its timeout.
 //
 // Work is bounded so that neither one client nor a dead upstream can stop
 // the answers. Mesh names are answered from the snapshot before any budget

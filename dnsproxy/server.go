@@ -63,7 +63,9 @@ type Config struct {
 	// the client's namespace and canonical services (PREFERED_SERVICE_NAMESPACE).
 	PreferredNamespace string
 	// Upstreams are the resolvers unknown names go to, "host:port", tried in
-	// order. None makes every forwarded question fail with SERVFAIL.
+	// order, except that one whose exchanges keep failing is tried after
+	// those that answer. None makes every forwarded question fail with
+	// SERVFAIL.
 	Upstreams []string
 	// Addrs are the listen addresses, UDP and TCP on each; nil means
 	// DefaultAddrs. An IPv6 address that cannot be bound (a pod without
@@ -115,7 +117,8 @@ type Server struct {
 	cfg       Config
 	log       *slog.Logger
 	svcDomain string
-	search    []string // resolved search domains
+	search    []string      // resolved search domains
+	upstreams []*nameserver // cfg.Upstreams with their records
 
 	ctx    context.Context // canceled by Close: ends upstream exchanges
 	cancel context.CancelFunc
@@ -211,6 +214,9 @@ func New(cfg Config) (*Server, error) {
 		}
 	} else {
 		s.search = []string{cfg.Client.Namespace + "." + s.svcDomain, s.svcDomain, cfg.Domain}
+	}
+	for _, u := range cfg.Upstreams {
+		s.upstreams = append(s.upstreams, &nameserver{addr: u})
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
