@@ -98,9 +98,10 @@ type Config struct {
 	// queries, stalled in one, or stuck writing to a client that does not
 	// read). 0 means 64.
 	MaxTCPConns int
-	// MaxTCPPipeline caps the queries of one TCP connection being answered
-	// at once (RFC 7766 pipelining: replies may come out of order); the
-	// connection is not read further until one is done. 0 means 16.
+	// MaxTCPPipeline caps the forwarded queries of one TCP connection being
+	// answered at once, reply written included (RFC 7766 pipelining: replies
+	// may come out of order); the connection is not read further until one
+	// is done. 0 means 16.
 	MaxTCPPipeline int
 	// TCPIdleTimeout closes a TCP connection with no complete query for that
 	// long, and bounds writing each reply to it; 0 means 5s (ztunnel's).
@@ -140,7 +141,7 @@ type Server struct {
 type tcpConn struct {
 	c      net.Conn
 	client netip.Addr
-	pipe   chan struct{}  // a token per query of this connection being forwarded
+	pipe   chan struct{}  // a token per forwarded query of this connection until its reply is written
 	fwds   sync.WaitGroup // this connection's forwarding goroutines
 	wmu    sync.Mutex     // serializes replies: pipelined ones finish in any order
 
@@ -542,18 +543,22 @@ func (s *Server) serveConn(tc *tcpConn) {
 			return
 		}
 		if !s.fwd.acquire(tc.client) {
-			<-tc.pipe
 			s.dropped.Add(1)
 			s.end(tc)
-			if !s.reply(tc, s.refuse(s.ctx, fwd)) {
+			ok := s.reply(tc, s.refuse(s.ctx, fwd))
+			<-tc.pipe
+			if !ok {
 				return
 			}
 			continue
 		}
 		tc.fwds.Go(func() {
+			// The token is kept until the reply is written: a client
+			// that pipelines and never reads holds MaxTCPPipeline
+			// goroutines, not one per query it sent.
+			defer func() { <-tc.pipe }()
 			out := s.resolve(s.ctx, fwd)
 			s.fwd.release(tc.client)
-			<-tc.pipe
 			s.end(tc)
 			if out == nil || !s.reply(tc, out) {
 				tc.c.Close() // ends the read loop too
