@@ -34,7 +34,7 @@
 // one is always accepted: it evicts the connection active the longest ago,
 // preferring one with no query being answered, so stalled connections
 // cannot keep an honest client in the backlog. One connection has at most
-// MaxTCPPipeline queries being answered at once, replied to in the order
+// MaxTCPPipeline forwarded queries being answered at once, replied to as
 // they finish. Requests and responses have size limits, and every upstream
 // exchange and TCP read or write a timeout. Undecodable queries are
 // answered FORMERR (or dropped when not even the header is there); the
