@@ -19,11 +19,26 @@
 // Unknown names and other question types go to the upstream resolvers
 // (resolv.conf's, read by the caller with ReadResolvConf) over sockets made
 // by the caller's Dial inside Config.Control, so that in shared mode they
-// leave from the pod's namespace with the proxy's mark. Work is bounded: a
-// cap on requests in flight and on TCP connections, request and response
-// size limits, and timeouts on every upstream exchange and TCP read.
-// Undecodable queries are answered FORMERR (or dropped when not even the
-// header is there); the server keeps serving.
+// leave from the pod's namespace with the proxy's mark. They are tried in
+// order, except that one whose exchanges keep failing is tried after those
+// that answer, so that a dead resolver does not hold every forwarded query
+// for its timeout.
+//
+// Work is bounded so that neither one client nor a dead upstream can stop
+// the answers. Mesh names are answered from the snapshot before any budget
+// is spent, so they are answered while forwarding is saturated. Forwarded
+// queries take a slot of a budget with a cap in all (MaxInFlight) and per
+// client address (MaxInFlightPerClient); without one, a query is dropped
+// over UDP (the client retries) and answered SERVFAIL over TCP, and
+// Dropped counts it. TCP connections are capped (MaxTCPConns), but a new
+// one is always accepted: it evicts the connection active the longest ago,
+// preferring one with no query being answered, so stalled connections
+// cannot keep an honest client in the backlog. One connection has at most
+// MaxTCPPipeline forwarded queries being answered at once, replied to as
+// they finish. Requests and responses have size limits, and every upstream
+// exchange and TCP read or write a timeout. Undecodable queries are
+// answered FORMERR (or dropped when not even the header is there); the
+// server keeps serving.
 //
 // Imports (of ours): metrics and state. Imported by: internal/app.
 package dnsproxy

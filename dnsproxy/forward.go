@@ -1,13 +1,16 @@
 package dnsproxy
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
@@ -46,10 +49,42 @@ func ReadResolvConf(path string) (ResolvConf, error) {
 	return rc, nil
 }
 
-// forward sends req to the upstream resolvers in turn, over TCP when the
-// client asked over TCP, and returns the first answer, with the client's
-// id. Upstream sees a fresh random id so that it cannot be guessed from
-// the client's.
+// nameserver is one upstream resolver and its record.
+type nameserver struct {
+	addr string
+	// failures counts the exchanges that failed since the last one that
+	// did not: a dead resolver is tried after those that answer, so that it
+	// does not hold every forwarded query (and its slot) for a timeout.
+	failures atomic.Uint32
+}
+
+// maxFailures caps nameserver.failures far below overflow.
+const maxFailures = 1 << 30
+
+// order returns the upstreams in the order to try them: the fewest
+// consecutive failures first, resolv.conf's order among equals. A dead one
+// is tried again when the others fail as often, or first when it is alone.
+func (s *Server) order() []*nameserver {
+	type ranked struct {
+		u     *nameserver
+		fails uint32
+	}
+	rs := make([]ranked, len(s.upstreams))
+	for i, u := range s.upstreams {
+		rs[i] = ranked{u, u.failures.Load()}
+	}
+	slices.SortStableFunc(rs, func(a, b ranked) int { return cmp.Compare(a.fails, b.fails) })
+	out := make([]*nameserver, len(rs))
+	for i, r := range rs {
+		out[i] = r.u
+	}
+	return out
+}
+
+// forward sends req to the upstream resolvers in turn (order's), over TCP
+// when the client asked over TCP, and returns the first answer, with the
+// client's id. Upstream sees a fresh random id so that it cannot be guessed
+// from the client's.
 func (s *Server) forward(ctx context.Context, req *dns.Msg, tcp bool, labels metrics.DNSLabels) (*dns.Msg, error) {
 	s.cfg.Metrics.DNSUpstreamRequest(labels)
 	start := time.Now()
@@ -64,7 +99,7 @@ func (s *Server) forward(ctx context.Context, req *dns.Msg, tcp bool, labels met
 }
 
 func (s *Server) exchangeAll(ctx context.Context, req *dns.Msg, tcp bool) (*dns.Msg, error) {
-	if len(s.cfg.Upstreams) == 0 {
+	if len(s.upstreams) == 0 {
 		return nil, ErrNoUpstream
 	}
 	out := req.Copy()
@@ -74,15 +109,19 @@ func (s *Server) exchangeAll(ctx context.Context, req *dns.Msg, tcp bool) (*dns.
 		return nil, fmt.Errorf("dnsproxy: encode upstream query: %w", err)
 	}
 	var errs []error
-	for _, up := range s.cfg.Upstreams {
-		resp, err := s.exchange(ctx, up, wire, out, tcp)
+	for _, up := range s.order() {
+		resp, err := s.exchange(ctx, up.addr, wire, out, tcp)
 		if err == nil {
+			up.failures.Store(0)
 			resp.Id = req.Id
 			return resp, nil
 		}
-		errs = append(errs, fmt.Errorf("%s: %w", up, err))
+		errs = append(errs, fmt.Errorf("%s: %w", up.addr, err))
 		if ctx.Err() != nil {
-			break
+			break // the server closes: not the upstream's failure
+		}
+		if up.failures.Load() < maxFailures {
+			up.failures.Add(1)
 		}
 	}
 	return nil, errors.Join(errs...)

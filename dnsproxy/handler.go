@@ -18,33 +18,37 @@ const headerLen = 12
 // localEDNSSize is the UDP payload size our own answers advertise.
 const localEDNSSize = 1232
 
-// handle answers one query given as wire bytes and returns the reply's
-// wire bytes, or nil to send nothing: bytes too short for a header, and
-// responses (answering those could loop between two servers). It never
+// forwardReq is a decoded query that no local name answers and that goes
+// to the upstream resolvers: what prepare leaves for resolve.
+type forwardReq struct {
+	req    *dns.Msg
+	tcp    bool
+	labels metrics.DNSLabels
+	client string // the client workload's name, for the access log
+	ns     string // the client's namespace, likewise
+}
+
+// prepare decodes one query given as wire bytes and answers it when that
+// needs no upstream: it returns the reply's wire bytes, or a forwardReq
+// when only the upstream resolvers can answer. Both nil means send
+// nothing: bytes too short for a header, and responses (answering those
+// could loop between two servers). It is a snapshot read, with no I/O, so
+// the serve loops run it before spending any forwarding budget. It never
 // panics on any input.
-func (s *Server) handle(ctx context.Context, raw []byte, tcp bool) []byte {
+func (s *Server) prepare(ctx context.Context, raw []byte, tcp bool) ([]byte, *forwardReq) {
 	if len(raw) < headerLen || raw[2]&0x80 != 0 {
-		return nil
+		return nil, nil
 	}
 	req := new(dns.Msg)
 	if err := req.Unpack(raw); err != nil {
-		return formErr(raw)
+		return formErr(raw), nil
 	}
 	if req.Opcode != dns.OpcodeQuery {
-		return s.pack(errorReply(req, dns.RcodeNotImplemented), req, tcp)
+		return s.pack(errorReply(req, dns.RcodeNotImplemented), req, tcp), nil
 	}
 	if len(req.Question) != 1 {
-		return s.pack(errorReply(req, dns.RcodeFormatError), req, tcp)
+		return s.pack(errorReply(req, dns.RcodeFormatError), req, tcp), nil
 	}
-	resp := s.answer(ctx, req, tcp)
-	if resp == nil {
-		return nil
-	}
-	return s.pack(resp, req, tcp)
-}
-
-// answer resolves req locally when it can and forwards it otherwise.
-func (s *Server) answer(ctx context.Context, req *dns.Msg, tcp bool) *dns.Msg {
 	q := req.Question[0]
 	snap := s.cfg.State.Load()
 	v := view{
@@ -70,16 +74,31 @@ func (s *Server) answer(ctx context.Context, req *dns.Msg, tcp bool) *dns.Msg {
 		if m, ok := v.find(qname); ok {
 			resp, n := v.localReply(req, m, q.Qtype == dns.TypeAAAA)
 			s.accessLog(ctx, client, v.ns, q, "success", n)
-			return resp
+			return s.pack(resp, req, tcp), nil
 		}
 	}
-	resp, err := s.forward(ctx, req, tcp, labels)
+	return nil, &forwardReq{req: req, tcp: tcp, labels: labels, client: client, ns: v.ns}
+}
+
+// resolve asks the upstream resolvers for f and returns the reply's wire
+// bytes: their answer, or SERVFAIL when none gave one. The caller holds a
+// forwarding slot for the whole exchange.
+func (s *Server) resolve(ctx context.Context, f *forwardReq) []byte {
+	q := f.req.Question[0]
+	resp, err := s.forward(ctx, f.req, f.tcp, f.labels)
 	if err != nil {
-		s.accessLog(ctx, client, v.ns, q, "forwarding failed ("+err.Error()+")", 0)
-		return errorReply(req, dns.RcodeServerFailure)
+		s.accessLog(ctx, f.client, f.ns, q, "forwarding failed ("+err.Error()+")", 0)
+		return s.pack(errorReply(f.req, dns.RcodeServerFailure), f.req, f.tcp)
 	}
-	s.accessLog(ctx, client, v.ns, q, "forwarded", len(resp.Answer))
-	return resp
+	s.accessLog(ctx, f.client, f.ns, q, "forwarded", len(resp.Answer))
+	return s.pack(resp, f.req, f.tcp)
+}
+
+// refuse answers f SERVFAIL without asking upstream: no forwarding slot
+// was free for it.
+func (s *Server) refuse(ctx context.Context, f *forwardReq) []byte {
+	s.accessLog(ctx, f.client, f.ns, f.req.Question[0], "forwarding refused (too many queries in flight)", 0)
+	return s.pack(errorReply(f.req, dns.RcodeServerFailure), f.req, f.tcp)
 }
 
 // localReply builds the authoritative answer for a matched name and returns

@@ -33,6 +33,7 @@ const (
 	DefaultUpstreamTimeout = 2 * time.Second
 	DefaultMaxInFlight     = 256
 	DefaultMaxTCPConns     = 64
+	DefaultMaxTCPPipeline  = 16
 	DefaultTCPIdleTimeout  = 5 * time.Second // ztunnel's TCP request timeout
 	// MaxRequestSize bounds a query: real ones are a few hundred bytes.
 	MaxRequestSize = 4096
@@ -62,7 +63,9 @@ type Config struct {
 	// the client's namespace and canonical services (PREFERED_SERVICE_NAMESPACE).
 	PreferredNamespace string
 	// Upstreams are the resolvers unknown names go to, "host:port", tried in
-	// order. None makes every forwarded question fail with SERVFAIL.
+	// order, except that one whose exchanges keep failing is tried after
+	// those that answer. None makes every forwarded question fail with
+	// SERVFAIL.
 	Upstreams []string
 	// Addrs are the listen addresses, UDP and TCP on each; nil means
 	// DefaultAddrs. An IPv6 address that cannot be bound (a pod without
@@ -80,13 +83,28 @@ type Config struct {
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// UpstreamTimeout bounds one exchange with one upstream; 0 means 2s.
 	UpstreamTimeout time.Duration
-	// MaxInFlight caps requests being answered at once; more UDP queries are
-	// dropped (the client retries) and TCP queries wait. 0 means 256.
+	// MaxInFlight caps the queries forwarded upstream and not yet answered
+	// (names answered from the snapshot take no slot). A query refused for
+	// want of a slot is dropped over UDP (the client retries) and answered
+	// SERVFAIL over TCP; Dropped counts both. 0 means 256.
 	MaxInFlight int
-	// MaxTCPConns caps open TCP connections; 0 means 64.
+	// MaxInFlightPerClient caps the forwarded queries in flight from one
+	// client address (IP), so that one client cannot take every slot.
+	// 0 means half of MaxInFlight (at least 1).
+	MaxInFlightPerClient int
+	// MaxTCPConns caps open TCP connections. When that many are open, a new
+	// one is still accepted and evicts the connection that was active the
+	// longest ago, preferring one with no query being answered (between
+	// queries, stalled in one, or stuck writing to a client that does not
+	// read). 0 means 64.
 	MaxTCPConns int
+	// MaxTCPPipeline caps the forwarded queries of one TCP connection being
+	// answered at once, reply written included (RFC 7766 pipelining: replies
+	// may come out of order); the connection is not read further until one
+	// is done. 0 means 16.
+	MaxTCPPipeline int
 	// TCPIdleTimeout closes a TCP connection with no complete query for that
-	// long; 0 means 5s.
+	// long, and bounds writing each reply to it; 0 means 5s (ztunnel's).
 	TCPIdleTimeout time.Duration
 	// Metrics receives the istio_dns_* counts; nil counts nothing.
 	Metrics *metrics.Metrics
@@ -100,7 +118,8 @@ type Server struct {
 	cfg       Config
 	log       *slog.Logger
 	svcDomain string
-	search    []string // resolved search domains
+	search    []string      // resolved search domains
+	upstreams []*nameserver // cfg.Upstreams with their records
 
 	ctx    context.Context // canceled by Close: ends upstream exchanges
 	cancel context.CancelFunc
@@ -108,14 +127,28 @@ type Server struct {
 	once   sync.Once
 	wg     sync.WaitGroup // serve loops, TCP connections, request goroutines
 
-	inflight chan struct{}
-	tcpSlots chan struct{}
-	dropped  atomic.Uint64 // UDP queries dropped for MaxInFlight
+	fwd     *budget       // forwarded queries in flight
+	dropped atomic.Uint64 // forwarded queries refused for want of a slot
 
 	mu    sync.Mutex // guards the following fields
 	udp   []net.PacketConn
 	tcp   []net.Listener
-	conns map[net.Conn]struct{}
+	conns map[net.Conn]*tcpConn
+	clock uint64 // ticks at every TCP connection's activity: the eviction order
+}
+
+// tcpConn is one client TCP connection.
+type tcpConn struct {
+	c      net.Conn
+	client netip.Addr
+	pipe   chan struct{}  // a token per forwarded query of this connection until its reply is written
+	fwds   sync.WaitGroup // this connection's forwarding goroutines
+	wmu    sync.Mutex     // serializes replies: pipelined ones finish in any order
+
+	// Guarded by Server.mu:
+	busy    int    // queries read whose reply is not computed yet
+	last    uint64 // Server.clock at accept, at a query read or answered
+	evicted bool   // closed to admit another connection
 }
 
 // New validates cfg and returns a server that has not opened anything.
@@ -151,8 +184,14 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
 	}
+	if cfg.MaxInFlightPerClient <= 0 {
+		cfg.MaxInFlightPerClient = max(cfg.MaxInFlight/2, 1)
+	}
 	if cfg.MaxTCPConns <= 0 {
 		cfg.MaxTCPConns = DefaultMaxTCPConns
+	}
+	if cfg.MaxTCPPipeline <= 0 {
+		cfg.MaxTCPPipeline = DefaultMaxTCPPipeline
 	}
 	if cfg.TCPIdleTimeout <= 0 {
 		cfg.TCPIdleTimeout = DefaultTCPIdleTimeout
@@ -165,9 +204,8 @@ func New(cfg Config) (*Server, error) {
 		cfg: cfg, log: log.With("scope", "dns"),
 		svcDomain: "svc." + cfg.Domain,
 		stop:      make(chan struct{}),
-		inflight:  make(chan struct{}, cfg.MaxInFlight),
-		tcpSlots:  make(chan struct{}, cfg.MaxTCPConns),
-		conns:     make(map[net.Conn]struct{}),
+		fwd:       newBudget(cfg.MaxInFlight, cfg.MaxInFlightPerClient),
+		conns:     make(map[net.Conn]*tcpConn),
 	}
 	if cfg.SearchDomains != nil {
 		for _, d := range cfg.SearchDomains {
@@ -177,6 +215,9 @@ func New(cfg Config) (*Server, error) {
 		}
 	} else {
 		s.search = []string{cfg.Client.Namespace + "." + s.svcDomain, s.svcDomain, cfg.Domain}
+	}
+	for _, u := range cfg.Upstreams {
+		s.upstreams = append(s.upstreams, &nameserver{addr: u})
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
@@ -305,8 +346,9 @@ func (s *Server) UDPAddrs() []net.Addr {
 	return out
 }
 
-// Dropped returns how many UDP queries were dropped because MaxInFlight
-// queries were already being answered.
+// Dropped returns how many forwarded queries were refused because no
+// forwarding slot was free (MaxInFlight in all or MaxInFlightPerClient for
+// the client): dropped over UDP, answered SERVFAIL over TCP.
 func (s *Server) Dropped() uint64 { return s.dropped.Load() }
 
 func (s *Server) stopping() bool {
@@ -318,8 +360,10 @@ func (s *Server) stopping() bool {
 	}
 }
 
-// serveUDP reads queries and answers each in a goroutine of its own, at
-// most MaxInFlight at once; a query beyond that is dropped.
+// serveUDP reads queries and answers those of mesh names on the spot: that
+// is a snapshot read, and taking no slot for them keeps them answered while
+// the forwarding budget is spent. A query for the upstream resolvers gets a
+// goroutine of its own if a forwarding slot is free and is dropped if not.
 func (s *Server) serveUDP(pc net.PacketConn) {
 	defer s.wg.Done()
 	buf := make([]byte, 65535)
@@ -336,21 +380,25 @@ func (s *Server) serveUDP(pc net.PacketConn) {
 		if n > MaxRequestSize {
 			continue
 		}
-		select {
-		case s.inflight <- struct{}{}:
-		default:
+		// A copy: a forwarded query outlives buf's next read.
+		out, fwd := s.prepare(s.ctx, bytes.Clone(buf[:n]), false)
+		if fwd == nil {
+			if out != nil {
+				_, _ = pc.WriteTo(out, from)
+			}
+			continue
+		}
+		client := clientAddr(from)
+		if !s.fwd.acquire(client) {
 			s.dropped.Add(1)
 			continue // overloaded: the client retries
 		}
-		req := bytes.Clone(buf[:n])
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			defer func() { <-s.inflight }()
-			if resp := s.handle(s.ctx, req, false); resp != nil {
-				_, _ = pc.WriteTo(resp, from)
+		s.wg.Go(func() {
+			defer s.fwd.release(client)
+			if out := s.resolve(s.ctx, fwd); out != nil {
+				_, _ = pc.WriteTo(out, from)
 			}
-		}()
+		})
 	}
 }
 
@@ -372,64 +420,101 @@ func (s *Server) pause(backoff *time.Duration, msg string, addr net.Addr, err er
 	}
 }
 
-// serveTCP accepts connections, at most MaxTCPConns open at once (beyond
-// that they wait in the kernel's backlog).
+// serveTCP accepts connections without waiting for one of the MaxTCPConns
+// to close: a new connection takes the place of the one active the longest
+// ago (admit), so connections that hold a slot and send nothing cannot keep
+// an honest client waiting in the kernel's backlog.
 func (s *Server) serveTCP(ln net.Listener) {
 	defer s.wg.Done()
 	var backoff time.Duration
 	for {
-		select {
-		case s.tcpSlots <- struct{}{}:
-		case <-s.stop:
-			return
-		}
 		c, err := ln.Accept()
 		if err != nil {
-			<-s.tcpSlots
 			if !s.pause(&backoff, "DNS accept failed", ln.Addr(), err) {
 				return
 			}
 			continue
 		}
 		backoff = 0
-		if !s.track(c) {
+		tc := s.admit(c)
+		if tc == nil {
 			c.Close()
-			<-s.tcpSlots
 			return
 		}
-		s.wg.Add(1)
-		go s.serveConn(c)
+		s.wg.Go(func() { s.serveConn(tc) })
 	}
 }
 
-func (s *Server) track(c net.Conn) bool {
+// admit registers a new connection, first evicting one when MaxTCPConns
+// are open; it returns nil when the server is stopping.
+func (s *Server) admit(c net.Conn) *tcpConn {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopping() {
-		return false
+		return nil
 	}
-	s.conns[c] = struct{}{}
-	return true
+	if len(s.conns) >= s.cfg.MaxTCPConns {
+		// Its goroutine sees the closed socket (or the flag, between two
+		// reads) and ends; its queries not yet answered get no reply,
+		// which RFC 7766 clients retry on a new connection.
+		victim := s.evictionLocked()
+		victim.evicted = true
+		delete(s.conns, victim.c)
+		victim.c.Close()
+	}
+	tc := &tcpConn{c: c, client: clientAddr(c.RemoteAddr()), pipe: make(chan struct{}, s.cfg.MaxTCPPipeline)}
+	s.tickLocked(tc)
+	s.conns[c] = tc
+	return tc
 }
 
-// serveConn answers length-prefixed queries one after the other until the
-// client closes, stays idle for TCPIdleTimeout, or sends a bad length.
-func (s *Server) serveConn(c net.Conn) {
-	defer s.wg.Done()
+// evictionLocked picks the connection to close for a new one: of those
+// with no query being answered the one active the longest ago, else (every
+// one waits on upstream) the one active the longest ago. Evicting even a
+// busy one keeps a new client from being shut out by connections that each
+// hold one slow forwarded query.
+func (s *Server) evictionLocked() *tcpConn {
+	var idle, oldest *tcpConn
+	for _, tc := range s.conns {
+		if oldest == nil || tc.last < oldest.last {
+			oldest = tc
+		}
+		if tc.busy == 0 && (idle == nil || tc.last < idle.last) {
+			idle = tc
+		}
+	}
+	if idle != nil {
+		return idle
+	}
+	return oldest
+}
+
+// tickLocked records activity on tc.
+func (s *Server) tickLocked(tc *tcpConn) {
+	tc.last = s.clock
+	s.clock++
+}
+
+// serveConn reads length-prefixed queries until the client closes, stays
+// idle for TCPIdleTimeout, sends a bad length, or the connection is
+// evicted. Local answers are written at once; forwarded queries run in
+// goroutines of their own, at most MaxTCPPipeline of the connection at
+// once, and are answered as they finish. It returns once every one of
+// those has ended.
+func (s *Server) serveConn(tc *tcpConn) {
 	defer func() {
+		tc.fwds.Wait()
 		s.mu.Lock()
-		delete(s.conns, c)
+		delete(s.conns, tc.c)
 		s.mu.Unlock()
-		c.Close()
-		<-s.tcpSlots
+		tc.c.Close()
 	}()
 	var hdr [2]byte
 	for {
-		if s.stopping() {
+		if !s.armRead(tc) {
 			return
 		}
-		c.SetReadDeadline(time.Now().Add(s.cfg.TCPIdleTimeout))
-		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		if _, err := io.ReadFull(tc.c, hdr[:]); err != nil {
 			return
 		}
 		n := int(binary.BigEndian.Uint16(hdr[:]))
@@ -437,27 +522,97 @@ func (s *Server) serveConn(c net.Conn) {
 			return
 		}
 		req := make([]byte, n)
-		if _, err := io.ReadFull(c, req); err != nil {
+		if _, err := io.ReadFull(tc.c, req); err != nil {
 			return
+		}
+		if !s.begin(tc) {
+			return
+		}
+		out, fwd := s.prepare(s.ctx, req, true)
+		if fwd == nil {
+			s.end(tc)
+			if out == nil || !s.reply(tc, out) {
+				return
+			}
+			continue
 		}
 		select {
-		case s.inflight <- struct{}{}:
+		case tc.pipe <- struct{}{}:
 		case <-s.stop:
+			s.end(tc)
 			return
 		}
-		resp := s.handle(s.ctx, req, true)
-		<-s.inflight
-		if resp == nil {
-			return
+		if !s.fwd.acquire(tc.client) {
+			s.dropped.Add(1)
+			s.end(tc)
+			ok := s.reply(tc, s.refuse(s.ctx, fwd))
+			<-tc.pipe
+			if !ok {
+				return
+			}
+			continue
 		}
-		out := make([]byte, 2+len(resp))
-		binary.BigEndian.PutUint16(out, uint16(len(resp)))
-		copy(out[2:], resp)
-		c.SetWriteDeadline(time.Now().Add(s.cfg.TCPIdleTimeout))
-		if _, err := c.Write(out); err != nil {
-			return
-		}
+		tc.fwds.Go(func() {
+			// The token is kept until the reply is written: a client
+			// that pipelines and never reads holds MaxTCPPipeline
+			// goroutines, not one per query it sent.
+			defer func() { <-tc.pipe }()
+			out := s.resolve(s.ctx, fwd)
+			s.fwd.release(tc.client)
+			s.end(tc)
+			if out == nil || !s.reply(tc, out) {
+				tc.c.Close() // ends the read loop too
+			}
+		})
 	}
+}
+
+// armRead sets the idle deadline for tc's next query and reports whether
+// to read it: not once the server stops or tc was evicted. Under s.mu, so
+// that beginStop's wake-up deadline cannot be overwritten.
+func (s *Server) armRead(tc *tcpConn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping() || tc.evicted {
+		return false
+	}
+	tc.c.SetReadDeadline(time.Now().Add(s.cfg.TCPIdleTimeout))
+	return true
+}
+
+// begin marks a query of tc as being answered, which makes tc the last to
+// be evicted, and reports false if tc was evicted meanwhile.
+func (s *Server) begin(tc *tcpConn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if tc.evicted {
+		return false
+	}
+	tc.busy++
+	s.tickLocked(tc)
+	return true
+}
+
+// end marks the reply to a query of tc as computed: what is left is the
+// client's to read.
+func (s *Server) end(tc *tcpConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tc.busy--
+	s.tickLocked(tc)
+}
+
+// reply writes one length-prefixed reply to tc and reports whether it was
+// written before TCPIdleTimeout.
+func (s *Server) reply(tc *tcpConn, resp []byte) bool {
+	out := make([]byte, 2+len(resp))
+	binary.BigEndian.PutUint16(out, uint16(len(resp)))
+	copy(out[2:], resp)
+	tc.wmu.Lock()
+	defer tc.wmu.Unlock()
+	tc.c.SetWriteDeadline(time.Now().Add(s.cfg.TCPIdleTimeout))
+	_, err := tc.c.Write(out)
+	return err == nil
 }
 
 // Drain stops reading new queries at once, lets the ones being answered
@@ -486,8 +641,8 @@ func (s *Server) beginStop() {
 		for _, pc := range s.udp {
 			pc.SetReadDeadline(now)
 		}
-		for c := range s.conns {
-			c.SetReadDeadline(now)
+		for _, tc := range s.conns {
+			tc.c.SetReadDeadline(now)
 		}
 		s.mu.Unlock()
 	})
@@ -502,8 +657,8 @@ func (s *Server) Close() {
 	for _, pc := range s.udp {
 		pc.Close()
 	}
-	for c := range s.conns {
-		c.Close()
+	for _, tc := range s.conns {
+		tc.c.Close()
 	}
 	s.mu.Unlock()
 	s.wg.Wait()

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -102,6 +103,74 @@ func TestForwardFailures(t *testing.T) {
 	}
 }
 
+// TestDeadUpstreamTriedLast: once the first upstream has failed, the
+// next queries go to the one that answers first, so a dead upstream does
+// not hold every forwarded query for its timeout; a lone dead one is still
+// asked.
+func TestDeadUpstreamTriedLast(t *testing.T) {
+	good := startUpstream(t, map[string]string{"A www.bing.com.": "8.8.8.8"})
+	silent, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asked atomic.Int64
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer silent.Close()
+	wg.Go(func() {
+		buf := make([]byte, 512)
+		for {
+			if _, _, err := silent.ReadFrom(buf); err != nil {
+				return
+			}
+			asked.Add(1)
+		}
+	})
+	s := newServer(t, Config{Upstreams: []string{silent.LocalAddr().String(), good.Addr}, UpstreamTimeout: 200 * time.Millisecond})
+	for i := range 5 {
+		if got := records(ask(t, s, query("www.bing.com", dns.TypeA), i%2 == 1).Answer); !slices.Equal(got, []string{"www.bing.com. A 8.8.8.8"}) {
+			t.Fatalf("query %d: %q", i, got)
+		}
+	}
+	if n := asked.Load(); n != 1 {
+		t.Fatalf("the dead upstream was asked %d times, want once", n)
+	}
+	alone := newServer(t, Config{Upstreams: []string{silent.LocalAddr().String()}, UpstreamTimeout: 200 * time.Millisecond})
+	for range 2 {
+		if resp := ask(t, alone, query("www.bing.com", dns.TypeA), false); resp.Rcode != dns.RcodeServerFailure {
+			t.Fatalf("rcode %s, want SERVFAIL", dns.RcodeToString[resp.Rcode])
+		}
+	}
+	waitUntil(t, "the lone dead upstream asked twice more", func() bool { return asked.Load() == 3 })
+}
+
+// TestUpstreamOrder: fewest consecutive failures first, configuration order
+// among equals.
+func TestUpstreamOrder(t *testing.T) {
+	tests := []struct {
+		failures []uint32
+		want     []string
+	}{
+		{[]uint32{0, 0, 0}, []string{"a", "b", "c"}},
+		{[]uint32{1, 0, 0}, []string{"b", "c", "a"}},
+		{[]uint32{2, 0, 1}, []string{"b", "c", "a"}},
+		{[]uint32{1, 1, 1}, []string{"a", "b", "c"}},
+	}
+	for _, tc := range tests {
+		s := newServer(t, Config{Upstreams: []string{"a:53", "b:53", "c:53"}})
+		for i, f := range tc.failures {
+			s.upstreams[i].failures.Store(f)
+		}
+		var got []string
+		for _, u := range s.order() {
+			got = append(got, strings.TrimSuffix(u.addr, ":53"))
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("failures %v: order %v, want %v", tc.failures, got, tc.want)
+		}
+	}
+}
+
 // TestUpstreamSpoofIgnored: a datagram with the wrong id or question does
 // not answer a forwarded query; the real answer after it does.
 func TestUpstreamSpoofIgnored(t *testing.T) {
@@ -170,37 +239,6 @@ func TestIPv6Unavailable(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestOverload: with MaxInFlight queries in flight (held by an upstream
-// that never answers), further UDP queries are dropped, not queued; once
-// the slot frees, queries are answered again.
-func TestOverload(t *testing.T) {
-	silent, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
-	s := started(t, Config{Upstreams: []string{silent.LocalAddr().String()}, MaxInFlight: 1, UpstreamTimeout: time.Minute})
-	addr := s.UDPAddrs()[0].String()
-	c, err := net.Dial("udp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	// Occupies the only slot until the upstream exchange ends.
-	c.Write(pack(t, query("www.bing.com", dns.TypeA)))
-	buf := make([]byte, 512)
-	if _, _, err := silent.ReadFrom(buf); err != nil {
-		t.Fatal(err)
-	}
-	c.Write(pack(t, query("productpage", dns.TypeA)))
-	for i := 0; s.Dropped() == 0; i++ {
-		if i == 1000 {
-			t.Fatal("second query not dropped")
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
