@@ -45,6 +45,7 @@ var allowed = map[string][]string{
 	"proxy/proxyproto":       {},
 	"proxy/meta":             {},
 	"metrics":                {},
+	"fdbudget":               {},
 	"internal/logging":       {},
 	"state/xdsconv":          {"state", "identity", "api/workloadapi", "api/securityapi", "xdsclient"},
 	"mtls/caclient":          {"mtls", "identity", "api/caapi", "xdsclient/controlplane"},
