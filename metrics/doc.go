@@ -4,7 +4,8 @@
 // dashboards and existing alerts work unchanged when the binary is swapped.
 // Every family has a feeder on the daemon's path: the xDS client's
 // callbacks feed istio_xds_*, the CRL checks istio_crl_policy_rejections_total
-// and istio_crl_load_failures_total. istio_crl_untracked_connections_total
+// and istio_crl_load_failures_total, the proxies' descriptor budget
+// istio_fd_budget_refusals_total. istio_crl_untracked_connections_total
 // is registered for ztunnel's label set and stays at zero: every open
 // connection is re-checked in place on a CRL reload, none goes untracked.
 //
