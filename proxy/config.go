@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
+	"github.com/ztunnel-go/ztunnel/fdbudget"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
@@ -149,6 +150,13 @@ type Config struct {
 	// closed at once. A pooled peer needs one per 100 concurrent streams.
 	// Default 2048; negative means no limit.
 	MaxHBONEConnsPerPeer int
+	// Budget is the daemon's descriptor budget, shared by every proxy:
+	// each accepted connection (2 descriptors on 15001, 15006 and 15080, 1
+	// on 15008) and each inbound CONNECT stream (its app socket, 1) takes
+	// its descriptors from it for the peer's source IP, and is refused (a
+	// reset connection, a 503 stream) when that peer holds its share or
+	// the budget is spent; budget.go. Nil is unlimited.
+	Budget *fdbudget.Budget
 }
 
 // Defaults of the 15008 limits.

@@ -30,7 +30,7 @@ var allowed = map[string][]string{
 	"bench/cmd/zbench":       {"bench/harness", "bench/load", "bench/report"},
 	"bench/cmd/zpeer":        {"bench/load", "bench/peers"},
 	"inpod/zdstest":          {"api/zdsapi"},
-	"proxy":                  {"engine", "engine/bufpool", "hbone", "identity", "metrics", "mtls", "mtls/record", "proxy/connmgr", "proxy/meta", "proxy/proxyproto", "proxy/socks5", "state"},
+	"proxy":                  {"engine", "engine/bufpool", "fdbudget", "hbone", "identity", "metrics", "mtls", "mtls/record", "proxy/connmgr", "proxy/meta", "proxy/proxyproto", "proxy/socks5", "state"},
 	"deploy":                 {},
 	"admin":                  {"state", "mtls", "identity"},
 	"hbone":                  {"engine/bufpool"},
