@@ -19,7 +19,7 @@ const module = "github.com/ztunnel-go/ztunnel"
 var allowed = map[string][]string{
 	"cmd/ztunnel":            {"internal/app"},
 	"cmd/zlab":               {"internal/netnslab", "internal/labrun", "identity", "mtls", "mtls/caclient", "state", "state/xdsconv"},
-	"internal/app":           {"admin", "engine", "engine/bufpool", "hbone", "identity", "inpod", "internal/logging", "metrics", "mtls", "mtls/caclient", "dnsproxy", "proxy", "proxy/connmgr", "state", "state/xdsconv", "xdsclient", "xdsclient/controlplane"},
+	"internal/app":           {"admin", "engine", "engine/bufpool", "fdbudget", "hbone", "identity", "inpod", "internal/logging", "metrics", "mtls", "mtls/caclient", "dnsproxy", "proxy", "proxy/connmgr", "state", "state/xdsconv", "xdsclient", "xdsclient/controlplane"},
 	"internal/labrun":        {"internal/netnslab", "internal/nettest", "identity", "mtls", "mtls/caclient", "state", "state/xdsconv", "hbone", "inpod/zdstest"},
 	"inpod":                  {"api/zdsapi", "internal/netns", "metrics"},
 	"cmd/zload":              {"bench/load"},
