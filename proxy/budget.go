@@ -9,21 +9,23 @@ import (
 // What a connection takes from the daemon's descriptor budget
 // (Config.Budget), in descriptors, for its peer's source IP.
 const (
-	// budgetPair is an accepted connection relayed to a socket of its own:
-	// the accepted socket and the upstream it makes the daemon open (15006:
-	// the dial to the app; 15001 and 15080: the dial, or for an HBONE route
-	// at most one new pooled connection, so the budget never counts less
-	// than is open). The relay's end gives it back (conn.releaseBudget).
-	budgetPair = 2
-	// budgetHBONEConn is a 15008 connection's TLS socket, given back when
-	// the connection ends; each of its streams takes budgetStream.
-	budgetHBONEConn = 1
-	// budgetStream is the app socket an inbound CONNECT stream dials.
-	budgetStream = 1
+	// budgetSocket is an accepted socket, taken at accept (acceptLoop):
+	// every listener's connections take it, and a 15008 connection takes
+	// nothing more (each of its streams takes budgetUpstream).
+	budgetSocket = 1
+	// budgetUpstream is a socket a connection makes the daemon dial: the
+	// app on 15006 (taken at accept with the accepted socket, so a refused
+	// flood costs nothing further), the destination of an outbound
+	// passthrough (proxyOutbound), the app of an inbound CONNECT stream
+	// (serveHBONE). An outbound connection carried over HBONE takes none:
+	// its stream rides a pooled connection shared by up to 100 (a new
+	// pooled connection per destination is the pool's, not counted).
+	budgetUpstream = 1
 )
 
-// The listener label of istio_fd_budget_refusals_total, and what each
-// listener's accepted connections take.
+// The listener label of istio_fd_budget_refusals_total and the refusal
+// log. A passthrough's refused dial counts as outbound, whether it came
+// through 15001 or SOCKS5.
 const (
 	listenerOutbound     = "outbound"
 	listenerInboundPlain = "inbound_plaintext"
@@ -61,14 +63,18 @@ func (p *Proxy) admitBudget(listener string, peer netip.Addr, units int) bool {
 }
 
 // releaseBudget gives back what the connection took from the budget, once
-// its relay has ended (relayEnded): an accepted connection's budgetPair
-// (acceptLoop) or an inbound stream's budgetStream (serveHBONE), both for
-// the source IP they were taken for, c.src's.
+// its relay has ended (relayEnded), for the source IP it was taken for,
+// c.src's: an accepted connection its socket, and its upstream socket
+// unless the upstream is an HBONE stream (c.mtls: the only accepted
+// connections with it are outbound ones over HBONE); an inbound stream
+// (listed) the app socket it dialled.
 func (c *conn) releaseBudget() {
 	switch {
+	case c.accepted && c.mtls:
+		c.p.cfg.Budget.Release(c.src.Addr(), budgetSocket)
 	case c.accepted:
-		c.p.cfg.Budget.Release(c.src.Addr(), budgetPair)
+		c.p.cfg.Budget.Release(c.src.Addr(), budgetSocket+budgetUpstream)
 	case c.listed:
-		c.p.cfg.Budget.Release(c.src.Addr(), budgetStream)
+		c.p.cfg.Budget.Release(c.src.Addr(), budgetUpstream)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
+	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 	"github.com/ztunnel-go/ztunnel/proxy/socks5"
 )
@@ -35,6 +36,23 @@ const (
 	budgetClosedPort = 2
 )
 
+// budgetConfig is the budget rigs' snapshot: the served workload "srv" at
+// 127.0.0.1, an HBONE destination "dst" at 127.0.8.8 (budgetDestination),
+// and a policy denying the port %d.
+const budgetConfig = `
+workloads:
+- {uid: u-srv, name: srv, namespace: ns, serviceAccount: srv, workloadIps: ["127.0.0.1"], protocol: HBONE, services: {}}
+- {uid: u-dst, name: dst, namespace: ns, serviceAccount: dst, workloadIps: ["127.0.8.8"], protocol: HBONE, services: {}}
+policies:
+- name: deny-port
+  namespace: ns
+  scope: Namespace
+  action: Deny
+  dryRun: false
+  rules:
+  - - - destinationPorts: [%d]
+`
+
 // budgetRig is a proxy serving "srv" at 127.0.0.1 with a descriptor budget.
 type budgetRig struct {
 	*proxyRig
@@ -50,14 +68,7 @@ func startBudgetRig(t *testing.T, total int, opts ...func(*Config)) *budgetRig {
 	t.Helper()
 	r := &budgetRig{budget: fdbudget.New(fdbudget.Config{Total: total, Floor: -1}),
 		metrics: metrics.New(metrics.Config{}), logs: &logBuf{}}
-	yaml := srvPolicyConfig + fmt.Sprintf(`- name: deny-port
-  namespace: ns
-  scope: Namespace
-  action: Deny
-  dryRun: false
-  rules:
-  - - - destinationPorts: [%d]
-`, budgetDenyPort)
+	yaml := fmt.Sprintf(budgetConfig, budgetDenyPort)
 	r.proxyRig = startProxy(t, yaml, "srv", func(c *Config) {
 		c.Budget, c.Metrics = r.budget, r.metrics
 		withLog(r.logs)(c)
@@ -126,6 +137,55 @@ func (r *budgetRig) waitHeld(t *testing.T, peer string, want int) {
 	t.Helper()
 	ip := netip.MustParseAddr(peer)
 	r.waitBudget(t, fmt.Sprintf("held %d for %s", want, peer), func(fdbudget.Stats) bool { return r.budget.Held(ip) == want })
+}
+
+// budgetDestination runs the inbound side of the workload "dst" at
+// 127.0.8.8:15008 (a proxy of its own, without a budget, its certificate
+// from the rig's CA), so that the rig's outbound connections to it are
+// carried over HBONE; it returns the port of an echo app behind it.
+func (r *budgetRig) budgetDestination(t *testing.T) int {
+	t.Helper()
+	certs := mtls.NewStore(mtls.StoreConfig{Source: caclient.New(caclient.Config{Signer: r.ca})})
+	pool := hbone.NewPool(hbone.PoolConfig{})
+	p, err := New(Config{
+		Workload: WorkloadRef{Namespace: "ns", Name: "dst", ServiceAccount: "dst"},
+		State:    r.store, Certs: certs, Pool: pool, OrigSrc: new(bool),
+		BindHost: "127.0.8.8", InboundHBONEPort: InboundHBONEPort, InboundOnly: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatalf("the destination's 15008: %v", err)
+	}
+	t.Cleanup(func() {
+		p.Close()
+		pool.Close()
+		certs.Close()
+	})
+	return echoOn(t, "127.0.8.8")
+}
+
+// echoOn runs an echo app on ip and returns its port.
+func echoOn(t *testing.T, ip string) int {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.ParseIP(ip)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.AcceptTCP()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // hboneFrom opens an HBONE connection to the rig's 15008 from the loopback
@@ -244,22 +304,10 @@ func TestBudgetReturnsToZero(t *testing.T) {
 		const rounds = 10
 		app := echoApp(t)
 		// An app that is no workload, for the outbound passthrough.
-		app9, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 9)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer app9.Close()
-		go func() {
-			for {
-				c, err := app9.AcceptTCP()
-				if err != nil {
-					return
-				}
-				go func() { io.Copy(c, c); c.Close() }()
-			}
-		}()
+		app9Addr := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.9"), uint16(echoOn(t, "127.0.0.9")))
 		const closedPort = budgetClosedPort
 		r := startBudgetRig(t, 30, withEngine(eng), func(c *Config) { c.SOCKS5 = true })
+		dstAddr := netip.AddrPortFrom(netip.MustParseAddr("127.0.8.8"), uint16(r.budgetDestination(t)))
 		addrs := r.p.Addrs()
 
 		socks := func(local string, target netip.AddrPort) (net.Conn, error) {
@@ -290,7 +338,6 @@ func TestBudgetReturnsToZero(t *testing.T) {
 				t.Fatalf("self call: %v", err)
 			}
 		}
-		app9Addr := netip.MustParseAddrPort(app9.Addr().String())
 
 		for range rounds {
 			// 15008: a relayed stream (while open its peer holds the
@@ -302,7 +349,7 @@ func TestBudgetReturnsToZero(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r.waitHeld(t, "127.0.0.6", budgetHBONEConn+budgetStream)
+			r.waitHeld(t, "127.0.0.6", budgetSocket+budgetUpstream)
 			if _, err := s.Write([]byte("stream")); err != nil {
 				t.Fatal(err)
 			}
@@ -326,17 +373,27 @@ func TestBudgetReturnsToZero(t *testing.T) {
 			r.in.dialFrom(t, "127.0.0.6").Close()
 
 			// The outbound path over SOCKS5: a relayed passthrough
-			// (while open it holds the pair), a connect refused
-			// upstream, a handshake the client breaks off.
-			c, err := socks("127.0.0.5", app9Addr)
-			if err != nil {
-				t.Fatal(err)
+			// (while open it holds its socket and the one it dialled), one
+			// over HBONE (its socket only), a connect refused upstream, a
+			// handshake the client breaks off.
+			for _, o := range []struct {
+				dst  netip.AddrPort
+				held int
+			}{
+				{app9Addr, budgetSocket + budgetUpstream},
+				{dstAddr, budgetSocket},
+			} {
+				c, err := socks("127.0.0.5", o.dst)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r.waitHeld(t, "127.0.0.5", o.held)
+				if got, err := echoOver(c, "outbound"); err != nil || got != "outbound" {
+					t.Fatalf("echo over SOCKS5 to %s: %q, %v", o.dst, got, err)
+				}
+				c.Close()
+				r.waitHeld(t, "127.0.0.5", 0)
 			}
-			r.waitHeld(t, "127.0.0.5", budgetPair)
-			if got, err := echoOver(c, "outbound"); err != nil || got != "outbound" {
-				t.Fatalf("echo over SOCKS5: %q, %v", got, err)
-			}
-			c.Close()
 			if c, err := socks("127.0.0.5", netip.AddrPortFrom(app9Addr.Addr(), uint16(closedPort))); err == nil {
 				if _, err := io.ReadAll(c); err == nil {
 					t.Fatal("a refused upstream connect was not reset")
@@ -353,17 +410,30 @@ func TestBudgetReturnsToZero(t *testing.T) {
 			directTo(addrs[1])
 		}
 		// Refusals: a peer takes its share of silent 15008 connections and
-		// is refused past it; then it lets go.
-		var silent []net.Conn
+		// is refused past it, another its share of SOCKS5 passthroughs
+		// (refused at the accept or at the dial); then they let go.
+		var held []net.Conn
 		for i := 0; r.refusals(t, listenerInboundHBONE, "peer") == 0; i++ {
 			if i == 100 {
-				t.Fatal("no refusal")
+				t.Fatal("no refusal on 15008")
 			}
 			if c, err := r.in.tryDialFrom(t, "127.0.0.7"); err == nil {
-				silent = append(silent, c)
+				held = append(held, c)
 			}
 		}
-		for _, c := range silent {
+		for i := 0; r.refusals(t, listenerOutbound, "peer")+r.refusals(t, listenerSOCKS5, "peer") == 0; i++ {
+			if i == 100 {
+				t.Fatal("no refusal of SOCKS5 passthroughs")
+			}
+			if c, err := socks("127.0.0.8", app9Addr); err == nil {
+				held = append(held, c)
+				r.waitBudget(t, "took the passthrough", func(fdbudget.Stats) bool {
+					return r.budget.Held(netip.MustParseAddr("127.0.0.8")) == 2*(i+1) ||
+						r.refusals(t, listenerOutbound, "peer") > 0
+				})
+			}
+		}
+		for _, c := range held {
 			c.Close()
 		}
 		r.waitEmpty(t)

@@ -151,11 +151,11 @@ type Config struct {
 	// Default 2048; negative means no limit.
 	MaxHBONEConnsPerPeer int
 	// Budget is the daemon's descriptor budget, shared by every proxy:
-	// each accepted connection (2 descriptors on 15001, 15006 and 15080, 1
-	// on 15008) and each inbound CONNECT stream (its app socket, 1) takes
-	// its descriptors from it for the peer's source IP, and is refused (a
-	// reset connection, a 503 stream) when that peer holds its share or
-	// the budget is spent; budget.go. Nil is unlimited.
+	// each accepted connection takes its socket from it for the peer's
+	// source IP, and each socket the daemon dials for a peer (15006's app,
+	// an outbound passthrough's destination, an inbound CONNECT stream's
+	// app) one more; over the peer's share or the total the connection is
+	// reset, the stream answered 503 (budget.go). Nil is unlimited.
 	Budget *fdbudget.Budget
 }
 

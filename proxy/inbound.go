@@ -174,7 +174,7 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 	// fails for want of descriptors (EMFILE), rather than REFUSED_STREAM,
 	// which invites the client to retry at once on another connection to
 	// the same peer.
-	if !p.admitBudget(listenerHBONEStream, cn.src.Addr(), budgetStream) {
+	if !p.admitBudget(listenerHBONEStream, cn.src.Addr(), budgetUpstream) {
 		if _, err := req.Respond(http.StatusServiceUnavailable, nil); err != nil {
 			p.log.Debug("respond failed", "error", err)
 		}
@@ -183,7 +183,7 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 	relayed := false
 	defer func() {
 		if !relayed { // else the relay's end gives it back (relayEnded)
-			p.cfg.Budget.Release(cn.src.Addr(), budgetStream)
+			p.cfg.Budget.Release(cn.src.Addr(), budgetUpstream)
 		}
 	}()
 	cn.mtls = true

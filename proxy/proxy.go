@@ -106,16 +106,16 @@ func (p *Proxy) Start(ctx context.Context) error {
 		serve func(*net.TCPConn) bool
 	}
 	specs := []spec{
-		{p.cfg.BindHost, p.cfg.OutboundPort, budgetUse{listenerOutbound, budgetPair}, p.handleOutbound},
-		{p.cfg.BindHost, p.cfg.InboundPlainPort, budgetUse{listenerInboundPlain, budgetPair}, p.handlePassthrough},
-		{p.cfg.BindHost, p.cfg.InboundHBONEPort, budgetUse{listenerInboundHBONE, budgetHBONEConn}, p.handleHBONE},
+		{p.cfg.BindHost, p.cfg.OutboundPort, budgetUse{listenerOutbound, budgetSocket}, p.handleOutbound},
+		{p.cfg.BindHost, p.cfg.InboundPlainPort, budgetUse{listenerInboundPlain, budgetSocket + budgetUpstream}, p.handlePassthrough},
+		{p.cfg.BindHost, p.cfg.InboundHBONEPort, budgetUse{listenerInboundHBONE, budgetSocket}, p.handleHBONE},
 	}
 	if p.cfg.InboundOnly {
 		specs = specs[2:]
 	} else if p.cfg.SOCKS5 {
 		// Loopback only: SOCKS5 has no authentication, so only the pod's own
 		// processes may use it.
-		specs = append(specs, spec{"127.0.0.1", p.cfg.SOCKS5Port, budgetUse{listenerSOCKS5, budgetPair}, p.handleSOCKS5})
+		specs = append(specs, spec{"127.0.0.1", p.cfg.SOCKS5Port, budgetUse{listenerSOCKS5, budgetSocket}, p.handleSOCKS5})
 	}
 	var lns []*net.TCPListener
 	for _, s := range specs {
