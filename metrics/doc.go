@@ -5,10 +5,11 @@
 // Every family has a feeder on the daemon's path: the xDS client's
 // callbacks feed istio_xds_*, the CRL checks istio_crl_policy_rejections_total
 // and istio_crl_load_failures_total, the admin package's servers (through
-// internal/app) ztunnel_go_admin_connections_refused_total, a family of our
-// own. istio_crl_untracked_connections_total is registered for ztunnel's
-// label set and stays at zero: every open connection is re-checked in place
-// on a CRL reload, none goes untracked.
+// internal/app) ztunnel_go_admin_connections_refused_total and the proxies'
+// descriptor budget ztunnel_go_fd_budget_refusals_total, two families of
+// our own. istio_crl_untracked_connections_total is registered for
+// ztunnel's label set and stays at zero: every open connection is
+// re-checked in place on a CRL reload, none goes untracked.
 //
 // The traffic families are fed without a lock or a label lookup per read:
 // a connection registers its byte counters once, at open (ConnOpened), and

@@ -35,6 +35,7 @@ type Metrics struct {
 	dnsUpstream    *prometheus.CounterVec
 	dnsFailures    *prometheus.CounterVec
 	dnsUpstreamDur *prometheus.HistogramVec
+	fdRefusals     *prometheus.CounterVec
 
 	activeProxies  prometheus.Gauge
 	pendingProxies prometheus.Gauge
@@ -86,6 +87,8 @@ func New(cfg Config) *Metrics {
 	// ztunnel has no such counter (it only logs at debug); a CRL file that
 	// stopped loading leaves stale revocations in force, so it is counted.
 	m.crlFailures = counterVec("istio_crl_load_failures_total", "CRL file loads that failed; the last good CRLs stay in force (unstable).", nil)
+	// ztunnel-go only: the descriptor budget (fdbudget) ztunnel does not have.
+	m.fdRefusals = counterVec("ztunnel_go_fd_budget_refusals_total", "Connections and inbound HBONE streams refused by the descriptor budget, by listener and reason: peer (the source IP holds its share) or total (the budget is spent) (unstable).", []string{"listener", "reason"})
 	m.xdsTerminated = counterVec("istio_xds_connection_terminations_total", "Ended connections to the xDS server, by reason (unstable).", []string{"reason"})
 	m.xdsMessages = counterVec("istio_xds_message_total", "xDS messages received, by type URL (unstable).", []string{"url"})
 	m.xdsBytes = counterVec("istio_xds_message_bytes_total", "Bytes of xDS resources received, by type URL (unstable).", []string{"url"})
@@ -184,6 +187,16 @@ func (m *Metrics) CRLLoadFailed() {
 func (m *Metrics) CRLUntracked(r Reporter) {
 	if m != nil {
 		m.crlUntracked.WithLabelValues(r.String()).Inc()
+	}
+}
+
+// FDBudgetRefused counts a connection or an inbound HBONE stream the
+// descriptor budget refused (ztunnel_go_fd_budget_refusals_total): listener is
+// the listener's name (outbound, inbound_plaintext, inbound_hbone, socks5)
+// or inbound_hbone_stream for a stream, reason "peer" or "total".
+func (m *Metrics) FDBudgetRefused(listener, reason string) {
+	if m != nil {
+		m.fdRefusals.WithLabelValues(listener, reason).Inc()
 	}
 }
 

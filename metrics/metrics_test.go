@@ -124,6 +124,7 @@ func exerciseAll(m *Metrics) {
 	m.CRLRejected(ReporterDestination)
 	m.CRLUntracked(ReporterSource)
 	m.CRLLoadFailed()
+	m.FDBudgetRefused("inbound_plaintext", "peer")
 	m.XDSConnectionTerminated(XDSReconnect)
 	m.XDSMessage("type.googleapis.com/istio.workload.Address", 100)
 	dl := DNSLabels{QueryType: "a", Protocol: "udp"}

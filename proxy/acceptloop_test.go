@@ -48,7 +48,7 @@ func TestAcceptLoopWorkers(t *testing.T) {
 				return false
 			}
 			p.wg.Add(1)
-			go p.acceptLoop(ln, serve)
+			go p.acceptLoop(ln, budgetUse{listenerOutbound, budgetSocket}, serve)
 			dial := func() {
 				c, err := net.Dial("tcp", ln.Addr().String())
 				if err != nil {

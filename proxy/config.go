@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
+	"github.com/ztunnel-go/ztunnel/fdbudget"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
@@ -149,6 +150,13 @@ type Config struct {
 	// closed at once. A pooled peer needs one per 100 concurrent streams.
 	// Default 2048; negative means no limit.
 	MaxHBONEConnsPerPeer int
+	// Budget is the daemon's descriptor budget, shared by every proxy:
+	// each accepted connection takes its socket from it for the peer's
+	// source IP, and each socket the daemon dials for a peer (15006's app,
+	// an outbound passthrough's destination, an inbound CONNECT stream's
+	// app) one more; over the peer's share or the total the connection is
+	// reset, the stream answered 503 (budget.go). Nil is unlimited.
+	Budget *fdbudget.Budget
 }
 
 // Defaults of the 15008 limits.

@@ -176,6 +176,7 @@ func (c *conn) relayEnded(res engine.Result) {
 	if c.accepted || c.listed {
 		c.unlist()
 	}
+	c.releaseBudget() // budget.go; before Drain may return
 	if c.accepted {
 		c.p.wg.Done() // the accepted connection's (acceptLoop)
 	}

@@ -18,7 +18,9 @@
 // The parts, each with one owner: *Proxy (proxy.go, config.go) owns the
 // listeners and their accept workers, the per-peer limits on 15008, Drain,
 // and the four handlers (outbound.go, inbound.go, passthrough.go,
-// socks5.go). The handlers ask a router (router.go) for the decisions over
+// socks5.go). Every accepted connection and inbound stream takes its
+// descriptors from the daemon's budget (Config.Budget, budget.go) for its
+// source IP, and the relay's end gives them back. The handlers ask a router (router.go) for the decisions over
 // the snapshot: the proxy's own workload and identities, where an outbound
 // connection goes (route.go; through a network gateway, gateway.go), who an
 // inbound one comes from and what its authority may name (authority.go),
@@ -39,7 +41,7 @@
 // (telemetry.go), and the open connections Connections lists for the
 // config dump.
 //
-// Imports (of ours): engine, hbone, identity, metrics, mtls, mtls/record,
-// proxy/connmgr, proxy/meta, proxy/proxyproto, proxy/socks5 (its protocol
-// leaves) and state. Imported by: internal/app and tests.
+// Imports (of ours): engine, fdbudget, hbone, identity, metrics, mtls,
+// mtls/record, proxy/connmgr, proxy/meta, proxy/proxyproto, proxy/socks5
+// (its protocol leaves) and state. Imported by: internal/app and tests.
 package proxy

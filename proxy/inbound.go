@@ -169,6 +169,23 @@ func errIPMismatch(conn, authority netip.Addr) error {
 // answer 200 and relay.
 func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 	cn := newConn(p, dirInbound, addrPortOf(req.Conn.RemoteAddr()))
+	// The app socket the stream will dial, taken before any work. Refused,
+	// the stream is answered 503, what ztunnel answers when that dial
+	// fails for want of descriptors (EMFILE), rather than REFUSED_STREAM,
+	// which invites the client to retry at once on another connection to
+	// the same peer.
+	if !p.admitBudget(listenerHBONEStream, cn.src.Addr(), budgetUpstream) {
+		if _, err := req.Respond(http.StatusServiceUnavailable, nil); err != nil {
+			p.log.Debug("respond failed", "error", err)
+		}
+		return
+	}
+	relayed := false
+	defer func() {
+		if !relayed { // else the relay's end gives it back (relayEnded)
+			p.cfg.Budget.Release(cn.src.Addr(), budgetUpstream)
+		}
+	}()
 	cn.mtls = true
 	cn.inboundMeta(req) // headers.go
 	app, authorized, err := p.inboundAuthorize(ctx, req, cn)
@@ -200,6 +217,7 @@ func (p *Proxy) serveHBONE(ctx context.Context, req *hbone.ServerRequest) {
 	}
 	cn.trackPolicy(authorized)
 	cn.listStream()
+	relayed = true
 	// The handler returns at once; the engine owns the relay.
 	cn.relay(streamEndpoint{s}, engine.TCPEndpoint{TCPConn: app})
 }

@@ -125,6 +125,11 @@ func (p *Proxy) proxyOutbound(c *net.TCPConn, cn *conn, origDst netip.AddrPort) 
 		}
 		// TCP to TCP: the engine connects and relays (on the epoll backend
 		// its event loop completes the connect; see engine.StartDial).
+		// The socket it dials is the connection's second descriptor.
+		if !p.admitBudget(listenerOutbound, cn.src.Addr(), budgetUpstream) { // budget.go
+			engine.TCPEndpoint{TCPConn: c}.Abort()
+			return
+		}
 		cn.open()
 		cn.listAccepted(c)
 		cn.relayDial(ctx, c, &p.dialer, route.dst)

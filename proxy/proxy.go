@@ -102,19 +102,20 @@ func (p *Proxy) Start(ctx context.Context) error {
 	type spec struct {
 		host  string
 		port  int
+		use   budgetUse // budget.go
 		serve func(*net.TCPConn) bool
 	}
 	specs := []spec{
-		{p.cfg.BindHost, p.cfg.OutboundPort, p.handleOutbound},
-		{p.cfg.BindHost, p.cfg.InboundPlainPort, p.handlePassthrough},
-		{p.cfg.BindHost, p.cfg.InboundHBONEPort, p.handleHBONE},
+		{p.cfg.BindHost, p.cfg.OutboundPort, budgetUse{listenerOutbound, budgetSocket}, p.handleOutbound},
+		{p.cfg.BindHost, p.cfg.InboundPlainPort, budgetUse{listenerInboundPlain, budgetSocket + budgetUpstream}, p.handlePassthrough},
+		{p.cfg.BindHost, p.cfg.InboundHBONEPort, budgetUse{listenerInboundHBONE, budgetSocket}, p.handleHBONE},
 	}
 	if p.cfg.InboundOnly {
 		specs = specs[2:]
 	} else if p.cfg.SOCKS5 {
 		// Loopback only: SOCKS5 has no authentication, so only the pod's own
 		// processes may use it.
-		specs = append(specs, spec{"127.0.0.1", p.cfg.SOCKS5Port, p.handleSOCKS5})
+		specs = append(specs, spec{"127.0.0.1", p.cfg.SOCKS5Port, budgetUse{listenerSOCKS5, budgetSocket}, p.handleSOCKS5})
 	}
 	var lns []*net.TCPListener
 	for _, s := range specs {
@@ -145,7 +146,7 @@ func (p *Proxy) Start(ctx context.Context) error {
 	p.watchCRL() // crl.go
 	for i, s := range specs {
 		p.wg.Add(1)
-		go p.acceptLoop(lns[i], s.serve)
+		go p.acceptLoop(lns[i], s.use, s.serve)
 	}
 	if p.cfg.InboundOnly {
 		p.log.Info("self-proxy started", "workload", p.cfg.Workload.String(), "inbound_hbone", lns[0].Addr().String())
@@ -173,12 +174,17 @@ func (p *Proxy) Addrs() []net.Addr {
 // engine, whose completion callback then calls release; its goroutine is
 // free again at once, so an idle relayed connection holds none.
 //
+// Each accepted connection first takes use.units of the descriptor budget
+// for its source IP (budget.go); a refused one is reset at once. The
+// worker gives them back when serve did not hand the connection off, the
+// relay's end (conn.releaseBudget) when it did.
+//
 // Connections are served by workers: goroutines that take the next
 // accepted connection when they finish one and end after workerIdle
 // without work, or when the listener closes. A worker's stack has already
 // grown to what routing and dialing need; a goroutine per connection paid
 // that growth (and its allocation) every time.
-func (p *Proxy) acceptLoop(ln *net.TCPListener, serve func(*net.TCPConn) bool) {
+func (p *Proxy) acceptLoop(ln *net.TCPListener, use budgetUse, serve func(*net.TCPConn) bool) {
 	defer p.wg.Done()
 	work := make(chan *net.TCPConn)
 	defer close(work) // idle workers end
@@ -200,8 +206,15 @@ func (p *Proxy) acceptLoop(ln *net.TCPListener, serve func(*net.TCPConn) bool) {
 			}
 		}
 		backoff = 0
+		peer := addrPortOf(c.RemoteAddr()).Addr()
+		if !p.admitBudget(use.listener, peer, use.units) {
+			_ = c.SetLinger(0)
+			c.Close()
+			continue
+		}
 		if !p.track(c) {
 			c.Close()
+			p.cfg.Budget.Release(peer, use.units)
 			return
 		}
 		// No engine.Accepted: the listener's keepalive and TCP_NODELAY are
@@ -211,7 +224,7 @@ func (p *Proxy) acceptLoop(ln *net.TCPListener, serve func(*net.TCPConn) bool) {
 		case work <- c: // an idle worker takes it
 		default:
 			p.wg.Add(1) // the worker's
-			go p.worker(c, work, serve)
+			go p.worker(c, work, use.units, serve)
 		}
 	}
 }
@@ -221,13 +234,16 @@ func (p *Proxy) acceptLoop(ln *net.TCPListener, serve func(*net.TCPConn) bool) {
 const workerIdle = 5 * time.Second
 
 // worker serves c, then the connections it is handed on work, until work
-// closes or none comes for workerIdle.
-func (p *Proxy) worker(c *net.TCPConn, work <-chan *net.TCPConn, serve func(*net.TCPConn) bool) {
+// closes or none comes for workerIdle. Each took units of the budget.
+func (p *Proxy) worker(c *net.TCPConn, work <-chan *net.TCPConn, units int, serve func(*net.TCPConn) bool) {
 	defer p.wg.Done()
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
 		if !serve(c) {
+			// Before release: once the proxy's last connection is
+			// released, its Drain returns with the budget given back.
+			p.cfg.Budget.Release(addrPortOf(c.RemoteAddr()).Addr(), units)
 			p.release(c)
 		}
 		idle.Reset(workerIdle)

@@ -238,6 +238,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		sock.KeepAlive = engine.KeepAlive{Idle: cfg.KeepAliveTime, Interval: cfg.KeepAliveInterval, Count: cfg.KeepAliveRetries}
 	}
 	resolver := onDemandResolver(cfg, log) // dns.go
+	budget := newBudget(cfg, eng, log)     // budget.go
 	proxyConfig := func(w proxy.WorkloadRef, control func(fn func() error) error) proxy.Config {
 		return proxy.Config{
 			Workload:    w,
@@ -256,6 +257,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			Metrics:     m,
 			Conns:       conns,
 			CRL:         crl,
+			Budget:      budget,
 
 			PreferredServiceNamespace: cfg.PreferredServiceNamespace,
 			SOCKS5:                    cfg.EnableSOCKS5,

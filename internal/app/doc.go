@@ -3,8 +3,8 @@
 // them on shutdown. cmd/ztunnel is a thin main around it; tests run it
 // in-process.
 //
-// Imports (of ours): admin, dnsproxy, engine, hbone, identity, inpod,
-// internal/logging, metrics, mtls, mtls/caclient, proxy, proxy/connmgr, state,
-// state/xdsconv, xdsclient and xdsclient/controlplane. Imported by:
-// cmd/ztunnel and tests.
+// Imports (of ours): admin, dnsproxy, engine, fdbudget, hbone, identity,
+// inpod, internal/logging, metrics, mtls, mtls/caclient, proxy,
+// proxy/connmgr, state, state/xdsconv, xdsclient and xdsclient/controlplane.
+// Imported by: cmd/ztunnel and tests.
 package app

@@ -143,6 +143,13 @@ type Config struct {
 	MemoryReleaseInterval time.Duration
 	MemoryRelease         *MemoryReleaseStats `json:",omitempty"`
 
+	// FDBudget is ZTUNNEL_FD_BUDGET (ours): the descriptor budget every
+	// proxy's accepted connections and inbound streams take from, per peer
+	// (fdbudget): "auto" (the default: RLIMIT_NOFILE minus a reserve),
+	// "off", or a number of descriptors. Once the daemon has started it
+	// holds the total in force, or "off" (budget.go).
+	FDBudget string
+
 	// PreferredServiceNamespace is PREFERED_SERVICE_NAMESPACE (sic): the
 	// tiebreak namespace for services sharing a VIP.
 	PreferredServiceNamespace string
@@ -424,6 +431,15 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 		e.fail("ZTUNNEL_ENGINE_STREAM_WAIT", c.EngineStreamWait, errors.New("want park or block"))
 	}
 	c.MemoryReleaseInterval = e.duration("ZTUNNEL_MEMORY_RELEASE_INTERVAL", DefaultMemoryReleaseInterval)
+	switch c.FDBudget = e.str("ZTUNNEL_FD_BUDGET", "auto"); c.FDBudget {
+	case "":
+		c.FDBudget = "auto"
+	case "auto", "off":
+	default:
+		if n, err := strconv.Atoi(c.FDBudget); err != nil || n < 1 {
+			e.fail("ZTUNNEL_FD_BUDGET", c.FDBudget, errors.New("want auto, off or a number of descriptors"))
+		}
+	}
 
 	c.LogLevel = e.str("RUST_LOG", "info")
 	c.LogFormat = e.str("LOG_FORMAT", "plain")

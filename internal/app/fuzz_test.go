@@ -3,6 +3,7 @@ package app
 import (
 	"errors"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -22,6 +23,7 @@ func FuzzParseEnv(f *testing.F) {
 		"TERMINATION_GRACE_PERIOD_SECONDS=30\nENABLE_ORIG_SRC=false\nPACKET_MARK=4294967295\nZTUNNEL_ENGINE=uring\nRUST_LOG=info,access=debug\nLOG_FORMAT=json",
 		"ZTUNNEL_ADMIN_ADDR=[::1]:15000\nTRUST_DOMAIN=example.org\nXDS_ADDRESS=istiod:15012\nCA_ADDRESS=https://ca:15012\nFAKE_CA=true",
 		"PROXY_MODE=other\nINSTANCE_IP=node-a\nZTUNNEL_CPU_LIMIT=-1\nCRL_PATH=/etc/crl.pem\nKEEPALIVE_TIME=-5s\nZTUNNEL_ADMIN_ADDR=0.0.0.0:15000",
+		"ZTUNNEL_FD_BUDGET=5000\nZTUNNEL_MEMORY_RELEASE_INTERVAL=0",
 	} {
 		fuzzseed.Add(f, env)
 	}
@@ -61,6 +63,7 @@ func FuzzParseEnv(f *testing.F) {
 			{"trust domain", c.TrustDomain != "" && !strings.ContainsAny(c.TrustDomain, "/ ")},
 			{"admin address", checkAdminAddr(c.AdminAddr) == nil},
 			{"log format", c.LogFormat == "plain" || c.LogFormat == "json"},
+			{"descriptor budget", c.FDBudget == "auto" || c.FDBudget == "off" || positiveInt(c.FDBudget)},
 		} {
 			if !check.ok {
 				t.Fatalf("accepted %s out of range: %+v", check.what, c)
@@ -70,3 +73,8 @@ func FuzzParseEnv(f *testing.F) {
 }
 
 func finiteNonNegative(f float64) bool { return f >= 0 && !math.IsInf(f, 0) }
+
+func positiveInt(s string) bool {
+	n, err := strconv.Atoi(s)
+	return err == nil && n > 0
+}
