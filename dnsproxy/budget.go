@@ -4,6 +4,8 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+
+	"github.com/ztunnel-go/ztunnel/fdbudget"
 )
 
 // budget bounds the forwarded queries in flight: at most max in all and at
@@ -60,4 +62,44 @@ func clientAddr(a net.Addr) netip.Addr {
 		ap = a.AddrPort()
 	}
 	return ap.Addr().Unmap()
+}
+
+// takeForward takes what a forwarded query holds until it is answered: a
+// slot of the forwarding budget and a descriptor of the daemon's (its
+// upstream socket), both for client; it reports false, counted in Dropped,
+// when either refuses.
+func (s *Server) takeForward(client netip.Addr) bool {
+	if !s.fwd.acquire(client) {
+		s.dropped.Add(1)
+		return false
+	}
+	if !s.takeFDs(client, 1) {
+		s.fwd.release(client)
+		s.dropped.Add(1)
+		return false
+	}
+	return true
+}
+
+// releaseForward gives back what takeForward took.
+func (s *Server) releaseForward(client netip.Addr) {
+	s.cfg.Budget.Release(client, 1)
+	s.fwd.release(client)
+}
+
+// takeFDs takes n descriptors of the daemon's budget for client, or counts
+// the refusal (ztunnel_go_fd_budget_refusals_total{listener="dns"}) and logs
+// it, at most once per fdbudget interval.
+func (s *Server) takeFDs(client netip.Addr, n int) bool {
+	b := s.cfg.Budget
+	r := b.Acquire(client, n)
+	if r == fdbudget.OK {
+		return true
+	}
+	s.cfg.Metrics.FDBudgetRefused("dns", r.String())
+	if log, unlogged := b.LogRefusal(); log {
+		s.log.Warn("descriptor budget refused a DNS client", "peer", client.String(), "reason", r.String(),
+			"peer_held", b.Held(client), "used", b.Used(), "total", b.Total(), "unlogged_refusals", unlogged)
+	}
+	return false
 }

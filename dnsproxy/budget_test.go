@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/ztunnel-go/ztunnel/fdbudget"
+	"github.com/ztunnel-go/ztunnel/metrics"
 )
 
 // hangUpstream is a resolver on loopback (UDP and TCP on one port) that
@@ -410,4 +413,68 @@ func TestBudget(t *testing.T) {
 	if bg.total != 0 || len(bg.byClient) != 0 {
 		t.Fatalf("after releasing all: total %d, clients %v", bg.total, bg.byClient)
 	}
+}
+
+// TestDescriptorBudget: the DNS proxy takes its clients' descriptors from
+// the daemon's budget (Config.Budget): a client opening TCP connections
+// stops at its share (half the budget, fdbudget's rule), its further
+// connections are closed at once and counted, and another client's TCP
+// query is still answered; when the flooder leaves, the budget is whole.
+func TestDescriptorBudget(t *testing.T) {
+	budget := fdbudget.New(fdbudget.Config{Total: 40, Floor: 2})
+	m := metrics.New(metrics.Config{})
+	s := started(t, Config{Budget: budget, Metrics: m, TCPIdleTimeout: time.Hour})
+	addr := s.UDPAddrs()[0].String()
+	flooder := netip.MustParseAddr("127.0.0.2")
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	refused := 0
+	for range 40 {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: flooder.AsSlice()}, Timeout: 10 * time.Second}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		// A refused connection is closed at once: its read ends.
+		c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); err != nil && !isTimeout(err) {
+			refused++
+		}
+	}
+	if got := budget.Held(flooder); got != 20 {
+		t.Fatalf("the flooder holds %d descriptors, want its share of 20", got)
+	}
+	if refused != 20 {
+		t.Fatalf("%d of the flooder's connections refused, want 20", refused)
+	}
+	if got := records(exchangeFrom(t, "tcp", "127.0.0.3", addr, "productpage").Answer); !slices.Equal(got, []string{"productpage. A 9.9.9.9"}) {
+		t.Fatalf("another client's TCP query: %q", got)
+	}
+	fams, err := m.Gatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counted float64
+	for _, f := range fams {
+		if f.GetName() == "ztunnel_go_fd_budget_refusals_total" {
+			for _, mt := range f.GetMetric() {
+				if hasLabels(mt, map[string]string{"listener": "dns", "reason": "peer"}) {
+					counted += mt.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if counted != 20 {
+		t.Fatalf("refusals counted %v, want 20", counted)
+	}
+	for _, c := range held {
+		c.Close()
+	}
+	held = nil
+	waitUntil(t, "the budget emptied", func() bool { return budget.Used() == 0 })
 }

@@ -40,5 +40,5 @@
 // answered FORMERR (or dropped when not even the header is there); the
 // server keeps serving.
 //
-// Imports (of ours): metrics and state. Imported by: internal/app.
+// Imports (of ours): fdbudget, metrics and state. Imported by: internal/app.
 package dnsproxy

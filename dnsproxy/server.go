@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel/fdbudget"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/state"
 )
@@ -108,6 +109,14 @@ type Config struct {
 	TCPIdleTimeout time.Duration
 	// Metrics receives the istio_dns_* counts; nil counts nothing.
 	Metrics *metrics.Metrics
+	// Budget is the daemon's descriptor budget (fdbudget): each TCP
+	// connection takes one descriptor of its client's share, each forwarded
+	// query one more for its upstream socket, so that no client of the DNS
+	// proxy holds more than its share of the daemon's descriptors whatever
+	// listener it floods. A refused connection is closed, a refused query
+	// dropped (UDP) or answered SERVFAIL (TCP), counted in Dropped and in
+	// ztunnel_go_fd_budget_refusals_total{listener="dns"}. nil is no budget.
+	Budget *fdbudget.Budget
 	// Logger receives start/stop lines and, at debug, one line per request
 	// (scope "dns"); nil discards.
 	Logger *slog.Logger
@@ -389,12 +398,11 @@ func (s *Server) serveUDP(pc net.PacketConn) {
 			continue
 		}
 		client := clientAddr(from)
-		if !s.fwd.acquire(client) {
-			s.dropped.Add(1)
+		if !s.takeForward(client) {
 			continue // overloaded: the client retries
 		}
 		s.wg.Go(func() {
-			defer s.fwd.release(client)
+			defer s.releaseForward(client)
 			if out := s.resolve(s.ctx, fwd); out != nil {
 				_, _ = pc.WriteTo(out, from)
 			}
@@ -436,12 +444,21 @@ func (s *Server) serveTCP(ln net.Listener) {
 			continue
 		}
 		backoff = 0
+		client := clientAddr(c.RemoteAddr())
+		if !s.takeFDs(client, 1) {
+			c.Close()
+			continue
+		}
 		tc := s.admit(c)
 		if tc == nil {
+			s.cfg.Budget.Release(client, 1)
 			c.Close()
 			return
 		}
-		s.wg.Go(func() { s.serveConn(tc) })
+		s.wg.Go(func() {
+			defer s.cfg.Budget.Release(client, 1)
+			s.serveConn(tc)
+		})
 	}
 }
 
@@ -542,8 +559,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 			s.end(tc)
 			return
 		}
-		if !s.fwd.acquire(tc.client) {
-			s.dropped.Add(1)
+		if !s.takeForward(tc.client) {
 			s.end(tc)
 			ok := s.reply(tc, s.refuse(s.ctx, fwd))
 			<-tc.pipe
@@ -558,7 +574,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 			// goroutines, not one per query it sent.
 			defer func() { <-tc.pipe }()
 			out := s.resolve(s.ctx, fwd)
-			s.fwd.release(tc.client)
+			s.releaseForward(tc.client)
 			s.end(tc)
 			if out == nil || !s.reply(tc, out) {
 				tc.c.Close() // ends the read loop too

@@ -19,5 +19,5 @@
 // A nil *Budget is unlimited: every Acquire succeeds and Release does
 // nothing, so code built without a budget needs no special case.
 //
-// Imports (of ours): nothing of ours. Imported by: internal/app and proxy.
+// Imports (of ours): nothing of ours. Imported by: dnsproxy, internal/app, proxy and tests.
 package fdbudget

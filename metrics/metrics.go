@@ -192,8 +192,8 @@ func (m *Metrics) CRLUntracked(r Reporter) {
 
 // FDBudgetRefused counts a connection or an inbound HBONE stream the
 // descriptor budget refused (ztunnel_go_fd_budget_refusals_total): listener is
-// the listener's name (outbound, inbound_plaintext, inbound_hbone, socks5)
-// or inbound_hbone_stream for a stream, reason "peer" or "total".
+// the listener's name (outbound, inbound_plaintext, inbound_hbone, socks5,
+// dns) or inbound_hbone_stream for a stream, reason "peer" or "total".
 func (m *Metrics) FDBudgetRefused(listener, reason string) {
 	if m != nil {
 		m.fdRefusals.WithLabelValues(listener, reason).Inc()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/dnsproxy"
 	"github.com/ztunnel-go/ztunnel/engine"
+	"github.com/ztunnel-go/ztunnel/fdbudget"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/proxy"
 	"github.com/ztunnel-go/ztunnel/state"
@@ -26,6 +27,8 @@ type dnsFactory struct {
 	metrics *metrics.Metrics
 	log     *slog.Logger
 	rc      dnsproxy.ResolvConf
+	// budget is the daemon's descriptor budget, shared with the proxies.
+	budget *fdbudget.Budget
 }
 
 // newDNSFactory reads the resolv.conf. An unreadable one is logged, not
@@ -67,6 +70,7 @@ func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) er
 		Dial:               dialer.DialContext,
 		Metrics:            f.metrics,
 		Logger:             f.log,
+		Budget:             f.budget,
 	})
 }
 

@@ -40,7 +40,7 @@ var allowed = map[string][]string{
 	"engine/splice":          {"engine/bufpool"},
 	"engine/enginetest":      {"engine", "engine/bufpool"},
 	"proxy/connmgr":          {"state", "identity"},
-	"dnsproxy":               {"state", "metrics"},
+	"dnsproxy":               {"fdbudget", "state", "metrics"},
 	"proxy/socks5":           {},
 	"proxy/proxyproto":       {},
 	"proxy/meta":             {},
