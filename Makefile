@@ -112,6 +112,10 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 10s), then print executions 
 fuzz-quick: ## CI smoke run of every fuzz target (2s each; a few minutes with compilation)
 	scripts/fuzz.sh 2s $(FUZZPARALLEL)
 
+.PHONY: istio-bins
+istio-bins: ## Build the Istio lab's upstream programs (etcd, kube-apiserver, kubectl, istiod, istio-cni) from istiolab/ into bin/istiolab/ (~15 min cold; docs/istio-lab.md)
+	GO=$(GO) scripts/istio-bins.sh $(BIN)/istiolab
+
 .PHONY: clean
 clean: ## Remove build outputs and any leftover lab namespaces
 	-@[ -x $(BIN)/zlab ] && $(BIN)/zlab down || true
