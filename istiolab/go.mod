@@ -5,8 +5,10 @@ module github.com/ztunnel-go/ztunnel/istiolab
 
 go 1.26.0
 
-// Each program is an upstream main package, built as it is (go build PKG);
-// only etcd, whose module has no main package, has a three-line main here.
+// Each program is an upstream main package, built as it is (go build PKG):
+// the tool lines keep their packages in the module graph. Only etcd, whose
+// published server module has no main package, has a one-call main here
+// (cmd/etcd).
 tool (
 	istio.io/istio/cni/cmd/install-cni
 	istio.io/istio/cni/cmd/istio-cni
