@@ -157,6 +157,7 @@ metadata:
 		{name: "other account impersonating", sa: "istio-cni", audience: "istio-ca",
 			ask: podID, impersonate: podID, code: codes.Unauthenticated, logged: "is not allowed to impersonate"},
 	}
+	logRSS(t, cp)
 	for _, tc := range cases {
 		t.Run("CSR: "+tc.name, func(t *testing.T) {
 			token, err := cp.ServiceAccountToken(ctx, IstioNamespace, tc.sa, []string{tc.audience}, time.Hour)
@@ -199,6 +200,23 @@ metadata:
 				t.Errorf("issued certificate does not chain to istio-ca-root-cert: %v", err)
 			}
 		})
+	}
+}
+
+// logRSS logs each component's resident memory: figures for
+// docs/istio-lab.md, not a check.
+func logRSS(t *testing.T, cp *ControlPlane) {
+	t.Helper()
+	for _, p := range cp.procs {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(data)) {
+			if rss, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				t.Logf("%s: RSS %s", p.name, strings.TrimSpace(rss))
+			}
+		}
 	}
 }
 

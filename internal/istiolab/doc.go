@@ -12,7 +12,7 @@
 // component's output goes to a log file under the control plane's directory.
 //
 // Its tests run only when ZTUNNEL_ISTIOLAB_BIN names the programs' directory
-// (`make test-istio` sets it): the programs take about fifteen minutes to
+// (`make test-istio` sets it): the programs take about eleven minutes to
 // build cold, which neither make test nor CI pays.
 //
 // Imports (of ours): internal/netnslab. Imported by: nothing (yet: the
