@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // BinsEnv names the directory of the upstream programs for the lab's tests
@@ -47,3 +48,19 @@ func (b Bins) IstioCRDs() string { return filepath.Join(b.Dir, "crds", "istio.ya
 // GatewayAPICRDs is the Gateway API's experimental channel, through its
 // own kustomization.
 func (b Bins) GatewayAPICRDs() string { return filepath.Join(b.Dir, "crds", "gateway-api.yaml") }
+
+// Version returns what the versions file says was built for name
+// ("etcd", "kubernetes", "istio", "gateway-api"): its first word after the
+// name.
+func (b Bins) Version(name string) (string, error) {
+	data, err := os.ReadFile(filepath.Join(b.Dir, "versions"))
+	if err != nil {
+		return "", fmt.Errorf("istiolab: %w", err)
+	}
+	for line := range strings.Lines(string(data)) {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == name {
+			return f[1], nil
+		}
+	}
+	return "", fmt.Errorf("istiolab: no %s in %s", name, filepath.Join(b.Dir, "versions"))
+}

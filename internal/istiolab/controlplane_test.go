@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"net"
@@ -85,6 +86,26 @@ func TestControlPlane(t *testing.T) {
 	cp, _ := startControlPlane(t)
 	ctx := t.Context()
 
+	// The API server reports the release it was built from (stamped by
+	// make istio-bins), as clients that check the server's version expect.
+	out, err := cp.Kubectl(ctx, "", "version", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var version struct {
+		ServerVersion struct{ GitVersion, Major, Minor string }
+	}
+	if err := json.Unmarshal(out, &version); err != nil {
+		t.Fatalf("kubectl version: %v: %s", err, out)
+	}
+	want, err := cp.bins.Version("kubernetes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := version.ServerVersion; v.GitVersion != want || !strings.HasPrefix(want, "v"+v.Major+"."+v.Minor+".") {
+		t.Errorf("server version %+v, want %s", v, want)
+	}
+
 	const ns = "ambient-demo"
 	if _, err := cp.Kubectl(ctx, `apiVersion: v1
 kind: Namespace
@@ -95,7 +116,7 @@ metadata:
 `, "apply", "-f", "-"); err != nil {
 		t.Fatal(err)
 	}
-	out, err := cp.Kubectl(ctx, "", "get", "namespace", ns, "-o", `jsonpath={.metadata.labels.istio\.io/dataplane-mode}`)
+	out, err = cp.Kubectl(ctx, "", "get", "namespace", ns, "-o", `jsonpath={.metadata.labels.istio\.io/dataplane-mode}`)
 	if err != nil || string(out) != "ambient" {
 		t.Fatalf("namespace label = %q, %v; want ambient", out, err)
 	}

@@ -73,13 +73,17 @@ func (cp *ControlPlane) WritePod(ctx context.Context, p PodObject) (string, erro
 	if container == "" {
 		container = "app"
 	}
+	meta := map[string]any{"namespace": p.Namespace, "name": p.Name}
+	if p.Labels != nil {
+		meta["labels"] = p.Labels
+	}
+	if p.Annotations != nil {
+		meta["annotations"] = p.Annotations
+	}
 	obj := map[string]any{
 		"apiVersion": "v1",
 		"kind":       "Pod",
-		"metadata": map[string]any{
-			"namespace": p.Namespace, "name": p.Name,
-			"labels": p.Labels, "annotations": p.Annotations,
-		},
+		"metadata":   meta,
 		"spec": map[string]any{
 			"nodeName":           p.Node.Name,
 			"serviceAccountName": p.ServiceAccount,
