@@ -119,6 +119,16 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 10s), then print executions 
 fuzz-quick: ## CI smoke run of every fuzz target (2s each; a few minutes with compilation)
 	scripts/fuzz.sh 2s $(FUZZPARALLEL)
 
+.PHONY: istio-bins
+istio-bins: ## Build the Istio lab's upstream programs (etcd, kube-apiserver, kubectl, istiod, istio-cni) from istiolab/ into bin/istiolab/ (~11 min cold here; docs/istio-lab.md)
+	GO=$(GO) scripts/istio-bins.sh $(BIN)/istiolab
+
+.PHONY: test-istio
+test-istio: istio-bins build ## The Istio lab's suite: upstream Kubernetes API server and istiod in the lab (root; not part of make test or CI; docs/istio-lab.md)
+	@scripts/deps.sh lab
+	ZTUNNEL_ISTIOLAB_BIN=$(CURDIR)/$(BIN)/istiolab ZTUNNEL_BIN=$(CURDIR)/$(BIN)/ztunnel \
+		$(GO) test -race -count=1 -v -timeout 30m $(GOTESTFLAGS) ./internal/istiolab/
+
 .PHONY: clean
 clean: ## Remove build outputs and any leftover lab namespaces
 	-@[ -x $(BIN)/zlab ] && $(BIN)/zlab down || true

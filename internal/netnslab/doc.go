@@ -28,6 +28,6 @@
 // labs whose owner died without cleaning up (and that were not [Lab.Detach]ed).
 //
 // Imports (of ours): internal/netns. Imported by: bench/harness, cmd/zlab,
-// internal/labrun (the demo) and tests. Never the daemon: the package imports
+// internal/istiolab, internal/labrun (the demo) and tests. Never the daemon: the package imports
 // "testing" for [New], [RequireRoot] and [Skip].
 package netnslab

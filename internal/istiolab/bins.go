@@ -1,0 +1,66 @@
+package istiolab
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// BinsEnv names the directory of the upstream programs for the lab's tests
+// (`make test-istio` sets it to bin/istiolab); unset, they skip.
+const BinsEnv = "ZTUNNEL_ISTIOLAB_BIN"
+
+// Bins is the directory `make istio-bins` (scripts/istio-bins.sh) fills:
+// the upstream programs, the CRDs copied out of their modules and the
+// ztunnel chart.
+type Bins struct {
+	// Dir is the directory's path.
+	Dir string
+}
+
+// OpenBins checks that dir holds every program and file the lab runs.
+func OpenBins(dir string) (Bins, error) {
+	b := Bins{Dir: dir}
+	for _, p := range []string{b.Etcd(), b.KubeAPIServer(), b.Kubectl(), b.Istiod(), b.IstioCRDs(), b.GatewayAPICRDs()} {
+		if _, err := os.Stat(p); err != nil {
+			return Bins{}, fmt.Errorf("istiolab: %w (run make istio-bins)", err)
+		}
+	}
+	return b, nil
+}
+
+// Etcd is etcd's server.
+func (b Bins) Etcd() string { return filepath.Join(b.Dir, "etcd") }
+
+// KubeAPIServer is Kubernetes' API server.
+func (b Bins) KubeAPIServer() string { return filepath.Join(b.Dir, "kube-apiserver") }
+
+// Kubectl is Kubernetes' command-line client.
+func (b Bins) Kubectl() string { return filepath.Join(b.Dir, "kubectl") }
+
+// Istiod is Istio's pilot-discovery.
+func (b Bins) Istiod() string { return filepath.Join(b.Dir, "pilot-discovery") }
+
+// IstioCRDs is Istio's CRDs (manifests/charts/base/files/crd-all.gen.yaml).
+func (b Bins) IstioCRDs() string { return filepath.Join(b.Dir, "crds", "istio.yaml") }
+
+// GatewayAPICRDs is the Gateway API's experimental channel, through its
+// own kustomization.
+func (b Bins) GatewayAPICRDs() string { return filepath.Join(b.Dir, "crds", "gateway-api.yaml") }
+
+// Version returns what the versions file says was built for name
+// ("etcd", "kubernetes", "istio", "gateway-api"): its first word after the
+// name.
+func (b Bins) Version(name string) (string, error) {
+	data, err := os.ReadFile(filepath.Join(b.Dir, "versions"))
+	if err != nil {
+		return "", fmt.Errorf("istiolab: %w", err)
+	}
+	for line := range strings.Lines(string(data)) {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == name {
+			return f[1], nil
+		}
+	}
+	return "", fmt.Errorf("istiolab: no %s in %s", name, filepath.Join(b.Dir, "versions"))
+}

@@ -1,0 +1,20 @@
+// Package istiolab runs upstream Kubernetes and Istio in the network-namespace
+// lab (issue 33, docs/istio-lab.md): etcd, the Kubernetes API server and
+// istiod, unmodified programs built from the istiolab/ module by
+// `make istio-bins`, started as processes in a lab node, with Istio's and the
+// Gateway API's CRDs and an ambient-profile install applied with kubectl.
+//
+// Its single job is the lab's control plane: start it, hand out what a
+// client needs (kubeconfig, service-account tokens from the TokenRequest API,
+// istiod's address) and stop it. It never imports Kubernetes or Istio code:
+// the daemon's module must not take their dependency graph, so it talks to
+// the API server through kubectl and a few plain HTTPS calls. Each
+// component's output goes to a log file under the control plane's directory.
+//
+// Its tests run only when ZTUNNEL_ISTIOLAB_BIN names the programs' directory
+// (`make test-istio` sets it): the programs take about eleven minutes to
+// build cold, which neither make test nor CI pays.
+//
+// Imports (of ours): internal/netnslab. Imported by: nothing (yet: the
+// `zlab istio` commands are next).
+package istiolab
