@@ -1,3 +1,5 @@
+//go:build istiolab
+
 package istiolab
 
 import (
