@@ -126,6 +126,7 @@ type ztunnelGoConfig struct {
 	PoolInnerHBONE        bool                `json:"poolInnerHbone"`
 	MemoryReleaseInterval ztunnelDuration     `json:"memoryReleaseInterval"`
 	MemoryRelease         *MemoryReleaseStats `json:"memoryRelease,omitempty"`
+	FDBudget              string              `json:"fdBudget"`
 	PolicyInfoLogging     bool                `json:"policyInfoLogging"`
 	PQC                   bool                `json:"pqc"`
 	LogLevel              string              `json:"logLevel"`
@@ -182,7 +183,7 @@ func ztunnelView(cfg *Config, environ, args []string) *ztunnelConfig {
 			CPULimit: cfg.CPULimit, CPURequest: cfg.CPURequest, CPUResourceLimit: cfg.CPUResourceLimit,
 			WorkerThreadsFrom: cfg.WorkerThreadsFrom, IstioVersion: cfg.IstioVersion, ResolvConf: cfg.ResolvConf,
 			Engine: cfg.Engine, HBONELoop: cfg.HBONELoop, EngineStreamWait: cfg.EngineStreamWait, PoolInnerHBONE: cfg.PoolInnerHBONE,
-			MemoryReleaseInterval: durationOf(cfg.MemoryReleaseInterval), MemoryRelease: cfg.MemoryRelease,
+			MemoryReleaseInterval: durationOf(cfg.MemoryReleaseInterval), MemoryRelease: cfg.MemoryRelease, FDBudget: cfg.FDBudget,
 			PolicyInfoLogging: cfg.PolicyInfoLogging, PQC: cfg.PQC, LogLevel: cfg.LogLevel, LogFormat: cfg.LogFormat,
 		},
 	}
