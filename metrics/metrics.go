@@ -36,6 +36,7 @@ type Metrics struct {
 	dnsFailures    *prometheus.CounterVec
 	dnsUpstreamDur *prometheus.HistogramVec
 	fdRefusals     *prometheus.CounterVec
+	peerRefusals   *prometheus.CounterVec
 
 	activeProxies  prometheus.Gauge
 	pendingProxies prometheus.Gauge
@@ -88,6 +89,7 @@ func New(cfg Config) *Metrics {
 	// stopped loading leaves stale revocations in force, so it is counted.
 	m.crlFailures = counterVec("istio_crl_load_failures_total", "CRL file loads that failed; the last good CRLs stay in force (unstable).", nil)
 	// ztunnel-go only: the descriptor budget (fdbudget) ztunnel does not have.
+	m.peerRefusals = counterVec("ztunnel_go_hbone_peer_refusals_total", "Connections on 15008 refused by an opt-in per-source-IP cap (ZTUNNEL_HBONE_MAX_*_PER_PEER), by reason: handshakes or connections (unstable).", []string{"reason"})
 	m.fdRefusals = counterVec("ztunnel_go_fd_budget_refusals_total", "Connections and inbound HBONE streams refused by the descriptor budget, by listener and reason: peer (the source IP holds its share) or total (the budget is spent) (unstable).", []string{"listener", "reason"})
 	m.xdsTerminated = counterVec("istio_xds_connection_terminations_total", "Ended connections to the xDS server, by reason (unstable).", []string{"reason"})
 	m.xdsMessages = counterVec("istio_xds_message_total", "xDS messages received, by type URL (unstable).", []string{"url"})
@@ -197,6 +199,15 @@ func (m *Metrics) CRLUntracked(r Reporter) {
 func (m *Metrics) FDBudgetRefused(listener, reason string) {
 	if m != nil {
 		m.fdRefusals.WithLabelValues(listener, reason).Inc()
+	}
+}
+
+// HBONEPeerRefused counts a connection on 15008 refused by an opt-in
+// per-source-IP cap (ztunnel_go_hbone_peer_refusals_total): reason is
+// "handshakes" or "connections".
+func (m *Metrics) HBONEPeerRefused(reason string) {
+	if m != nil {
+		m.peerRefusals.WithLabelValues(reason).Inc()
 	}
 }
 

@@ -125,6 +125,7 @@ func exerciseAll(m *Metrics) {
 	m.CRLUntracked(ReporterSource)
 	m.CRLLoadFailed()
 	m.FDBudgetRefused("inbound_plaintext", "peer")
+	m.HBONEPeerRefused("handshakes")
 	m.XDSConnectionTerminated(XDSReconnect)
 	m.XDSMessage("type.googleapis.com/istio.workload.Address", 100)
 	dl := DNSLabels{QueryType: "a", Protocol: "udp"}

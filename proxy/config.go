@@ -141,14 +141,17 @@ type Config struct {
 	// connects and sends nothing cannot hold a goroutine. Default 10s.
 	HandshakeTimeout time.Duration
 	// MaxHBONEHandshakesPerPeer bounds the TLS handshakes in progress on
-	// 15008 from one source IP; connections beyond it are closed at once.
-	// A legitimate peer dials one connection per pool key at a time.
-	// Default 128; negative means no limit.
+	// 15008 from one source IP; connections beyond it are closed at once
+	// and counted (ztunnel_go_hbone_peer_refusals_total). 0, the default,
+	// is no limit, as ztunnel has none: every cross-network connection to
+	// a pod arrives from its east-west gateway's one address. The
+	// descriptor budget (Budget) bounds one peer's share whatever this
+	// says; this is an opt-in cap on handshake work on top
+	// (ZTUNNEL_HBONE_MAX_HANDSHAKES_PER_PEER).
 	MaxHBONEHandshakesPerPeer int
 	// MaxHBONEConnsPerPeer bounds the HBONE connections (handshaking or
-	// established) on 15008 from one source IP; connections beyond it are
-	// closed at once. A pooled peer needs one per 100 concurrent streams.
-	// Default 2048; negative means no limit.
+	// established) on 15008 from one source IP, likewise: 0 (the default)
+	// is no limit (ZTUNNEL_HBONE_MAX_CONNS_PER_PEER).
 	MaxHBONEConnsPerPeer int
 	// Budget is the daemon's descriptor budget, shared by every proxy:
 	// each accepted connection takes its socket from it for the peer's
@@ -159,12 +162,8 @@ type Config struct {
 	Budget *fdbudget.Budget
 }
 
-// Defaults of the 15008 limits.
-const (
-	DefaultHandshakeTimeout          = 10 * time.Second
-	DefaultMaxHBONEHandshakesPerPeer = 128
-	DefaultMaxHBONEConnsPerPeer      = 2048
-)
+// DefaultHandshakeTimeout bounds a TLS handshake on 15008.
+const DefaultHandshakeTimeout = 10 * time.Second
 
 // setDefaults fills in what cfg leaves zero (and for HandshakeTimeout,
 // negative).
@@ -181,8 +180,6 @@ func (cfg *Config) setDefaults() {
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = DefaultHandshakeTimeout
 	}
-	orDefault(&cfg.MaxHBONEHandshakesPerPeer, DefaultMaxHBONEHandshakesPerPeer)
-	orDefault(&cfg.MaxHBONEConnsPerPeer, DefaultMaxHBONEConnsPerPeer)
 }
 
 // orDefault sets *v to def when it is the zero value.

@@ -26,6 +26,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 	"github.com/ztunnel-go/ztunnel/state"
@@ -403,21 +404,24 @@ func isReset(err error) bool {
 	return errors.As(err, &op)
 }
 
-// TestInboundPeerLimits: one source IP cannot hold more than its share of
-// handshakes or connections on 15008; another source is served meanwhile,
-// and the first is served again once it lets go.
+// TestInboundPeerLimits: with the opt-in caps set, one source IP cannot
+// hold more than its share of handshakes or connections on 15008 (counted
+// in ztunnel_go_hbone_peer_refusals_total); another source is served
+// meanwhile, and the first is served again once it lets go.
 func TestInboundPeerLimits(t *testing.T) {
 	app := echoApp(t)
 	for _, tc := range []struct {
 		name string
 		opt  func(*Config)
 		// hold opens what the limit allows from 127.0.0.1.
-		hold func(t *testing.T, rig *inboundRig) []io.Closer
-		log  string
+		hold   func(t *testing.T, rig *inboundRig) []io.Closer
+		log    string
+		reason string // the metric's
 	}{
 		{
-			name: "handshakes in progress",
-			opt:  func(c *Config) { c.MaxHBONEHandshakesPerPeer = 2 },
+			name:   "handshakes in progress",
+			reason: "handshakes",
+			opt:    func(c *Config) { c.MaxHBONEHandshakesPerPeer = 2 },
 			hold: func(t *testing.T, rig *inboundRig) []io.Closer {
 				// Three silent peers: one of them is refused at once.
 				var cs []io.Closer
@@ -448,8 +452,9 @@ func TestInboundPeerLimits(t *testing.T) {
 			log: "TLS handshakes in progress from 127.0.0.1",
 		},
 		{
-			name: "connections",
-			opt:  func(c *Config) { c.MaxHBONEConnsPerPeer = 2 },
+			name:   "connections",
+			reason: "connections",
+			opt:    func(c *Config) { c.MaxHBONEConnsPerPeer = 2 },
 			hold: func(t *testing.T, rig *inboundRig) []io.Closer {
 				cert := tlstest.Cert(t, rig.ca, identity.New("", "ns", "client"))
 				cfg := mtls.ClientConfig(cert, []string{"spiffe://cluster.local/ns/ns/sa/srv"})
@@ -473,9 +478,13 @@ func TestInboundPeerLimits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs logBuf
-			rig := startInbound(t, 1, withLog(&logs), tc.opt)
+			m := metrics.New(metrics.Config{})
+			rig := startInbound(t, 1, withLog(&logs), tc.opt, func(c *Config) { c.Metrics = m })
 			held := tc.hold(t, rig)
 			logs.waitFor(t, "per-peer limit", tc.log)
+			if n := counterOf(t, m, "ztunnel_go_hbone_peer_refusals_total", "reason", tc.reason); n < 1 {
+				t.Errorf("refusals counted %v, want at least 1 for reason %s", n, tc.reason)
+			}
 			if err := rig.echoFrom(t, "127.0.0.2", app); err != nil {
 				t.Fatalf("another source during the flood: %v", err)
 			}
@@ -487,6 +496,49 @@ func TestInboundPeerLimits(t *testing.T) {
 			rig.eventuallyEcho(t, "127.0.0.1", app)
 		})
 	}
+}
+
+// TestInboundNoPeerCapByDefault: as ztunnel, 15008 has no per-source cap
+// unless one is set: every cross-network connection to a pod comes from its
+// east-west gateway's one address. More connections from one source than
+// the old default caps allowed handshakes are served.
+func TestInboundNoPeerCapByDefault(t *testing.T) {
+	app := echoApp(t)
+	rig := startInbound(t, 1)
+	cert := tlstest.Cert(t, rig.ca, identity.New("", "ns", "client"))
+	cfg := mtls.ClientConfig(cert, []string{"spiffe://cluster.local/ns/ns/sa/srv"})
+	for i := range 160 { // over the 128 handshakes the old default allowed
+		tc, err := tlsClient(rig.dialFrom(t, "127.0.0.1"), cfg)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		defer tc.Close()
+	}
+	if err := rig.echoFrom(t, "127.0.0.1", app); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// counterOf is the value of family's sample with label = value.
+func counterOf(t *testing.T, m *metrics.Metrics, family, label, value string) float64 {
+	t.Helper()
+	fams, err := m.Gatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != family {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			for _, l := range mt.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return mt.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 // TestInboundFirstURIDecides: of a client certificate's URI SANs, the first

@@ -41,8 +41,10 @@ func (p *Proxy) admitPeer(ip netip.Addr) (refused int, err error) {
 	switch {
 	case p.cfg.MaxHBONEConnsPerPeer > 0 && pc.conns >= p.cfg.MaxHBONEConnsPerPeer:
 		err = fmt.Errorf("%w: %d connections from %v", errPeerLimit, pc.conns, ip)
+		p.cfg.Metrics.HBONEPeerRefused("connections")
 	case p.cfg.MaxHBONEHandshakesPerPeer > 0 && pc.handshakes >= p.cfg.MaxHBONEHandshakesPerPeer:
 		err = fmt.Errorf("%w: %d TLS handshakes in progress from %v", errPeerLimit, pc.handshakes, ip)
+		p.cfg.Metrics.HBONEPeerRefused("handshakes")
 	}
 	if err != nil {
 		pc.refused++

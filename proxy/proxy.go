@@ -79,7 +79,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	hcfg := cfg.HBONE
 	if hcfg.Logf == nil {
-		hcfg.Logf = func(format string, args ...any) { log.Debug(fmt.Sprintf(format, args...), "scope", "proxy::h2::server") }
+		hcfg.Logf = func(format string, args ...any) {
+			log.Debug(fmt.Sprintf(format, args...), "scope", "proxy::h2::server")
+		}
 	}
 	if cfg.CRL != nil {
 		hcfg.Admit = p.admitInbound // crl.go

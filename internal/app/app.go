@@ -259,6 +259,9 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			CRL:         crl,
 			Budget:      budget,
 
+			MaxHBONEHandshakesPerPeer: cfg.HBONEMaxHandshakesPerPeer,
+			MaxHBONEConnsPerPeer:      cfg.HBONEMaxConnsPerPeer,
+
 			PreferredServiceNamespace: cfg.PreferredServiceNamespace,
 			SOCKS5:                    cfg.EnableSOCKS5,
 			DirectAppTunnel:           !cfg.LocalhostAppTunnel,

@@ -109,28 +109,30 @@ type ztunnelConfig struct {
 
 // ztunnelGoConfig is what this build has that ztunnel's Config does not.
 type ztunnelGoConfig struct {
-	TrustDomain           string              `json:"trustDomain"`
-	LocalXDSPath          string              `json:"localXdsPath,omitempty"`
-	BuiltinCACert         string              `json:"builtinCaCert,omitempty"`
-	BuiltinCAKey          string              `json:"builtinCaKey,omitempty"`
-	InstanceIP            string              `json:"instanceIp"`
-	CPULimit              float64             `json:"cpuLimit,omitempty"`
-	CPURequest            float64             `json:"cpuRequest,omitempty"`
-	CPUResourceLimit      float64             `json:"cpuResourceLimit,omitempty"`
-	WorkerThreadsFrom     string              `json:"workerThreadsFrom"`
-	IstioVersion          string              `json:"istioVersion,omitempty"`
-	ResolvConf            string              `json:"resolvConf"`
-	Engine                string              `json:"engine"`
-	HBONELoop             bool                `json:"hboneLoop"`
-	EngineStreamWait      string              `json:"engineStreamWait"`
-	PoolInnerHBONE        bool                `json:"poolInnerHbone"`
-	MemoryReleaseInterval ztunnelDuration     `json:"memoryReleaseInterval"`
-	MemoryRelease         *MemoryReleaseStats `json:"memoryRelease,omitempty"`
-	FDBudget              string              `json:"fdBudget"`
-	PolicyInfoLogging     bool                `json:"policyInfoLogging"`
-	PQC                   bool                `json:"pqc"`
-	LogLevel              string              `json:"logLevel"`
-	LogFormat             string              `json:"logFormat"`
+	TrustDomain               string              `json:"trustDomain"`
+	LocalXDSPath              string              `json:"localXdsPath,omitempty"`
+	BuiltinCACert             string              `json:"builtinCaCert,omitempty"`
+	BuiltinCAKey              string              `json:"builtinCaKey,omitempty"`
+	InstanceIP                string              `json:"instanceIp"`
+	CPULimit                  float64             `json:"cpuLimit,omitempty"`
+	CPURequest                float64             `json:"cpuRequest,omitempty"`
+	CPUResourceLimit          float64             `json:"cpuResourceLimit,omitempty"`
+	WorkerThreadsFrom         string              `json:"workerThreadsFrom"`
+	IstioVersion              string              `json:"istioVersion,omitempty"`
+	ResolvConf                string              `json:"resolvConf"`
+	Engine                    string              `json:"engine"`
+	HBONELoop                 bool                `json:"hboneLoop"`
+	EngineStreamWait          string              `json:"engineStreamWait"`
+	PoolInnerHBONE            bool                `json:"poolInnerHbone"`
+	MemoryReleaseInterval     ztunnelDuration     `json:"memoryReleaseInterval"`
+	MemoryRelease             *MemoryReleaseStats `json:"memoryRelease,omitempty"`
+	FDBudget                  string              `json:"fdBudget"`
+	HBONEMaxHandshakesPerPeer int                 `json:"hboneMaxHandshakesPerPeer"`
+	HBONEMaxConnsPerPeer      int                 `json:"hboneMaxConnsPerPeer"`
+	PolicyInfoLogging         bool                `json:"policyInfoLogging"`
+	PQC                       bool                `json:"pqc"`
+	LogLevel                  string              `json:"logLevel"`
+	LogFormat                 string              `json:"logFormat"`
 }
 
 // ztunnelView returns cfg as ztunnel shows its configuration; environ and
@@ -184,6 +186,7 @@ func ztunnelView(cfg *Config, environ, args []string) *ztunnelConfig {
 			WorkerThreadsFrom: cfg.WorkerThreadsFrom, IstioVersion: cfg.IstioVersion, ResolvConf: cfg.ResolvConf,
 			Engine: cfg.Engine, HBONELoop: cfg.HBONELoop, EngineStreamWait: cfg.EngineStreamWait, PoolInnerHBONE: cfg.PoolInnerHBONE,
 			MemoryReleaseInterval: durationOf(cfg.MemoryReleaseInterval), MemoryRelease: cfg.MemoryRelease, FDBudget: cfg.FDBudget,
+			HBONEMaxHandshakesPerPeer: cfg.HBONEMaxHandshakesPerPeer, HBONEMaxConnsPerPeer: cfg.HBONEMaxConnsPerPeer,
 			PolicyInfoLogging: cfg.PolicyInfoLogging, PQC: cfg.PQC, LogLevel: cfg.LogLevel, LogFormat: cfg.LogFormat,
 		},
 	}

@@ -150,6 +150,13 @@ type Config struct {
 	// holds the total in force, or "off" (budget.go).
 	FDBudget string
 
+	// HBONEMaxHandshakesPerPeer and HBONEMaxConnsPerPeer are
+	// ZTUNNEL_HBONE_MAX_HANDSHAKES_PER_PEER and
+	// ZTUNNEL_HBONE_MAX_CONNS_PER_PEER (ours, default 0 = no cap, as
+	// ztunnel): proxy.Config's MaxHBONEHandshakesPerPeer and
+	// MaxHBONEConnsPerPeer, opt-in caps per source IP on 15008.
+	HBONEMaxHandshakesPerPeer, HBONEMaxConnsPerPeer int
+
 	// PreferredServiceNamespace is PREFERED_SERVICE_NAMESPACE (sic): the
 	// tiebreak namespace for services sharing a VIP.
 	PreferredServiceNamespace string
@@ -440,6 +447,9 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 			e.fail("ZTUNNEL_FD_BUDGET", c.FDBudget, errors.New("want auto, off or a number of descriptors"))
 		}
 	}
+	// Opt-in per-source caps on 15008 (ztunnel has none); 0 is no cap.
+	c.HBONEMaxHandshakesPerPeer = int(e.uint("ZTUNNEL_HBONE_MAX_HANDSHAKES_PER_PEER", 0, 0, math.MaxInt32))
+	c.HBONEMaxConnsPerPeer = int(e.uint("ZTUNNEL_HBONE_MAX_CONNS_PER_PEER", 0, 0, math.MaxInt32))
 
 	c.LogLevel = e.str("RUST_LOG", "info")
 	c.LogFormat = e.str("LOG_FORMAT", "plain")
