@@ -66,6 +66,7 @@ var allowed = map[string][]string{
 	"internal/netnslab":      {"internal/netns"},
 	"internal/netns":         {},
 	"internal/nettest":       {},
+	"internal/rawtcp":        {},
 	"engine/bufpool":         {},
 	"identity":               {},
 	"internal/deptest":       {},
