@@ -82,6 +82,10 @@ type hostileOptions struct {
 func startHostile(t *testing.T, mode string, o hostileOptions) *hostileLab {
 	t.Helper()
 	lab := netnslab.New(t)
+	netnslab.RequireTool(t, "ip6tables-restore", "iptables") // the IPv6 capture rules
+	if o.noFile != 0 {
+		netnslab.RequireTool(t, "prlimit", "util-linux")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	capture := netnslab.CaptureOptions{IPv6: true, RedirectDNS: o.dnsCapture}

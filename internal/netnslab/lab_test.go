@@ -188,6 +188,7 @@ func TestCapture(t *testing.T) {
 // exempt.
 func TestCaptureIPv6(t *testing.T) {
 	l := newLab(t, 1, 2)
+	RequireTool(t, "ip6tables-restore", "iptables")
 	c, r := mustPod(t, l, "pod0-0"), mustPod(t, l, "pod0-1")
 	for _, p := range []*Pod{c, r} {
 		if err := p.EnableIPv6(); err != nil {

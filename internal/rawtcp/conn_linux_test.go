@@ -33,6 +33,7 @@ type veth struct {
 func newVeth(t *testing.T) *veth {
 	t.Helper()
 	lab := netnslab.New(t)
+	netnslab.RequireTool(t, "ip6tables", "iptables")
 	node, err := lab.AddNode("node")
 	if err != nil {
 		t.Fatal(err)
