@@ -48,7 +48,7 @@ type fdPlan struct {
 
 var (
 	fastFDs = fdPlan{name: "fast", noFile: 1024, attempts: 1100, dnsStalls: 100, limit: time.Minute}
-	soakFDs = fdPlan{name: "soak", noFile: 8192, attempts: 8500, dnsStalls: 1000, limit: 5 * time.Minute}
+	soakFDs = fdPlan{name: "soak", noFile: 6144, attempts: 6500, dnsStalls: 1000, limit: 5 * time.Minute}
 )
 
 const (
@@ -161,7 +161,7 @@ func TestHostileDescriptors(t *testing.T) {
 	}
 	// The attacker's end and the echo app's end of each connection are
 	// in this process.
-	raiseNoFile(t, uint64(3*plan.attempts+plan.dnsStalls+1024))
+	raiseNoFile(t, uint64(2*plan.attempts+plan.dnsStalls+1024))
 	for _, mode := range hostileModes {
 		t.Run(mode, func(t *testing.T) {
 			h := startHostile(t, mode, hostileOptions{noFile: plan.noFile, dnsCapture: true})
