@@ -29,6 +29,8 @@ const (
 	// vaultPort is the vault's marker service, which only target may use.
 	vaultPort   = 7777
 	vaultBanner = "VAULT: only the target pod may read this\n"
+	// relaySrcPort is the attacker's port for the relay attack.
+	relaySrcPort = rawPortLast + 1
 	// rawLimit bounds one raw attack: the daemon refuses at once, or
 	// today relays within this (a relay to a host whose answer cannot
 	// reach the spoofed source waits out the 10 s connect timeout before
@@ -202,9 +204,10 @@ func (h *hostileLab) relayAttack(t *testing.T) {
 		}
 		defer attacker.Command(context.Background(), "ip", "route", "del", route).Run()
 		before := len(marker.Peers())
-		// A source port of our choosing, so that the refusal can be
-		// found in the log even when the dial itself sees it.
-		src := netip.AddrPortFrom(attacker.IP, uint16(h.rawPort.Add(1)))
+		// A source port of our choosing (outside the raw flows' range,
+		// whose resets the attacker's kernel drops), so that the refusal
+		// can be found in the log even when the dial itself sees it.
+		src := netip.AddrPortFrom(attacker.IP, relaySrcPort)
 		c, err := attacker.DialWith(ctx, &net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(src)}, "tcp", vaultAddr.String())
 		var got []byte
 		switch {
@@ -284,13 +287,14 @@ func (h *hostileLab) selfLoops(t *testing.T) {
 			honest := make(chan error, 1)
 			go func() { honest <- h.honestRoundTrip(t, netip.AddrPortFrom(pod.IP, 8080)) }()
 			// Count the daemon's descriptors while the app waits for an
-			// answer that must not come.
+			// answer that must not come, and for half a second at least
+			// (a loop runs in the daemon whatever the app's end saw).
 			peak := before
 			var got []byte
 			var rerr error
+			done := make(chan struct{})
 			if conn != nil {
 				defer conn.Close()
-				done := make(chan struct{})
 				go func() {
 					defer close(done)
 					conn.SetDeadline(time.Now().Add(3 * time.Second))
@@ -300,16 +304,21 @@ func (h *hostileLab) selfLoops(t *testing.T) {
 					}
 					got, rerr = io.ReadAll(conn)
 				}()
-			sample:
-				for {
-					if n, err := fdCount(d); err == nil && n > peak {
-						peak = n
-					}
-					select {
-					case <-done:
-						break sample
-					case <-time.After(20 * time.Millisecond):
-					}
+			} else {
+				close(done)
+			}
+			for watch := time.Now().Add(500 * time.Millisecond); ; time.Sleep(20 * time.Millisecond) {
+				if n, err := fdCount(d); err == nil && n > peak {
+					peak = n
+				}
+				finished := false
+				select {
+				case <-done:
+					finished = true
+				default:
+				}
+				if finished && time.Now().After(watch) {
+					break
 				}
 			}
 			herr := <-honest
