@@ -58,7 +58,9 @@ type Config struct {
 }
 
 // Conn is one TCP connection driven from user space. It is not safe for
-// concurrent use.
+// concurrent use. Its methods wait until their context's deadline: a
+// context cancelled without one is noticed only at the next packet or
+// retransmission, so callers give every context a deadline.
 type Conn struct {
 	cfg  Config
 	f    *os.File
