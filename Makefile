@@ -109,8 +109,8 @@ bench-micro: ## Run every go test benchmark once (so none rots); BENCHTIME=2s fo
 	$(GO) test -run '^$$' -bench . -benchtime $${BENCHTIME:-1x} ./...
 
 .PHONY: soak
-soak: ## Load and soak: 10,000 connections through a node pair, 60s connection storm, a policy push a second, 25 start-up rounds against a slow istiod, upgrades under load (with and without /proc/sys read-only), figures table (root, a few minutes)
-	set -o pipefail; ZTUNNEL_SOAK=1 $(GO) test -count=1 -v -timeout 30m -run '^(TestLoad|TestStartupServesNothingBeforeSync|TestSharedUpgrade|TestSharedUpgradeReadOnlyProcSys)$$' ./e2e/ | grep -v '^=== RUN'
+soak: ## Load and soak: 10,000 connections through a node pair, 60s connection storm, a policy push a second, 25 start-up rounds against a slow istiod, upgrades under load (with and without /proc/sys read-only), descriptor exhaustion per listener at RLIMIT_NOFILE 6144, figures table (root, a few minutes)
+	set -o pipefail; ZTUNNEL_SOAK=1 $(GO) test -count=1 -v -timeout 30m -run '^(TestLoad|TestStartupServesNothingBeforeSync|TestSharedUpgrade|TestSharedUpgradeReadOnlyProcSys|TestHostileDescriptors)$$' ./e2e/ | grep -v '^=== RUN'
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10s), then print executions per target

@@ -68,6 +68,7 @@ var allowed = map[string][]string{
 	"internal/netnslab":      {"internal/netns"},
 	"internal/netns":         {},
 	"internal/nettest":       {},
+	"internal/rawtcp":        {},
 	"engine/bufpool":         {},
 	"identity":               {},
 	"internal/deptest":       {},

@@ -27,6 +27,8 @@ type ClusterOptions struct {
 	// Capture selects variants of the meshed pods' capture rules (such as
 	// RedirectDNS, for the DNS proxy).
 	Capture netnslab.CaptureOptions
+	// NoFile runs every daemon with that RLIMIT_NOFILE (DaemonOptions).
+	NoFile uint64
 }
 
 // Cluster is a lab built from a ztunnel local config: one pod per workload
@@ -40,6 +42,10 @@ type Cluster struct {
 	Snapshot    *state.Snapshot
 	Pods        map[string]*netnslab.Pod
 	Daemons     map[string]*Daemon
+
+	opts      ClusterOptions
+	files     clusterFiles
+	workloads map[string]*state.Workload // by name
 }
 
 // StartCluster builds the topology config describes inside lab and starts the
@@ -54,15 +60,15 @@ func StartCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o Clust
 	c := &Cluster{
 		Lab: lab, Snapshot: snap, TrustDomain: identity.DefaultTrustDomain,
 		Pods: map[string]*netnslab.Pod{}, Daemons: map[string]*Daemon{},
+		opts: o, workloads: map[string]*state.Workload{},
 	}
 	if c.CA, err = caclient.NewBuiltinCA(c.TrustDomain); err != nil {
 		return nil, err
 	}
-	files, err := writeClusterFiles(o.Dir, c.CA, config)
-	if err != nil {
+	if c.files, err = writeClusterFiles(o.Dir, c.CA, config); err != nil {
 		return nil, err
 	}
-	c.ConfigPath = files.config
+	c.ConfigPath = c.files.config
 
 	pl := newPlacement(lab, map[string]*netnslab.Node{}, c.Pods)
 	// Workloads in file order: the snapshot sorts, the raw config keeps order.
@@ -73,36 +79,51 @@ func StartCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o Clust
 		if _, err := pl.workload(w); err != nil {
 			return nil, err
 		}
+		c.workloads[w.Name] = w
 	}
 	if err := pl.extra(o.ExtraPods); err != nil {
 		return nil, err
 	}
 	for _, w := range lc.Workloads {
-		p := c.Pods[w.Name]
-		if w.Protocol != state.ProtocolHBONE || p == nil {
+		if w.Protocol != state.ProtocolHBONE || c.Pods[w.Name] == nil {
 			continue
 		}
-		if err := p.InstallCaptureWith(o.Capture); err != nil {
+		if _, err := c.Mesh(ctx, w.Name); err != nil {
 			c.Close()
 			return nil, err
 		}
-		id := w.Identity()
-		env := o.DaemonEnv
-		if w.Network != "" {
-			// The daemon is on its workload's network (multi-network labs).
-			env = append([]string{"NETWORK=" + w.Network}, o.DaemonEnv...)
-		}
-		d, err := StartDaemon(ctx, p, DaemonOptions{
-			Binary: o.Binary, ConfigPath: c.ConfigPath, CACert: files.caCert, CAKey: files.caKey,
-			Workload: w.Namespace + "/" + w.Name + "/" + id.ServiceAccount, Env: env, LogLevel: o.LogLevel,
-		})
-		if err != nil {
-			c.Close()
-			return nil, err
-		}
-		c.Daemons[w.Name] = d
 	}
 	return c, nil
+}
+
+// Mesh installs the capture rules in the pod of the config's workload
+// called name and starts a daemon there, with the cluster's options, and
+// waits for its readiness. StartCluster does it for every HBONE workload;
+// a test calls it for a workload of another protocol, as a pod captured
+// before its workload record says HBONE is served.
+func (c *Cluster) Mesh(ctx context.Context, name string) (*Daemon, error) {
+	p, w := c.Pods[name], c.workloads[name]
+	if p == nil || w == nil {
+		return nil, fmt.Errorf("labrun: no workload %q with a pod", name)
+	}
+	if err := p.InstallCaptureWith(c.opts.Capture); err != nil {
+		return nil, err
+	}
+	env := c.opts.DaemonEnv
+	if w.Network != "" {
+		// The daemon is on its workload's network (multi-network labs).
+		env = append([]string{"NETWORK=" + w.Network}, c.opts.DaemonEnv...)
+	}
+	d, err := StartDaemon(ctx, p, DaemonOptions{
+		Binary: c.opts.Binary, ConfigPath: c.ConfigPath, CACert: c.files.caCert, CAKey: c.files.caKey,
+		Workload: w.Namespace + "/" + w.Name + "/" + w.Identity().ServiceAccount, Env: env, LogLevel: c.opts.LogLevel,
+		NoFile: c.opts.NoFile,
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.Daemons[name] = d
+	return d, nil
 }
 
 // Close stops every daemon (the lab itself belongs to the caller).

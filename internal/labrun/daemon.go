@@ -39,6 +39,11 @@ type DaemonOptions struct {
 	// ReadOnlyProcSys runs the daemon with /proc/sys mounted read-only, as
 	// in a non-privileged Kubernetes container (procsys.go).
 	ReadOnlyProcSys bool
+	// NoFile, when not zero, runs the daemon with RLIMIT_NOFILE of NoFile
+	// from its first instruction on, as a container's tight limit would:
+	// both the soft and the hard limit, since the Go runtime raises the
+	// soft one to the hard one at start (prlimit from util-linux).
+	NoFile uint64
 }
 
 // Daemon is one running ztunnel-go process inside a pod's namespace.
@@ -77,6 +82,9 @@ func StartDaemon(ctx context.Context, pod *netnslab.Pod, o DaemonOptions) (*Daem
 	if o.ReadOnlyProcSys {
 		readOnlyProcSys(cmd) // procsys.go
 	}
+	if o.NoFile != 0 {
+		limitNoFile(cmd, o.NoFile)
+	}
 	pr, pw := io.Pipe()
 	cmd.Stdout = pw
 	cmd.Stderr = pw
@@ -108,6 +116,19 @@ func StartDaemon(ctx context.Context, pod *netnslab.Pod, o DaemonOptions) (*Daem
 		return nil, fmt.Errorf("labrun: daemon in %s not ready: %w\n%s", pod.Name, err, d.Log())
 	}
 	return d, nil
+}
+
+// limitNoFile makes cmd run under prlimit with RLIMIT_NOFILE set to limit
+// (soft and hard). prlimit and `ip netns exec` exec in place, so the
+// process started is the daemon itself (PID).
+func limitNoFile(cmd *exec.Cmd, limit uint64) {
+	path, err := exec.LookPath("prlimit")
+	if err != nil {
+		cmd.Err = err
+		return
+	}
+	cmd.Args = append([]string{"prlimit", fmt.Sprintf("--nofile=%d:%d", limit, limit), "--"}, cmd.Args...)
+	cmd.Path = path
 }
 
 // WaitReady waits until /healthz/ready answers 200 (for a daemon started

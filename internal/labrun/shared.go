@@ -43,6 +43,8 @@ type SharedOptions struct {
 	// CA is the built-in CA every daemon signs with (BUILTIN_CA_CERT and
 	// _KEY); nil makes a fresh one for cluster.local.
 	CA *caclient.BuiltinCA
+	// NoFile runs every daemon with that RLIMIT_NOFILE (DaemonOptions).
+	NoFile uint64
 }
 
 // DaemonStart adjusts one StartDaemonWith call.
@@ -269,6 +271,7 @@ func (c *SharedCluster) StartDaemonWith(ctx context.Context, node string, o Daem
 	d, err := StartDaemon(ctx, zt, DaemonOptions{
 		Binary: c.opts.Binary, ConfigPath: c.ConfigPath, CACert: c.files.caCert, CAKey: c.files.caKey,
 		Env: env, LogLevel: c.opts.LogLevel, NoWait: o.NoWait, ReadOnlyProcSys: c.opts.ReadOnlyProcSys,
+		NoFile: c.opts.NoFile,
 	})
 	if err != nil {
 		return nil, err

@@ -13,6 +13,11 @@
 //	                     pod bridge cbr0 = 10.244.N.1/24, a route to every other node's pod CIDR via that node
 //	<prefix>_<pod>       pod P on node N: eth0 = 10.244.N.(P+2)/24 on cbr0, lo up, default route via 10.244.N.1
 //
+// IPv6 is opt-in per pod ([Pod.EnableIPv6]): fd00:10:244:N::(P+2)/64 on eth0,
+// fd00:10:244:N::1 on the node's cbr0 as its gateway; pods of one node reach each
+// other over it, nothing routes IPv6 between nodes. [CaptureOptions.IPv6] adds
+// istio-cni's IPv6 capture rules (ip6tables).
+//
 // Every name carries the lab's prefix, which starts with [GlobalPrefix]. Interfaces
 // are created directly inside lab namespaces, never in the root namespace, so their
 // short fixed names (br0, eth0, cbr0, vethN) cannot collide between labs. Nothing is

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os/exec"
 	"runtime"
@@ -181,6 +182,89 @@ func TestCapture(t *testing.T) {
 	})
 }
 
+// TestCaptureIPv6: with CaptureOptions.IPv6 and IPv6 addresses on the
+// pods, the IPv6 rules capture as the IPv4 ones do: inbound to an app port
+// lands on 15006, 15008 is left alone, outbound lands on 15001, ::1 is
+// exempt.
+func TestCaptureIPv6(t *testing.T) {
+	l := newLab(t, 1, 2)
+	RequireTool(t, "ip6tables-restore", "iptables")
+	c, r := mustPod(t, l, "pod0-0"), mustPod(t, l, "pod0-1")
+	for _, p := range []*Pod{c, r} {
+		if err := p.EnableIPv6(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.EnableIPv6(); err != nil {
+		t.Errorf("second EnableIPv6: %v", err)
+	}
+	if want := netip.MustParseAddr("fd00:10:244::3"); r.IP6 != want {
+		t.Errorf("pod0-1's IPv6 address %s, want %s", r.IP6, want)
+	}
+	if err := c.InstallCaptureWith(CaptureOptions{IPv6: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		from *Pod
+		to   netip.AddrPort
+		// lands is the port of the listener in c that must accept.
+		lands uint16
+	}{
+		{"inbound app port goes to 15006", r, netip.AddrPortFrom(c.IP6, 8080), InboundPlaintextPort},
+		{"inbound 15008 is not captured", r, netip.AddrPortFrom(c.IP6, InboundHBONEPort), InboundHBONEPort},
+		{"outbound goes to 15001", c, netip.AddrPortFrom(r.IP6, 8080), OutboundPort},
+		{"::1 is not captured", c, netip.MustParseAddrPort("[::1]:8082"), 8082},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := c.Listen("tcp6", fmt.Sprintf("[::]:%d", tc.lands))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ln.Close() })
+			if tc.to.Port() != tc.lands && tc.to.Addr() == r.IP6 {
+				// The uncaptured destination listens too: the proxy
+				// must win anyway.
+				listen6(t, r.NS, tc.to)
+			}
+			ch := serveOne(t, ln)
+			ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+			defer cancel()
+			conn, err := tc.from.Dial(ctx, "tcp6", tc.to.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(deadline())
+			if _, err := conn.Write([]byte("v6")); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := io.ReadAll(conn); err != nil || string(got) != "echo:v6" {
+				t.Fatalf("echo %q, %v", got, err)
+			}
+			if a := await(t, ch, "listener"); a.local.Port() != tc.lands {
+				t.Errorf("accepted on %s, want port %d", a.local, tc.lands)
+			}
+		})
+	}
+	if err := c.RemoveCapture(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.Command(context.Background(), "ip6tables-save", "-t", "nat").CombinedOutput()
+	if err != nil || strings.Contains(string(out), "ISTIO") {
+		t.Fatalf("IPv6 rules after RemoveCapture: %v\n%s", err, out)
+	}
+}
+
+func listen6(t *testing.T, ns NS, addr netip.AddrPort) {
+	t.Helper()
+	ln, err := ns.Listen("tcp6", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+}
+
 func TestCaptureDNSAndIdempotence(t *testing.T) {
 	l := newLab(t, 1, 2)
 	c, r := mustPod(t, l, "pod0-0"), mustPod(t, l, "pod0-1")
@@ -332,6 +416,24 @@ func TestCaptureRules(t *testing.T) {
 	// Order matters in nat OUTPUT: the exemptions precede the REDIRECT to 15001.
 	if strings.Index(rules, "-o lo -j ACCEPT") > strings.Index(rules, "--to-ports 15001") {
 		t.Error("lo exemption after the outbound REDIRECT")
+	}
+}
+
+func TestCaptureRules6(t *testing.T) {
+	rules := CaptureRules6(CaptureOptions{RedirectDNS: true})
+	for _, want := range []string{
+		"-A ISTIO_PRERT -s fd16:9254:7127:1337:ffff:ffff:ffff:ffff/128 -p tcp -m tcp -j ACCEPT",
+		"-A ISTIO_PRERT ! -d ::1/128 -p tcp -m tcp ! --dport 15008 -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15006",
+		"-A ISTIO_OUTPUT ! -d ::1/128 -p tcp -m tcp --dport 53 -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15053",
+		"-A ISTIO_OUTPUT ! -d ::1/128 -o lo -j ACCEPT",
+		"-A ISTIO_OUTPUT ! -d ::1/128 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001",
+	} {
+		if !strings.Contains(rules, want+"\n") {
+			t.Errorf("IPv6 rules lack %q", want)
+		}
+	}
+	if strings.Contains(rules, "127.0.0.1") || strings.Contains(rules, "169.254.7.127") {
+		t.Errorf("IPv6 rules name IPv4 addresses:\n%s", rules)
 	}
 }
 

@@ -153,3 +153,19 @@ func ExecIn(ctx context.Context, netnsName, name string, args ...string) *exec.C
 	}
 	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", netnsName, name}, args...)...)
 }
+
+// HardwareAddr returns the link-layer (MAC) address of the interface called
+// name inside the namespace: what a neighbour on the same link learns by ARP
+// or neighbour discovery, for tests that write frames to it directly.
+func (ns NS) HardwareAddr(name string) (net.HardwareAddr, error) {
+	var mac net.HardwareAddr
+	err := ns.Do(func() error {
+		ifi, err := net.InterfaceByName(name)
+		if err != nil {
+			return fmt.Errorf("netnslab: %s in %s: %w", name, ns.NetNS, err)
+		}
+		mac = ifi.HardwareAddr
+		return nil
+	})
+	return mac, err
+}

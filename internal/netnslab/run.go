@@ -46,6 +46,15 @@ func ipBatch(logf func(string, ...any), netnsName string, cmds ...string) error 
 	return run(logf, strings.Join(cmds, "\n")+"\n", "ip", "-n", netnsName, "-batch", "-")
 }
 
+// ipBatch6 is ipBatch for IPv6 (`ip -6`: a batch line cannot take the
+// family option itself).
+func ipBatch6(logf func(string, ...any), netnsName string, cmds ...string) error {
+	if netnsName == "" {
+		return ErrNoNetNS
+	}
+	return run(logf, strings.Join(cmds, "\n")+"\n", "ip", "-6", "-n", netnsName, "-batch", "-")
+}
+
 // writeSysctls writes /proc/sys entries. Called inside Do: /proc/sys/net resolves to
 // the network namespace of the calling thread.
 func writeSysctls(kv map[string]string) error {
