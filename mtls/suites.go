@@ -31,19 +31,26 @@ func checkSuite(cs tls.ConnectionState) error {
 // has the ID 0 (TLS_NULL_WITH_NULL_NULL), so nothing matches it.
 const noSuite = 0x0000
 
-// refuseNonAESSuites makes a server handshake negotiate as ztunnel's rustls
-// server does, which has only the AES-GCM suites: a client that offers
-// ChaCha20-Poly1305 gets AES-GCM if it offers that too (Go would pick
-// ChaCha20 for a client that prefers it), and one that offers nothing else
-// is refused in the handshake with handshake_failure, "no cipher suite
-// supported by both client and server", not with bad_certificate after it.
-// crypto/tls offers no setting for its TLS 1.3 suites, but the ClientHello
-// it selects from is the slice GetConfigForClient sees
-// (hello.CipherSuites), so the suites it must not pick are blanked there
-// before it selects; the handshake transcript is the ClientHello as sent,
-// so nothing else changes. checkSuite stays behind it, should a future Go
-// copy the slice (TestServerSuiteRefusedInHandshake would then fail).
+// refuseNonAESSuites makes a server handshake with a client that offers no
+// AES-GCM suite (ChaCha20-Poly1305 alone) fail as ztunnel's rustls server,
+// which has only the AES-GCM suites, fails it: in the handshake, with
+// handshake_failure, "no cipher suite supported by both client and
+// server", not with bad_certificate after it (checkSuite). crypto/tls
+// offers no setting for its TLS 1.3 suites, but the ClientHello it selects
+// from is the slice GetConfigForClient sees (hello.CipherSuites), so the
+// offer is blanked there before it selects. Only then: the selection fails
+// at once, before a HelloRetryRequest could compare the second ClientHello
+// with the first (which a blanked entry would fail as an illegal change).
+// A client offering both and preferring ChaCha20 (no AES hardware) still
+// gets it from crypto/tls and is refused by checkSuite after the handshake.
+// checkSuite also stays behind this should a future Go copy the slice
+// (TestServerSuiteRefusedInHandshake would then fail).
 func refuseNonAESSuites(hello *tls.ClientHelloInfo) {
+	for _, id := range hello.CipherSuites {
+		if id == tls.TLS_AES_128_GCM_SHA256 || id == tls.TLS_AES_256_GCM_SHA384 {
+			return
+		}
+	}
 	for i, id := range hello.CipherSuites {
 		if id == tls.TLS_CHACHA20_POLY1305_SHA256 {
 			hello.CipherSuites[i] = noSuite
