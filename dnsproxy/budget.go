@@ -66,19 +66,26 @@ func clientAddr(a net.Addr) netip.Addr {
 
 // takeForward takes what a forwarded query holds until it is answered: a
 // slot of the forwarding budget and a descriptor of the daemon's (its
-// upstream socket), both for client; it reports false, counted in Dropped,
-// when either refuses.
-func (s *Server) takeForward(client netip.Addr) bool {
+// upstream socket), both for client; it reports false when either refuses,
+// counted in Dropped and in ztunnel_go_dns_requests_refused_total under
+// transport ("udp": the query is dropped; "tcp": answered SERVFAIL).
+func (s *Server) takeForward(client netip.Addr, transport string) bool {
 	if !s.fwd.acquire(client) {
-		s.dropped.Add(1)
+		s.refused(transport)
 		return false
 	}
 	if !s.takeFDs(client, 1) {
 		s.fwd.release(client)
-		s.dropped.Add(1)
+		s.refused(transport)
 		return false
 	}
 	return true
+}
+
+// refused counts a forwarded query refused for want of capacity.
+func (s *Server) refused(transport string) {
+	s.dropped.Add(1)
+	s.cfg.Metrics.DNSRefused(transport)
 }
 
 // releaseForward gives back what takeForward took.

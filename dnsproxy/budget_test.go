@@ -216,7 +216,8 @@ func exchangeFrom(t *testing.T, network, ip, addr, name string) *dns.Msg {
 // forwarded query is refused at once, SERVFAIL over TCP.
 func TestMeshNamesWhileUpstreamHangs(t *testing.T) {
 	u := startHangUpstream(t)
-	s := started(t, Config{Upstreams: []string{u.Addr}, UpstreamTimeout: time.Hour})
+	m := metrics.New(metrics.Config{})
+	s := started(t, Config{Upstreams: []string{u.Addr}, UpstreamTimeout: time.Hour, Metrics: m})
 	addr := s.UDPAddrs()[0].String()
 	for _, ip := range []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"} {
 		flood(t, s, u, udpFrom(t, ip), 110)
@@ -236,6 +237,29 @@ func TestMeshNamesWhileUpstreamHangs(t *testing.T) {
 	if s.Dropped() != dropped+1 {
 		t.Fatalf("Dropped %d, want %d", s.Dropped(), dropped+1)
 	}
+	// Counted where an operator sees it (issue 34), not silently.
+	if udp, tcp := refusedCount(t, m, "udp"), refusedCount(t, m, "tcp"); udp != float64(dropped) || tcp != 1 {
+		t.Fatalf("ztunnel_go_dns_requests_refused_total udp %v tcp %v, want %d and 1", udp, tcp, dropped)
+	}
+}
+
+// refusedCount is ztunnel_go_dns_requests_refused_total{transport}.
+func refusedCount(t *testing.T, m *metrics.Metrics, transport string) float64 {
+	t.Helper()
+	fams, err := m.Gatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == "ztunnel_go_dns_requests_refused_total" {
+			for _, mt := range f.GetMetric() {
+				if hasLabels(mt, map[string]string{"transport": transport}) {
+					return mt.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 // TestForwardingFairness: one client cannot take every forwarding slot:

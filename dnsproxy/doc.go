@@ -17,9 +17,12 @@
 // without an address of the asked family gets an empty NOERROR.
 //
 // Unknown names and other question types go to the upstream resolvers
-// (resolv.conf's, read by the caller with ReadResolvConf) over sockets made
-// by the caller's Dial inside Config.Control, so that in shared mode they
-// leave from the pod's namespace with the proxy's mark. They are tried in
+// (resolv.conf's, read by the caller with ReadResolvConf, with its timeout
+// and attempts) over sockets made by the caller's Dial inside
+// Config.Control, so that in shared mode they leave from the pod's
+// namespace with the proxy's mark. Their answers are kept for their TTL
+// (4096 per proxy, as ztunnel's resolver), and Resolver offers the same
+// forwarder and cache for the daemon's on-demand hostname lookups. They are tried in
 // order, except that one whose exchanges keep failing is tried after those
 // that answer, so that a dead resolver does not hold every forwarded query
 // for its timeout.

@@ -28,6 +28,13 @@ type ResolvConf struct {
 	Servers []string
 	// Search is the search list, without trailing dots.
 	Search []string
+	// Timeout and Attempts are its "options timeout:n attempts:n": how
+	// long one exchange with one nameserver may take, and how many rounds
+	// through the nameservers a query gets. Unset, 5 s and 2, the defaults
+	// of resolv.conf(5) and of ztunnel's resolver (hickory's, read from the
+	// same file).
+	Timeout  time.Duration
+	Attempts int
 }
 
 // ReadResolvConf reads the nameservers and search list of a resolv.conf
@@ -37,7 +44,7 @@ func ReadResolvConf(path string) (ResolvConf, error) {
 	if err != nil {
 		return ResolvConf{}, fmt.Errorf("dnsproxy: %w", err)
 	}
-	var rc ResolvConf
+	rc := ResolvConf{Timeout: time.Duration(cc.Timeout) * time.Second, Attempts: cc.Attempts}
 	for _, srv := range cc.Servers {
 		rc.Servers = append(rc.Servers, net.JoinHostPort(srv, cc.Port))
 	}
@@ -61,16 +68,40 @@ type nameserver struct {
 // maxFailures caps nameserver.failures far below overflow.
 const maxFailures = 1 << 30
 
+// forwarder asks the upstream resolvers, with a cache of their answers: the
+// DNS proxy's (one per workload, its sockets in the workload's namespace)
+// and the on-demand Resolver's.
+type forwarder struct {
+	upstreams []*nameserver
+	dial      func(ctx context.Context, network, address string) (net.Conn, error)
+	control   func(fn func() error) error // nil: dial as it is
+	timeout   time.Duration               // one exchange with one upstream
+	attempts  int                         // rounds through the upstreams
+	cache     *answerCache                // nil: none
+}
+
+func newForwarder(upstreams []string, dial func(ctx context.Context, network, address string) (net.Conn, error),
+	control func(fn func() error) error, timeout time.Duration, attempts, cacheSize int) *forwarder {
+	f := &forwarder{dial: dial, control: control, timeout: timeout, attempts: max(attempts, 1)}
+	for _, u := range upstreams {
+		f.upstreams = append(f.upstreams, &nameserver{addr: u})
+	}
+	if cacheSize > 0 {
+		f.cache = newAnswerCache(cacheSize, time.Now)
+	}
+	return f
+}
+
 // order returns the upstreams in the order to try them: the fewest
 // consecutive failures first, resolv.conf's order among equals. A dead one
 // is tried again when the others fail as often, or first when it is alone.
-func (s *Server) order() []*nameserver {
+func (f *forwarder) order() []*nameserver {
 	type ranked struct {
 		u     *nameserver
 		fails uint32
 	}
-	rs := make([]ranked, len(s.upstreams))
-	for i, u := range s.upstreams {
+	rs := make([]ranked, len(f.upstreams))
+	for i, u := range f.upstreams {
 		rs[i] = ranked{u, u.failures.Load()}
 	}
 	slices.SortStableFunc(rs, func(a, b ranked) int { return cmp.Compare(a.fails, b.fails) })
@@ -81,16 +112,18 @@ func (s *Server) order() []*nameserver {
 	return out
 }
 
-// forward sends req to the upstream resolvers in turn (order's), over TCP
-// when the client asked over TCP, and returns the first answer, with the
-// client's id. Upstream sees a fresh random id so that it cannot be guessed
-// from the client's.
+// forward answers req from the cache or by asking the upstream resolvers
+// (forwarder.ask), and returns the answer with the client's id. Only what
+// goes upstream is counted in the upstream metrics.
 func (s *Server) forward(ctx context.Context, req *dns.Msg, tcp bool, labels metrics.DNSLabels) (*dns.Msg, error) {
+	if resp := s.fw.cache.get(req); resp != nil {
+		return resp, nil
+	}
 	s.cfg.Metrics.DNSUpstreamRequest(labels)
 	start := time.Now()
 	defer func() { s.cfg.Metrics.DNSUpstreamDuration(labels, time.Since(start)) }()
 
-	resp, err := s.exchangeAll(ctx, req, tcp)
+	resp, err := s.fw.ask(ctx, req, tcp)
 	if err != nil {
 		s.cfg.Metrics.DNSUpstreamFailure(labels)
 		return nil, err
@@ -98,8 +131,24 @@ func (s *Server) forward(ctx context.Context, req *dns.Msg, tcp bool, labels met
 	return resp, nil
 }
 
-func (s *Server) exchangeAll(ctx context.Context, req *dns.Msg, tcp bool) (*dns.Msg, error) {
-	if len(s.upstreams) == 0 {
+// lookup is forward without metrics, for the Resolver.
+func (f *forwarder) lookup(ctx context.Context, req *dns.Msg) (*dns.Msg, error) {
+	if resp := f.cache.get(req); resp != nil {
+		return resp, nil
+	}
+	resp, err := f.ask(ctx, req, false)
+	if err == nil && resp.Truncated {
+		resp, err = f.ask(ctx, req, true)
+	}
+	return resp, err
+}
+
+// ask sends req to the upstream resolvers in turn (order's), attempts
+// rounds at most, over TCP when the client asked over TCP, and returns the
+// first answer, with the client's id, keeping it in the cache. Upstream
+// sees a fresh random id so that it cannot be guessed from the client's.
+func (f *forwarder) ask(ctx context.Context, req *dns.Msg, tcp bool) (*dns.Msg, error) {
+	if len(f.upstreams) == 0 {
 		return nil, ErrNoUpstream
 	}
 	out := req.Copy()
@@ -109,29 +158,32 @@ func (s *Server) exchangeAll(ctx context.Context, req *dns.Msg, tcp bool) (*dns.
 		return nil, fmt.Errorf("dnsproxy: encode upstream query: %w", err)
 	}
 	var errs []error
-	for _, up := range s.order() {
-		resp, err := s.exchange(ctx, up.addr, wire, out, tcp)
-		if err == nil {
-			up.failures.Store(0)
-			resp.Id = req.Id
-			return resp, nil
-		}
-		errs = append(errs, fmt.Errorf("%s: %w", up.addr, err))
-		if ctx.Err() != nil {
-			break // the server closes: not the upstream's failure
-		}
-		if up.failures.Load() < maxFailures {
-			up.failures.Add(1)
+	for range f.attempts {
+		for _, up := range f.order() {
+			resp, err := f.exchange(ctx, up.addr, wire, out, tcp)
+			if err == nil {
+				up.failures.Store(0)
+				f.cache.put(req, resp)
+				resp.Id = req.Id
+				return resp, nil
+			}
+			errs = append(errs, fmt.Errorf("%s: %w", up.addr, err))
+			if ctx.Err() != nil {
+				return nil, errors.Join(errs...) // the server closes: not the upstream's failure
+			}
+			if up.failures.Load() < maxFailures {
+				up.failures.Add(1)
+			}
 		}
 	}
 	return nil, errors.Join(errs...)
 }
 
-// exchange asks one upstream, bounded by UpstreamTimeout. Over UDP, replies
+// exchange asks one upstream, bounded by the timeout. Over UDP, replies
 // that do not answer our query (another id or question) are skipped until
 // the deadline, so a stray or spoofed datagram cannot answer it.
-func (s *Server) exchange(ctx context.Context, upstream string, wire []byte, q *dns.Msg, tcp bool) (*dns.Msg, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.UpstreamTimeout)
+func (f *forwarder) exchange(ctx context.Context, upstream string, wire []byte, q *dns.Msg, tcp bool) (*dns.Msg, error) {
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	network := "udp"
 	if tcp {
@@ -141,9 +193,13 @@ func (s *Server) exchange(ctx context.Context, upstream string, wire []byte, q *
 		c   net.Conn
 		err error
 	)
-	cerr := s.control(func() error { c, err = s.cfg.Dial(ctx, network, upstream); return nil })
-	if cerr != nil {
-		return nil, cerr
+	dial := func() error { c, err = f.dial(ctx, network, upstream); return nil }
+	if f.control != nil {
+		if cerr := f.control(dial); cerr != nil {
+			return nil, cerr
+		}
+	} else {
+		dial()
 	}
 	if err != nil {
 		return nil, err

@@ -18,7 +18,8 @@ func TestLookup(t *testing.T) {
 		"A www.bing.com.":                        "8.8.8.8",
 		"TXT productpage.ns1.svc.cluster.local.": `"from-upstream"`,
 	})
-	s := newServer(t, Config{Upstreams: []string{up.Addr}})
+	// No cache: each case shows whether it went upstream (TestAnswerCache).
+	s := newServer(t, Config{Upstreams: []string{up.Addr}, CacheSize: -1})
 	const fwd = "forwarded"
 	tests := []struct {
 		name    string

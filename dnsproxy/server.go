@@ -32,10 +32,12 @@ var DefaultAddrs = []string{"127.0.0.1:15053", "[::1]:15053"}
 const (
 	DefaultDomain          = "cluster.local"
 	DefaultUpstreamTimeout = 2 * time.Second
-	DefaultMaxInFlight     = 256
-	DefaultMaxTCPConns     = 64
-	DefaultMaxTCPPipeline  = 16
-	DefaultTCPIdleTimeout  = 5 * time.Second // ztunnel's TCP request timeout
+	// DefaultCacheSize is ztunnel's resolver cache_size.
+	DefaultCacheSize      = 4096
+	DefaultMaxInFlight    = 256
+	DefaultMaxTCPConns    = 64
+	DefaultMaxTCPPipeline = 16
+	DefaultTCPIdleTimeout = 5 * time.Second // ztunnel's TCP request timeout
 	// MaxRequestSize bounds a query: real ones are a few hundred bytes.
 	MaxRequestSize = 4096
 	// TTL is the TTL of every local answer, in seconds (ztunnel's).
@@ -83,7 +85,16 @@ type Config struct {
 	// proxy's mark so the capture rules do not send them back here.
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// UpstreamTimeout bounds one exchange with one upstream; 0 means 2s.
+	// The daemon passes resolv.conf's "options timeout:n" (ResolvConf).
 	UpstreamTimeout time.Duration
+	// UpstreamAttempts is how many rounds through the upstreams a
+	// forwarded query gets before SERVFAIL (resolv.conf's "options
+	// attempts:n"); 0 means 1.
+	UpstreamAttempts int
+	// CacheSize is how many upstream answers are kept for their TTL
+	// (ztunnel's resolver keeps 4096: its cache_size); 0 means
+	// DefaultCacheSize, negative turns the cache off.
+	CacheSize int
 	// MaxInFlight caps the queries forwarded upstream and not yet answered
 	// (names answered from the snapshot take no slot). A query refused for
 	// want of a slot is dropped over UDP (the client retries) and answered
@@ -127,8 +138,8 @@ type Server struct {
 	cfg       Config
 	log       *slog.Logger
 	svcDomain string
-	search    []string      // resolved search domains
-	upstreams []*nameserver // cfg.Upstreams with their records
+	search    []string   // resolved search domains
+	fw        *forwarder // cfg.Upstreams, their records and the answer cache
 
 	ctx    context.Context // canceled by Close: ends upstream exchanges
 	cancel context.CancelFunc
@@ -225,9 +236,11 @@ func New(cfg Config) (*Server, error) {
 	} else {
 		s.search = []string{cfg.Client.Namespace + "." + s.svcDomain, s.svcDomain, cfg.Domain}
 	}
-	for _, u := range cfg.Upstreams {
-		s.upstreams = append(s.upstreams, &nameserver{addr: u})
+	if cfg.CacheSize == 0 {
+		cfg.CacheSize = DefaultCacheSize
+		s.cfg.CacheSize = cfg.CacheSize
 	}
+	s.fw = newForwarder(cfg.Upstreams, cfg.Dial, cfg.Control, cfg.UpstreamTimeout, cfg.UpstreamAttempts, cfg.CacheSize)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -398,7 +411,7 @@ func (s *Server) serveUDP(pc net.PacketConn) {
 			continue
 		}
 		client := clientAddr(from)
-		if !s.takeForward(client) {
+		if !s.takeForward(client, "udp") {
 			continue // overloaded: the client retries
 		}
 		s.wg.Go(func() {
@@ -559,7 +572,7 @@ func (s *Server) serveConn(tc *tcpConn) {
 			s.end(tc)
 			return
 		}
-		if !s.takeForward(tc.client) {
+		if !s.takeForward(tc.client, "tcp") {
 			s.end(tc)
 			ok := s.reply(tc, s.refuse(s.ctx, fwd))
 			<-tc.pipe

@@ -159,10 +159,10 @@ func TestUpstreamOrder(t *testing.T) {
 	for _, tc := range tests {
 		s := newServer(t, Config{Upstreams: []string{"a:53", "b:53", "c:53"}})
 		for i, f := range tc.failures {
-			s.upstreams[i].failures.Store(f)
+			s.fw.upstreams[i].failures.Store(f)
 		}
 		var got []string
-		for _, u := range s.order() {
+		for _, u := range s.fw.order() {
 			got = append(got, strings.TrimSuffix(u.addr, ":53"))
 		}
 		if !slices.Equal(got, tc.want) {

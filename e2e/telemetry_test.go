@@ -47,6 +47,7 @@ var noSampleFeature = map[string]string{
 	"istio_crl_load_failures_total":         "CRL enforcement is not configured in this lab (e2e/crl_test.go feeds it)",
 	"ztunnel_go_fd_budget_refusals_total":   "no peer exhausts the descriptor budget in this lab (TestFDBudgetFlood feeds it)",
 	"ztunnel_go_hbone_peer_refusals_total":  "the per-source caps on 15008 are opt-in, off here (TestInboundPeerLimits feeds it)",
+	"ztunnel_go_dns_requests_refused_total": "no DNS client exhausts the forwarding slots in this lab (dnsproxy's TestMeshNamesWhileUpstreamHangs feeds it)",
 }
 
 // goldenFamily is one line of metrics/testdata/families.golden: a family

@@ -37,6 +37,7 @@ type Metrics struct {
 	dnsUpstreamDur *prometheus.HistogramVec
 	fdRefusals     *prometheus.CounterVec
 	peerRefusals   *prometheus.CounterVec
+	dnsRefused     *prometheus.CounterVec
 
 	activeProxies  prometheus.Gauge
 	pendingProxies prometheus.Gauge
@@ -89,6 +90,7 @@ func New(cfg Config) *Metrics {
 	// stopped loading leaves stale revocations in force, so it is counted.
 	m.crlFailures = counterVec("istio_crl_load_failures_total", "CRL file loads that failed; the last good CRLs stay in force (unstable).", nil)
 	// ztunnel-go only: the descriptor budget (fdbudget) ztunnel does not have.
+	m.dnsRefused = counterVec("ztunnel_go_dns_requests_refused_total", "DNS queries to forward refused for want of capacity (forwarding slots or descriptors), by transport: udp (dropped, the client retries) or tcp (answered SERVFAIL) (unstable).", []string{"transport"})
 	m.peerRefusals = counterVec("ztunnel_go_hbone_peer_refusals_total", "Connections on 15008 refused by an opt-in per-source-IP cap (ZTUNNEL_HBONE_MAX_*_PER_PEER), by reason: handshakes or connections (unstable).", []string{"reason"})
 	m.fdRefusals = counterVec("ztunnel_go_fd_budget_refusals_total", "Connections and inbound HBONE streams refused by the descriptor budget, by listener and reason: peer (the source IP holds its share) or total (the budget is spent) (unstable).", []string{"listener", "reason"})
 	m.xdsTerminated = counterVec("istio_xds_connection_terminations_total", "Ended connections to the xDS server, by reason (unstable).", []string{"reason"})
@@ -199,6 +201,15 @@ func (m *Metrics) CRLUntracked(r Reporter) {
 func (m *Metrics) FDBudgetRefused(listener, reason string) {
 	if m != nil {
 		m.fdRefusals.WithLabelValues(listener, reason).Inc()
+	}
+}
+
+// DNSRefused counts a DNS query to forward that the proxy refused for want
+// of capacity (ztunnel_go_dns_requests_refused_total): transport "udp" (it
+// was dropped) or "tcp" (answered SERVFAIL).
+func (m *Metrics) DNSRefused(transport string) {
+	if m != nil {
+		m.dnsRefused.WithLabelValues(transport).Inc()
 	}
 }
 

@@ -126,6 +126,7 @@ func exerciseAll(m *Metrics) {
 	m.CRLLoadFailed()
 	m.FDBudgetRefused("inbound_plaintext", "peer")
 	m.HBONEPeerRefused("handshakes")
+	m.DNSRefused("udp")
 	m.XDSConnectionTerminated(XDSReconnect)
 	m.XDSMessage("type.googleapis.com/istio.workload.Address", 100)
 	dl := DNSLabels{QueryType: "a", Protocol: "udp"}

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -64,6 +63,8 @@ func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) er
 		PreferredNamespace: cfg.PreferredServiceNamespace,
 		SearchDomains:      search,
 		Upstreams:          f.rc.Servers,
+		UpstreamTimeout:    f.rc.Timeout,
+		UpstreamAttempts:   f.rc.Attempts,
 		Addrs:              cfg.DNSProxyAddrs,
 		Control:            control,
 		ListenControl:      listenControl(cfg.PacketMark, reusePort(cfg)),
@@ -77,23 +78,27 @@ func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) er
 // onDemandResolver is the resolver of hostname-only workloads and of
 // SOCKS5 names that are no service's: ztunnel asks the nameservers of the
 // same resolv.conf its DNS proxy forwards to (ZTUNNEL_RESOLV_CONF here),
-// read once at start. Without a readable one with a nameserver it is nil,
-// Go's default resolver. Its sockets carry PACKET_MARK, as the DNS proxy's
-// do, so a pod's DNS capture lets them pass.
+// read once at start, with its timeout and attempts, through one resolver
+// whose answers are cached for their TTL (dnsproxy.Resolver, as ztunnel's
+// hickory resolver with cache_size 4096). Without a readable one with a
+// nameserver it is nil, Go's default resolver. Its sockets carry
+// PACKET_MARK, as the DNS proxy's do, so a pod's DNS capture lets them
+// pass.
 func onDemandResolver(cfg *Config, log *slog.Logger) proxy.Resolver {
 	rc, err := dnsproxy.ReadResolvConf(cfg.ResolvConf)
 	if err != nil || len(rc.Servers) == 0 {
 		log.Debug("on-demand DNS uses the system resolver", "resolv_conf", cfg.ResolvConf, "error", err, "scope", "dns")
 		return nil
 	}
-	servers := rc.Servers
 	dialer := &net.Dialer{Control: engine.SocketOptions{Mark: cfg.PacketMark}.DialControl()}
-	var next atomic.Uint32
-	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		// Go's resolver walks the system's nameservers; each of its tries
-		// goes to the next of ours instead.
-		return dialer.DialContext(ctx, network, servers[int(next.Add(1)-1)%len(servers)])
-	}}
+	r, err := dnsproxy.NewResolver(dnsproxy.ResolverConfig{
+		Upstreams: rc.Servers, Dial: dialer.DialContext, Timeout: rc.Timeout, Attempts: rc.Attempts,
+	})
+	if err != nil {
+		log.Debug("on-demand DNS uses the system resolver", "resolv_conf", cfg.ResolvConf, "error", err, "scope", "dns")
+		return nil
+	}
+	return r
 }
 
 // listenControl marks the DNS proxy's listening sockets and, with
