@@ -135,7 +135,7 @@ func TestDNSProxyShared(t *testing.T) {
 	if resolverPod.IP.String() != "10.244.1.3" {
 		t.Fatalf("resolver pod got %s; the resolv.conf names 10.244.1.3", resolverPod.IP)
 	}
-	resolver := startFakeResolver(t, resolverPod)
+	resolver := startResolver(t, resolverPod, map[string]string{"external.example.com.": "192.0.2.7", "other.example.com.": "192.0.2.8"})
 	client := c.Pods["client"]
 
 	tests := []struct {
@@ -151,7 +151,12 @@ func TestDNSProxyShared(t *testing.T) {
 		{"service with a search domain", "udp", "10.244.1.3:53", "web.default.svc.cluster.local.default.svc.cluster.local",
 			[]string{"web.default.svc.cluster.local. A 10.96.0.10", "web.default.svc.cluster.local.default.svc.cluster.local. CNAME web.default.svc.cluster.local."}, false},
 		{"unknown name forwarded over UDP", "udp", "10.244.1.3:53", "external.example.com", []string{"external.example.com. A 192.0.2.7"}, true},
-		{"unknown name forwarded over TCP", "tcp", "10.244.1.3:53", "external.example.com", []string{"external.example.com. A 192.0.2.7"}, true},
+		{"unknown name forwarded over TCP", "tcp", "10.244.1.3:53", "other.example.com", []string{"other.example.com. A 192.0.2.8"}, true},
+		// Issue 34: a forwarded answer is kept for its TTL, as ztunnel's
+		// resolver keeps it: asked again, over either transport, it is
+		// answered without the resolver.
+		{"forwarded answer cached (UDP)", "udp", "10.244.1.3:53", "other.example.com", []string{"other.example.com. A 192.0.2.8"}, false},
+		{"forwarded answer cached (TCP)", "tcp", "10.244.1.3:53", "external.example.com", []string{"external.example.com. A 192.0.2.7"}, false},
 		{"the proxy's own address", "udp", "127.0.0.1:15053", "web", []string{"web. A 10.96.0.10"}, false},
 	}
 	for _, tc := range tests {
@@ -174,7 +179,7 @@ func TestDNSProxyShared(t *testing.T) {
 			asked := resolver.Asked()[before:]
 			if !tc.upstream {
 				if len(asked) > 0 {
-					t.Fatalf("answered locally, yet the resolver was asked %q", asked)
+					t.Fatalf("answered locally or from the cache, yet the resolver was asked %q", asked)
 				}
 				return
 			}

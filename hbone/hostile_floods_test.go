@@ -118,7 +118,12 @@ func TestHostileFloods(t *testing.T) {
 		{
 			name: "streams beyond the limit without reading",
 			cfg:  Config{MaxStreams: 2, MaxResetStreams: 1 << 30},
-			n:    600_000, // 13-byte RST_STREAMs: more than the kernel can buffer (see the SETTINGS flood)
+			// 13-byte RST_STREAMs: more than the kernel can buffer (see the
+			// SETTINGS flood). 600,000 left every answer in buffers about
+			// one run in eight (the attacked connection then never ended):
+			// 1,500,000 is 19.5 MB of answers, several times what loopback
+			// buffering took in any run seen.
+			n: 1_500_000,
 			frame: func(p *rawPeer) func(*http2.Framer, int) {
 				block := p.headerBlock(":method", "CONNECT", ":authority", hostileAuthority)
 				return func(fr *http2.Framer, i int) {
