@@ -41,23 +41,7 @@ type hangUpstream struct {
 
 func startHangUpstream(t *testing.T) *hangUpstream {
 	t.Helper()
-	var (
-		pc  net.PacketConn
-		ln  net.Listener
-		err error
-	)
-	for range 8 { // the UDP port may be taken for TCP
-		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
-			t.Fatal(err)
-		}
-		if ln, err = net.Listen("tcp", pc.LocalAddr().String()); err == nil {
-			break
-		}
-		pc.Close()
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, ln := listenUDPAndTCP(t)
 	u := &hangUpstream{Addr: pc.LocalAddr().String(), release: make(chan struct{}), pc: pc, ln: ln}
 	u.wg.Go(u.serveUDP)
 	u.wg.Go(u.serveTCP)

@@ -192,23 +192,7 @@ type upstream struct {
 
 func startUpstream(t testing.TB, answers map[string]string) *upstream {
 	t.Helper()
-	var (
-		pc  net.PacketConn
-		ln  net.Listener
-		err error
-	)
-	for range 8 { // the UDP port may be taken for TCP
-		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
-			t.Fatal(err)
-		}
-		if ln, err = net.Listen("tcp", pc.LocalAddr().String()); err == nil {
-			break
-		}
-		pc.Close()
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, ln := listenUDPAndTCP(t)
 	u := &upstream{Addr: pc.LocalAddr().String()}
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 		q := r.Question[0]
@@ -248,4 +232,26 @@ func (u *upstream) Asked() []string {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return slices.Clone(u.asked)
+}
+
+// listenUDPAndTCP listens on one loopback port over UDP and TCP, as a
+// resolver does.
+func listenUDPAndTCP(t testing.TB) (net.PacketConn, net.Listener) {
+	t.Helper()
+	var (
+		pc  net.PacketConn
+		ln  net.Listener
+		err error
+	)
+	for range 8 { // the UDP port may be taken for TCP
+		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		if ln, err = net.Listen("tcp", pc.LocalAddr().String()); err == nil {
+			return pc, ln
+		}
+		pc.Close()
+	}
+	t.Fatal(err)
+	return nil, nil
 }

@@ -86,10 +86,6 @@ func TestIstioIntermediateCertificateRefresh(t *testing.T) {
 // /config_dump shows for pod's identity (service account = pod name).
 func dumpedChain(ctx context.Context, t *testing.T, d *labrun.Daemon, pod string) []string {
 	t.Helper()
-	code, body, err := d.Get(ctx, "http://127.0.0.1:15000/config_dump")
-	if err != nil || code != 200 {
-		t.Fatalf("config_dump for %s: %d %v", pod, code, err)
-	}
 	var dump struct {
 		Certificates []struct {
 			Identity  string `json:"identity"`
@@ -98,9 +94,7 @@ func dumpedChain(ctx context.Context, t *testing.T, d *labrun.Daemon, pod string
 			} `json:"certChain"`
 		} `json:"certificates"`
 	}
-	if err := json.Unmarshal(body, &dump); err != nil {
-		t.Fatal(err)
-	}
+	readConfigDump(ctx, t, d, &dump)
 	for _, cert := range dump.Certificates {
 		if strings.HasSuffix(cert.Identity, "/sa/"+pod) {
 			var serials []string
@@ -161,23 +155,29 @@ func TestCertificateRecoversWithoutTraffic(t *testing.T) {
 // "" when it lists none.
 func dumpedCertState(ctx context.Context, t *testing.T, d *labrun.Daemon, pod string) string {
 	t.Helper()
-	code, body, err := d.Get(ctx, "http://127.0.0.1:15000/config_dump")
-	if err != nil || code != 200 {
-		t.Fatalf("config_dump for %s: %d %v", pod, code, err)
-	}
 	var dump struct {
 		Certificates []struct {
 			Identity string `json:"identity"`
 			State    string `json:"state"`
 		} `json:"certificates"`
 	}
-	if err := json.Unmarshal(body, &dump); err != nil {
-		t.Fatal(err)
-	}
+	readConfigDump(ctx, t, d, &dump)
 	for _, cert := range dump.Certificates {
 		if strings.HasSuffix(cert.Identity, "/sa/"+pod) {
 			return cert.State
 		}
 	}
 	return ""
+}
+
+// readConfigDump decodes d's /config_dump into v.
+func readConfigDump(ctx context.Context, t *testing.T, d *labrun.Daemon, v any) {
+	t.Helper()
+	code, body, err := d.Get(ctx, "http://127.0.0.1:15000/config_dump")
+	if err != nil || code != 200 {
+		t.Fatalf("config_dump: %d %v", code, err)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -59,16 +59,7 @@ func writeDaemonFiles(t *testing.T, config string) (cfgPath, caCert, caKey strin
 // connections with a stranger (only shared mode sets SO_REUSEPORT, for its
 // upgrades, as ztunnel's in-pod sockets do; e2e.TestSharedUpgrade).
 func TestPortInUse(t *testing.T) {
-	lab := netnslab.New(t)
-	node, err := lab.AddNode("node-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pod, err := node.AddPod("client")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgPath, caCert, caKey := writeDaemonFiles(t, portInUseConfig)
+	pod, cfgPath, caCert, caKey := oneDedicatedPod(t, netnslab.New(t), portInUseConfig)
 	start := func(ctx context.Context, noWait bool) (*labrun.Daemon, error) {
 		return labrun.StartDaemon(ctx, pod, labrun.DaemonOptions{
 			Binary: ztunnelBin, ConfigPath: cfgPath, CACert: caCert, CAKey: caKey,
@@ -324,16 +315,7 @@ func TestMaliciousCallsInPod(t *testing.T) {
 // its ports (over the pod's ::1) is refused, where Go's dual-stack sockets
 // for 0.0.0.0 used to take it; the same ports answer over IPv4.
 func TestIPv6Disabled(t *testing.T) {
-	lab := netnslab.New(t)
-	node, err := lab.AddNode("node-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pod, err := node.AddPod("client")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgPath, caCert, caKey := writeDaemonFiles(t, portInUseConfig)
+	pod, cfgPath, caCert, caKey := oneDedicatedPod(t, netnslab.New(t), portInUseConfig)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	d, err := labrun.StartDaemon(ctx, pod, labrun.DaemonOptions{
@@ -394,16 +376,7 @@ func TestIPv6Disabled(t *testing.T) {
 // warning naming it, and its readiness stays pending on "local workload":
 // every connection would wait for the workload and then fail.
 func TestMissingLocalWorkload(t *testing.T) {
-	lab := netnslab.New(t)
-	node, err := lab.AddNode("node-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pod, err := node.AddPod("client")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgPath, caCert, caKey := writeDaemonFiles(t, portInUseConfig)
+	pod, cfgPath, caCert, caKey := oneDedicatedPod(t, netnslab.New(t), portInUseConfig)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	d, err := labrun.StartDaemon(ctx, pod, labrun.DaemonOptions{
@@ -423,4 +396,19 @@ func TestMissingLocalWorkload(t *testing.T) {
 	if err != nil || code == 200 || !strings.Contains(string(body), "local workload") {
 		t.Fatalf("readiness %d %q %v, want not ready pending on the local workload", code, body, err)
 	}
+}
+
+// oneDedicatedPod adds node-a with one pod, client, to lab and writes the
+// daemon files for config: what a dedicated daemon in that pod needs.
+func oneDedicatedPod(t *testing.T, lab *netnslab.Lab, config string) (pod *netnslab.Pod, cfgPath, caCert, caKey string) {
+	t.Helper()
+	node, err := lab.AddNode("node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod, err = node.AddPod("client"); err != nil {
+		t.Fatal(err)
+	}
+	cfgPath, caCert, caKey = writeDaemonFiles(t, config)
+	return pod, cfgPath, caCert, caKey
 }

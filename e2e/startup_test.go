@@ -299,15 +299,7 @@ func TestDedicatedServesNothingBeforeSync(t *testing.T) {
 	istiod := newFakeIstiod(t, cp, 15012)
 	istiod.Set(xdsconv.AuthorizationType, "default/deny-client", "1", denyClient)
 	istiod.Withhold(xdsconv.AuthorizationType)
-	node, err := lab.AddNode("node-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pod, err := node.AddPod("client")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgPath, caCert, caKey := writeDaemonFiles(t, startupConfig)
+	pod, cfgPath, caCert, caKey := oneDedicatedPod(t, lab, startupConfig)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	d, err := labrun.StartDaemon(ctx, pod, labrun.DaemonOptions{

@@ -169,23 +169,7 @@ func (r *budgetRig) budgetDestination(t *testing.T) int {
 // echoOn runs an echo app on ip and returns its port.
 func echoOn(t *testing.T, ip string) int {
 	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.ParseIP(ip)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.AcceptTCP()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
-	return ln.Addr().(*net.TCPAddr).Port
+	return serveAppOn(t, ip, func(c *net.TCPConn) { io.Copy(c, c) })
 }
 
 // hboneFrom opens an HBONE connection to the rig's 15008 from the loopback

@@ -80,7 +80,13 @@ func echoApp(t testing.TB) int {
 // test ends.
 func serveApp(t testing.TB, serve func(c *net.TCPConn)) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return serveAppOn(t, "127.0.0.1", serve)
+}
+
+// serveAppOn is serveApp on the loopback address ip.
+func serveAppOn(t testing.TB, ip string, serve func(c *net.TCPConn)) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
