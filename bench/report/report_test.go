@@ -154,6 +154,35 @@ func TestGoals(t *testing.T) {
 	}
 }
 
+// TestStanding: the report opens with "Where we stand": the shipped
+// daemon against HAProxy and the Go baseline of each path, as ratios,
+// bold where ahead, with the pooled-TLS caveat next to the connection rate
+// and idle memory.
+func TestStanding(t *testing.T) {
+	r := synthetic()
+	md := string(writeReport(t, t.TempDir(), r))
+	i := strings.Index(md, "## Where we stand")
+	if i < 0 || i > strings.Index(md, "## Machine") {
+		t.Fatalf("no \"Where we stand\" before the machine section:\n%s", md)
+	}
+	for _, want := range []string{
+		// tcp: 10 vs HAProxy 10 Gbit/s; p50 150 vs 200 (ahead); cps 5000 vs 5000.
+		"| tcp (std) | tcp/haproxy-splice | 1.00× | 1.25× | **0.75×** | **0.50×** | 1.00× |",
+		// tcp against the Go io.Copy proxy: 10 vs 16 Gbit/s.
+		"| tcp (std) | tcp/copy | 0.62× |",
+		// hbone2 against the HAProxy pair: 2 vs 1 Gbit/s, cps 2000 vs 500.
+		"| hbone2 (std) | hbone2/haproxy-mtls-pair | **2.00×** |",
+		"¹ HBONE paths: ztunnel-go carries each new connection as a stream on a pooled mTLS connection",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("REPORT.md lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("REPORT.md:\n%s", md)
+	}
+}
+
 func TestWrite(t *testing.T) {
 	r := synthetic()
 	sum, err := report.SummarizeProfile(syntheticProfile(), 10)
@@ -373,4 +402,27 @@ func writeReport(t *testing.T, dir string, r *report.Run) []byte {
 		t.Fatal(err)
 	}
 	return md
+}
+
+// TestResultsIndex: bench/results/README.md lists every run kept there, so
+// the index stays the one way in.
+func TestResultsIndex(t *testing.T) {
+	dir := filepath.Join("..", "results")
+	index, err := os.ReadFile(filepath.Join(dir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		name := strings.TrimSuffix(e.Name(), ".md")
+		if name == "README" {
+			continue
+		}
+		if !strings.Contains(string(index), "["+name+"]") {
+			t.Errorf("bench/results/README.md does not list %s", e.Name())
+		}
+	}
 }

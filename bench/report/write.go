@@ -127,6 +127,8 @@ func Markdown(r *Run, st *Stats, plots []string) []byte {
 		hasPlot[p] = true
 	}
 
+	writeStanding(&m, r, st) // standing.go: the first table
+
 	m.p("## Machine")
 	m.p("")
 	mem := "—"
