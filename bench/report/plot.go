@@ -2,7 +2,9 @@ package report
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
+	"strconv"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -26,6 +28,55 @@ func colorIndex(r *Run, id string) int {
 		}
 	}
 	return len(r.Configs)
+}
+
+// numberTicks labels an axis at round steps (1, 2 or 5 times a power of
+// ten), five to ten of them between lo and hi, so every plot can be read off its axes
+// (gonum's default labels only two or three).
+type numberTicks struct{}
+
+// Ticks returns the major ticks, labelled, between lo and hi.
+func (numberTicks) Ticks(lo, hi float64) []plot.Tick {
+	if !(hi > lo) {
+		return plot.DefaultTicks{}.Ticks(lo, hi)
+	}
+	raw := (hi - lo) / 6
+	mag := math.Pow(10, math.Floor(math.Log10(raw)))
+	step := mag
+	for _, f := range []float64{1, 2, 5, 10} {
+		if f*mag >= raw {
+			step = f * mag
+			break
+		}
+	}
+	prec := max(0, -int(math.Floor(math.Log10(step))))
+	var ticks []plot.Tick
+	for v := math.Ceil(lo/step) * step; v <= hi+step/1e6; v += step {
+		ticks = append(ticks, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'f', prec, 64)})
+	}
+	return ticks
+}
+
+// headlineConfigs are the configs the line plots draw, a handful: the
+// direct path (with direct), and per path the shipped daemon and the
+// HAProxy peer of "Where we stand" (the Go baselines are in its table and
+// the bar charts).
+func headlineConfigs(r *Run, direct bool) map[string]bool {
+	keep := map[string]bool{}
+	for _, c := range r.Configs {
+		if c.Direct && direct {
+			keep[c.ID] = true
+		}
+	}
+	for _, g := range []string{GroupTCP, GroupHBONE1, GroupHBONE2} {
+		if c, ok := shippedDaemon(r, g); ok {
+			keep[c.ID] = true
+		}
+		if c, ok := peerConfig(r, g, standingPeers[g].haproxy); ok {
+			keep[c.ID] = true
+		}
+	}
+	return keep
 }
 
 // label is a config's name on a plot axis.
@@ -105,6 +156,7 @@ func horizontalBars(title, xlabel string, configs []Config, series []string, val
 	// free.
 	p.Legend.Top = false
 	p.X.Max *= 1.05
+	p.X.Tick.Marker = numberTicks{}
 	p.NominalY(names...)
 	p.Add(plotter.NewGrid())
 	h := vg.Points(float64(60 + n*int(len(series))*16 + n*6))
@@ -135,7 +187,7 @@ func latencyPlot(r *Run, st *Stats) (*plot.Plot, vg.Length, vg.Length, error) {
 	size := r.Settings.RRSizes[0]
 	metric := RRMetric(size)
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Request/response latency, %d B / %d B, closed loop (median of rounds)", size.Req, size.Resp)
+	p.Title.Text = fmt.Sprintf("Request/response latency, %d B / %d B, closed loop (median of rounds; the shipped daemon and HAProxy)", size.Req, size.Resp)
 	p.Y.Label.Text = "µs (log scale)"
 	p.Y.Scale = plot.LogScale{}
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
@@ -149,7 +201,11 @@ func latencyPlot(r *Run, st *Stats) (*plot.Plot, vg.Length, vg.Length, error) {
 	}
 	any := false
 	maxY := 0.0
+	keep := headlineConfigs(r, true)
 	for i, c := range r.Configs {
+		if !keep[c.ID] {
+			continue
+		}
 		pts := plotter.XYs{}
 		for x, pc := range pcts {
 			v := st.Get(c.ID, metric, pc.field).Median
@@ -199,7 +255,7 @@ func idlePlot(r *Run) (*plot.Plot, vg.Length, vg.Length, error) {
 		return nil, 0, 0, nil
 	}
 	p := plot.New()
-	p.Title.Text = "Proxy RSS growth with idle connections (all proxy processes of a path)"
+	p.Title.Text = "Proxy RSS growth with idle connections (all proxy processes of a path; the shipped daemon and HAProxy)"
 	p.X.Label.Text = "idle connections"
 	p.Y.Label.Text = "RSS above baseline, MiB"
 	byID := map[string]Config{}
@@ -207,8 +263,9 @@ func idlePlot(r *Run) (*plot.Plot, vg.Length, vg.Length, error) {
 		byID[c.ID] = c
 	}
 	maxY := 0.0
+	keep := headlineConfigs(r, false)
 	for _, id := range r.Idle {
-		if len(id.Points) == 0 {
+		if len(id.Points) == 0 || !keep[id.Config] {
 			continue
 		}
 		i := colorIndex(r, id.Config)
@@ -226,6 +283,8 @@ func idlePlot(r *Run) (*plot.Plot, vg.Length, vg.Length, error) {
 	p.Legend.Left = true
 	// Headroom above the lines for the legend.
 	p.Y.Max = maxY / 0.55
+	p.X.Tick.Marker = numberTicks{}
+	p.Y.Tick.Marker = numberTicks{}
 	p.Add(plotter.NewGrid())
 	return p, 9 * vg.Inch, 7 * vg.Inch, nil
 }
