@@ -65,6 +65,7 @@ func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) er
 		Upstreams:          f.rc.Servers,
 		UpstreamTimeout:    f.rc.Timeout,
 		UpstreamAttempts:   f.rc.Attempts,
+		IPv4Only:           !cfg.IPv6Enabled,
 		Addrs:              cfg.DNSProxyAddrs,
 		Control:            control,
 		ListenControl:      listenControl(cfg.PacketMark, reusePort(cfg)),
@@ -83,7 +84,8 @@ func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) er
 // hickory resolver with cache_size 4096). Without a readable one with a
 // nameserver it is nil, Go's default resolver. Its sockets carry
 // PACKET_MARK, as the DNS proxy's do, so a pod's DNS capture lets them
-// pass.
+// pass. With IPV6_ENABLED=false it asks A questions only, as ztunnel's
+// resolver (LookupIpStrategy::Ipv4Only).
 func onDemandResolver(cfg *Config, log *slog.Logger) proxy.Resolver {
 	rc, err := dnsproxy.ReadResolvConf(cfg.ResolvConf)
 	if err != nil || len(rc.Servers) == 0 {
@@ -93,6 +95,7 @@ func onDemandResolver(cfg *Config, log *slog.Logger) proxy.Resolver {
 	dialer := &net.Dialer{Control: engine.SocketOptions{Mark: cfg.PacketMark}.DialControl()}
 	r, err := dnsproxy.NewResolver(dnsproxy.ResolverConfig{
 		Upstreams: rc.Servers, Dial: dialer.DialContext, Timeout: rc.Timeout, Attempts: rc.Attempts,
+		IPv4Only: !cfg.IPv6Enabled,
 	})
 	if err != nil {
 		log.Debug("on-demand DNS uses the system resolver", "resolv_conf", cfg.ResolvConf, "error", err, "scope", "dns")
