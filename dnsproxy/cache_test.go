@@ -197,3 +197,20 @@ func TestResolverCaches(t *testing.T) {
 		t.Fatalf("unknown name: %v, want not found", err)
 	}
 }
+
+// TestResolverIPv4Only: with IPV6_ENABLED=false the daemon's on-demand
+// lookups ask A only, as ztunnel's resolver with LookupIpStrategy::Ipv4Only.
+func TestResolverIPv4Only(t *testing.T) {
+	up := startUpstream(t, map[string]string{"A app.example.com.": "192.0.2.7", "AAAA app.example.com.": "2001:db8::7"})
+	r, err := NewResolver(ResolverConfig{Upstreams: []string{up.Addr}, IPv4Only: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := r.LookupNetIP(context.Background(), "ip", "app.example.com")
+	if want := []netip.Addr{netip.MustParseAddr("192.0.2.7")}; err != nil || !slices.Equal(addrs, want) {
+		t.Fatalf("addresses %v, %v, want %v", addrs, err, want)
+	}
+	if asked := up.Asked(); len(asked) != 1 {
+		t.Fatalf("upstream asked %v, want the A question alone", asked)
+	}
+}

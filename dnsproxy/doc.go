@@ -14,13 +14,17 @@
 // addresses, and <pod>.<service>.<ns>.svc.<domain> with that pod's. A name
 // found only after stripping a search domain gets a CNAME to the stripped
 // name. Answers have a TTL of 30 s and come in random order; a known name
-// without an address of the asked family gets an empty NOERROR.
+// without an address of the asked family gets an empty NOERROR, and so does
+// every AAAA question for a known name with Config.IPv4Only
+// (IPV6_ENABLED=false).
 //
 // Unknown names and other question types go to the upstream resolvers
 // (resolv.conf's, read by the caller with ReadResolvConf, with its timeout
 // and attempts) over sockets made by the caller's Dial inside
 // Config.Control, so that in shared mode they leave from the pod's
-// namespace with the proxy's mark. Their answers are kept for their TTL
+// namespace with the proxy's mark. An upstream reply truncated over UDP is
+// asked again over TCP, and cut to the client's own UDP size, as
+// ztunnel's resolver does. Their answers are kept for their TTL
 // (4096 per proxy, as ztunnel's resolver), and Resolver offers the same
 // forwarder and cache for the daemon's on-demand hostname lookups. They are tried in
 // order, except that one whose exchanges keep failing is tried after those

@@ -114,7 +114,11 @@ func (f *forwarder) order() []*nameserver {
 
 // forward answers req from the cache or by asking the upstream resolvers
 // (forwarder.ask), and returns the answer with the client's id. Only what
-// goes upstream is counted in the upstream metrics.
+// goes upstream is counted in the upstream metrics. An upstream reply
+// truncated over UDP is asked again over TCP, as ztunnel's resolver does
+// (hickory retries a truncated reply over TCP): the client gets the whole
+// answer cut to its own UDP size by pack, not the upstream's cut (which may
+// hold no record at all), and the cache keeps the whole answer.
 func (s *Server) forward(ctx context.Context, req *dns.Msg, tcp bool, labels metrics.DNSLabels) (*dns.Msg, error) {
 	if resp := s.fw.cache.get(req); resp != nil {
 		return resp, nil
@@ -124,6 +128,9 @@ func (s *Server) forward(ctx context.Context, req *dns.Msg, tcp bool, labels met
 	defer func() { s.cfg.Metrics.DNSUpstreamDuration(labels, time.Since(start)) }()
 
 	resp, err := s.fw.ask(ctx, req, tcp)
+	if err == nil && !tcp && resp.Truncated {
+		resp, err = s.fw.ask(ctx, req, true)
+	}
 	if err != nil {
 		s.cfg.Metrics.DNSUpstreamFailure(labels)
 		return nil, err

@@ -72,6 +72,11 @@ func (s *Server) prepare(ctx context.Context, raw []byte, tcp bool) ([]byte, *fo
 	if q.Qclass == dns.ClassINET && (q.Qtype == dns.TypeA || q.Qtype == dns.TypeAAAA) {
 		qname := lowerASCII(trimDot(q.Name))
 		if m, ok := v.find(qname); ok {
+			if q.Qtype == dns.TypeAAAA && s.cfg.IPv4Only {
+				// The host exists, IPv6 does not: empty, not NXDOMAIN.
+				s.accessLog(ctx, client, v.ns, q, "service does not support this record type", 0)
+				return s.pack(emptyReply(req), req, tcp), nil
+			}
 			resp, n := v.localReply(req, m, q.Qtype == dns.TypeAAAA)
 			s.accessLog(ctx, client, v.ns, q, "success", n)
 			return s.pack(resp, req, tcp), nil
@@ -104,10 +109,7 @@ func (s *Server) refuse(ctx context.Context, f *forwardReq) []byte {
 // localReply builds the authoritative answer for a matched name and returns
 // it with its number of address records.
 func (v *view) localReply(req *dns.Msg, m match, v6 bool) (*dns.Msg, int) {
-	resp := new(dns.Msg)
-	resp.SetReply(req)
-	resp.Authoritative = true
-	resp.RecursionAvailable = true
+	resp := emptyReply(req)
 	addrs := v.addresses(m, v6)
 	if len(addrs) == 0 {
 		// The host exists: an empty NOERROR, not NXDOMAIN, so the client
@@ -141,6 +143,16 @@ func (v *view) localReply(req *dns.Msg, m match, v6 bool) (*dns.Msg, int) {
 		}
 	}
 	return resp, len(addrs)
+}
+
+// emptyReply is the authoritative NOERROR reply to req without records,
+// which localReply fills.
+func emptyReply(req *dns.Msg) *dns.Msg {
+	resp := new(dns.Msg)
+	resp.SetReply(req)
+	resp.Authoritative = true
+	resp.RecursionAvailable = true
+	return resp
 }
 
 // errorReply is an empty reply to req with rcode.

@@ -19,7 +19,8 @@ import (
 // One per daemon; its sockets are made by Config's Dial (the daemon's own
 // namespace, with its mark).
 type Resolver struct {
-	fw *forwarder
+	fw       *forwarder
+	ipv4Only bool // ResolverConfig.IPv4Only
 }
 
 // ResolverConfig configures a Resolver.
@@ -38,6 +39,9 @@ type ResolverConfig struct {
 	// CacheSize is how many answers are kept for their TTL; 0 means
 	// DefaultCacheSize, negative turns the cache off.
 	CacheSize int
+	// IPv4Only is IPV6_ENABLED=false: a lookup for network "ip" asks A
+	// only, as ztunnel's resolver then does (LookupIpStrategy::Ipv4Only).
+	IPv4Only bool
 }
 
 // NewResolver returns a Resolver for cfg.
@@ -58,11 +62,12 @@ func NewResolver(cfg ResolverConfig) (*Resolver, error) {
 	if cfg.CacheSize == 0 {
 		cfg.CacheSize = DefaultCacheSize
 	}
-	return &Resolver{fw: newForwarder(cfg.Upstreams, cfg.Dial, nil, cfg.Timeout, cfg.Attempts, cfg.CacheSize)}, nil
+	return &Resolver{fw: newForwarder(cfg.Upstreams, cfg.Dial, nil, cfg.Timeout, cfg.Attempts, cfg.CacheSize), ipv4Only: cfg.IPv4Only}, nil
 }
 
 // LookupNetIP returns host's addresses: its A records for network "ip4",
-// AAAA for "ip6", both (asked at once) for "ip". host is taken as a fully
+// AAAA for "ip6", both (asked at once) for "ip" (A alone with
+// ResolverConfig.IPv4Only). host is taken as a fully
 // qualified name; CNAMEs are followed by the upstream, whose answer holds
 // the chain's addresses. A name that does not exist, or has no address of
 // the family asked, is a *net.DNSError with IsNotFound.
@@ -71,6 +76,9 @@ func (r *Resolver) LookupNetIP(ctx context.Context, network, host string) ([]net
 	switch network {
 	case "ip":
 		types = []uint16{dns.TypeA, dns.TypeAAAA}
+		if r.ipv4Only {
+			types = types[:1]
+		}
 	case "ip4":
 		types = []uint16{dns.TypeA}
 	case "ip6":

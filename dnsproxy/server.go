@@ -70,6 +70,13 @@ type Config struct {
 	// those that answer. None makes every forwarded question fail with
 	// SERVFAIL.
 	Upstreams []string
+	// IPv4Only is IPV6_ENABLED=false: an AAAA question for a mesh name is
+	// answered with an empty authoritative NOERROR whatever the name's
+	// addresses (ztunnel's service_family_allowed), so no mesh client is
+	// handed an IPv6 address it could not use; A questions are answered as
+	// ever and AAAA questions for other names are forwarded, as ztunnel
+	// forwards them.
+	IPv4Only bool
 	// Addrs are the listen addresses, UDP and TCP on each; nil means
 	// DefaultAddrs. An IPv6 address that cannot be bound (a pod without
 	// IPv6) is skipped with a log line when another address was bound.

@@ -23,6 +23,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
+	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 	"golang.org/x/sys/unix"
 )
 
@@ -151,12 +152,15 @@ func TestPortInUse(t *testing.T) {
 }
 
 // maliciousConfig is malicious_calls_inpod's node (namespaced.rs, shared
-// mode): a captured client and an uncaptured pod (a TCP workload), and the
-// daemon's own pod (10.244.0.4, made after them) with its self-proxy on 15008.
+// mode): a captured client and an uncaptured pod (a TCP workload) on
+// node-a (node 1: the fake istiod's node cp is 0). The daemon's own pod
+// (10.244.1.4, made after them) is a workload too, as ztunnel's test
+// registers it: the fake istiod sends it, as istiod does for the ztunnel
+// pod.
 const maliciousConfig = `
 workloads:
-- {uid: cluster1//v1/Pod/default/client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.0.2"], protocol: HBONE, node: node-a, services: {}}
-- {uid: cluster1//v1/Pod/default/uncaptured, name: uncaptured, namespace: default, serviceAccount: uncaptured, workloadIps: ["10.244.0.3"], protocol: TCP, node: node-a, services: {}}
+- {uid: cluster1//v1/Pod/default/client, name: client, namespace: default, serviceAccount: client, workloadIps: ["10.244.1.2"], protocol: HBONE, node: node-a, services: {}}
+- {uid: cluster1//v1/Pod/default/uncaptured, name: uncaptured, namespace: default, serviceAccount: uncaptured, workloadIps: ["10.244.1.3"], protocol: TCP, node: node-a, services: {}}
 `
 
 // callOutcome is what a call of the port matrix must meet (ztunnel's
@@ -184,13 +188,21 @@ func (o callOutcome) String() string {
 // the daemon serves (15001, 15006, 15008, 15080, 15000, 15020, 15021), each
 // with ztunnel's outcome. No call may loop through a proxy back into it, reach
 // the admin port or SOCKS5 from outside loopback, or hang: a refusal must
-// come within ztunnel's 1 s (3 s here, for a loaded lab).
+// come within ztunnel's 1 s (3 s here, for a loaded lab). As in ztunnel's
+// test the daemon's own pod is an HBONE workload of the mesh, so the
+// captured client's calls to it go over HBONE to its self-proxy (checked in
+// its access log for 15020 and 15021), not through as plain TCP.
 func TestMaliciousCallsInPod(t *testing.T) {
 	lab := netnslab.New(t)
+	cp, err := lab.AddNode("cp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	istiod := newFakeIstiod(t, cp, 15012)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := startSharedCluster(ctx, t, lab, maliciousConfig, labrun.SharedOptions{
-		Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: []string{"SERVICE_ACCOUNT=ztunnel"},
+		Binary: ztunnelBin, Dir: t.TempDir(), DaemonEnv: append(istiod.env(), "SERVICE_ACCOUNT=ztunnel", "ISTIO_META_CLUSTER_ID=Kubernetes"),
 	})
 	d := c.Daemons["node-a"]
 	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
@@ -198,6 +210,8 @@ func TestMaliciousCallsInPod(t *testing.T) {
 	if _, err := d.WaitLog(wctx, "self-proxy started"); err != nil {
 		t.Fatal(err)
 	}
+	istiod.Set(xdsconv.AddressType, "u-zt-a", "1", xdsPod("u-zt-a", d.Pod.Name, "istio-system", "ztunnel", d.Pod.IP.String(), "node-a", "Kubernetes", "ztunnel"))
+	waitWorkload(ctx, t, d, d.Pod.IP)
 	zt, ourself, localhost := d.Pod.IP, c.Pods["client"].IP, netip.MustParseAddr("127.0.0.1")
 	type call struct {
 		ip   netip.Addr
@@ -209,10 +223,12 @@ func TestMaliciousCallsInPod(t *testing.T) {
 		calls []call
 	}{
 		{"client", []call{
-			{zt, 15001, failedRequest}, // outbound to the daemon's pod: nothing there, the outbound dial fails
+			// To the daemon's pod: the client's outbound tunnels each to
+			// the self-proxy, whose dial finds nothing but 15020/15021.
+			{zt, 15001, failedRequest},
 			{zt, 15006, failedRequest},
-			{zt, 15008, failedRequest},      // the self-proxy wants TLS
-			{zt, 15080, failedRequest},      // the pod's own outbound accepts, its dial fails (SOCKS5 is loopback only)
+			{zt, 15008, failedRequest},      // a tunnel to 15008 itself is refused
+			{zt, 15080, failedRequest},      // SOCKS5 is off (and loopback only)
 			{zt, 15000, failedRequest},      // admin is on the daemon's loopback
 			{zt, 15020, httpError},          // metrics answer garbage with 400
 			{zt, 15021, httpError},          // readiness too
@@ -306,6 +322,17 @@ func TestMaliciousCallsInPod(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+	// The captured client's HTTP calls went over HBONE to the self-proxy,
+	// as in ztunnel's mesh, not around it.
+	for _, port := range []string{"15020", "15021"} {
+		lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := d.WaitLog(lctx, `direction="inbound"`, `src.identity="spiffe://cluster.local/ns/default/sa/client"`,
+			`dst.hbone_addr="`+net.JoinHostPort(zt.String(), port)+`"`, "dst.addr="+net.JoinHostPort(zt.String(), "15008")+" ")
+		lcancel()
+		if err != nil {
+			t.Errorf("the client's call to %s:%s did not go over the self-proxy: %v", zt, port, err)
 		}
 	}
 }

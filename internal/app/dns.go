@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"syscall"
 
@@ -65,6 +66,7 @@ func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) er
 		Upstreams:          f.rc.Servers,
 		UpstreamTimeout:    f.rc.Timeout,
 		UpstreamAttempts:   f.rc.Attempts,
+		IPv4Only:           !cfg.IPv6Enabled,
 		Addrs:              cfg.DNSProxyAddrs,
 		Control:            control,
 		ListenControl:      listenControl(cfg.PacketMark, reusePort(cfg)),
@@ -83,22 +85,40 @@ func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) er
 // hickory resolver with cache_size 4096). Without a readable one with a
 // nameserver it is nil, Go's default resolver. Its sockets carry
 // PACKET_MARK, as the DNS proxy's do, so a pod's DNS capture lets them
-// pass.
+// pass. With IPV6_ENABLED=false either asks A questions only, as ztunnel's
+// resolver (LookupIpStrategy::Ipv4Only).
 func onDemandResolver(cfg *Config, log *slog.Logger) proxy.Resolver {
 	rc, err := dnsproxy.ReadResolvConf(cfg.ResolvConf)
 	if err != nil || len(rc.Servers) == 0 {
 		log.Debug("on-demand DNS uses the system resolver", "resolv_conf", cfg.ResolvConf, "error", err, "scope", "dns")
+		if !cfg.IPv6Enabled {
+			return ipv4Resolver{net.DefaultResolver}
+		}
 		return nil
 	}
 	dialer := &net.Dialer{Control: engine.SocketOptions{Mark: cfg.PacketMark}.DialControl()}
 	r, err := dnsproxy.NewResolver(dnsproxy.ResolverConfig{
 		Upstreams: rc.Servers, Dial: dialer.DialContext, Timeout: rc.Timeout, Attempts: rc.Attempts,
+		IPv4Only: !cfg.IPv6Enabled,
 	})
 	if err != nil {
 		log.Debug("on-demand DNS uses the system resolver", "resolv_conf", cfg.ResolvConf, "error", err, "scope", "dns")
 		return nil
 	}
 	return r
+}
+
+// ipv4Resolver asks its resolver for IPv4 addresses alone where the
+// proxy asks for both families (network "ip"): IPV6_ENABLED=false with the
+// system resolver.
+type ipv4Resolver struct{ proxy.Resolver }
+
+// LookupNetIP looks host up, for "ip4" where network is "ip".
+func (r ipv4Resolver) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	if network == "ip" {
+		network = "ip4"
+	}
+	return r.Resolver.LookupNetIP(ctx, network, host)
 }
 
 // listenControl marks the DNS proxy's listening sockets and, with
