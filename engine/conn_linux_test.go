@@ -16,6 +16,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/engine/enginetest"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"golang.org/x/sys/unix"
 )
 
@@ -148,7 +149,7 @@ func newEpoll(t *testing.T, loops int) *engine.Engine {
 // returns the driver and the peer's end.
 func startFake(t *testing.T, e *engine.Engine, d *fakeDriver, tune func(tc, peer *net.TCPConn)) *net.TCPConn {
 	t.Helper()
-	tc, peer := enginetest.TCPPair(t)
+	tc, peer := nettest.TCPPair(t)
 	if tune != nil {
 		tune(tc, peer)
 	}
@@ -181,7 +182,7 @@ func TestStartConnUnsupported(t *testing.T) {
 				t.Skipf("%s unavailable: %v", name, err)
 			}
 			defer e.Close()
-			tc, peer := enginetest.TCPPair(t)
+			tc, peer := nettest.TCPPair(t)
 			d := newFakeDriver()
 			h, err := e.StartConn(tc, d, d.bind)
 			if !errors.Is(err, engine.ErrUnsupported) || !errors.Is(err, errors.ErrUnsupported) || h != nil {
@@ -510,10 +511,10 @@ func TestConnSlowStreamDoesNotStallItsConnection(t *testing.T) {
 	var servers [2]*net.TCPConn
 	var bridged [2]*net.TCPConn
 	for i := range servers {
-		bridged[i], servers[i] = enginetest.TCPPair(t)
+		bridged[i], servers[i] = nettest.TCPPair(t)
 		_ = servers[i].SetDeadline(time.Now().Add(hangLimit))
 	}
-	mc, rc := enginetest.TCPPair(t)
+	mc, rc := nettest.TCPPair(t)
 	m, err := enginetest.NewMux(e, mc, enginetest.MuxOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -521,7 +522,7 @@ func TestConnSlowStreamDoesNotStallItsConnection(t *testing.T) {
 	enginetest.NewMuxPeer(rc, func(id uint32) *net.TCPConn { return bridged[id-1] })
 	var clients [2]*net.TCPConn
 	for i := range clients {
-		c, a := enginetest.TCPPair(t)
+		c, a := nettest.TCPPair(t)
 		_ = c.SetDeadline(time.Now().Add(hangLimit))
 		clients[i] = c
 		e.Start(engine.TCPEndpoint{TCPConn: a}, m.Open(), nil, nil)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/engine/enginetest"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // waitStats polls e.Stats until ok holds; the deadline is only a safety net
@@ -54,8 +55,8 @@ func TestRelayKindsRunOnSeparateLoops(t *testing.T) {
 				done           chan engine.Result
 			}
 			start := func(stream bool) relay {
-				client, a := enginetest.TCPPair(t)
-				cb, server := enginetest.TCPPair(t)
+				client, a := nettest.TCPPair(t)
+				cb, server := nettest.TCPPair(t)
 				var b engine.Endpoint = engine.TCPEndpoint{TCPConn: cb}
 				if stream {
 					b = enginetest.NewStream(cb)

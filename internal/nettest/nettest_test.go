@@ -2,11 +2,13 @@ package nettest_test
 
 import (
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"testing"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
@@ -27,6 +29,26 @@ func TestTCPPair(t *testing.T) {
 	a.CloseWrite()
 	got, err := io.ReadAll(b)
 	if err != nil || string(got) != "x" {
+		t.Fatalf("read %q, %v", got, err)
+	}
+}
+
+// TestDetachFD: the detached descriptor carries the connection on its own
+// (the *net.TCPConn is closed, the socket is not) until the test ends.
+func TestDetachFD(t *testing.T) {
+	a, b := nettest.TCPPair(t)
+	fd := nettest.DetachFD(t, a)
+	if _, err := a.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("write on the detached conn: %v, want net.ErrClosed", err)
+	}
+	if _, err := unix.Write(fd, []byte("fd")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Shutdown(fd, unix.SHUT_WR); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(b)
+	if err != nil || string(got) != "fd" {
 		t.Fatalf("read %q, %v", got, err)
 	}
 }
