@@ -401,20 +401,14 @@ func TestConnTickAndStalls(t *testing.T) {
 	e := newEpoll(t, 1)
 	d := newFakeDriver()
 	peer := startFake(t, e, d, nil)
-	for stop := time.Now().Add(hangLimit); d.ticks.Load() == 0; {
-		if time.Now().After(stop) {
-			t.Fatal("no Tick")
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !nettest.Until(hangLimit, func() bool { return d.ticks.Load() != 0 }) {
+		t.Fatal("no Tick")
 	}
 	d.stall.Store(true)
 	before := e.Stats().ConnStalls
 	peer.Write([]byte("s"))
-	for stop := time.Now().Add(hangLimit); e.Stats().ConnStalls == before; {
-		if time.Now().After(stop) {
-			t.Fatal("a 5 ms Readable was not counted as a stall")
-		}
-		time.Sleep(time.Millisecond)
+	if !nettest.Until(hangLimit, func() bool { return e.Stats().ConnStalls != before }) {
+		t.Fatal("a 5 ms Readable was not counted as a stall")
 	}
 }
 
@@ -474,10 +468,7 @@ func TestConnEndsEveryGoroutine(t *testing.T) {
 		echo.WaitEnded(t)
 	}
 	got := runtime.NumGoroutine()
-	for stop := time.Now().Add(hangLimit); got > before && time.Now().Before(stop); got = runtime.NumGoroutine() {
-		time.Sleep(time.Millisecond)
-	}
-	if got > before {
+	if !nettest.Until(hangLimit, func() bool { got = runtime.NumGoroutine(); return got <= before }) {
 		buf := make([]byte, 1<<20)
 		t.Fatalf("%d goroutines after Close, %d before:\n%s", got, before, buf[:runtime.Stack(buf, true)])
 	}

@@ -167,12 +167,8 @@ func TestLoopsParkWhenEmptyAndRestart(t *testing.T) {
 			t.Fatal(r.Err)
 		}
 		// With no relay left the loop gives its thread back.
-		deadline := time.Now().Add(10 * time.Second)
-		for e.Stats().Running != 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("round %d: loop still running with no relay", round)
-			}
-			time.Sleep(time.Millisecond)
+		if !nettest.Until(10*time.Second, func() bool { return e.Stats().Running == 0 }) {
+			t.Fatalf("round %d: loop still running with no relay", round)
 		}
 	}
 }

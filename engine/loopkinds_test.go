@@ -16,14 +16,9 @@ import (
 // against a hang.
 func waitStats(t *testing.T, e *engine.Engine, what string, ok func(engine.Stats) bool) {
 	t.Helper()
-	stop := time.Now().Add(hangLimit)
-	st := e.Stats()
-	for !ok(st) {
-		if time.Now().After(stop) {
-			t.Fatalf("stats %+v: want %s", st, what)
-		}
-		time.Sleep(time.Millisecond)
-		st = e.Stats()
+	var st engine.Stats
+	if !nettest.Until(hangLimit, func() bool { st = e.Stats(); return ok(st) }) {
+		t.Fatalf("stats %+v: want %s", st, what)
 	}
 }
 

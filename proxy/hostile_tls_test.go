@@ -18,6 +18,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
@@ -49,23 +50,18 @@ func (b *logBuf) String() string {
 // it; nothing is timed).
 func (b *logBuf) waitFor(t *testing.T, subs ...string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		s := b.String()
-		missing := ""
+	var s, missing string
+	if !nettest.Until(20*time.Second, func() bool {
+		s, missing = b.String(), ""
 		for _, sub := range subs {
 			if !strings.Contains(s, sub) {
 				missing = sub
 				break
 			}
 		}
-		if missing == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("log never said %q; log:\n%s", missing, s)
-		}
-		time.Sleep(5 * time.Millisecond)
+		return missing == ""
+	}) {
+		t.Fatalf("log never said %q; log:\n%s", missing, s)
 	}
 }
 

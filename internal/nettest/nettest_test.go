@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
@@ -50,6 +51,22 @@ func TestDetachFD(t *testing.T) {
 	got, err := io.ReadAll(b)
 	if err != nil || string(got) != "fd" {
 		t.Fatalf("read %q, %v", got, err)
+	}
+}
+
+// TestUntil: a condition that comes true is seen (checked again after each
+// pause), and one that never does gives false once the limit has passed.
+func TestUntil(t *testing.T) {
+	calls := 0
+	if !nettest.Until(time.Minute, func() bool { calls++; return calls == 5 }) || calls != 5 {
+		t.Fatalf("Until returned before the condition held, or checked it %d times", calls)
+	}
+	start := time.Now()
+	if nettest.Until(20*time.Millisecond, func() bool { return false }) {
+		t.Fatal("Until reported a condition that never held")
+	}
+	if time.Since(start) < 20*time.Millisecond {
+		t.Fatal("Until gave up before its limit")
 	}
 }
 
