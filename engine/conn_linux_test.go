@@ -16,6 +16,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/engine/enginetest"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"golang.org/x/sys/unix"
 )
 
@@ -148,7 +149,7 @@ func newEpoll(t *testing.T, loops int) *engine.Engine {
 // returns the driver and the peer's end.
 func startFake(t *testing.T, e *engine.Engine, d *fakeDriver, tune func(tc, peer *net.TCPConn)) *net.TCPConn {
 	t.Helper()
-	tc, peer := enginetest.TCPPair(t)
+	tc, peer := nettest.TCPPair(t)
 	if tune != nil {
 		tune(tc, peer)
 	}
@@ -181,7 +182,7 @@ func TestStartConnUnsupported(t *testing.T) {
 				t.Skipf("%s unavailable: %v", name, err)
 			}
 			defer e.Close()
-			tc, peer := enginetest.TCPPair(t)
+			tc, peer := nettest.TCPPair(t)
 			d := newFakeDriver()
 			h, err := e.StartConn(tc, d, d.bind)
 			if !errors.Is(err, engine.ErrUnsupported) || !errors.Is(err, errors.ErrUnsupported) || h != nil {
@@ -400,20 +401,14 @@ func TestConnTickAndStalls(t *testing.T) {
 	e := newEpoll(t, 1)
 	d := newFakeDriver()
 	peer := startFake(t, e, d, nil)
-	for stop := time.Now().Add(hangLimit); d.ticks.Load() == 0; {
-		if time.Now().After(stop) {
-			t.Fatal("no Tick")
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !nettest.Until(hangLimit, func() bool { return d.ticks.Load() != 0 }) {
+		t.Fatal("no Tick")
 	}
 	d.stall.Store(true)
 	before := e.Stats().ConnStalls
 	peer.Write([]byte("s"))
-	for stop := time.Now().Add(hangLimit); e.Stats().ConnStalls == before; {
-		if time.Now().After(stop) {
-			t.Fatal("a 5 ms Readable was not counted as a stall")
-		}
-		time.Sleep(time.Millisecond)
+	if !nettest.Until(hangLimit, func() bool { return e.Stats().ConnStalls != before }) {
+		t.Fatal("a 5 ms Readable was not counted as a stall")
 	}
 }
 
@@ -473,10 +468,7 @@ func TestConnEndsEveryGoroutine(t *testing.T) {
 		echo.WaitEnded(t)
 	}
 	got := runtime.NumGoroutine()
-	for stop := time.Now().Add(hangLimit); got > before && time.Now().Before(stop); got = runtime.NumGoroutine() {
-		time.Sleep(time.Millisecond)
-	}
-	if got > before {
+	if !nettest.Until(hangLimit, func() bool { got = runtime.NumGoroutine(); return got <= before }) {
 		buf := make([]byte, 1<<20)
 		t.Fatalf("%d goroutines after Close, %d before:\n%s", got, before, buf[:runtime.Stack(buf, true)])
 	}
@@ -510,10 +502,10 @@ func TestConnSlowStreamDoesNotStallItsConnection(t *testing.T) {
 	var servers [2]*net.TCPConn
 	var bridged [2]*net.TCPConn
 	for i := range servers {
-		bridged[i], servers[i] = enginetest.TCPPair(t)
+		bridged[i], servers[i] = nettest.TCPPair(t)
 		_ = servers[i].SetDeadline(time.Now().Add(hangLimit))
 	}
-	mc, rc := enginetest.TCPPair(t)
+	mc, rc := nettest.TCPPair(t)
 	m, err := enginetest.NewMux(e, mc, enginetest.MuxOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -521,7 +513,7 @@ func TestConnSlowStreamDoesNotStallItsConnection(t *testing.T) {
 	enginetest.NewMuxPeer(rc, func(id uint32) *net.TCPConn { return bridged[id-1] })
 	var clients [2]*net.TCPConn
 	for i := range clients {
-		c, a := enginetest.TCPPair(t)
+		c, a := nettest.TCPPair(t)
 		_ = c.SetDeadline(time.Now().Add(hangLimit))
 		clients[i] = c
 		e.Start(engine.TCPEndpoint{TCPConn: a}, m.Open(), nil, nil)

@@ -9,8 +9,9 @@
 // drains) when its users are done: the daemon (internal/app) makes one and
 // hands it to every proxy. The package keeps no state of its own.
 //
-// Engine.Start is the one way in (StartDial is Start with the connect to
-// the B side left to the engine), in one dispatch order (start.go):
+// A relay has one way in, Engine.Start (StartDial is Start with the connect
+// to the B side left to the engine; a whole multiplexed connection goes in
+// through StartConn, below), in one dispatch order (start.go):
 // between two TCP sockets an event-loop backend takes the sockets over and
 // moves bytes with splice(2) through pooled pipes (epoll copies small
 // messages through one buffer per loop, and splices once a flow is bulk):

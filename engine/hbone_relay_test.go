@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
-	"github.com/ztunnel-go/ztunnel/engine/enginetest"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/hbone/hbonetest"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"golang.org/x/net/http2"
 )
 
@@ -107,7 +107,7 @@ func TestHBONERelay(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				client, a := enginetest.TCPPair(t)
+				client, a := nettest.TCPPair(t)
 				done := make(chan engine.Result, 1)
 				var counters engine.Counters
 				e.Start(engine.TCPEndpoint{TCPConn: a}, hboneEndpoint{s}, &counters, func(r engine.Result) { done <- r })

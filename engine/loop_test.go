@@ -7,25 +7,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
-// loopbackPair returns both ends of a fresh loopback TCP connection.
+// loopbackPair is nettest.TCPPair with a deadline on both ends, so that a
+// relay that stops moving bytes fails the test rather than hanging it.
 func loopbackPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
 	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := ln.AcceptTCP()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(); s.Close() })
+	c, s := nettest.TCPPair(t)
 	c.SetDeadline(time.Now().Add(20 * time.Second))
 	s.SetDeadline(time.Now().Add(20 * time.Second))
 	return c, s
@@ -177,12 +167,8 @@ func TestLoopsParkWhenEmptyAndRestart(t *testing.T) {
 			t.Fatal(r.Err)
 		}
 		// With no relay left the loop gives its thread back.
-		deadline := time.Now().Add(10 * time.Second)
-		for e.Stats().Running != 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("round %d: loop still running with no relay", round)
-			}
-			time.Sleep(time.Millisecond)
+		if !nettest.Until(10*time.Second, func() bool { return e.Stats().Running == 0 }) {
+			t.Fatalf("round %d: loop still running with no relay", round)
 		}
 	}
 }

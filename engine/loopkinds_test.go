@@ -9,20 +9,16 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/engine/enginetest"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // waitStats polls e.Stats until ok holds; the deadline is only a safety net
 // against a hang.
 func waitStats(t *testing.T, e *engine.Engine, what string, ok func(engine.Stats) bool) {
 	t.Helper()
-	stop := time.Now().Add(hangLimit)
-	st := e.Stats()
-	for !ok(st) {
-		if time.Now().After(stop) {
-			t.Fatalf("stats %+v: want %s", st, what)
-		}
-		time.Sleep(time.Millisecond)
-		st = e.Stats()
+	var st engine.Stats
+	if !nettest.Until(hangLimit, func() bool { st = e.Stats(); return ok(st) }) {
+		t.Fatalf("stats %+v: want %s", st, what)
 	}
 }
 
@@ -54,8 +50,8 @@ func TestRelayKindsRunOnSeparateLoops(t *testing.T) {
 				done           chan engine.Result
 			}
 			start := func(stream bool) relay {
-				client, a := enginetest.TCPPair(t)
-				cb, server := enginetest.TCPPair(t)
+				client, a := nettest.TCPPair(t)
+				cb, server := nettest.TCPPair(t)
 				var b engine.Endpoint = engine.TCPEndpoint{TCPConn: cb}
 				if stream {
 					b = enginetest.NewStream(cb)

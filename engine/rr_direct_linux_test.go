@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
-	"github.com/ztunnel-go/ztunnel/engine/enginetest"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/hbone/hbonetest"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // directRig is one HBONE stream relayed to a TCP socket by an epoll
@@ -50,7 +50,7 @@ func startDirectRig(t *testing.T, cfg hbone.Config, ecfg engine.Config, h hbone.
 		t.Fatal(err)
 	}
 	r := &directRig{e: e, done: make(chan engine.Result, 1)}
-	r.client, r.a = enginetest.TCPPair(t)
+	r.client, r.a = nettest.TCPPair(t)
 	if tune != nil {
 		tune(r.client, r.a)
 	}

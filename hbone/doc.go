@@ -6,10 +6,11 @@
 // It uses the frame parser and HPACK of golang.org/x/net/http2 but none of its
 // Transport or Server machinery, so that the per-byte cost stays low:
 //
-//   - each connection has exactly one reader goroutine and one writer
-//     goroutine, none per stream, or none at all when an event loop drives
-//     it (Config.Drive: the loop reads, processes and flushes on its own
-//     goroutine, through the same parser and write buffer);
+//   - no goroutine per stream: an event loop drives the connection
+//     (Config.Drive, the daemon's default: the loop reads, processes and
+//     flushes on its own goroutine), or else exactly one reader goroutine
+//     and one writer goroutine do, through the same parser and write
+//     buffer;
 //   - streams append frames to a shared, bounded write buffer which the writer
 //     flushes with one Write per batch, so frames of many streams coalesce into
 //     few syscalls (and few TLS records); a small batch an event loop queues

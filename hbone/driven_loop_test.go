@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // The test side of loop mode: testLoop, an event loop of one goroutine over
@@ -175,7 +177,9 @@ func (l *testLoop) drive(nc net.Conn, d Driven) (Owner, bool) {
 	if !ok {
 		return nil, false
 	}
-	fd, err := dupFD(tc)
+	// DupFD leaves tc open: UseFD runs before the close, so a refusal
+	// leaves tc usable.
+	fd, err := nettest.DupFD(tc)
 	if err != nil {
 		return nil, false
 	}
@@ -191,24 +195,6 @@ func (l *testLoop) drive(nc net.Conn, d Driven) (Owner, bool) {
 		return nil, false
 	}
 	return e, true
-}
-
-// dupFD duplicates tc's descriptor; closing tc then takes the socket out of
-// the runtime's poller (as engine.StartConn's detach, which binds after the
-// close: here UseFD runs first, so a refusal leaves tc usable).
-func dupFD(tc *net.TCPConn) (int, error) {
-	rc, err := tc.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	fd := -1
-	var derr error
-	if err := rc.Control(func(f uintptr) {
-		fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0)
-	}); err != nil {
-		return -1, err
-	}
-	return fd, derr
 }
 
 func (l *testLoop) run() {

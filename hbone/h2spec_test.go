@@ -4,9 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"net"
 	"os"
 	"os/exec"
@@ -113,16 +111,7 @@ func startH2SpecTarget(t *testing.T, cfg Config, h Handler) *h2specTarget {
 		chain: filepath.Join(dir, "chain.pem"), key: filepath.Join(dir, "key.pem"),
 		srv: NewServer(cfg, h), handshakeFails: make(chan error, 1),
 	}
-	key, err := x509.MarshalPKCS8PrivateKey(theirs.Certificate.PrivateKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(tg.key, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(tg.chain, []byte(strings.Join(theirs.ChainPEM, "\n")), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tlstest.WriteFiles(t, dir, theirs)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

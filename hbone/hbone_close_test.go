@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // Stream ends: half-close, reset, unclean close, deadlines, a cancelled
@@ -93,12 +95,8 @@ func sendAndEnd(t *testing.T, from, to *Stream, msg, reader string, then func())
 // waitFor polls cond; the deadline is a hang guard only.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(testTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
+	if !nettest.Until(testTimeout, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 

@@ -5,10 +5,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -72,20 +70,7 @@ func newNodePeers(t *testing.T) *nodePeers {
 		theirs: tlstest.Cert(t, ca, identity.New("cluster.local", "ns-node", "sa-node")),
 		dir:    t.TempDir(),
 	}
-	key, err := x509.MarshalPKCS8PrivateKey(p.theirs.Certificate.PrivateKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{
-		"key.pem":   pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}),
-		"chain.pem": []byte(strings.Join(p.theirs.ChainPEM, "\n")),
-		"roots.pem": p.theirs.RootsPEM,
-	}
-	for name, b := range files {
-		if err := os.WriteFile(filepath.Join(p.dir, name), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	tlstest.WriteFiles(t, p.dir, p.theirs)
 	return p
 }
 

@@ -17,6 +17,6 @@
 // receive a control function that runs socket creation inside the pod's
 // namespace ([Netns.Run]). The package knows no policy, TLS or HBONE.
 //
-// Imports (of ours): api/zdsapi, internal/netns and metrics. Imported by: internal/app (the
+// Imports (of ours): api/zdsapi, inpod/netns and metrics. Imported by: internal/app (the
 // daemon's shared mode).
 package inpod

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/inpod/zdstest"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -232,11 +233,7 @@ func (r *rig) accept() *zdstest.Conn {
 // eventually polls cond for up to 10s.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !nettest.Until(10*time.Second, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/api/zdsapi"
 	"github.com/ztunnel-go/ztunnel/inpod/zdstest"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 func addReq(uid string) *zdsapi.WorkloadRequest {
@@ -459,10 +460,7 @@ func TestNoDescriptorLeak(t *testing.T) {
 	// counted (their goroutines end after them), so fewer after is no
 	// failure; more is a leak, unless a close of ours is still under way.
 	after := countFDs(t)
-	for deadline := time.Now().Add(5 * time.Second); after > before && time.Now().Before(deadline); after = countFDs(t) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if after > before {
+	if !nettest.Until(5*time.Second, func() bool { after = countFDs(t); return after <= before }) {
 		t.Fatalf("%d descriptors open before, %d after", before, after)
 	}
 }

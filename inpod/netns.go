@@ -6,7 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ztunnel-go/ztunnel/internal/netns"
+	"github.com/ztunnel-go/ztunnel/inpod/netns"
 )
 
 // NetnsID identifies a network namespace: two handles are the same
@@ -94,7 +94,7 @@ func (n *Netns) File() *os.File { return n.f }
 func (n *Netns) Close() error { return n.f.Close() }
 
 // Run calls fn on an OS thread switched into the namespace and returns its
-// error (internal/netns.Run, whose doc says why that is safe in a Go
+// error (inpod/netns.Run, whose doc says why that is safe in a Go
 // process). Sockets fn creates (directly, on its own goroutine) belong to
 // the namespace for life, wherever they are used afterwards: that is how a
 // proxy's listeners and dials end up inside its pod. The thread returns to

@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -88,21 +86,8 @@ func suiteHelper() (int, bool) {
 func startSuitePeer(t *testing.T, cert *mtls.WorkloadCert, role string, noAES bool) (*exec.Cmd, *bufio.Scanner) {
 	t.Helper()
 	dir := t.TempDir()
-	var chain []byte
-	for _, der := range cert.Certificate.Certificate {
-		chain = append(chain, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
-	}
-	key, err := x509.MarshalPKCS8PrivateKey(cert.Certificate.PrivateKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, chain, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tlstest.WriteFiles(t, dir, cert)
+	certFile, keyFile := filepath.Join(dir, "chain.pem"), filepath.Join(dir, "key.pem")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")

@@ -17,6 +17,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
@@ -110,16 +111,9 @@ func (r *budgetRig) refusals(t *testing.T, listener, reason string) int {
 // bounds it: the proxy gives units back on its own time, after a close).
 func (r *budgetRig) waitBudget(t *testing.T, what string, cond func(fdbudget.Stats) bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		st := r.budget.Stats()
-		if cond(st) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("budget never %s: %+v", what, st)
-		}
-		time.Sleep(5 * time.Millisecond)
+	var st fdbudget.Stats
+	if !nettest.Until(20*time.Second, func() bool { st = r.budget.Stats(); return cond(st) }) {
+		t.Fatalf("budget never %s: %+v", what, st)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
@@ -358,16 +359,11 @@ func checksumEcho(t *testing.T, s *hbone.Stream, n int) {
 // waitLines polls the log for count lines with all substrs (hang guard only).
 func waitLines(t *testing.T, log *syncBuffer, count int, substrs ...string) []string {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if l := log.lines(substrs...); len(l) >= count {
-			return l
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("log lacks %d lines with %q:\n%s", count, substrs, strings.Join(log.lines(), ""))
-		}
-		time.Sleep(5 * time.Millisecond)
+	var l []string
+	if !nettest.Until(20*time.Second, func() bool { l = log.lines(substrs...); return len(l) >= count }) {
+		t.Fatalf("log lacks %d lines with %q:\n%s", count, substrs, strings.Join(log.lines(), ""))
 	}
+	return l
 }
 
 // TestDoubleHBONE sends connections through the gateway to the destination

@@ -3,20 +3,12 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +18,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
@@ -57,23 +50,18 @@ func (b *logBuf) String() string {
 // it; nothing is timed).
 func (b *logBuf) waitFor(t *testing.T, subs ...string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		s := b.String()
-		missing := ""
+	var s, missing string
+	if !nettest.Until(20*time.Second, func() bool {
+		s, missing = b.String(), ""
 		for _, sub := range subs {
 			if !strings.Contains(s, sub) {
 				missing = sub
 				break
 			}
 		}
-		if missing == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("log never said %q; log:\n%s", missing, s)
-		}
-		time.Sleep(5 * time.Millisecond)
+		return missing == ""
+	}) {
+		t.Fatalf("log never said %q; log:\n%s", missing, s)
 	}
 }
 
@@ -157,41 +145,9 @@ func (r *inboundRig) echoFrom(t *testing.T, local string, app int) error {
 // validity, bypassing the CA's own checks.
 func craftCert(t *testing.T, r *inboundRig, id identity.Identity, notBefore, notAfter time.Time) tls.Certificate {
 	t.Helper()
-	block, _ := pem.Decode(r.ca.RootPEM())
-	root, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, _ := pem.Decode(r.ca.KeyPEM())
-	var caKey crypto.Signer
-	if k, err := x509.ParsePKCS8PrivateKey(kb.Bytes); err == nil {
-		caKey = k.(crypto.Signer)
-	} else if k, err := x509.ParseECPrivateKey(kb.Bytes); err == nil {
-		caKey = k
-	} else {
-		t.Fatalf("CA key: %v", err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, err := url.Parse(id.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		NotBefore:    notBefore,
-		NotAfter:     notAfter,
-		URIs:         []*url.URL{u},
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, root, key.Public(), caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return tlstest.FromBuiltin(t, r.ca).Leaf(t, tlstest.LeafOptions{
+		URIs: []string{id.String()}, NotBefore: notBefore, NotAfter: notAfter,
+	}).TLS()
 }
 
 func TestInboundRefusesBadTLS(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // TestLoopOwnedHBONE: with LoopDrive, the inbound server's HBONE
@@ -60,11 +61,7 @@ func TestLoopOwnedHBONE(t *testing.T) {
 	}
 	s.Close()
 	cc.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for eng.Stats().Conns != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the engine still owns %d connections 10 s after the client closed", eng.Stats().Conns)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !nettest.Until(10*time.Second, func() bool { return eng.Stats().Conns == 0 }) {
+		t.Fatalf("the engine still owns %d connections 10 s after the client closed", eng.Stats().Conns)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/fuzzseed"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
@@ -79,17 +80,11 @@ func TestGuessInboundService(t *testing.T) {
 // waitConns polls p.Connections until want reports true (hang guard only).
 func waitConns(t *testing.T, p *Proxy, want func([]Connection) bool) []Connection {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c := p.Connections()
-		if want(c) {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("connections %+v", c)
-		}
-		time.Sleep(5 * time.Millisecond)
+	var c []Connection
+	if !nettest.Until(10*time.Second, func() bool { c = p.Connections(); return want(c) }) {
+		t.Fatalf("connections %+v", c)
 	}
+	return c
 }
 
 // TestConnectionsInbound: an open inbound HBONE connection is listed with

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/ztunnel-go/ztunnel/xdsclient/controlplane"
+	"github.com/ztunnel-go/ztunnel/controlplane"
 )
 
 var (

@@ -12,6 +12,6 @@
 // rejected. state/xdsconv provides the handlers for Istio's Address and
 // Authorization types; the daemon wires the two together.
 //
-// Imports (of ours): xdsclient/controlplane. Imported by: internal/app,
+// Imports (of ours): controlplane. Imported by: internal/app,
 // state/xdsconv and tests.
 package xdsclient

@@ -11,7 +11,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 
-	"github.com/ztunnel-go/ztunnel/xdsclient/controlplane"
+	"github.com/ztunnel-go/ztunnel/controlplane"
 )
 
 // runStream runs one ADS stream until it ends. It returns nil when the server

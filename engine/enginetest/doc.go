@@ -8,5 +8,6 @@
 // where the backend allows, with MuxPeer, its far end, bridging each
 // stream to a socket.
 //
-// Imports (of ours): engine. Imported by: tests (the engine's).
+// Imports (of ours): engine and internal/nettest. Imported by: tests (the
+// engine's).
 package enginetest

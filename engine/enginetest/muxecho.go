@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // MuxEcho is one relay between a TCP client and a stream of a Mux of its
@@ -26,7 +27,7 @@ type MuxEcho struct {
 // it (unless opt.Goroutines).
 func NewMuxEcho(t testing.TB, e *engine.Engine, opt MuxOptions) *MuxEcho {
 	t.Helper()
-	cb, server := TCPPair(t)
+	cb, server := nettest.TCPPair(t)
 	go echo(server)
 	return newMuxEcho(t, e, opt, cb)
 }
@@ -41,8 +42,8 @@ func NewMuxFrameEcho(t testing.TB, e *engine.Engine, opt MuxOptions) *MuxEcho {
 
 func newMuxEcho(t testing.TB, e *engine.Engine, opt MuxOptions, cb *net.TCPConn) *MuxEcho {
 	t.Helper()
-	client, a := TCPPair(t)
-	mc, rc := TCPPair(t)
+	client, a := nettest.TCPPair(t)
+	mc, rc := nettest.TCPPair(t)
 	m, err := NewMux(e, mc, opt)
 	if err != nil && (opt.Goroutines || e.Backend() == engine.BackendEpoll) && !(opt.Goroutines && m != nil && m.Handle() == nil) {
 		t.Fatalf("NewMux: %v", err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // Rig builds the engines under test.
@@ -103,7 +104,7 @@ func (k kit) ownGoroutines(e *engine.Engine) int {
 // ErrUnsupported (the goroutine fallback) elsewhere.
 func newMux(t testing.TB, e *engine.Engine, socket func() *net.TCPConn, opt MuxOptions) *Mux {
 	t.Helper()
-	mc, rc := TCPPair(t)
+	mc, rc := nettest.TCPPair(t)
 	m, err := NewMux(e, mc, opt)
 	switch {
 	case errors.Is(err, engine.ErrClosed):
@@ -122,8 +123,8 @@ func newMux(t testing.TB, e *engine.Engine, socket func() *net.TCPConn, opt MuxO
 // ends returns a relay's endpoints and the connections of the peers behind
 // them: client talks to a, server sits behind b.
 func (k kit) ends(t testing.TB, e *engine.Engine) (client *net.TCPConn, a, b engine.Endpoint, server *net.TCPConn) {
-	client, ca := TCPPair(t)
-	cb, server := TCPPair(t)
+	client, ca := nettest.TCPPair(t)
+	cb, server := nettest.TCPPair(t)
 	a = engine.TCPEndpoint{TCPConn: ca}
 	switch {
 	case k.homed:
@@ -234,29 +235,9 @@ func (p *Pair) wantErr(t testing.TB, target error) {
 // NewPair connects a client and a server through a relay started on e.
 func NewPair(t testing.TB, e *engine.Engine) *Pair {
 	t.Helper()
-	client, a := TCPPair(t)
-	b, server := TCPPair(t)
+	client, a := nettest.TCPPair(t)
+	b, server := nettest.TCPPair(t)
 	p := &Pair{Client: client, Server: server, Counters: new(engine.Counters), Done: make(chan engine.Result, 1)}
 	p.Handle = e.Start(engine.TCPEndpoint{TCPConn: a}, engine.TCPEndpoint{TCPConn: b}, p.Counters, func(r engine.Result) { p.Done <- r })
 	return p
-}
-
-// TCPPair returns both ends of a fresh loopback TCP connection.
-func TCPPair(t testing.TB) (dialed, accepted *net.TCPConn) {
-	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := ln.AcceptTCP()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(); s.Close() })
-	return c, s
 }

@@ -8,34 +8,16 @@ import (
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
+
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // tcpPair returns a connected loopback TCP pair: a raw non-blocking fd
 // owned by the test, and the peer as a net.Conn.
 func tcpPair(t *testing.T) (int, net.Conn) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, _ := c.(*net.TCPConn).SyscallConn()
-	fd := -1
-	rc.Control(func(f uintptr) { fd, err = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
-	t.Cleanup(func() { unix.Close(fd); s.Close() })
-	return fd, s
+	c, s := nettest.TCPPair(t)
+	return nettest.DetachFD(t, c), s
 }
 
 func TestPipeSize(t *testing.T) {

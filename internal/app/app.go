@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ztunnel-go/ztunnel/admin"
+	"github.com/ztunnel-go/ztunnel/controlplane"
 	"github.com/ztunnel-go/ztunnel/dnsproxy"
 	"github.com/ztunnel-go/ztunnel/engine"
 	"github.com/ztunnel-go/ztunnel/hbone"
@@ -31,7 +32,6 @@ import (
 	"github.com/ztunnel-go/ztunnel/state"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 	"github.com/ztunnel-go/ztunnel/xdsclient"
-	"github.com/ztunnel-go/ztunnel/xdsclient/controlplane"
 )
 
 // ErrUnsupported marks configurations this build cannot serve yet; the

@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel/controlplane"
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/proxy"
-	"github.com/ztunnel-go/ztunnel/xdsclient/controlplane"
 )
 
 // What an operator reads of the configuration, /config_dump's "config" and

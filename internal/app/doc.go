@@ -5,6 +5,6 @@
 //
 // Imports (of ours): admin, dnsproxy, engine, fdbudget, hbone, identity,
 // inpod, internal/logging, metrics, mtls, mtls/caclient, proxy,
-// proxy/connmgr, state, state/xdsconv, xdsclient and xdsclient/controlplane.
+// proxy/connmgr, state, state/xdsconv, xdsclient and controlplane.
 // Imported by: cmd/ztunnel and tests.
 package app

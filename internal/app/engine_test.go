@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // TestNewEngine: the daemon's engine runs the ZTUNNEL_ENGINE backend (or
@@ -62,23 +63,11 @@ func TestNewEngine(t *testing.T) {
 	}
 }
 
-// enginePair returns both ends of a fresh loopback TCP connection.
+// enginePair is nettest.TCPPair with a deadline on both ends, so that a
+// relay that stops moving bytes fails the test rather than hanging it.
 func enginePair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
 	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := ln.AcceptTCP()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(); s.Close() })
+	c, s := nettest.TCPPair(t)
 	for _, x := range []*net.TCPConn{c, s} {
 		x.SetDeadline(time.Now().Add(20 * time.Second))
 	}

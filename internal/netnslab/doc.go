@@ -32,7 +32,7 @@
 // A live lab holds an flock on its lock file; [CleanupStale] removes the namespaces of
 // labs whose owner died without cleaning up (and that were not [Lab.Detach]ed).
 //
-// Imports (of ours): internal/netns. Imported by: bench/harness, cmd/zlab,
+// Imports (of ours): inpod/netns. Imported by: bench/harness, cmd/zlab,
 // internal/istiolab, internal/labrun (the demo) and tests. Never the daemon: the package imports
 // "testing" for [New], [RequireRoot] and [Skip].
 package netnslab

@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ztunnel-go/ztunnel/internal/netns"
+	"github.com/ztunnel-go/ztunnel/inpod/netns"
 )
 
 // netnsDir is where iproute2 keeps named network namespaces (bind mounts).
@@ -49,7 +49,7 @@ func (ns NS) Open() (*os.File, error) {
 var errGoexit = netns.ErrGoexit
 
 // Do runs fn on a fresh goroutine locked to its OS thread, with that thread switched
-// into the namespace, and waits for it (internal/netns.Run). Sockets created by fn
+// into the namespace, and waits for it (inpod/netns.Run). Sockets created by fn
 // (directly, on that goroutine) belong to the namespace for their whole life, wherever
 // they are used later. Goroutines started by fn run on other threads and therefore NOT
 // in the namespace. fn must not call t.FailNow; a panic in fn is re-raised in the

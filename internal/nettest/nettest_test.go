@@ -2,11 +2,14 @@ package nettest_test
 
 import (
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
@@ -28,6 +31,42 @@ func TestTCPPair(t *testing.T) {
 	got, err := io.ReadAll(b)
 	if err != nil || string(got) != "x" {
 		t.Fatalf("read %q, %v", got, err)
+	}
+}
+
+// TestDetachFD: the detached descriptor carries the connection on its own
+// (the *net.TCPConn is closed, the socket is not) until the test ends.
+func TestDetachFD(t *testing.T) {
+	a, b := nettest.TCPPair(t)
+	fd := nettest.DetachFD(t, a)
+	if _, err := a.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("write on the detached conn: %v, want net.ErrClosed", err)
+	}
+	if _, err := unix.Write(fd, []byte("fd")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Shutdown(fd, unix.SHUT_WR); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(b)
+	if err != nil || string(got) != "fd" {
+		t.Fatalf("read %q, %v", got, err)
+	}
+}
+
+// TestUntil: a condition that comes true is seen (checked again after each
+// pause), and one that never does gives false once the limit has passed.
+func TestUntil(t *testing.T) {
+	calls := 0
+	if !nettest.Until(time.Minute, func() bool { calls++; return calls == 5 }) || calls != 5 {
+		t.Fatalf("Until returned before the condition held, or checked it %d times", calls)
+	}
+	start := time.Now()
+	if nettest.Until(20*time.Millisecond, func() bool { return false }) {
+		t.Fatal("Until reported a condition that never held")
+	}
+	if time.Since(start) < 20*time.Millisecond {
+		t.Fatal("Until gave up before its limit")
 	}
 }
 

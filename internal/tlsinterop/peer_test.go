@@ -3,8 +3,6 @@ package tlsinterop
 import (
 	"bufio"
 	"context"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -148,20 +146,7 @@ func newCerts(t *testing.T) *certs {
 		theirSAN: theirID.String(),
 		dir:      t.TempDir(),
 	}
-	key, err := x509.MarshalPKCS8PrivateKey(c.theirs.Certificate.PrivateKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{
-		"key.pem":   pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}),
-		"chain.pem": []byte(strings.Join(c.theirs.ChainPEM, "\n")),
-		"roots.pem": c.theirs.RootsPEM,
-	}
-	for name, b := range files {
-		if err := os.WriteFile(filepath.Join(c.dir, name), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	tlstest.WriteFiles(t, c.dir, c.theirs)
 	return c
 }
 

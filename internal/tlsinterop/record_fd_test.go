@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls/record"
 )
 
@@ -22,23 +23,7 @@ import (
 // the dup, which the test owns and closes at cleanup.
 func useFD(t *testing.T, conn *record.Conn) int {
 	t.Helper()
-	tc := conn.NetConn().(*net.TCPConn)
-	rc, err := tc.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fd := -1
-	var derr error
-	if err := rc.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
-		t.Fatal(err)
-	}
-	if derr != nil {
-		t.Fatal(derr)
-	}
-	if err := tc.Close(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Close(fd) })
+	fd := nettest.DetachFD(t, conn.NetConn().(*net.TCPConn))
 	if err := conn.UseFD(fd); err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@
 // CA_ADDRESS).
 //
 // Imports (of ours): api/caapi (the generated CA API), identity, mtls and
-// xdsclient/controlplane (the control-plane dialer). Imported by: bench/load,
+// controlplane (the control-plane dialer). Imported by: bench/load,
 // internal/app, internal/labrun, mtls/caclient/catest, mtls/tlstest and tests.
 // mtls must not import it.
 package caclient

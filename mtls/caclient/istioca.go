@@ -11,8 +11,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/ztunnel-go/ztunnel/api/caapi"
+	"github.com/ztunnel-go/ztunnel/controlplane"
 	"github.com/ztunnel-go/ztunnel/identity"
-	"github.com/ztunnel-go/ztunnel/xdsclient/controlplane"
 )
 
 // ErrEmptyResponse means the Istio CA answered without a certificate chain.

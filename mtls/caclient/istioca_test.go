@@ -180,16 +180,15 @@ func TestIstioCARotationKeepsConnections(t *testing.T) {
 // waitNewCert polls the store until it serves a certificate other than old.
 func waitNewCert(t *testing.T, store *mtls.Store, id identity.Identity, old *mtls.WorkloadCert) *mtls.WorkloadCert {
 	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for time.Now().Before(deadline) {
-		c, err := store.Get(context.Background(), id)
-		if err == nil && c.SerialNumber() != old.SerialNumber() {
-			return c
-		}
-		time.Sleep(20 * time.Millisecond)
+	var c *mtls.WorkloadCert
+	if !nettest.Until(waitLimit, func() bool {
+		got, err := store.Get(context.Background(), id)
+		c = got
+		return err == nil && got.SerialNumber() != old.SerialNumber()
+	}) {
+		t.Fatal("certificate not rotated")
 	}
-	t.Fatal("certificate not rotated")
-	return nil
+	return c
 }
 
 func TestIstioCAOutage(t *testing.T) {
@@ -207,12 +206,9 @@ func TestIstioCAOutage(t *testing.T) {
 	}
 	srv.SetFailing(status.Error(codes.Unavailable, "istiod is down"))
 
-	deadline := time.Now().Add(waitLimit)
-	for len(srv.Requests()) < 3 { // the first issuance, then two failed refreshes
-		if time.Now().After(deadline) {
-			t.Fatalf("%d CA requests; the store is not retrying", len(srv.Requests()))
-		}
-		time.Sleep(20 * time.Millisecond)
+	// The first issuance, then two failed refreshes.
+	if !nettest.Until(waitLimit, func() bool { return len(srv.Requests()) >= 3 }) {
+		t.Fatalf("%d CA requests; the store is not retrying", len(srv.Requests()))
 	}
 	got, err := store.Get(ctx, id)
 	if err != nil || got.SerialNumber() != cert.SerialNumber() {
@@ -244,16 +240,8 @@ func TestIstioCARootFileLate(t *testing.T) {
 	}
 	// gRPC reconnects after its own backoff (about a second); the store
 	// retries the same way, so poll, bounded.
-	deadline := time.Now().Add(waitLimit)
-	for {
-		_, err := client.Fetch(context.Background(), id)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Fetch after the root file appeared = %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !nettest.Until(waitLimit, func() bool { _, err = client.Fetch(context.Background(), id); return err == nil }) {
+		t.Fatalf("Fetch after the root file appeared = %v", err)
 	}
 }
 

@@ -2,6 +2,11 @@ package tlstest
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ztunnel-go/ztunnel/identity"
@@ -29,4 +34,25 @@ func Cert(t testing.TB, ca *caclient.BuiltinCA, id identity.Identity) *mtls.Work
 		t.Fatalf("tlstest: certificate for %s: %v", id, err)
 	}
 	return c
+}
+
+// WriteFiles writes c for a peer process into dir, each file in PEM: the
+// key as PKCS #8 ("key.pem"), the chain as received without the roots, leaf
+// first ("chain.pem"), and the root bundle ("roots.pem").
+func WriteFiles(t testing.TB, dir string, c *mtls.WorkloadCert) {
+	t.Helper()
+	key, err := x509.MarshalPKCS8PrivateKey(c.Certificate.PrivateKey)
+	if err != nil {
+		t.Fatalf("tlstest: marshal key: %v", err)
+	}
+	files := map[string][]byte{
+		"key.pem":   pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}),
+		"chain.pem": []byte(strings.Join(c.ChainPEM, "\n")),
+		"roots.pem": c.RootsPEM,
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatalf("tlstest: %v", err)
+		}
+	}
 }

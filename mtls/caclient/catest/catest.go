@@ -5,19 +5,16 @@
 // identity, or to sign through a fresh intermediate CA (a rotation of the
 // CA's intermediate, as istiod's plugged-in CA goes through).
 //
-// Imports (of ours): api/caapi, identity, mtls/caclient and xdsclient/xdstest.
-// Imported by: tests (of mtls/caclient, mtls and the daemon). Production code
+// Imports (of ours): api/caapi, identity, mtls/caclient, mtls/tlstest (the
+// intermediate) and xdsclient/xdstest. Imported by: tests (of mtls/caclient, mtls and the daemon). Production code
 // must not import it.
 package catest
 
 import (
 	"context"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"math/big"
@@ -36,6 +33,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/api/caapi"
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
+	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
 
@@ -153,51 +151,21 @@ func (s *Server) IssueAs(id identity.Identity) {
 // new intermediate's certificate.
 func (s *Server) UseIntermediate(t testing.TB) *x509.Certificate {
 	t.Helper()
-	root, err := parseCert(s.ca.RootPEM())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rootKey, err := parseKey(s.ca.KeyPEM())
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now()
 	tds := s.ca.TrustDomains()
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(now.UnixNano()),
-		Subject:               pkix.Name{CommonName: "catest intermediate", Organization: tds},
-		NotBefore:             now.Add(-time.Minute),
-		NotAfter:              now.Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-		URIs:                  []*url.URL{{Scheme: "spiffe", Host: tds[0]}},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, root, key.Public(), rootKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inter, err := caclient.LoadBuiltinCA(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
+	inter := tlstest.FromBuiltin(t, s.ca).Intermediate(t, tlstest.CAOptions{
+		CommonName:   "catest intermediate",
+		Organization: tds,
+		TrustDomains: tds[:1],
+		KeyUsage:     x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		NotBefore:    now.Add(-time.Minute),
+		NotAfter:     now.Add(time.Hour),
+	})
+	b := inter.Builtin(t)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.inter = inter
-	return cert
+	s.inter = b
+	return inter.Cert
 }
 
 // Requests returns the calls received so far.

@@ -14,7 +14,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
-	"github.com/ztunnel-go/ztunnel/xdsclient/controlplane"
+	"github.com/ztunnel-go/ztunnel/controlplane"
 	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
 
