@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -414,5 +415,55 @@ func TestDNSProxyIPv6Disabled(t *testing.T) {
 				})
 			}
 		})
+	}
+}
+
+// TestDNSResolvConfOptions (issue 34): the daemon honours its resolv.conf's
+// "options timeout:n attempts:n", as ztunnel's resolver reads them: a
+// forwarded query to a nameserver that never answers is sent attempts
+// times, timeout apart, before the client gets SERVFAIL.
+func TestDNSResolvConfOptions(t *testing.T) {
+	lab := netnslab.New(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	resolvConf := filepath.Join(dir, "resolv.conf")
+	if err := os.WriteFile(resolvConf, []byte("nameserver 10.244.1.3\noptions timeout:1 attempts:3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := startSharedCluster(ctx, t, lab, dnsConfig, labrun.SharedOptions{
+		Binary: ztunnelBin, Dir: dir, ExtraPods: map[string][]string{"node-b": {"resolver"}},
+		Capture:   netnslab.CaptureOptions{RedirectDNS: true},
+		DaemonEnv: []string{"ISTIO_META_DNS_CAPTURE=true", "ZTUNNEL_RESOLV_CONF=" + resolvConf},
+	})
+	if ip := c.Pods["resolver"].IP.String(); ip != "10.244.1.3" {
+		t.Fatalf("resolver pod got %s; the resolv.conf names 10.244.1.3", ip)
+	}
+	// A black hole: it reads every query and answers none.
+	pc, err := c.Pods["resolver"].ListenPacket("udp", "0.0.0.0:53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	var got atomic.Int32
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, _, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			var m dns.Msg
+			if m.Unpack(buf[:n]) == nil && len(m.Question) == 1 && m.Question[0].Name == "hang.example.com." {
+				got.Add(1)
+			}
+		}
+	}()
+	resp := podQuery(ctx, t, c.Pods["client"], "udp", "10.244.1.3:53", "hang.example.com")
+	if resp.Rcode != dns.RcodeServerFailure {
+		t.Fatalf("rcode %s, want SERVFAIL once the attempts are spent", dns.RcodeToString[resp.Rcode])
+	}
+	if n := got.Load(); n != 3 {
+		t.Fatalf("the nameserver saw the query %d times, want 3 (attempts:3)", n)
 	}
 }
