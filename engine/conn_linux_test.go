@@ -522,8 +522,20 @@ func TestConnSlowStreamDoesNotStallItsConnection(t *testing.T) {
 	// relay's client socket full and the stream's window spent.
 	pushed := make(chan int64, 1)
 	go func() {
-		_ = servers[0].SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
-		n, _ := io.Copy(servers[0], bytes.NewReader(make([]byte, 64<<20)))
+		// Each write gets its own 200 ms: the socket is full when one
+		// cannot complete in that time, however late a loaded machine
+		// schedules this goroutine (one deadline for the whole copy left a
+		// starved goroutine 0 bytes).
+		chunk := make([]byte, 32<<10)
+		var n int64
+		for n < 64<<20 {
+			_ = servers[0].SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+			w, err := servers[0].Write(chunk)
+			n += int64(w)
+			if err != nil {
+				break
+			}
+		}
 		pushed <- n
 	}()
 	if n := <-pushed; n < 2*enginetest.MuxWindow {
