@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -170,6 +171,24 @@ func (cp *ControlPlane) StartCNI(ctx context.Context, o CNIOptions) (c *CNI, err
 		bindMount{Src: d.imageBin(), Dst: "/opt/cni/bin", ReadOnly: true},
 		bindMount{Src: cp.bins.Dir, Dst: d.agentBinDir(), ReadOnly: true},
 	)}
+	// The node's kubelet, as far as the agent looks for it: a process of
+	// that name (comm and command line) in the node's PID namespace, whose
+	// UID istio-cni's native nftables host rules match the kubelet's health
+	// probes by. The lab's runtime plays the kubelet's part; this
+	// stand-in only sleeps.
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		return nil, fmt.Errorf("istiolab: %w", err)
+	}
+	if sleep, err = filepath.EvalSymlinks(sleep); err != nil {
+		return nil, fmt.Errorf("istiolab: %w", err)
+	}
+	kubelet := filepath.Join(d.root, "kubelet")
+	_ = os.Remove(kubelet)
+	if err := os.Symlink(sleep, kubelet); err != nil {
+		return nil, fmt.Errorf("istiolab: %w", err)
+	}
+	agent.Companions = [][]string{{kubelet, "infinity"}}
 	if err := agent.prepare(); err != nil {
 		return nil, err
 	}

@@ -5,7 +5,6 @@ package istiolab
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,20 +17,129 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 )
 
-// TestCNIPodToPod runs istio-cni's node agent on a node as the chart does,
-// the daemon on the same node taking its pods over ZDS from it, and two
+// TestCNIPodToPod runs istio-cni's node agent on two nodes as the chart
+// does, in each capture mode it has (iptables, its default, and native
+// nftables), the daemon on each node taking its pods over ZDS from it, and
 // pods started by the lab's runtime through istio-cni's plugin in a
-// namespace labelled ambient. istio-cni writes each pod's capture rules and
-// hands its netns to the daemon; istiod, seeing the pods enrolled, serves
-// them as HBONE workloads; the client's call to the server goes through the
-// daemon's outbound and inbound HBONE paths (its access log says so); an
-// AuthorizationPolicy applied with kubectl denies the call and, deleted,
-// allows it again.
+// namespace labelled ambient: a server on the first node, a client beside
+// it and one on the other node. istio-cni writes each pod's capture rules
+// and hands its netns to the node's daemon; istiod, seeing the pods
+// enrolled, serves them as HBONE workloads; each client's call reaches the
+// server through the daemons' outbound and inbound HBONE paths (the
+// server's daemon logs both identities); an AuthorizationPolicy applied
+// with kubectl denies the calls and, deleted, allows them again.
 func TestCNIPodToPod(t *testing.T) {
-	cp, lab := startControlPlane(t)
+	for _, tc := range []struct {
+		name string
+		env  []string // the node agent's, over the chart's
+		// table is what the pod's rules hold once istio-cni captured it:
+		// a command in the pod and a part of its output.
+		rules []string
+		want  string
+	}{
+		{name: "iptables", rules: []string{"iptables-save", "-t", "nat"}, want: "-j ISTIO_PRERT"},
+		{name: "nftables", env: []string{"NATIVE_NFTABLES=true"}, rules: []string{"nft", "list", "tables"}, want: "istio-ambient-nat"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			netnslab.RequireTool(t, tc.rules[0], map[string]string{"iptables-save": "iptables", "nft": "nftables"}[tc.rules[0]])
+			cp, lab := startControlPlane(t)
+			ctx := t.Context()
+			bin := ztunnelBinary(t)
+			cnis := make([]*CNI, 2)
+			ztunnels := make([]*Ztunnel, 2)
+			for i := range cnis {
+				cnis[i], ztunnels[i] = startMeshNode(t, cp, lab, fmt.Sprintf("node%d", i+1), bin, tc.env)
+			}
+			if _, err := cp.Kubectl(ctx, demoNamespaceYAML, "apply", "-f", "-"); err != nil {
+				t.Fatal(err)
+			}
+			server, _, err := cnis[0].RunPod(ctx, PodSpec{Namespace: "demo", Name: "server", ServiceAccount: "server",
+				Labels: map[string]string{"app": "server"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var clients []*netnslab.Pod
+			for i, name := range []string{"client-near", "client-far"} {
+				c, _, err := cnis[i].RunPod(ctx, PodSpec{Namespace: "demo", Name: name, ServiceAccount: "client",
+					Labels: map[string]string{"app": "client"}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				clients = append(clients, c)
+			}
+			// istio-cni marks each pod it enrolled (its annotation), which
+			// istiod reads to serve the pod as an HBONE workload.
+			for _, name := range []string{"server", "client-near", "client-far"} {
+				out, err := cp.Kubectl(ctx, "", "get", "pod", name, "-n", "demo", "-o",
+					`jsonpath={.metadata.annotations.ambient\.istio\.io/redirection}`)
+				if err != nil || strings.TrimSpace(string(out)) != "enabled" {
+					t.Fatalf("pod demo/%s: ambient.istio.io/redirection=%q (%v), want enabled", name, out, err)
+				}
+			}
+			// istio-cni's rules, not the lab's, capture the pod's traffic.
+			rules, err := server.Command(ctx, tc.rules[0], tc.rules[1:]...).Output()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Contains(rules, []byte(tc.want)) {
+				t.Fatalf("server pod's %s holds no %q:\n%s", strings.Join(tc.rules, " "), tc.want, rules)
+			}
+			echo := startEcho(t, server, 8080)
+			dst := netip.AddrPortFrom(server.IP, 8080)
+			serverLog := ztunnels[0].Log
+
+			for _, c := range clients {
+				hbone := []string{"connection complete", `direction="inbound"`, "src.addr=" + c.IP.String() + ":",
+					`src.identity="spiffe://cluster.local/ns/demo/sa/client"`, `dst.identity="spiffe://cluster.local/ns/demo/sa/server"`}
+				waitUntil(t, 2*time.Minute, func() error {
+					if err := call(ctx, c, dst); err != nil {
+						return fmt.Errorf("%s: %w", c.Name, err)
+					}
+					if logLineWith(serverLog(), hbone...) == "" {
+						return fmt.Errorf("%s: the call succeeded, but not through HBONE yet (no inbound access log line from it with both identities)", c.Name)
+					}
+					return nil
+				})
+				t.Logf("%s through HBONE: %s", c.Name, logLineWith(serverLog(), hbone...))
+			}
+			if echo.count() == 0 {
+				t.Fatal("the server saw no connection")
+			}
+
+			if _, err := cp.Kubectl(ctx, denyClientYAML, "apply", "-f", "-"); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range clients {
+				denied := []string{"connection complete", `direction="inbound"`, "src.addr=" + c.IP.String() + ":",
+					`error="connection closed due to policy rejection: explicitly denied by: demo/deny-client"`}
+				waitUntil(t, time.Minute, func() error {
+					if err := call(ctx, c, dst); err == nil {
+						return fmt.Errorf("%s: the call still succeeds under the DENY policy", c.Name)
+					}
+					if logLineWith(serverLog(), denied...) == "" {
+						return fmt.Errorf("%s: the call failed, but the server's daemon logged no policy rejection", c.Name)
+					}
+					return nil
+				})
+			}
+
+			if _, err := cp.Kubectl(ctx, "", "delete", "authorizationpolicy", "deny-client", "-n", "demo"); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range clients {
+				waitUntil(t, time.Minute, func() error { return call(ctx, c, dst) })
+			}
+		})
+	}
+}
+
+// startMeshNode adds a node, registers it, and starts istio-cni's agent
+// (env over the chart's) and the daemon on it, the daemon taking its pods
+// from the agent over ZDS; both stop when the test ends.
+func startMeshNode(t *testing.T, cp *ControlPlane, lab *netnslab.Lab, name, bin string, env []string) (*CNI, *Ztunnel) {
+	t.Helper()
 	ctx := t.Context()
-	bin := ztunnelBinary(t)
-	node, err := lab.AddNode("node1")
+	node, err := lab.AddNode(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,17 +147,17 @@ func TestCNIPodToPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	cni, err := cp.StartCNI(ctx, CNIOptions{Node: node})
+	cni, err := cp.StartCNI(ctx, CNIOptions{Node: node, Env: env})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("istio-cni ready in %v", time.Since(start).Round(100*time.Millisecond))
+	t.Logf("istio-cni on %s ready in %v", name, time.Since(start).Round(100*time.Millisecond))
 	t.Cleanup(func() {
 		if err := cni.Stop(); err != nil {
 			t.Error(err)
 		}
 	})
-	zpod, err := node.AddPod("ztunnel-node1")
+	zpod, err := node.AddPod("ztunnel-" + name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,75 +170,7 @@ func TestCNIPodToPod(t *testing.T) {
 			t.Error(err)
 		}
 	})
-
-	if _, err := cp.Kubectl(ctx, demoNamespaceYAML, "apply", "-f", "-"); err != nil {
-		t.Fatal(err)
-	}
-	server, _, err := cni.RunPod(ctx, PodSpec{Namespace: "demo", Name: "server", ServiceAccount: "server",
-		Labels: map[string]string{"app": "server"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, _, err := cni.RunPod(ctx, PodSpec{Namespace: "demo", Name: "client", ServiceAccount: "client",
-		Labels: map[string]string{"app": "client"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// istio-cni marks each pod it enrolled (its annotation), which istiod
-	// reads to serve the pod as an HBONE workload.
-	for _, name := range []string{"server", "client"} {
-		out, err := cp.Kubectl(ctx, "", "get", "pod", name, "-n", "demo", "-o",
-			`jsonpath={.metadata.annotations.ambient\.istio\.io/redirection}`)
-		if err != nil || strings.TrimSpace(string(out)) != "enabled" {
-			t.Fatalf("pod demo/%s: ambient.istio.io/redirection=%q (%v), want enabled", name, out, err)
-		}
-	}
-	// istio-cni's rules, not the lab's, capture the pod's traffic.
-	rules, err := server.Command(ctx, "iptables-save").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Contains(rules, []byte("ISTIO_PRERT")) || !bytes.Contains(rules, []byte("--to-ports 15006")) {
-		t.Fatalf("server pod's iptables hold no istio-cni capture rules:\n%s", rules)
-	}
-	echo := startEcho(t, server, 8080)
-
-	dst := netip.AddrPortFrom(server.IP, 8080)
-	hboneLine := []string{"connection complete", `direction="inbound"`,
-		`src.identity="spiffe://cluster.local/ns/demo/sa/client"`, `dst.identity="spiffe://cluster.local/ns/demo/sa/server"`}
-	waitUntil(t, 2*time.Minute, func() error {
-		if err := call(ctx, client, dst); err != nil {
-			return err
-		}
-		if line := logLineWith(z.Log(), hboneLine...); line == "" {
-			return errors.New("the call succeeded, but not through HBONE yet (no inbound access log line with both identities)")
-		}
-		return nil
-	})
-	t.Logf("through HBONE: %s", logLineWith(z.Log(), hboneLine...))
-	if echo.count() == 0 {
-		t.Fatal("the server saw no connection")
-	}
-
-	if _, err := cp.Kubectl(ctx, denyClientYAML, "apply", "-f", "-"); err != nil {
-		t.Fatal(err)
-	}
-	denied := []string{"connection complete", `direction="inbound"`, "policy rejection"}
-	waitUntil(t, time.Minute, func() error {
-		if err := call(ctx, client, dst); err == nil {
-			return errors.New("the call still succeeds under the DENY policy")
-		}
-		if logLineWith(z.Log(), denied...) == "" {
-			return errors.New("the call failed, but the daemon logged no policy rejection")
-		}
-		return nil
-	})
-	t.Logf("denied: %s", logLineWith(z.Log(), denied...))
-
-	if _, err := cp.Kubectl(ctx, "", "delete", "authorizationpolicy", "deny-client", "-n", "demo"); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, time.Minute, func() error { return call(ctx, client, dst) })
+	return cni, z
 }
 
 // demoNamespaceYAML is the test's namespace, in the mesh by its label, and

@@ -45,6 +45,10 @@ type rootfs struct {
 	// the host's own first process may not even be readable.
 	PIDNamespace bool
 	Procs        []string
+	// Companions are commands (argv) started in the background in the
+	// namespaces before the program, outside the root: processes a node
+	// has beside it.
+	Companions [][]string
 }
 
 // systemMounts are the host's directories a root lends its programs:
@@ -127,6 +131,13 @@ func (r *rootfs) command(ctx context.Context, ns netnslab.NS, bin string, args .
 	}
 	for _, p := range r.Procs {
 		fmt.Fprintf(&s, "mount -t proc proc %s\n", shellQuote(filepath.Join(r.Dir, p)))
+	}
+	for _, c := range r.Companions {
+		q := make([]string, len(c))
+		for i, a := range c {
+			q[i] = shellQuote(a)
+		}
+		fmt.Fprintf(&s, "%s </dev/null >/dev/null 2>&1 &\n", strings.Join(q, " "))
 	}
 	fmt.Fprintf(&s, "exec chroot %s \"$@\"\n", shellQuote(r.Dir))
 	// --propagation slave: mounts made here stay here, while the host's
