@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -160,7 +159,13 @@ func (cp *ControlPlane) StartCNI(ctx context.Context, o CNIOptions) (c *CNI, err
 
 	// The agent container's mounts (the chart's volumeMounts with ambient
 	// enabled), over the host's system directories.
-	agent := &rootfs{Dir: d.agentRoot(), PIDNamespace: true, Procs: []string{"/proc", "/host/proc"}, Mounts: append(systemMounts(),
+	// The node's PID namespace, whose /proc the agent sees on /proc and
+	// /host/proc.
+	h, err := cp.nodeHost(o.Node)
+	if err != nil {
+		return nil, err
+	}
+	agent := &rootfs{Dir: d.agentRoot(), Procs: []string{"/proc", "/host/proc"}, Mounts: append(systemMounts(),
 		bindMount{Src: d.cniBin(), Dst: "/host/opt/cni/bin"},
 		bindMount{Src: d.cniNetD(), Dst: "/host/etc/cni/net.d"},
 		bindMount{Src: d.istioCNI(), Dst: "/var/run/istio-cni"},
@@ -171,24 +176,6 @@ func (cp *ControlPlane) StartCNI(ctx context.Context, o CNIOptions) (c *CNI, err
 		bindMount{Src: d.imageBin(), Dst: "/opt/cni/bin", ReadOnly: true},
 		bindMount{Src: cp.bins.Dir, Dst: d.agentBinDir(), ReadOnly: true},
 	)}
-	// The node's kubelet, as far as the agent looks for it: a process of
-	// that name (comm and command line) in the node's PID namespace, whose
-	// UID istio-cni's native nftables host rules match the kubelet's health
-	// probes by. The lab's runtime plays the kubelet's part; this
-	// stand-in only sleeps.
-	sleep, err := exec.LookPath("sleep")
-	if err != nil {
-		return nil, fmt.Errorf("istiolab: %w", err)
-	}
-	if sleep, err = filepath.EvalSymlinks(sleep); err != nil {
-		return nil, fmt.Errorf("istiolab: %w", err)
-	}
-	kubelet := filepath.Join(d.root, "kubelet")
-	_ = os.Remove(kubelet)
-	if err := os.Symlink(sleep, kubelet); err != nil {
-		return nil, fmt.Errorf("istiolab: %w", err)
-	}
-	agent.Companions = [][]string{{kubelet, "infinity"}}
 	if err := agent.prepare(); err != nil {
 		return nil, err
 	}
@@ -247,13 +234,13 @@ func (cp *ControlPlane) StartCNI(ctx context.Context, o CNIOptions) (c *CNI, err
 		"POD_NAME=" + name,
 		"POD_NAMESPACE=" + IstioNamespace,
 	}
-	cmd := agent.command(context.Background(), o.Node.NS, d.agentBinDir()+"/install-cni")
+	cmd := agent.command(context.Background(), o.Node.NS, h.enter, d.agentBinDir()+"/install-cni")
 	cmd.Env = append(env, o.Env...)
 	proc, err := startCmd(name, cp.logDir, cmd)
 	if err != nil {
 		return nil, err
 	}
-	proc.inChild = agent.PIDNamespace
+	proc.inChild = true // nsenter's child
 	c = &CNI{Node: o.Node, ZDSPath: filepath.Join(d.ztunnel(), "ztunnel.sock"), cp: cp, dir: d.root, host: host, proc: proc}
 	defer func() {
 		if err != nil {
@@ -368,6 +355,15 @@ func (c *CNI) RunPod(ctx context.Context, spec PodSpec) (*netnslab.Pod, string, 
 	if err != nil {
 		return nil, "", err
 	}
+	// The sandbox's process, before its network is set up, as a runtime
+	// starts its pause container.
+	h, err := c.cp.nodeHost(c.Node)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := h.startPod(c.cp, pod, uid, containerID(uid)); err != nil {
+		return nil, "", err
+	}
 	if err := c.cniAdd(ctx, pod, spec, uid); err != nil {
 		return nil, "", err
 	}
@@ -431,14 +427,12 @@ func (c *CNI) cniAdd(ctx context.Context, pod *netnslab.Pod, spec PodSpec, uid s
 	if err != nil {
 		return err
 	}
-	// The sandbox's ID: a runtime's is a 64-hex container ID; the pod's UID
-	// without dashes is as unique.
-	containerID := strings.ReplaceAll(uid, "-", "")
-	cmd := c.host.command(ctx, c.Node.NS, "/opt/cni/bin/istio-cni")
+	cid := containerID(uid)
+	cmd := c.host.command(ctx, c.Node.NS, nil, "/opt/cni/bin/istio-cni")
 	cmd.Env = []string{
 		"PATH=" + os.Getenv("PATH"), // unshare's and chroot's; the plugin runs no program
 		"CNI_COMMAND=ADD",
-		"CNI_CONTAINERID=" + containerID,
+		"CNI_CONTAINERID=" + cid,
 		"CNI_NETNS=" + netnsPath,
 		"CNI_IFNAME=" + podIfName,
 		"CNI_PATH=/opt/cni/bin",
@@ -446,7 +440,7 @@ func (c *CNI) cniAdd(ctx context.Context, pod *netnslab.Pod, spec PodSpec, uid s
 			"IgnoreUnknown=1",
 			"K8S_POD_NAMESPACE=" + spec.Namespace,
 			"K8S_POD_NAME=" + spec.Name,
-			"K8S_POD_INFRA_CONTAINER_ID=" + containerID,
+			"K8S_POD_INFRA_CONTAINER_ID=" + cid,
 			"K8S_POD_UID=" + uid,
 		}, ";"),
 	}
@@ -471,6 +465,10 @@ func (c *CNI) cniAdd(ctx context.Context, pod *netnslab.Pod, spec PodSpec, uid s
 	}
 	return nil
 }
+
+// containerID is the pod's sandbox ID: a runtime's is a 64-hex container
+// ID; the pod's UID without dashes is as unique.
+func containerID(uid string) string { return strings.ReplaceAll(uid, "-", "") }
 
 // linkOrCopy makes dst the file src: a hard link where both are on one
 // filesystem, else a copy.

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -298,4 +299,130 @@ func logLineWith(log string, parts ...string) string {
 		}
 	}
 	return ""
+}
+
+// TestCNIRestart restarts istio-cni's node agent under established pods,
+// as a DaemonSet rollout does: the agent leaves the pods' rules in place on
+// SIGTERM (its DaemonSet still exists), the daemon keeps serving them while
+// no agent runs, and the new agent finds them again through the node's /proc
+// (each pod's process, in a cgroup named after the pod's UID, in the pod's
+// network namespace) and hands them to the daemon in its snapshot, so calls
+// keep going through HBONE; a pod started after the restart joins too.
+func TestCNIRestart(t *testing.T) {
+	cp, lab := startControlPlane(t)
+	ctx := t.Context()
+	bin := ztunnelBinary(t)
+	node, err := lab.AddNode("node1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.RegisterNode(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	first, err := cp.StartCNI(ctx, CNIOptions{Node: node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	zpod, err := node.AddPod("ztunnel-node1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	z, err := cp.StartZtunnel(ctx, ZtunnelOptions{Binary: bin, Pod: zpod, InpodUDS: first.ZDSPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := z.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	if _, err := cp.Kubectl(ctx, demoNamespaceYAML, "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	server, _, err := first.RunPod(ctx, PodSpec{Namespace: "demo", Name: "server", ServiceAccount: "server"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, _, err := first.RunPod(ctx, PodSpec{Namespace: "demo", Name: "client", ServiceAccount: "client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startEcho(t, server, 8080)
+	dst := netip.AddrPortFrom(server.IP, 8080)
+	// throughHBONE makes a call from c and waits for the server's daemon
+	// to log one more inbound HBONE connection from it than before.
+	throughHBONE := func(c *netnslab.Pod) {
+		t.Helper()
+		parts := []string{"connection complete", `direction="inbound"`, "src.addr=" + c.IP.String() + ":",
+			`dst.identity="spiffe://cluster.local/ns/demo/sa/server"`}
+		waitUntil(t, 2*time.Minute, func() error {
+			before := logLinesWith(z.Log(), parts...)
+			if err := call(ctx, c, dst); err != nil {
+				return fmt.Errorf("%s: %w", c.Name, err)
+			}
+			if n := logLinesWith(z.Log(), parts...); n <= before {
+				return fmt.Errorf("%s: the call succeeded, but not through HBONE (%d inbound log lines, as before)", c.Name, n)
+			}
+			return nil
+		})
+	}
+	throughHBONE(client)
+
+	if err := first.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := os.ReadFile(first.LogPath()); err != nil || !strings.Contains(string(data), "leaving plugin in place") {
+		t.Fatalf("the agent did not see an upgrade on SIGTERM (%v):\n%s", err, data)
+	}
+	throughHBONE(client) // no agent: the daemon keeps its pods
+
+	second, err := cp.StartCNI(ctx, CNIOptions{Node: node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := second.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	// The daemon reconnects to the new agent and takes its snapshot; a pod
+	// the snapshot lacks would be removed from the daemon.
+	waitUntil(t, time.Minute, func() error {
+		if n := logLinesWith(z.Log(), "received snapshot"); n < 2 {
+			return fmt.Errorf("the daemon took %d snapshots, want 2", n)
+		}
+		return nil
+	})
+	// The agent found each pod's netns (it would send "keep" for a pod it
+	// knows of but could not find, and could not reconcile its rules).
+	for _, removed := range []string{"pod delete request", "pod not in the snapshot", "pod keep received"} {
+		if line := logLineWith(z.Log(), removed); line != "" {
+			t.Fatalf("the daemon was not handed its pods again after the agent's restart: %s", line)
+		}
+	}
+	if data, err := os.ReadFile(second.LogPath()); err != nil || strings.Contains(string(data), "can't find netns for pod") {
+		t.Fatalf("the restarted agent did not find the pods' netns (%v): %s", err, logLineWith(string(data), "can't find netns"))
+	}
+	late, _, err := second.RunPod(ctx, PodSpec{Namespace: "demo", Name: "late", ServiceAccount: "client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	throughHBONE(late)
+	throughHBONE(client)
+	for _, removed := range []string{"pod delete request", "pod not in the snapshot"} {
+		if line := logLineWith(z.Log(), removed); line != "" {
+			t.Fatalf("the daemon removed a pod after the agent's restart: %s", line)
+		}
+	}
+}
+
+// logLinesWith counts the lines of log holding every part.
+func logLinesWith(log string, parts ...string) int {
+	n := 0
+	for line := range strings.Lines(log) {
+		if logLineWith(line, parts...) != "" {
+			n++
+		}
+	}
+	return n
 }

@@ -27,6 +27,8 @@ type process struct {
 	// (unshare --fork, which ignores SIGTERM while it waits for its child):
 	// stop signals the child.
 	inChild bool
+	// stopSignal is what stop sends first (zero: SIGTERM).
+	stopSignal syscall.Signal
 }
 
 // startProcess runs bin with args in ns, with dir as its working directory
@@ -101,7 +103,11 @@ func (p *process) stop(grace time.Duration) error {
 			target = pid
 		}
 	}
-	_ = syscall.Kill(target, syscall.SIGTERM)
+	sig := p.stopSignal
+	if sig == 0 {
+		sig = syscall.SIGTERM
+	}
+	_ = syscall.Kill(target, sig)
 	timer := time.NewTimer(grace)
 	defer timer.Stop()
 	select {

@@ -37,18 +37,9 @@ type bindMount struct {
 type rootfs struct {
 	Dir    string
 	Mounts []bindMount
-	// PIDNamespace runs the program as the first process of a PID
-	// namespace of its own, and Procs are where (inside the root) that
-	// namespace's /proc is mounted. A node's /proc is the node's: its first
-	// process's network namespace is the node's (istio-cni's agent tells
-	// the node's network namespace from pods' by /host/proc/1/ns/net), and
-	// the host's own first process may not even be readable.
-	PIDNamespace bool
-	Procs        []string
-	// Companions are commands (argv) started in the background in the
-	// namespaces before the program, outside the root: processes a node
-	// has beside it.
-	Companions [][]string
+	// Procs are where (inside the root) /proc is mounted afresh: the
+	// procfs of the PID namespace the program runs in.
+	Procs []string
 }
 
 // systemMounts are the host's directories a root lends its programs:
@@ -112,10 +103,11 @@ func (r *rootfs) prepare() error {
 
 // command returns a command running bin (a path inside the root) with args
 // in network namespace ns, in a mount namespace of its own with the root's
-// mounts, chrooted into the root. The script runs in the host's root until
+// mounts, chrooted into the root; enter, if not nil, wraps the argv from
+// unshare on (nodeHost.enter: the node's PID namespace). The script runs in the host's root until
 // the chroot; each mount point exists already (prepare), so it writes
 // nothing.
-func (r *rootfs) command(ctx context.Context, ns netnslab.NS, bin string, args ...string) *exec.Cmd {
+func (r *rootfs) command(ctx context.Context, ns netnslab.NS, enter func(...string) []string, bin string, args ...string) *exec.Cmd {
 	var s strings.Builder
 	s.WriteString("set -e\n")
 	// The root a mount of its own, as a container's is: programs that make
@@ -132,24 +124,15 @@ func (r *rootfs) command(ctx context.Context, ns netnslab.NS, bin string, args .
 	for _, p := range r.Procs {
 		fmt.Fprintf(&s, "mount -t proc proc %s\n", shellQuote(filepath.Join(r.Dir, p)))
 	}
-	for _, c := range r.Companions {
-		q := make([]string, len(c))
-		for i, a := range c {
-			q[i] = shellQuote(a)
-		}
-		fmt.Fprintf(&s, "%s </dev/null >/dev/null 2>&1 &\n", strings.Join(q, " "))
-	}
 	fmt.Fprintf(&s, "exec chroot %s \"$@\"\n", shellQuote(r.Dir))
 	// --propagation slave: mounts made here stay here, while the host's
 	// new mounts (each network namespace `ip netns add` binds under
 	// /run/netns) still reach the root's view of /run/netns.
-	unshare := []string{"--mount", "--propagation", "slave"}
-	if r.PIDNamespace {
-		// unshare stays the parent of the namespace's first process; when
-		// it is stopped (SIGTERM) the kernel sends the program SIGTERM.
-		unshare = append(unshare, "--pid", "--fork", "--kill-child=SIGTERM")
+	argv := append([]string{"unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", s.String(), "sh", bin}, args...)
+	if enter != nil {
+		argv = enter(argv...)
 	}
-	return ns.Command(ctx, "unshare", append(append(unshare, "--", "sh", "-c", s.String(), "sh", bin), args...)...)
+	return ns.Command(ctx, argv[0], argv[1:]...)
 }
 
 // shellQuote quotes s for sh.
