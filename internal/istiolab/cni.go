@@ -355,22 +355,28 @@ func (c *CNI) RunPod(ctx context.Context, spec PodSpec) (*netnslab.Pod, string, 
 	if err != nil {
 		return nil, "", err
 	}
-	// The sandbox's process, before its network is set up, as a runtime
-	// starts its pause container.
-	h, err := c.cp.nodeHost(c.Node)
-	if err != nil {
-		return nil, "", err
-	}
-	if err := h.startPod(c.cp, pod, uid, containerID(uid)); err != nil {
-		return nil, "", err
-	}
-	if err := c.cniAdd(ctx, pod, spec, uid); err != nil {
-		return nil, "", err
-	}
-	if err := c.cp.WritePodRunning(ctx, obj); err != nil {
+	if err := c.sandbox(ctx, pod, obj, uid); err != nil {
 		return nil, "", err
 	}
 	return pod, uid, nil
+}
+
+// sandbox does a runtime's part for a pod whose object exists and whose
+// network namespace the lab made: the sandbox's process (before its
+// network is set up, as a runtime starts its pause container), istio-cni's
+// plugin, then the pod's status, Running.
+func (c *CNI) sandbox(ctx context.Context, pod *netnslab.Pod, obj PodObject, uid string) error {
+	h, err := c.cp.nodeHost(c.Node)
+	if err != nil {
+		return err
+	}
+	if err := h.startPod(c.cp, pod, uid, containerID(uid)); err != nil {
+		return err
+	}
+	if err := c.cniAdd(ctx, pod, obj.Namespace, obj.Name, uid); err != nil {
+		return err
+	}
+	return c.cp.WritePodRunning(ctx, obj)
 }
 
 // cniResult is a CNI 1.0 result, the fields the lab's primary plugin fills.
@@ -416,7 +422,7 @@ func primaryResult(pod *netnslab.Pod, netnsPath string) cniResult {
 
 // cniAdd runs the chain's plugins after the primary one (already done by
 // AddPod) with CNI ADD, as a runtime (libcni) does.
-func (c *CNI) cniAdd(ctx context.Context, pod *netnslab.Pod, spec PodSpec, uid string) error {
+func (c *CNI) cniAdd(ctx context.Context, pod *netnslab.Pod, namespace, name, uid string) error {
 	conf, err := c.pluginConfig()
 	if err != nil {
 		return err
@@ -438,8 +444,8 @@ func (c *CNI) cniAdd(ctx context.Context, pod *netnslab.Pod, spec PodSpec, uid s
 		"CNI_PATH=/opt/cni/bin",
 		"CNI_ARGS=" + strings.Join([]string{
 			"IgnoreUnknown=1",
-			"K8S_POD_NAMESPACE=" + spec.Namespace,
-			"K8S_POD_NAME=" + spec.Name,
+			"K8S_POD_NAMESPACE=" + namespace,
+			"K8S_POD_NAME=" + name,
 			"K8S_POD_INFRA_CONTAINER_ID=" + cid,
 			"K8S_POD_UID=" + uid,
 		}, ";"),
@@ -448,7 +454,7 @@ func (c *CNI) cniAdd(ctx context.Context, pod *netnslab.Pod, spec PodSpec, uid s
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("istiolab: istio-cni ADD for %s/%s: %w: %s %s", spec.Namespace, spec.Name, err,
+		return fmt.Errorf("istiolab: istio-cni ADD for %s/%s: %w: %s %s", namespace, name, err,
 			strings.TrimSpace(stdout.String()), strings.TrimSpace(stderr.String()))
 	}
 	// The plugin answers the previous result (a chained plugin changes no

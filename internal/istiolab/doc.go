@@ -19,6 +19,6 @@
 // (`make test-istio` sets it): the programs take about eleven minutes to
 // build cold, which neither make test nor CI pays.
 //
-// Imports (of ours): internal/netnslab. Imported by: nothing (yet: the
-// `zlab istio` commands are next).
+// Imports (of ours): internal/netnslab. Imported by: cmd/zlab (`zlab
+// istio`).
 package istiolab
