@@ -125,7 +125,7 @@ istio-bins: ## Build the Istio lab's upstream programs (etcd, kube-apiserver, ku
 	GO=$(GO) scripts/istio-bins.sh $(BIN)/istiolab
 
 .PHONY: test-istio
-test-istio: istio-bins build ## The Istio lab's suite: upstream Kubernetes API server and istiod in the lab (root; not part of make test or CI; docs/istio-lab.md)
+test-istio: istio-bins build ## The Istio lab's suite: upstream Kubernetes API server, istiod and istio-cni in the lab, and zlab istio (root; not part of make test or CI; docs/istio-lab.md)
 	@scripts/deps.sh lab
 	ZTUNNEL_ISTIOLAB_BIN=$(CURDIR)/$(BIN)/istiolab ZTUNNEL_BIN=$(CURDIR)/$(BIN)/ztunnel \
 		$(GO) test -tags istiolab -race -count=1 -v -p 1 -timeout 30m $(GOTESTFLAGS) ./internal/istiolab/ ./cmd/zlab/
