@@ -311,6 +311,12 @@ func logLineWith(log string, parts ...string) string {
 func TestCNIRestart(t *testing.T) {
 	cp, lab := startControlPlane(t)
 	ctx := t.Context()
+	// Each phase's time, for the figures (docs/istio-lab.md).
+	phase := time.Now()
+	logPhase := func(what string) {
+		t.Logf("%s in %v", what, time.Since(phase).Round(100*time.Millisecond))
+		phase = time.Now()
+	}
 	bin := ztunnelBinary(t)
 	node, err := lab.AddNode("node1")
 	if err != nil {
@@ -350,7 +356,8 @@ func TestCNIRestart(t *testing.T) {
 	startEcho(t, server, 8080)
 	dst := netip.AddrPortFrom(server.IP, 8080)
 	// throughHBONE makes a call from c and waits for the server's daemon
-	// to log one more inbound HBONE connection from it than before.
+	// to log one more inbound HBONE connection from it than before (the
+	// line comes when the connection is complete, after the call returns).
 	throughHBONE := func(c *netnslab.Pod) {
 		t.Helper()
 		parts := []string{"connection complete", `direction="inbound"`, "src.addr=" + c.IP.String() + ":",
@@ -360,26 +367,32 @@ func TestCNIRestart(t *testing.T) {
 			if err := call(ctx, c, dst); err != nil {
 				return fmt.Errorf("%s: %w", c.Name, err)
 			}
-			if n := logLinesWith(z.Log(), parts...); n <= before {
-				return fmt.Errorf("%s: the call succeeded, but not through HBONE (%d inbound log lines, as before)", c.Name, n)
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+				if logLinesWith(z.Log(), parts...) > before {
+					return nil
+				}
 			}
-			return nil
+			return fmt.Errorf("%s: the call succeeded, but the server's daemon logged no inbound HBONE connection from it", c.Name)
 		})
 	}
 	throughHBONE(client)
+	logPhase("the agent, the daemon, two pods and the first call through HBONE")
 
 	if err := first.Stop(); err != nil {
 		t.Fatal(err)
 	}
+	logPhase("the agent stopped")
 	if data, err := os.ReadFile(first.LogPath()); err != nil || !strings.Contains(string(data), "leaving plugin in place") {
 		t.Fatalf("the agent did not see an upgrade on SIGTERM (%v):\n%s", err, data)
 	}
 	throughHBONE(client) // no agent: the daemon keeps its pods
+	logPhase("a call with no agent")
 
 	second, err := cp.StartCNI(ctx, CNIOptions{Node: node})
 	if err != nil {
 		t.Fatal(err)
 	}
+	logPhase("the agent restarted")
 	t.Cleanup(func() {
 		if err := second.Stop(); err != nil {
 			t.Error(err)
@@ -393,6 +406,7 @@ func TestCNIRestart(t *testing.T) {
 		}
 		return nil
 	})
+	logPhase("the daemon took the new agent's snapshot")
 	// The agent found each pod's netns (it would send "keep" for a pod it
 	// knows of but could not find, and could not reconcile its rules).
 	for _, removed := range []string{"pod delete request", "pod not in the snapshot", "pod keep received"} {
@@ -409,6 +423,7 @@ func TestCNIRestart(t *testing.T) {
 	}
 	throughHBONE(late)
 	throughHBONE(client)
+	logPhase("a new pod and calls after the restart")
 	for _, removed := range []string{"pod delete request", "pod not in the snapshot"} {
 		if line := logLineWith(z.Log(), removed); line != "" {
 			t.Fatalf("the daemon removed a pod after the agent's restart: %s", line)
