@@ -51,7 +51,7 @@ test-short: ## Run the tests that need neither root nor the lab
 lint: ## gofmt, go vet, and golangci-lint (with the import-layering rules) if installed
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) vet -tags istiolab ./internal/istiolab/
+	$(GO) vet -tags istiolab ./internal/istiolab/ ./cmd/zlab/
 	@if command -v golangci-lint >/dev/null 2>&1 || [ -x "$$($(GO) env GOPATH)/bin/golangci-lint" ]; then \
 		PATH="$$PATH:$$($(GO) env GOPATH)/bin" golangci-lint run ./...; \
 	else echo "golangci-lint not installed (make tools); layering is still checked by the deptest in make test"; fi
@@ -125,10 +125,10 @@ istio-bins: ## Build the Istio lab's upstream programs (etcd, kube-apiserver, ku
 	GO=$(GO) scripts/istio-bins.sh $(BIN)/istiolab
 
 .PHONY: test-istio
-test-istio: istio-bins build ## The Istio lab's suite: upstream Kubernetes API server and istiod in the lab (root; not part of make test or CI; docs/istio-lab.md)
+test-istio: istio-bins build ## The Istio lab's suite: upstream Kubernetes API server, istiod and istio-cni in the lab, and zlab istio (root; not part of make test or CI; docs/istio-lab.md)
 	@scripts/deps.sh lab
 	ZTUNNEL_ISTIOLAB_BIN=$(CURDIR)/$(BIN)/istiolab ZTUNNEL_BIN=$(CURDIR)/$(BIN)/ztunnel \
-		$(GO) test -tags istiolab -race -count=1 -v -timeout 30m $(GOTESTFLAGS) ./internal/istiolab/
+		$(GO) test -tags istiolab -race -count=1 -v -p 1 -timeout 30m $(GOTESTFLAGS) ./internal/istiolab/ ./cmd/zlab/
 
 .PHONY: clean
 clean: ## Remove build outputs and any leftover lab namespaces

@@ -29,6 +29,8 @@ mode=${1:-test}
 #                       daemons with /proc/sys read-only.
 #   haproxy:            one of the proxies the benchmarks compare (TCP, and the mTLS
 #                       pair and terminator); its peer configs are tested in make test.
+#   nftables:           nft, which istio-cni's native nftables capture runs (the Istio
+#                       lab, make test-istio; docs/istio-lab.md).
 #   strace:             the benchmarks' round-trip census (make bench-census; perf, if
 #                       present (Debian's linux-perf), adds syscall counts by kind and
 #                       each proxy's kernel and user CPU per round trip by function).
@@ -49,6 +51,7 @@ DEPS=(
 	mount:mount
 	haproxy:haproxy
 	strace:strace
+	nftables:nft
 )
 # LAB: what `make demo` and the benchmarks cannot run without.
 LAB=(iproute2 iptables)

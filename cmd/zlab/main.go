@@ -30,6 +30,7 @@ Usage:
   zlab exec [--prefix P] <pod-or-node> -- <command> [args...]
   zlab down [--prefix P]
   zlab demo [--ztunnel bin/ztunnel] [--config examples/demo.yaml] [--transfer-mib N] [--keep]
+  zlab istio up|kubectl|exec|logs|down ...   (zlab istio help; docs/istio-lab.md)
 
   up    creates N nodes with N pods each and leaves them up (nodes node<i>, pods
         pod<i>-<j>; node i is 172.30.0.<i+1>, its pods 10.244.<i>.<j+2>).
@@ -40,6 +41,8 @@ Usage:
   demo  builds the mesh of a ztunnel config (one pod per workload, a ztunnel
         in each HBONE pod), sends traffic across nodes through HBONE, shows the
         policies refusing what they should, prints a summary and tears down.
+  istio the Istio lab: upstream Kubernetes, istiod and istio-cni around the
+        daemon on each node (make istio-bins first).
   down  removes the lab, and the leftovers of crashed labs ("zl-" namespaces
         whose owner died). Removing a lab that does not exist is not an error.
 
@@ -87,6 +90,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = down(rest, stdout, stderr)
 	case "demo":
 		err = demo(rest, stdout, stderr)
+	case "istio":
+		err = istio(rest, stdout, stderr)
 	default:
 		err = usageError{fmt.Sprintf("unknown command %q", cmd)}
 	}

@@ -38,6 +38,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"exec", "pod0-0", "ls"}, 2, "want <pod-or-node> -- <command>"},
 		{[]string{"exec", "--state-dir", "/nonexistent", "pod0-0", "--", "ls"}, 1, "no lab zl-demo"},
 		{[]string{"show", "--prefix", "zl-none", "--state-dir", "/nonexistent"}, 1, "run `zlab up --prefix zl-none`"},
+		{[]string{"istio"}, 2, "istio: want a subcommand"},
+		{[]string{"istio", "frobnicate"}, 2, `istio: unknown command "frobnicate"`},
+		{[]string{"istio", "up", "--nodes", "0"}, 2, "--nodes must be 1..20"},
+		{[]string{"istio", "exec", "server", "--", "ls"}, 2, "want NAMESPACE/POD -- CMD"},
+		{[]string{"istio", "kubectl", "--state-dir", "/nonexistent", "get", "pods"}, 1, "no Istio lab zl-demo"},
+		{[]string{"istio", "exec", "--state-dir", "/nonexistent", "demo/server", "--", "ls"}, 1, "run zlab istio up --prefix zl-demo"},
 	} {
 		code, out, errOut := zlab(t, tc.args...)
 		if code != tc.code || !strings.Contains(out+errOut, tc.want) {

@@ -18,7 +18,7 @@ const module = "github.com/ztunnel-go/ztunnel"
 // exempt (they may use test kits).
 var allowed = map[string][]string{
 	"cmd/ztunnel":          {"internal/app"},
-	"cmd/zlab":             {"internal/netnslab", "internal/labrun", "identity", "mtls", "mtls/caclient", "state", "state/xdsconv"},
+	"cmd/zlab":             {"internal/netnslab", "internal/labrun", "internal/istiolab", "identity", "mtls", "mtls/caclient", "state", "state/xdsconv"},
 	"internal/app":         {"admin", "engine", "engine/bufpool", "fdbudget", "hbone", "identity", "inpod", "internal/logging", "metrics", "mtls", "mtls/caclient", "dnsproxy", "proxy", "proxy/connmgr", "state", "state/xdsconv", "xdsclient", "controlplane"},
 	"internal/labrun":      {"internal/netnslab", "internal/nettest", "identity", "mtls", "mtls/caclient", "state", "state/xdsconv", "hbone", "inpod/zdstest"},
 	"inpod":                {"api/zdsapi", "inpod/netns", "metrics"},

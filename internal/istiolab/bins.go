@@ -22,7 +22,7 @@ type Bins struct {
 // OpenBins checks that dir holds every program and file the lab runs.
 func OpenBins(dir string) (Bins, error) {
 	b := Bins{Dir: dir}
-	for _, p := range []string{b.Etcd(), b.KubeAPIServer(), b.Kubectl(), b.Istiod(), b.IstioCRDs(), b.GatewayAPICRDs()} {
+	for _, p := range []string{b.Etcd(), b.KubeAPIServer(), b.Kubectl(), b.Istiod(), b.CNIAgent(), b.CNIPlugin(), b.IstioCRDs(), b.GatewayAPICRDs()} {
 		if _, err := os.Stat(p); err != nil {
 			return Bins{}, fmt.Errorf("istiolab: %w (run make istio-bins)", err)
 		}
@@ -41,6 +41,12 @@ func (b Bins) Kubectl() string { return filepath.Join(b.Dir, "kubectl") }
 
 // Istiod is Istio's pilot-discovery.
 func (b Bins) Istiod() string { return filepath.Join(b.Dir, "pilot-discovery") }
+
+// CNIAgent is istio-cni's node agent (install-cni).
+func (b Bins) CNIAgent() string { return filepath.Join(b.Dir, "install-cni") }
+
+// CNIPlugin is istio-cni's CNI plugin, which the node agent installs.
+func (b Bins) CNIPlugin() string { return filepath.Join(b.Dir, "istio-cni") }
 
 // IstioCRDs is Istio's CRDs (manifests/charts/base/files/crd-all.gen.yaml).
 func (b Bins) IstioCRDs() string { return filepath.Join(b.Dir, "crds", "istio.yaml") }

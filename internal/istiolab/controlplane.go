@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
@@ -90,6 +91,10 @@ type ControlPlane struct {
 	logDir string
 	api    *apiClient
 	procs  []*process // in start order
+
+	mu      sync.Mutex           // guards the following fields
+	nodes   map[string]*nodeHost // by node name
+	cgroups []string             // the lab's cgroups above pods', shared by the nodes
 }
 
 // Start brings the control plane up and returns once istiod is ready. On
@@ -111,6 +116,7 @@ func Start(ctx context.Context, cfg Config) (cp *ControlPlane, err error) {
 		cfg:    cfg,
 		bins:   bins,
 		logDir: filepath.Join(cfg.Dir, "logs"),
+		nodes:  make(map[string]*nodeHost),
 	}
 	defer func() {
 		if err != nil {
@@ -343,6 +349,19 @@ func (cp *ControlPlane) IstiodAddr() netip.AddrPort {
 // Close stops the components in reverse order. Their logs stay.
 func (cp *ControlPlane) Close() error {
 	var errs []error
+	// The nodes first: what runs on them talks to the control plane.
+	cp.mu.Lock()
+	for name, h := range cp.nodes {
+		if err := h.close(); err != nil {
+			errs = append(errs, err)
+		}
+		delete(cp.nodes, name)
+	}
+	if err := removeCgroups(cp.cgroups); err != nil {
+		errs = append(errs, err)
+	}
+	cp.cgroups = nil
+	cp.mu.Unlock()
 	for i := len(cp.procs) - 1; i >= 0; i-- {
 		if err := cp.procs[i].stop(stopGrace); err != nil {
 			errs = append(errs, err)

@@ -4,9 +4,13 @@
 // `make istio-bins`, started as processes in a lab node, with Istio's and the
 // Gateway API's CRDs and an ambient-profile install applied with kubectl.
 //
-// Its single job is the lab's control plane: start it, hand out what a
-// client needs (kubeconfig, service-account tokens from the TokenRequest API,
-// istiod's address) and stop it. It never imports Kubernetes or Istio code:
+// Its single job is running upstream Kubernetes and Istio around the lab's
+// nodes: the control plane (start it, hand out what a client needs:
+// kubeconfig, service-account tokens from the TokenRequest API, istiod's
+// address; stop it), and on each node istio-cni's node agent in a root of
+// its own with the chart's host mounts, the daemon as the ztunnel chart runs
+// it, and the runtime's part for pods: their objects, their sandboxes and
+// istio-cni's CNI plugin invoked as a container runtime invokes it. It never imports Kubernetes or Istio code:
 // the daemon's module must not take their dependency graph, so it talks to
 // the API server through kubectl and a few plain HTTPS calls. Each
 // component's output goes to a log file under the control plane's directory.
@@ -15,6 +19,6 @@
 // (`make test-istio` sets it): the programs take about eleven minutes to
 // build cold, which neither make test nor CI pays.
 //
-// Imports (of ours): internal/netnslab. Imported by: nothing (yet: the
-// `zlab istio` commands are next).
+// Imports (of ours): internal/netnslab. Imported by: cmd/zlab (`zlab
+// istio`).
 package istiolab

@@ -63,16 +63,34 @@ type PodObject struct {
 	// Container is the one container's name ("app" if empty); its image is
 	// a placeholder, as no runtime pulls it.
 	Container string
+	// HostNetwork is spec.hostNetwork: the pod shares its node's network
+	// namespace (IP is then the node's).
+	HostNetwork bool
 }
 
 // WritePod creates the Pod object as a scheduler and kubelet would leave it
 // running: bound to its node, then its status written with its IP, phase
 // Running and Ready. It returns the Pod's UID.
 func (cp *ControlPlane) WritePod(ctx context.Context, p PodObject) (string, error) {
-	container := p.Container
-	if container == "" {
-		container = "app"
+	uid, err := cp.CreatePod(ctx, p)
+	if err != nil {
+		return "", err
 	}
+	return uid, cp.WritePodRunning(ctx, p)
+}
+
+func (p PodObject) container() string {
+	if p.Container == "" {
+		return "app"
+	}
+	return p.Container
+}
+
+// CreatePod creates the Pod object bound to its node, with no status yet:
+// what the kubelet finds before it sets the pod's sandbox up (and runs the
+// CNI plugins). It returns the Pod's UID.
+func (cp *ControlPlane) CreatePod(ctx context.Context, p PodObject) (string, error) {
+	container := p.container()
 	meta := map[string]any{"namespace": p.Namespace, "name": p.Name}
 	if p.Labels != nil {
 		meta["labels"] = p.Labels
@@ -80,25 +98,35 @@ func (cp *ControlPlane) WritePod(ctx context.Context, p PodObject) (string, erro
 	if p.Annotations != nil {
 		meta["annotations"] = p.Annotations
 	}
-	obj := map[string]any{
-		"apiVersion": "v1",
-		"kind":       "Pod",
-		"metadata":   meta,
-		"spec": map[string]any{
-			"nodeName":           p.Node.Name,
-			"serviceAccountName": p.ServiceAccount,
-			"containers":         []map[string]any{{"name": container, "image": "istiolab.invalid/" + container}},
-		},
+	spec := map[string]any{
+		"nodeName":           p.Node.Name,
+		"serviceAccountName": p.ServiceAccount,
+		"containers":         []map[string]any{{"name": container, "image": "istiolab.invalid/" + container}},
 	}
+	if p.HostNetwork {
+		spec["hostNetwork"] = true
+	}
+	obj := map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 	if err := cp.apply(ctx, obj); err != nil {
 		return "", err
 	}
+	out, err := cp.Kubectl(ctx, "", "get", "pod", p.Name, "-n", p.Namespace, "-o", "jsonpath={.metadata.uid}")
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// WritePodRunning writes the status a kubelet writes once the pod's
+// sandbox and container run: its IP, phase Running and Ready.
+func (cp *ControlPlane) WritePodRunning(ctx context.Context, p PodObject) error {
+	container := p.container()
 	now := time.Now().UTC().Format(time.RFC3339)
 	var conditions []map[string]string
 	for _, c := range []string{"PodScheduled", "Initialized", "ContainersReady", "Ready"} {
 		conditions = append(conditions, map[string]string{"type": c, "status": "True", "lastTransitionTime": now})
 	}
-	err := cp.patchStatus(ctx, "pod", p.Namespace, p.Name, map[string]any{
+	return cp.patchStatus(ctx, "pod", p.Namespace, p.Name, map[string]any{
 		"phase":      "Running",
 		"podIP":      p.IP.String(),
 		"podIPs":     []map[string]string{{"ip": p.IP.String()}},
@@ -112,14 +140,6 @@ func (cp *ControlPlane) WritePod(ctx context.Context, p PodObject) (string, erro
 			"state": map[string]any{"running": map[string]string{"startedAt": now}},
 		}},
 	})
-	if err != nil {
-		return "", err
-	}
-	out, err := cp.Kubectl(ctx, "", "get", "pod", p.Name, "-n", p.Namespace, "-o", "jsonpath={.metadata.uid}")
-	if err != nil {
-		return "", err
-	}
-	return strings.TrimSpace(string(out)), nil
 }
 
 // apply writes obj with `kubectl apply -f -` (JSON is YAML).

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -22,6 +23,12 @@ type process struct {
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	err     error // set before exited closes
+	// inChild says the program is the child of the started process
+	// (unshare --fork, which ignores SIGTERM while it waits for its child):
+	// stop signals the child.
+	inChild bool
+	// stopSignal is what stop sends first (zero: SIGTERM).
+	stopSignal syscall.Signal
 }
 
 // startProcess runs bin with args in ns, with dir as its working directory
@@ -29,16 +36,22 @@ type process struct {
 // against it, so nothing lands in the host's /etc or /var/run) and env as
 // its whole environment on top of PATH.
 func startProcess(ns netnslab.NS, name, dir, logDir, bin string, args, env []string) (*process, error) {
+	// The process outlives any caller's context on purpose: stop ends it.
+	cmd := ns.Command(context.Background(), bin, args...)
+	cmd.Dir = dir
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir}, env...)
+	return startCmd(name, logDir, cmd)
+}
+
+// startCmd starts cmd as the component name, its output appended to
+// logDir/name.log.
+func startCmd(name, logDir string, cmd *exec.Cmd) (*process, error) {
 	logPath := filepath.Join(logDir, name+".log")
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("istiolab: %s: %w", name, err)
 	}
 	defer logf.Close() // the child holds its own descriptor
-	// The process outlives any caller's context on purpose: stop ends it.
-	cmd := ns.Command(context.Background(), bin, args...)
-	cmd.Dir = dir
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir}, env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// A test binary that dies must not leave an API server behind: the
 	// kernel kills the child with its parent (`ip netns exec` execs it, so
@@ -84,7 +97,17 @@ func (p *process) stop(grace time.Duration) error {
 		return nil
 	default:
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	target := p.cmd.Process.Pid
+	if p.inChild {
+		if pid, ok := firstChild(target); ok {
+			target = pid
+		}
+	}
+	sig := p.stopSignal
+	if sig == 0 {
+		sig = syscall.SIGTERM
+	}
+	_ = syscall.Kill(target, sig)
 	timer := time.NewTimer(grace)
 	defer timer.Stop()
 	select {
@@ -95,4 +118,18 @@ func (p *process) stop(grace time.Duration) error {
 	_ = p.cmd.Process.Kill()
 	<-p.exited
 	return fmt.Errorf("istiolab: %s did not exit within %v of SIGTERM", p.name, grace)
+}
+
+// firstChild returns the first child of process pid.
+func firstChild(pid int) (int, bool) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(data))
+	if len(f) == 0 {
+		return 0, false
+	}
+	child, err := strconv.Atoi(f[0])
+	return child, err == nil
 }

@@ -98,7 +98,14 @@ func (cp *ControlPlane) StartZtunnel(ctx context.Context, o ZtunnelOptions) (*Zt
 		}
 	}
 	istiod := cp.IstiodAddr().String()
+	version, err := cp.bins.Version("istio")
+	if err != nil {
+		return nil, err
+	}
 	env := []string{
+		// The image's (pilot/docker/Dockerfile.ztunnel): the daemon sends it
+		// to istiod in its node metadata, which istiod warns without.
+		"ISTIO_META_ISTIO_VERSION=" + version,
 		// What the kubelet gives every pod.
 		"KUBERNETES_SERVICE_HOST=10.96.0.1", "KUBERNETES_SERVICE_PORT=443",
 		// The chart's env, in its order.

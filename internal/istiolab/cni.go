@@ -1,0 +1,500 @@
+package istiolab
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+)
+
+// istio-cni on a lab node: its node agent (install-cni, unmodified) as the
+// istio-cni chart's DaemonSet runs it with ambient enabled, and the CNI
+// plugin it installs, invoked by the lab's runtime for each new pod as a
+// container runtime invokes it.
+
+// The istio-cni chart's fixed names and ports.
+const (
+	// CNIServiceAccount is the node agent's service account in
+	// IstioNamespace.
+	CNIServiceAccount = "istio-cni"
+	// CNIReadyPort serves the node agent's /readyz (the chart's readiness
+	// probe), on the node's address: the lab runs the agent with the
+	// chart's ambient.shareHostNetworkNamespace (hostNetwork).
+	CNIReadyPort = 8000
+	// primaryConflist is the node's own network configuration, which
+	// istio-cni chains itself into (the chart's chained: true).
+	primaryConflist = "10-istiolab.conflist"
+	// primaryPlugin is the type of the lab's first plugin: the pod's veth
+	// on the node's bridge and its address, which the runtime does itself
+	// (netnslab) as a bridge and host-local plugin pair would.
+	primaryPlugin = "istiolab-bridge"
+	// cniVersion is the node's configuration's CNI version, as a current
+	// runtime writes it.
+	cniVersion = "1.0.0"
+	// podIfName is the pod's interface (CNI_IFNAME), as kubelets name it.
+	podIfName = "eth0"
+	// hostNetnsDir is where the node's runtime keeps pod network
+	// namespaces (CNI_NETNS), the chart's cniNetnsDir; the lab's are under
+	// the host's /run/netns, which the roots mount there.
+	hostNetnsDir = "/var/run/netns"
+)
+
+// cniReadyTimeout bounds the agent's start: the plugin and its
+// configuration installed, the ZDS server listening.
+const cniReadyTimeout = 2 * time.Minute
+
+// CNIOptions start istio-cni's node agent on one node.
+type CNIOptions struct {
+	// Node is the node. Required; registered (RegisterNode) first.
+	Node *netnslab.Node
+	// Env adds or overrides variables after the chart's (its ConfigMap's
+	// values included: NATIVE_NFTABLES=true for native nftables capture).
+	Env []string
+}
+
+// CNI is istio-cni on one node: its node agent running, its plugin
+// installed.
+type CNI struct {
+	// Node is the node.
+	Node *netnslab.Node
+	// ZDSPath is the node agent's ZDS socket on the host's filesystem (the
+	// node's /var/run/ztunnel/ztunnel.sock): the daemon's INPOD_UDS.
+	ZDSPath string
+
+	cp   *ControlPlane
+	dir  string
+	host *rootfs // the node's view, where the runtime runs the plugin
+	proc *process
+}
+
+// nodeDirs are a node's host directories, under its directory in the lab.
+type nodeDirs struct{ root string }
+
+func (d nodeDirs) cniBin() string      { return filepath.Join(d.root, "opt-cni-bin") } // /opt/cni/bin
+func (d nodeDirs) cniNetD() string     { return filepath.Join(d.root, "etc-cni-net.d") }
+func (d nodeDirs) istioCNI() string    { return filepath.Join(d.root, "var-run-istio-cni") }
+func (d nodeDirs) ztunnel() string     { return filepath.Join(d.root, "var-run-ztunnel") }
+func (d nodeDirs) saDir() string       { return filepath.Join(d.root, "agent-serviceaccount") }
+func (d nodeDirs) imageBin() string    { return filepath.Join(d.root, "agent-image-opt-cni-bin") }
+func (d nodeDirs) agentRoot() string   { return filepath.Join(d.root, "agent-root") }
+func (d nodeDirs) hostRoot() string    { return filepath.Join(d.root, "host-root") }
+func (d nodeDirs) agentBinDir() string { return "/istiolab-bin" } // inside agentRoot
+
+// StartCNI writes the node agent's Pod object (the chart's DaemonSet pod on
+// o.Node, host network), gives it its service-account token and the API
+// server's CA where a pod has them, writes the node's primary CNI
+// configuration, and runs install-cni with the chart's ConfigMap and
+// environment for ambient, in a root of its own with the chart's host
+// mounts. It returns once the agent is ready: the plugin and its chained
+// configuration installed and the agent serving its plugin and ZDS sockets.
+//
+// Two things differ from the chart's defaults: the agent shares the node's
+// network namespace (the chart's ambient.shareHostNetworkNamespace), as
+// /host/proc/1 is the host's and not the lab node's; and
+// KUBERNETES_SERVICE_HOST names the API server's address (no Service VIPs
+// in the lab yet).
+func (cp *ControlPlane) StartCNI(ctx context.Context, o CNIOptions) (c *CNI, err error) {
+	if o.Node == nil {
+		return nil, errors.New("istiolab: CNIOptions needs Node")
+	}
+	name := "istio-cni-node-" + o.Node.Name
+	d := nodeDirs{root: cp.dir("node-" + o.Node.Name)}
+	for _, dir := range []string{d.cniBin(), d.cniNetD(), d.istioCNI(), d.ztunnel(), d.saDir(), d.imageBin(), d.agentRoot(), d.hostRoot()} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("istiolab: %w", err)
+		}
+	}
+	// The image's /opt/cni/bin holds the plugin alone: the agent copies
+	// every file there onto the node.
+	if err := linkOrCopy(cp.bins.CNIPlugin(), filepath.Join(d.imageBin(), "istio-cni")); err != nil {
+		return nil, err
+	}
+	// The node's network: what the primary CNI provider installs before
+	// istio-cni, which waits for it and then chains itself in.
+	primary, err := json.Marshal(map[string]any{
+		"cniVersion": cniVersion, "name": "istiolab",
+		"plugins": []map[string]any{{"type": primaryPlugin}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(d.cniNetD(), primaryConflist), primary, 0o644); err != nil {
+		return nil, fmt.Errorf("istiolab: %w", err)
+	}
+
+	uid, err := cp.WritePod(ctx, PodObject{
+		Namespace: IstioNamespace, Name: name, ServiceAccount: CNIServiceAccount,
+		Node: o.Node, IP: o.Node.IP, HostNetwork: true, Container: "install-cni",
+		Labels: map[string]string{
+			"k8s-app": "istio-cni-node", "sidecar.istio.io/inject": "false",
+			"istio.io/dataplane-mode": "none", "app.kubernetes.io/name": "istio-cni",
+		},
+		Annotations: map[string]string{"sidecar.istio.io/inject": "false"},
+	})
+	if err != nil {
+		return nil, err
+	}
+	// The kubelet's projected service-account volume: a token bound to the
+	// pod for the API server's audience, its CA and the namespace.
+	token, err := cp.PodToken(ctx, IstioNamespace, CNIServiceAccount, name, uid, nil, time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	for file, data := range map[string][]byte{"token": []byte(token), "ca.crt": cp.CAPEM, "namespace": []byte(IstioNamespace)} {
+		if err := os.WriteFile(filepath.Join(d.saDir(), file), data, 0o600); err != nil {
+			return nil, fmt.Errorf("istiolab: %w", err)
+		}
+	}
+
+	// The agent container's mounts (the chart's volumeMounts with ambient
+	// enabled), over the host's system directories.
+	// The node's PID namespace, whose /proc the agent sees on /proc and
+	// /host/proc.
+	h, err := cp.nodeHost(o.Node)
+	if err != nil {
+		return nil, err
+	}
+	agent := &rootfs{Dir: d.agentRoot(), Procs: []string{"/proc", "/host/proc"}, Mounts: append(systemMounts(),
+		bindMount{Src: d.cniBin(), Dst: "/host/opt/cni/bin"},
+		bindMount{Src: d.cniNetD(), Dst: "/host/etc/cni/net.d"},
+		bindMount{Src: d.istioCNI(), Dst: "/var/run/istio-cni"},
+		bindMount{Src: "/run/netns", Dst: "/host" + hostNetnsDir},
+		bindMount{Src: d.ztunnel(), Dst: "/var/run/ztunnel"},
+		bindMount{Src: d.saDir(), Dst: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true},
+		// The image's files: the plugin to install, and the agent itself.
+		bindMount{Src: d.imageBin(), Dst: "/opt/cni/bin", ReadOnly: true},
+		bindMount{Src: cp.bins.Dir, Dst: d.agentBinDir(), ReadOnly: true},
+	)}
+	if err := agent.prepare(); err != nil {
+		return nil, err
+	}
+	// The node's own view, where the runtime runs the plugin: its CNI
+	// directories and /var/run/istio-cni (the plugin's kubeconfig and the
+	// agent's sockets).
+	host := &rootfs{Dir: d.hostRoot(), Mounts: []bindMount{
+		{Src: "/dev", Dst: "/dev"},
+		{Src: "/proc", Dst: "/proc"},
+		{Src: d.cniBin(), Dst: "/opt/cni/bin", ReadOnly: true},
+		{Src: d.cniNetD(), Dst: "/etc/cni/net.d", ReadOnly: true},
+		{Src: d.istioCNI(), Dst: "/var/run/istio-cni"},
+		{Src: "/run/netns", Dst: hostNetnsDir},
+	}}
+	if err := host.prepare(); err != nil {
+		return nil, err
+	}
+
+	version, err := cp.bins.Version("istio")
+	if err != nil {
+		return nil, err
+	}
+	env := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/cni/bin", // the image's
+		"HOME=/",
+		// What the kubelet gives every pod (the API server's address: the
+		// lab's difference, see above).
+		"KUBERNETES_SERVICE_HOST=" + cp.Node.IP.String(),
+		"KUBERNETES_SERVICE_PORT=" + strconv.Itoa(APIServerPort),
+		// The chart's ConfigMap (configmap-cni.yaml) with the ambient
+		// profile's values (ambient.enabled) and the chart's defaults.
+		"CURRENT_AGENT_VERSION=" + version,
+		"AMBIENT_ENABLED=true",
+		"AMBIENT_ENABLEMENT_SELECTOR=" + ambientEnablementSelector,
+		"AMBIENT_DNS_CAPTURE=true",
+		"AMBIENT_IPV6=true",
+		"AMBIENT_RECONCILE_POD_RULES_ON_STARTUP=true",
+		"ENABLE_AMBIENT_DETECTION_RETRY=false",
+		"ISTIO_OWNED_CNI_CONFIG=false",
+		"CHAINED_CNI_PLUGIN=true",
+		"EXCLUDE_NAMESPACES=kube-system",
+		"REPAIR_ENABLED=true",
+		"REPAIR_LABEL_PODS=false",
+		"REPAIR_DELETE_PODS=false",
+		"REPAIR_REPAIR_PODS=true",
+		"REPAIR_INIT_CONTAINER_NAME=istio-validation",
+		"REPAIR_BROKEN_POD_LABEL_KEY=cni.istio.io/uninitialized",
+		"REPAIR_BROKEN_POD_LABEL_VALUE=true",
+		"NATIVE_NFTABLES=false",
+		// The DaemonSet's env (daemonset.yaml); no ALLOW_SWITCH_TO_HOST_NS,
+		// as with shareHostNetworkNamespace.
+		"REPAIR_NODE_NAME=" + o.Node.Name,
+		"REPAIR_RUN_AS_DAEMON=true",
+		"REPAIR_SIDECAR_ANNOTATION=sidecar.istio.io/status",
+		"NODE_NAME=" + o.Node.Name,
+		"POD_NAME=" + name,
+		"POD_NAMESPACE=" + IstioNamespace,
+	}
+	cmd := agent.command(context.Background(), o.Node.NS, h.enter, d.agentBinDir()+"/install-cni")
+	cmd.Env = append(env, o.Env...)
+	proc, err := startCmd(name, cp.logDir, cmd)
+	if err != nil {
+		return nil, err
+	}
+	proc.inChild = true // nsenter's child
+	c = &CNI{Node: o.Node, ZDSPath: filepath.Join(d.ztunnel(), "ztunnel.sock"), cp: cp, dir: d.root, host: host, proc: proc}
+	defer func() {
+		if err != nil {
+			_ = proc.stop(stopGrace)
+		}
+	}()
+	client := &http.Client{
+		Transport: &http.Transport{DialContext: o.Node.Dial, DisableKeepAlives: true},
+		Timeout:   5 * time.Second,
+	}
+	url := fmt.Sprintf("http://%s/readyz", netip.AddrPortFrom(o.Node.IP, CNIReadyPort))
+	err = waitFor(ctx, proc, cniReadyTimeout, func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s /readyz: status %d", name, resp.StatusCode)
+		}
+		if _, err := c.pluginConfig(); err != nil {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// ambientEnablementSelector is the chart's ambient.enablementSelectors as
+// its ConfigMap renders them (toYaml): a pod labelled ambient, or a pod not
+// opted out in a namespace labelled ambient.
+const ambientEnablementSelector = `- podSelector:
+    matchLabels:
+      istio.io/dataplane-mode: ambient
+- namespaceSelector:
+    matchLabels:
+      istio.io/dataplane-mode: ambient
+  podSelector:
+    matchExpressions:
+    - key: istio.io/dataplane-mode
+      operator: NotIn
+      values:
+      - none
+`
+
+// Stop ends the node agent (SIGTERM: it removes its plugin and
+// configuration unless it sees an upgrade, as in a DaemonSet rollout).
+func (c *CNI) Stop() error { return c.proc.stop(stopGrace) }
+
+// LogPath returns the node agent's log file.
+func (c *CNI) LogPath() string { return c.proc.logPath }
+
+// pluginConfig reads the node's CNI configuration list as istio-cni left
+// it and returns istio-cni's entry, which must follow the lab's own.
+func (c *CNI) pluginConfig() (map[string]any, error) {
+	data, err := os.ReadFile(filepath.Join(nodeDirs{root: c.dir}.cniNetD(), primaryConflist))
+	if err != nil {
+		return nil, fmt.Errorf("istiolab: %w", err)
+	}
+	var list struct {
+		CNIVersion string           `json:"cniVersion"`
+		Name       string           `json:"name"`
+		Plugins    []map[string]any `json:"plugins"`
+	}
+	if err := json.Unmarshal(data, &list); err != nil {
+		return nil, fmt.Errorf("istiolab: %s: %w", primaryConflist, err)
+	}
+	if len(list.Plugins) != 2 || list.Plugins[0]["type"] != primaryPlugin || list.Plugins[1]["type"] != "istio-cni" {
+		return nil, fmt.Errorf("istiolab: istio-cni has not chained itself into %s: %s", primaryConflist, data)
+	}
+	conf := list.Plugins[1]
+	// A runtime hands each plugin the list's name and version.
+	conf["cniVersion"], conf["name"] = list.CNIVersion, list.Name
+	return conf, nil
+}
+
+// PodSpec is a pod the runtime starts on a node with istio-cni.
+type PodSpec struct {
+	// Namespace and Name name the Pod.
+	Namespace, Name string
+	// ServiceAccount is spec.serviceAccountName.
+	ServiceAccount string
+	// Labels and Annotations are the Pod's.
+	Labels, Annotations map[string]string
+}
+
+// RunPod starts a pod on the node as a kubelet and container runtime do: the
+// Pod object bound to the node; its sandbox (a network namespace on the
+// node's bridge with its address: the lab's primary plugin, netnslab); the
+// chained plugins run with CNI ADD, istio-cni's with the previous result,
+// CNI_NETNS, CNI_CONTAINERID, CNI_IFNAME and the K8S_POD_* arguments, so
+// istio-cni's agent writes the pod's capture rules and hands it to the
+// node's ztunnel when the pod is in the mesh; then the pod's status, Running
+// with its IP. It returns the pod's namespace and UID.
+func (c *CNI) RunPod(ctx context.Context, spec PodSpec) (*netnslab.Pod, string, error) {
+	pod, err := c.Node.AddPod(spec.Name)
+	if err != nil {
+		return nil, "", err
+	}
+	obj := PodObject{
+		Namespace: spec.Namespace, Name: spec.Name, ServiceAccount: spec.ServiceAccount,
+		Node: c.Node, IP: pod.IP, Labels: spec.Labels, Annotations: spec.Annotations,
+	}
+	uid, err := c.cp.CreatePod(ctx, obj)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := c.sandbox(ctx, pod, obj, uid); err != nil {
+		return nil, "", err
+	}
+	return pod, uid, nil
+}
+
+// sandbox does a runtime's part for a pod whose object exists and whose
+// network namespace the lab made: the sandbox's process (before its
+// network is set up, as a runtime starts its pause container), istio-cni's
+// plugin, then the pod's status, Running.
+func (c *CNI) sandbox(ctx context.Context, pod *netnslab.Pod, obj PodObject, uid string) error {
+	h, err := c.cp.nodeHost(c.Node)
+	if err != nil {
+		return err
+	}
+	if err := h.startPod(c.cp, pod, uid, containerID(uid)); err != nil {
+		return err
+	}
+	if err := c.cniAdd(ctx, pod, obj.Namespace, obj.Name, uid); err != nil {
+		return err
+	}
+	return c.cp.WritePodRunning(ctx, obj)
+}
+
+// cniResult is a CNI 1.0 result, the fields the lab's primary plugin fills.
+type cniResult struct {
+	CNIVersion string `json:"cniVersion"`
+	Interfaces []struct {
+		Name    string `json:"name"`
+		Sandbox string `json:"sandbox,omitempty"`
+	} `json:"interfaces"`
+	IPs []struct {
+		Address   string `json:"address"`
+		Gateway   string `json:"gateway,omitempty"`
+		Interface *int   `json:"interface,omitempty"`
+	} `json:"ips"`
+	Routes []struct {
+		Dst string `json:"dst"`
+		GW  string `json:"gw,omitempty"`
+	} `json:"routes,omitempty"`
+}
+
+// primaryResult is what the lab's primary plugin (netnslab's AddPod) did,
+// as a bridge and host-local pair reports it: the pod's interface, its
+// address and gateway, its default route.
+func primaryResult(pod *netnslab.Pod, netnsPath string) cniResult {
+	var r cniResult
+	r.CNIVersion = cniVersion
+	r.Interfaces = append(r.Interfaces, struct {
+		Name    string `json:"name"`
+		Sandbox string `json:"sandbox,omitempty"`
+	}{Name: podIfName, Sandbox: netnsPath})
+	zero := 0
+	r.IPs = append(r.IPs, struct {
+		Address   string `json:"address"`
+		Gateway   string `json:"gateway,omitempty"`
+		Interface *int   `json:"interface,omitempty"`
+	}{Address: netip.PrefixFrom(pod.IP, pod.Node.PodCIDR.Bits()).String(), Gateway: pod.Node.Gateway().String(), Interface: &zero})
+	r.Routes = append(r.Routes, struct {
+		Dst string `json:"dst"`
+		GW  string `json:"gw,omitempty"`
+	}{Dst: "0.0.0.0/0", GW: pod.Node.Gateway().String()})
+	return r
+}
+
+// cniAdd runs the chain's plugins after the primary one (already done by
+// AddPod) with CNI ADD, as a runtime (libcni) does.
+func (c *CNI) cniAdd(ctx context.Context, pod *netnslab.Pod, namespace, name, uid string) error {
+	conf, err := c.pluginConfig()
+	if err != nil {
+		return err
+	}
+	netnsPath := hostNetnsDir + "/" + pod.NetNS
+	conf["prevResult"] = primaryResult(pod, netnsPath)
+	stdin, err := json.Marshal(conf)
+	if err != nil {
+		return err
+	}
+	cid := containerID(uid)
+	cmd := c.host.command(ctx, c.Node.NS, nil, "/opt/cni/bin/istio-cni")
+	cmd.Env = []string{
+		"PATH=" + os.Getenv("PATH"), // unshare's and chroot's; the plugin runs no program
+		"CNI_COMMAND=ADD",
+		"CNI_CONTAINERID=" + cid,
+		"CNI_NETNS=" + netnsPath,
+		"CNI_IFNAME=" + podIfName,
+		"CNI_PATH=/opt/cni/bin",
+		"CNI_ARGS=" + strings.Join([]string{
+			"IgnoreUnknown=1",
+			"K8S_POD_NAMESPACE=" + namespace,
+			"K8S_POD_NAME=" + name,
+			"K8S_POD_INFRA_CONTAINER_ID=" + cid,
+			"K8S_POD_UID=" + uid,
+		}, ";"),
+	}
+	cmd.Stdin = bytes.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("istiolab: istio-cni ADD for %s/%s: %w: %s %s", namespace, name, err,
+			strings.TrimSpace(stdout.String()), strings.TrimSpace(stderr.String()))
+	}
+	// The plugin answers the previous result (a chained plugin changes no
+	// interface); an error answer is a JSON object with a code.
+	var answer struct {
+		Code int    `json:"code"`
+		Msg  string `json:"msg"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &answer); err != nil {
+		return fmt.Errorf("istiolab: istio-cni ADD answered %q: %w", stdout.String(), err)
+	}
+	if answer.Code != 0 {
+		return fmt.Errorf("istiolab: istio-cni ADD: code %d: %s", answer.Code, answer.Msg)
+	}
+	return nil
+}
+
+// containerID is the pod's sandbox ID: a runtime's is a 64-hex container
+// ID; the pod's UID without dashes is as unique.
+func containerID(uid string) string { return strings.ReplaceAll(uid, "-", "") }
+
+// linkOrCopy makes dst the file src: a hard link where both are on one
+// filesystem, else a copy.
+func linkOrCopy(src, dst string) error {
+	_ = os.Remove(dst)
+	if err := os.Link(src, dst); err == nil {
+		return nil
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("istiolab: %w", err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		return fmt.Errorf("istiolab: %w", err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return fmt.Errorf("istiolab: %w", err)
+	}
+	return out.Close()
+}

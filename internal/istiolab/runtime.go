@@ -1,0 +1,162 @@
+package istiolab
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+)
+
+// The lab's runtime for pods written by others (kubectl apply of Pod YAML):
+// what a scheduler and a kubelet do for them, as far as Istio cares.
+
+// apiPod is the part of a Pod the runtime reads.
+type apiPod struct {
+	Metadata struct {
+		Namespace string            `json:"namespace"`
+		Name      string            `json:"name"`
+		UID       string            `json:"uid"`
+		Labels    map[string]string `json:"labels"`
+	} `json:"metadata"`
+	Spec struct {
+		NodeName           string `json:"nodeName"`
+		HostNetwork        bool   `json:"hostNetwork"`
+		ServiceAccountName string `json:"serviceAccountName"`
+		Containers         []struct {
+			Name string `json:"name"`
+		} `json:"containers"`
+	} `json:"spec"`
+	Status struct {
+		Phase string `json:"phase"`
+	} `json:"status"`
+}
+
+// RuntimeOptions run the lab's runtime for pods applied by others.
+type RuntimeOptions struct {
+	// CNIs are the nodes' istio-cni, by node name; a pod bound to another
+	// node is not the runtime's.
+	CNIs map[string]*CNI
+	// Started, if set, is told of each pod started (namespace, name, its
+	// lab namespace).
+	Started func(namespace, name string, pod *netnslab.Pod)
+	// Logf, if set, is told of each step and failure.
+	Logf func(format string, args ...any)
+	// Interval is how often the runtime lists pods (default 1 s).
+	Interval time.Duration
+}
+
+// RunRuntime starts, until ctx ends, the pods others write: a pending Pod
+// with no node is bound to one of o.CNIs' nodes in turn (the scheduler's
+// part), and a pending Pod bound to one of them is started as RunPod starts
+// one (its sandbox, its process, istio-cni's plugin, its status). Pods are
+// found by listing them every o.Interval. Deleted pods keep their sandbox
+// (no CNI DEL yet).
+func (cp *ControlPlane) RunRuntime(ctx context.Context, o RuntimeOptions) {
+	if o.Interval == 0 {
+		o.Interval = time.Second
+	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+	var nodes []string
+	for name := range o.CNIs {
+		nodes = append(nodes, name)
+	}
+	next := 0
+	failed := make(map[string]bool) // by UID: tried once, left as it is
+	tick := time.NewTicker(o.Interval)
+	defer tick.Stop()
+	for {
+		var list struct {
+			Items []apiPod `json:"items"`
+		}
+		if err := cp.api.do(ctx, http.MethodGet, "/api/v1/pods", nil, &list); err != nil && ctx.Err() == nil {
+			o.Logf("istiolab runtime: listing pods: %v", err)
+		}
+		for _, p := range list.Items {
+			if p.Spec.HostNetwork || (p.Status.Phase != "" && p.Status.Phase != "Pending") || failed[p.Metadata.UID] {
+				continue
+			}
+			key := p.Metadata.Namespace + "/" + p.Metadata.Name
+			if p.Spec.NodeName == "" {
+				if len(nodes) == 0 {
+					continue
+				}
+				node := nodes[next%len(nodes)]
+				next++
+				if err := cp.bind(ctx, p, node); err != nil {
+					o.Logf("istiolab runtime: binding %s to %s: %v", key, node, err)
+					failed[p.Metadata.UID] = true
+				}
+				continue
+			}
+			c, ok := o.CNIs[p.Spec.NodeName]
+			if !ok {
+				continue
+			}
+			pod, err := c.startExisting(ctx, p)
+			if err != nil {
+				o.Logf("istiolab runtime: starting %s: %v", key, err)
+				failed[p.Metadata.UID] = true
+				continue
+			}
+			o.Logf("istiolab runtime: started %s on %s at %s", key, p.Spec.NodeName, pod.IP)
+			if o.Started != nil {
+				o.Started(p.Metadata.Namespace, p.Metadata.Name, pod)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// bind binds the pod to node through its binding subresource, as the
+// scheduler does.
+func (cp *ControlPlane) bind(ctx context.Context, p apiPod, node string) error {
+	binding := map[string]any{
+		"apiVersion": "v1", "kind": "Binding",
+		"metadata": map[string]string{"name": p.Metadata.Name, "namespace": p.Metadata.Namespace},
+		"target":   map[string]string{"apiVersion": "v1", "kind": "Node", "name": node},
+	}
+	return cp.api.do(ctx, http.MethodPost,
+		fmt.Sprintf("/api/v1/namespaces/%s/pods/%s/binding", p.Metadata.Namespace, p.Metadata.Name), binding, nil)
+}
+
+// labName is a pod's name in the lab (a network namespace's): unique
+// among the lab's nodes and pods, within netnslab's alphabet and length.
+var labNameBad = regexp.MustCompile(`[^a-z0-9-]+`)
+
+func labName(namespace, name string) string {
+	s := labNameBad.ReplaceAllString(strings.ToLower(namespace+"-"+name), "-")
+	if len(s) > 40 {
+		s = s[:40]
+	}
+	return strings.Trim(s, "-")
+}
+
+// startExisting starts a Pod object others wrote, bound to c's node: its
+// sandbox, its process, istio-cni's plugin and its running status.
+func (c *CNI) startExisting(ctx context.Context, p apiPod) (*netnslab.Pod, error) {
+	pod, err := c.Node.AddPod(labName(p.Metadata.Namespace, p.Metadata.Name))
+	if err != nil {
+		return nil, err
+	}
+	obj := PodObject{
+		Namespace: p.Metadata.Namespace, Name: p.Metadata.Name, ServiceAccount: p.Spec.ServiceAccountName,
+		Node: c.Node, IP: pod.IP,
+	}
+	if len(p.Spec.Containers) > 0 {
+		obj.Container = p.Spec.Containers[0].Name
+	}
+	if err := c.sandbox(ctx, pod, obj, p.Metadata.UID); err != nil {
+		return nil, err
+	}
+	return pod, nil
+}
