@@ -116,3 +116,25 @@ func TestConvertSharesRepeats(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkloadUIDSharesResourceName: a workload named by its uid (as istiod
+// names them) keeps one copy of it, the resource name's, which the xDS
+// client also keeps as its record of what it holds.
+func TestWorkloadUIDSharesResourceName(t *testing.T) {
+	x, store := newState(t, nil)
+	name := "Kubernetes//Pod/ns-1/" + string([]byte("app-1")) // a copy of its own
+	a := &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: &workloadapi.Workload{
+		Uid: "Kubernetes//Pod/ns-1/app-1", Name: "app-1", Namespace: "ns-1",
+		Addresses: [][]byte{netip.MustParseAddr("10.0.0.1").AsSlice()},
+	}}}
+	if rej := applyAddrs(t, x, nil, res(t, name, a)); rej != nil {
+		t.Fatal(rej)
+	}
+	w := store.Load().WorkloadByUID(name)
+	if w == nil {
+		t.Fatal("workload missing")
+	}
+	if !sameString(w.UID, name) {
+		t.Error("the workload's uid is a second copy of its resource name")
+	}
+}
