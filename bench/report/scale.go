@@ -54,9 +54,14 @@ type ScalePoint struct {
 	Services  int `json:"services"`
 	Policies  int `json:"policies"`
 	// RSSKiB and HeapInuseKiB are the daemon's resident memory and Go heap
-	// in use (after a collection) once synced.
+	// in use (after a collection) once synced and quiet: after its memory
+	// releaser has handed back what the push freed (Released), or after a
+	// bounded wait for it. SyncedRSSKiB is the resident memory right at
+	// synced, with the push's garbage.
 	RSSKiB       int64 `json:"rss_kib"`
 	HeapInuseKiB int64 `json:"heap_inuse_kib"`
+	SyncedRSSKiB int64 `json:"synced_rss_kib"`
+	Released     bool  `json:"released"`
 	// Sync is from the control plane's first byte (its answer to the
 	// daemon's first request) to the daemon's last ACK of the initial push.
 	Sync time.Duration `json:"sync_ns"`
@@ -160,7 +165,8 @@ func ScaleMarkdown(s *Scale, plots []string) []byte {
 	m.p("")
 	m.p("A dedicated daemon (the client's; the server's daemon holds the same mesh) is fed the whole mesh over delta xDS "+
 		"from xdstest's server. Per-workload figures are the growth above the baseline daemon (lab workloads only: "+
-		"RSS %s KiB, heap %s KiB), with each size's services and policies included. Change latencies are measured while "+
+		"RSS %s KiB, heap %s KiB), with each size's services and policies included, read once the daemon is quiet (its "+
+		"memory releaser has returned what the push freed). Change latencies are measured while "+
 		"%d unrelated Address changes a second are pushed; each sample is from the push to the end of the first "+
 		"connection that shows the change (an upper bound, within one connection set-up).",
 		commas(s.Baseline.RSSKiB), commas(s.Baseline.HeapInuseKiB), s.ChurnPerSecond)
@@ -168,14 +174,18 @@ func ScaleMarkdown(s *Scale, plots []string) []byte {
 	rows := [][]string{}
 	for _, p := range s.Points {
 		rss, heap := s.PerWorkload(p)
+		quiet := num(float64(p.RSSKiB) / 1024)
+		if !p.Released && !s.Quick {
+			quiet += " (nothing released)"
+		}
 		rows = append(rows, []string{
 			commas(int64(p.Workloads)), commas(int64(p.Services)), commas(int64(p.Policies)),
-			num(float64(p.RSSKiB) / 1024), num(rss), num(heap),
+			num(float64(p.SyncedRSSKiB) / 1024), quiet, num(rss), num(heap),
 			ms(p.Sync), ms(p.CPU),
 			pcts(p.Setup), pcts(p.AddressChange), pcts(p.AuthzChange),
 		})
 	}
-	m.table(0, []string{"workloads", "services", "policies", "RSS MiB", "RSS B/workload", "heap B/workload",
+	m.table(0, []string{"workloads", "services", "policies", "RSS at synced MiB", "RSS quiet MiB", "RSS B/workload", "heap B/workload",
 		"first byte → synced ms", "CPU to synced ms", "VIP set-up p50/p99 ms", "Address change p50/p99 ms",
 		"Authorization change p50/p99 ms"}, rows)
 	if len(s.Points) > 1 {
