@@ -236,6 +236,11 @@ func writeScalePlots(dir string, s *Scale) ([]string, error) {
 	if err := addLine(mem, heap, 1, "Go heap in use"); err != nil {
 		return nil, err
 	}
+	// Issue 36's goal: at most 1 KiB of RSS per workload at 100,000.
+	goal := plotter.NewFunction(func(float64) float64 { return 1024 })
+	goal.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
+	mem.Add(goal)
+	mem.Legend.Add("goal (RSS, 100k)", goal)
 	mem.Y.Min = 0
 	mem.Add(plotter.NewGrid())
 	if err := mem.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, PlotScaleMemory)); err != nil {
