@@ -283,8 +283,9 @@ func measureMesh(t *testing.T, m scaleMesh, probes, setups int, settle bool, out
 
 	// Memory once synced, then once the daemon has gone quiet and handed
 	// back what the push freed (internal/app/release.go: 3 s after the
-	// burst, at most one release per 10 s), as on a node between pushes. A small push may leave nothing
-	// worth releasing: the wait is bounded, and the reading taken anyway.
+	// burst, at most one release per 10 s), as on a node between pushes.
+	// A small push may leave nothing worth releasing: the wait is bounded,
+	// and the reading taken anyway.
 	st, err := d.Stats(ctx)
 	if err != nil {
 		t.Fatal(err)
