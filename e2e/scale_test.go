@@ -264,7 +264,6 @@ func measureMesh(t *testing.T, m scaleMesh, probes, setups int, settle bool, out
 		}}}))
 	xds.Update(xdsconv.AddressType, addrs, nil)
 	xds.Update(xdsconv.AuthorizationType, pols, nil)
-	addrs, pols = nil, nil
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
