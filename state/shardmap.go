@@ -69,7 +69,7 @@ func hashAddr(k NetworkAddress) uint64 {
 
 func hashNH(k NamespacedHostname) uint64 { return hashString(k.Hostname) }
 
-func hashNSName(k nsName) uint64 { return hashString(k.name) }
+func hashInfo(k infoKey) uint64 { return uint64(k) }
 
 // shardsFor returns the shard count for an index of n entries.
 func shardsFor(n int) int {
