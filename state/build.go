@@ -21,7 +21,7 @@ type builder struct {
 
 	byUID     *shardEdit[string, *Workload]
 	byAddr    *shardEdit[NetworkAddress, *Workload]
-	byInfo    *shardEdit[nsName, []*Workload]
+	byInfo    *shardEdit[infoKey, []*Workload]
 	byHost    *shardEdit[NamespacedHostname, []*Workload]
 	svcByKey  *shardEdit[NamespacedHostname, *Service]
 	svcByVIP  *shardEdit[NetworkAddress, []*Service]
@@ -47,7 +47,7 @@ func newBuilder(s *Snapshot, fresh bool, nw, ns int) *builder {
 		fresh:     fresh,
 		byUID:     newShardEdit(&s.byUID, hashString, fresh, nw),
 		byAddr:    newShardEdit(&s.byAddr, hashAddr, fresh, nw),
-		byInfo:    newShardEdit(&s.byInfo, hashNSName, fresh, nw),
+		byInfo:    newShardEdit(&s.byInfo, hashInfo, fresh, nw),
 		byHost:    newShardEdit(&s.byHost, hashNH, fresh, 0),
 		svcByKey:  newShardEdit(&s.svcByKey, hashNH, fresh, ns),
 		svcByVIP:  newShardEdit(&s.svcByVIP, hashAddr, fresh, ns),
@@ -256,7 +256,7 @@ func (b *builder) indexWorkload(w *Workload) {
 		}
 		b.byAddr.set(k, w)
 	}
-	insertSorted(b.byInfo, nsName{w.Namespace, w.Name}, w, cmpWorkloads)
+	insertSorted(b.byInfo, infoKeyOf(w.Namespace, w.Name), w, cmpWorkloads)
 	if w.Hostname != "" {
 		insertSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname}, w, cmpWorkloads)
 	}
@@ -285,7 +285,7 @@ func (b *builder) unindexWorkload(w *Workload) {
 			}
 		}
 	}
-	removeSorted(b.byInfo, nsName{w.Namespace, w.Name}, w, cmpWorkloads)
+	removeSorted(b.byInfo, infoKeyOf(w.Namespace, w.Name), w, cmpWorkloads)
 	if w.Hostname != "" {
 		removeSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname}, w, cmpWorkloads)
 	}

@@ -230,8 +230,8 @@ func hashOf[K comparable](k K) uint64 {
 		return hashAddr(k)
 	case NamespacedHostname:
 		return hashNH(k)
-	case nsName:
-		return hashNSName(k)
+	case infoKey:
+		return hashInfo(k)
 	}
 	panic("no shard hash for this key type")
 }

@@ -59,6 +59,16 @@ func BenchmarkLookup100k(b *testing.B) {
 	b.Run("WorkloadByUID", func(b *testing.B) {
 		lookupLoop(b, func(i int) bool { return s.WorkloadByUID(uids[i%len(uids)]) != nil })
 	})
+	// A proxy finds the workload it serves by namespace and name, once per
+	// connection.
+	infos := make([]WorkloadInfo, len(uids))
+	for i := range infos {
+		w := s.WorkloadByUID(uids[i])
+		infos[i] = WorkloadInfo{Namespace: w.Namespace, Name: w.Name}
+	}
+	b.Run("FindWorkload", func(b *testing.B) {
+		lookupLoop(b, func(i int) bool { return s.FindWorkload(infos[i%len(infos)]) != nil })
+	})
 	b.Run("ResolveVIP+Endpoints", func(b *testing.B) {
 		lookupLoop(b, func(i int) bool {
 			svc := s.ResolveVIP("", vips[i%len(vips)], "ns")

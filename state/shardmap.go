@@ -69,7 +69,7 @@ func hashAddr(k NetworkAddress) uint64 {
 
 func hashNH(k NamespacedHostname) uint64 { return hashString(k.Hostname) }
 
-func hashNSName(k nsName) uint64 { return hashString(k.name) }
+func hashInfo(k infoKey) uint64 { return uint64(k) }
 
 // shardsFor returns the shard count for an index of n entries.
 func shardsFor(n int) int {
@@ -80,14 +80,42 @@ func shardsFor(n int) int {
 	return s
 }
 
-// tableFor returns the table size for n entries: a power of two that keeps
-// the load at most 3/4, so that probe sequences stay short and end.
+// tableFor returns the table size for n entries: the smallest of 4, 6, 8,
+// 12, 16, 24, ... (2^k and 3·2^(k-1)) that keeps the load at most 3/4, so
+// that probe sequences stay short and end. With powers of two alone, the
+// shards of an index sat at a load of 3/8 for some sizes (100,000 entries
+// among others: issue 36's mesh), which doubled the index's memory; the
+// steps in between keep it above 1/2.
 func tableFor(n int) int {
-	c := minTable
-	for c*3 < n*4 {
-		c *= 2
+	for c := minTable; ; c *= 2 {
+		if c*3 >= n*4 {
+			return c
+		}
+		if c3 := c + c/2; c3*3 >= n*4 {
+			return c3
+		}
 	}
-	return c
+}
+
+// home is where the probe sequence of hash h starts in a table of size n:
+// the low 32 bits of h scaled to [0, n) (a multiply rather than a modulo;
+// the top bits pick the shard).
+func home(h, n uint64) uint64 { return uint64(uint32(h)) * n >> 32 }
+
+// next is the slot after i in a table of size n, cyclically.
+func next(i, n uint64) uint64 {
+	if i++; i == n {
+		return 0
+	}
+	return i
+}
+
+// dist is how many slots a probe walks from a to b in a table of size n.
+func dist(a, b, n uint64) uint64 {
+	if b >= a {
+		return b - a
+	}
+	return b + n - a
 }
 
 // slot is one entry of a shard's table; h is the key's hash, 0 in an empty
@@ -102,10 +130,10 @@ type slot[K comparable, V any] struct {
 // built; only a shardEdit writes to it, while it builds a snapshot.
 //
 // Shard i holds the keys whose hash h has h>>shift == i. Its table is a
-// slice whose capacity is the table size (a power of two; 0 for an empty
+// slice whose capacity is the table size (tableFor's; 0 for an empty
 // shard) and whose length is the number of entries, so that the list of
 // shards stays one slice header per shard; the slots are read through
-// t[:cap(t)]. A key's probe sequence starts at slot h&(size-1).
+// t[:cap(t)]. A key's probe sequence starts at slot home(h, size).
 type shardMap[K comparable, V any] struct {
 	shards [][]slot[K, V] // len is a power of two
 	shift  uint8          // 64 - log2(len(shards)); 64 shifts every bit out
@@ -117,9 +145,8 @@ type shardMap[K comparable, V any] struct {
 func (m *shardMap[K, V]) get(h uint64, k K) V {
 	t := m.shards[h>>m.shift]
 	t = t[:cap(t)]
-	if len(t) > 0 {
-		mask := uint64(len(t) - 1)
-		for i := h & mask; t[i].h != 0; i = (i + 1) & mask {
+	if n := uint64(len(t)); n > 0 {
+		for i := home(h, n); t[i].h != 0; i = next(i, n) {
 			if t[i].h == h && t[i].k == k {
 				return t[i].v
 			}
@@ -142,11 +169,11 @@ func (m *shardMap[K, V]) all(f func(K, V)) {
 
 // find returns the slot index of k (hash h) in table t (at full size), or -1.
 func find[K comparable, V any](t []slot[K, V], h uint64, k K) int {
-	if len(t) == 0 {
+	n := uint64(len(t))
+	if n == 0 {
 		return -1
 	}
-	mask := uint64(len(t) - 1)
-	for i := h & mask; t[i].h != 0; i = (i + 1) & mask {
+	for i := home(h, n); t[i].h != 0; i = next(i, n) {
 		if t[i].h == h && t[i].k == k {
 			return int(i)
 		}
@@ -157,10 +184,10 @@ func find[K comparable, V any](t []slot[K, V], h uint64, k K) int {
 // place puts s, whose key t lacks, in the first free slot of its probe
 // sequence in t (at full size, with a free slot).
 func place[K comparable, V any](t []slot[K, V], s slot[K, V]) {
-	mask := uint64(len(t) - 1)
-	i := s.h & mask
+	n := uint64(len(t))
+	i := home(s.h, n)
 	for t[i].h != 0 {
-		i = (i + 1) & mask
+		i = next(i, n)
 	}
 	t[i] = s
 }
@@ -272,14 +299,14 @@ func (e *shardEdit[K, V]) del(k K) {
 	// sit in the hole up into it, so that no probe sequence breaks and no
 	// tombstone is left behind.
 	full := (*t)[:cap(*t)]
-	mask := uint64(len(full) - 1)
+	n := uint64(len(full))
 	hole := uint64(j)
-	for next := (hole + 1) & mask; full[next].h != 0; next = (next + 1) & mask {
-		// The entry at next may move to hole unless its home slot lies
-		// after the hole (cyclically, between hole and next).
-		if home := full[next].h & mask; (next-home)&mask >= (next-hole)&mask {
-			full[hole] = full[next]
-			hole = next
+	for at := next(hole, n); full[at].h != 0; at = next(at, n) {
+		// The entry at at may move to hole unless its home slot lies
+		// after the hole (cyclically, between hole and at).
+		if dist(home(full[at].h, n), at, n) >= dist(hole, at, n) {
+			full[hole] = full[at]
+			hole = at
 		}
 	}
 	full[hole] = slot[K, V]{}

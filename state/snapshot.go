@@ -2,6 +2,8 @@ package state
 
 import (
 	"errors"
+	"hash/maphash"
+	"math/bits"
 	"net/netip"
 	"slices"
 	"strings"
@@ -30,7 +32,7 @@ type Endpoint struct {
 type Snapshot struct {
 	byUID  shardMap[string, *Workload]
 	byAddr shardMap[NetworkAddress, *Workload]
-	byInfo shardMap[nsName, []*Workload] // sorted by UID
+	byInfo shardMap[infoKey, []*Workload] // sorted by UID
 	// byHost indexes hostname-only workloads by namespace and hostname,
 	// sorted by UID: the first (lowest UID) wins a tie.
 	byHost shardMap[NamespacedHostname, []*Workload]
@@ -55,7 +57,15 @@ type Snapshot struct {
 	warnings  lazyList[string]
 }
 
-type nsName struct{ ns, name string }
+// infoKey is the byInfo index's key: a hash of a workload's namespace and
+// name. Pairs with one hash share a list, which FindWorkload filters by
+// namespace and name (issue 36: a key of the two strings cost 24 more bytes
+// per slot, ~40 per workload).
+type infoKey uint64
+
+func infoKeyOf(ns, name string) infoKey {
+	return infoKey(nonzero(maphash.String(shardSeed, name) ^ bits.RotateLeft64(maphash.String(shardSeed, ns), 29)))
+}
 
 type cidrVIP struct {
 	prefix NetworkPrefix
@@ -305,9 +315,10 @@ func (s *Snapshot) FindWorkload(info WorkloadInfo) *Workload {
 	if sa == "" {
 		sa = "default"
 	}
-	k := nsName{info.Namespace, info.Name}
-	for _, w := range s.byInfo.get(hashNSName(k), k) {
-		if (info.Node == "" || w.Node == info.Node) && (info.Cluster == "" || w.ClusterID == "" || w.ClusterID == info.Cluster) &&
+	k := infoKeyOf(info.Namespace, info.Name)
+	for _, w := range s.byInfo.get(hashInfo(k), k) {
+		if w.Name == info.Name && w.Namespace == info.Namespace &&
+			(info.Node == "" || w.Node == info.Node) && (info.Cluster == "" || w.ClusterID == "" || w.ClusterID == info.Cluster) &&
 			w.Identity().ServiceAccount == sa {
 			return w
 		}

@@ -161,14 +161,21 @@ type Workload struct {
 	// Hostname is set for workloads that have a DNS name instead of addresses.
 	Hostname string
 
-	Addresses   []netip.Addr
-	Protocol    Protocol
-	Status      HealthStatus
-	NetworkMode NetworkMode
+	Addresses []netip.Addr
+
+	// The small fields sit together, in one word (issue 36: the record's
+	// size counts 100,000 times).
+	Protocol     Protocol
+	Status       HealthStatus
+	NetworkMode  NetworkMode
+	NativeTunnel bool
+	// Capacity is the workload's load-balancing weight. Converters fill 1
+	// when the source leaves it unset; 0 means the workload never receives
+	// service traffic.
+	Capacity uint32
 
 	Waypoint          *GatewayAddress
 	NetworkGateway    *GatewayAddress
-	NativeTunnel      bool
 	ApplicationTunnel *ApplicationTunnel
 
 	// AuthorizationPolicies lists "namespace/name" keys of the
@@ -179,10 +186,6 @@ type Workload struct {
 	// map for that service: service port -> target port.
 	Services map[string]map[uint16]uint16
 
-	// Capacity is the workload's load-balancing weight. Converters fill 1
-	// when the source leaves it unset; 0 means the workload never receives
-	// service traffic.
-	Capacity uint32
 	Locality Locality
 }
 

@@ -44,11 +44,13 @@ type Writer struct {
 	// resource name that owns each namespace/name key.
 	policies   map[string]*Policy
 	policyKeys map[string]string
-	// addrs indexes every indexed (non host-network) workload address; a
-	// list longer than one is a conflict, resolved when a snapshot is built.
-	addrs map[NetworkAddress][]*workloadEntry
-	// conflicts holds the keys of addrs with more than one workload.
-	conflicts map[NetworkAddress]struct{}
+	// addrs indexes every indexed (non host-network) workload address held
+	// by one workload, and conflicts those held by more than one (in the
+	// order they came), resolved when a snapshot is built. An address is in
+	// one of the two. Conflicts are rare, so the common case holds no list
+	// (issue 36: a one-entry list cost ~100 B per workload).
+	addrs     map[NetworkAddress]*workloadEntry
+	conflicts map[NetworkAddress][]*workloadEntry
 	// seq counts workload updates, to rank the most recent first.
 	seq uint64
 	// last is the last snapshot built; the dirty sets hold the workload
@@ -89,8 +91,8 @@ func NewWriter(store *Store, base *Base, logf func(string, ...any)) (*Writer, er
 		services:   map[string]*Service{},
 		policies:   map[string]*Policy{},
 		policyKeys: map[string]string{},
-		addrs:      map[NetworkAddress][]*workloadEntry{},
-		conflicts:  map[NetworkAddress]struct{}{},
+		addrs:      map[NetworkAddress]*workloadEntry{},
+		conflicts:  map[NetworkAddress][]*workloadEntry{},
 		dirtyW:     map[string]struct{}{},
 		dirtyS:     map[string]struct{}{},
 		dirtyP:     map[string]struct{}{},
@@ -238,14 +240,10 @@ func (w *Writer) putWorkloadLocked(wl *Workload, undos *[]func()) {
 	e := &workloadEntry{w: wl, seq: w.seq}
 	w.workloads[wl.UID] = e
 	for _, k := range indexedAddrs(wl) {
-		list := w.addrs[k]
-		if len(list) > 0 {
+		if first := w.addOwnerLocked(k, e); first != nil {
 			w.logf("xds: workload %q shares address %s with %q; ranking decides which one the address resolves to",
-				wl.UID, k, list[0].w.UID)
-			w.conflicts[k] = struct{}{}
+				wl.UID, k, first.w.UID)
 		}
-		w.addrs[k] = append(list, e)
-		w.markLocked(w.addrs[k])
 	}
 	w.dirtyW[wl.UID] = struct{}{}
 	if undos != nil {
@@ -263,13 +261,48 @@ func (w *Writer) putWorkloadLocked(wl *Workload, undos *[]func()) {
 func (w *Writer) restoreWorkloadLocked(e *workloadEntry) {
 	w.workloads[e.w.UID] = e
 	for _, k := range indexedAddrs(e.w) {
-		w.addrs[k] = append(w.addrs[k], e)
-		if len(w.addrs[k]) > 1 {
-			w.conflicts[k] = struct{}{}
-		}
-		w.markLocked(w.addrs[k])
+		w.addOwnerLocked(k, e)
 	}
 	w.dirtyW[e.w.UID] = struct{}{}
+}
+
+// addOwnerLocked adds e to the workloads holding k and marks them dirty
+// (the change may move the address from one of them to another). It
+// returns the first workload that held k before, if any.
+func (w *Writer) addOwnerLocked(k NetworkAddress, e *workloadEntry) (first *workloadEntry) {
+	if list, ok := w.conflicts[k]; ok {
+		w.conflicts[k] = append(list, e)
+		w.markLocked(list)
+		return list[0]
+	}
+	if o := w.addrs[k]; o != nil {
+		delete(w.addrs, k)
+		w.conflicts[k] = []*workloadEntry{o, e}
+		w.dirtyW[o.w.UID] = struct{}{}
+		return o
+	}
+	w.addrs[k] = e
+	return nil
+}
+
+// removeOwnerLocked removes e from the workloads holding k and marks the
+// others dirty.
+func (w *Writer) removeOwnerLocked(k NetworkAddress, e *workloadEntry) {
+	list, ok := w.conflicts[k]
+	if !ok {
+		if w.addrs[k] == e {
+			delete(w.addrs, k)
+		}
+		return
+	}
+	list = slices.DeleteFunc(list, func(o *workloadEntry) bool { return o == e })
+	w.markLocked(list)
+	if len(list) == 1 {
+		delete(w.conflicts, k)
+		w.addrs[k] = list[0]
+		return
+	}
+	w.conflicts[k] = list
 }
 
 // markLocked marks dirty the workloads sharing an address with a changed
@@ -288,17 +321,7 @@ func (w *Writer) removeWorkloadLocked(uid string) {
 	delete(w.workloads, uid)
 	w.dirtyW[uid] = struct{}{}
 	for _, k := range indexedAddrs(e.w) {
-		list := slices.DeleteFunc(w.addrs[k], func(o *workloadEntry) bool { return o == e })
-		w.markLocked(list)
-		switch len(list) {
-		case 0:
-			delete(w.addrs, k)
-		case 1:
-			delete(w.conflicts, k)
-			fallthrough
-		default:
-			w.addrs[k] = list
-		}
+		w.removeOwnerLocked(k, e)
 	}
 }
 
@@ -420,7 +443,7 @@ func (w *Writer) deltaLocked() Delta {
 func (w *Writer) publishedLocked(e *workloadEntry) *Workload {
 	var lost []netip.Addr
 	for _, k := range indexedAddrs(e.w) {
-		if _, c := w.conflicts[k]; c && winner(w.addrs[k]) != e {
+		if list, c := w.conflicts[k]; c && winner(list) != e {
 			lost = append(lost, k.Addr)
 		}
 	}
@@ -430,8 +453,7 @@ func (w *Writer) publishedLocked(e *workloadEntry) *Workload {
 // buildFullLocked builds a snapshot of everything held from scratch.
 func (w *Writer) buildFullLocked() (*Snapshot, error) {
 	var lost map[*workloadEntry][]netip.Addr
-	for k := range w.conflicts {
-		list := w.addrs[k]
+	for k, list := range w.conflicts {
 		win := winner(list)
 		if lost == nil {
 			lost = map[*workloadEntry][]netip.Addr{}

@@ -295,7 +295,7 @@ func Run(ctx context.Context, o Options) (*report.Run, error) {
 	}
 	b := &bench{o: o, start: time.Now()}
 	b.run = &report.Run{
-		Started: b.start, Quick: o.Quick, Machine: describeMachine(o.HAProxy),
+		Started: b.start, Quick: o.Quick, Machine: DescribeMachine(o.HAProxy),
 		Settings: report.Settings{
 			Rounds: o.Rounds, Duration: o.Duration, Streams: o.Streams, RRSizes: o.RRSizes,
 			CPSConcurrency: o.CPSConcurrency, FixedRate: o.FixedRate, IdleConns: o.IdleConns, IdleSteps: o.IdleSteps, IdleSettle: o.IdleSettle,
@@ -308,7 +308,7 @@ func Run(ctx context.Context, o Options) (*report.Run, error) {
 	}
 	err = errors.Join(err, b.teardown())
 	b.run.Finished = time.Now()
-	b.run.Machine.LoadEnd = loadAvg()
+	b.run.Machine.LoadEnd = LoadAvg()
 	if err != nil {
 		return b.run, err
 	}

@@ -102,7 +102,7 @@ func TestCheckQuick(t *testing.T) {
 }
 
 func TestDescribeMachine(t *testing.T) {
-	m := describeMachine("")
+	m := DescribeMachine("")
 	if m.Cores <= 0 || m.GoVersion == "" || m.Kernel == "" {
 		t.Fatalf("machine: %+v", m)
 	}

@@ -12,9 +12,10 @@ import (
 	"github.com/ztunnel-go/ztunnel/bench/report"
 )
 
-// describeMachine collects what the report says about the machine; a piece
+// DescribeMachine collects what the report says about the machine (haproxy,
+// if not empty, is the HAProxy binary whose version it names); a piece
 // that cannot be read stays empty.
-func describeMachine(haproxy string) report.Machine {
+func DescribeMachine(haproxy string) report.Machine {
 	m := report.Machine{Cores: runtime.NumCPU(), GoVersion: runtime.Version()}
 	m.Host, _ = os.Hostname()
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
@@ -37,7 +38,7 @@ func describeMachine(haproxy string) report.Machine {
 			m.HAProxy, _, _ = strings.Cut(string(out), "\n")
 		}
 	}
-	m.LoadStart = loadAvg()
+	m.LoadStart = LoadAvg()
 	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
 		m.Commit = strings.TrimSpace(string(out))
 		if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
@@ -47,8 +48,8 @@ func describeMachine(haproxy string) report.Machine {
 	return m
 }
 
-// loadAvg reads the 1, 5 and 15 minute load averages.
-func loadAvg() [3]float64 {
+// LoadAvg reads the 1, 5 and 15 minute load averages.
+func LoadAvg() [3]float64 {
 	var l [3]float64
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {

@@ -2,7 +2,9 @@
 // bench/results/<date>-<host>/: REPORT.md (tables of medians with every
 // figure as a ratio to direct, the goals of the engine and HBONE issues,
 // CPU profile summaries), results.json (everything measured, every round)
-// and PNG plots drawn with gonum.org/v1/plot.
+// and PNG plots drawn with gonum.org/v1/plot; and, for the mesh-scale run
+// (issue 36, e2e.TestMeshScale), SCALE.md, scale.json and its plots of cost
+// against mesh size (WriteScale).
 //
 // It knows nothing of labs or processes: the harness fills a Run and calls
 // Write. Imports (of ours): bench/load (for the result types). Imported by:

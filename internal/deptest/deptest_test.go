@@ -63,7 +63,7 @@ var allowed = map[string][]string{
 	"mtls/record":          {},
 	"engine":               {"engine/bufpool", "engine/poll", "engine/uring", "engine/splice"},
 	"state":                {"identity"},
-	"e2e":                  {"internal/labrun", "internal/netnslab", "hbone", "identity", "mtls", "mtls/tlstest", "proxy/proxyproto", "proxy/socks5", "api/workloadapi", "api/securityapi", "mtls/caclient/catest", "state/xdsconv", "xdsclient/xdstest"},
+	"e2e":                  {"bench/harness", "bench/report", "internal/labrun", "internal/netnslab", "hbone", "identity", "mtls", "mtls/tlstest", "proxy/proxyproto", "proxy/socks5", "api/workloadapi", "api/securityapi", "mtls/caclient/catest", "state/xdsconv", "xdsclient/xdstest"},
 	"internal/istiolab":    {"internal/netnslab"},
 	"internal/netnslab":    {"inpod/netns"},
 	"inpod/netns":          {},

@@ -12,6 +12,11 @@
 //     which holds them on top of an optional local config and publishes the
 //     next snapshot, and name the rejected resources in the ACK or NACK.
 //
+// Conversion holds once what repeats across workloads (intern.go): names
+// through unique.Make, and the replicas' identical Services maps through a
+// weak cache, so that a large mesh costs little more than each workload's
+// own uid, name and addresses.
+//
 // Imports (of ours): api/securityapi, api/workloadapi (the generated protos),
 // identity, state and xdsclient (for the handler types only). Imported by:
 // internal/app (the daemon's control-plane wiring), internal/labrun and tests.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strings"
 
 	"github.com/ztunnel-go/ztunnel/api/securityapi"
 	"github.com/ztunnel-go/ztunnel/api/workloadapi"
@@ -63,29 +62,31 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 	if x.GetUid() == "" {
 		return nil, invalid("workload %s/%s: uid is empty", x.GetNamespace(), x.GetName())
 	}
+	// What repeats across workloads is interned (intern.go); the uid and
+	// the name are each workload's own.
 	w := &state.Workload{
 		UID:                   x.GetUid(),
 		Name:                  x.GetName(),
-		Namespace:             x.GetNamespace(),
-		ServiceAccount:        orDefault(x.GetServiceAccount(), defaultServiceAccount),
-		TrustDomain:           orDefault(x.GetTrustDomain(), identity.DefaultTrustDomain),
-		Network:               x.GetNetwork(),
-		Node:                  x.GetNode(),
-		ClusterID:             orDefault(x.GetClusterId(), defaultClusterID),
-		WorkloadName:          x.GetWorkloadName(),
+		Namespace:             intern(x.GetNamespace()),
+		ServiceAccount:        intern(orDefault(x.GetServiceAccount(), defaultServiceAccount)),
+		TrustDomain:           intern(orDefault(x.GetTrustDomain(), identity.DefaultTrustDomain)),
+		Network:               intern(x.GetNetwork()),
+		Node:                  intern(x.GetNode()),
+		ClusterID:             intern(orDefault(x.GetClusterId(), defaultClusterID)),
+		WorkloadName:          intern(x.GetWorkloadName()),
 		WorkloadType:          workloadType(x.GetWorkloadType()),
-		CanonicalName:         x.GetCanonicalName(),
-		CanonicalRevision:     x.GetCanonicalRevision(),
+		CanonicalName:         intern(x.GetCanonicalName()),
+		CanonicalRevision:     intern(x.GetCanonicalRevision()),
 		Hostname:              x.GetHostname(),
 		NativeTunnel:          x.GetNativeTunnel(),
-		AuthorizationPolicies: x.GetAuthorizationPolicies(),
+		AuthorizationPolicies: internAll(x.GetAuthorizationPolicies()),
 		Capacity:              1,
 	}
 	if c := x.GetCapacity(); c != nil {
 		w.Capacity = c.GetValue()
 	}
 	if l := x.GetLocality(); l != nil {
-		w.Locality = state.Locality{Region: l.GetRegion(), Zone: l.GetZone(), Subzone: l.GetSubzone()}
+		w.Locality = state.Locality{Region: intern(l.GetRegion()), Zone: intern(l.GetZone()), Subzone: intern(l.GetSubzone())}
 	}
 	if x.GetTunnelProtocol() == workloadapi.TunnelProtocol_LEGACY_ISTIO_MTLS {
 		return nil, ErrLegacyIstioMTLS
@@ -123,12 +124,8 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 		}
 		w.ApplicationTunnel = at
 	}
-	w.Services = make(map[string]map[uint16]uint16, len(x.GetServices()))
-	for key, pl := range x.GetServices() {
-		if !strings.Contains(key, "/") {
-			return nil, invalid("service key %q is not namespace/hostname", key)
-		}
-		w.Services[key] = protoPortMap(pl.GetPorts())
+	if err := sharedServices(w, x.GetServices()); err != nil {
+		return nil, err
 	}
 	return w, nil
 }
@@ -145,7 +142,7 @@ func ConvertService(x *workloadapi.Service) (*state.Service, error) {
 	}
 	s := &state.Service{
 		Name:            x.GetName(),
-		Namespace:       x.GetNamespace(),
+		Namespace:       intern(x.GetNamespace()),
 		Hostname:        x.GetHostname(),
 		Ports:           protoPortMap(x.GetPorts()),
 		SubjectAltNames: x.GetSubjectAltNames(),
@@ -161,10 +158,10 @@ func ConvertService(x *workloadapi.Service) (*state.Service, error) {
 			if bits > ip.BitLen() {
 				return nil, invalid("prefix length %d is too long for %s", a.GetLength(), ip)
 			}
-			s.CIDRVIPs = append(s.CIDRVIPs, state.NetworkPrefix{Network: a.GetNetwork(), Prefix: netip.PrefixFrom(ip, bits)})
+			s.CIDRVIPs = append(s.CIDRVIPs, state.NetworkPrefix{Network: intern(a.GetNetwork()), Prefix: netip.PrefixFrom(ip, bits)})
 			continue
 		}
-		s.VIPs = append(s.VIPs, state.NetworkAddress{Network: a.GetNetwork(), Addr: ip})
+		s.VIPs = append(s.VIPs, state.NetworkAddress{Network: intern(a.GetNetwork()), Addr: ip})
 	}
 	var err error
 	if s.Waypoint, err = gatewayAddress(x.GetWaypoint(), "waypoint"); err != nil {
@@ -349,9 +346,9 @@ func gatewayAddress(g *workloadapi.GatewayAddress, what string) (*state.GatewayA
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
-		out.Address = &state.NetworkAddress{Network: d.Address.GetNetwork(), Addr: ip}
+		out.Address = &state.NetworkAddress{Network: intern(d.Address.GetNetwork()), Addr: ip}
 	case *workloadapi.GatewayAddress_Hostname:
-		out.Hostname = &state.NamespacedHostname{Namespace: d.Hostname.GetNamespace(), Hostname: d.Hostname.GetHostname()}
+		out.Hostname = &state.NamespacedHostname{Namespace: intern(d.Hostname.GetNamespace()), Hostname: intern(d.Hostname.GetHostname())}
 	default:
 		return nil, invalid("%s: no destination", what)
 	}
@@ -361,11 +358,10 @@ func gatewayAddress(g *workloadapi.GatewayAddress, what string) (*state.GatewayA
 // workloadType returns the lower-case kind name ztunnel reports; unknown
 // values read as the proto default, deployment.
 func workloadType(t workloadapi.WorkloadType) string {
-	name, ok := workloadapi.WorkloadType_name[int32(t)]
-	if !ok {
-		name = workloadapi.WorkloadType_DEPLOYMENT.String()
+	if name, ok := workloadTypes[t]; ok {
+		return name
 	}
-	return strings.ToLower(name)
+	return workloadTypes[workloadapi.WorkloadType_DEPLOYMENT]
 }
 
 // The wire enums and the state values they convert to; a value not listed

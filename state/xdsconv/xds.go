@@ -73,8 +73,14 @@ func (x *XDSState) HandleAddresses(u *xdsclient.Update) []xdsclient.Rejection {
 			w, s, err := ConvertAddress(a)
 			return address{w, s}, err
 		},
-		func(tx *state.Tx, _ string, c address) error {
+		func(tx *state.Tx, name string, c address) error {
 			if c.w != nil {
+				if c.w.UID == name {
+					// istiod names a workload by its uid: one copy of
+					// the bytes serves the snapshot and the xDS
+					// client's record of what it holds.
+					c.w.UID = name
+				}
 				tx.PutWorkload(c.w)
 			} else {
 				tx.PutService(c.s)

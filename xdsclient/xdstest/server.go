@@ -45,6 +45,10 @@ type Request struct {
 	// Metadata holds the stream's request headers (authorization,
 	// clusterid, extra headers, ...).
 	Metadata metadata.MD
+	// Received is when the server took the request off its stream, before
+	// answering it: the scale benchmark times a push from a stream's first
+	// request to the ACKs that end it.
+	Received time.Time
 }
 
 // IsAck reports whether r answers a response without an error.
@@ -466,7 +470,7 @@ func (s *Server) DeltaAggregatedResources(st grpc.BidiStreamingServer[discoveryv
 
 func (s *Server) handleRequest(ss *serverStream, r *discoveryv3.DeltaDiscoveryRequest) {
 	s.mu.Lock()
-	s.requests = append(s.requests, &Request{DeltaDiscoveryRequest: r, Stream: ss.id, Metadata: ss.md})
+	s.requests = append(s.requests, &Request{DeltaDiscoveryRequest: r, Stream: ss.id, Metadata: ss.md, Received: time.Now()})
 	close(s.arrived)
 	s.arrived = make(chan struct{})
 	if held, ok := s.withheld[r.TypeUrl]; ok {

@@ -1,0 +1,140 @@
+package xdsconv
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+	"unsafe"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ztunnel-go/ztunnel/api/workloadapi"
+	"github.com/ztunnel-go/ztunnel/state"
+)
+
+// decodedWorkload converts a workload decoded from the wire, as a push
+// delivers it: every string is its own copy until conversion interns it.
+func decodedWorkload(t *testing.T, name string, services map[string]*workloadapi.PortList) *state.Workload {
+	t.Helper()
+	b, err := proto.Marshal(&workloadapi.Workload{
+		Uid: "Kubernetes//Pod/ns-1/" + name, Name: name, Namespace: "ns-1", ServiceAccount: "app",
+		Node: "node-7", Network: "net-1", ClusterId: "cluster-1", TrustDomain: "td.example",
+		WorkloadName: "app", CanonicalName: "app", CanonicalRevision: "v1",
+		Addresses:             [][]byte{netip.MustParseAddr("10.0.0.1").AsSlice()},
+		AuthorizationPolicies: []string{"ns-1/allow-app"},
+		Locality:              &workloadapi.Locality{Region: "r1", Zone: "z1", Subzone: "s1"},
+		Services:              services,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var x workloadapi.Workload
+	if err := proto.Unmarshal(b, &x); err != nil {
+		t.Fatal(err)
+	}
+	w, err := ConvertWorkload(&x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func ports(pairs ...uint32) *workloadapi.PortList {
+	pl := &workloadapi.PortList{}
+	for i := 0; i+1 < len(pairs); i += 2 {
+		pl.Ports = append(pl.Ports, &workloadapi.Port{ServicePort: pairs[i], TargetPort: pairs[i+1]})
+	}
+	return pl
+}
+
+func sameString(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
+
+func sameMap(a, b map[string]map[uint16]uint16) bool {
+	return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
+}
+
+// TestConvertSharesRepeats: two replicas of one deployment hold one copy of
+// what they have in common (issue 36's memory per workload): the names that
+// repeat across workloads and the Services map; their own uid and name stay
+// theirs, and a different port map or key is never shared.
+func TestConvertSharesRepeats(t *testing.T) {
+	svc := func() map[string]*workloadapi.PortList {
+		return map[string]*workloadapi.PortList{"ns-1/app.ns-1.svc.cluster.local": ports(80, 8080, 9090, 9090)}
+	}
+	a, b := decodedWorkload(t, "app-1", svc()), decodedWorkload(t, "app-2", svc())
+	for _, f := range []struct {
+		name string
+		a, b string
+	}{
+		{"namespace", a.Namespace, b.Namespace},
+		{"service account", a.ServiceAccount, b.ServiceAccount},
+		{"trust domain", a.TrustDomain, b.TrustDomain},
+		{"network", a.Network, b.Network},
+		{"node", a.Node, b.Node},
+		{"cluster", a.ClusterID, b.ClusterID},
+		{"workload name", a.WorkloadName, b.WorkloadName},
+		{"workload type", a.WorkloadType, b.WorkloadType},
+		{"canonical name", a.CanonicalName, b.CanonicalName},
+		{"canonical revision", a.CanonicalRevision, b.CanonicalRevision},
+		{"policy key", a.AuthorizationPolicies[0], b.AuthorizationPolicies[0]},
+		{"region", a.Locality.Region, b.Locality.Region},
+		{"zone", a.Locality.Zone, b.Locality.Zone},
+		{"subzone", a.Locality.Subzone, b.Locality.Subzone},
+	} {
+		if f.a != f.b || !sameString(f.a, f.b) {
+			t.Errorf("%s: %q and %q are two copies", f.name, f.a, f.b)
+		}
+	}
+	if !sameMap(a.Services, b.Services) {
+		t.Error("the replicas' Services maps are two copies")
+	}
+	if want := map[string]map[uint16]uint16{"ns-1/app.ns-1.svc.cluster.local": {80: 8080, 9090: 9090}}; !reflect.DeepEqual(a.Services, want) {
+		t.Errorf("Services = %v, want %v", a.Services, want)
+	}
+	if a.UID == b.UID || a.Name == b.Name {
+		t.Errorf("uids %q %q, names %q %q: want each its own", a.UID, b.UID, a.Name, b.Name)
+	}
+
+	for _, other := range []map[string]*workloadapi.PortList{
+		{"ns-1/app.ns-1.svc.cluster.local": ports(80, 8081, 9090, 9090)},
+		{"ns-1/app.ns-1.svc.cluster.local": ports(80, 8080)},
+		{"ns-1/other.ns-1.svc.cluster.local": ports(80, 8080, 9090, 9090)},
+		// Keys that would read alike in an encoding without lengths.
+		{"ns-1/app.ns-1.svc.cluster.local2,80:8080,9090:9090;": ports()},
+		{},
+	} {
+		c := decodedWorkload(t, "app-3", other)
+		if sameMap(a.Services, c.Services) {
+			t.Errorf("services %v share the map of %v", c.Services, a.Services)
+		}
+		want := map[string]map[uint16]uint16{}
+		for k, pl := range other {
+			want[k] = protoPortMap(pl.GetPorts())
+		}
+		if !reflect.DeepEqual(c.Services, want) {
+			t.Errorf("Services = %v, want %v", c.Services, want)
+		}
+	}
+}
+
+// TestWorkloadUIDSharesResourceName: a workload named by its uid (as istiod
+// names them) keeps one copy of it, the resource name's, which the xDS
+// client also keeps as its record of what it holds.
+func TestWorkloadUIDSharesResourceName(t *testing.T) {
+	x, store := newState(t, nil)
+	name := "Kubernetes//Pod/ns-1/" + string([]byte("app-1")) // a copy of its own
+	a := &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: &workloadapi.Workload{
+		Uid: "Kubernetes//Pod/ns-1/app-1", Name: "app-1", Namespace: "ns-1",
+		Addresses: [][]byte{netip.MustParseAddr("10.0.0.1").AsSlice()},
+	}}}
+	if rej := applyAddrs(t, x, nil, res(t, name, a)); rej != nil {
+		t.Fatal(rej)
+	}
+	w := store.Load().WorkloadByUID(name)
+	if w == nil {
+		t.Fatal("workload missing")
+	}
+	if !sameString(w.UID, name) {
+		t.Error("the workload's uid is a second copy of its resource name")
+	}
+}
