@@ -253,17 +253,8 @@ func (cp *ControlPlane) StartCNI(ctx context.Context, o CNIOptions) (c *CNI, err
 	}
 	url := fmt.Sprintf("http://%s/readyz", netip.AddrPortFrom(o.Node.IP, CNIReadyPort))
 	err = waitFor(ctx, proc, cniReadyTimeout, func(ctx context.Context) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
+		if err := probeOK(ctx, client, url, name+" /readyz"); err != nil {
 			return err
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s /readyz: status %d", name, resp.StatusCode)
 		}
 		if _, err := c.pluginConfig(); err != nil {
 			return err

@@ -180,19 +180,7 @@ func (cp *ControlPlane) startEtcd(ctx context.Context) error {
 	}
 	client := cp.probeClient()
 	return waitFor(ctx, p, etcdReadyTimeout, func(ctx context.Context) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, etcdClientURL+"/health", nil)
-		if err != nil {
-			return err
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("etcd /health: status %d", resp.StatusCode)
-		}
-		return nil
+		return probeOK(ctx, client, etcdClientURL+"/health", "etcd /health")
 	})
 }
 
@@ -295,19 +283,7 @@ func (cp *ControlPlane) startIstiod(ctx context.Context) error {
 	client := cp.probeClient()
 	url := fmt.Sprintf("http://%s/ready", netip.AddrPortFrom(cp.Node.IP, IstiodReadyPort))
 	return waitFor(ctx, p, istiodReadyTimeout, func(ctx context.Context) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("istiod /ready: status %d", resp.StatusCode)
-		}
-		return nil
+		return probeOK(ctx, client, url, "istiod /ready")
 	})
 }
 
@@ -372,6 +348,24 @@ func (cp *ControlPlane) Close() error {
 		cp.api.http.CloseIdleConnections()
 	}
 	return errors.Join(errs...)
+}
+
+// probeOK GETs url with client and wants 200; what names the probe in the
+// error (the component and its path).
+func probeOK(ctx context.Context, client *http.Client, url, what string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: status %d", what, resp.StatusCode)
+	}
+	return nil
 }
 
 // waitFor polls check until it returns nil, p exits, or timeout passes.

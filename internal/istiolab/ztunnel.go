@@ -138,19 +138,7 @@ func (cp *ControlPlane) StartZtunnel(ctx context.Context, o ZtunnelOptions) (*Zt
 		Timeout:   5 * time.Second,
 	}
 	err = waitFor(ctx, p, ztunnelReadyTimeout, func(ctx context.Context) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:15021/healthz/ready", nil)
-		if err != nil {
-			return err
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s /healthz/ready: status %d", name, resp.StatusCode)
-		}
-		return nil
+		return probeOK(ctx, client, "http://127.0.0.1:15021/healthz/ready", fmt.Sprintf("%s /healthz/ready", name))
 	})
 	if err != nil {
 		_ = p.stop(stopGrace)

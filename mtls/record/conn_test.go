@@ -2,6 +2,7 @@ package record
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
@@ -270,24 +271,7 @@ func TestLeftoverAfterFinished(t *testing.T) {
 				hc := &holdConn{Conn: cr}
 				cli, srv := wrap(ck, hc, ccfg, true), Server(sr, scfg)
 				msg := fmt.Appendf(nil, "first data %d", i)
-				errc := make(chan error, 1)
-				go func() {
-					if err := cli.HandshakeContext(t.Context()); err != nil {
-						errc <- err
-						return
-					}
-					if _, err := cli.Write(msg); err != nil {
-						errc <- err
-						return
-					}
-					errc <- hc.flush()
-				}()
-				if err := srv.HandshakeContext(t.Context()); err != nil {
-					t.Fatal(err)
-				}
-				if err := <-errc; err != nil {
-					t.Fatal(err)
-				}
+				handshakeWithHeldData(t, cli, srv, hc, msg)
 				got := make([]byte, len(msg))
 				if _, err := io.ReadFull(srv, got); err != nil || !bytes.Equal(got, msg) {
 					t.Fatalf("round %d: read %q, %v", i, got, err)
@@ -296,6 +280,35 @@ func TestLeftoverAfterFinished(t *testing.T) {
 				srv.Close()
 			}
 		})
+	}
+}
+
+// handshakeWithHeldData completes the handshake of cli (over hc) and srv
+// while cli writes msg: hc holds msg and what follows the client's
+// Finished until flushed, so the server's handshake ends before that data
+// arrives and its first read finds it behind the handshake records.
+func handshakeWithHeldData(t *testing.T, cli interface {
+	HandshakeContext(context.Context) error
+	Write([]byte) (int, error)
+}, srv *Conn, hc *holdConn, msg []byte) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		if err := cli.HandshakeContext(t.Context()); err != nil {
+			errc <- err
+			return
+		}
+		if _, err := cli.Write(msg); err != nil {
+			errc <- err
+			return
+		}
+		errc <- hc.flush()
+	}()
+	if err := srv.HandshakeContext(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
 	}
 }
 

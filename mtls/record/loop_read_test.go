@@ -27,24 +27,7 @@ func TestTryReadLeftover(t *testing.T) {
 		hc := &holdConn{Conn: cr}
 		cli, srv := Client(hc, ccfg), Server(sr, scfg)
 		msg := []byte("first data")
-		errc := make(chan error, 1)
-		go func() {
-			if err := cli.HandshakeContext(t.Context()); err != nil {
-				errc <- err
-				return
-			}
-			if _, err := cli.Write(msg); err != nil {
-				errc <- err
-				return
-			}
-			errc <- hc.flush()
-		}()
-		if err := srv.HandshakeContext(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-errc; err != nil {
-			t.Fatal(err)
-		}
+		handshakeWithHeldData(t, cli, srv, hc, msg)
 		srv.rmu.Lock()
 		inBuf := srv.rb != nil && srv.w-srv.r > 0
 		srv.rmu.Unlock()
