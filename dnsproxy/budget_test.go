@@ -16,6 +16,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/ztunnel-go/ztunnel/fdbudget"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/metrics"
 )
 
@@ -141,10 +142,8 @@ func writeTCPMsg(c net.Conn, msg []byte) error {
 // failure.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("still waiting for %s", what)
-		}
+	if !nettest.Until(30*time.Second, cond) {
+		t.Fatalf("still waiting for %s", what)
 	}
 }
 

@@ -132,18 +132,14 @@ func TestCertificateRecoversWithoutTraffic(t *testing.T) {
 	}
 	waitState := func(want string, within time.Duration) {
 		t.Helper()
-		deadline := time.Now().Add(within)
-		for {
-			state := dumpedCertState(ctx, t, d, "client")
-			if strings.HasPrefix(state, want) {
-				t.Logf("client's certificate: %s", state)
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("client's certificate %q after %s, want %s", state, within, want)
-			}
-			time.Sleep(200 * time.Millisecond)
+		var state string
+		if !nettest.Until(within, func() bool {
+			state = dumpedCertState(ctx, t, d, "client")
+			return strings.HasPrefix(state, want)
+		}) {
+			t.Fatalf("client's certificate %q after %s, want %s", state, within, want)
 		}
+		t.Logf("client's certificate: %s", state)
 	}
 	waitState("Unavailable", 30*time.Second)
 	cp.ca.SetFailing(nil)

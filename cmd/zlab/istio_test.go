@@ -15,6 +15,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/internal/istiolab"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // TestIstioHandle drives the Istio lab as an operator does, through the
@@ -154,11 +155,7 @@ spec:
 // waitFor polls cond until it holds or timeout passes.
 func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v", timeout)
-		}
-		time.Sleep(250 * time.Millisecond)
+	if !nettest.Until(timeout, cond) {
+		t.Fatalf("not within %v", timeout)
 	}
 }

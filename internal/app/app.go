@@ -347,7 +347,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	log.Info("ztunnel-go started", "mode", string(cfg.Mode), "engine", cfg.Engine, "workload", cfg.Workload.Namespace+"/"+cfg.Workload.Name,
 		"workloads", len(store.Load().Workloads()), "services", len(store.Load().Services()), "policies", len(store.Load().Policies()),
 		"xds", cfg.XDSAddress,
-		"admin", d.admin.Addr().String(), "readiness", d.readiness.Addr().String())
+		"admin", addrList(d.admin.Addrs()), "readiness", d.readiness.Addr().String())
 	return d, nil
 }
 

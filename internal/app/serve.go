@@ -3,6 +3,8 @@ package app
 import (
 	"context"
 	"fmt"
+	"net"
+	"strings"
 
 	"github.com/ztunnel-go/ztunnel/dnsproxy"
 	"github.com/ztunnel-go/ztunnel/identity"
@@ -171,4 +173,14 @@ func (d *Daemon) watchLocalWorkload(synced <-chan struct{}, ref proxy.WorkloadRe
 			}
 		}
 	})
+}
+
+// addrList is a server's addresses for the log: localhost's two loopbacks
+// (ztunnel's Address::Localhost) as "127.0.0.1:15000,[::1]:15000".
+func addrList(addrs []net.Addr) string {
+	out := make([]string, len(addrs))
+	for i, a := range addrs {
+		out[i] = a.String()
+	}
+	return strings.Join(out, ",")
 }

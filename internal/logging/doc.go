@@ -11,7 +11,7 @@
 // A record's scope is its "scope" attribute, given per record or, cheaper,
 // once with logger.With("scope", name); records without one get
 // Options.DefaultScope. It is written and filtered as ztunnel's tracing
-// target for the same events (Target: "xds" is xds::client, "access" stays
+// target for the same events (targetOf: "xds" is xds::client, "access" stays
 // access), so log alerts and RUST_LOG directives carry over: the plain
 // format prints the module path, the JSON format the full target
 // (ztunnel::xds::client), as ztunnel's do.

@@ -36,8 +36,8 @@ var ztunnelTargets = map[string]string{
 	"access":   "access",
 }
 
-// Target is the target a record of scope is written and filtered under.
-func Target(scope string) string {
+// targetOf is the target a record of scope is written and filtered under.
+func targetOf(scope string) string {
 	if t, ok := ztunnelTargets[scope]; ok {
 		return t
 	}
@@ -102,7 +102,7 @@ type scopeLevel struct {
 
 // NewHandler returns a handler writing to w.
 func NewHandler(w io.Writer, opts Options) *Handler {
-	h := &Handler{out: &output{w: w}, json: opts.Format == "json", levels: opts.Levels, defScope: Target(opts.DefaultScope)}
+	h := &Handler{out: &output{w: w}, json: opts.Format == "json", levels: opts.Levels, defScope: targetOf(opts.DefaultScope)}
 	if h.defScope == "" {
 		h.defScope = "ztunnel"
 	}
@@ -150,7 +150,7 @@ func (h *Handler) WithAttrs(attrs []slog.Attr) slog.Handler {
 	c := h.clone()
 	for _, a := range attrs {
 		if c.prefix == "" && a.Key == ScopeKey {
-			c.scope = Target(a.Value.Resolve().String())
+			c.scope = targetOf(a.Value.Resolve().String())
 			c.cache = new(atomic.Pointer[scopeLevel])
 			continue
 		}
@@ -178,7 +178,7 @@ func (h *Handler) Handle(_ context.Context, r slog.Record) error {
 	if h.prefix == "" {
 		r.Attrs(func(a slog.Attr) bool {
 			if a.Key == ScopeKey {
-				scope = Target(a.Value.Resolve().String())
+				scope = targetOf(a.Value.Resolve().String())
 				return false
 			}
 			return true
