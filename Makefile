@@ -28,7 +28,7 @@ build: ## Build the daemon (bin/ztunnel) and the tools (bin/zlab)
 	$(GO) build -trimpath -o $(BIN)/zlab ./cmd/zlab
 
 .PHONY: image
-image: ## Build the container image $(IMAGE) with deploy/Dockerfile, stamped with VERSION and this checkout's commit (needs a Docker engine)
+image: ## Build the container image (IMAGE, default ztunnel-go:<VERSION>) with deploy/Dockerfile, stamped with VERSION and this checkout's commit (needs a Docker engine)
 	docker build -f deploy/Dockerfile --build-arg version='$(VERSION)' \
 		--build-arg git_revision="$$(git rev-parse HEAD 2>/dev/null || echo unknown)" -t '$(IMAGE)' .
 
