@@ -80,6 +80,11 @@ demo: ## Build a lab of 2 nodes x 2 pods, send pod-to-pod traffic through HBONE,
 	@$(MAKE) --no-print-directory build
 	$(BIN)/zlab demo --ztunnel $(BIN)/ztunnel --config examples/demo.yaml
 
+.PHONY: demo-istio
+demo-istio: istio-bins build ## The Istio lab for a newcomer: two nodes, Pods from plain YAML, a call through HBONE, an AuthorizationPolicy from kubectl refusing it, then down (root; builds istio-bins, ~11 min cold; docs/istio-lab.md)
+	@scripts/deps.sh lab
+	$(BIN)/zlab istio demo --bins $(BIN)/istiolab --ztunnel $(BIN)/ztunnel
+
 .PHONY: bench-tools
 bench-tools: ## Build the daemon and the benchmark tools (zload, zpeer, zbench) into bin/
 	@mkdir -p $(BIN)
