@@ -322,9 +322,7 @@ func TestZtunnelRollout(t *testing.T) {
 			case <-time.After(250 * time.Millisecond):
 			}
 		}
-		if err := <-terminated; err != nil {
-			t.Fatalf("%s: %v", old.Name, err)
-		}
+		termErr := <-terminated
 		gone := time.Since(sigterm)
 		t.Logf("%s: old daemon %s gone %v after SIGTERM", node.Name, old.Name, gone.Round(100*time.Millisecond))
 		for j, l := range long {
@@ -345,6 +343,9 @@ func TestZtunnelRollout(t *testing.T) {
 				t.Errorf("%s: the connection from %s was cut %v after SIGTERM, before the drain deadline (%v)",
 					node.Name, l.from, cut[j].Round(100*time.Millisecond), drainDeadline)
 			}
+		}
+		if termErr != nil {
+			t.Fatalf("%s: %v", old.Name, termErr)
 		}
 		if out, err := m.cp.Kubectl(ctx, "", "get", "pod", old.Name, "-n", IstioNamespace, "--ignore-not-found", "-o", "name"); err != nil || len(out) != 0 {
 			t.Fatalf("%s's Pod object: %q (%v), want it deleted", old.Name, out, err)
