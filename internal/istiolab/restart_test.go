@@ -3,10 +3,20 @@
 package istiolab
 
 import (
+	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -609,4 +619,261 @@ func TestCertRotation(t *testing.T) {
 	if failed != 0 {
 		t.Errorf("%d of %d calls failed across the renewals", failed, ok+failed)
 	}
+}
+
+// TestRootRotation moves istiod from its self-signed CA to a plugged-in CA
+// under a new root, as Istio's plugin-CA task does it without breaking
+// traffic, under calls between the mesh's pods (the daemons' certificates
+// short-lived, so they renew within seconds): first istiod is restarted
+// with a cacerts Secret that still signs with the old root but trusts both
+// (the trust bundle reaches the daemons with their renewed certificates,
+// and the kubelet updates their mounted root file from the
+// istio-ca-root-cert ConfigMap); then the Secret's signing certificate is
+// replaced by an intermediate of the new root, which istiod loads by
+// itself. Each daemon's pods' certificates end up chaining to the new root
+// alone, the daemons reconnect to istiod (restarted) under the new root,
+// and no call fails.
+func TestRootRotation(t *testing.T) {
+	m := startMesh(t, "SECRET_TTL="+rotationTTL.String())
+	ctx := t.Context()
+	oldRoot, err := m.cp.RootCert(ctx, IstioNamespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// istiod's self-signed CA, from the Secret it keeps it in.
+	secret := func(key string) []byte {
+		out, err := m.cp.Kubectl(ctx, "", "get", "secret", "istio-ca-secret", "-n", IstioNamespace, "-o",
+			"jsonpath={.data."+strings.ReplaceAll(key, ".", `\.`)+"}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := base64.StdEncoding.DecodeString(string(out))
+		if err != nil || len(data) == 0 {
+			t.Fatalf("istio-ca-secret's %s: %q (%v)", key, out, err)
+		}
+		return data
+	}
+	oldCert, oldKey := secret("ca-cert.pem"), secret("ca-key.pem")
+	newRoot, newRootKey := testCA(t, "istiolab root 2", nil, nil)
+	inter, interKey := testCA(t, "istiolab intermediate 2", newRoot, newRootKey)
+	bundle := slices.Concat(oldRoot, newRoot.pem)
+	watch := []struct {
+		z  *Ztunnel
+		id string
+	}{
+		{m.ztunnels[0], "spiffe://cluster.local/ns/demo/sa/server"},
+		{m.ztunnels[1], "spiffe://cluster.local/ns/demo/sa/client"},
+	}
+	load := startCallLoad(ctx, m.clients, m.dst)
+	start := time.Now()
+
+	// 1: trust both roots, sign with the old one.
+	if err := m.cp.PlugCA(ctx, CACerts{CACert: oldCert, CAKey: oldKey, CertChain: oldCert, RootCert: bundle}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.cp.StopIstiod(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.cp.StartIstiod(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, time.Minute, func() error {
+		root, err := m.cp.RootCert(ctx, IstioNamespace)
+		if err != nil {
+			return err
+		}
+		if !bytes.Contains(root, newRoot.pem) {
+			return errors.New("istio-ca-root-cert does not hold the new root yet")
+		}
+		return nil
+	})
+	for _, z := range m.ztunnels {
+		if err := m.cp.SyncZtunnelRoot(ctx, z); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, w := range watch {
+		waitUntil(t, 2*time.Minute, func() error {
+			roots, leaf, err := dumpRoots(ctx, w.z.Pod, w.id)
+			if err != nil {
+				return err
+			}
+			if len(roots) != 2 {
+				return fmt.Errorf("%s: %s's certificate comes with %d roots, want both", w.z.Name, w.id, len(roots))
+			}
+			if err := verifies(leaf, nil, oldRoot); err != nil {
+				return fmt.Errorf("%s: %s: %w", w.z.Name, w.id, err)
+			}
+			return nil
+		})
+	}
+	t.Logf("both roots trusted %v into the load", time.Since(start).Round(100*time.Millisecond))
+
+	// 2: sign with an intermediate of the new root, loaded by istiod from
+	// its updated files.
+	if err := m.cp.PlugCA(ctx, CACerts{CACert: inter.pem, CAKey: interKey, CertChain: slices.Concat(inter.pem, newRoot.pem), RootCert: bundle}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, time.Minute, func() error {
+		log, _ := os.ReadFile(m.cp.LogPath("istiod"))
+		if !strings.Contains(string(log), "Istiod has detected the newly added intermediate CA") {
+			return errors.New("istiod has not loaded the new intermediate")
+		}
+		return nil
+	})
+	for _, w := range watch {
+		waitUntil(t, 2*time.Minute, func() error {
+			_, leaf, err := dumpRoots(ctx, w.z.Pod, w.id)
+			if err != nil {
+				return err
+			}
+			if err := verifies(leaf, inter.pem, newRoot.pem); err != nil {
+				return fmt.Errorf("%s: %s: not yet under the new root: %w", w.z.Name, w.id, err)
+			}
+			return nil
+		})
+	}
+	t.Logf("pods' certificates under the new root %v into the load", time.Since(start).Round(100*time.Millisecond))
+	// istiod restarted once more: each daemon's new xDS connection verifies
+	// istiod's serving certificate, now under the new root, with the root
+	// file the kubelet updated (which the daemon re-reads).
+	connected := make([]int, len(m.ztunnels))
+	for i, z := range m.ztunnels {
+		connected[i] = m.xdsConnections(z)
+	}
+	if err := m.cp.StopIstiod(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.cp.StartIstiod(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, z := range m.ztunnels {
+		waitUntil(t, time.Minute, func() error {
+			if m.xdsConnections(z) <= connected[i] {
+				return fmt.Errorf("%s has not reconnected to istiod under the new root: %s", z.Name, lastLineWith(z.Log(), "xds:"))
+			}
+			return nil
+		})
+	}
+	for _, c := range m.clients {
+		m.waitHBONE(t, m.ztunnels[0], c)
+	}
+	ok, failed, errs := load.finish()
+	t.Logf("root rotation under load: %d calls in %v, %d failed %q", ok+failed, time.Since(start).Round(100*time.Millisecond), failed, errs)
+	if failed != 0 {
+		t.Errorf("%d of %d calls failed across the root rotation", failed, ok+failed)
+	}
+}
+
+// lastLineWith returns the last line of log holding part.
+func lastLineWith(log, part string) string {
+	var last string
+	for line := range strings.Lines(log) {
+		if strings.Contains(line, part) {
+			last = strings.TrimSpace(line)
+		}
+	}
+	return last
+}
+
+// testPEMCert is a test CA's certificate, parsed and PEM.
+type testPEMCert struct {
+	cert *x509.Certificate
+	pem  []byte
+}
+
+// testCA makes a CA certificate for cn, signed by parent (self-signed if
+// nil), and its key as PKCS#8 PEM.
+func testCA(t *testing.T, cn string, parent *testPEMCert, parentKey []byte) (*testPEMCert, []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(time.Now().UnixNano()),
+		Subject:               pkix.Name{Organization: []string{"cluster.local"}, CommonName: cn},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	signer, signerKey := tmpl, any(key)
+	if parent != nil {
+		block, _ := pem.Decode(parentKey)
+		k, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		signer, signerKey = parent.cert, k
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testPEMCert{cert: cert, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})},
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+}
+
+// dumpRoots returns the roots and the leaf of id's certificate in the
+// daemon's /config_dump in pod.
+func dumpRoots(ctx context.Context, pod *netnslab.Pod, id string) ([]*x509.Certificate, *x509.Certificate, error) {
+	client := &http.Client{Transport: &http.Transport{DialContext: pod.Dial, DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:15000/config_dump", nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	var dump struct {
+		Certificates []struct {
+			Identity  string                 `json:"identity"`
+			CertChain []struct{ PEM string } `json:"certChain"`
+			RootCerts []struct{ PEM string } `json:"rootCerts"`
+		} `json:"certificates"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&dump); err != nil {
+		return nil, nil, fmt.Errorf("config_dump: %w", err)
+	}
+	for _, c := range dump.Certificates {
+		if c.Identity != id || len(c.CertChain) == 0 {
+			continue
+		}
+		leaf, err := parseDumpCert(c.CertChain[0].PEM)
+		if err != nil {
+			return nil, nil, err
+		}
+		var roots []*x509.Certificate
+		for _, r := range c.RootCerts {
+			root, err := parseDumpCert(r.PEM)
+			if err != nil {
+				return nil, nil, err
+			}
+			roots = append(roots, root)
+		}
+		return roots, leaf, nil
+	}
+	return nil, nil, fmt.Errorf("no certificate for %s in /config_dump", id)
+}
+
+// verifies checks that leaf chains to root (PEM, the only root trusted)
+// through inter (PEM, may be nil).
+func verifies(leaf *x509.Certificate, inter, root []byte) error {
+	roots, inters := x509.NewCertPool(), x509.NewCertPool()
+	roots.AppendCertsFromPEM(root)
+	inters.AppendCertsFromPEM(inter)
+	_, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inters, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	return err
 }
