@@ -540,11 +540,11 @@ func certFor(certs []dumpCert, id string, root []byte) (*x509.Certificate, error
 // certificate is valid for the requested TTL plus this.
 const istiodBackdate = 2 * time.Minute
 
-// rotationTTL is the daemon's SECRET_TTL in TestCertRotation. The daemon,
-// as ztunnel, renews at half the validity, NotBefore + (TTL+2m)/2, which
-// with istiod's backdating is TTL/2 - 1m after issuance: 150 s renews 15 s
-// after each issuance (a TTL of 2 min or less would renew at once, every
-// second, with ztunnel as with the daemon).
+// rotationTTL is the daemons' SECRET_TTL in TestCertRotation and
+// TestRootRotation. The daemon, as ztunnel, renews at half the validity,
+// NotBefore + (TTL+2m)/2, which with istiod's backdating is TTL/2 - 1m after
+// issuance: 150 s renews 15 s after each issuance (a TTL of 2 min or less
+// would be due for renewal as soon as issued).
 const rotationTTL = 150 * time.Second
 
 // TestCertRotation runs the daemons with short-lived workload certificates
