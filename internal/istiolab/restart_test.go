@@ -259,9 +259,9 @@ const drainDeadline = ZtunnelGrace - 5*time.Second
 // 0), under calls from a client on each node to a server on node1: a new
 // daemon pod (its own Pod object, token and address) is started beside the
 // old one; istio-cni's agent hands it every pod of the node over ZDS (its
-// snapshot, on the new connection) and it serves them only once it holds
-// istiod's xDS and, through istiod's CA, the pods' certificates; then the
-// old pod is deleted (SIGTERM) and drains. New calls keep succeeding: none
+// snapshot, on the new connection), it starts their proxies only once it
+// has synced istiod's xDS, and it holds the pods' certificates from
+// istiod's CA; then the old pod is deleted (SIGTERM) and drains. New calls keep succeeding: none
 // may fail. A connection established through the old daemon keeps working
 // until the drain deadline (25 s after SIGTERM), where the old daemon
 // closes it, as ztunnel does.
@@ -297,6 +297,9 @@ func TestZtunnelRollout(t *testing.T) {
 		// CA.
 		if m.xdsConnections(next) == 0 {
 			t.Fatalf("istiod logged no xDS connection of %s", next.Name)
+		}
+		if synced, served := lineIndex(next.Log(), "xds: synced"), lineIndex(next.Log(), `proxy started	workload="demo/`); synced < 0 || served < synced {
+			t.Fatalf("%s started a pod's proxy (line %d) before it synced istiod's xDS (line %d):\n%s", next.Name, served, synced, next.Log())
 		}
 		if n := logLinesWith(next.Log(), "received snapshot"); n != 1 {
 			t.Fatalf("%s took %d ZDS snapshots, want 1:\n%s", next.Name, n, next.Log())
@@ -763,6 +766,19 @@ func TestRootRotation(t *testing.T) {
 	if failed != 0 {
 		t.Errorf("%d of %d calls failed across the root rotation", failed, ok+failed)
 	}
+}
+
+// lineIndex returns the number of the first line of log holding part, or
+// -1.
+func lineIndex(log, part string) int {
+	i := 0
+	for line := range strings.Lines(log) {
+		if strings.Contains(line, part) {
+			return i
+		}
+		i++
+	}
+	return -1
 }
 
 // lastLineWith returns the last line of log holding part.
