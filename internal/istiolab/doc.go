@@ -10,7 +10,9 @@
 // address; stop it), and on each node istio-cni's node agent in a root of
 // its own with the chart's host mounts, the daemon as the ztunnel chart runs
 // it, and the runtime's part for pods: their objects, their sandboxes and
-// istio-cni's CNI plugin invoked as a container runtime invokes it. It never imports Kubernetes or Istio code:
+// istio-cni's CNI plugin invoked as a container runtime invokes it; and the
+// restarts and rotations a cluster makes (a DaemonSet rollout of the daemon,
+// istiod restarted, a CA plugged into istiod). It never imports Kubernetes or Istio code:
 // the daemon's module must not take their dependency graph, so it talks to
 // the API server through kubectl and a few plain HTTPS calls. Each
 // component's output goes to a log file under the control plane's directory.
