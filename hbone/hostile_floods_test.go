@@ -47,7 +47,7 @@ func TestHostileRapidReset(t *testing.T) {
 			p := r.attacker(t)
 			block := p.headerBlock(":method", "CONNECT", ":authority", hostileAuthority)
 			const streams = 100_000
-			stop := r.sample()
+			stop := r.sample(t)
 			sent := flood(p, streams, func(fr *http2.Framer, i int) {
 				id := uint32(2*i + 1)
 				_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true})
@@ -238,7 +238,7 @@ func TestHostileFloods(t *testing.T) {
 			}
 			r := startHostile(t, cfg, holdHandler)
 			p := r.attacker(t, tc.settings...)
-			stop := r.sample()
+			stop := r.sample(t)
 			sent := flood(p, tc.n, tc.frame(p))
 			if tc.code == 0 {
 				if n := sent(); n != tc.n {

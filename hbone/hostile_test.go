@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -86,8 +87,8 @@ func (r *hostileRig) checkHealthy(t *testing.T) {
 }
 
 // sample records the largest write backlog of any server connection until
-// stop is called.
-func (r *hostileRig) sample() (stop func() int) {
+// stop is called (or the test ends, before its goroutine check).
+func (r *hostileRig) sample(t *testing.T) (stop func() int) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -115,13 +116,16 @@ func (r *hostileRig) sample() (stop func() int) {
 			}
 		}
 	})
-	return func() int {
-		close(done)
+	var once sync.Once
+	stop = func() int {
+		once.Do(func() { close(done) })
 		wg.Wait()
 		r.peakMu.Lock()
 		defer r.peakMu.Unlock()
 		return r.peak
 	}
+	t.Cleanup(func() { stop() })
+	return stop
 }
 
 // attacker dials the rig as a raw HTTP/2 client with a tiny receive buffer.
@@ -182,7 +186,11 @@ func (r *hostileRig) serveErr(t *testing.T) error {
 	case err := <-r.ts.serveErrs:
 		return err
 	case <-testContext(t).Done():
-		t.Fatal("the attacked connection did not end")
+		// A hang here is the server's (the reader waiting on something
+		// the attacker controls): show every goroutine where it waits.
+		var stacks bytes.Buffer
+		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+		t.Fatalf("the attacked connection did not end; goroutines:\n%s", stacks.String())
 		return nil
 	}
 }
