@@ -9,6 +9,7 @@ import (
 	"runtime/pprof"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -132,12 +133,24 @@ func (r *hostileRig) sample(t *testing.T) (stop func() int) {
 func (r *hostileRig) attacker(t *testing.T, settings ...http2.Setting) *rawPeer {
 	t.Helper()
 	ctx := testContext(t)
-	var d net.Dialer
+	// The receive buffer is set before the handshake: shrunk on an open
+	// connection, below the window already advertised, the kernel drops
+	// what arrives beyond it, ACKs to the attacker's own flood included,
+	// and both ends can sit in retransmission backoff (RTO 52 s seen)
+	// with the flood stopped short of the server's bound.
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4<<10)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
 	raw, err := d.DialContext(ctx, "tcp", r.ts.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = raw.(*net.TCPConn).SetReadBuffer(4 << 10)
 	tc := tls.Client(raw, r.ts.tlsClient)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		t.Fatal(err)
