@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // trafficMesh is the lab the restart and rotation tests share: two nodes with istio-cni and the
@@ -129,10 +130,8 @@ func (m *trafficMesh) waitHBONE(t *testing.T, server *Ztunnel, c *netnslab.Pod) 
 		if err := call(t.Context(), c, m.dst); err != nil {
 			return fmt.Errorf("%s: %w", c.Name, err)
 		}
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			if logLinesWith(server.Log(), parts...) > before {
-				return nil
-			}
+		if nettest.Until(5*time.Second, func() bool { return logLinesWith(server.Log(), parts...) > before }) {
+			return nil
 		}
 		return fmt.Errorf("%s: the call succeeded, but %s logged no inbound HBONE connection from it", c.Name, server.Name)
 	})
