@@ -187,7 +187,7 @@ func TestIstiodRestart(t *testing.T) {
 	// Each daemon saw its stream end; calls go on meanwhile.
 	for _, z := range m.ztunnels {
 		waitUntil(t, time.Minute, func() error {
-			n, err := daemonMetricSum(ctx, z.Pod, "istio_xds_connection_terminations_total")
+			n, _, err := daemonMetric(ctx, z.Pod, "istio_xds_connection_terminations_total")
 			if err != nil {
 				return err
 			}
@@ -216,7 +216,9 @@ func TestIstiodRestart(t *testing.T) {
 			}
 			return nil
 		})
-		t.Logf("%s reconnected: %s", z.Name, lastLineWith(z.Log(), "xds: stream"))
+		_, samples, _ := daemonMetric(ctx, z.Pod, "istio_xds_connection_terminations_total")
+		t.Logf("%s: its stream to the old istiod ended: %s; reconnected (%s): %s", z.Name, lastLineWith(z.Log(), "xds: stream 1 "),
+			strings.Join(samples, ", "), lastLineWith(z.Log(), "xds: stream"))
 	}
 	ok, failed, errs := load.finish()
 	t.Logf("istiod restarted under load: %d calls in %v, %d failed %q", ok+failed, time.Since(start).Round(100*time.Millisecond), failed, errs)
@@ -250,24 +252,25 @@ func TestIstiodRestart(t *testing.T) {
 	}
 }
 
-// daemonMetricSum adds the samples of a counter family on the daemon's metrics
-// port (15020) in pod.
-func daemonMetricSum(ctx context.Context, pod *netnslab.Pod, family string) (float64, error) {
+// daemonMetric reads a counter family on the daemon's metrics port (15020)
+// in pod: the sum of its samples and the samples as exposed.
+func daemonMetric(ctx context.Context, pod *netnslab.Pod, family string) (float64, []string, error) {
 	client := &http.Client{Transport: &http.Transport{DialContext: pod.Dial, DisableKeepAlives: true}, Timeout: 5 * time.Second}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:15020/metrics", nil)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	var sum float64
+	var samples []string
 	for line := range strings.Lines(string(data)) {
 		if !strings.HasPrefix(line, family+"{") && !strings.HasPrefix(line, family+" ") {
 			continue
@@ -275,9 +278,10 @@ func daemonMetricSum(ctx context.Context, pod *netnslab.Pod, family string) (flo
 		f := strings.Fields(line)
 		var v float64
 		if _, err := fmt.Sscan(f[len(f)-1], &v); err != nil {
-			return 0, fmt.Errorf("%s: %q: %w", family, line, err)
+			return 0, nil, fmt.Errorf("%s: %q: %w", family, line, err)
 		}
 		sum += v
+		samples = append(samples, strings.TrimSpace(strings.TrimPrefix(line, family)))
 	}
-	return sum, nil
+	return sum, samples, nil
 }
