@@ -92,9 +92,16 @@ type ControlPlane struct {
 	api    *apiClient
 	procs  []*process // in start order
 
+	// bg ends with Close: the loops that run as long as the control plane
+	// (node leases); bgDone waits for them.
+	bg     context.Context
+	stopBg context.CancelFunc
+	bgDone sync.WaitGroup
+
 	mu      sync.Mutex           // guards the following fields
 	nodes   map[string]*nodeHost // by node name
 	cgroups []string             // the lab's cgroups above pods', shared by the nodes
+	leases  map[string]bool      // nodes whose Lease is being renewed
 }
 
 // Start brings the control plane up and returns once istiod is ready. On
@@ -118,6 +125,7 @@ func Start(ctx context.Context, cfg Config) (cp *ControlPlane, err error) {
 		logDir: filepath.Join(cfg.Dir, "logs"),
 		nodes:  make(map[string]*nodeHost),
 	}
+	cp.bg, cp.stopBg = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
 			cp.Close()
@@ -222,7 +230,10 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context) error {
 		return err
 	}
 	cp.api = newAPIClient(cp.Node.NS, cp.Server, pki.caPEM, pki.adminToken)
-	return waitFor(ctx, p, apiServerReadyTimeout, cp.api.ready)
+	if err := waitFor(ctx, p, apiServerReadyTimeout, cp.api.ready); err != nil {
+		return err
+	}
+	return cp.startControllerManager(ctx, pki, files)
 }
 
 // install applies the CRDs from Istio's and the Gateway API's modules (as
@@ -325,6 +336,8 @@ func (cp *ControlPlane) IstiodAddr() netip.AddrPort {
 // Close stops the components in reverse order. Their logs stay.
 func (cp *ControlPlane) Close() error {
 	var errs []error
+	cp.stopBg()
+	cp.bgDone.Wait()
 	// The nodes first: what runs on them talks to the control plane.
 	cp.mu.Lock()
 	for name, h := range cp.nodes {

@@ -84,6 +84,16 @@ func (e *apiError) Error() string {
 // do sends a request with body as JSON (nil: none) and decodes a 2xx answer
 // into out (nil: discarded).
 func (c *apiClient) do(ctx context.Context, method, path string, body, out any) error {
+	return c.doAs(ctx, method, path, "application/json", body, out)
+}
+
+// mergePatch applies patch to the object at path as a JSON merge patch.
+func (c *apiClient) mergePatch(ctx context.Context, path string, patch any) error {
+	return c.doAs(ctx, http.MethodPatch, path, "application/merge-patch+json", patch, nil)
+}
+
+// doAs is do with the body's content type.
+func (c *apiClient) doAs(ctx context.Context, method, path, contentType string, body, out any) error {
 	var rd io.Reader
 	if body != nil {
 		data, err := json.Marshal(body)
@@ -99,7 +109,7 @@ func (c *apiClient) do(ctx context.Context, method, path string, body, out any) 
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	req.Header.Set("Accept", "application/json")
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {

@@ -27,6 +27,11 @@ type apiPKI struct {
 	saKey      []byte // service-account token signing key (PKCS#8)
 	saPub      []byte // its public half, for verification
 	adminToken string // static bearer token of the lab's admin (system:masters)
+	// kcmToken is kube-controller-manager's static bearer token, for the
+	// user system:kube-controller-manager, whom the API server's bootstrap
+	// RBAC policy binds to its roles (what kubeadm gives it as a client
+	// certificate).
+	kcmToken string
 }
 
 // apiServerNames are the names a client may use for the API server: the
@@ -98,8 +103,12 @@ func newAPIPKI(ips []netip.Addr) (*apiPKI, error) {
 	if err != nil {
 		return nil, err
 	}
-	token := make([]byte, 24)
-	if _, err := rand.Read(token); err != nil {
+	admin, err := randomToken()
+	if err != nil {
+		return nil, err
+	}
+	kcm, err := randomToken()
+	if err != nil {
 		return nil, err
 	}
 	return &apiPKI{
@@ -108,8 +117,18 @@ func newAPIPKI(ips []netip.Addr) (*apiPKI, error) {
 		servingKey: pemBlock("PRIVATE KEY", srvKeyDER),
 		saKey:      pemBlock("PRIVATE KEY", saKeyDER),
 		saPub:      pemBlock("PUBLIC KEY", saPubDER),
-		adminToken: hex.EncodeToString(token),
+		adminToken: admin,
+		kcmToken:   kcm,
 	}, nil
+}
+
+// randomToken is a static bearer token: 24 random bytes in hex.
+func randomToken() (string, error) {
+	token := make([]byte, 24)
+	if _, err := rand.Read(token); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(token), nil
 }
 
 // write puts the files the API server reads into dir and returns their
@@ -122,7 +141,8 @@ func (p *apiPKI) write(dir string) (map[string]string, error) {
 		"sa.key":        p.saKey,
 		"sa.pub":        p.saPub,
 		// token,user,uid,"group": the static token file's format.
-		"tokens.csv": fmt.Appendf(nil, "%s,%s,%s,\"system:masters\"\n", p.adminToken, adminUser, adminUser),
+		"tokens.csv": fmt.Appendf(nil, "%s,%s,%s,\"system:masters\"\n%s,%s,%s\n",
+			p.adminToken, adminUser, adminUser, p.kcmToken, controllerManagerUser, controllerManagerUser),
 	}
 	paths := make(map[string]string, len(files))
 	for name, data := range files {
