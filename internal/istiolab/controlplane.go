@@ -40,6 +40,9 @@ const (
 	IstiodMonitoringPort = 15014
 	// IstioNamespace is where istiod, its CA secret and mesh config live.
 	IstioNamespace = "istio-system"
+	// istiodServiceAccount is istiod's service account in IstioNamespace,
+	// which the istio-discovery chart's roles are bound to.
+	istiodServiceAccount = "istiod"
 	// ZtunnelServiceAccount is the daemon's service account in
 	// IstioNamespace; istiod trusts it to ask for the certificates of pods on
 	// its node (CA_TRUSTED_NODE_ACCOUNTS).
@@ -256,14 +259,16 @@ func (cp *ControlPlane) install(ctx context.Context) error {
 
 func (cp *ControlPlane) startIstiod(ctx context.Context) error {
 	dir := cp.dir("istiod")
-	// istiod's own kubeconfig. It uses the admin's identity: the chart's
-	// ClusterRoles for istiod are not installed yet.
-	kc := filepath.Join(dir, "kubeconfig")
-	data, err := os.ReadFile(cp.Kubeconfig)
-	if err != nil {
-		return fmt.Errorf("istiolab: %w", err)
+	// istiod's own kubeconfig, as in-cluster configuration gives it on a
+	// cluster: its service account's token from the TokenRequest API (the
+	// kubelet's projected volume), renewed in place, under the
+	// istio-discovery chart's roles (install.yaml).
+	tokenPath := filepath.Join(dir, "token")
+	if err := cp.startTokenFile(ctx, tokenPath, IstioNamespace, istiodServiceAccount); err != nil {
+		return err
 	}
-	if err := os.WriteFile(kc, data, 0o600); err != nil {
+	kc := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kc, kubeconfigTokenFile(cp.Server, cp.CAPEM, "istiod", tokenPath), 0o600); err != nil {
 		return fmt.Errorf("istiolab: %w", err)
 	}
 	// The istio-discovery chart's arguments and environment, with the
@@ -281,7 +286,7 @@ func (cp *ControlPlane) startIstiod(ctx context.Context) error {
 		"PILOT_CERT_PROVIDER=istiod",
 		"POD_NAME=istiod-lab",
 		"POD_NAMESPACE=" + IstioNamespace,
-		"SERVICE_ACCOUNT=istiod",
+		"SERVICE_ACCOUNT=" + istiodServiceAccount,
 		"CA_TRUSTED_NODE_ACCOUNTS=" + IstioNamespace + "/" + ZtunnelServiceAccount,
 		"PILOT_ENABLE_AMBIENT=true",
 		"PILOT_ENABLE_ANALYSIS=false",

@@ -297,4 +297,5 @@ func TestDeployment(t *testing.T) {
 	})
 	readyEndpoints(1)
 	callVIP()
+	istiodNotRefused(t, cp)
 }
