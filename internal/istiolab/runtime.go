@@ -1,6 +1,7 @@
 package istiolab
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -66,6 +67,8 @@ type RuntimeOptions struct {
 // the kubelet's final delete, which istio-cni's agent sees and so removes
 // the pod from the node's daemon; a started pod whose object is gone is
 // stopped the same way. Pods are found by listing them every o.Interval.
+// On the same beat it programs each node's Service VIPs as kube-proxy
+// would, from the Services and EndpointSlices (services.go).
 func (cp *ControlPlane) RunRuntime(ctx context.Context, o RuntimeOptions) {
 	if o.Interval == 0 {
 		o.Interval = time.Second
@@ -78,7 +81,8 @@ func (cp *ControlPlane) RunRuntime(ctx context.Context, o RuntimeOptions) {
 		nodes = append(nodes, name)
 	}
 	next := 0
-	failed := make(map[string]bool) // by UID: tried once, left as it is
+	failed := make(map[string]bool)       // by UID: tried once, left as it is
+	programmed := make(map[string][]byte) // by node: the Service rules loaded last
 	tick := time.NewTicker(o.Interval)
 	defer tick.Stop()
 	for {
@@ -128,6 +132,7 @@ func (cp *ControlPlane) RunRuntime(ctx context.Context, o RuntimeOptions) {
 				o.Started(p.Metadata.Namespace, p.Metadata.Name, pod)
 			}
 		}
+		cp.syncServices(ctx, o, programmed)
 		if err == nil {
 			// Sandboxes of pods deleted at once (grace 0, or gone before a
 			// list saw them terminating); only those started before the
@@ -145,6 +150,31 @@ func (cp *ControlPlane) RunRuntime(ctx context.Context, o RuntimeOptions) {
 			return
 		case <-tick.C:
 		}
+	}
+}
+
+// syncServices is kube-proxy's part (services.go): the Services'
+// rules rendered from the API server's state and loaded into each node
+// whose rules differ from programmed, which it updates.
+func (cp *ControlPlane) syncServices(ctx context.Context, o RuntimeOptions, programmed map[string][]byte) {
+	rules, err := cp.serviceRules(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			o.Logf("istiolab runtime: listing services: %v", err)
+		}
+		return
+	}
+	for name, c := range o.CNIs {
+		if bytes.Equal(programmed[name], rules) {
+			continue
+		}
+		if err := programServices(ctx, c.Node, rules); err != nil {
+			if ctx.Err() == nil {
+				o.Logf("istiolab runtime: %v", err)
+			}
+			continue
+		}
+		programmed[name] = rules
 	}
 }
 
