@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
@@ -77,13 +76,11 @@ type CNI struct {
 	dir  string
 	host *rootfs // the node's view, where the runtime runs the plugin
 	proc *process
-
-	mu        sync.Mutex          // guards sandboxes
-	sandboxes map[string]*sandbox // the pods started on the node, by UID
 }
 
-// sandbox is a pod the runtime started on the node: what it stops when the
-// pod is deleted.
+// sandbox is a pod the runtime started on a node: what it stops when the
+// pod is deleted. Sandboxes belong to the node (nodeHost), not to one run
+// of its agent: a restarted agent's CNI stops the pods started before.
 type sandbox struct {
 	pod     *netnslab.Pod
 	obj     PodObject
@@ -380,33 +377,38 @@ func (c *CNI) sandbox(ctx context.Context, pod *netnslab.Pod, obj PodObject, uid
 	if err != nil {
 		return err
 	}
-	c.mu.Lock()
-	if c.sandboxes == nil {
-		c.sandboxes = make(map[string]*sandbox)
-	}
-	c.sandboxes[uid] = &sandbox{pod: pod, obj: obj, uid: uid, proc: pp, started: started}
-	c.mu.Unlock()
+	h.mu.Lock()
+	h.sandboxes[uid] = &sandbox{pod: pod, obj: obj, uid: uid, proc: pp, started: started}
+	h.mu.Unlock()
 	if err := c.cniRun(ctx, "ADD", pod, obj.Namespace, obj.Name, uid); err != nil {
 		return err
 	}
 	return c.cp.WritePodRunning(ctx, obj)
 }
 
-// sandboxOf returns the sandbox of the pod with uid, if the runtime
-// started it on this node.
+// sandboxOf returns the sandbox of the pod with uid, if it was started
+// on this node.
 func (c *CNI) sandboxOf(uid string) (*sandbox, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	s, ok := c.sandboxes[uid]
+	h, err := c.cp.nodeHost(c.Node)
+	if err != nil {
+		return nil, false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, ok := h.sandboxes[uid]
 	return s, ok
 }
 
 // sandboxList returns the node's sandboxes.
 func (c *CNI) sandboxList() []*sandbox {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	list := make([]*sandbox, 0, len(c.sandboxes))
-	for _, s := range c.sandboxes {
+	h, err := c.cp.nodeHost(c.Node)
+	if err != nil {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	list := make([]*sandbox, 0, len(h.sandboxes))
+	for _, s := range h.sandboxes {
 		list = append(list, s)
 	}
 	return list
@@ -418,16 +420,16 @@ func (c *CNI) sandboxList() []*sandbox {
 // cgroups removed, its network namespace deleted. The Pod object stays:
 // the kubelet's final delete is the caller's.
 func (c *CNI) stopSandbox(ctx context.Context, s *sandbox) error {
-	c.mu.Lock()
-	delete(c.sandboxes, s.uid)
-	c.mu.Unlock()
+	h, err := c.cp.nodeHost(c.Node)
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	delete(h.sandboxes, s.uid)
+	h.mu.Unlock()
 	var errs []error
 	if err := c.cniRun(ctx, "DEL", s.pod, s.obj.Namespace, s.obj.Name, s.uid); err != nil {
 		errs = append(errs, err)
-	}
-	h, err := c.cp.nodeHost(c.Node)
-	if err != nil {
-		return errors.Join(append(errs, err)...)
 	}
 	if err := h.stopPod(s.proc); err != nil {
 		errs = append(errs, err)

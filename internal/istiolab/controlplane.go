@@ -105,6 +105,8 @@ type ControlPlane struct {
 	nodes   map[string]*nodeHost // by node name
 	cgroups []string             // the lab's cgroups above pods', shared by the nodes
 	leases  map[string]bool      // nodes whose Lease is being renewed
+	// tokenFiles are the token files being renewed (startTokenFile).
+	tokenFiles map[string]bool
 }
 
 // Start brings the control plane up and returns once istiod is ready. On

@@ -75,7 +75,9 @@ const projectedTokenTTL = time.Hour
 
 // startTokenFile writes a token of service account namespace/name for the
 // API server's audience to path and renews it as the kubelet renews a
-// projected token, until the control plane closes.
+// projected token, until the control plane closes. Called again for the
+// same path (a component restarted), it writes a fresh token and leaves
+// the one renewal loop running.
 func (cp *ControlPlane) startTokenFile(ctx context.Context, path, namespace, name string) error {
 	write := func(ctx context.Context) error {
 		token, err := cp.ServiceAccountToken(ctx, namespace, name, nil, projectedTokenTTL)
@@ -91,6 +93,16 @@ func (cp *ControlPlane) startTokenFile(ctx context.Context, path, namespace, nam
 	}
 	if err := write(ctx); err != nil {
 		return err
+	}
+	cp.mu.Lock()
+	running := cp.tokenFiles[path]
+	if cp.tokenFiles == nil {
+		cp.tokenFiles = make(map[string]bool)
+	}
+	cp.tokenFiles[path] = true
+	cp.mu.Unlock()
+	if running {
+		return nil
 	}
 	cp.bgDone.Go(func() {
 		renew := projectedTokenTTL * 4 / 5

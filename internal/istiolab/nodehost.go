@@ -36,9 +36,10 @@ type nodeHost struct {
 	init    *process // unshare, whose child is the namespace's first process
 	initPID int      // that child's PID on the host
 
-	mu      sync.Mutex // guards the following fields
-	pods    []*process
-	cgroups []string // the pods' own
+	mu        sync.Mutex // guards the following fields
+	pods      []*process
+	cgroups   []string            // the pods' own
+	sandboxes map[string]*sandbox // the pods started on the node, by UID
 }
 
 // nodeInitTimeout bounds the wait for a node's first process.
@@ -81,7 +82,7 @@ func (cp *ControlPlane) nodeHost(node *netnslab.Node) (*nodeHost, error) {
 	}
 	// The first process ignores SIGTERM (PID 1 has no default action).
 	p.inChild, p.stopSignal = true, syscall.SIGKILL
-	h := &nodeHost{node: node, dirs: d, init: p}
+	h := &nodeHost{node: node, dirs: d, init: p, sandboxes: make(map[string]*sandbox)}
 	deadline := time.Now().Add(nodeInitTimeout)
 	for {
 		if pid, ok := firstChild(p.cmd.Process.Pid); ok {
