@@ -228,6 +228,17 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context) error {
 		"--service-account-signing-key-file=" + files["sa.key"],
 		"--authorization-mode=RBAC",
 		"--token-auth-file=" + files["tokens.csv"],
+		// Client certificates under the lab's CA and request-header
+		// authentication as kubeadm configures them: the API server
+		// publishes both in kube-system/extension-apiserver-authentication,
+		// which delegated authentication (kube-controller-manager's own
+		// port) reads.
+		"--client-ca-file=" + files["ca.crt"],
+		"--requestheader-client-ca-file=" + files["front-proxy-ca.crt"],
+		"--requestheader-allowed-names=front-proxy-client",
+		"--requestheader-username-headers=X-Remote-User",
+		"--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
 		"--allow-privileged=true",
 		"--profiling=false",
 	}, nil)
