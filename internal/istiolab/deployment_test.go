@@ -94,7 +94,8 @@ type webPod struct {
 // to the Service's ClusterIP reaches a replica through the daemons (the
 // mesh resolves the VIP: the lab has no kube-proxy). Scaled to one, the two
 // pods removed go through the runtime's stop (CNI DEL) and out of their
-// daemon's state, and the call through the VIP still works.
+// daemon's state, and the call through the VIP still works. The namespace
+// deleted, its pods are stopped and it goes.
 func TestDeployment(t *testing.T) {
 	cp, lab := startControlPlane(t)
 	ctx := t.Context()
@@ -297,5 +298,30 @@ func TestDeployment(t *testing.T) {
 	})
 	readyEndpoints(1)
 	callVIP()
+
+	// The namespace deleted: its pods are deleted by the namespace
+	// controller, stopped by the runtime, and the namespace goes once they
+	// are; the daemons run no proxy any more.
+	if _, err := cp.Kubectl(ctx, "", "delete", "namespace", "demo", "--wait=false"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 2*time.Minute, func() error {
+		out, err := cp.Kubectl(ctx, "", "get", "namespace", "demo", "--ignore-not-found", "-o", "name")
+		if err != nil || len(out) != 0 {
+			return fmt.Errorf("namespace demo still there: %q (%v)", out, err)
+		}
+		for node, z := range daemons {
+			n, err := metricValue(ctx, z, "workload_manager_active_proxy_count")
+			if err != nil || n != 0 {
+				return fmt.Errorf("the daemon on %s runs %v proxies (%v), want 0", node, n, err)
+			}
+		}
+		return nil
+	})
+	for _, key := range []string{"demo/client", "demo/" + left[0].name} {
+		if _, ok := rt.pod(key); ok {
+			t.Errorf("%s is still started after its namespace went", key)
+		}
+	}
 	istiodNotRefused(t, cp)
 }
