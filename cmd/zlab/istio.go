@@ -296,6 +296,12 @@ func istioServe(args []string, stderr io.Writer) (err error) {
 			mu.Unlock()
 			save()
 		},
+		Stopped: func(namespace, name string) {
+			mu.Lock()
+			delete(st.Pods, namespace+"/"+name)
+			mu.Unlock()
+			save()
+		},
 	})
 	logf("stopping")
 	return nil
