@@ -42,6 +42,11 @@ func openRR(ctx context.Context, cfg RRConfig) (*RRResult, error) {
 	}
 	defer closeAll(conns)
 	n := cfg.Concurrency
+	if cfg.Prime {
+		if err := prime(ctx, cfg, conns); err != nil {
+			return nil, err
+		}
+	}
 	interval := time.Duration(float64(time.Second) * float64(n) / cfg.OpenRate)
 	if interval <= 0 {
 		interval = 1
@@ -53,6 +58,9 @@ func openRR(ctx context.Context, cfg RRConfig) (*RRResult, error) {
 	})
 	defer stopProgress()
 
+	if cfg.OnStart != nil {
+		cfg.OnStart(n)
+	}
 	start := time.Now()
 	var end time.Time
 	if cfg.Duration > 0 {
@@ -98,6 +106,69 @@ func openRR(ctx context.Context, cfg RRConfig) (*RRResult, error) {
 		return res, fmt.Errorf("load: rr open loop: no response arrived (first error: %s)", res.FirstError)
 	}
 	return res, nil
+}
+
+// primeWorkers bounds the connections priming at once.
+const primeWorkers = 64
+
+// prime runs one round trip on each connection (RRConfig.Prime), a few
+// dozen connections at a time, each within the dialer's timeout. The
+// request carries the header, so the schedule's requests do not.
+func prime(ctx context.Context, cfg RRConfig, conns []Conn) error {
+	timeout := cfg.Dialer.cfg.Timeout
+	work := make(chan Conn)
+	errs := make(chan error, primeWorkers)
+	var wg sync.WaitGroup
+	for range min(primeWorkers, len(conns)) {
+		wg.Go(func() {
+			req := make([]byte, HeaderLen+cfg.ReqSize)
+			if !cfg.Raw {
+				h := Header{Op: OpRR, Req: uint32(cfg.ReqSize), Resp: uint32(cfg.RespSize)}.Marshal()
+				copy(req, h[:])
+			} else {
+				req = req[HeaderLen:]
+				if len(req) >= seqLen {
+					// A sequence number no scheduled request has: an
+					// echo left unread would fail the reader's check.
+					binary.BigEndian.PutUint64(req, ^uint64(0))
+				}
+			}
+			resp := make([]byte, cfg.RespSize)
+			for c := range work {
+				_ = c.SetDeadline(time.Now().Add(timeout))
+				if _, err := c.Write(req); err != nil {
+					errs <- fmt.Errorf("load: rr open loop: prime: write: %w", err)
+					return
+				}
+				if _, err := io.ReadFull(c, resp); err != nil {
+					errs <- fmt.Errorf("load: rr open loop: prime: read: %w", err)
+					return
+				}
+				_ = c.SetDeadline(time.Time{})
+			}
+		})
+	}
+	var err error
+feed:
+	for _, c := range conns {
+		select {
+		case work <- c:
+		case err = <-errs:
+			break feed
+		case <-ctx.Done():
+			err = ctx.Err()
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	if err == nil {
+		select {
+		case err = <-errs:
+		default:
+		}
+	}
+	return err
 }
 
 // planned is how many requests connection w of the run is to send: its
@@ -235,7 +306,7 @@ func (o *openConn) write(ctx context.Context, queue chan<- slot) {
 			}
 		}
 		body := req // the header, if any, goes with the first request
-		if !o.cfg.Raw && k > 0 {
+		if !o.cfg.Raw && (k > 0 || o.cfg.Prime) {
 			body = req[HeaderLen:]
 		}
 		if o.cfg.Raw && len(body) >= seqLen {

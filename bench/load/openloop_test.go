@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,11 +42,18 @@ func serveConns(t *testing.T, handle func(c net.Conn)) string {
 // achieved rate is the one asked for.
 func TestOpenLoopRateAndOrder(t *testing.T) {
 	d := dialer(t, load.DialConfig{Target: startServer(t, load.ServerConfig{Raw: true})})
+	started := 0
 	rr, err := load.RR(context.Background(), load.RRConfig{
 		Dialer: d, Bounds: load.Bounds{Count: 500}, Concurrency: 10, ReqSize: 1024, Raw: true, OpenRate: 1000,
+		OnStart: func(n int) { started += n },
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The Load scenario opens its CPU window on this call: once, with
+	// every connection dialed.
+	if started != 10 {
+		t.Errorf("OnStart saw %d connections, want one call with 10", started)
 	}
 	if rr.Requests != 500 || rr.Sent != 500 || rr.Errors != 0 || rr.Missed != 0 || rr.Unanswered != 0 || rr.FirstError != "" {
 		t.Fatalf("open loop: %+v", rr)
@@ -194,5 +202,45 @@ func TestOpenLoopRejects(t *testing.T) {
 		if _, err := load.RR(context.Background(), cfg); err == nil {
 			t.Errorf("%+v: accepted", cfg)
 		}
+	}
+}
+
+// Prime: every connection makes one round trip before the schedule, which
+// the result does not count; the schedule's echoes still come back in
+// order after it.
+func TestOpenLoopPrime(t *testing.T) {
+	const conns, count, size = 10, 100, 16
+	var got atomic.Int64
+	addr := serveConns(t, func(c net.Conn) {
+		buf := make([]byte, size)
+		for {
+			if _, err := io.ReadFull(c, buf); err != nil {
+				return
+			}
+			got.Add(1)
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	})
+	d := dialer(t, load.DialConfig{Target: addr})
+	started := 0
+	rr, err := load.RR(context.Background(), load.RRConfig{
+		Dialer: d, Bounds: load.Bounds{Count: count}, Concurrency: conns, ReqSize: size, Raw: true, OpenRate: 1000,
+		Prime: true, OnStart: func(n int) {
+			started = n
+			if served := got.Load(); served != conns {
+				t.Errorf("%d requests served when the schedule starts, want one a connection (%d)", served, conns)
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if started != conns || rr.Requests != count || rr.Errors != 0 || rr.Unanswered != 0 {
+		t.Fatalf("primed open loop: started %d, %+v", started, rr)
+	}
+	if served := got.Load(); served != count+conns {
+		t.Fatalf("server answered %d requests, want %d scheduled + %d priming", served, count, conns)
 	}
 }

@@ -45,6 +45,17 @@ type RRConfig struct {
 	// sent and not yet answered (default DefaultMaxInFlight): a writer that
 	// reaches it waits.
 	MaxInFlight int
+	// OnStart, if set, is called once an open-loop run has dialed all its
+	// connections and its schedule starts, with their number: a harness
+	// that reads the proxies' CPU over a window of the steady state (not
+	// the burst of set-ups before it) waits for it.
+	OnStart func(conns int)
+	// Prime has each connection of an open-loop run complete one round
+	// trip (not counted) before the schedule starts: a path that finishes
+	// a connection's set-up behind the client's connect (a TCP proxy's
+	// upstream TLS handshake) has then finished it for every connection,
+	// and the schedule measures the steady state.
+	Prime bool
 	// Raw sends no header. RR then needs an echo server (RespSize is forced
 	// to ReqSize), and CPS closes from the client side.
 	Raw bool

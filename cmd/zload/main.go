@@ -75,6 +75,7 @@ type flags struct {
 	size, reqSize, respSize   int
 	rate, openRate            float64
 	maxInFlight               int
+	prime                     bool
 	hbone, tls, raw, json     bool
 	streamsPerConn            int
 	cert                      load.CertConfig
@@ -127,6 +128,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool)
 		fs.Float64Var(&f.rate, "rate", 0, "total transactions per second (0: closed loop)")
 		if mode == "rr" {
 			fs.Float64Var(&f.openRate, "open-rate", 0, "open loop: total requests per second on a fixed schedule, pipelined, latency from the schedule (excludes --rate)")
+			fs.BoolVar(&f.prime, "prime", false, "open loop: one round trip on each connection before the schedule starts (not counted)")
 			fs.IntVar(&f.maxInFlight, "max-in-flight", 0, fmt.Sprintf("open loop: unanswered requests per connection before the writer waits (default %d)", load.DefaultMaxInFlight))
 		}
 	case "idle":
@@ -176,7 +178,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool)
 		cfg := load.RRConfig{
 			Dialer: d, Bounds: load.Bounds{Duration: f.duration, Count: f.count}, Concurrency: f.concurrency,
 			ReqSize: f.reqSize, RespSize: f.respSize, Rate: f.rate, OpenRate: f.openRate, MaxInFlight: f.maxInFlight,
-			Raw: f.raw, Progress: report,
+			Prime: f.prime, Raw: f.raw, Progress: report,
+		}
+		if f.openRate > 0 {
+			cfg.OnStart = func(n int) {
+				// The harness's Load scenario waits for this exact line
+				// before it opens its measurement window.
+				fmt.Fprintf(stderr, "zload: schedule started, %d connections\n", n)
+			}
 		}
 		if mode == "rr" {
 			res.RR, err = load.RR(ctx, cfg)
