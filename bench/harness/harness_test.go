@@ -243,3 +243,44 @@ func TestCheckQuickFixedRate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestQuickLoad is the quick Load scenario (issue 36): a few hundred
+// connections through the daemon pair and the HAProxy mTLS pair at a fixed
+// rate. Like TestQuickRun it needs root and the binaries (ZBENCH_BIN); CI
+// runs it as `make bench-quick`.
+func TestQuickLoad(t *testing.T) {
+	bin := os.Getenv("ZBENCH_BIN")
+	if bin == "" {
+		t.Skip("set ZBENCH_BIN to a directory with the ztunnel, zload and zpeer binaries (or run make bench-quick)")
+	}
+	netnslab.RequireRoot(t)
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	l, err := RunLoad(ctx, Options{
+		Quick: true, OutDir: out, Prefix: "zl-loadtest", Backends: []string{"epoll"},
+		Ztunnel: filepath.Join(bin, "ztunnel"), Zload: filepath.Join(bin, "zload"), Zpeer: filepath.Join(bin, "zpeer"),
+		Logf: t.Logf,
+	}, LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The daemons' collector trace reached the readings: every daemon
+	// point carries GC figures (a window may hold no cycle).
+	for _, p := range l.Points {
+		for _, pr := range p.Procs {
+			if strings.HasPrefix(pr.Name, "ztunnel") != (pr.GC != nil) {
+				t.Errorf("%s at %d: %s GC figures %+v", p.Config, p.Conns, pr.Name, pr.GC)
+			}
+			if pr.Cores <= 0 || pr.RSSKiB <= 0 {
+				t.Errorf("%s at %d: %s no CPU or memory: %+v", p.Config, p.Conns, pr.Name, pr)
+			}
+		}
+	}
+	if err := report.WriteLoad(out, l); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(out, report.FileLoadReport)); err != nil {
+		t.Fatal(err)
+	}
+}

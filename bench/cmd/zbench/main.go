@@ -5,6 +5,7 @@
 //
 //	zbench [--quick] [--out DIR] [--rounds N] [--duration D] [--backends std,epoll,uring]
 //	zbench --syscalls N [--paths RE] [--backends B]   (the round-trip census)
+//	zbench --load [--quick] [--load-conns 1000,5000,10000] [--load-rate R]   (issue 36's Load scenario)
 //
 // The binaries default to ztunnel, zload and zpeer next to zbench itself.
 package main
@@ -17,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -38,6 +40,9 @@ func run(ctx context.Context, args []string) error {
 		paths    string
 		timeout  time.Duration
 		census   int64
+		loadRun  bool
+		lo       harness.LoadOptions
+		levels   string
 	)
 	fs.BoolVar(&o.Quick, "quick", false, "CI smoke run: one short round, checks only that every path produced numbers")
 	fs.StringVar(&out, "out", "", "report directory (default bench/results/<date>-<host>; quick: a temporary directory)")
@@ -59,14 +64,31 @@ func run(ctx context.Context, args []string) error {
 	fs.Int64Var(&census, "syscalls", 0, "instead of the measurements, take the round-trip census: N 1-byte round trips per path, untraced (context switches)\nand under strace -c -f (syscalls by kind), plus the daemons' CPU profile and Go execution trace; writes "+harness.CensusReport)
 	fs.StringVar(&o.Prefix, "prefix", "", "the lab's namespace prefix (default zl-bench; its stale namespaces are removed first, so two runs at once need two)")
 	fs.DurationVar(&timeout, "timeout", 45*time.Minute, "abort the whole run after this long (a full run takes about 25 minutes, some 10 of them the idle ramps' 30 s settles)")
+	fs.BoolVar(&loadRun, "load", false, "instead of the measurements, run issue 36's Load scenario: many connections at a fixed aggregate rate through the\ndaemon pair and the HAProxy mTLS pair; writes "+report.FileLoadReport+" (default directory bench/results/<date>-<host>-load)")
+	fs.StringVar(&levels, "load-conns", "", "the Load scenario's levels of concurrency, comma-separated (default 1000,5000,10000; quick 200)")
+	fs.IntVar(&lo.Rate, "load-rate", 0, "the Load scenario's aggregate requests/s (default 10000; quick 2000)")
+	fs.IntVar(&lo.Rounds, "load-rounds", 0, "the Load scenario's rounds per level and path, the paths taking turns (default 3; quick 1)")
+	fs.IntVar(&lo.Size, "load-size", 0, "the Load scenario's request and response bytes (default 64)")
+	fs.DurationVar(&lo.Window, "load-window", 0, "the Load scenario's CPU and GC window per level (default 10s; quick 2s)")
+	fs.IntVar(&lo.ProfileConns, "load-profile", 0, "the level at which the Load scenario profiles the daemons (default 5000; quick none; -1 none)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	for _, f := range strings.Split(levels, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 || n > load.MaxConcurrency {
+			return fmt.Errorf("--load-conns: %q is not a level in [1, %d]", f, load.MaxConcurrency)
+		}
+		lo.Conns = append(lo.Conns, n)
+	}
 	if backends == "" {
 		// The full run compares every backend, as issue 4 asks; the CI
-		// smoke run takes the daemon's default one.
+		// smoke run and the Load scenario take the daemon's default one.
 		backends = "std,epoll,uring"
-		if o.Quick {
+		if o.Quick || loadRun {
 			backends = "epoll"
 		}
 	}
@@ -102,6 +124,9 @@ func run(ctx context.Context, args []string) error {
 		} else {
 			host, _ := os.Hostname()
 			out = filepath.Join("bench", "results", time.Now().Format("2006-01-02")+"-"+host)
+			if loadRun {
+				out += "-load"
+			}
 		}
 	}
 	if err := os.MkdirAll(out, 0o755); err != nil {
@@ -111,6 +136,17 @@ func run(ctx context.Context, args []string) error {
 	o.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	if loadRun {
+		l, err := harness.RunLoad(ctx, o, lo)
+		if l != nil && len(l.Points) > 0 {
+			if werr := report.WriteLoad(out, l); werr != nil {
+				err = errors.Join(err, werr)
+			} else {
+				fmt.Fprintf(os.Stderr, "load: %s\n", filepath.Join(out, report.FileLoadReport))
+			}
+		}
+		return err
+	}
 	if census > 0 {
 		cs, err := harness.RunCensus(ctx, o, census)
 		if len(cs) > 0 {
