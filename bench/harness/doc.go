@@ -20,6 +20,13 @@
 // and the goroutine wake-ups it holds, by waker and wakee (`zbench
 // --syscalls N`, written to CENSUS.md).
 //
+// RunLoad is issue 36's Load scenario (`zbench --load`): the daemon pair and
+// the HAProxy mTLS pair, paths taking turns, each loaded with thousands of
+// connections at one fixed aggregate rate (zload's primed open loop); over a
+// window of the steady state it reads each proxy's CPU and RSS and the
+// daemons' collector (GODEBUG=gctrace=1 lines in their log), and returns a
+// report.Load.
+//
 // Imports (of ours): bench/load, bench/report, internal/labrun and
 // internal/netnslab. Imported by: bench/cmd/zbench.
 package harness
