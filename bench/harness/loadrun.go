@@ -115,13 +115,18 @@ func RunLoad(ctx context.Context, o Options, lo LoadOptions) (*report.Load, erro
 	}
 	err := b.setup(ctx)
 	var targets []*target
+	// The direct path (no proxy) runs too: its latency is the load
+	// generator's and the machine's share of every path's.
 	for _, t := range b.targets {
-		if !t.cfg.Direct {
-			targets = append(targets, t)
-			l.Paths = append(l.Paths, t.cfg)
-		}
+		targets = append(targets, t)
+		l.Paths = append(l.Paths, t.cfg)
 	}
 	l.Skipped = append(l.Skipped, b.run.Skipped...)
+	// A process keeps what a level's connections made it allocate (the Go
+	// runtime returns spans to the OS only after minutes, HAProxy and
+	// OpenSSL keep their pools), so memory per connection is read against
+	// each process's RSS before its path's first level, not the level's.
+	firstRSS := map[*proc]int64{}
 	for _, n := range lo.Conns {
 		for round := 1; round <= lo.Rounds; round++ {
 			for _, t := range targets {
@@ -131,7 +136,7 @@ func RunLoad(ctx context.Context, o Options, lo LoadOptions) (*report.Load, erro
 				if err = ctx.Err(); err != nil {
 					break
 				}
-				if !t.cfg.Daemon && n > haproxyMaxConn {
+				if !t.cfg.Daemon && !t.cfg.Direct && n > haproxyMaxConn {
 					if round == 1 {
 						l.Skipped = append(l.Skipped, report.Skip{What: fmt.Sprintf("%s at %s connections", t.cfg.ID, commaInt(n)),
 							Reason: fmt.Sprintf("each HAProxy half holds two descriptors per connection and runs with maxconn %s under "+
@@ -142,7 +147,7 @@ func RunLoad(ctx context.Context, o Options, lo LoadOptions) (*report.Load, erro
 				// The profile (after the window) is taken in the last
 				// round only.
 				profile := t.cfg.Daemon && n == lo.ProfileConns && round == lo.Rounds
-				b.loadRound(ctx, t, n, round, lo, profile, l)
+				b.loadRound(ctx, t, n, round, lo, profile, l, firstRSS)
 			}
 		}
 	}
@@ -155,8 +160,8 @@ func RunLoad(ctx context.Context, o Options, lo LoadOptions) (*report.Load, erro
 }
 
 // loadRound runs one round of a level on t and records it (or its failure).
-func (b *bench) loadRound(ctx context.Context, t *target, n, round int, lo LoadOptions, profile bool, l *report.Load) {
-	p, err := b.loadLevel(ctx, t, n, lo, profile, l)
+func (b *bench) loadRound(ctx context.Context, t *target, n, round int, lo LoadOptions, profile bool, l *report.Load, firstRSS map[*proc]int64) {
+	p, err := b.loadLevel(ctx, t, n, lo, profile, l, firstRSS)
 	if err != nil {
 		msg := fmt.Sprintf("%s at %d connections, round %d: %v", t.cfg.ID, n, round, err)
 		l.Failures = append(l.Failures, msg)
@@ -190,6 +195,9 @@ func gcLine(p report.LoadPoint) string {
 func checkQuickLoad(l *report.Load, targets []*target) error {
 	var missing []string
 	for _, t := range targets {
+		if t.cfg.Direct {
+			continue
+		}
 		found := false
 		for _, p := range l.Points {
 			found = found || (p.Config == t.cfg.ID && p.Requests > 0 && p.Latency.P999 > 0)
@@ -231,12 +239,19 @@ func (b *bench) readLoad(t *target) (loadReading, error) {
 
 // loadLevel runs one level through t: zload dials n connections and sends
 // the aggregate rate; the window opens Warmup after the schedule starts.
-func (b *bench) loadLevel(ctx context.Context, t *target, n int, lo LoadOptions, prof bool, l *report.Load) (report.LoadPoint, error) {
+// firstRSS holds each process's RSS before its first level (set here on
+// the first).
+func (b *bench) loadLevel(ctx context.Context, t *target, n int, lo LoadOptions, prof bool, l *report.Load, firstRSS map[*proc]int64) (report.LoadPoint, error) {
 	pt := report.LoadPoint{Config: t.cfg.ID, Conns: n}
 	settle(ctx, t.procs)
 	base, err := b.readLoad(t)
 	if err != nil {
 		return pt, err
+	}
+	for i, p := range t.procs {
+		if _, ok := firstRSS[p]; !ok {
+			firstRSS[p] = base.rssKiB[i]
+		}
 	}
 	d := lo.Warmup + lo.Window + loadTail
 	if prof {
@@ -307,7 +322,7 @@ func (b *bench) loadLevel(ctx context.Context, t *target, n int, lo LoadOptions,
 	pt.Latency = report.LatencyUS{P50: rr.Latency.P50, P99: rr.Latency.P99, P999: rr.Latency.P999, Max: rr.Latency.Max}
 	for i, p := range t.procs {
 		lp := report.LoadProc{Name: p.name, Cores: load.CPUSeconds(r1.ticks[i]-r0.ticks[i]) / lo.Window.Seconds(),
-			RSSKiB: r1.rssKiB[i], BaseRSSKiB: base.rssKiB[i]}
+			RSSKiB: r1.rssKiB[i], BaseRSSKiB: firstRSS[p]}
 		if dm := b.cluster.Daemons[p.pod]; p.daemon && dm != nil {
 			log := dm.Log()
 			if r1.logLen[i] <= len(log) && r0.logLen[i] <= r1.logLen[i] {

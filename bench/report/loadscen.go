@@ -86,7 +86,8 @@ type LoadProc struct {
 	// Cores is its CPU (user + system) over the window per second.
 	Cores float64 `json:"cores"`
 	// RSSKiB is its resident memory at the window's end; BaseRSSKiB
-	// before the level's connections were dialed.
+	// before its path's first level (what a level made a process
+	// allocate, it keeps: the next level's baseline would hide it).
 	RSSKiB     int64 `json:"rss_kib"`
 	BaseRSSKiB int64 `json:"base_rss_kib"`
 	// GC is the Go runtime's collector over the window (daemons only).
@@ -270,9 +271,10 @@ func WriteLoad(dir string, l *Load) error {
 // loadPair returns the two paths' IDs: ours (a daemon path) and the peer.
 func (l *Load) loadPair() (ours, peer string) {
 	for _, c := range l.Paths {
-		if c.Daemon {
+		switch {
+		case c.Daemon:
 			ours = c.ID
-		} else {
+		case !c.Direct:
 			peer = c.ID
 		}
 	}
@@ -295,8 +297,10 @@ func LoadMarkdown(l *Load, plots []string) []byte {
 	m.p("Each level: zload dials that many connections through the path, then sends %s requests/s in all "+
 		"(open loop: each connection on a fixed schedule, whatever the responses do; latency counts from the schedule) "+
 		"of %d B each way for %s. CPU, GC and memory are read over %s from %s into the schedule, after the burst of "+
-		"set-ups. CPU is each path's proxy processes' (user + system); memory per connection is their RSS growth over "+
-		"the level's baseline, divided by the connections. The GC columns are the daemons' (GODEBUG=gctrace=1): "+
+		"set-ups. The direct path (no proxy) is the load generator's and the machine's own share of every path's latency. "+
+		"CPU is each path's proxy processes' (user + system); memory per connection is their RSS growth over "+
+		"their RSS before the path's first level, divided by the connections (levels ascend; a process keeps what a "+
+		"level made it allocate). The GC columns are the daemons' (GODEBUG=gctrace=1): "+
 		"the collector's CPU as the runtime counts it over the path's CPU, and its stop-the-world pauses. "+
 		"Each level ran %d time(s) on each path, the paths taking turns; a row is the median of its rounds, figure by "+
 		"figure (p99.9 with its range).",
@@ -330,6 +334,10 @@ func LoadMarkdown(l *Load, plots []string) []byte {
 			for _, pr := range p.Procs {
 				procCores = append(procCores, fmt.Sprintf("%.2f", pr.Cores))
 			}
+			cores, rss := fmt.Sprintf("%.2f (%s)", p.Cores(), strings.Join(procCores, " + ")), num(p.RSSPerConnKiB())
+			if len(p.Procs) == 0 {
+				cores, rss = "—", "—"
+			}
 			lost := p.Errors + p.Missed + p.Unanswered
 			p999 := num(p.Latency.P999)
 			if lo, hi, k := l.p999Range(c.ID, n); k > 1 {
@@ -338,8 +346,7 @@ func LoadMarkdown(l *Load, plots []string) []byte {
 			rows = append(rows, []string{
 				commas(int64(n)), "`" + c.ID + "`", commas(int64(math.Round(p.PerSecond))), commas(lost),
 				num(p.Latency.P50), num(p.Latency.P99), p999, num(p.Latency.Max),
-				fmt.Sprintf("%.2f (%s)", p.Cores(), strings.Join(procCores, " + ")),
-				num(p.RSSPerConnKiB()), gcShare, cycles, pauses,
+				cores, rss, gcShare, cycles, pauses,
 			})
 		}
 	}
@@ -459,7 +466,7 @@ func writeLoadPlots(dir string, l *Load) ([]string, error) {
 				cpu = append(cpu, plotter.XY{X: float64(n), Y: p.Cores()})
 			}
 		}
-		if len(cpu) > 0 {
+		if len(cpu) > 0 && !c.Direct {
 			if err := addLine(cp, cpu, ci, c.ID); err != nil {
 				return nil, err
 			}

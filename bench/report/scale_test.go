@@ -88,13 +88,14 @@ func TestWriteLoad(t *testing.T) {
 		}
 		return p
 	}
+	direct := report.Config{ID: "direct", Proxy: "direct (no proxy)", Direct: true}
 	gc := &report.GCStats{Cycles: 20, CPUSeconds: 0.1, PauseP50: 50, PauseP99: 200, PauseMax: 300, HeapGoalMB: 16}
 	l := &report.Load{
 		Machine: report.Machine{Host: "testhost", CPUModel: "Test CPU", Cores: 2, Kernel: "6.1", GoVersion: "go1.26"},
 		Rate:    10000, Size: 64, Duration: 14 * time.Second, Warmup: 3 * time.Second, Window: 10 * time.Second,
-		Paths: []report.Config{ours, peer},
+		Paths: []report.Config{direct, ours, peer},
 		Points: []report.LoadPoint{
-			pt(ours, 1000, 4000, 0.5, gc), pt(peer, 1000, 8000, 1.0, nil),
+			pt(direct, 1000, 500, 0, nil), pt(ours, 1000, 4000, 0.5, gc), pt(peer, 1000, 8000, 1.0, nil),
 			pt(ours, 5000, 6000, 0.8, gc), pt(peer, 5000, 5000, 1.0, nil),
 			// Two more rounds of ours at 5,000: the row is each figure's
 			// median, p99.9 with its range.
@@ -102,10 +103,10 @@ func TestWriteLoad(t *testing.T) {
 		},
 		Skipped: []report.Skip{{What: "hbone2/haproxy-mtls-pair at 10,000 connections", Reason: "descriptors"}},
 	}
-	if got := l.Points[0].RSSPerConnKiB(); got != 8 {
+	if got := l.Points[1].RSSPerConnKiB(); got != 8 {
 		t.Errorf("RSSPerConnKiB = %v, want 8 (two processes at 4)", got)
 	}
-	if g := l.Points[0].GC(); g == nil || g.Cycles != 40 || g.CPUSeconds != 0.2 || g.PauseP99 != 200 {
+	if g := l.Points[1].GC(); g == nil || g.Cycles != 40 || g.CPUSeconds != 0.2 || g.PauseP99 != 200 {
 		t.Errorf("GC of two daemons = %+v, want 40 cycles, 0.2 s, p99 200 µs", g)
 	}
 	dir := t.TempDir()
@@ -120,6 +121,8 @@ func TestWriteLoad(t *testing.T) {
 		// 0.2 s of GC CPU over 0.5 cores for 10 s is 4%; 40 cycles in 10 s.
 		"| 1,000 | `hbone2/ztunnel-epoll` | 10,000 | 0 | 100 | 1,000 | 4,000 | 8,000 | 0.50 (0.25 + 0.25) | 8.00 | 4.0% | 4.0 | 50.0 / 200 / 300 |",
 		"| 1,000 | 1.00× | 1.00× | 0.50× | 0.50× | 1.00× |",
+		// The direct path has no proxy: no CPU, memory or GC.
+		"| 1,000 | `direct` | 10,000 | 0 | 100 | 1,000 | 500 | 1,000 | — | — | — | — | — |",
 		"| 5,000 | 1.00× | 1.00× | 1.20× | 0.80× | 1.00× |",
 		"| 5,000 | `hbone2/ztunnel-epoll` | 10,000 | 0 | 100 | 1,000 | 6,000 (2,000–8,000) | 12,000 | 0.80 (0.40 + 0.40) |",
 		"Skipped: hbone2/haproxy-mtls-pair at 10,000 connections: descriptors.",
@@ -134,7 +137,7 @@ func TestWriteLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := json.Unmarshal(js, &back); err != nil || len(back.Points) != 6 || back.Points[2].Latency.P999 != 6000 {
+	if err := json.Unmarshal(js, &back); err != nil || len(back.Points) != 7 || back.Points[3].Latency.P999 != 6000 {
 		t.Errorf("%s does not read back: %v, %+v", report.FileLoadResults, err, back.Points)
 	}
 	for _, f := range []string{report.PlotLoadLatency, report.PlotLoadCPU} {
