@@ -8,13 +8,13 @@ import (
 	"testing"
 )
 
-// TestGCTraceHelper is not a test: TestGCTraceFromRuntime runs the test
-// binary again with this one selected, under GODEBUG=gctrace=1, to have
-// the runtime itself print the lines the Load scenario reads.
-func TestGCTraceHelper(t *testing.T) {
-	if os.Getenv("ZBENCH_GCTRACE_HELPER") != "1" {
-		t.Skip("helper process of TestGCTraceFromRuntime")
-	}
+// gcHelperEnv makes the test binary, run again by TestGCTraceFromRuntime
+// under GODEBUG=gctrace=1, collect five times and exit, so that the
+// runtime itself prints the lines the Load scenario reads.
+const gcHelperEnv = "ZBENCH_GCTRACE_HELPER"
+
+// runGCHelper is the helper's body (TestMain runs it in the child).
+func runGCHelper() {
 	var keep [][]byte
 	for range 5 {
 		for range 1000 {
@@ -28,8 +28,8 @@ func TestGCTraceHelper(t *testing.T) {
 // The lines of the Go release that builds the daemon parse: five forced
 // collections give at least five cycles, each with two pauses and CPU.
 func TestGCTraceFromRuntime(t *testing.T) {
-	cmd := exec.Command(os.Args[0], "-test.run=^TestGCTraceHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "ZBENCH_GCTRACE_HELPER=1", gcTraceEnv)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), gcHelperEnv+"=1", gcTraceEnv)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("helper: %v\n%s", err, out)

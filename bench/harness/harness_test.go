@@ -20,7 +20,14 @@ import (
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(gcHelperEnv) == "1" {
+		// The child of TestGCTraceFromRuntime: collect, print, go.
+		runGCHelper()
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func TestLabConfig(t *testing.T) {
 	lc, err := xdsconv.ParseLocalConfig(labConfig([]string{"std", "uring"}))

@@ -12,6 +12,7 @@ import (
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 )
 
@@ -302,16 +303,18 @@ func LoadMarkdown(l *Load, plots []string) []byte {
 		"their RSS before the path's first level, divided by the connections (levels ascend; a process keeps what a "+
 		"level made it allocate). The GC columns are the daemons' (GODEBUG=gctrace=1): "+
 		"the collector's CPU as the runtime counts it over the path's CPU, and its stop-the-world pauses. "+
-		"Each level ran %d time(s) on each path, the paths taking turns; a row is the median of its rounds, figure by "+
-		"figure (p99.9 with its range).",
-		commas(int64(l.Rate)), l.Size, l.Duration, l.Window, l.Warmup, max(l.Rounds, 1))
+		"%s",
+		commas(int64(l.Rate)), l.Size, l.Duration, l.Window, l.Warmup, roundsNote(l.Rounds))
 	m.p("")
 	for _, c := range l.Paths {
 		what := c.Proxy
 		if c.Note != "" {
 			what += ", " + c.Note
 		}
-		m.p("- `%s`: %s; processes %s.", c.ID, what, strings.Join(c.Procs, ", "))
+		if len(c.Procs) > 0 {
+			what += "; processes " + strings.Join(c.Procs, ", ")
+		}
+		m.p("- `%s`: %s.", c.ID, what)
 	}
 	m.p("")
 	ours, peer := l.loadPair()
@@ -328,6 +331,9 @@ func LoadMarkdown(l *Load, plots []string) []byte {
 					gcShare = fmt.Sprintf("%.1f%%", 100*g.CPUSeconds/(cores*l.Window.Seconds()))
 				}
 				pauses = fmt.Sprintf("%s / %s / %s", num(g.PauseP50), num(g.PauseP99), num(g.PauseMax))
+				if g.Cycles == 0 {
+					pauses = "no cycle"
+				}
 				cycles = fmt.Sprintf("%.1f", float64(g.Cycles)/l.Window.Seconds())
 			}
 			var procCores []string
@@ -365,9 +371,15 @@ func LoadMarkdown(l *Load, plots []string) []byte {
 			}
 			rows = append(rows, []string{commas(int64(n)), ratio(a.Latency.P50, b.Latency.P50),
 				ratio(a.Latency.P99, b.Latency.P99), ratio(a.Latency.P999, b.Latency.P999), ratio(a.Cores(), b.Cores()),
-				ratio(a.RSSPerConnKiB(), b.RSSPerConnKiB())})
+				ratio(a.RSSPerConnKiB(), b.RSSPerConnKiB()),
+				l.roundRatios(ours, peer, n, func(p LoadPoint) float64 { return p.Latency.P999 }),
+				l.roundRatios(ours, peer, n, LoadPoint.Cores)})
 		}
-		m.table(1, []string{"connections", "p50", "p99", "p99.9", "CPU", "RSS per connection"}, rows)
+		m.table(1, []string{"connections", "p50", "p99", "p99.9", "CPU", "RSS per connection",
+			"p99.9, round by round", "CPU, round by round"}, rows)
+		m.p("The first five columns are ratios of the medians; the last two the median (and range) of the ratios of " +
+			"rounds run back to back, which the machine's drifting load touches less.")
+		m.p("")
 	}
 	for _, f := range plots {
 		m.p("![%s](%s)", f, f)
@@ -413,12 +425,52 @@ func LoadMarkdown(l *Load, plots []string) []byte {
 	return m.Bytes()
 }
 
-// ratio is a/b as "0.85×", or a dash.
+// roundRatios is the median and range of a's figure over b's, round by
+// round (each round's two runs are back to back), or a dash.
+func (l *Load) roundRatios(a, b string, conns int, f func(LoadPoint) float64) string {
+	var rs []float64
+	for _, pa := range l.Points {
+		if pa.Config != a || pa.Conns != conns {
+			continue
+		}
+		for _, pb := range l.Points {
+			if pb.Config == b && pb.Conns == conns && pb.Round == pa.Round && f(pb) > 0 {
+				rs = append(rs, f(pa)/f(pb))
+			}
+		}
+	}
+	if len(rs) == 0 {
+		return "—"
+	}
+	slices.Sort(rs)
+	med := rs[len(rs)/2]
+	if len(rs)%2 == 0 {
+		med = (rs[len(rs)/2-1] + rs[len(rs)/2]) / 2
+	}
+	if len(rs) == 1 {
+		return fmt.Sprintf("%.2f×", med)
+	}
+	return fmt.Sprintf("%.2f× (%.2f–%.2f)", med, rs[0], rs[len(rs)-1])
+}
+
+// ratio is a/b as "0.85×" (or "<0.01×"), or a dash.
 func ratio(a, b float64) string {
 	if !(b > 0) || math.IsNaN(a) {
 		return "—"
 	}
+	if a/b < 0.01 {
+		return "<0.01×"
+	}
 	return fmt.Sprintf("%.2f×", a/b)
+}
+
+// roundsNote says how the rows come from the rounds.
+func roundsNote(rounds int) string {
+	if rounds <= 1 {
+		return "Each level ran once on each path."
+	}
+	return fmt.Sprintf("Each level ran %d times on each path, the paths taking turns; a row is the median of its "+
+		"rounds, figure by figure (p99.9 with its range).", rounds)
 }
 
 func writeLoadPlots(dir string, l *Load) ([]string, error) {
@@ -426,7 +478,7 @@ func writeLoadPlots(dir string, l *Load) ([]string, error) {
 		return nil, nil
 	}
 	lp := plot.New()
-	lp.Title.Text = fmt.Sprintf("Latency against concurrency at %s requests/s in all", commas(int64(l.Rate)))
+	lp.Title.Text = fmt.Sprintf("Latency against concurrency at %s requests/s in all (median of rounds)", commas(int64(l.Rate)))
 	lp.X.Label.Text = "concurrent connections"
 	lp.Y.Label.Text = "µs (log)"
 	lp.Y.Scale = plot.LogScale{}
@@ -443,10 +495,10 @@ func writeLoadPlots(dir string, l *Load) ([]string, error) {
 		{"p99", func(q LatencyUS) float64 { return q.P99 }},
 		{"p99.9", func(q LatencyUS) float64 { return q.P999 }},
 	}
-	i := 0
+	maxY := 0.0
 	for ci, c := range l.Paths {
 		var cpu plotter.XYs
-		for _, q := range quantiles {
+		for qi, q := range quantiles {
 			var pts plotter.XYs
 			for _, n := range l.Levels() {
 				if p, ok := l.Point(c.ID, n); ok && q.v(p.Latency) > 0 {
@@ -456,10 +508,18 @@ func writeLoadPlots(dir string, l *Load) ([]string, error) {
 			if len(pts) == 0 {
 				continue
 			}
-			if err := addLine(lp, pts, i, c.ID+" "+q.name); err != nil {
+			// A path's colour, a quantile's dashes and marks.
+			ln, sc, err := plotter.NewLinePoints(pts)
+			if err != nil {
 				return nil, err
 			}
-			i++
+			ln.Color, sc.Color = plotutil.Color(ci), plotutil.Color(ci)
+			ln.Dashes, sc.Shape = plotutil.Dashes(qi), plotutil.Shape(qi)
+			lp.Add(ln, sc)
+			lp.Legend.Add(c.ID+" "+q.name, ln, sc)
+			for _, pt := range pts {
+				maxY = max(maxY, pt.Y)
+			}
 		}
 		for _, n := range l.Levels() {
 			if p, ok := l.Point(c.ID, n); ok {
@@ -474,6 +534,8 @@ func writeLoadPlots(dir string, l *Load) ([]string, error) {
 	}
 	lp.Legend.Top = true
 	lp.Legend.Left = true
+	// Headroom above the lines for the legend (log scale).
+	lp.Y.Max = maxY * 1000
 	lp.Add(plotter.NewGrid())
 	if err := lp.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, PlotLoadLatency)); err != nil {
 		return nil, fmt.Errorf("report: %s: %w", PlotLoadLatency, err)

@@ -5,7 +5,7 @@
 //
 //	zbench [--quick] [--out DIR] [--rounds N] [--duration D] [--backends std,epoll,uring]
 //	zbench --syscalls N [--paths RE] [--backends B]   (the round-trip census)
-//	zbench --load [--quick] [--load-conns 1000,5000,10000] [--load-rate R]   (issue 36's Load scenario)
+//	zbench --load [--quick] [--load-conns 1000,5000,8000] [--load-rate R]   (issue 36's Load scenario)
 //
 // The binaries default to ztunnel, zload and zpeer next to zbench itself.
 package main
@@ -65,7 +65,7 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&o.Prefix, "prefix", "", "the lab's namespace prefix (default zl-bench; its stale namespaces are removed first, so two runs at once need two)")
 	fs.DurationVar(&timeout, "timeout", 45*time.Minute, "abort the whole run after this long (a full run takes about 25 minutes, some 10 of them the idle ramps' 30 s settles)")
 	fs.BoolVar(&loadRun, "load", false, "instead of the measurements, run issue 36's Load scenario: many connections at a fixed aggregate rate through the\ndaemon pair and the HAProxy mTLS pair; writes "+report.FileLoadReport+" (default directory bench/results/<date>-<host>-load)")
-	fs.StringVar(&levels, "load-conns", "", "the Load scenario's levels of concurrency, comma-separated (default 1000,5000,10000; quick 200)")
+	fs.StringVar(&levels, "load-conns", "", "the Load scenario's levels of concurrency, comma-separated (default 1000,5000,8000; quick 200)")
 	fs.IntVar(&lo.Rate, "load-rate", 0, "the Load scenario's aggregate requests/s (default 10000; quick 2000)")
 	fs.IntVar(&lo.Rounds, "load-rounds", 0, "the Load scenario's rounds per level and path, the paths taking turns (default 3; quick 1)")
 	fs.IntVar(&lo.Size, "load-size", 0, "the Load scenario's request and response bytes (default 64)")
