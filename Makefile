@@ -112,7 +112,7 @@ bench-quick: bench-tools ## CI smoke run of the end-to-end benchmarks and of the
 	$(GO) test -count=1 -run '^TestMeshScale$$' ./e2e/
 
 .PHONY: bench-scale
-bench-scale: bench-tools ## Scale (issue 36): the Mesh scenario (a daemon fed 1k, 10k and 100k workloads over delta xDS; memory per workload, first byte to synced, CPU, VIP set-up, change latency under churn; SCALE.md in bench/results/<date>-<host>-scale/; ZTUNNEL_SCALE=N,M,... picks sizes, ZTUNNEL_SCALE_OUT the directory), then the Load scenario (1,000, 5,000 and 10,000 connections at 10,000 requests/s through the daemon pair and the HAProxy mTLS pair; LOAD.md in bench/results/<date>-<host>-load/; LOADFLAGS adds zbench flags) (root, ~15 min)
+bench-scale: bench-tools ## Scale (issue 36): the Mesh scenario (a daemon fed 1k, 10k and 100k workloads over delta xDS; memory per workload, first byte to synced, CPU, VIP set-up, change latency under churn; SCALE.md in bench/results/<date>-<host>-scale/; ZTUNNEL_SCALE=N,M,... picks sizes, ZTUNNEL_SCALE_OUT the directory), then the Load scenario (1,000, 5,000 and 8,000 connections at 10,000 requests/s through the daemon pair and the HAProxy mTLS pair; LOAD.md in bench/results/<date>-<host>-load/; LOADFLAGS adds zbench flags) (root, ~15 min)
 	@scripts/deps.sh bench
 	set -o pipefail; ZTUNNEL_SCALE=$${ZTUNNEL_SCALE:-full} $(GO) test -count=1 -timeout 60m -run '^TestMeshScale$$' -v ./e2e/ | grep -v '^=== RUN'
 	$(BIN)/zbench --load $(LOADFLAGS)
