@@ -77,6 +77,9 @@ func TestNodeScale(t *testing.T) {
 		host, _ := os.Hostname()
 		out = filepath.Join("..", "bench", "results", time.Now().Format("2006-01-02")+"-"+host+"-scale")
 	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	churnFor := 20 * time.Second
 	if quick {
 		churnFor = 2 * time.Second

@@ -73,6 +73,13 @@ type Config struct {
 	// they are drained. Nil gives the proxy an engine of its own
 	// (engine.Config{}), closed when the proxy is.
 	Engine *engine.Engine
+	// WatchListeners serves the listeners from the engine's watcher
+	// (engine.WatchReadable: one goroutine for every listener of every
+	// pod) instead of a goroutine blocked in accept per listener: the
+	// shared mode's choice, where a node's pods are many and nearly all
+	// quiet. An accept then costs two syscalls more (epoll_wait, the
+	// re-arming epoll_ctl), batched across listeners under load.
+	WatchListeners bool
 	// Socket options for every socket made for this workload (PACKET_MARK,
 	// keepalive). Listeners additionally get SO_REUSEPORT when ReusePort.
 	Socket engine.SocketOptions

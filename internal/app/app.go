@@ -251,13 +251,16 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			HBONE:       h2,
 			Socket:      sock,
 			ReusePort:   reusePort(cfg), // env_compat.go
-			OrigSrc:     cfg.OrigSrc,
-			Control:     control,
-			Logger:      log,
-			Metrics:     m,
-			Conns:       conns,
-			CRL:         crl,
-			Budget:      budget,
+			// A node's pods are many and nearly all quiet: their listeners
+			// wait on the engine's one watcher, not a goroutine each.
+			WatchListeners: cfg.Mode == ModeShared,
+			OrigSrc:        cfg.OrigSrc,
+			Control:        control,
+			Logger:         log,
+			Metrics:        m,
+			Conns:          conns,
+			CRL:            crl,
+			Budget:         budget,
 
 			MaxHBONEHandshakesPerPeer: cfg.HBONEMaxHandshakesPerPeer,
 			MaxHBONEConnsPerPeer:      cfg.HBONEMaxConnsPerPeer,
