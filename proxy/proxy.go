@@ -38,7 +38,7 @@ type Proxy struct {
 
 	mu        sync.Mutex // guards the following fields
 	listeners []*net.TCPListener
-	watched   []*watchedListener // with Config.WatchListeners
+	watched   []*watchedListener        // with Config.WatchListeners
 	conns     map[*net.TCPConn]struct{} // accepted connections until relayed
 	// relays are the relayed connections, each at its relayIdx: a slice
 	// costs an idle connection 8 bytes where a map entry costs ~36.
