@@ -87,6 +87,12 @@ type Config struct {
 	// ListenControl is applied to the listening sockets (SO_MARK,
 	// SO_REUSEPORT); nil applies nothing.
 	ListenControl func(network, address string, c syscall.RawConn) error
+	// Watch, when set, serves the sockets from the caller's watcher
+	// (engine.Engine.WatchReadable: ready runs when the socket is
+	// readable and must not block) instead of a goroutine blocked on
+	// each: the shared mode's choice, where a node's pods are many and
+	// their DNS proxies nearly always quiet.
+	Watch func(rc syscall.RawConn, ready func() time.Duration) (stop func(), err error)
 	// Dial makes the sockets to the upstream resolvers (called inside
 	// Control); nil uses a plain net.Dialer. The caller gives them the
 	// proxy's mark so the capture rules do not send them back here.
@@ -157,11 +163,12 @@ type Server struct {
 	fwd     *budget       // forwarded queries in flight
 	dropped atomic.Uint64 // forwarded queries refused for want of a slot
 
-	mu    sync.Mutex // guards the following fields
-	udp   []net.PacketConn
-	tcp   []net.Listener
-	conns map[net.Conn]*tcpConn
-	clock uint64 // ticks at every TCP connection's activity: the eviction order
+	mu      sync.Mutex // guards the following fields
+	udp     []net.PacketConn
+	tcp     []net.Listener
+	unwatch []func() // with Config.Watch
+	conns   map[net.Conn]*tcpConn
+	clock   uint64 // ticks at every TCP connection's activity: the eviction order
 }
 
 // tcpConn is one client TCP connection.
@@ -292,6 +299,9 @@ func (s *Server) Start(ctx context.Context) error {
 	addrs := make([]string, 0, len(udp))
 	for i := range udp {
 		addrs = append(addrs, udp[i].LocalAddr().String())
+		if s.watch(udp[i], tcp[i]) {
+			continue
+		}
 		s.wg.Add(2)
 		go s.serveUDP(udp[i])
 		go s.serveTCP(tcp[i])
@@ -395,7 +405,8 @@ func (s *Server) stopping() bool {
 // goroutine of its own if a forwarding slot is free and is dropped if not.
 func (s *Server) serveUDP(pc net.PacketConn) {
 	defer s.wg.Done()
-	buf := make([]byte, 65535)
+	// One byte over the bound: a longer datagram is cut to it, and dropped.
+	buf := make([]byte, MaxRequestSize+1)
 	var backoff time.Duration
 	for {
 		n, from, err := pc.ReadFrom(buf)
@@ -406,28 +417,34 @@ func (s *Server) serveUDP(pc net.PacketConn) {
 			continue
 		}
 		backoff = 0
-		if n > MaxRequestSize {
-			continue
-		}
-		// A copy: a forwarded query outlives buf's next read.
-		out, fwd := s.prepare(s.ctx, bytes.Clone(buf[:n]), false)
-		if fwd == nil {
-			if out != nil {
-				_, _ = pc.WriteTo(out, from)
-			}
-			continue
-		}
-		client := clientAddr(from)
-		if !s.takeForward(client, "udp") {
-			continue // overloaded: the client retries
-		}
-		s.wg.Go(func() {
-			defer s.releaseForward(client)
-			if out := s.resolve(s.ctx, fwd); out != nil {
-				_, _ = pc.WriteTo(out, from)
-			}
-		})
+		s.query(pc, buf[:n], from)
 	}
+}
+
+// query answers the datagram b from from (a mesh name on the spot, others
+// on a goroutine of their own if a forwarding slot is free).
+func (s *Server) query(pc net.PacketConn, b []byte, from net.Addr) {
+	if len(b) > MaxRequestSize {
+		return
+	}
+	// A copy: a forwarded query outlives the buffer's next read.
+	out, fwd := s.prepare(s.ctx, bytes.Clone(b), false)
+	if fwd == nil {
+		if out != nil {
+			_, _ = pc.WriteTo(out, from)
+		}
+		return
+	}
+	client := clientAddr(from)
+	if !s.takeForward(client, "udp") {
+		return // overloaded: the client retries
+	}
+	s.wg.Go(func() {
+		defer s.releaseForward(client)
+		if out := s.resolve(s.ctx, fwd); out != nil {
+			_, _ = pc.WriteTo(out, from)
+		}
+	})
 }
 
 // pause handles a failed read or accept on the socket at addr: it reports
@@ -464,22 +481,31 @@ func (s *Server) serveTCP(ln net.Listener) {
 			continue
 		}
 		backoff = 0
-		client := clientAddr(c.RemoteAddr())
-		if !s.takeFDs(client, 1) {
-			c.Close()
-			continue
-		}
-		tc := s.admit(c)
-		if tc == nil {
-			s.cfg.Budget.Release(client, 1)
-			c.Close()
+		if !s.accepted(c) {
 			return
 		}
-		s.wg.Go(func() {
-			defer s.cfg.Budget.Release(client, 1)
-			s.serveConn(tc)
-		})
 	}
+}
+
+// accepted serves the new connection c on a goroutine of its own; it
+// reports false when the server is stopping (c is closed then).
+func (s *Server) accepted(c net.Conn) bool {
+	client := clientAddr(c.RemoteAddr())
+	if !s.takeFDs(client, 1) {
+		c.Close()
+		return true
+	}
+	tc := s.admit(c)
+	if tc == nil {
+		s.cfg.Budget.Release(client, 1)
+		c.Close()
+		return false
+	}
+	s.wg.Go(func() {
+		defer s.cfg.Budget.Release(client, 1)
+		s.serveConn(tc)
+	})
+	return true
 }
 
 // admit registers a new connection, first evicting one when MaxTCPConns
@@ -668,6 +694,15 @@ func (s *Server) Drain(ctx context.Context) {
 // serve loops end; sockets that answer in-flight queries stay open.
 func (s *Server) beginStop() {
 	s.once.Do(func() {
+		// Off the watcher first, outside mu: a ready function running
+		// there may be waiting for mu, and unwatching waits for it.
+		s.mu.Lock()
+		unwatch := s.unwatch
+		s.unwatch = nil
+		s.mu.Unlock()
+		for _, stop := range unwatch {
+			stop()
+		}
 		s.mu.Lock()
 		close(s.stop)
 		for _, ln := range s.tcp {

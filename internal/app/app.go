@@ -283,6 +283,9 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	if cfg.DNSCapture {
 		dnsf = newDNSFactory(cfg, store, m, log)
 		dnsf.budget = budget
+		if cfg.Mode == ModeShared {
+			dnsf.watch = eng.WatchReadable // as the proxies' listeners (WatchListeners)
+		}
 	}
 	if cfg.Mode == ModeShared {
 		deps := sharedDeps{Log: log, Ready: ready, Metrics: m, UDS: cfg.InpodUDS, NewProxy: newProxy, Warm: d.warm.wrap}

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -29,6 +30,9 @@ type dnsFactory struct {
 	rc      dnsproxy.ResolvConf
 	// budget is the daemon's descriptor budget, shared with the proxies.
 	budget *fdbudget.Budget
+	// watch, set in shared mode, serves the DNS proxies' sockets from the
+	// engine's watcher (engine.Engine.WatchReadable).
+	watch func(rc syscall.RawConn, ready func() time.Duration) (stop func(), err error)
 }
 
 // newDNSFactory reads the resolv.conf. An unreadable one is logged, not
@@ -74,6 +78,7 @@ func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) er
 		Metrics:            f.metrics,
 		Logger:             f.log,
 		Budget:             f.budget,
+		Watch:              f.watch,
 	})
 }
 
