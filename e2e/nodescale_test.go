@@ -100,11 +100,13 @@ func TestNodeScale(t *testing.T) {
 	}
 	lab := netnslab.New(t)
 	c := startSharedCluster(ctx, t, lab, cfg.String(), labrun.SharedOptions{
-		Binary: ztunnelBin, Dir: t.TempDir(), Later: names, LogLevel: "warn",
+		// The memory releaser's debug line says when what the adds freed
+		// has gone back to the OS (see point).
+		Binary: ztunnelBin, Dir: t.TempDir(), Later: names, LogLevel: "warn,gc=debug",
 		ExtraPods: map[string][]string{"node-a": {"server"}},
 	})
 	srv := startEcho(t, c.Pods["server"], nodeServerPort).Addr
-	k := &nodeKit{ctx: ctx, t: t, c: c, agent: c.Agents["node-a"], srv: srv}
+	k := &nodeKit{ctx: ctx, t: t, c: c, agent: c.Agents["node-a"], srv: srv, settle: !quick}
 	for _, n := range names {
 		// istio-cni installs the rules before it sends the Add; the time
 		// iptables-restore takes is not the daemon's.
@@ -176,6 +178,8 @@ type nodeKit struct {
 	agent *zdstest.Server
 	srv   netip.AddrPort
 	pods  []*netnslab.Pod
+	// settle makes point wait for the daemon to go quiet first.
+	settle bool
 }
 
 func (k *nodeKit) zdsPod(i int) zdstest.Pod {
@@ -225,8 +229,25 @@ func (k *nodeKit) waitServed(i int, limit time.Duration) bool {
 	return true
 }
 
-// point reads the daemon's figures with pods pods served.
+// point reads the daemon's figures with pods pods served. With settle it
+// first waits (at most 30 s) for the daemon to go quiet: its memory
+// releaser has handed back what the adds and their probes freed
+// (internal/app/release.go: 3 s after the burst, at most one release per
+// 10 s, none when less than 1 MiB is to be had) and the probes' connection
+// workers have ended (5 s idle), as on a node whose pods are served and
+// quiet. The quick run does not wait.
 func (k *nodeKit) point(d *labrun.Daemon, pods int) report.NodePoint {
+	if k.settle {
+		const released = "returned freed memory to the OS"
+		before := strings.Count(d.Log(), released)
+		eventually(30*time.Second, 100*time.Millisecond, func() bool {
+			if strings.Count(d.Log(), released) == before {
+				return false
+			}
+			_, body, err := d.Get(k.ctx, "http://127.0.0.1:15000/debug/pprof/goroutine?debug=1")
+			return err == nil && !bytes.Contains(body, []byte("proxy.(*Proxy).worker"))
+		})
+	}
 	st, err := d.Stats(k.ctx)
 	if err != nil {
 		k.t.Fatal(err)
