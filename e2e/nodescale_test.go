@@ -130,8 +130,8 @@ func TestNodeScale(t *testing.T) {
 		p.AddToAck, p.AddToServing = report.PercentilesOf(ack), report.PercentilesOf(serving)
 		run.Points = append(run.Points, p)
 		rss, heap, fds, gos := run.PerPod(p)
-		t.Logf("%d pods: add→ack p50 %v p99 %v, add→serving p50 %v p99 %v; per pod: RSS %.0f B, heap+stacks %.0f B, %.2f fds, %.2f goroutines; %d threads",
-			n, p.AddToAck.P50, p.AddToAck.P99, p.AddToServing.P50, p.AddToServing.P99, rss, heap, fds, gos, p.Threads)
+		t.Logf("%d pods: add→ack p50 %v p99 %v, add→serving p50 %v p99 %v; per pod: RSS %.0f B (anonymous %.0f B), heap+stacks %.0f B, %.2f fds, %.2f goroutines; %d threads",
+			n, p.AddToAck.P50, p.AddToAck.P99, p.AddToServing.P50, p.AddToServing.P99, rss, run.AnonPerPod(p), heap, fds, gos, p.Threads)
 	}
 	if !quick {
 		run.HeapProfile = &report.ScaleHeap{}
@@ -252,8 +252,25 @@ func (k *nodeKit) point(d *labrun.Daemon, pods int) report.NodePoint {
 	if err != nil {
 		k.t.Fatal(err)
 	}
-	return report.NodePoint{Pods: pods, RSSKiB: int64(st.RSS >> 10), HeapInuseKiB: int64(st.HeapInuse >> 10),
-		StackInuseKiB: int64(st.StackInuse >> 10), FDs: st.FDs, Goroutines: st.Goroutines, Threads: st.Threads}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.PID()))
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	return report.NodePoint{Pods: pods, RSSKiB: int64(st.RSS >> 10), AnonKiB: statusKiB(status, "RssAnon"),
+		HeapInuseKiB: int64(st.HeapInuse >> 10), StackInuseKiB: int64(st.StackInuse >> 10),
+		FDs: st.FDs, Goroutines: st.Goroutines, Threads: st.Threads}
+}
+
+// statusKiB reads the field (in kB) of a /proc/PID/status.
+func statusKiB(status []byte, field string) int64 {
+	for line := range strings.SplitSeq(string(status), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		if f := strings.Fields(v); k == field && len(f) > 0 {
+			n, _ := strconv.ParseInt(f[0], 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // storm deletes every pod, then sends all their Adds at once and waits for
