@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -164,9 +165,12 @@ type Server struct {
 	dropped atomic.Uint64 // forwarded queries refused for want of a slot
 
 	mu      sync.Mutex // guards the following fields
+	addrs   []net.Addr // every bound UDP address (UDPAddrs)
 	udp     []net.PacketConn
 	tcp     []net.Listener
-	unwatch []func() // with Config.Watch
+	unwatch []func()     // with Config.Watch
+	rawUDP  []*rawSocket // watched sockets (watch.go); closed once serving has ended
+	rawTCP  []*rawSocket // closed by beginStop
 	conns   map[net.Conn]*tcpConn
 	clock   uint64 // ticks at every TCP connection's activity: the eviction order
 }
@@ -293,15 +297,20 @@ func (s *Server) Start(ctx context.Context) error {
 	for _, err := range errs {
 		s.log.Info("DNS proxy address not bound; serving on the others (no IPv6 in the pod?)", "error", err)
 	}
-	s.mu.Lock()
-	s.udp, s.tcp = udp, tcp
-	s.mu.Unlock()
 	addrs := make([]string, 0, len(udp))
+	s.mu.Lock()
 	for i := range udp {
+		s.addrs = append(s.addrs, udp[i].LocalAddr())
 		addrs = append(addrs, udp[i].LocalAddr().String())
+	}
+	s.mu.Unlock()
+	for i := range udp {
 		if s.watch(udp[i], tcp[i]) {
 			continue
 		}
+		s.mu.Lock()
+		s.udp, s.tcp = append(s.udp, udp[i]), append(s.tcp, tcp[i])
+		s.mu.Unlock()
 		s.wg.Add(2)
 		go s.serveUDP(udp[i])
 		go s.serveTCP(tcp[i])
@@ -378,11 +387,7 @@ func (s *Server) control(fn func() error) error {
 func (s *Server) UDPAddrs() []net.Addr {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]net.Addr, 0, len(s.udp))
-	for _, pc := range s.udp {
-		out = append(out, pc.LocalAddr())
-	}
-	return out
+	return slices.Clone(s.addrs)
 }
 
 // Dropped returns how many forwarded queries were refused because no
@@ -417,32 +422,31 @@ func (s *Server) serveUDP(pc net.PacketConn) {
 			continue
 		}
 		backoff = 0
-		s.query(pc, buf[:n], from)
+		if n > MaxRequestSize {
+			continue
+		}
+		s.query(buf[:n], clientAddr(from), func(out []byte) { _, _ = pc.WriteTo(out, from) })
 	}
 }
 
-// query answers the datagram b from from (a mesh name on the spot, others
-// on a goroutine of their own if a forwarding slot is free).
-func (s *Server) query(pc net.PacketConn, b []byte, from net.Addr) {
-	if len(b) > MaxRequestSize {
-		return
-	}
+// query answers the datagram b from client with send (a mesh name on the
+// spot, others on a goroutine of their own if a forwarding slot is free).
+func (s *Server) query(b []byte, client netip.Addr, send func([]byte)) {
 	// A copy: a forwarded query outlives the buffer's next read.
 	out, fwd := s.prepare(s.ctx, bytes.Clone(b), false)
 	if fwd == nil {
 		if out != nil {
-			_, _ = pc.WriteTo(out, from)
+			send(out)
 		}
 		return
 	}
-	client := clientAddr(from)
 	if !s.takeForward(client, "udp") {
 		return // overloaded: the client retries
 	}
 	s.wg.Go(func() {
 		defer s.releaseForward(client)
 		if out := s.resolve(s.ctx, fwd); out != nil {
-			_, _ = pc.WriteTo(out, from)
+			send(out)
 		}
 	})
 }
@@ -705,6 +709,9 @@ func (s *Server) beginStop() {
 		}
 		s.mu.Lock()
 		close(s.stop)
+		for _, r := range s.rawTCP {
+			r.close()
+		}
 		for _, ln := range s.tcp {
 			ln.Close()
 		}
@@ -733,4 +740,11 @@ func (s *Server) Close() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	// Only now: a forwarded answer is sent on the socket it came in on,
+	// and a descriptor closed earlier could by then be another socket's.
+	s.mu.Lock()
+	for _, r := range s.rawUDP {
+		r.close()
+	}
+	s.mu.Unlock()
 }
