@@ -212,7 +212,9 @@ func NodeMarkdown(n *Node, plots []string) []byte {
 		anon := n.AnonPerPod(p)
 		rows = append(rows, []string{
 			commas(int64(p.Pods)), pcts(p.AddToAck), goalCell(float64(p.AddToServing.P99), float64(NodeGoalAddToServing), pcts(p.AddToServing)),
-			num(float64(p.RSSKiB) / 1024), num(rss), goalCell(anon, NodeGoalBytesPerPod, num(anon)), num(heap), num(fds), num(gos), fmt.Sprint(p.Threads),
+			num(float64(p.RSSKiB) / 1024), num(rss), goalCell(anon, NodeGoalBytesPerPod, num(anon)), num(heap),
+			// Zero goroutines per pod is the point: no dash for it.
+			fmt.Sprintf("%.2f", fds), fmt.Sprintf("%.2f", gos), fmt.Sprint(p.Threads),
 		})
 	}
 	m.table(0, []string{"pods", "add → ack p50/p99 ms", "add → serving p50/p99 ms (goal p99 ≤ 5)", "RSS MiB",
