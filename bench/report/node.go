@@ -297,6 +297,7 @@ func writeNodePlots(dir string, n *Node) ([]string, error) {
 	goal.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
 	cost.Add(goal)
 	cost.Legend.Add("goal (16 KiB)", goal)
+	cost.Legend.Top = true
 	cost.Y.Min = 0
 	cost.Add(plotter.NewGrid())
 	if err := cost.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, PlotNodeCost)); err != nil {
