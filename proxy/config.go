@@ -74,7 +74,7 @@ type Config struct {
 	// (engine.Config{}), closed when the proxy is.
 	Engine *engine.Engine
 	// WatchListeners serves the listeners from the engine's watcher
-	// (engine.WatchReadable: one goroutine for every listener of every
+	// (engine.Engine.WatchReadable: one goroutine for every listener of every
 	// pod) instead of a goroutine blocked in accept per listener: the
 	// shared mode's choice, where a node's pods are many and nearly all
 	// quiet. An accept then costs two syscalls more (epoll_wait, the
