@@ -229,8 +229,8 @@ func (p *Proxy) acceptLoop(ln *net.TCPListener, use budgetUse, serve func(*net.T
 }
 
 // accepted admits c, accepted on a listener of use, and hands it to an
-// idle worker on work or a new one; it reports false when the proxy has
-// closed (c is closed then).
+// idle worker on work or a new one (with work nil, to Config.Workers); it
+// reports false when the proxy has closed (c is closed then).
 func (p *Proxy) accepted(c *net.TCPConn, use budgetUse, serve func(*net.TCPConn) bool, work chan *net.TCPConn) bool {
 	peer := addrPortOf(c.RemoteAddr()).Addr()
 	if !p.admitBudget(use.listener, peer, use.units) {
@@ -246,6 +246,10 @@ func (p *Proxy) accepted(c *net.TCPConn, use budgetUse, serve func(*net.TCPConn)
 	// No engine.Accepted: the listener's keepalive and TCP_NODELAY are
 	// already the accepted socket's (engine.Listen).
 	p.wg.Add(1) // the connection's; release ends it
+	if work == nil {
+		p.cfg.Workers.hand(job{p: p, c: c, units: use.units, serve: serve})
+		return true
+	}
 	select {
 	case work <- c: // an idle worker takes it
 	default:
@@ -266,12 +270,7 @@ func (p *Proxy) worker(c *net.TCPConn, work <-chan *net.TCPConn, units int, serv
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
-		if !serve(c) {
-			// Before release: once the proxy's last connection is
-			// released, its Drain returns with the budget given back.
-			p.cfg.Budget.Release(addrPortOf(c.RemoteAddr()).Addr(), units)
-			p.release(c)
-		}
+		p.serveOne(c, units, serve)
 		idle.Reset(workerIdle)
 		select {
 		case next, ok := <-work:
@@ -282,6 +281,16 @@ func (p *Proxy) worker(c *net.TCPConn, work <-chan *net.TCPConn, units int, serv
 		case <-idle.C:
 			return
 		}
+	}
+}
+
+// serveOne serves c, which took units of the budget, on a worker.
+func (p *Proxy) serveOne(c *net.TCPConn, units int, serve func(*net.TCPConn) bool) {
+	if !serve(c) {
+		// Before release: once the proxy's last connection is released,
+		// its Drain returns with the budget given back.
+		p.cfg.Budget.Release(addrPortOf(c.RemoteAddr()).Addr(), units)
+		p.release(c)
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net"
 	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,8 +23,8 @@ type watchedListener struct {
 	ln      *net.TCPListener
 	use     budgetUse
 	serve   func(*net.TCPConn) bool
-	work    chan *net.TCPConn
-	backoff time.Duration // after a failed accept; only the watcher touches it
+	work    chan *net.TCPConn // nil: Config.Workers serves the connections
+	backoff time.Duration     // after a failed accept; only the watcher touches it
 	unwatch func()
 }
 
@@ -31,7 +33,10 @@ func (p *Proxy) watchListener(ln *net.TCPListener, use budgetUse, serve func(*ne
 	if err != nil {
 		return nil, err
 	}
-	wl := &watchedListener{p: p, ln: ln, use: use, serve: serve, work: make(chan *net.TCPConn)}
+	wl := &watchedListener{p: p, ln: ln, use: use, serve: serve}
+	if p.cfg.Workers == nil {
+		wl.work = make(chan *net.TCPConn)
+	}
 	if wl.unwatch, err = p.engine.WatchReadable(rc, wl.ready); err != nil {
 		return nil, err
 	}
@@ -62,5 +67,76 @@ func (wl *watchedListener) ready() time.Duration {
 // stop takes the listener off the watcher and ends its idle workers.
 func (wl *watchedListener) stop() {
 	wl.unwatch()
-	close(wl.work)
+	if wl.work != nil {
+		close(wl.work)
+	}
+}
+
+// Workers is a pool of connection workers that proxies share
+// (Config.Workers): a worker serves an accepted connection, then the next
+// one any proxy hands the pool, and ends after workerIdle without one or
+// when the pool closes. A worker's stack has grown to what routing and
+// dialing need, so a pod's first connection finds one ready, and a node
+// whose pods each see a connection now and then keeps a handful of idle
+// workers, not one per pod and listener.
+type Workers struct {
+	work   chan job
+	done   chan struct{} // closed by Close
+	closed atomic.Bool
+	wg     sync.WaitGroup
+}
+
+// job is one accepted connection for a pool worker.
+type job struct {
+	p     *Proxy
+	c     *net.TCPConn
+	units int
+	serve func(*net.TCPConn) bool
+}
+
+// NewWorkers returns an empty pool.
+func NewWorkers() *Workers {
+	return &Workers{work: make(chan job), done: make(chan struct{})}
+}
+
+// hand gives j to an idle worker, or to a new one.
+func (w *Workers) hand(j job) {
+	select {
+	case w.work <- j:
+		return
+	default:
+	}
+	w.wg.Add(1)
+	go w.worker(j)
+}
+
+func (w *Workers) worker(j job) {
+	defer w.wg.Done()
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		j.p.serveOne(j.c, j.units, j.serve)
+		if w.closed.Load() {
+			return
+		}
+		idle.Reset(workerIdle)
+		select {
+		case j = <-w.work:
+		case <-idle.C:
+			return
+		case <-w.done:
+			return
+		}
+	}
+}
+
+// Close ends the idle workers and waits for the busy ones to finish the
+// connection they serve (the proxies' Drain ends those). Call it once
+// the proxies that use the pool have drained: none hands it work any more.
+func (w *Workers) Close() {
+	if w.closed.Swap(true) {
+		return
+	}
+	close(w.done)
+	w.wg.Wait()
 }

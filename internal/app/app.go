@@ -45,6 +45,7 @@ type Daemon struct {
 	store     *state.Store
 	certs     *mtls.Store
 	pool      *hbone.Pool
+	workers   *proxy.Workers // shared mode: the pods' connection workers; closed after the proxies
 	engine    *engine.Engine // relays of every proxy; closed after them
 	proxies   []*proxy.Proxy
 	dns       []*dnsproxy.Server // dedicated mode's DNS proxy
@@ -159,6 +160,9 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	poolCfg.Config.Logf = func(f string, a ...any) { log.Debug(fmt.Sprintf(f, a...), "scope", "hbone") }
 	poolCfg.Config.Admit = proxy.AdmitOutbound(d.crl.Load, log, m) // the CRL, once startCRL has loaded it
 	d.pool = hbone.NewPool(poolCfg)
+	if cfg.Mode == ModeShared {
+		d.workers = proxy.NewWorkers()
+	}
 
 	ready := admin.NewReadiness()
 	proxyDone := ready.Register("proxy")
@@ -254,6 +258,7 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			// A node's pods are many and nearly all quiet: their listeners
 			// wait on the engine's one watcher, not a goroutine each.
 			WatchListeners: cfg.Mode == ModeShared,
+			Workers:        d.workers, // nil outside shared mode
 			OrigSrc:        cfg.OrigSrc,
 			Control:        control,
 			Logger:         log,
@@ -570,6 +575,9 @@ func (d *Daemon) Close() {
 	}
 	for _, p := range proxies {
 		p.Close()
+	}
+	if d.workers != nil {
+		d.workers.Close() // after the proxies, whose connections its workers served
 	}
 	if d.engine != nil {
 		_ = d.engine.Close() // after the proxies; ErrClosed after Drain
