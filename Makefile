@@ -105,15 +105,15 @@ bench-census: bench-tools ## Round-trip census (issue 23): syscalls, context swi
 	$(BIN)/zbench --syscalls 20000 --paths 'hbone2/' --backends epoll $(BENCHFLAGS)
 
 .PHONY: bench-quick
-bench-quick: bench-tools ## CI smoke run of the end-to-end benchmarks and of the mesh-scale scenario (root, about a minute; HAProxy paths skipped if it is missing)
+bench-quick: bench-tools ## CI smoke run of the end-to-end benchmarks and of the mesh- and node-scale scenarios (root, about a minute; HAProxy paths skipped if it is missing)
 	@scripts/deps.sh lab
 	$(BIN)/zbench --quick $(BENCHFLAGS)
-	$(GO) test -count=1 -run '^TestMeshScale$$' ./e2e/
+	$(GO) test -count=1 -run '^Test(Mesh|Node)Scale$$' ./e2e/
 
 .PHONY: bench-scale
-bench-scale: ## Mesh at scale (issue 36): a daemon fed 1k, 10k and 100k workloads (services and policies in proportion) over delta xDS; memory per workload, first byte to synced, CPU, VIP set-up, change latency under churn; SCALE.md in bench/results/<date>-<host>-scale/ (root, a few minutes; ZTUNNEL_SCALE=N,M,... picks sizes, ZTUNNEL_SCALE_OUT the directory)
+bench-scale: ## Mesh and node at scale (issue 36): a daemon fed 1k, 10k and 100k workloads (services and policies in proportion) over delta xDS (memory per workload, first byte to synced, CPU, VIP set-up, change latency under churn; SCALE.md), and a shared-mode daemon handed 10, 100 and 250 pods over ZDS (add to ack and to serving, memory, fds and goroutines per pod, a storm of adds, a restart, churn under traffic; NODE.md), both in bench/results/<date>-<host>-scale/ (root, a few minutes; ZTUNNEL_SCALE=N,M,... picks mesh sizes, ZTUNNEL_NODE_PODS=N,M,... pod counts, ZTUNNEL_SCALE_OUT the directory)
 	@scripts/deps.sh lab
-	set -o pipefail; ZTUNNEL_SCALE=$${ZTUNNEL_SCALE:-full} $(GO) test -count=1 -timeout 60m -run '^TestMeshScale$$' -v ./e2e/ | grep -v '^=== RUN'
+	set -o pipefail; ZTUNNEL_SCALE=$${ZTUNNEL_SCALE:-full} $(GO) test -count=1 -timeout 60m -run '^Test(Mesh|Node)Scale$$' -v ./e2e/ | grep -v '^=== RUN'
 
 .PHONY: bench-micro
 bench-micro: ## Run every go test benchmark once (so none rots); BENCHTIME=2s for real figures

@@ -29,8 +29,11 @@ var (
 )
 
 const (
-	maxNodes       = 250 // node IPs .1-.250, pod CIDRs 10.244.0-249.0/24
-	maxPodsPerNode = 250 // pod IPs .2-.251
+	maxNodes = 250 // node IPs .1-.250, pod CIDRs 10.244.0-249.0/24
+	// Pod IPs .2-.254 (.1 is the node's bridge): a node of Kubernetes'
+	// 250 pods plus the daemon pods a shared-mode restart adds (issue 36's
+	// Node scenario).
+	maxPodsPerNode = 253
 )
 
 // Sentinel errors.
