@@ -1,0 +1,168 @@
+//go:build istiolab
+
+package istiolab
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+)
+
+// TestARows' cases for a ServiceEntry selecting pods, traffic leaving the
+// mesh, and the daemon's L4 telemetry as istiod's metadata labels it.
+
+func init() {
+	arowsCases = append(arowsCases,
+		arowsCase{"A9_service_entry_selects_an_uncaptured_pod", testServiceEntrySelectsPod},
+		arowsCase{"A7_A12_passthrough_keeps_the_pod_address", testPassthrough},
+		arowsCase{"A11_L4_telemetry_of_the_destination", testL4Telemetry},
+	)
+}
+
+// testServiceEntrySelectsPod: a ServiceEntry with a host, a VIP and port
+// 80 to 8080 selecting the pod outside the mesh by its labels: the daemon's
+// DNS proxy answers the host with the VIP and a call to it reaches the pod.
+func testServiceEntrySelectsPod(t *testing.T, l *arowsLab) {
+	const host = "pods.example.com"
+	vip := netip.MustParseAddr("10.99.0.10")
+	l.apply(t, fmt.Sprintf(`apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: pods, namespace: outside}
+spec:
+  hosts: [%s]
+  addresses: [%s]
+  resolution: STATIC
+  ports:
+  - {number: 80, name: tcp, protocol: TCP, targetPort: %d}
+  workloadSelector:
+    labels: {app: plain}
+`, host, vip, serverPort))
+	l.resolves(t, l.client, host, vip)
+	l.outbound(t, l.client, netip.AddrPortFrom(vip, 80), `dst.service="`+host+`"`,
+		"dst.addr="+netip.AddrPortFrom(l.plain.IP, serverPort).String()+" ", `dst.workload="plain"`)
+}
+
+// testPassthrough: a mesh pod's call to an address outside the mesh (an
+// echo on the control plane's node, as the API server is) passes through
+// its daemon and arrives from the pod's own address.
+func testPassthrough(t *testing.T, l *arowsLab) {
+	const port = 18080
+	peers := startPeerEcho(t, l.cp.Node.NS, port)
+	dst := netip.AddrPortFrom(l.cp.Node.IP, port)
+	l.outbound(t, l.client, dst, "dst.addr="+dst.String()+" ")
+	if line := logLineWith(l.clientLog(), `direction="outbound"`, "dst.addr="+dst.String()+" ", "dst.workload="); line != "" {
+		t.Fatalf("the passthrough was logged with a destination workload: %s", line)
+	}
+	if got := peers.seen(); !got[l.client.IP] {
+		t.Fatalf("the destination saw connections from %v, not from the pod's own address %v", got, l.client.IP)
+	}
+}
+
+// testL4Telemetry: after calls from the client over HBONE, the server's
+// daemon reports istio_tcp_connections_opened_total{reporter="destination"}
+// with mutual_tls and both sides' labels as istiod's workloads give them
+// (the pods' names, namespaces, service accounts and app labels).
+func testL4Telemetry(t *testing.T, l *arowsLab) {
+	l.reach(t, l.client, serverPort, viaHBONE) // baseline made some; one more
+	want := []string{
+		`reporter="destination"`,
+		`connection_security_policy="mutual_tls"`,
+		`source_workload="client"`, `source_workload_namespace="arows"`,
+		`source_principal="spiffe://cluster.local/ns/arows/sa/client"`,
+		`source_canonical_service="client"`, `source_canonical_revision="latest"`,
+		`destination_workload="server"`, `destination_workload_namespace="arows"`,
+		`destination_principal="spiffe://cluster.local/ns/arows/sa/server"`,
+		`destination_canonical_service="server"`, `destination_canonical_revision="latest"`,
+	}
+	client := &http.Client{Transport: &http.Transport{DialContext: l.ztunnels[0].Pod.Dial, DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	waitUntil(t, time.Minute, func() error {
+		resp, err := client.Get("http://127.0.0.1:15020/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		line := logLineWith(string(data), append([]string{"istio_tcp_connections_opened_total{"}, want...)...)
+		if line == "" {
+			return fmt.Errorf("no istio_tcp_connections_opened_total sample with %v in the server's daemon's /metrics", want)
+		}
+		fields := strings.Fields(line)
+		if v := fields[len(fields)-1]; v == "0" {
+			return fmt.Errorf("sample is 0: %s", line)
+		}
+		t.Logf("%s", line)
+		return nil
+	})
+}
+
+// peerEcho echoes lines and records the addresses connections came from.
+type peerEcho struct {
+	mu    sync.Mutex
+	peers map[netip.Addr]bool
+}
+
+func (p *peerEcho) seen() map[netip.Addr]bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[netip.Addr]bool, len(p.peers))
+	for a := range p.peers {
+		out[a] = true
+	}
+	return out
+}
+
+// startPeerEcho listens on port in ns; it stops when the test ends.
+func startPeerEcho(t *testing.T, ns netnslab.NS, port int) *peerEcho {
+	t.Helper()
+	ln, err := ns.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &peerEcho{peers: map[netip.Addr]bool{}}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+				p.mu.Lock()
+				p.peers[a.AddrPort().Addr().Unmap()] = true
+				p.mu.Unlock()
+			}
+			wg.Go(func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadBytes('\n')
+					if len(line) > 0 {
+						if _, werr := c.Write(line); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+	})
+	return p
+}
