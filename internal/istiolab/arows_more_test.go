@@ -4,6 +4,8 @@ package istiolab
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -25,6 +27,7 @@ func init() {
 		arowsCase{"A9_service_entry_selects_an_uncaptured_pod", testServiceEntrySelectsPod},
 		arowsCase{"A7_A12_passthrough_keeps_the_pod_address", testPassthrough},
 		arowsCase{"A11_L4_telemetry_of_the_destination", testL4Telemetry},
+		arowsCase{"A3_service_balances_per_connection", testPerConnectionLB},
 	)
 }
 
@@ -165,4 +168,82 @@ func startPeerEcho(t *testing.T, ns netnslab.NS, port int) *peerEcho {
 		wg.Wait()
 	})
 	return p
+}
+
+// testPerConnectionLB: a Service with two endpoints (pods started for it
+// on the server's node): ten requests on one connection from a mesh client
+// land on one endpoint (the daemon balances connections, not requests),
+// and connections reach both.
+func testPerConnectionLB(t *testing.T, l *arowsLab) {
+	ctx := t.Context()
+	var echoes []*echoServer
+	for _, name := range []string{"lb-1", "lb-2"} {
+		pod, _, err := l.cnis[0].RunPod(ctx, PodSpec{Namespace: "arows", Name: name, ServiceAccount: "server",
+			Labels: map[string]string{"app": "lb"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		echoes = append(echoes, startEcho(t, pod, serverPort))
+	}
+	l.apply(t, fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: arows}
+spec:
+  selector: {app: lb}
+  ports:
+  - {name: tcp-echo, port: 80, targetPort: %d}
+`, serverPort))
+	vip, err := netip.ParseAddr(l.kubectl(t, "get", "service", "lb", "-n", "arows", "-o", "jsonpath={.spec.clusterIP}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := netip.AddrPortFrom(vip, 80)
+	counts := func() []int { return []int{echoes[0].count(), echoes[1].count()} }
+	// Both endpoints known to the client's daemon: wait until each has
+	// been reached, one connection of ten requests at a time.
+	conns := 0
+	waitUntil(t, 2*time.Minute, func() error {
+		before := counts()
+		if err := callRequests(ctx, l.client, dst, 10); err != nil {
+			return err
+		}
+		after := counts()
+		if got := after[0] + after[1] - before[0] - before[1]; got != 1 {
+			t.Fatalf("one connection of ten requests reached the endpoints %d times (%v to %v)", got, before, after)
+		}
+		conns++
+		if after[0] == 0 || after[1] == 0 {
+			return fmt.Errorf("after %d connections the endpoints saw %v", conns, after)
+		}
+		return nil
+	})
+	t.Logf("%d connections of ten requests each, each on one endpoint; the endpoints saw %v", conns, counts())
+}
+
+// callRequests sends n lines on one connection from pod to dst and wants
+// each echoed before the next.
+func callRequests(ctx context.Context, pod *netnslab.Pod, dst netip.AddrPort, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pod.Dial(ctx, "tcp", dst.String())
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(conn)
+	for i := range n {
+		msg := fmt.Appendf(nil, "request %d\n", i)
+		if _, err := conn.Write(msg); err != nil {
+			return err
+		}
+		got, err := r.ReadBytes('\n')
+		if err != nil {
+			return fmt.Errorf("request %d: %w", i, err)
+		}
+		if !bytes.Equal(got, msg) {
+			return fmt.Errorf("request %d: echo %q, want %q", i, got, msg)
+		}
+	}
+	return nil
 }
