@@ -28,7 +28,7 @@ func init() {
 		arowsCase{"A8_A10_service_entry_inline_endpoint_auto_allocated_VIP", testServiceEntryInline},
 		arowsCase{"A8_service_entry_selects_a_workload_entry", testServiceEntryWorkloadEntry},
 		arowsCase{"A15_pod_opted_out_is_not_captured", testOptedOut},
-		arowsCase{"A15_namespace_label_enrols_and_unenrols_running_pods", testNamespaceRelabel},
+		arowsCase{"A15_namespace_and_pod_labels_enrol_and_unenrol_a_running_pod", testNamespaceRelabel},
 	)
 }
 
@@ -142,8 +142,10 @@ func testOptedOut(t *testing.T, l *arowsLab) {
 // testNamespaceRelabel: a running pod in a namespace outside the mesh; the
 // namespace labelled ambient, istio-cni enrols the pod (its namespace and
 // pod watches, the pod's netns found through its process), the daemon takes
-// it and its calls go over HBONE with its identity; the label removed, it
-// leaves and calls are plaintext again.
+// it and its calls go over HBONE with its identity; the pod labelled
+// istio.io/dataplane-mode=none leaves (the pod watch) and, the label
+// removed, joins again; the namespace's label removed, it leaves and calls
+// are plaintext again.
 func testNamespaceRelabel(t *testing.T, l *arowsLab) {
 	if got := l.redirection(t, "joiner", "joiner"); got != "" {
 		t.Fatalf("joiner/joiner: ambient.istio.io/redirection=%q before its namespace joined", got)
@@ -156,26 +158,37 @@ func testNamespaceRelabel(t *testing.T, l *arowsLab) {
 		defer cancel()
 		_, _ = l.cp.Kubectl(ctx, "", "label", "namespace", "joiner", "istio.io/dataplane-mode-")
 	})
-	waitUntil(t, time.Minute, func() error {
-		if got := l.redirection(t, "joiner", "joiner"); got != "enabled" {
-			return fmt.Errorf("joiner/joiner: ambient.istio.io/redirection=%q after its namespace joined, want enabled", got)
-		}
-		return nil
-	})
+	l.waitRedirection(t, "joiner", "joiner", "enabled", "after its namespace joined")
 	l.reach(t, l.joiner, serverPort, viaHBONE)
 	id := `src.identity="spiffe://cluster.local/ns/joiner/sa/joiner"`
 	if logLineWith(l.serverLog(), `direction="inbound"`, "src.addr="+l.joiner.IP.String()+":", id) == "" {
 		t.Fatalf("no inbound line from the joined pod with %s", id)
 	}
 
+	// The pod itself opted out while its namespace is in the mesh (the
+	// pod watch), then back in.
+	l.kubectl(t, "label", "pod", "joiner", "-n", "joiner", "istio.io/dataplane-mode=none")
+	l.waitRedirection(t, "joiner", "joiner", "", "after the pod opted out")
+	l.reach(t, l.joiner, serverPort, viaPlaintext)
+	l.kubectl(t, "label", "pod", "joiner", "-n", "joiner", "istio.io/dataplane-mode-")
+	l.waitRedirection(t, "joiner", "joiner", "enabled", "after the pod's opt-out was removed")
+	l.reach(t, l.joiner, serverPort, viaHBONE)
+
 	l.kubectl(t, "label", "namespace", "joiner", "istio.io/dataplane-mode-")
+	l.waitRedirection(t, "joiner", "joiner", "", "after its namespace left")
+	l.reach(t, l.joiner, serverPort, viaPlaintext)
+}
+
+// waitRedirection waits for the pod's ambient.istio.io/redirection to be
+// want; when says after what, for the error.
+func (l *arowsLab) waitRedirection(t *testing.T, namespace, name, want, when string) {
+	t.Helper()
 	waitUntil(t, time.Minute, func() error {
-		if got := l.redirection(t, "joiner", "joiner"); got != "" {
-			return fmt.Errorf("joiner/joiner: ambient.istio.io/redirection=%q after its namespace left", got)
+		if got := l.redirection(t, namespace, name); got != want {
+			return fmt.Errorf("%s/%s: ambient.istio.io/redirection=%q %s, want %q", namespace, name, got, when, want)
 		}
 		return nil
 	})
-	l.reach(t, l.joiner, serverPort, viaPlaintext)
 }
 
 // redirection returns the pod's ambient.istio.io/redirection annotation,

@@ -462,6 +462,22 @@ spec:
 		l.refused(t, l.plain, serverPort, rejected)
 		l.reach(t, l.client, serverPort, viaHBONE)
 	}},
+	{"A4_mesh_wide_strict_namespace_permissive", func(t *testing.T, l *arowsLab) {
+		l.apply(t, `apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: istio-system}
+spec:
+  mtls: {mode: STRICT}
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: permissive, namespace: arows}
+spec:
+  mtls: {mode: PERMISSIVE}
+`)
+		l.reach(t, l.plain, serverPort, viaPlaintext)
+		l.reach(t, l.client, serverPort, viaHBONE)
+	}},
 	{"A4_strict_with_a_permissive_port", func(t *testing.T, l *arowsLab) {
 		l.apply(t, fmt.Sprintf(`apiVersion: security.istio.io/v1
 kind: PeerAuthentication
