@@ -28,6 +28,7 @@ func init() {
 		arowsCase{"A7_A12_passthrough_keeps_the_pod_address", testPassthrough},
 		arowsCase{"A11_L4_telemetry_of_the_destination", testL4Telemetry},
 		arowsCase{"A3_service_balances_per_connection", testPerConnectionLB},
+		arowsCase{"A16_daemon_metrics_over_HBONE", testDaemonMetricsOverHBONE},
 	)
 }
 
@@ -246,4 +247,75 @@ func callRequests(ctx context.Context, pod *netnslab.Pod, dst netip.AddrPort, n 
 		}
 	}
 	return nil
+}
+
+// testDaemonMetricsOverHBONE: the server node's daemon pod labelled
+// networking.istio.io/tunnel=http (the podLabels Istio's ambient suite
+// installs ztunnel with), a mesh client GETs its /metrics on the pod's
+// address: the client's daemon tunnels to the daemon's own HBONE port (its
+// self-proxy), and the daemon reports the connection as its destination
+// with both sides' labels.
+func testDaemonMetricsOverHBONE(t *testing.T, l *arowsLab) {
+	z := l.ztunnels[0]
+	name := "ztunnel-" + z.Pod.Node.Name
+	l.kubectl(t, "label", "pod", name, "-n", IstioNamespace, "networking.istio.io/tunnel=http")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = l.cp.Kubectl(ctx, "", "label", "pod", name, "-n", IstioNamespace, "networking.istio.io/tunnel-")
+	})
+	url := "http://" + netip.AddrPortFrom(z.Pod.IP, 15020).String() + "/metrics"
+	client := &http.Client{Transport: &http.Transport{DialContext: l.client.Dial, DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	hbone := []string{`direction="outbound"`, "src.addr=" + l.client.IP.String() + ":",
+		"dst.addr=" + netip.AddrPortFrom(z.Pod.IP, 15008).String() + " ",
+		`dst.hbone_addr="` + netip.AddrPortFrom(z.Pod.IP, 15020).String() + `"`,
+		`dst.identity="spiffe://cluster.local/ns/istio-system/sa/ztunnel"`}
+	var body string
+	waitUntil(t, time.Minute, func() error {
+		before := logLinesWith(l.clientLog(), hbone...)
+		resp, err := client.Get(url)
+		if err != nil {
+			return err
+		}
+		data, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(data), "# TYPE") {
+			return fmt.Errorf("GET %s: %s, %d bytes without # TYPE", url, resp.Status, len(data))
+		}
+		body = string(data)
+		return waitLog(func() bool { return logLinesWith(l.clientLog(), hbone...) > before },
+			"GET %s answered, but the client's daemon logged no HBONE connection to the daemon's pod", url)
+	})
+	t.Logf("through HBONE: %s", logLineWith(l.clientLog(), hbone...))
+	want := []string{
+		"istio_tcp_connections_opened_total{",
+		`reporter="destination"`, `connection_security_policy="mutual_tls"`,
+		`destination_workload="` + name + `"`, `destination_workload_namespace="istio-system"`,
+		`destination_principal="spiffe://cluster.local/ns/istio-system/sa/ztunnel"`,
+		`destination_canonical_service="ztunnel"`,
+		`source_workload="client"`, `source_workload_namespace="arows"`,
+		`source_principal="spiffe://cluster.local/ns/arows/sa/client"`,
+	}
+	// The connection is counted when it opens: the sample may be in the
+	// body just read, else in the next scrape.
+	waitUntil(t, time.Minute, func() error {
+		if line := logLineWith(body, want...); line != "" {
+			t.Logf("%s", line)
+			return nil
+		}
+		resp, err := client.Get(url)
+		if err != nil {
+			return err
+		}
+		data, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		body = string(data)
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("no sample with %v in the daemon's /metrics", want)
+	})
 }
