@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"net/netip"
 	"strings"
 	"testing"
@@ -29,6 +30,7 @@ func init() {
 		arowsCase{"A8_service_entry_selects_a_workload_entry", testServiceEntryWorkloadEntry},
 		arowsCase{"A15_pod_opted_out_is_not_captured", testOptedOut},
 		arowsCase{"A15_namespace_and_pod_labels_enrol_and_unenrol_a_running_pod", testNamespaceRelabel},
+		arowsCase{"A15_destination_leaves_and_rejoins_under_traffic", testDynamicEnrolUnderTraffic},
 	)
 }
 
@@ -324,4 +326,118 @@ func (l *arowsLab) logConfigDump(t *testing.T, z *Ztunnel, parts ...string) {
 			}
 		}
 	}
+}
+
+// testDynamicEnrolUnderTraffic: Istio's TestServiceDynamicEnroll. A mesh
+// client and the pod outside the mesh call the joiner pod back to back
+// while its namespace joins the mesh (istio-cni enrols the running pod and
+// the daemon takes it: the mesh client's calls arrive over HBONE) and
+// leaves it again; at least half of each client's calls succeed, as
+// Istio's test asks.
+func testDynamicEnrolUnderTraffic(t *testing.T, l *arowsLab) {
+	ctx := t.Context()
+	startEcho(t, l.joiner, serverPort)
+	dst := netip.AddrPortFrom(l.joiner.IP, serverPort)
+	type tally struct {
+		ok, failed int
+		errs       map[string]int // by the error's words, without addresses
+	}
+	var (
+		mu     sync.Mutex
+		counts = map[string]*tally{}
+		wg     sync.WaitGroup
+	)
+	stop := make(chan struct{})
+	for _, c := range []*netnslab.Pod{l.client, l.plain} {
+		counts[c.Name] = &tally{errs: map[string]int{}}
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				err := call(ctx, c, dst)
+				mu.Lock()
+				if err == nil {
+					counts[c.Name].ok++
+				} else {
+					counts[c.Name].failed++
+					counts[c.Name].errs[errorWords(err)]++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	stopped := false
+	halt := func() {
+		if !stopped {
+			stopped = true
+			close(stop)
+			wg.Wait()
+		}
+	}
+	defer halt()
+
+	// The joiner's own daemon (node2's) logs the mesh client's calls
+	// arriving over HBONE once the pod is enrolled.
+	joinerLog := l.clientLog
+	hbone := []string{`direction="inbound"`, "src.addr=" + l.client.IP.String() + ":",
+		`dst.hbone_addr="` + dst.String() + `"`, `src.identity="spiffe://cluster.local/ns/arows/sa/client"`}
+	before := logLinesWith(joinerLog(), hbone...)
+	l.kubectl(t, "label", "namespace", "joiner", "istio.io/dataplane-mode=ambient")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = l.cp.Kubectl(ctx, "", "label", "namespace", "joiner", "istio.io/dataplane-mode-")
+	})
+	l.waitRedirection(t, "joiner", "joiner", "enabled", "after its namespace joined")
+	waitUntil(t, time.Minute, func() error {
+		if logLinesWith(joinerLog(), hbone...) <= before {
+			return fmt.Errorf("the mesh client's calls to the enrolled pod do not arrive over HBONE yet")
+		}
+		return nil
+	})
+	l.kubectl(t, "label", "namespace", "joiner", "istio.io/dataplane-mode-")
+	l.waitRedirection(t, "joiner", "joiner", "", "after its namespace left")
+	// A few more calls after it left.
+	mu.Lock()
+	after := counts[l.client.Name].ok + counts[l.client.Name].failed
+	mu.Unlock()
+	waitUntil(t, time.Minute, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if n := counts[l.client.Name].ok + counts[l.client.Name].failed; n < after+20 {
+			return fmt.Errorf("%d calls since the pod left, want 20", n-after)
+		}
+		return nil
+	})
+	halt()
+	// What the mesh client's daemon said of the calls it could not
+	// complete, for the figures.
+	failures := map[string]int{}
+	for line := range strings.Lines(l.clientLog()) {
+		if strings.Contains(line, "src.addr="+l.client.IP.String()+":") && strings.Contains(line, l.joiner.IP.String()+":") {
+			if _, e, ok := strings.Cut(line, "error="); ok {
+				failures[strings.TrimSpace(e)]++
+			}
+		}
+	}
+	t.Logf("the mesh client's daemon on its failed calls: %v", failures)
+	for name, c := range counts {
+		t.Logf("%s: %d of %d calls succeeded while the destination joined and left the mesh; failures: %v", name, c.ok, c.ok+c.failed, c.errs)
+		if c.ok*2 < c.ok+c.failed {
+			t.Errorf("%s: %d of %d calls succeeded, want at least half", name, c.ok, c.ok+c.failed)
+		}
+	}
+}
+
+// errorWords is err's text after its last address (dial and read errors
+// name the connection's ports, which differ on every call).
+func errorWords(err error) string {
+	msg := err.Error()
+	if i := strings.LastIndex(msg, ": "); i >= 0 {
+		return msg[i+2:]
+	}
+	return msg
 }
