@@ -8,9 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sync"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
