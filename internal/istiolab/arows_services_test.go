@@ -131,12 +131,15 @@ func testOptedOut(t *testing.T, l *arowsLab) {
 	if got := l.redirection(t, "arows", "optout"); got != "" {
 		t.Fatalf("arows/optout: ambient.istio.io/redirection=%q, want none", got)
 	}
-	rules, err := l.optout.Command(t.Context(), "iptables-save", "-t", "nat").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(rules), "ISTIO") {
-		t.Fatalf("arows/optout holds istio-cni's rules:\n%s", rules)
+	// istio-cni's rules are in the enrolled pods, not in this one.
+	for _, pod := range []*netnslab.Pod{l.client, l.optout} {
+		rules, err := pod.Command(t.Context(), l.mode.rules[0], l.mode.rules[1:]...).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(string(rules), l.mode.want); got != (pod == l.client) {
+			t.Fatalf("%s: %s holds %q: %v\n%s", pod.Name, strings.Join(l.mode.rules, " "), l.mode.want, got, rules)
+		}
 	}
 	l.reach(t, l.optout, serverPort, viaPlaintext)
 }

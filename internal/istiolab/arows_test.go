@@ -22,6 +22,7 @@ import (
 // istio-cni (iptables capture, the default) and the daemon, and the pods.
 type arowsLab struct {
 	cp       *ControlPlane
+	mode     captureMode
 	cnis     []*CNI
 	ztunnels []*Ztunnel
 	// server runs on node1 with an echo on serverPort and otherPort; every
@@ -97,16 +98,34 @@ kind: ServiceAccount
 metadata: {name: joiner, namespace: joiner}
 `
 
-// startArowsLab brings the suite's lab up.
-func startArowsLab(t *testing.T) *arowsLab {
+// captureMode is one of istio-cni's two ways of writing a pod's capture
+// rules.
+type captureMode struct {
+	name string
+	env  []string // the node agent's, over the chart's
+	// rules lists a pod's rules (a command in the pod); istio-cni's hold
+	// want.
+	rules []string
+	want  string
+	tool  string // the package holding rules[0]
+}
+
+// captureModes are iptables (istio-cni's default) and native nftables.
+var captureModes = []captureMode{
+	{name: "iptables", rules: []string{"iptables-save", "-t", "nat"}, want: "ISTIO", tool: "iptables"},
+	{name: "nftables", env: []string{"NATIVE_NFTABLES=true"}, rules: []string{"nft", "list", "tables"}, want: "istio", tool: "nftables"},
+}
+
+// startArowsLab brings the suite's lab up, istio-cni capturing in mode.
+func startArowsLab(t *testing.T, mode captureMode) *arowsLab {
 	t.Helper()
-	netnslab.RequireTool(t, "iptables-save", "iptables")
+	netnslab.RequireTool(t, mode.rules[0], mode.tool)
 	cp, lab := startControlPlane(t)
 	ctx := t.Context()
 	bin := ztunnelBinary(t)
-	l := &arowsLab{cp: cp, cnis: make([]*CNI, 2), ztunnels: make([]*Ztunnel, 2)}
+	l := &arowsLab{cp: cp, mode: mode, cnis: make([]*CNI, 2), ztunnels: make([]*Ztunnel, 2)}
 	for i := range l.cnis {
-		l.cnis[i], l.ztunnels[i] = startMeshNode(t, cp, lab, fmt.Sprintf("node%d", i+1), bin, nil)
+		l.cnis[i], l.ztunnels[i] = startMeshNode(t, cp, lab, fmt.Sprintf("node%d", i+1), bin, mode.env)
 	}
 	if _, err := cp.Kubectl(ctx, arowsNamespacesYAML, "apply", "-f", "-"); err != nil {
 		t.Fatal(err)
@@ -133,21 +152,26 @@ func startArowsLab(t *testing.T) *arowsLab {
 	return l
 }
 
-// TestARows runs the A-rows that need no Envoy through istiod and istio-cni
-// on one lab of two nodes (istio-cni's iptables capture), one subtest per
-// case; each applies Istio's objects with kubectl, checks their effect on
-// calls and removes them, and each starts from the lab's default state
+// TestARows runs the A-rows that need no Envoy through istiod and istio-cni,
+// once per capture mode of istio-cni (iptables, its default, and native
+// nftables), each on one lab of two nodes shared by the cases, one subtest
+// per case; each applies Istio's objects with kubectl, checks their effect
+// on calls and removes them, and each starts from the lab's default state
 // (everything reachable, mesh pods over HBONE).
 func TestARows(t *testing.T) {
-	start := time.Now()
-	l := startArowsLab(t)
-	t.Logf("lab up (control plane, two nodes, seven pods) in %v", time.Since(start).Round(100*time.Millisecond))
-	for _, tc := range arowsCases {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, mode := range captureModes {
+		t.Run(mode.name, func(t *testing.T) {
 			start := time.Now()
-			l.baseline(t)
-			tc.run(t, l)
-			t.Logf("%s in %v", tc.name, time.Since(start).Round(100*time.Millisecond))
+			l := startArowsLab(t, mode)
+			t.Logf("lab up (control plane, two nodes, seven pods) in %v", time.Since(start).Round(100*time.Millisecond))
+			for _, tc := range arowsCases {
+				t.Run(tc.name, func(t *testing.T) {
+					start := time.Now()
+					l.baseline(t)
+					tc.run(t, l)
+					t.Logf("%s in %v", tc.name, time.Since(start).Round(100*time.Millisecond))
+				})
+			}
 		})
 	}
 }
