@@ -329,7 +329,10 @@ const (
 	rejected    = "policy rejection"
 )
 
-// arowsCases are TestARows' subtests, in the order they run.
+// arowsCases are TestARows' subtests, in the order they run: these, then
+// those the init functions of arows_more_test.go and
+// arows_services_test.go append (Go runs a package's files' init functions
+// in file-name order).
 var arowsCases = []arowsCase{
 	{"A2_pod_IP_over_HBONE_and_plaintext_from_outside_the_mesh", func(t *testing.T, l *arowsLab) {
 		// baseline checked it: mesh clients over HBONE with both identities,
