@@ -29,6 +29,7 @@ func init() {
 		arowsCase{"A11_L4_telemetry_of_the_destination", testL4Telemetry},
 		arowsCase{"A3_service_balances_per_connection", testPerConnectionLB},
 		arowsCase{"A16_daemon_metrics_over_HBONE", testDaemonMetricsOverHBONE},
+		arowsCase{"A13_service_pod_replaced_under_traffic", testServiceRestart},
 	)
 }
 
@@ -318,4 +319,116 @@ func testDaemonMetricsOverHBONE(t *testing.T, l *arowsLab) {
 		}
 		return fmt.Errorf("no sample with %v in the daemon's /metrics", want)
 	})
+}
+
+// testServiceRestart: Istio's TestServiceRestart for a mesh client. A
+// Service's one pod is replaced while the client calls the Service's VIP
+// back to back, in Kubernetes' order: the new pod starts and joins, the old
+// one turns not Ready (its kubelet's status as it terminates), then its
+// object goes; every call succeeds and the traffic moves to the new pod.
+func testServiceRestart(t *testing.T, l *arowsLab) {
+	ctx := t.Context()
+	start := func(name string) (*netnslab.Pod, *echoServer) {
+		pod, _, err := l.cnis[0].RunPod(ctx, PodSpec{Namespace: "arows", Name: name, ServiceAccount: "server",
+			Labels: map[string]string{"app": "restart"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pod, startEcho(t, pod, serverPort)
+	}
+	oldPod, oldEcho := start("restart-1")
+	l.apply(t, fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: restart, namespace: arows}
+spec:
+  selector: {app: restart}
+  ports:
+  - {name: tcp-echo, port: 80, targetPort: %d}
+`, serverPort))
+	vip, err := netip.ParseAddr(l.kubectl(t, "get", "service", "restart", "-n", "arows", "-o", "jsonpath={.spec.clusterIP}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := netip.AddrPortFrom(vip, 80)
+	waitUntil(t, time.Minute, func() error { return call(ctx, l.client, dst) })
+
+	var (
+		mu             sync.Mutex
+		ok             int
+		failures       []string
+		wg             sync.WaitGroup
+		stop           = make(chan struct{})
+		stopped        bool
+		callsSinceMark = func() int { mu.Lock(); defer mu.Unlock(); return ok + len(failures) }
+	)
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			err := call(ctx, l.client, dst)
+			mu.Lock()
+			if err == nil {
+				ok++
+			} else {
+				failures = append(failures, err.Error())
+			}
+			mu.Unlock()
+		}
+	})
+	halt := func() {
+		if !stopped {
+			stopped = true
+			close(stop)
+			wg.Wait()
+		}
+	}
+	defer halt()
+
+	_, newEcho := start("restart-2")
+	waitUntil(t, time.Minute, func() error {
+		if newEcho.count() == 0 {
+			return fmt.Errorf("the new pod has no connection yet (the old one %d)", oldEcho.count())
+		}
+		return nil
+	})
+	// The old pod terminates: its kubelet reports it not Ready, then
+	// deletes it once its containers stopped.
+	now := time.Now().UTC().Format(time.RFC3339)
+	if err := l.cp.patchStatus(ctx, "pod", "arows", "restart-1", map[string]any{"conditions": []map[string]string{
+		{"type": "Ready", "status": "False", "lastTransitionTime": now},
+		{"type": "ContainersReady", "status": "False", "lastTransitionTime": now},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	// Once the old pod takes no more connections for 50 calls in a row,
+	// it is out of the Service.
+	waitUntil(t, time.Minute, func() error {
+		before, calls := oldEcho.count(), callsSinceMark()
+		for callsSinceMark() < calls+50 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if oldEcho.count() != before {
+			return fmt.Errorf("the old pod still takes connections")
+		}
+		return nil
+	})
+	l.kubectl(t, "delete", "pod", "restart-1", "-n", "arows", "--grace-period=0", "--force")
+	// A few more calls after the old pod's object went.
+	calls := callsSinceMark()
+	waitUntil(t, time.Minute, func() error {
+		if n := callsSinceMark(); n < calls+50 {
+			return fmt.Errorf("%d calls since the old pod went, want 50", n-calls)
+		}
+		return nil
+	})
+	halt()
+	t.Logf("%d calls through the replacement (old pod %v: %d connections, new: %d), %d failed", ok+len(failures),
+		oldPod.IP, oldEcho.count(), newEcho.count(), len(failures))
+	if len(failures) > 0 {
+		t.Errorf("%d of %d calls failed while the Service's pod was replaced, want none; first: %s",
+			len(failures), ok+len(failures), failures[0])
+	}
 }
