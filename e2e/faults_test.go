@@ -101,11 +101,8 @@ func TestControlPlaneFaults(t *testing.T) {
 		}
 		l.xds.Down()
 		for name, d := range c.Daemons {
-			for deadline := time.Now().Add(20 * time.Second); broken(d) == before[name]; {
-				if time.Now().After(deadline) {
-					t.Fatalf("daemon %s did not notice the outage", name)
-				}
-				time.Sleep(20 * time.Millisecond)
+			if !nettest.Until(20*time.Second, func() bool { return broken(d) != before[name] }) {
+				t.Fatalf("daemon %s did not notice the outage", name)
 			}
 		}
 		// The last snapshot keeps serving: the open connection and new ones.

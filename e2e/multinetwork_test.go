@@ -17,6 +17,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // multiNetworkConfig puts the client on network net-a (node-a) and the
@@ -274,12 +275,12 @@ func TestMultiNetworkInnerPooling(t *testing.T) {
 		t.Fatalf("server attributed a cross-network connection to the gateway: %s", line)
 	}
 	// The log arrives through a pipe: poll (the deadline is a hang guard).
-	for n := 0; n != conns; {
+	var n int
+	if !nettest.Until(time.Minute, func() bool {
 		n = strings.Count(mn.cluster.Daemons["server"].Log(), `src.network="net-a"`)
-		if n > conns || ctx.Err() != nil {
-			t.Fatalf("server saw x-forwarded-network on %d streams, want %d", n, conns)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return n >= conns
+	}) || n != conns {
+		t.Fatalf("server saw x-forwarded-network on %d streams, want %d", n, conns)
 	}
 }
 

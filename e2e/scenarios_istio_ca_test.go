@@ -66,16 +66,12 @@ func TestIstioIntermediateCertificateRefresh(t *testing.T) {
 
 	inter := cp.ca.UseIntermediate(t)
 	for _, pod := range []string{"client", "server"} {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			chain := dumpedChain(ctx, t, c.Daemons[pod], pod)
-			if len(chain) == 2 && chain[1] == inter.SerialNumber.String() {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: chain %v 30 s after the rotation, want [leaf, %s]", pod, chain, inter.SerialNumber)
-			}
-			time.Sleep(200 * time.Millisecond)
+		var chain []string
+		if !nettest.Until(30*time.Second, func() bool {
+			chain = dumpedChain(ctx, t, c.Daemons[pod], pod)
+			return len(chain) == 2 && chain[1] == inter.SerialNumber.String()
+		}) {
+			t.Fatalf("%s: chain %v 30 s after the rotation, want [leaf, %s]", pod, chain, inter.SerialNumber)
 		}
 	}
 	echo("client", "server")

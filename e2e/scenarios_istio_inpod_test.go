@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,14 +69,22 @@ func TestIstioTrafficWithEstablishedPodsIfCNIMissing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Close()
+	const retried = "failed to connect to the Istio CNI node agent"
+	before := map[string]int{}
+	for node, d := range c.Daemons {
+		before[node] = strings.Count(d.Log(), retried)
+	}
 	for _, node := range []string{"node-a", "node-b"} {
 		if err := c.StopAgent(node); err != nil {
 			t.Fatalf("stopping %s's agent: %v", node, err)
 		}
 	}
-	// Long enough for the daemons to have found the agents gone and tried
-	// to reconnect at least once.
-	time.Sleep(2 * time.Second)
+	// The daemons found the agents gone and tried to reconnect.
+	for node, d := range c.Daemons {
+		if !nettest.Until(30*time.Second, func() bool { return strings.Count(d.Log(), retried) > before[node] }) {
+			t.Fatalf("%s's daemon did not retry the agent (no %q logged)", node, retried)
+		}
+	}
 	if err := nettest.RoundTrip(held, "after the agents left"); err != nil {
 		t.Fatalf("the connection opened before the agents left: %v", err)
 	}
@@ -97,6 +106,10 @@ func TestIstioTrafficWithEstablishedPodsIfCNIMissing(t *testing.T) {
 	}
 }
 
+// loadPace is how often each worker of the dynamic-enrolment tests calls
+// the server (Istio's generator calls at a fixed rate too).
+const loadPace = 5 * time.Millisecond
+
 // TestIstioServiceDynamicEnroll is istio/istio's TestServiceDynamicEnroll
 // from its uncaptured client: while it opens connections back to back to
 // the server, the server leaves the mesh (capture rules out, then Del, as
@@ -109,20 +122,20 @@ func TestIstioServiceDynamicEnroll(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, server := s.c, s.c.Pods["server"]
-	load := startConnLoad(ctx, s, "outsider", 2)
-	time.Sleep(200 * time.Millisecond) // traffic before the change
+	load := startConnLoadPaced(ctx, s, "outsider", 2, loadPace)
+	load.await(t, 20) // traffic before the change
 	if err := c.RemoveFromMesh("server"); err != nil {
 		t.Fatal(err)
 	}
 	if server.Captured {
 		t.Fatal("the server is still captured after leaving the mesh")
 	}
-	time.Sleep(500 * time.Millisecond) // Istio's time out of the mesh
+	load.await(t, 100) // Istio's time out of the mesh
 	out := load.ok.Load()
 	if err := c.AddToMesh("server"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond) // and after rejoining
+	load.await(t, 100) // and after rejoining
 	ok, failed, errs := load.finish()
 	t.Logf("uncaptured client while the server left and rejoined the mesh: %d connections, %d failed %q", ok+failed, failed, errs)
 	if ok == 0 || float64(ok) < 0.5*float64(ok+failed) {
@@ -161,11 +174,15 @@ func TestIstioZtunnelRestart(t *testing.T) {
 		if _, err := s.c.StartDaemon(ctx, node); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(300 * time.Millisecond) // both serve for a while
+		for _, l := range loads {
+			l.await(t, 50) // both serve
+		}
 		if err := s.c.StopDaemon(old); err != nil {
 			t.Fatalf("old daemon on %s: %v", node, err)
 		}
-		time.Sleep(300 * time.Millisecond) // the new one alone
+		for _, l := range loads {
+			l.await(t, 50) // the new one alone
+		}
 	}
 	for _, pod := range []string{"outsider", "client"} {
 		ok, failed, errs := loads[pod].finish()
@@ -214,19 +231,27 @@ func TestIstioServiceDynamicEnrollBothClients(t *testing.T) {
 	s := &sharedLab{c: c, srvAddr: startEcho(t, c.Pods["server"], 8080).Addr}
 	s.echoN(ctx, t, "client", 2)
 
-	loads := map[string]*connLoad{"client": startConnLoad(ctx, s, "client", 2), "outsider": startConnLoad(ctx, s, "outsider", 2)}
-	time.Sleep(200 * time.Millisecond) // traffic before the change
+	loads := map[string]*connLoad{
+		"client":   startConnLoadPaced(ctx, s, "client", 2, loadPace),
+		"outsider": startConnLoadPaced(ctx, s, "outsider", 2, loadPace),
+	}
+	awaitAll := func(n int64) {
+		for _, l := range loads {
+			l.await(t, n)
+		}
+	}
+	awaitAll(20) // traffic before the change
 	if err := c.RemoveFromMesh("server"); err != nil {
 		t.Fatal(err)
 	}
 	setServer("2", workloadapi.TunnelProtocol_NONE)
-	time.Sleep(500 * time.Millisecond) // Istio's time out of the mesh
+	awaitAll(100) // Istio's time out of the mesh
 	outOK := loads["client"].ok.Load()
 	if err := c.AddToMesh("server"); err != nil {
 		t.Fatal(err)
 	}
 	setServer("3", workloadapi.TunnelProtocol_HBONE)
-	time.Sleep(500 * time.Millisecond) // and after rejoining
+	awaitAll(100) // and after rejoining
 	for name, load := range loads {
 		ok, failed, errs := load.finish()
 		t.Logf("%s while the server left and rejoined the mesh: %d connections, %d failed %q", name, ok+failed, failed, errs)

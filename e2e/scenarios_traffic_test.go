@@ -14,6 +14,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // The scenarios of ztunnel's tests/namespaced.rs that carry traffic
@@ -156,9 +157,8 @@ func logMatch(line string, want map[string]string) (misses []string, ok bool) {
 // otherwise.
 func checkAccessLog(ctx context.Context, t *testing.T, d *labrun.Daemon, want map[string]string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
 	var best []string
-	for i := 0; i < 500; i++ {
+	found := nettest.Until(10*time.Second, func() bool {
 		best = nil
 		for _, line := range strings.Split(d.Log(), "\n") {
 			misses, ok := logMatch(line, want)
@@ -166,16 +166,16 @@ func checkAccessLog(ctx context.Context, t *testing.T, d *labrun.Daemon, want ma
 				continue
 			}
 			if len(misses) == 0 {
-				return
+				return true
 			}
 			if best == nil || len(misses) < len(best) {
 				best = misses
 			}
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // poll interval of a bounded wait
+		return ctx.Err() != nil
+	})
+	if found && ctx.Err() == nil {
+		return
 	}
 	t.Errorf("%s: no access log line with %v; the closest one differs in %v", d.Pod.Name, want, best)
 }

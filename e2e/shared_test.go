@@ -137,12 +137,24 @@ type connLoad struct {
 const stallAfter = time.Second
 
 func startConnLoad(ctx context.Context, s *sharedLab, podName string, workers int) *connLoad {
-	return startConnLoadWatched(ctx, s, podName, workers, nil)
+	return startConnLoadWith(ctx, s, podName, workers, 0, nil)
 }
 
 // startConnLoadWatched is startConnLoad with onStall called once if an
 // attempt stalls.
 func startConnLoadWatched(ctx context.Context, s *sharedLab, podName string, workers int, onStall func()) *connLoad {
+	return startConnLoadWith(ctx, s, podName, workers, 0, onStall)
+}
+
+// startConnLoadPaced is startConnLoad with each worker starting an attempt
+// every interval, as Istio's traffic generator calls at a fixed rate: its
+// success ratios weigh a period by its length, where back-to-back attempts
+// would weigh instant refusals many times over calls that take a round trip.
+func startConnLoadPaced(ctx context.Context, s *sharedLab, podName string, workers int, interval time.Duration) *connLoad {
+	return startConnLoadWith(ctx, s, podName, workers, interval, nil)
+}
+
+func startConnLoadWith(ctx context.Context, s *sharedLab, podName string, workers int, interval time.Duration, onStall func()) *connLoad {
 	l := &connLoad{stop: make(chan struct{}), started: make([]atomic.Int64, workers), onStall: onStall}
 	pod := s.c.Pods[podName] // read once: the cluster's maps are not for concurrent use
 	if onStall != nil {
@@ -156,9 +168,16 @@ func startConnLoadWatched(ctx context.Context, s *sharedLab, podName string, wor
 					return
 				default:
 				}
-				l.started[w].Store(time.Now().UnixNano())
+				begin := time.Now()
+				l.started[w].Store(begin.UnixNano())
 				c, err := s.echoFrom(ctx, pod)
 				l.started[w].Store(0)
+				if interval > 0 {
+					select {
+					case <-l.stop:
+					case <-time.After(time.Until(begin.Add(interval))):
+					}
+				}
 				if err != nil {
 					l.failed.Add(1)
 					l.mu.Lock()
@@ -193,6 +212,19 @@ func (l *connLoad) watch() {
 				return
 			}
 		}
+	}
+}
+
+// await waits until the load has made n more connection attempts, so each
+// phase of a test under load covers that many however slow the machine:
+// a phase timed by a sleep held a handful of attempts on a loaded CI
+// machine and hundreds on an idle one.
+func (l *connLoad) await(t testing.TB, n int64) {
+	t.Helper()
+	attempts := func() int64 { return l.ok.Load() + l.failed.Load() }
+	target := attempts() + n
+	if !nettest.Until(time.Minute, func() bool { return attempts() >= target }) {
+		t.Fatalf("the load made %d of %d connection attempts in a minute", attempts()-target+n, n)
 	}
 }
 
@@ -237,7 +269,7 @@ func TestSharedMode(t *testing.T) {
 			t.Fatal("late reached the STRICT server before joining the mesh")
 		}
 		load := startConnLoad(ctx, s, "client", 4)
-		time.Sleep(100 * time.Millisecond)
+		load.await(t, 20)
 		if err := c.AddToMesh("late"); err != nil {
 			t.Fatal(err)
 		}
@@ -246,7 +278,7 @@ func TestSharedMode(t *testing.T) {
 			t.Fatalf("late -> server once meshed: %v", err)
 		}
 		lc.Close()
-		time.Sleep(100 * time.Millisecond)
+		load.await(t, 20)
 		ok, failed, errs := load.finish()
 		t.Logf("adding a pod under load: %d connections, %d failed", ok+failed, failed)
 		if failed != 0 || ok == 0 {
@@ -298,13 +330,8 @@ func TestSharedMode(t *testing.T) {
 		}
 		// The daemon reconnects and takes a new snapshot; the pods were
 		// served all along.
-		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
-		defer wcancel()
-		for agent.Connections() == before {
-			if wctx.Err() != nil {
-				t.Fatal("the daemon did not reconnect after its Nack")
-			}
-			time.Sleep(10 * time.Millisecond)
+		if !nettest.Until(20*time.Second, func() bool { return agent.Connections() != before }) {
+			t.Fatal("the daemon did not reconnect after its Nack")
 		}
 		if err := nettest.RoundTrip(long, "after the nack"); err != nil {
 			t.Fatalf("long-lived connection after a malformed request: %v", err)
@@ -401,12 +428,12 @@ func TestSharedUpgrade(t *testing.T) {
 			t.Fatal(err)
 		}
 		stalls.started(next)
-		time.Sleep(300 * time.Millisecond) // both serve for a while
+		load.await(t, 100) // both serve
 		if err := s.c.StopDaemon(old); err != nil {
 			t.Fatalf("old daemon on %s: %v", node, err)
 		}
 		stalls.stopped(old)
-		time.Sleep(300 * time.Millisecond) // the new one alone
+		load.await(t, 100) // the new one alone
 	}
 	ok, failed, errs := load.finish()
 	t.Logf("upgrade of both nodes' daemons under load: %d connection attempts in %v, %d failed %q",

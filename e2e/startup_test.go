@@ -108,6 +108,16 @@ func startAdmissionProbe(ctx context.Context, pod *netnslab.Pod, target string) 
 	return p
 }
 
+// await waits until the probe has made n more attempts: each window of the
+// start-up under watch covers that many, however slow the machine.
+func (p *admissionProbe) await(t testing.TB, n int64) {
+	t.Helper()
+	target := p.attempts.Load() + n
+	if !nettest.Until(2*time.Minute, func() bool { return p.attempts.Load() >= target }) {
+		t.Fatalf("the probe made %d of %d attempts in two minutes", p.attempts.Load()-target+n, n)
+	}
+}
+
 // admittedSince returns how many connections got through since t.
 func (p *admissionProbe) admittedSince(t time.Time) int {
 	p.mu.Lock()
@@ -200,7 +210,7 @@ func TestStartupServesNothingBeforeSync(t *testing.T) {
 		for node, a := range c.Agents {
 			agentConns[node] = a.Connections()
 		}
-		time.Sleep(500 * time.Millisecond) // istiod down: the daemons retry
+		probe.await(t, 20) // istiod down: the daemons retry
 		istiod.up(t)
 		// Both daemons asked for Authorization and got no answer yet.
 		var asked sync.Map
@@ -212,7 +222,7 @@ func TestStartupServesNothingBeforeSync(t *testing.T) {
 			asked.Store(r.Stream, true)
 			n++
 		}
-		time.Sleep(500 * time.Millisecond) // Address synced, Authorization not
+		probe.await(t, 20) // Address synced, Authorization not
 		for node, d := range c.Daemons {
 			notReady(ctx, t, d, fmt.Sprintf("round %d", round))
 			if got := c.Agents[node].Connections(); got != agentConns[node] {
@@ -225,7 +235,7 @@ func TestStartupServesNothingBeforeSync(t *testing.T) {
 				t.Fatalf("round %d: daemon %s not ready after the sync: %v", round, d.Pod.Name, err)
 			}
 		}
-		time.Sleep(300 * time.Millisecond) // serving, with the DENY
+		probe.await(t, 15) // serving, with the DENY
 		if n := probe.admittedSince(begin); n != 0 {
 			t.Fatalf("round %d: %d connections the DENY refuses were admitted during start-up", round, n)
 		}
@@ -254,7 +264,7 @@ func TestStartupServesNothingBeforeSync(t *testing.T) {
 			t.Fatal(err)
 		}
 		slow.WaitRequest(func(r *xdstest.Request) bool { return r.TypeUrl == xdsconv.AuthorizationType })
-		time.Sleep(time.Second) // both run; only the old one is synced
+		probe.await(t, 40) // both run; only the old one is synced
 		notReady(ctx, t, next, "upgrade")
 		if got := c.Agents["node-b"].Connections(); got != before {
 			t.Errorf("upgrade: the new daemon connected to its CNI agent before its state synced")
@@ -263,11 +273,11 @@ func TestStartupServesNothingBeforeSync(t *testing.T) {
 		if err := next.WaitReady(ctx, 30*time.Second); err != nil {
 			t.Fatalf("upgrade: new daemon not ready after the sync: %v", err)
 		}
-		time.Sleep(300 * time.Millisecond) // both serve
+		probe.await(t, 15) // both serve
 		if err := c.StopDaemon(old); err != nil {
 			t.Fatalf("upgrade: old daemon: %v", err)
 		}
-		time.Sleep(300 * time.Millisecond) // the new one alone
+		probe.await(t, 15) // the new one alone
 		if n := probe.admittedSince(begin); n != 0 {
 			t.Fatalf("upgrade: %d connections the DENY refuses were admitted", n)
 		}

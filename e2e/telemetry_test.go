@@ -198,34 +198,27 @@ func TestTelemetryShared(t *testing.T) {
 	// An xDS reconnect: the server ends every stream; the daemons resume.
 	opened := xds.StreamsOpened()
 	xds.CloseStreams()
-	for xds.StreamsOpened() < opened+2 {
-		if ctx.Err() != nil {
-			t.Fatal("the daemons did not reconnect to xDS")
-		}
-		time.Sleep(20 * time.Millisecond) // hang guard only
+	if !nettest.Until(time.Minute, func() bool { return xds.StreamsOpened() >= opened+2 }) {
+		t.Fatal("the daemons did not reconnect to xDS")
 	}
 
 	golden := readFamiliesGolden(t)
 	var fams map[string][]*dto.Metric
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	// Connections' and DNS metrics land asynchronously.
+	nettest.Until(20*time.Second, func() bool {
 		fams = map[string][]*dto.Metric{}
 		for _, node := range []string{"node-a", "node-b"} {
 			for name, f := range scrapeDaemon(ctx, t, c.Daemons[node]) {
 				fams[name] = append(fams[name], f.GetMetric()...)
 			}
 		}
-		missing := 0
 		for _, g := range golden {
 			if _, exempt := noSampleFeature[g.name]; !exempt && len(fams[g.name]) == 0 {
-				missing++
+				return false
 			}
 		}
-		if missing == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond) // connections and DNS metrics land asynchronously
-	}
+		return true
+	})
 	for _, g := range golden {
 		ms := fams[g.name]
 		if why, exempt := noSampleFeature[g.name]; exempt {
@@ -292,7 +285,7 @@ type dumpConn struct {
 func checkConnections(ctx context.Context, t *testing.T, d *labrun.Daemon, uid, direction string, want dumpConn) {
 	t.Helper()
 	var last string
-	for ctx.Err() == nil {
+	found := nettest.Until(time.Minute, func() bool {
 		code, body, err := d.Get(ctx, "http://127.0.0.1:15000/config_dump")
 		if err != nil || code != 200 {
 			t.Fatalf("config_dump: %d %v", code, err)
@@ -310,11 +303,14 @@ func checkConnections(ctx context.Context, t *testing.T, d *labrun.Daemon, uid, 
 				c.Src = ""
 			}
 			if c == want {
-				return
+				return true
 			}
 		}
 		last = fmt.Sprintf("%+v", dump.WorkloadState[uid].Connections)
-		time.Sleep(50 * time.Millisecond) // hang guard only
+		return false
+	})
+	if found {
+		return
 	}
 	t.Fatalf("%s: %s connections of %s %s, want one like %+v", d.Pod.Name, direction, uid, last, want)
 }

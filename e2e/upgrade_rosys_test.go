@@ -41,12 +41,12 @@ func TestSharedUpgradeReadOnlyProcSys(t *testing.T) {
 			t.Fatal(err)
 		}
 		stalls.started(next)
-		time.Sleep(300 * time.Millisecond) // both listen for a while
+		load.await(t, 100) // both listen
 		if err := s.c.StopDaemon(old); err != nil {
 			t.Fatalf("old daemon on %s: %v", node, err)
 		}
 		stalls.stopped(old)
-		time.Sleep(300 * time.Millisecond) // the new one alone
+		load.await(t, 100) // the new one alone
 	}
 	ok, failed, errs := load.finish()
 	t.Logf("upgrade of both nodes' daemons under load with /proc/sys read-only: %d connection attempts in %v, %d failed %q",

@@ -77,7 +77,7 @@ func TestHostileStalls(t *testing.T) {
 			}
 			r := startHostile(t, tc.cfg, h)
 			p := r.attacker(t, tc.settings...)
-			stop := r.sample()
+			stop := r.sample(t)
 			p.connect(1, hostileAuthority)
 			var data atomic.Int64
 			readDone := make(chan struct{})

@@ -6,8 +6,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -86,8 +88,8 @@ func (r *hostileRig) checkHealthy(t *testing.T) {
 }
 
 // sample records the largest write backlog of any server connection until
-// stop is called.
-func (r *hostileRig) sample() (stop func() int) {
+// stop is called (or the test ends, before its goroutine check).
+func (r *hostileRig) sample(t *testing.T) (stop func() int) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -115,25 +117,40 @@ func (r *hostileRig) sample() (stop func() int) {
 			}
 		}
 	})
-	return func() int {
-		close(done)
+	var once sync.Once
+	stop = func() int {
+		once.Do(func() { close(done) })
 		wg.Wait()
 		r.peakMu.Lock()
 		defer r.peakMu.Unlock()
 		return r.peak
 	}
+	t.Cleanup(func() { stop() })
+	return stop
 }
 
 // attacker dials the rig as a raw HTTP/2 client with a tiny receive buffer.
 func (r *hostileRig) attacker(t *testing.T, settings ...http2.Setting) *rawPeer {
 	t.Helper()
 	ctx := testContext(t)
-	var d net.Dialer
+	// The receive buffer is set before the handshake: shrunk on an open
+	// connection, below the window already advertised, the kernel drops
+	// what arrives beyond it, ACKs to the attacker's own flood included,
+	// and both ends can sit in retransmission backoff (RTO 52 s seen)
+	// with the flood stopped short of the server's bound.
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4<<10)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
 	raw, err := d.DialContext(ctx, "tcp", r.ts.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = raw.(*net.TCPConn).SetReadBuffer(4 << 10)
 	tc := tls.Client(raw, r.ts.tlsClient)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		t.Fatal(err)
@@ -182,7 +199,11 @@ func (r *hostileRig) serveErr(t *testing.T) error {
 	case err := <-r.ts.serveErrs:
 		return err
 	case <-testContext(t).Done():
-		t.Fatal("the attacked connection did not end")
+		// A hang here is the server's (the reader waiting on something
+		// the attacker controls): show every goroutine where it waits.
+		var stacks bytes.Buffer
+		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+		t.Fatalf("the attacked connection did not end; goroutines:\n%s", stacks.String())
 		return nil
 	}
 }

@@ -342,16 +342,9 @@ func TestInboundHandshakeTimeout(t *testing.T) {
 // eventuallyEcho retries echoFrom until it succeeds (a hang guard bounds it).
 func (r *inboundRig) eventuallyEcho(t *testing.T, local string, app int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		err := r.echoFrom(t, local, app)
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("good client from %s: %v", local, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var err error
+	if !nettest.Until(20*time.Second, func() bool { err = r.echoFrom(t, local, app); return err == nil }) {
+		t.Fatalf("good client from %s: %v", local, err)
 	}
 }
 

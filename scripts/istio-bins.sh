@@ -6,6 +6,7 @@
 #   scripts/istio-bins.sh [OUT]
 #
 #   OUT/etcd, kube-apiserver, kubectl        Kubernetes and etcd
+#   OUT/kube-controller-manager              Kubernetes' controllers
 #   OUT/pilot-discovery                      istiod
 #   OUT/install-cni, istio-cni               istio-cni's node agent and CNI plugin
 #   OUT/crds/istio.yaml, gateway-api.yaml    Istio's CRDs, the Gateway API's
@@ -54,7 +55,7 @@ build() { # tags ldflags packages...
 }
 
 build "" "-s -w" ./cmd/etcd
-build "" "$kube_ldflags" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
+build "" "$kube_ldflags" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
 build vtprotobuf,disable_pgv "$istio_ldflags" istio.io/istio/pilot/cmd/pilot-discovery
 build agent,disable_pgv,grpcnotrace,retrynotrace "$istio_ldflags" istio.io/istio/cni/cmd/install-cni istio.io/istio/cni/cmd/istio-cni
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ztunnel-go/ztunnel/bench/report"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 )
 
@@ -160,12 +161,7 @@ func TestProcessPlumbing(t *testing.T) {
 	defer c.stop()
 	// Until ip netns exec has exec'ed sleep.
 	var pid int
-	for range 100 {
-		if pid, err = findPid(pod.NetNS, sleep); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	nettest.Until(2*time.Second, func() bool { pid, err = findPid(pod.NetNS, sleep); return err == nil })
 	if err != nil || pid != c.pid() {
 		t.Fatalf("findPid = %d, %v; want the child %d", pid, err, c.pid())
 	}

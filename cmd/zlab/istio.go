@@ -33,6 +33,7 @@ const istioUsage = `Usage:
   zlab istio exec    [--prefix P] NAMESPACE/POD -- CMD [ARGS...]
   zlab istio logs    [--prefix P] COMPONENT
   zlab istio down    [--prefix P]
+  zlab istio demo    [--bins DIR] [--ztunnel BIN] [--examples DIR] [--keep] [--prefix P]
 
   up       starts etcd, kube-apiserver and istiod (upstream, from make istio-bins) in
            node "cp", and N nodes each with istio-cni's node agent and the daemon;
@@ -44,6 +45,9 @@ const istioUsage = `Usage:
   logs     prints a component's log (etcd, kube-apiserver, istiod,
            istio-cni-node-<node>, ztunnel-<node>, node-<node>); without one, lists them.
   down     stops the lab and removes it.
+  demo     (make demo-istio) up, the Pods of examples/istio-demo/pods.yaml, a call
+           through HBONE, an AuthorizationPolicy refusing it, then down: each
+           command printed before its output.
 `
 
 // istioState is what the supervisor writes for the other commands.
@@ -79,6 +83,8 @@ func istio(args []string, stdout, stderr io.Writer) error {
 		return istioLogs(rest, stdout, stderr)
 	case "down":
 		return istioDown(rest, stdout, stderr)
+	case "demo":
+		return istioDemo(rest, stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, istioUsage)
 		return nil
@@ -287,6 +293,12 @@ func istioServe(args []string, stderr io.Writer) (err error) {
 		Started: func(namespace, name string, pod *netnslab.Pod) {
 			mu.Lock()
 			st.Pods[namespace+"/"+name] = pod.NetNS
+			mu.Unlock()
+			save()
+		},
+		Stopped: func(namespace, name string) {
+			mu.Lock()
+			delete(st.Pods, namespace+"/"+name)
 			mu.Unlock()
 			save()
 		},

@@ -30,7 +30,7 @@ Usage:
   zlab exec [--prefix P] <pod-or-node> -- <command> [args...]
   zlab down [--prefix P]
   zlab demo [--ztunnel bin/ztunnel] [--config examples/demo.yaml] [--transfer-mib N] [--keep]
-  zlab istio up|kubectl|exec|logs|down ...   (zlab istio help; docs/istio-lab.md)
+  zlab istio up|kubectl|exec|logs|down|demo ...   (zlab istio help; docs/istio-lab.md)
 
   up    creates N nodes with N pods each and leaves them up (nodes node<i>, pods
         pod<i>-<j>; node i is 172.30.0.<i+1>, its pods 10.244.<i>.<j+2>).

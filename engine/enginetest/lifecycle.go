@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 func testHandleAbort(t *testing.T, e *engine.Engine, k kit) {
@@ -125,10 +126,8 @@ func testIdleHoldsNothing(t *testing.T, e *engine.Engine, k kit) {
 	// The loop returns a pipe (or a stream buffer) right after the splice
 	// (write) that empties it, which may be just after the server has read:
 	// wait for it.
-	st := e.Stats()
-	for stop := time.Now().Add(hang); (st.PipesInUse != 0 || st.StreamBuffers != 0) && time.Now().Before(stop); st = e.Stats() {
-		time.Sleep(time.Millisecond)
-	}
+	var st engine.Stats
+	nettest.Until(hang, func() bool { st = e.Stats(); return st.PipesInUse == 0 && st.StreamBuffers == 0 })
 	if st.PipesInUse != 0 {
 		t.Fatalf("%d pipes held by idle relays", st.PipesInUse)
 	}
@@ -181,10 +180,8 @@ func testCloseEndsGoroutines(t *testing.T, e *engine.Engine, k kit) {
 		t.Fatalf("stats %+v after Close: want no loop running and no relay", st)
 	}
 	// Goroutines that delivered their last result return just after it.
-	got := runtime.NumGoroutine()
-	for stop := time.Now().Add(hang); got > before && time.Now().Before(stop); got = runtime.NumGoroutine() {
-		time.Sleep(time.Millisecond)
-	}
+	var got int
+	nettest.Until(hang, func() bool { got = runtime.NumGoroutine(); return got <= before })
 	if got > before {
 		buf := make([]byte, 1<<20)
 		t.Fatalf("%d goroutines after Close, %d before the relays:\n%s", got, before, buf[:runtime.Stack(buf, true)])

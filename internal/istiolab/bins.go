@@ -22,7 +22,7 @@ type Bins struct {
 // OpenBins checks that dir holds every program and file the lab runs.
 func OpenBins(dir string) (Bins, error) {
 	b := Bins{Dir: dir}
-	for _, p := range []string{b.Etcd(), b.KubeAPIServer(), b.Kubectl(), b.Istiod(), b.CNIAgent(), b.CNIPlugin(), b.IstioCRDs(), b.GatewayAPICRDs()} {
+	for _, p := range []string{b.Etcd(), b.KubeAPIServer(), b.KubeControllerManager(), b.Kubectl(), b.Istiod(), b.CNIAgent(), b.CNIPlugin(), b.IstioCRDs(), b.GatewayAPICRDs()} {
 		if _, err := os.Stat(p); err != nil {
 			return Bins{}, fmt.Errorf("istiolab: %w (run make istio-bins)", err)
 		}
@@ -35,6 +35,9 @@ func (b Bins) Etcd() string { return filepath.Join(b.Dir, "etcd") }
 
 // KubeAPIServer is Kubernetes' API server.
 func (b Bins) KubeAPIServer() string { return filepath.Join(b.Dir, "kube-apiserver") }
+
+// KubeControllerManager is Kubernetes' controller manager.
+func (b Bins) KubeControllerManager() string { return filepath.Join(b.Dir, "kube-controller-manager") }
 
 // Kubectl is Kubernetes' command-line client.
 func (b Bins) Kubectl() string { return filepath.Join(b.Dir, "kubectl") }

@@ -78,6 +78,17 @@ type CNI struct {
 	proc *process
 }
 
+// sandbox is a pod the runtime started on a node: what it stops when the
+// pod is deleted. Sandboxes belong to the node (nodeHost), not to one run
+// of its agent: a restarted agent's CNI stops the pods started before.
+type sandbox struct {
+	pod     *netnslab.Pod
+	obj     PodObject
+	uid     string
+	proc    *podProcess
+	started time.Time
+}
+
 // nodeDirs are a node's host directories, under its directory in the lab.
 type nodeDirs struct{ root string }
 
@@ -361,13 +372,72 @@ func (c *CNI) sandbox(ctx context.Context, pod *netnslab.Pod, obj PodObject, uid
 	if err != nil {
 		return err
 	}
-	if err := h.startPod(c.cp, pod, uid, containerID(uid)); err != nil {
+	started := time.Now()
+	pp, err := h.startPod(c.cp, pod, uid, containerID(uid))
+	if err != nil {
 		return err
 	}
-	if err := c.cniAdd(ctx, pod, obj.Namespace, obj.Name, uid); err != nil {
+	h.mu.Lock()
+	h.sandboxes[uid] = &sandbox{pod: pod, obj: obj, uid: uid, proc: pp, started: started}
+	h.mu.Unlock()
+	if err := c.cniRun(ctx, "ADD", pod, obj.Namespace, obj.Name, uid); err != nil {
 		return err
 	}
 	return c.cp.WritePodRunning(ctx, obj)
+}
+
+// sandboxOf returns the sandbox of the pod with uid, if it was started
+// on this node.
+func (c *CNI) sandboxOf(uid string) (*sandbox, bool) {
+	h, err := c.cp.nodeHost(c.Node)
+	if err != nil {
+		return nil, false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, ok := h.sandboxes[uid]
+	return s, ok
+}
+
+// sandboxList returns the node's sandboxes.
+func (c *CNI) sandboxList() []*sandbox {
+	h, err := c.cp.nodeHost(c.Node)
+	if err != nil {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	list := make([]*sandbox, 0, len(h.sandboxes))
+	for _, s := range h.sandboxes {
+		list = append(list, s)
+	}
+	return list
+}
+
+// stopSandbox stops a pod's sandbox as a kubelet does once the pod is
+// deleted (its containers' grace period over): CNI DEL of the chained
+// plugins with the result of their ADD, the pod's process killed and its
+// cgroups removed, its network namespace deleted. The Pod object stays:
+// the kubelet's final delete is the caller's.
+func (c *CNI) stopSandbox(ctx context.Context, s *sandbox) error {
+	h, err := c.cp.nodeHost(c.Node)
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	delete(h.sandboxes, s.uid)
+	h.mu.Unlock()
+	var errs []error
+	if err := c.cniRun(ctx, "DEL", s.pod, s.obj.Namespace, s.obj.Name, s.uid); err != nil {
+		errs = append(errs, err)
+	}
+	if err := h.stopPod(s.proc); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.pod.Delete(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // cniResult is a CNI 1.0 result, the fields the lab's primary plugin fills.
@@ -411,9 +481,11 @@ func primaryResult(pod *netnslab.Pod, netnsPath string) cniResult {
 	return r
 }
 
-// cniAdd runs the chain's plugins after the primary one (already done by
-// AddPod) with CNI ADD, as a runtime (libcni) does.
-func (c *CNI) cniAdd(ctx context.Context, pod *netnslab.Pod, namespace, name, uid string) error {
+// cniRun runs the chain's plugins after the primary one (whose ADD AddPod
+// did, and whose DEL the pod's namespace going does) with CNI command ADD or
+// DEL, as a runtime (libcni) does: with the previous result, which on DEL
+// is the cached result of the pod's ADD.
+func (c *CNI) cniRun(ctx context.Context, command string, pod *netnslab.Pod, namespace, name, uid string) error {
 	conf, err := c.pluginConfig()
 	if err != nil {
 		return err
@@ -428,7 +500,7 @@ func (c *CNI) cniAdd(ctx context.Context, pod *netnslab.Pod, namespace, name, ui
 	cmd := c.host.command(ctx, c.Node.NS, nil, "/opt/cni/bin/istio-cni")
 	cmd.Env = []string{
 		"PATH=" + os.Getenv("PATH"), // unshare's and chroot's; the plugin runs no program
-		"CNI_COMMAND=ADD",
+		"CNI_COMMAND=" + command,
 		"CNI_CONTAINERID=" + cid,
 		"CNI_NETNS=" + netnsPath,
 		"CNI_IFNAME=" + podIfName,
@@ -445,20 +517,24 @@ func (c *CNI) cniAdd(ctx context.Context, pod *netnslab.Pod, namespace, name, ui
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("istiolab: istio-cni ADD for %s/%s: %w: %s %s", namespace, name, err,
+		return fmt.Errorf("istiolab: istio-cni %s for %s/%s: %w: %s %s", command, namespace, name, err,
 			strings.TrimSpace(stdout.String()), strings.TrimSpace(stderr.String()))
 	}
-	// The plugin answers the previous result (a chained plugin changes no
-	// interface); an error answer is a JSON object with a code.
+	// On ADD the plugin answers the previous result (a chained plugin
+	// changes no interface); on DEL nothing. An error answer is a JSON
+	// object with a code.
+	if command == "DEL" && len(bytes.TrimSpace(stdout.Bytes())) == 0 {
+		return nil
+	}
 	var answer struct {
 		Code int    `json:"code"`
 		Msg  string `json:"msg"`
 	}
 	if err := json.Unmarshal(stdout.Bytes(), &answer); err != nil {
-		return fmt.Errorf("istiolab: istio-cni ADD answered %q: %w", stdout.String(), err)
+		return fmt.Errorf("istiolab: istio-cni %s answered %q: %w", command, stdout.String(), err)
 	}
 	if answer.Code != 0 {
-		return fmt.Errorf("istiolab: istio-cni ADD: code %d: %s", answer.Code, answer.Msg)
+		return fmt.Errorf("istiolab: istio-cni %s: code %d: %s", command, answer.Code, answer.Msg)
 	}
 	return nil
 }

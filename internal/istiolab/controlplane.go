@@ -40,6 +40,9 @@ const (
 	IstiodMonitoringPort = 15014
 	// IstioNamespace is where istiod, its CA secret and mesh config live.
 	IstioNamespace = "istio-system"
+	// istiodServiceAccount is istiod's service account in IstioNamespace,
+	// which the istio-discovery chart's roles are bound to.
+	istiodServiceAccount = "istiod"
 	// ZtunnelServiceAccount is the daemon's service account in
 	// IstioNamespace; istiod trusts it to ask for the certificates of pods on
 	// its node (CA_TRUSTED_NODE_ACCOUNTS).
@@ -92,9 +95,18 @@ type ControlPlane struct {
 	api    *apiClient
 	procs  []*process // in start order
 
+	// bg ends with Close: the loops that run as long as the control plane
+	// (node leases); bgDone waits for them.
+	bg     context.Context
+	stopBg context.CancelFunc
+	bgDone sync.WaitGroup
+
 	mu      sync.Mutex           // guards the following fields
 	nodes   map[string]*nodeHost // by node name
 	cgroups []string             // the lab's cgroups above pods', shared by the nodes
+	leases  map[string]bool      // nodes whose Lease is being renewed
+	// tokenFiles are the token files being renewed (startTokenFile).
+	tokenFiles map[string]bool
 }
 
 // Start brings the control plane up and returns once istiod is ready. On
@@ -118,6 +130,7 @@ func Start(ctx context.Context, cfg Config) (cp *ControlPlane, err error) {
 		logDir: filepath.Join(cfg.Dir, "logs"),
 		nodes:  make(map[string]*nodeHost),
 	}
+	cp.bg, cp.stopBg = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
 			cp.Close()
@@ -215,6 +228,17 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context) error {
 		"--service-account-signing-key-file=" + files["sa.key"],
 		"--authorization-mode=RBAC",
 		"--token-auth-file=" + files["tokens.csv"],
+		// Client certificates under the lab's CA and request-header
+		// authentication as kubeadm configures them: the API server
+		// publishes both in kube-system/extension-apiserver-authentication,
+		// which delegated authentication (kube-controller-manager's own
+		// port) reads.
+		"--client-ca-file=" + files["ca.crt"],
+		"--requestheader-client-ca-file=" + files["front-proxy-ca.crt"],
+		"--requestheader-allowed-names=front-proxy-client",
+		"--requestheader-username-headers=X-Remote-User",
+		"--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
 		"--allow-privileged=true",
 		"--profiling=false",
 	}, nil)
@@ -222,7 +246,10 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context) error {
 		return err
 	}
 	cp.api = newAPIClient(cp.Node.NS, cp.Server, pki.caPEM, pki.adminToken)
-	return waitFor(ctx, p, apiServerReadyTimeout, cp.api.ready)
+	if err := waitFor(ctx, p, apiServerReadyTimeout, cp.api.ready); err != nil {
+		return err
+	}
+	return cp.startControllerManager(ctx, pki, files)
 }
 
 // install applies the CRDs from Istio's and the Gateway API's modules (as
@@ -245,14 +272,16 @@ func (cp *ControlPlane) install(ctx context.Context) error {
 
 func (cp *ControlPlane) startIstiod(ctx context.Context) error {
 	dir := cp.dir("istiod")
-	// istiod's own kubeconfig. It uses the admin's identity: the chart's
-	// ClusterRoles for istiod are not installed yet.
-	kc := filepath.Join(dir, "kubeconfig")
-	data, err := os.ReadFile(cp.Kubeconfig)
-	if err != nil {
-		return fmt.Errorf("istiolab: %w", err)
+	// istiod's own kubeconfig, as in-cluster configuration gives it on a
+	// cluster: its service account's token from the TokenRequest API (the
+	// kubelet's projected volume), renewed in place, under the
+	// istio-discovery chart's roles (install.yaml).
+	tokenPath := filepath.Join(dir, "token")
+	if err := cp.startTokenFile(ctx, tokenPath, IstioNamespace, istiodServiceAccount); err != nil {
+		return err
 	}
-	if err := os.WriteFile(kc, data, 0o600); err != nil {
+	kc := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kc, kubeconfigTokenFile(cp.Server, cp.CAPEM, "istiod", tokenPath), 0o600); err != nil {
 		return fmt.Errorf("istiolab: %w", err)
 	}
 	// The istio-discovery chart's arguments and environment, with the
@@ -270,7 +299,7 @@ func (cp *ControlPlane) startIstiod(ctx context.Context) error {
 		"PILOT_CERT_PROVIDER=istiod",
 		"POD_NAME=istiod-lab",
 		"POD_NAMESPACE=" + IstioNamespace,
-		"SERVICE_ACCOUNT=istiod",
+		"SERVICE_ACCOUNT=" + istiodServiceAccount,
 		"CA_TRUSTED_NODE_ACCOUNTS=" + IstioNamespace + "/" + ZtunnelServiceAccount,
 		"PILOT_ENABLE_AMBIENT=true",
 		"PILOT_ENABLE_ANALYSIS=false",
@@ -325,6 +354,8 @@ func (cp *ControlPlane) IstiodAddr() netip.AddrPort {
 // Close stops the components in reverse order. Their logs stay.
 func (cp *ControlPlane) Close() error {
 	var errs []error
+	cp.stopBg()
+	cp.bgDone.Wait()
 	// The nodes first: what runs on them talks to the control plane.
 	cp.mu.Lock()
 	for name, h := range cp.nodes {

@@ -151,6 +151,22 @@ metadata:
 		}
 	})
 
+	// istiod talks to the API server as its service account, with the
+	// istio-discovery chart's roles only: every call it made so far (its
+	// informers, its CA's TokenReviews, the root it wrote above) was
+	// allowed.
+	t.Run("istiod runs as its service account", func(t *testing.T) {
+		out, err := kubectl(ctx, cp.Node.NS, cp.bins.Kubectl(), filepath.Join(cp.dir("istiod"), "kubeconfig"), cp.dir("home"), "",
+			"auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "system:serviceaccount:" + IstioNamespace + ":" + istiodServiceAccount; string(out) != want {
+			t.Errorf("istiod's kubeconfig authenticates as %q, want %q", out, want)
+		}
+		istiodNotRefused(t, cp)
+	})
+
 	ztunnelID := identity.New("cluster.local", IstioNamespace, ZtunnelServiceAccount)
 	cniID := identity.New("cluster.local", IstioNamespace, "istio-cni")
 	podID := identity.New("cluster.local", ns, "default")
@@ -225,6 +241,17 @@ metadata:
 				t.Errorf("issued certificate does not chain to istio-ca-root-cert: %v", err)
 			}
 		})
+	}
+	istiodNotRefused(t, cp)
+}
+
+// istiodNotRefused fails the test if istiod's log shows a call the API
+// server refused it (its roles are the chart's: a missing right shows as a
+// "forbidden" error of its informers or writes).
+func istiodNotRefused(t *testing.T, cp *ControlPlane) {
+	t.Helper()
+	if line, err := logLine(cp.LogPath("istiod"), "forbidden"); err == nil {
+		t.Errorf("istiod was refused a call: %s", line)
 	}
 }
 

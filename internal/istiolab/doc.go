@@ -1,8 +1,9 @@
 // Package istiolab runs upstream Kubernetes and Istio in the network-namespace
-// lab (issue 33, docs/istio-lab.md): etcd, the Kubernetes API server and
-// istiod, unmodified programs built from the istiolab/ module by
-// `make istio-bins`, started as processes in a lab node, with Istio's and the
-// Gateway API's CRDs and an ambient-profile install applied with kubectl.
+// lab (issue 33, docs/istio-lab.md): etcd, the Kubernetes API server,
+// kube-controller-manager and istiod, unmodified programs built from the
+// istiolab/ module by `make istio-bins`, started as processes in a lab node,
+// with Istio's and the Gateway API's CRDs and an ambient-profile install
+// applied with kubectl.
 //
 // Its single job is running upstream Kubernetes and Istio around the lab's
 // nodes: the control plane (start it, hand out what a client needs:
@@ -10,7 +11,10 @@
 // address; stop it), and on each node istio-cni's node agent in a root of
 // its own with the chart's host mounts, the daemon as the ztunnel chart runs
 // it, and the runtime's part for pods: their objects, their sandboxes and
-// istio-cni's CNI plugin invoked as a container runtime invokes it. It never imports Kubernetes or Istio code:
+// istio-cni's CNI plugin invoked as a container runtime invokes it, on ADD
+// and, once a pod is deleted, on DEL; and the restarts and rotations a
+// cluster makes (a DaemonSet rollout of the daemon, istiod restarted, a CA
+// plugged into istiod). It never imports Kubernetes or Istio code:
 // the daemon's module must not take their dependency graph, so it talks to
 // the API server through kubectl and a few plain HTTPS calls. Each
 // component's output goes to a log file under the control plane's directory.

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -34,8 +35,11 @@ type nodeHost struct {
 	dirs    nodeDirs
 	init    *process // unshare, whose child is the namespace's first process
 	initPID int      // that child's PID on the host
-	pods    []*process
-	cgroups []string // the pods' own
+
+	mu        sync.Mutex // guards the following fields
+	pods      []*process
+	cgroups   []string            // the pods' own
+	sandboxes map[string]*sandbox // the pods started on the node, by UID
 }
 
 // nodeInitTimeout bounds the wait for a node's first process.
@@ -78,7 +82,7 @@ func (cp *ControlPlane) nodeHost(node *netnslab.Node) (*nodeHost, error) {
 	}
 	// The first process ignores SIGTERM (PID 1 has no default action).
 	p.inChild, p.stopSignal = true, syscall.SIGKILL
-	h := &nodeHost{node: node, dirs: d, init: p}
+	h := &nodeHost{node: node, dirs: d, init: p, sandboxes: make(map[string]*sandbox)}
 	deadline := time.Now().Add(nodeInitTimeout)
 	for {
 		if pid, ok := firstChild(p.cmd.Process.Pid); ok {
@@ -118,15 +122,18 @@ func cgroupBase() string {
 // node's PID namespace and the cgroup a kubelet's runtime gives a pod's
 // container (…/kubepods/besteffort/pod<UID>/<container ID>, under a cgroup
 // of the lab's own).
-func (h *nodeHost) startPod(cp *ControlPlane, pod *netnslab.Pod, uid, containerID string) error {
+func (h *nodeHost) startPod(cp *ControlPlane, pod *netnslab.Pod, uid, containerID string) (*podProcess, error) {
 	lab, _, _ := strings.Cut(pod.NetNS, "_")
 	top := filepath.Join(cgroupBase(), "istiolab-"+lab)
 	shared := filepath.Join(top, "kubepods", "besteffort")
 	podDir := filepath.Join(shared, "pod"+uid)
 	leaf := filepath.Join(podDir, containerID)
-	// The pod's own cgroups go with the node; the lab's, which the nodes
-	// share, with the control plane.
-	h.cgroups = append(h.cgroups, leaf, podDir)
+	// The pod's own cgroups go with the node (or with the pod, stopped
+	// first); the lab's, which the nodes share, with the control plane.
+	pp := &podProcess{cgroups: []string{leaf, podDir}}
+	h.mu.Lock()
+	h.cgroups = append(h.cgroups, pp.cgroups...)
+	h.mu.Unlock()
 	cp.mu.Lock()
 	for _, dir := range []string{shared, filepath.Dir(shared), top} {
 		if !slices.Contains(cp.cgroups, dir) {
@@ -135,7 +142,7 @@ func (h *nodeHost) startPod(cp *ControlPlane, pod *netnslab.Pod, uid, containerI
 	}
 	cp.mu.Unlock()
 	if err := os.MkdirAll(leaf, 0o755); err != nil {
-		return fmt.Errorf("istiolab: pod cgroup: %w", err)
+		return nil, fmt.Errorf("istiolab: pod cgroup: %w", err)
 	}
 	argv := append([]string{"ip", "netns", "exec", pod.NetNS}, h.enter(filepath.Join(h.dirs.root, "pause"), "infinity")...)
 	quoted := make([]string, len(argv))
@@ -147,11 +154,40 @@ func (h *nodeHost) startPod(cp *ControlPlane, pod *netnslab.Pod, uid, containerI
 	script := fmt.Sprintf("echo $$ >%s && exec %s", shellQuote(filepath.Join(leaf, "cgroup.procs")), strings.Join(quoted, " "))
 	p, err := startCmd("pod-"+pod.Name, cp.logDir, exec.Command("sh", "-c", script))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	p.inChild, p.stopSignal = true, syscall.SIGKILL
+	pp.proc = p
+	h.mu.Lock()
 	h.pods = append(h.pods, p)
-	return nil
+	h.mu.Unlock()
+	return pp, nil
+}
+
+// podProcess is a pod's process and its cgroups.
+type podProcess struct {
+	proc    *process
+	cgroups []string // leaf first
+}
+
+// stopPod ends a pod's process and removes its cgroups, as a runtime
+// removes a stopped sandbox; the node forgets them.
+func (h *nodeHost) stopPod(pp *podProcess) error {
+	err := pp.proc.stop(stopGrace)
+	h.mu.Lock()
+	h.pods = slices.DeleteFunc(h.pods, func(p *process) bool { return p == pp.proc })
+	h.cgroups = slices.DeleteFunc(h.cgroups, func(dir string) bool { return slices.Contains(pp.cgroups, dir) })
+	h.mu.Unlock()
+	// The process is gone once stop returns, but the kernel may take a
+	// moment to leave its cgroup; rmdir fails with EBUSY until then.
+	var rmErr error
+	for range 50 {
+		if rmErr = removeCgroups(pp.cgroups); rmErr == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return errors.Join(err, rmErr)
 }
 
 // close ends the node's PID namespace (and so every process in it: the
@@ -162,6 +198,8 @@ func (h *nodeHost) close() error {
 	if err := h.init.stop(stopGrace); err != nil {
 		errs = append(errs, err)
 	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	for _, p := range h.pods {
 		if err := p.stop(stopGrace); err != nil {
 			errs = append(errs, err)

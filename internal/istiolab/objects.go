@@ -3,7 +3,9 @@ package istiolab
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"strings"
 	"time"
@@ -36,7 +38,7 @@ func (cp *ControlPlane) RegisterNode(ctx context.Context, node *netnslab.Node) e
 		return err
 	}
 	now := time.Now().UTC().Format(time.RFC3339)
-	return cp.patchStatus(ctx, "node", "", node.Name, map[string]any{
+	err := cp.patchStatus(ctx, "node", "", node.Name, map[string]any{
 		"addresses": []map[string]string{
 			{"type": "InternalIP", "address": node.IP.String()},
 			{"type": "Hostname", "address": node.Name},
@@ -46,7 +48,73 @@ func (cp *ControlPlane) RegisterNode(ctx context.Context, node *netnslab.Node) e
 			"lastHeartbeatTime": now, "lastTransitionTime": now,
 		}},
 	})
+	if err != nil {
+		return err
+	}
+	return cp.startNodeLease(ctx, node.Name)
 }
+
+// Node leases, as a kubelet keeps them: kube-controller-manager's node
+// lifecycle controller marks a node whose lease (kube-node-lease/<node>) was
+// not renewed within its grace period (50 s) NotReady, taints it, marks its
+// pods not Ready (which istiod would serve as unhealthy workloads) and later
+// evicts them.
+const (
+	nodeLeaseNamespace = "kube-node-lease"
+	// nodeLeaseDuration is the kubelet's nodeLeaseDurationSeconds; it
+	// renews every quarter of it.
+	nodeLeaseDuration = 40 * time.Second
+)
+
+// startNodeLease creates the node's Lease and renews it until the control
+// plane closes; a node registered again keeps its one renewal loop.
+func (cp *ControlPlane) startNodeLease(ctx context.Context, node string) error {
+	cp.mu.Lock()
+	if cp.leases == nil {
+		cp.leases = make(map[string]bool)
+	}
+	running := cp.leases[node]
+	cp.leases[node] = true
+	cp.mu.Unlock()
+	if running {
+		return nil
+	}
+	lease := map[string]any{
+		"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+		"metadata": map[string]any{"name": node, "namespace": nodeLeaseNamespace},
+		"spec": map[string]any{
+			"holderIdentity":       node,
+			"leaseDurationSeconds": int(nodeLeaseDuration / time.Second),
+			"renewTime":            microTime(time.Now()),
+		},
+	}
+	path := "/apis/coordination.k8s.io/v1/namespaces/" + nodeLeaseNamespace + "/leases"
+	var conflict *apiError
+	if err := cp.api.do(ctx, http.MethodPost, path, lease, nil); err != nil && !(errors.As(err, &conflict) && conflict.Code == http.StatusConflict) {
+		cp.mu.Lock()
+		delete(cp.leases, node)
+		cp.mu.Unlock()
+		return fmt.Errorf("istiolab: lease of node %s: %w", node, err)
+	}
+	cp.bgDone.Go(func() {
+		tick := time.NewTicker(nodeLeaseDuration / 4)
+		defer tick.Stop()
+		for {
+			select {
+			case <-cp.bg.Done():
+				return
+			case <-tick.C:
+			}
+			// A failed renewal is retried at the next tick, as the
+			// kubelet's; the grace period covers a few.
+			_ = cp.api.mergePatch(cp.bg, path+"/"+node, map[string]any{"spec": map[string]any{"renewTime": microTime(time.Now())}})
+		}
+	})
+	return nil
+}
+
+// microTime formats t as the API's MicroTime (RFC 3339 with microseconds).
+func microTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000000Z07:00") }
 
 // PodObject describes a Pod the lab runs, for its object on the API server.
 type PodObject struct {

@@ -21,12 +21,23 @@ import (
 // service-account signing key live here; workload certificates come from
 // istiod's CA, as in an install.
 type apiPKI struct {
-	caPEM      []byte // the root the kubeconfigs trust
-	servingPEM []byte // the API server's certificate (leaf only)
-	servingKey []byte
-	saKey      []byte // service-account token signing key (PKCS#8)
-	saPub      []byte // its public half, for verification
-	adminToken string // static bearer token of the lab's admin (system:masters)
+	caPEM []byte // the root the kubeconfigs trust
+	// frontProxyCAPEM is the root of the API server's request-header
+	// authentication (front proxies, such as an aggregated API server's
+	// caller): no certificate is issued under it; the API server needs it
+	// to publish extension-apiserver-authentication in full, which
+	// delegated authentication (kube-controller-manager's port) reads.
+	frontProxyCAPEM []byte
+	servingPEM      []byte // the API server's certificate (leaf only)
+	servingKey      []byte
+	saKey           []byte // service-account token signing key (PKCS#8)
+	saPub           []byte // its public half, for verification
+	adminToken      string // static bearer token of the lab's admin (system:masters)
+	// kcmToken is kube-controller-manager's static bearer token, for the
+	// user system:kube-controller-manager, whom the API server's bootstrap
+	// RBAC policy binds to its roles (what kubeadm gives it as a client
+	// certificate).
+	kcmToken string
 }
 
 // apiServerNames are the names a client may use for the API server: the
@@ -41,24 +52,11 @@ var apiServerNames = []string{
 // apiServerNames, a service-account key pair and an admin token.
 func newAPIPKI(ips []netip.Addr) (*apiPKI, error) {
 	now := time.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, caKey, err := newCA("istiolab kubernetes ca")
 	if err != nil {
 		return nil, err
 	}
-	caTmpl := &x509.Certificate{
-		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "istiolab kubernetes ca"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(10 * 365 * 24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return nil, fmt.Errorf("istiolab: ca: %w", err)
-	}
-	ca, err := x509.ParseCertificate(caDER)
+	frontProxy, _, err := newCA("istiolab front-proxy ca")
 	if err != nil {
 		return nil, err
 	}
@@ -98,31 +96,75 @@ func newAPIPKI(ips []netip.Addr) (*apiPKI, error) {
 	if err != nil {
 		return nil, err
 	}
-	token := make([]byte, 24)
-	if _, err := rand.Read(token); err != nil {
+	admin, err := randomToken()
+	if err != nil {
+		return nil, err
+	}
+	kcm, err := randomToken()
+	if err != nil {
 		return nil, err
 	}
 	return &apiPKI{
-		caPEM:      pemBlock("CERTIFICATE", caDER),
-		servingPEM: pemBlock("CERTIFICATE", srvDER),
-		servingKey: pemBlock("PRIVATE KEY", srvKeyDER),
-		saKey:      pemBlock("PRIVATE KEY", saKeyDER),
-		saPub:      pemBlock("PUBLIC KEY", saPubDER),
-		adminToken: hex.EncodeToString(token),
+		caPEM:           pemBlock("CERTIFICATE", ca.Raw),
+		frontProxyCAPEM: pemBlock("CERTIFICATE", frontProxy.Raw),
+		servingPEM:      pemBlock("CERTIFICATE", srvDER),
+		servingKey:      pemBlock("PRIVATE KEY", srvKeyDER),
+		saKey:           pemBlock("PRIVATE KEY", saKeyDER),
+		saPub:           pemBlock("PUBLIC KEY", saPubDER),
+		adminToken:      admin,
+		kcmToken:        kcm,
 	}, nil
+}
+
+// newCA makes a self-signed CA named cn.
+func newCA(cn string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	now := time.Now()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: cn},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(10 * 365 * 24 * time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("istiolab: %s: %w", cn, err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cert, key, nil
+}
+
+// randomToken is a static bearer token: 24 random bytes in hex.
+func randomToken() (string, error) {
+	token := make([]byte, 24)
+	if _, err := rand.Read(token); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(token), nil
 }
 
 // write puts the files the API server reads into dir and returns their
 // paths by role.
 func (p *apiPKI) write(dir string) (map[string]string, error) {
 	files := map[string][]byte{
-		"ca.crt":        p.caPEM,
-		"apiserver.crt": p.servingPEM,
-		"apiserver.key": p.servingKey,
-		"sa.key":        p.saKey,
-		"sa.pub":        p.saPub,
+		"ca.crt":             p.caPEM,
+		"front-proxy-ca.crt": p.frontProxyCAPEM,
+		"apiserver.crt":      p.servingPEM,
+		"apiserver.key":      p.servingKey,
+		"sa.key":             p.saKey,
+		"sa.pub":             p.saPub,
 		// token,user,uid,"group": the static token file's format.
-		"tokens.csv": fmt.Appendf(nil, "%s,%s,%s,\"system:masters\"\n", p.adminToken, adminUser, adminUser),
+		"tokens.csv": fmt.Appendf(nil, "%s,%s,%s,\"system:masters\"\n%s,%s,%s\n",
+			p.adminToken, adminUser, adminUser, p.kcmToken, controllerManagerUser, controllerManagerUser),
 	}
 	paths := make(map[string]string, len(files))
 	for name, data := range files {

@@ -1,7 +1,9 @@
 package istiolab
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -21,6 +23,9 @@ type apiPod struct {
 		Name      string            `json:"name"`
 		UID       string            `json:"uid"`
 		Labels    map[string]string `json:"labels"`
+		// DeletionTimestamp is set once the pod is being deleted: its
+		// node's kubelet stops it and deletes the object for good.
+		DeletionTimestamp string `json:"deletionTimestamp"`
 	} `json:"metadata"`
 	Spec struct {
 		NodeName           string `json:"nodeName"`
@@ -43,6 +48,9 @@ type RuntimeOptions struct {
 	// Started, if set, is told of each pod started (namespace, name, its
 	// lab namespace).
 	Started func(namespace, name string, pod *netnslab.Pod)
+	// Stopped, if set, is told of each pod whose sandbox was stopped (its
+	// lab namespace is gone).
+	Stopped func(namespace, name string)
 	// Logf, if set, is told of each step and failure.
 	Logf func(format string, args ...any)
 	// Interval is how often the runtime lists pods (default 1 s).
@@ -52,9 +60,15 @@ type RuntimeOptions struct {
 // RunRuntime starts, until ctx ends, the pods others write: a pending Pod
 // with no node is bound to one of o.CNIs' nodes in turn (the scheduler's
 // part), and a pending Pod bound to one of them is started as RunPod starts
-// one (its sandbox, its process, istio-cni's plugin, its status). Pods are
-// found by listing them every o.Interval. Deleted pods keep their sandbox
-// (no CNI DEL yet).
+// one (its sandbox, its process, istio-cni's plugin, its status). A pod the
+// runtime or RunPod started that is being deleted (a deletionTimestamp) has
+// its sandbox stopped as a kubelet stops it (CNI DEL, its process and
+// cgroups, its network namespace) and its object then deleted with grace 0,
+// the kubelet's final delete, which istio-cni's agent sees and so removes
+// the pod from the node's daemon; a started pod whose object is gone is
+// stopped the same way. Pods are found by listing them every o.Interval.
+// On the same beat it programs each node's Service VIPs as kube-proxy
+// would, from the Services and EndpointSlices (services.go).
 func (cp *ControlPlane) RunRuntime(ctx context.Context, o RuntimeOptions) {
 	if o.Interval == 0 {
 		o.Interval = time.Second
@@ -67,17 +81,26 @@ func (cp *ControlPlane) RunRuntime(ctx context.Context, o RuntimeOptions) {
 		nodes = append(nodes, name)
 	}
 	next := 0
-	failed := make(map[string]bool) // by UID: tried once, left as it is
+	failed := make(map[string]bool)       // by UID: tried once, left as it is
+	programmed := make(map[string][]byte) // by node: the Service rules loaded last
 	tick := time.NewTicker(o.Interval)
 	defer tick.Stop()
 	for {
 		var list struct {
 			Items []apiPod `json:"items"`
 		}
-		if err := cp.api.do(ctx, http.MethodGet, "/api/v1/pods", nil, &list); err != nil && ctx.Err() == nil {
+		listed := time.Now()
+		err := cp.api.do(ctx, http.MethodGet, "/api/v1/pods", nil, &list)
+		if err != nil && ctx.Err() == nil {
 			o.Logf("istiolab runtime: listing pods: %v", err)
 		}
+		exists := make(map[string]bool, len(list.Items))
 		for _, p := range list.Items {
+			exists[p.Metadata.UID] = true
+			if p.Metadata.DeletionTimestamp != "" {
+				cp.terminate(ctx, o, p)
+				continue
+			}
 			if p.Spec.HostNetwork || (p.Status.Phase != "" && p.Status.Phase != "Pending") || failed[p.Metadata.UID] {
 				continue
 			}
@@ -109,11 +132,95 @@ func (cp *ControlPlane) RunRuntime(ctx context.Context, o RuntimeOptions) {
 				o.Started(p.Metadata.Namespace, p.Metadata.Name, pod)
 			}
 		}
+		cp.syncServices(ctx, o, programmed)
+		if err == nil {
+			// Sandboxes of pods deleted at once (grace 0, or gone before a
+			// list saw them terminating); only those started before the
+			// list, which would be in it.
+			for _, c := range o.CNIs {
+				for _, s := range c.sandboxList() {
+					if !exists[s.uid] && s.started.Before(listed) {
+						cp.stopStarted(ctx, o, c, s)
+					}
+				}
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
+	}
+}
+
+// syncServices is kube-proxy's part (services.go): the Services'
+// rules rendered from the API server's state and loaded into each node
+// whose rules differ from programmed, which it updates.
+func (cp *ControlPlane) syncServices(ctx context.Context, o RuntimeOptions, programmed map[string][]byte) {
+	rules, err := cp.serviceRules(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			o.Logf("istiolab runtime: listing services: %v", err)
+		}
+		return
+	}
+	for name, c := range o.CNIs {
+		if bytes.Equal(programmed[name], rules) {
+			continue
+		}
+		if err := programServices(ctx, c.Node, rules); err != nil {
+			if ctx.Err() == nil {
+				o.Logf("istiolab runtime: %v", err)
+			}
+			continue
+		}
+		programmed[name] = rules
+	}
+}
+
+// terminate is the kubelet's part for a pod being deleted on one of
+// o.CNIs' nodes: its sandbox stopped if it was started, then the final
+// delete. A running pod the runtime did not start (the lab's own agents and
+// daemons) is left alone.
+func (cp *ControlPlane) terminate(ctx context.Context, o RuntimeOptions, p apiPod) {
+	c, ok := o.CNIs[p.Spec.NodeName]
+	if !ok {
+		return
+	}
+	key := p.Metadata.Namespace + "/" + p.Metadata.Name
+	if s, ok := c.sandboxOf(p.Metadata.UID); ok {
+		cp.stopStarted(ctx, o, c, s)
+	} else if p.Status.Phase != "" && p.Status.Phase != "Pending" {
+		return
+	}
+	// The kubelet's final delete: grace 0, and only this pod (a new one of
+	// the same name is another UID).
+	opts := map[string]any{
+		"apiVersion": "v1", "kind": "DeleteOptions",
+		"gracePeriodSeconds": 0,
+		"preconditions":      map[string]string{"uid": p.Metadata.UID},
+	}
+	path := fmt.Sprintf("/api/v1/namespaces/%s/pods/%s", p.Metadata.Namespace, p.Metadata.Name)
+	var apiErr *apiError
+	if err := cp.api.do(ctx, http.MethodDelete, path, opts, nil); err != nil &&
+		!(errors.As(err, &apiErr) && (apiErr.Code == http.StatusNotFound || apiErr.Code == http.StatusConflict)) {
+		o.Logf("istiolab runtime: deleting %s: %v", key, err)
+		return
+	}
+	o.Logf("istiolab runtime: deleted %s", key)
+}
+
+// stopStarted stops a sandbox the runtime or RunPod started and tells
+// o.Stopped.
+func (cp *ControlPlane) stopStarted(ctx context.Context, o RuntimeOptions, c *CNI, s *sandbox) {
+	key := s.obj.Namespace + "/" + s.obj.Name
+	if err := c.stopSandbox(ctx, s); err != nil {
+		o.Logf("istiolab runtime: stopping %s: %v", key, err)
+	} else {
+		o.Logf("istiolab runtime: stopped %s on %s", key, c.Node.Name)
+	}
+	if o.Stopped != nil {
+		o.Stopped(s.obj.Namespace, s.obj.Name)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -40,12 +41,19 @@ type ZtunnelOptions struct {
 	InpodUDS string
 	// Env adds or overrides variables after the chart's.
 	Env []string
+	// Name is the daemon's Pod object in IstioNamespace, its working
+	// directory and its log's name; default "ztunnel-<node>". A rollout's
+	// new pod takes another name beside the old, as a DaemonSet's pods
+	// have (TerminateZtunnel then ends the old one).
+	Name string
 }
 
 // Ztunnel is one daemon started by StartZtunnel.
 type Ztunnel struct {
 	// Pod is where it runs.
-	Pod  *netnslab.Pod
+	Pod *netnslab.Pod
+	// Name is its Pod object's name in IstioNamespace (and its log's).
+	Name string
 	proc *process
 }
 
@@ -62,7 +70,10 @@ func (cp *ControlPlane) StartZtunnel(ctx context.Context, o ZtunnelOptions) (*Zt
 	if o.Binary == "" || o.Pod == nil || o.InpodUDS == "" {
 		return nil, fmt.Errorf("istiolab: ZtunnelOptions needs Binary, Pod and InpodUDS")
 	}
-	name := "ztunnel-" + o.Pod.Node.Name
+	name := o.Name
+	if name == "" {
+		name = "ztunnel-" + o.Pod.Node.Name
+	}
 	dir := cp.dir(name)
 	// The DaemonSet's pod, as the scheduler and the kubelet leave it: istiod
 	// lets a node account impersonate only pods on the node of the pod its
@@ -115,7 +126,7 @@ func (cp *ControlPlane) StartZtunnel(ctx context.Context, o ZtunnelOptions) (*Zt
 		"RUST_BACKTRACE=1",
 		"ISTIO_META_CLUSTER_ID=Kubernetes",
 		"INPOD_ENABLED=true",
-		"TERMINATION_GRACE_PERIOD_SECONDS=30",
+		"TERMINATION_GRACE_PERIOD_SECONDS=" + strconv.Itoa(int(ZtunnelGrace/time.Second)),
 		"POD_NAME=" + name,
 		"POD_NAMESPACE=" + IstioNamespace,
 		"NODE_NAME=" + o.Pod.Node.Name,
@@ -132,7 +143,7 @@ func (cp *ControlPlane) StartZtunnel(ctx context.Context, o ZtunnelOptions) (*Zt
 	if err != nil {
 		return nil, err
 	}
-	z := &Ztunnel{Pod: o.Pod, proc: p}
+	z := &Ztunnel{Pod: o.Pod, Name: name, proc: p}
 	client := &http.Client{
 		Transport: &http.Transport{DialContext: o.Pod.Dial, DisableKeepAlives: true},
 		Timeout:   5 * time.Second,
