@@ -47,8 +47,9 @@ spec:
 // testServiceVIP: a Service selecting the server (the API server allocates
 // its ClusterIP; istiod reads the Service and the pods): a mesh client
 // resolves its name through the daemon's DNS proxy (istio-cni's DNS
-// capture) and calls the VIP, which no kube-proxy programs: the client's
-// daemon sends it to the server over HBONE.
+// capture) and calls the VIP, which its daemon sends to the server over
+// HBONE; the pod outside the mesh calls it through kube-proxy's rules on
+// its node, and the server sees its own address.
 func testServiceVIP(t *testing.T, l *arowsLab) {
 	l.apply(t, echoServiceYAML)
 	vip, err := netip.ParseAddr(l.kubectl(t, "get", "service", "echo", "-n", "arows", "-o", "jsonpath={.spec.clusterIP}"))
@@ -57,8 +58,34 @@ func testServiceVIP(t *testing.T, l *arowsLab) {
 	}
 	const host = "echo.arows.svc.cluster.local"
 	l.resolves(t, l.client, host, vip)
-	l.outbound(t, l.client, netip.AddrPortFrom(vip, 80), `dst.service="`+host+`"`,
+	dst := netip.AddrPortFrom(vip, 80)
+	l.outbound(t, l.client, dst, `dst.service="`+host+`"`,
 		`dst.hbone_addr="`+netip.AddrPortFrom(l.server.IP, serverPort).String()+`"`)
+
+	// A client outside the mesh: its node's kube-proxy rules (the lab's,
+	// services.go, from the Service's EndpointSlice) send the VIP to the
+	// server, whose daemon takes it in plaintext from the client's own
+	// address.
+	ctx := t.Context()
+	waitUntil(t, time.Minute, func() error {
+		rules, err := l.cp.serviceRules(ctx)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(rules), vip.String()) || !strings.Contains(string(rules), l.server.IP.String()) {
+			return fmt.Errorf("no kube-proxy rule from %v to %v yet (no EndpointSlice?)", vip, l.server.IP)
+		}
+		return programServices(ctx, l.plain.Node, rules)
+	})
+	plain := viaPlaintext
+	waitUntil(t, time.Minute, func() error {
+		before := l.inbound(l.plain, serverPort, &plain, "")
+		if err := call(ctx, l.plain, dst); err != nil {
+			return fmt.Errorf("%s to %v: %w", l.plain.Name, dst, err)
+		}
+		return waitLog(func() bool { return l.inbound(l.plain, serverPort, &plain, "") > before },
+			"%s to %v succeeded, but the server's daemon logged no plaintext connection from its address", l.plain.Name, dst)
+	})
 }
 
 // testServiceEntryInline: a ServiceEntry with no address and an inline
