@@ -105,16 +105,16 @@ bench-census: bench-tools ## Round-trip census (issue 23): syscalls, context swi
 	$(BIN)/zbench --syscalls 20000 --paths 'hbone2/' --backends epoll $(BENCHFLAGS)
 
 .PHONY: bench-quick
-bench-quick: bench-tools ## CI smoke run of the end-to-end benchmarks and of the mesh-scale and Load scenarios (root, about a minute; HAProxy paths skipped if it is missing)
+bench-quick: bench-tools ## CI smoke run of the end-to-end benchmarks and of the mesh- and node-scale and Load scenarios (root, about a minute; HAProxy paths skipped if it is missing)
 	@scripts/deps.sh lab
 	$(BIN)/zbench --quick $(BENCHFLAGS)
 	$(BIN)/zbench --quick --load --prefix zl-loadq
-	$(GO) test -count=1 -run '^TestMeshScale$$' ./e2e/
+	$(GO) test -count=1 -run '^Test(Mesh|Node)Scale$$' ./e2e/
 
 .PHONY: bench-scale
-bench-scale: bench-tools ## Scale (issue 36): the Mesh scenario (a daemon fed 1k, 10k and 100k workloads over delta xDS; memory per workload, first byte to synced, CPU, VIP set-up, change latency under churn; SCALE.md in bench/results/<date>-<host>-scale/; ZTUNNEL_SCALE=N,M,... picks sizes, ZTUNNEL_SCALE_OUT the directory), then the Load scenario (1,000, 5,000 and 8,000 connections at 10,000 requests/s through the daemon pair and the HAProxy mTLS pair; LOAD.md in bench/results/<date>-<host>-load/; LOADFLAGS adds zbench flags) (root, ~15 min)
+bench-scale: bench-tools ## Mesh, node and load at scale (issue 36): a daemon fed 1k, 10k and 100k workloads (services and policies in proportion) over delta xDS (memory per workload, first byte to synced, CPU, VIP set-up, change latency under churn; SCALE.md), and a shared-mode daemon handed 10, 100 and 250 pods over ZDS (add to ack and to serving, memory, fds and goroutines per pod, a storm of adds, a restart, churn under traffic; NODE.md), both in bench/results/<date>-<host>-scale/ (ZTUNNEL_SCALE=N,M,... picks mesh sizes, ZTUNNEL_NODE_PODS=N,M,... pod counts, ZTUNNEL_SCALE_OUT the directory); then the Load scenario (1,000, 5,000 and 8,000 connections at 10,000 requests/s through the daemon pair and the HAProxy mTLS pair; LOAD.md in bench/results/<date>-<host>-load/; LOADFLAGS adds zbench flags) (root, ~15 min)
 	@scripts/deps.sh bench
-	set -o pipefail; ZTUNNEL_SCALE=$${ZTUNNEL_SCALE:-full} $(GO) test -count=1 -timeout 60m -run '^TestMeshScale$$' -v ./e2e/ | grep -v '^=== RUN'
+	set -o pipefail; ZTUNNEL_SCALE=$${ZTUNNEL_SCALE:-full} $(GO) test -count=1 -timeout 60m -run '^Test(Mesh|Node)Scale$$' -v ./e2e/ | grep -v '^=== RUN'
 	$(BIN)/zbench --load $(LOADFLAGS)
 
 .PHONY: bench-micro

@@ -47,5 +47,10 @@
 // answered FORMERR (or dropped when not even the header is there); the
 // server keeps serving.
 //
+// A goroutine per socket serves UDP and TCP; with Config.Watch (the shared
+// mode's, where a node has a DNS proxy per pod) the sockets are taken out of
+// Go's poller and wait on the caller's watcher instead (watch.go): a quiet
+// proxy then holds no goroutine, no poll descriptor and no buffer.
+//
 // Imports (of ours): fdbudget, metrics and state. Imported by: internal/app.
 package dnsproxy

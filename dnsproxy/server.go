@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -85,6 +86,12 @@ type Config struct {
 	// ListenControl is applied to the listening sockets (SO_MARK,
 	// SO_REUSEPORT); nil applies nothing.
 	ListenControl func(network, address string, c syscall.RawConn) error
+	// Watch, when set, serves the sockets from the caller's watcher
+	// (engine.Engine.WatchReadable: ready runs when the socket is
+	// readable and must not block) instead of a goroutine blocked on
+	// each: the shared mode's choice, where a node's pods are many and
+	// their DNS proxies nearly always quiet.
+	Watch func(rc syscall.RawConn, ready func() time.Duration) (stop func(), err error)
 	// Dial makes the sockets to the upstream resolvers (called inside
 	// Control); nil uses a plain net.Dialer. The caller gives them the
 	// proxy's mark so the capture rules do not send them back here.
@@ -155,11 +162,15 @@ type Server struct {
 	fwd     *budget       // forwarded queries in flight
 	dropped atomic.Uint64 // forwarded queries refused for want of a slot
 
-	mu    sync.Mutex // guards the following fields
-	udp   []net.PacketConn
-	tcp   []net.Listener
-	conns map[net.Conn]*tcpConn
-	clock uint64 // ticks at every TCP connection's activity: the eviction order
+	mu      sync.Mutex // guards the following fields
+	addrs   []net.Addr // every bound UDP address (UDPAddrs)
+	udp     []net.PacketConn
+	tcp     []net.Listener
+	unwatch []func()     // with Config.Watch
+	rawUDP  []*rawSocket // watched sockets (watch.go); closed once serving has ended
+	rawTCP  []*rawSocket // closed by beginStop
+	conns   map[net.Conn]*tcpConn
+	clock   uint64 // ticks at every TCP connection's activity: the eviction order
 }
 
 // New validates cfg and returns a server that has not opened anything.
@@ -270,12 +281,20 @@ func (s *Server) Start(ctx context.Context) error {
 	for _, err := range errs {
 		s.log.Info("DNS proxy address not bound; serving on the others (no IPv6 in the pod?)", "error", err)
 	}
-	s.mu.Lock()
-	s.udp, s.tcp = udp, tcp
-	s.mu.Unlock()
 	addrs := make([]string, 0, len(udp))
+	s.mu.Lock()
 	for i := range udp {
+		s.addrs = append(s.addrs, udp[i].LocalAddr())
 		addrs = append(addrs, udp[i].LocalAddr().String())
+	}
+	s.mu.Unlock()
+	for i := range udp {
+		if s.watch(udp[i], tcp[i]) {
+			continue
+		}
+		s.mu.Lock()
+		s.udp, s.tcp = append(s.udp, udp[i]), append(s.tcp, tcp[i])
+		s.mu.Unlock()
 		s.wg.Add(2)
 		go s.serveUDP(udp[i])
 		go s.serveTCP(tcp[i])
@@ -352,11 +371,7 @@ func (s *Server) control(fn func() error) error {
 func (s *Server) UDPAddrs() []net.Addr {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]net.Addr, 0, len(s.udp))
-	for _, pc := range s.udp {
-		out = append(out, pc.LocalAddr())
-	}
-	return out
+	return slices.Clone(s.addrs)
 }
 
 // Dropped returns how many forwarded queries were refused because no
@@ -379,7 +394,8 @@ func (s *Server) stopping() bool {
 // goroutine of its own if a forwarding slot is free and is dropped if not.
 func (s *Server) serveUDP(pc net.PacketConn) {
 	defer s.wg.Done()
-	buf := make([]byte, 65535)
+	// One byte over the bound: a longer datagram is cut to it, and dropped.
+	buf := make([]byte, MaxRequestSize+1)
 	var backoff time.Duration
 	for {
 		n, from, err := pc.ReadFrom(buf)
@@ -393,25 +409,30 @@ func (s *Server) serveUDP(pc net.PacketConn) {
 		if n > MaxRequestSize {
 			continue
 		}
-		// A copy: a forwarded query outlives buf's next read.
-		out, fwd := s.prepare(s.ctx, bytes.Clone(buf[:n]), false)
-		if fwd == nil {
-			if out != nil {
-				_, _ = pc.WriteTo(out, from)
-			}
-			continue
-		}
-		client := clientAddr(from)
-		if !s.takeForward(client, "udp") {
-			continue // overloaded: the client retries
-		}
-		s.wg.Go(func() {
-			defer s.releaseForward(client)
-			if out := s.resolve(s.ctx, fwd); out != nil {
-				_, _ = pc.WriteTo(out, from)
-			}
-		})
+		s.query(buf[:n], clientAddr(from), func(out []byte) { _, _ = pc.WriteTo(out, from) })
 	}
+}
+
+// query answers the datagram b from client with send (a mesh name on the
+// spot, others on a goroutine of their own if a forwarding slot is free).
+func (s *Server) query(b []byte, client netip.Addr, send func([]byte)) {
+	// A copy: a forwarded query outlives the buffer's next read.
+	out, fwd := s.prepare(s.ctx, bytes.Clone(b), false)
+	if fwd == nil {
+		if out != nil {
+			send(out)
+		}
+		return
+	}
+	if !s.takeForward(client, "udp") {
+		return // overloaded: the client retries
+	}
+	s.wg.Go(func() {
+		defer s.releaseForward(client)
+		if out := s.resolve(s.ctx, fwd); out != nil {
+			send(out)
+		}
+	})
 }
 
 // pause handles a failed read or accept on the socket at addr: it reports
@@ -449,8 +470,20 @@ func (s *Server) Drain(ctx context.Context) {
 // serve loops end; sockets that answer in-flight queries stay open.
 func (s *Server) beginStop() {
 	s.once.Do(func() {
+		// Off the watcher first, outside mu: a ready function running
+		// there may be waiting for mu, and unwatching waits for it.
+		s.mu.Lock()
+		unwatch := s.unwatch
+		s.unwatch = nil
+		s.mu.Unlock()
+		for _, stop := range unwatch {
+			stop()
+		}
 		s.mu.Lock()
 		close(s.stop)
+		for _, r := range s.rawTCP {
+			r.close()
+		}
 		for _, ln := range s.tcp {
 			ln.Close()
 		}
@@ -479,4 +512,11 @@ func (s *Server) Close() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	// Only now: a forwarded answer is sent on the socket it came in on,
+	// and a descriptor closed earlier could by then be another socket's.
+	s.mu.Lock()
+	for _, r := range s.rawUDP {
+		r.close()
+	}
+	s.mu.Unlock()
 }

@@ -42,22 +42,31 @@ func (s *Server) serveTCP(ln net.Listener) {
 			continue
 		}
 		backoff = 0
-		client := clientAddr(c.RemoteAddr())
-		if !s.takeFDs(client, 1) {
-			c.Close()
-			continue
-		}
-		tc := s.admit(c)
-		if tc == nil {
-			s.cfg.Budget.Release(client, 1)
-			c.Close()
+		if !s.accepted(c) {
 			return
 		}
-		s.wg.Go(func() {
-			defer s.cfg.Budget.Release(client, 1)
-			s.serveConn(tc)
-		})
 	}
+}
+
+// accepted serves the new connection c on a goroutine of its own; it
+// reports false when the server is stopping (c is closed then).
+func (s *Server) accepted(c net.Conn) bool {
+	client := clientAddr(c.RemoteAddr())
+	if !s.takeFDs(client, 1) {
+		c.Close()
+		return true
+	}
+	tc := s.admit(c)
+	if tc == nil {
+		s.cfg.Budget.Release(client, 1)
+		c.Close()
+		return false
+	}
+	s.wg.Go(func() {
+		defer s.cfg.Budget.Release(client, 1)
+		s.serveConn(tc)
+	})
+	return true
 }
 
 // admit registers a new connection, first evicting one when MaxTCPConns

@@ -300,7 +300,7 @@ func measureMesh(t *testing.T, m scaleMesh, probes, setups int, settle bool, out
 	}
 	p.RSSKiB, p.HeapInuseKiB = int64(st.RSS>>10), int64(st.HeapInuse>>10)
 	if heap != nil {
-		writeScaleHeap(ctx, t, d, out, m.workloads, heap)
+		writeScaleHeap(ctx, t, d, out, fmt.Sprintf("heap-%d.pb.gz", m.workloads), m.workloads, heap)
 	}
 	if setups == 0 && probes == 0 {
 		return p
@@ -436,15 +436,15 @@ func scaleChurn(t *testing.T, xds *xdstest.Server, m scaleMesh, perSecond int) f
 	return func() { close(stop); wg.Wait() }
 }
 
-// writeScaleHeap saves the daemon's heap profile (after a collection) and
-// summarizes it into heap.
-func writeScaleHeap(ctx context.Context, t *testing.T, d *labrun.Daemon, out string, workloads int, heap *report.ScaleHeap) {
+// writeScaleHeap saves the daemon's heap profile (after a collection) as
+// file in out and summarizes it into heap (size: the workloads, or pods, it
+// was taken at).
+func writeScaleHeap(ctx context.Context, t *testing.T, d *labrun.Daemon, out, file string, size int, heap *report.ScaleHeap) {
 	code, body, err := d.Get(ctx, "http://127.0.0.1:15000/debug/pprof/heap?gc=1")
 	if err != nil || code != 200 {
 		t.Fatalf("heap profile: %d %v", code, err)
 	}
-	heap.Workloads = workloads
-	heap.File = fmt.Sprintf("heap-%d.pb.gz", workloads)
+	heap.Workloads, heap.File = size, file
 	if err := os.WriteFile(filepath.Join(out, heap.File), body, 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -53,6 +53,12 @@
 // task queue, slot table, idle list, clock, pipe pool). Engine.Backend names the
 // backend in use and Engine.Stats its load, for logs and /config_dump.
 //
+// Sockets that are idle nearly always (a node's pods' listeners, their DNS
+// proxies' sockets) can wait on the engine's watcher instead of a goroutine
+// each (WatchReadable, watch_linux.go): one goroutine, one epoll set,
+// level-triggered and one-shot; it runs the socket's ready function, which
+// takes what is ready without blocking, and arms the socket again.
+//
 // Imports (of ours): engine/bufpool, engine/poll, engine/splice and
 // engine/uring (no TLS, no HTTP/2: streams reach it through the small
 // interfaces in relay.go, stream.go and conn.go). Imported by: engine/enginetest,

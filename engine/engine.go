@@ -99,6 +99,7 @@ type Engine struct {
 	callbacks int             // done functions running
 	drained   []chan struct{} // closed when active drops to zero
 	stdLive   map[*stdRelay]struct{}
+	watch     *watcher // WatchReadable's (watch_linux.go), made on first use
 
 	// detachFault, set by tests before any relay starts, makes handOff's
 	// takeover of a socket fail with the error it returns for that conn.
@@ -292,11 +293,15 @@ func (e *Engine) Close() error {
 		return ErrClosed
 	}
 	e.closed = true
+	wr := e.watch
 	live := make([]*stdRelay, 0, len(e.stdLive))
 	for r := range e.stdLive {
 		live = append(live, r)
 	}
 	e.mu.Unlock()
+	if wr != nil {
+		wr.close()
+	}
 	for _, r := range live {
 		r.abort(ErrClosed)
 	}

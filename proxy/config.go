@@ -73,6 +73,19 @@ type Config struct {
 	// they are drained. Nil gives the proxy an engine of its own
 	// (engine.Config{}), closed when the proxy is.
 	Engine *engine.Engine
+	// WatchListeners serves the listeners from the engine's watcher
+	// (engine.Engine.WatchReadable: one goroutine for every listener of every
+	// pod) instead of a goroutine blocked in accept per listener: the
+	// shared mode's choice, where a node's pods are many and nearly all
+	// quiet. An accept then costs two syscalls more (epoll_wait, the
+	// re-arming epoll_ctl), batched across listeners under load.
+	WatchListeners bool
+	// Workers, with WatchListeners, serves the accepted connections of
+	// every proxy given it from one pool of workers (the daemon makes one
+	// for all pods): idle workers are as many as connections were being
+	// set up at once lately, not one per pod and listener that saw a
+	// connection in the last workerIdle. Nil: workers per listener.
+	Workers *Workers
 	// Socket options for every socket made for this workload (PACKET_MARK,
 	// keepalive). Listeners additionally get SO_REUSEPORT when ReusePort.
 	Socket engine.SocketOptions

@@ -16,7 +16,9 @@
 // CloseRevokedOutbound.
 //
 // The parts, each with one owner: *Proxy (proxy.go, config.go) owns the
-// listeners and their accept workers, the per-peer limits on 15008, Drain,
+// listeners and their accept workers (a goroutine per listener, or with
+// Config.WatchListeners the engine's one watcher for all, watch.go), the
+// per-peer limits on 15008, Drain,
 // and the four handlers (outbound.go, inbound.go, passthrough.go,
 // socks5.go). Every accepted connection and inbound stream takes its
 // descriptors from the daemon's budget (Config.Budget, budget.go) for its

@@ -38,6 +38,7 @@ type Proxy struct {
 
 	mu        sync.Mutex // guards the following fields
 	listeners []*net.TCPListener
+	watched   []*watchedListener        // with Config.WatchListeners
 	conns     map[*net.TCPConn]struct{} // accepted connections until relayed
 	// relays are the relayed connections, each at its relayIdx: a slice
 	// costs an idle connection 8 bytes where a map entry costs ~36.
@@ -68,9 +69,11 @@ func New(cfg Config) (*Proxy, error) {
 		p.engine, p.ownEngine = e, true
 	}
 	p.dialer = engine.Dialer{Options: cfg.Socket}
-	if cfg.Control != nil {
+	if control := cfg.Control; control != nil {
+		// The closure holds the function, not cfg: capturing cfg would move
+		// a second copy of the Config (~0.5 KiB) to the heap per proxy.
 		p.dialer.Control = func(dial func() (net.Conn, error)) (c net.Conn, err error) {
-			cerr := cfg.Control(func() error { c, err = dial(); return nil })
+			cerr := control(func() error { c, err = dial(); return nil })
 			if cerr != nil {
 				return nil, cerr
 			}
@@ -147,6 +150,17 @@ func (p *Proxy) Start(ctx context.Context) error {
 	p.mu.Unlock()
 	p.watchCRL() // crl.go
 	for i, s := range specs {
+		if p.cfg.WatchListeners {
+			wl, err := p.watchListener(lns[i], s.use, s.serve)
+			if err == nil {
+				p.mu.Lock()
+				p.watched = append(p.watched, wl)
+				p.mu.Unlock()
+				continue
+			}
+			// The engine is closing: serve the way that needs none of it.
+			p.log.Warn("listener not watched", "addr", lns[i].Addr().String(), "error", err)
+		}
 		p.wg.Add(1)
 		go p.acceptLoop(lns[i], s.use, s.serve)
 	}
@@ -208,27 +222,41 @@ func (p *Proxy) acceptLoop(ln *net.TCPListener, use budgetUse, serve func(*net.T
 			}
 		}
 		backoff = 0
-		peer := addrPortOf(c.RemoteAddr()).Addr()
-		if !p.admitBudget(use.listener, peer, use.units) {
-			_ = c.SetLinger(0)
-			c.Close()
-			continue
-		}
-		if !p.track(c) {
-			c.Close()
-			p.cfg.Budget.Release(peer, use.units)
+		if !p.accepted(c, use, serve, work) {
 			return
 		}
-		// No engine.Accepted: the listener's keepalive and TCP_NODELAY are
-		// already the accepted socket's (engine.Listen).
-		p.wg.Add(1) // the connection's; release ends it
-		select {
-		case work <- c: // an idle worker takes it
-		default:
-			p.wg.Add(1) // the worker's
-			go p.worker(c, work, use.units, serve)
-		}
 	}
+}
+
+// accepted admits c, accepted on a listener of use, and hands it to an
+// idle worker on work or a new one (with work nil, to Config.Workers); it
+// reports false when the proxy has closed (c is closed then).
+func (p *Proxy) accepted(c *net.TCPConn, use budgetUse, serve func(*net.TCPConn) bool, work chan *net.TCPConn) bool {
+	peer := addrPortOf(c.RemoteAddr()).Addr()
+	if !p.admitBudget(use.listener, peer, use.units) {
+		_ = c.SetLinger(0)
+		c.Close()
+		return true
+	}
+	if !p.track(c) {
+		c.Close()
+		p.cfg.Budget.Release(peer, use.units)
+		return false
+	}
+	// No engine.Accepted: the listener's keepalive and TCP_NODELAY are
+	// already the accepted socket's (engine.Listen).
+	p.wg.Add(1) // the connection's; release ends it
+	if work == nil {
+		p.cfg.Workers.hand(job{p: p, c: c, units: use.units, serve: serve})
+		return true
+	}
+	select {
+	case work <- c: // an idle worker takes it
+	default:
+		p.wg.Add(1) // the worker's
+		go p.worker(c, work, use.units, serve)
+	}
+	return true
 }
 
 // workerIdle is how long a connection worker waits for its next connection
@@ -242,12 +270,7 @@ func (p *Proxy) worker(c *net.TCPConn, work <-chan *net.TCPConn, units int, serv
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
-		if !serve(c) {
-			// Before release: once the proxy's last connection is
-			// released, its Drain returns with the budget given back.
-			p.cfg.Budget.Release(addrPortOf(c.RemoteAddr()).Addr(), units)
-			p.release(c)
-		}
+		p.serveOne(c, units, serve)
 		idle.Reset(workerIdle)
 		select {
 		case next, ok := <-work:
@@ -258,6 +281,16 @@ func (p *Proxy) worker(c *net.TCPConn, work <-chan *net.TCPConn, units int, serv
 		case <-idle.C:
 			return
 		}
+	}
+}
+
+// serveOne serves c, which took units of the budget, on a worker.
+func (p *Proxy) serveOne(c *net.TCPConn, units int, serve func(*net.TCPConn) bool) {
+	if !serve(c) {
+		// Before release: once the proxy's last connection is released,
+		// its Drain returns with the budget given back.
+		p.cfg.Budget.Release(addrPortOf(c.RemoteAddr()).Addr(), units)
+		p.release(c)
 	}
 }
 
@@ -289,9 +322,14 @@ func (p *Proxy) Drain(ctx context.Context) {
 		defer p.engine.Close()
 	}
 	p.mu.Lock()
-	lns := p.listeners
-	p.listeners = nil
+	lns, watched := p.listeners, p.watched
+	p.listeners, p.watched = nil, nil
 	p.mu.Unlock()
+	// Off the watcher before the listeners close (a closed descriptor's
+	// number may be reused), and their idle workers ended.
+	for _, wl := range watched {
+		wl.stop()
+	}
 	for _, l := range lns {
 		l.Close()
 	}

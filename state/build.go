@@ -237,13 +237,16 @@ func (b *builder) checkWorkload(w *Workload) {
 // indexWorkload adds w, already in byUID, to the other workload indexes.
 func (b *builder) indexWorkload(w *Workload) {
 	what := subject{"workload", w.UID}
-	for _, ip := range w.Addresses {
+	for i, ip := range w.Addresses {
 		if !validAddr(ip) {
 			b.fail("%s: invalid address %q", what, ip.String())
 			continue
 		}
 		if w.NetworkMode == NetworkModeHostNetwork {
 			continue // the address is the node's, not the workload's
+		}
+		if w.losesAddr(i) {
+			continue // another workload wins it
 		}
 		k := NetworkAddress{w.Network, ip.Unmap()}
 		if other := b.byAddr.get(k); other != nil && other != w {

@@ -169,6 +169,12 @@ type Workload struct {
 	Status       HealthStatus
 	NetworkMode  NetworkMode
 	NativeTunnel bool
+	// lostAddrs has bit i set when Addresses[i] is shared with another
+	// workload that wins it (Writer's ranking): the address stays the
+	// workload's own, dialled when it is picked as a service's endpoint,
+	// but resolves to the winner, as ztunnel keeps every workload's
+	// workload_ips and ranks only its by-address index.
+	lostAddrs uint8
 	// Capacity is the workload's load-balancing weight. Converters fill 1
 	// when the source leaves it unset; 0 means the workload never receives
 	// service traffic.

@@ -373,24 +373,42 @@ func winner(list []*workloadEntry) *workloadEntry {
 	})
 }
 
-// withoutAddrs returns w itself if lost is empty, else a copy of w without
-// the addresses in lost (unmapped): a workload published without the
-// addresses it loses to another workload.
+// maxLostAddrs is how many of a workload's addresses can be marked lost
+// (lostAddrs' bits); a workload losing an address past them is published
+// without it.
+const maxLostAddrs = 8
+
+// losesAddr reports whether w's Addresses[i] resolves to another workload.
+func (w *Workload) losesAddr(i int) bool { return i < maxLostAddrs && w.lostAddrs&(1<<i) != 0 }
+
+// withoutAddrs returns w itself if lost is empty (and w marks none, as a
+// copy of a published workload put back would), else a copy of w whose
+// addresses in lost (unmapped) are marked lost to another workload: the
+// copy keeps them, as a service endpoint is dialled on them, but the
+// snapshot resolves them to the winner.
 func withoutAddrs(w *Workload, lost []netip.Addr) *Workload {
-	if lost == nil {
+	if lost == nil && w.lostAddrs == 0 {
 		return w
 	}
 	cp := *w
-	cp.Addresses = slices.DeleteFunc(slices.Clone(w.Addresses), func(ip netip.Addr) bool {
-		return slices.Contains(lost, ip.Unmap())
-	})
+	cp.lostAddrs = 0
+	cp.Addresses = make([]netip.Addr, 0, len(w.Addresses))
+	for _, ip := range w.Addresses {
+		if slices.Contains(lost, ip.Unmap()) {
+			if len(cp.Addresses) >= maxLostAddrs {
+				continue
+			}
+			cp.lostAddrs |= 1 << len(cp.Addresses)
+		}
+		cp.Addresses = append(cp.Addresses, ip)
+	}
 	return &cp
 }
 
 // buildLocked builds a snapshot of everything held: the first one from
 // scratch, the next ones from the last by a delta of what is dirty.
-// Workloads that lose an address conflict are replaced by copies without
-// that address.
+// Workloads that lose an address conflict are replaced by copies with that
+// address marked lost.
 func (w *Writer) buildLocked() (*Snapshot, error) {
 	var (
 		snap *Snapshot
@@ -439,7 +457,7 @@ func (w *Writer) deltaLocked() Delta {
 }
 
 // publishedLocked returns e's workload as a snapshot holds it: a copy
-// without the addresses it loses to another workload, if any.
+// with the addresses it loses to another workload marked, if any.
 func (w *Writer) publishedLocked(e *workloadEntry) *Workload {
 	var lost []netip.Addr
 	for _, k := range indexedAddrs(e.w) {

@@ -137,18 +137,35 @@ func TestWriterRanksSharedAddresses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, w := range []*Workload{tc.first, tc.second} {
-			if err := x.Update(func(tx *Tx) { tx.PutWorkload(w) }); err != nil {
-				t.Fatal(err)
-			}
-		}
 		loser := tc.first.UID
 		if loser == tc.winner {
 			loser = tc.second.UID
 		}
+		svc := &Service{Name: "se", Namespace: "ns", Hostname: "se.example.com", Ports: map[uint16]uint16{80: 8080}}
+		if err := x.Update(func(tx *Tx) { tx.PutService(svc) }); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range []*Workload{tc.first, tc.second} {
+			if w.UID == loser {
+				w.Services = map[string]map[uint16]uint16{svc.Key(): nil}
+			}
+			if err := x.Update(func(tx *Tx) { tx.PutWorkload(w) }); err != nil {
+				t.Fatal(err)
+			}
+		}
 		s := store.Load()
-		if w := s.WorkloadByAddr("", ip); w == nil || w.UID != tc.winner || len(s.WorkloadByUID(loser).Addresses) != 0 {
-			t.Fatalf("%s vs %s: address resolves to %v, loser keeps %v", tc.first.UID, tc.second.UID, w, s.WorkloadByUID(loser))
+		if w := s.WorkloadByAddr("", ip); w == nil || w.UID != tc.winner {
+			t.Fatalf("%s vs %s: address resolves to %v", tc.first.UID, tc.second.UID, w)
+		}
+		// The loser keeps the address as its own (ztunnel's workload_ips):
+		// as the endpoint of a service it is dialled there, as a
+		// ServiceEntry's inline endpoint on a pod's address is.
+		got, port, err := s.PickEndpoint(nil, s.ServiceByKey(svc.Key()), 80, nil)
+		if err != nil || got.UID != loser || port != 8080 {
+			t.Fatalf("%s vs %s: the service's endpoint is %v:%d (%v), want %s:8080", tc.first.UID, tc.second.UID, got, port, err, loser)
+		}
+		if a, ok := SelectAddress(got, ip, IPFamiliesAutomatic); !ok || a.Unmap() != ip {
+			t.Fatalf("%s vs %s: the loser is dialled on %v (%v), want %v", tc.first.UID, tc.second.UID, a, ok, ip)
 		}
 		if err := x.Update(func(tx *Tx) { tx.RemoveWorkload(tc.winner) }); err != nil {
 			t.Fatal(err)

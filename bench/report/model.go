@@ -4,7 +4,8 @@
 // CPU profile summaries), results.json (everything measured, every round)
 // and PNG plots drawn with gonum.org/v1/plot; and, for the mesh-scale run
 // (issue 36, e2e.TestMeshScale), SCALE.md, scale.json and its plots of cost
-// against mesh size (WriteScale).
+// against mesh size (WriteScale); for the node-scale run (e2e.TestNodeScale),
+// NODE.md, node.json and its plots of cost against pod count (WriteNode).
 //
 // It knows nothing of labs or processes: the harness fills a Run and calls
 // Write. Imports (of ours): bench/load (for the result types). Imported by:

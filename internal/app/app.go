@@ -41,6 +41,7 @@ type Daemon struct {
 	store     *state.Store
 	certs     *mtls.Store
 	pool      *hbone.Pool
+	workers   *proxy.Workers // shared mode: the pods' connection workers; closed after the proxies
 	engine    *engine.Engine // relays of every proxy; closed after them
 	proxies   []*proxy.Proxy
 	dns       []*dnsproxy.Server // dedicated mode's DNS proxy
@@ -155,6 +156,9 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	poolCfg.Config.Logf = func(f string, a ...any) { log.Debug(fmt.Sprintf(f, a...), "scope", "hbone") }
 	poolCfg.Config.Admit = proxy.AdmitOutbound(d.crl.Load, log, m) // the CRL, once startCRL has loaded it
 	d.pool = hbone.NewPool(poolCfg)
+	if cfg.Mode == ModeShared {
+		d.workers = proxy.NewWorkers()
+	}
 
 	ready := admin.NewReadiness()
 	proxyDone := ready.Register("proxy")
@@ -247,13 +251,17 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 			HBONE:       h2,
 			Socket:      sock,
 			ReusePort:   reusePort(cfg), // env_compat.go
-			OrigSrc:     cfg.OrigSrc,
-			Control:     control,
-			Logger:      log,
-			Metrics:     m,
-			Conns:       conns,
-			CRL:         crl,
-			Budget:      budget,
+			// A node's pods are many and nearly all quiet: their listeners
+			// wait on the engine's one watcher, not a goroutine each.
+			WatchListeners: cfg.Mode == ModeShared,
+			Workers:        d.workers, // nil outside shared mode
+			OrigSrc:        cfg.OrigSrc,
+			Control:        control,
+			Logger:         log,
+			Metrics:        m,
+			Conns:          conns,
+			CRL:            crl,
+			Budget:         budget,
 
 			MaxHBONEHandshakesPerPeer: cfg.HBONEMaxHandshakesPerPeer,
 			MaxHBONEConnsPerPeer:      cfg.HBONEMaxConnsPerPeer,
@@ -276,6 +284,9 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 	if cfg.DNSCapture {
 		dnsf = newDNSFactory(cfg, store, m, log)
 		dnsf.budget = budget
+		if cfg.Mode == ModeShared {
+			dnsf.watch = eng.WatchReadable // as the proxies' listeners (WatchListeners)
+		}
 	}
 	if cfg.Mode == ModeShared {
 		deps := sharedDeps{Log: log, Ready: ready, Metrics: m, UDS: cfg.InpodUDS, NewProxy: newProxy, Warm: d.warm.wrap}
@@ -454,6 +465,9 @@ func (d *Daemon) Close() {
 	}
 	for _, p := range proxies {
 		p.Close()
+	}
+	if d.workers != nil {
+		d.workers.Close() // after the proxies, whose connections its workers served
 	}
 	if d.engine != nil {
 		_ = d.engine.Close() // after the proxies; ErrClosed after Drain

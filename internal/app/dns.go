@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -29,6 +30,12 @@ type dnsFactory struct {
 	rc      dnsproxy.ResolvConf
 	// budget is the daemon's descriptor budget, shared with the proxies.
 	budget *fdbudget.Budget
+	// watch, set in shared mode, serves the DNS proxies' sockets from the
+	// engine's watcher (engine.Engine.WatchReadable).
+	watch func(rc syscall.RawConn, ready func() time.Duration) (stop func(), err error)
+	// dial makes every DNS proxy's upstream sockets (with PACKET_MARK): one
+	// dialer for all, not one per pod.
+	dial func(ctx context.Context, network, address string) (net.Conn, error)
 }
 
 // newDNSFactory reads the resolv.conf. An unreadable one is logged, not
@@ -40,7 +47,8 @@ func newDNSFactory(cfg *Config, store *state.Store, m *metrics.Metrics, log *slo
 	} else if len(rc.Servers) == 0 {
 		log.Warn("DNS proxy has no upstream resolvers: no nameserver in "+cfg.ResolvConf, "scope", "dns")
 	}
-	return &dnsFactory{cfg: cfg, store: store, metrics: m, log: log, rc: rc}
+	dialer := &net.Dialer{Control: engine.SocketOptions{Mark: cfg.PacketMark}.DialControl()}
+	return &dnsFactory{cfg: cfg, store: store, metrics: m, log: log, rc: rc, dial: dialer.DialContext}
 }
 
 // build returns the (unstarted) DNS proxy of w. control runs socket
@@ -55,7 +63,6 @@ func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) er
 		// its search list is the client's (ztunnel's static search).
 		search = append([]string{}, f.rc.Search...)
 	}
-	dialer := &net.Dialer{Control: engine.SocketOptions{Mark: cfg.PacketMark}.DialControl()}
 	return dnsproxy.New(dnsproxy.Config{
 		State:              f.store,
 		Client:             w.Info(),
@@ -70,10 +77,11 @@ func (f *dnsFactory) build(w proxy.WorkloadRef, control func(fn func() error) er
 		Addrs:              cfg.DNSProxyAddrs,
 		Control:            control,
 		ListenControl:      listenControl(cfg.PacketMark, reusePort(cfg)),
-		Dial:               dialer.DialContext,
+		Dial:               f.dial,
 		Metrics:            f.metrics,
 		Logger:             f.log,
 		Budget:             f.budget,
+		Watch:              f.watch,
 	})
 }
 

@@ -189,13 +189,14 @@ func TestDuplicateAddresses(t *testing.T) {
 			if len(s.Workloads()) != 2 {
 				t.Fatalf("%d workloads, want both kept", len(s.Workloads()))
 			}
-			// The loser is gone from the address only; removing the winner
-			// gives it back.
+			// The loser keeps its address (ztunnel's workload_ips: a
+			// service's endpoint is dialled on it), which resolves to the
+			// winner; removing the winner gives the address back.
 			loser := fn(tc.first)
 			if loser == tc.winner {
 				loser = fn(tc.second)
 			}
-			if w := s.WorkloadByUID(loser); w == nil || len(w.Addresses) != 0 {
+			if w := s.WorkloadByUID(loser); w == nil || len(w.Addresses) != 1 || w.Addresses[0].Unmap() != ip {
 				t.Fatalf("loser %v", w)
 			}
 			applyAddrs(t, x, []string{tc.winner})
@@ -203,6 +204,49 @@ func TestDuplicateAddresses(t *testing.T) {
 				t.Errorf("after removing the winner the address resolves to %v, want %s", w, loser)
 			}
 		})
+	}
+}
+
+// TestServiceEntryEndpointOnAPodAddress: what istiod sends for a
+// ServiceEntry whose inline endpoint is a pod's address (the Istio lab's
+// A8 case): the pod's workload and the ServiceEntry's, both on that
+// address. The address resolves to the pod, and the ServiceEntry's VIP to
+// its own workload, dialled on that address at the target port; before,
+// the ServiceEntry's workload lost the address and the service had "no
+// usable endpoint".
+func TestServiceEntryEndpointOnAPodAddress(t *testing.T) {
+	const podIP, key = "10.244.2.6", "outside/inline.example.com"
+	tcp := func(w *workloadapi.Workload) { w.TunnelProtocol = workloadapi.TunnelProtocol_NONE }
+	se := &workloadapi.Address{Type: &workloadapi.Address_Service{Service: &workloadapi.Service{
+		Name: "inline", Namespace: "outside", Hostname: "inline.example.com",
+		Addresses: []*workloadapi.NetworkAddress{{Address: netip.MustParseAddr("240.240.0.1").AsSlice()}},
+		Ports:     []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}},
+	}}}
+	seUID := "Kubernetes/networking.istio.io/ServiceEntry/outside/inline/" + podIP
+	x, store := newState(t, nil)
+	rej := applyAddrs(t, x, nil,
+		res(t, "Kubernetes//Pod/outside/plain", wlAddr("Kubernetes//Pod/outside/plain", podIP, tcp)),
+		res(t, key, se),
+		res(t, seUID, wlAddr(seUID, podIP, tcp, func(w *workloadapi.Workload) {
+			w.Services = map[string]*workloadapi.PortList{key: {Ports: []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}}}}
+		})))
+	if rej != nil {
+		t.Fatal(rej)
+	}
+	s := store.Load()
+	if w := s.WorkloadByAddr("", netip.MustParseAddr(podIP)); w == nil || w.UID != "Kubernetes//Pod/outside/plain" {
+		t.Fatalf("%s resolves to %v, want the pod", podIP, w)
+	}
+	svc := s.ServiceByVIP("", netip.MustParseAddr("240.240.0.1"))
+	if svc == nil {
+		t.Fatal("no service on the VIP")
+	}
+	w, port, err := s.PickEndpoint(nil, svc, 80, nil)
+	if err != nil || w.UID != seUID || port != 8080 {
+		t.Fatalf("endpoint %v:%d (%v), want %s:8080", w, port, err, seUID)
+	}
+	if ip, ok := state.SelectAddress(w, netip.Addr{}, state.IPFamiliesAutomatic); !ok || ip != netip.MustParseAddr(podIP) {
+		t.Fatalf("dialled on %v (%v), want %s", ip, ok, podIP)
 	}
 }
 
