@@ -138,8 +138,19 @@ type ServiceDump struct {
 	Endpoints       map[string]EndpointDump `json:"endpoints"`
 	SubjectAltNames []string                `json:"subjectAltNames"`
 	Waypoint        *GatewayDump            `json:"waypoint,omitempty"`
-	Canonical       bool                    `json:"canonical"`
-	Visibility      string                  `json:"visibility"`
+	// LoadBalancer and IPFamilies are omitted at their defaults (no load
+	// balancing configuration, Automatic), as ztunnel skips them when None.
+	LoadBalancer *LoadBalancerDump `json:"loadBalancer,omitempty"`
+	IPFamilies   string            `json:"ipFamilies,omitempty"`
+	Canonical    bool              `json:"canonical"`
+	Visibility   string            `json:"visibility"`
+}
+
+// LoadBalancerDump is a service's load balancing as ztunnel dumps it.
+type LoadBalancerDump struct {
+	RoutingPreferences []string `json:"routingPreferences"`
+	Mode               string   `json:"mode"`
+	HealthPolicy       string   `json:"healthPolicy"`
 }
 
 // PolicyDump is one authorization policy as ztunnel dumps it.
@@ -271,6 +282,15 @@ func dumpService(snap *state.Snapshot, s *state.Service) ServiceDump {
 	}
 	if d.SubjectAltNames == nil {
 		d.SubjectAltNames = []string{}
+	}
+	if s.IPFamilies != state.IPFamiliesAutomatic {
+		d.IPFamilies = s.IPFamilies.String()
+	}
+	if lb := s.LoadBalancer; lb != nil {
+		d.LoadBalancer = &LoadBalancerDump{RoutingPreferences: []string{}, Mode: lb.Mode.String(), HealthPolicy: lb.HealthPolicy.String()}
+		for _, p := range lb.RoutingPreferences {
+			d.LoadBalancer.RoutingPreferences = append(d.LoadBalancer.RoutingPreferences, p.String())
+		}
 	}
 	d.VIPs = make([]string, 0, len(s.VIPs))
 	for _, v := range s.VIPs {
