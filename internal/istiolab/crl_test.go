@@ -42,11 +42,12 @@ func TestCRLThroughIstiod(t *testing.T) {
 	root, rootKey := newTestCA(t, "Root CA (CRL lab)", nil, nil)
 	inter, interKey := newTestCA(t, "Intermediate CA (CRL lab)", root, rootKey)
 	var crlNumber int64
-	// crls is ca-crl.pem as Istio's CRL test builds it: the root's CRL
-	// (nothing revoked) and the intermediate's, revoking serials.
+	var rootRevokes []*big.Int // what the root's CRL revokes (the intermediate, at the end)
+	// crls is ca-crl.pem as Istio's CRL test builds it: the root's CRL and
+	// the intermediate's, revoking serials.
 	crls := func(serials ...*big.Int) []byte {
 		crlNumber++
-		out := signCRL(t, root, rootKey, crlNumber)
+		out := signCRL(t, root, rootKey, crlNumber, rootRevokes...)
 		return append(out, signCRL(t, inter, interKey, crlNumber, serials...)...)
 	}
 	plug := func(crl []byte) {
@@ -141,6 +142,8 @@ func TestCRLThroughIstiod(t *testing.T) {
 	refusedCall(t, far.Pod.Name, m.clients[1], m)
 	if got := crlRejections(t, server.Pod, "destination"); got <= dest0 {
 		t.Errorf("server's daemon: istio_crl_policy_rejections_total{reporter=\"destination\"} %v, was %v", got, dest0)
+	} else {
+		t.Logf("client-far's certificate revoked: its calls refused; server's daemon {reporter=\"destination\"} %v -> %v", dest0, got)
 	}
 	// The client beside the server, of the same identity but with its own
 	// daemon's certificate, is still served.
@@ -153,12 +156,38 @@ func TestCRLThroughIstiod(t *testing.T) {
 	refusedCall(t, "client-near", m.clients[0], m)
 	if got := crlRejections(t, server.Pod, "source"); got <= src0 {
 		t.Errorf("node1's daemon: istio_crl_policy_rejections_total{reporter=\"source\"} %v, was %v", got, src0)
+	} else {
+		t.Logf("server's certificate revoked: client-near's calls refused; node1's daemon {reporter=\"source\"} %v -> %v", src0, got)
 	}
 
 	// Nothing revoked any more: both clients are served again.
 	revoke()
 	for _, c := range m.clients {
 		m.waitHBONE(t, server, c)
+	}
+
+	// The intermediate itself revoked by the root's CRL (the rows' own
+	// case): every certificate istiod signed with it is refused. Which side
+	// refuses first depends on the handshake (the client checks the server's
+	// chain before it sends its own), so the rejections of both reporters on
+	// both daemons are counted.
+	total := func() float64 {
+		var n float64
+		for _, z := range m.ztunnels {
+			n += crlRejections(t, z.Pod, "source") + crlRejections(t, z.Pod, "destination")
+		}
+		return n
+	}
+	before := total()
+	rootRevokes = []*big.Int{inter.cert.SerialNumber}
+	revoke()
+	for i, c := range m.clients {
+		refusedCall(t, c.Name, m.clients[i], m)
+	}
+	if got := total(); got <= before {
+		t.Errorf("after the intermediate's revocation the daemons count %v CRL rejections, as before", got)
+	} else {
+		t.Logf("intermediate revoked: both clients refused; the daemons' CRL rejections %v -> %v", before, got)
 	}
 }
 
