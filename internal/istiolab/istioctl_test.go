@@ -208,11 +208,14 @@ func TestIstioctl(t *testing.T) {
 		}
 	}
 
-	// Against the API server: analyze reads the cluster's Istio objects.
-	out, err := m.cp.Istioctl(ctx, "", "analyze", "--all-namespaces")
-	t.Logf("istioctl analyze --all-namespaces: %v\n%s", err, out)
-	if err != nil {
-		t.Errorf("istioctl analyze: %v", err)
+	// Against the API server: analyze reads the cluster's Istio objects,
+	// precheck what an install or upgrade would meet.
+	for _, args := range [][]string{{"analyze", "--all-namespaces"}, {"x", "precheck"}} {
+		out, err := m.cp.Istioctl(ctx, "", args...)
+		t.Logf("istioctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		if err != nil {
+			t.Errorf("istioctl %s: %v", strings.Join(args, " "), err)
+		}
 	}
 }
 
