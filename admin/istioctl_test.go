@@ -284,12 +284,13 @@ func TestConfigDumpAsIstioctlReadsIt(t *testing.T) {
 	})
 }
 
-// TestConfigDumpServiceFamiliesAndLoadBalancer checks the two service fields
-// istioctl reads that the dump once left out (found by istiolab's
-// TestIstioctl: istiod sends IPV4_ONLY for a single-stack Kubernetes Service,
-// which ztunnel dumps as "ipFamilies": "IPv4"): each is rendered as ztunnel's
-// serde does, and omitted at its default (Automatic, no load balancing) as
-// ztunnel skips a None.
+// TestConfigDumpServiceFamiliesAndLoadBalancer checks the service fields the
+// dump once left out (found by istiolab's TestIstioctl: istiod sends
+// IPV4_ONLY for a single-stack Kubernetes Service, which ztunnel dumps as
+// "ipFamilies": "IPv4"; cidrVips, which istioctl also reads, and
+// weightedWaypoints were missing the same way): each is rendered as ztunnel's
+// serde does, and omitted at its default (Automatic, no load balancing, none)
+// as ztunnel skips a None or an empty list.
 func TestConfigDumpServiceFamiliesAndLoadBalancer(t *testing.T) {
 	snap, err := xdsconv.LocalSnapshot([]byte(`
 services:
@@ -299,6 +300,9 @@ services:
   vips: ["/10.96.0.2"]
   ports: {80: 8080}
   ipFamilies: IPv4
+  cidrVips: [{network: "", cidr: 10.97.0.0/24}]
+  weightedWaypoints:
+  - {destination: {destination: "/10.0.0.5", hboneMtlsPort: 15008}, weight: 90}
   loadBalancer:
     routingPreferences: [Network, Zone]
     mode: Failover
@@ -327,10 +331,12 @@ services:
 	}
 	want := map[string]map[string]string{
 		"set": {
-			"ipFamilies":   `"IPv4"`,
-			"loadBalancer": `{"routingPreferences":["Network","Zone"],"mode":"Failover","healthPolicy":"AllowAll"}`,
+			"ipFamilies":        `"IPv4"`,
+			"loadBalancer":      `{"routingPreferences":["Network","Zone"],"mode":"Failover","healthPolicy":"AllowAll"}`,
+			"cidrVips":          `[{"network":"","cidr":"10.97.0.0/24"}]`,
+			"weightedWaypoints": `[{"destination":{"destination":"/10.0.0.5","hboneMtlsPort":15008},"weight":90}]`,
 		},
-		"unset": {"ipFamilies": "", "loadBalancer": ""},
+		"unset": {"ipFamilies": "", "loadBalancer": "", "cidrVips": "", "weightedWaypoints": ""},
 	}
 	for _, s := range d.Services {
 		var name string
