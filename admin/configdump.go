@@ -130,16 +130,42 @@ type EndpointDump struct {
 
 // ServiceDump is one service as ztunnel dumps it.
 type ServiceDump struct {
-	Name            string                  `json:"name"`
-	Namespace       string                  `json:"namespace"`
-	Hostname        string                  `json:"hostname"`
-	VIPs            []string                `json:"vips"`
-	Ports           map[string]uint16       `json:"ports"`
-	Endpoints       map[string]EndpointDump `json:"endpoints"`
-	SubjectAltNames []string                `json:"subjectAltNames"`
-	Waypoint        *GatewayDump            `json:"waypoint,omitempty"`
-	Canonical       bool                    `json:"canonical"`
-	Visibility      string                  `json:"visibility"`
+	Name              string                  `json:"name"`
+	Namespace         string                  `json:"namespace"`
+	Hostname          string                  `json:"hostname"`
+	VIPs              []string                `json:"vips"`
+	CIDRVIPs          []CIDRDump              `json:"cidrVips,omitempty"`
+	Ports             map[string]uint16       `json:"ports"`
+	Endpoints         map[string]EndpointDump `json:"endpoints"`
+	SubjectAltNames   []string                `json:"subjectAltNames"`
+	Waypoint          *GatewayDump            `json:"waypoint,omitempty"`
+	WeightedWaypoints []WeightedWaypointDump  `json:"weightedWaypoints,omitempty"`
+	// LoadBalancer and IPFamilies are omitted at their defaults (no load
+	// balancing configuration, Automatic), as ztunnel skips them when None.
+	LoadBalancer *LoadBalancerDump `json:"loadBalancer,omitempty"`
+	IPFamilies   string            `json:"ipFamilies,omitempty"`
+	Canonical    bool              `json:"canonical"`
+	Visibility   string            `json:"visibility"`
+}
+
+// CIDRDump is a service's CIDR VIP: an object, as ztunnel's NetworkCidr
+// (unlike a VIP, which is a "network/ip" string).
+type CIDRDump struct {
+	Network string `json:"network"`
+	CIDR    string `json:"cidr"`
+}
+
+// WeightedWaypointDump is one of a service's weighted waypoints.
+type WeightedWaypointDump struct {
+	Destination GatewayDump `json:"destination"`
+	Weight      uint32      `json:"weight"`
+}
+
+// LoadBalancerDump is a service's load balancing as ztunnel dumps it.
+type LoadBalancerDump struct {
+	RoutingPreferences []string `json:"routingPreferences"`
+	Mode               string   `json:"mode"`
+	HealthPolicy       string   `json:"healthPolicy"`
 }
 
 // PolicyDump is one authorization policy as ztunnel dumps it.
@@ -271,6 +297,21 @@ func dumpService(snap *state.Snapshot, s *state.Service) ServiceDump {
 	}
 	if d.SubjectAltNames == nil {
 		d.SubjectAltNames = []string{}
+	}
+	for _, c := range s.CIDRVIPs {
+		d.CIDRVIPs = append(d.CIDRVIPs, CIDRDump{Network: c.Network, CIDR: c.Prefix.String()})
+	}
+	for _, w := range s.WeightedWaypoints {
+		d.WeightedWaypoints = append(d.WeightedWaypoints, WeightedWaypointDump{Destination: *dumpGateway(&w.Destination), Weight: w.Weight})
+	}
+	if s.IPFamilies != state.IPFamiliesAutomatic {
+		d.IPFamilies = s.IPFamilies.String()
+	}
+	if lb := s.LoadBalancer; lb != nil {
+		d.LoadBalancer = &LoadBalancerDump{RoutingPreferences: []string{}, Mode: lb.Mode.String(), HealthPolicy: lb.HealthPolicy.String()}
+		for _, p := range lb.RoutingPreferences {
+			d.LoadBalancer.RoutingPreferences = append(d.LoadBalancer.RoutingPreferences, p.String())
+		}
 	}
 	d.VIPs = make([]string, 0, len(s.VIPs))
 	for _, v := range s.VIPs {

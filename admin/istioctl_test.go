@@ -283,3 +283,80 @@ func TestConfigDumpAsIstioctlReadsIt(t *testing.T) {
 		}
 	})
 }
+
+// TestConfigDumpServiceFamiliesAndLoadBalancer checks the service fields the
+// dump once left out (found by istiolab's TestIstioctl: istiod sends
+// IPV4_ONLY for a single-stack Kubernetes Service, which ztunnel dumps as
+// "ipFamilies": "IPv4"; cidrVips, which istioctl also reads, and
+// weightedWaypoints were missing the same way): each is rendered as ztunnel's
+// serde does, and omitted at its default (Automatic, no load balancing, none)
+// as ztunnel skips a None or an empty list.
+func TestConfigDumpServiceFamiliesAndLoadBalancer(t *testing.T) {
+	snap, err := xdsconv.LocalSnapshot([]byte(`
+services:
+- name: set
+  namespace: ns1
+  hostname: set.ns1.svc.cluster.local
+  vips: ["/10.96.0.2"]
+  ports: {80: 8080}
+  ipFamilies: IPv4
+  cidrVips: [{network: "", cidr: 10.97.0.0/24}]
+  weightedWaypoints:
+  - {destination: {destination: "/10.0.0.5", hboneMtlsPort: 15008}, weight: 90}
+  loadBalancer:
+    routingPreferences: [Network, Zone]
+    mode: Failover
+    healthPolicy: AllowAll
+- name: unset
+  namespace: ns1
+  hostname: unset.ns1.svc.cluster.local
+  vips: ["/10.96.0.3"]
+  ports: {80: 8080}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(NewServer(Config{State: state.NewStore(snap)}))
+	t.Cleanup(srv.Close)
+	resp, err := http.Get(srv.URL + "/config_dump")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var d struct {
+		Services []map[string]json.RawMessage `json:"services"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]map[string]string{
+		"set": {
+			"ipFamilies":        `"IPv4"`,
+			"loadBalancer":      `{"routingPreferences":["Network","Zone"],"mode":"Failover","healthPolicy":"AllowAll"}`,
+			"cidrVips":          `[{"network":"","cidr":"10.97.0.0/24"}]`,
+			"weightedWaypoints": `[{"destination":{"destination":"/10.0.0.5","hboneMtlsPort":15008},"weight":90}]`,
+		},
+		"unset": {"ipFamilies": "", "loadBalancer": "", "cidrVips": "", "weightedWaypoints": ""},
+	}
+	for _, s := range d.Services {
+		var name string
+		if err := json.Unmarshal(s["name"], &name); err != nil {
+			t.Fatal(err)
+		}
+		for key, w := range want[name] {
+			var got bytes.Buffer
+			if len(s[key]) > 0 {
+				if err := json.Compact(&got, s[key]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got.String() != w {
+				t.Errorf("service %s: %q is %s, want %s", name, key, got.String(), w)
+			}
+		}
+		delete(want, name)
+	}
+	if len(want) != 0 {
+		t.Errorf("services missing from the dump: %v", want)
+	}
+}

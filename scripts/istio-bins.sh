@@ -9,6 +9,7 @@
 #   OUT/kube-controller-manager              Kubernetes' controllers
 #   OUT/pilot-discovery                      istiod
 #   OUT/install-cni, istio-cni               istio-cni's node agent and CNI plugin
+#   OUT/istioctl                             Istio's operator CLI
 #   OUT/crds/istio.yaml, gateway-api.yaml    Istio's CRDs, the Gateway API's
 #   OUT/charts/ztunnel/                      the ztunnel chart (its environment)
 #   OUT/versions                             what was built, one "name version" a line
@@ -56,7 +57,7 @@ build() { # tags ldflags packages...
 
 build "" "-s -w" ./cmd/etcd
 build "" "$kube_ldflags" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
-build vtprotobuf,disable_pgv "$istio_ldflags" istio.io/istio/pilot/cmd/pilot-discovery
+build vtprotobuf,disable_pgv "$istio_ldflags" istio.io/istio/pilot/cmd/pilot-discovery istio.io/istio/istioctl/cmd/istioctl
 build agent,disable_pgv,grpcnotrace,retrynotrace "$istio_ldflags" istio.io/istio/cni/cmd/install-cni istio.io/istio/cni/cmd/istio-cni
 
 mkdir -p "$out/crds" "$out/charts"

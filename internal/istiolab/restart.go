@@ -75,6 +75,10 @@ type CACerts struct {
 	// RootCert is the trust bundle: one root, or several during a root
 	// rotation.
 	RootCert []byte
+	// CRL is ca-crl.pem, the plugged CA's revocation lists (PEM, optional):
+	// istiod loads it with the CA, reloads it when it changes and writes it
+	// into every namespace's istio-ca-crl ConfigMap (SyncZtunnelCRL).
+	CRL []byte
 }
 
 // PlugCA writes the cacerts Secret in IstioNamespace and its files where the
@@ -87,6 +91,9 @@ type CACerts struct {
 func (cp *ControlPlane) PlugCA(ctx context.Context, c CACerts) error {
 	files := map[string][]byte{
 		"ca-cert.pem": c.CACert, "ca-key.pem": c.CAKey, "cert-chain.pem": c.CertChain, "root-cert.pem": c.RootCert,
+	}
+	if len(c.CRL) > 0 {
+		files["ca-crl.pem"] = c.CRL
 	}
 	data := map[string][]byte{}
 	for name, b := range files {

@@ -37,6 +37,13 @@ type trafficMesh struct {
 func startTrafficMesh(t *testing.T, zEnv ...string) *trafficMesh {
 	t.Helper()
 	cp, lab := startControlPlane(t)
+	return startTrafficMeshOn(t, cp, lab, zEnv...)
+}
+
+// startTrafficMeshOn brings the mesh up on a control plane the test set up
+// first (a plugged-in CA, say).
+func startTrafficMeshOn(t *testing.T, cp *ControlPlane, lab *netnslab.Lab, zEnv ...string) *trafficMesh {
+	t.Helper()
 	ctx := t.Context()
 	m := &trafficMesh{cp: cp, lab: lab, bin: ztunnelBinary(t)}
 	for i := range 2 {
