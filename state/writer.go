@@ -405,10 +405,26 @@ func (w *Writer) buildLocked() (*Snapshot, error) {
 		return nil, err
 	}
 	w.last = snap
-	clear(w.dirtyW)
-	clear(w.dirtyS)
-	clear(w.dirtyP)
+	resetDirty(&w.dirtyW)
+	resetDirty(&w.dirtyS)
+	resetDirty(&w.dirtyP)
 	return snap, nil
+}
+
+// dirtyKeep is the most entries a dirty set may have held for clear to
+// empty it; a larger one is replaced by a new map.
+const dirtyKeep = 64
+
+// resetDirty empties the dirty set *m. clear keeps a map's table, and
+// ranging over a map visits its whole table however few entries it holds:
+// a set that took a 100,000-workload push made every later delta walk
+// 100,000 empty slots (issue 36: a tenth of the daemon's CPU under churn).
+func resetDirty(m *map[string]struct{}) {
+	if len(*m) > dirtyKeep {
+		*m = map[string]struct{}{}
+		return
+	}
+	clear(*m)
 }
 
 // deltaLocked returns the change from the last snapshot to what is held.
