@@ -188,3 +188,41 @@ func TestWriterPolicyKeys(t *testing.T) {
 		t.Error("a base with a duplicate policy was accepted")
 	}
 }
+
+// TestWriterDirtySetsShrink: a dirty set that held a large push is replaced
+// once the push is published, so that later deltas do not walk its table
+// (Go's clear keeps a map's table; ranging over the map visits all of it).
+// One that held a few keys is kept and emptied.
+func TestWriterDirtySetsShrink(t *testing.T) {
+	w, err := NewWriter(NewStore(nil), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapID := func() uintptr { return reflect.ValueOf(w.dirtyW).Pointer() }
+	for _, tc := range []struct {
+		name      string
+		workloads int
+		replaced  bool
+	}{
+		{"large push", 1000, true},
+		{"one workload", 1, false},
+		{"dirtyKeep workloads", dirtyKeep, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := mapID()
+			if err := w.Update(func(tx *Tx) {
+				for i := range tc.workloads {
+					tx.PutWorkload(writerWorkload(fmt.Sprintf("%s-%d", tc.name, i), fmt.Sprintf("10.%d.%d.%d", len(tc.name), i>>8, i&255), false))
+				}
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if len(w.dirtyW) != 0 {
+				t.Fatalf("%d dirty workloads left after the update", len(w.dirtyW))
+			}
+			if replaced := mapID() != before; replaced != tc.replaced {
+				t.Errorf("dirty set replaced = %v, want %v", replaced, tc.replaced)
+			}
+		})
+	}
+}
