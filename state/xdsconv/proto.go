@@ -82,6 +82,7 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 		AuthorizationPolicies: internAll(x.GetAuthorizationPolicies()),
 		Capacity:              1,
 	}
+	nameInUID(w)
 	if c := x.GetCapacity(); c != nil {
 		w.Capacity = c.GetValue()
 	}
