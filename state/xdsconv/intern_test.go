@@ -88,6 +88,9 @@ func TestConvertSharesRepeats(t *testing.T) {
 	if !sameMap(a.Services, b.Services) {
 		t.Error("the replicas' Services maps are two copies")
 	}
+	if a.Locality == nil || a.Locality != b.Locality {
+		t.Errorf("the replicas' localities %p and %p: want one shared value", a.Locality, b.Locality)
+	}
 	if want := map[string]map[uint16]uint16{"ns-1/app.ns-1.svc.cluster.local": {80: 8080, 9090: 9090}}; !reflect.DeepEqual(a.Services, want) {
 		t.Errorf("Services = %v, want %v", a.Services, want)
 	}
