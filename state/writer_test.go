@@ -361,7 +361,6 @@ func TestWriterHoldsNoWorkloadTable(t *testing.T) {
 	}
 	bare := heap() - base
 	runtime.KeepAlive(snap)
-	snap = nil
 
 	ws = mk()
 	base = heap()
