@@ -268,7 +268,7 @@ func dumpWorkload(w *state.Workload) WorkloadDump {
 		d.Services = append(d.Services, k)
 	}
 	slices.Sort(d.Services)
-	if l := w.Locality; l != (state.Locality{}) {
+	if l := w.Locality.Value(); l != (state.Locality{}) {
 		d.Locality = map[string]string{"region": l.Region, "zone": l.Zone, "subzone": l.Subzone}
 	}
 	return d

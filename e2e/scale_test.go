@@ -35,6 +35,13 @@ import (
 // written; or a comma-separated list of workload counts.
 const scaleEnv = "ZTUNNEL_SCALE"
 
+// scaleProfileEnv, set to a number of seconds, has every size's churn phase
+// profiled: the daemon's CPU profile over that many seconds and an
+// execution trace over its first second, taken while the change probes run
+// and the churn goes on (it is kept up until the profile ends), written
+// into the report directory as cpu-churn-<n>.pb.gz and trace-churn-<n>.out.
+const scaleProfileEnv = "ZTUNNEL_SCALE_PROFILE"
+
 // scaleOutEnv names the report directory (default: a temporary directory
 // for the quick run, bench/results/<date>-<host>-scale for the others).
 const scaleOutEnv = "ZTUNNEL_SCALE_OUT"
@@ -322,6 +329,10 @@ func measureMesh(t *testing.T, m scaleMesh, probes, setups int, settle bool, out
 
 	stopChurn := scaleChurn(t, xds, m, 100)
 	defer stopChurn()
+	if secs := os.Getenv(scaleProfileEnv); secs != "" && out != "" {
+		profiled := profileChurn(ctx, t, d, out, m.workloads, secs)
+		defer profiled()
+	}
 	// waitFor pushes a change and returns how long until a connection to
 	// dst shows it (works is what that connection should do).
 	waitFor := func(push func(), dst netip.AddrPort, works bool) time.Duration {
@@ -434,6 +445,30 @@ func scaleChurn(t *testing.T, xds *xdstest.Server, m scaleMesh, perSecond int) f
 		}
 	})
 	return func() { close(stop); wg.Wait() }
+}
+
+// profileChurn starts the CPU profile and the trace of scaleProfileEnv and
+// returns the function that waits for them and writes them out.
+func profileChurn(ctx context.Context, t *testing.T, d *labrun.Daemon, out string, workloads int, secs string) func() {
+	if n, err := strconv.Atoi(secs); err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a number of seconds", scaleProfileEnv, secs)
+	}
+	var wg sync.WaitGroup
+	get := func(path, file string) {
+		wg.Go(func() {
+			code, body, err := d.Get(ctx, "http://127.0.0.1:15000/debug/pprof/"+path)
+			if err != nil || code != 200 {
+				t.Errorf("%s: %d %v", path, code, err)
+				return
+			}
+			if err := os.WriteFile(filepath.Join(out, file), body, 0o644); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	get("profile?seconds="+secs, fmt.Sprintf("cpu-churn-%d.pb.gz", workloads))
+	get("trace?seconds=1", fmt.Sprintf("trace-churn-%d.out", workloads))
+	return wg.Wait
 }
 
 // writeScaleHeap saves the daemon's heap profile (after a collection) as

@@ -203,7 +203,7 @@ func (s *Snapshot) nextPolicies(b *builder, d *Delta) *policyTable {
 	if t := reusableTable(list); t != nil {
 		return t
 	}
-	return compilePolicies(list)
+	return compilePoliciesFrom(s.pol, list)
 }
 
 // sortedWorkloads returns the workloads sorted by UID, in a new slice.

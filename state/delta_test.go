@@ -245,14 +245,15 @@ func flatten[K comparable, V any](t *testing.T, what string, m *shardMap[K, V]) 
 		t.Errorf("%s: %d entries, counted %d", what, len(out), m.n)
 	}
 	n := 0
-	for i, sh := range m.shards {
+	for i := range m.numShards() {
+		sh := m.shard(uint64(i))
 		n += len(sh)
 		for _, s := range sh[:cap(sh)] {
 			if s.h == 0 {
 				continue
 			}
 			if h := hashOf(s.k); h != s.h || h>>m.shift != uint64(i) {
-				t.Errorf("%s: key %v stored with hash %#x in shard %d of %d, hashes to %#x", what, s.k, s.h, i, len(m.shards), h)
+				t.Errorf("%s: key %v stored with hash %#x in shard %d of %d, hashes to %#x", what, s.k, s.h, i, m.numShards(), h)
 			}
 		}
 	}

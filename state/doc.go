@@ -17,8 +17,8 @@
 // policy change from a workload-only update (Snapshot.WithWorkloads keeps
 // it), which is what the connection manager re-checks open connections on.
 //
-// A Snapshot never changes once built. One writer (Writer: the tables of
-// workloads by uid, services by key and policies by resource name, the
+// A Snapshot never changes once built. One writer (Writer: the workloads
+// by uid, services by key and policies by resource name, the
 // ranking of workloads that claim one address, and a static base) builds the
 // next snapshot off the hot path after each Update and publishes it through a
 // Store; readers Load the current one once per connection and never lock. Snapshot.Apply derives the next

@@ -175,11 +175,11 @@ func (f *endpointFilter) rank(ep *Endpoint) int {
 		var match bool
 		switch scope {
 		case LBScopeRegion:
-			match = src.Locality.Region == w.Locality.Region
+			match = src.Locality.Value().Region == w.Locality.Value().Region
 		case LBScopeZone:
-			match = src.Locality.Zone == w.Locality.Zone
+			match = src.Locality.Value().Zone == w.Locality.Value().Zone
 		case LBScopeSubzone:
-			match = src.Locality.Subzone == w.Locality.Subzone
+			match = src.Locality.Value().Subzone == w.Locality.Value().Subzone
 		case LBScopeNode:
 			match = src.Node == w.Node
 		case LBScopeCluster:

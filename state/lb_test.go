@@ -118,10 +118,10 @@ func TestPickEndpointNetworkGateway(t *testing.T) {
 }
 
 func TestPickEndpointLocality(t *testing.T) {
-	src := &Workload{Network: "n1", Node: "node1", ClusterID: "c1", Locality: Locality{"r1", "z1", "s1"}}
+	src := &Workload{Network: "n1", Node: "node1", ClusterID: "c1", Locality: &Locality{"r1", "z1", "s1"}}
 	mk := func(uid, network, node, region, zone string) *Workload {
 		w := wl(uid, "ns", uid, "10.0.0."+uid[len(uid)-1:])
-		w.Network, w.Node, w.ClusterID, w.Locality = network, node, "c1", Locality{region, zone, "s1"}
+		w.Network, w.Node, w.ClusterID, w.Locality = network, node, "c1", &Locality{region, zone, "s1"}
 		return w
 	}
 	sameZone := mk("w1", "n1", "node2", "r1", "z1")
@@ -142,15 +142,15 @@ func TestPickEndpointLocality(t *testing.T) {
 		{name: "failover keeps the best rank", lb: &LoadBalancer{Mode: LBModeFailover, RoutingPreferences: []LBScope{LBScopeRegion, LBScopeZone}},
 			src: src, want: []*Workload{sameZone, otherNet}},
 		{name: "failover falls back to fewer matches", lb: &LoadBalancer{Mode: LBModeFailover, RoutingPreferences: []LBScope{LBScopeRegion, LBScopeZone}},
-			src: &Workload{Locality: Locality{"r1", "z9", ""}}, want: []*Workload{sameZone, sameRegion, otherNet}},
+			src: &Workload{Locality: &Locality{"r1", "z9", ""}}, want: []*Workload{sameZone, sameRegion, otherNet}},
 		{name: "strict needs every scope", lb: &LoadBalancer{Mode: LBModeStrict, RoutingPreferences: []LBScope{LBScopeRegion, LBScopeZone, LBScopeNetwork}},
 			src: src, want: []*Workload{sameZone}},
 		{name: "strict with no full match has no upstream", lb: &LoadBalancer{Mode: LBModeStrict, RoutingPreferences: []LBScope{LBScopeNode}},
 			src: &Workload{Node: "node9"}, noneR: true},
 		{name: "leading network outranks everything", lb: &LoadBalancer{Mode: LBModeFailover, RoutingPreferences: []LBScope{LBScopeNetwork, LBScopeRegion, LBScopeZone}},
-			src: &Workload{Network: "n2", Locality: Locality{"r2", "z1", ""}}, want: []*Workload{otherNet}},
+			src: &Workload{Network: "n2", Locality: &Locality{"r2", "z1", ""}}, want: []*Workload{otherNet}},
 		{name: "leading network mismatch ranks by the rest", lb: &LoadBalancer{Mode: LBModeFailover, RoutingPreferences: []LBScope{LBScopeNetwork, LBScopeRegion, LBScopeZone}},
-			src: &Workload{Network: "n9", Locality: Locality{"r2", "z1", ""}}, want: []*Workload{otherRegion}},
+			src: &Workload{Network: "n9", Locality: &Locality{"r2", "z1", ""}}, want: []*Workload{otherRegion}},
 		{name: "node and cluster scopes", lb: &LoadBalancer{Mode: LBModeFailover, RoutingPreferences: []LBScope{LBScopeCluster, LBScopeNode}},
 			src: src, want: []*Workload{otherNet}},
 		{name: "subzone scope", lb: &LoadBalancer{Mode: LBModeStrict, RoutingPreferences: []LBScope{LBScopeSubzone}},

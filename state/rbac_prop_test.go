@@ -59,6 +59,7 @@ func compareWithReference(t *testing.T, r *rand.Rand) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		applied := appliedPolicies(t, workloads, policies)
 		for range connsPerSet {
 			c := g.conn()
 			if r.IntN(40) != 0 {
@@ -66,7 +67,7 @@ func compareWithReference(t *testing.T, r *rand.Rand) {
 			}
 			cases++
 			want := refAuthorize(policies, c)
-			for _, snap := range []*Snapshot{s, derived} {
+			for _, snap := range []*Snapshot{s, derived, applied} {
 				if got := snap.Authorize(c); got != want {
 					t.Fatalf("set %d: Authorize = %+v, reference = %+v\n%s", set, got, want, describe(policies, c))
 				}
@@ -91,6 +92,43 @@ func compareWithReference(t *testing.T, r *rand.Rand) {
 	if indexed == 0 || indexMin == 1 && indexed < sets/4 || allowedN < cases/10 || deniedByPolicy < cases/10 || cases-allowedN-deniedByPolicy < cases/20 || dryHits < cases/20 {
 		t.Fatalf("generator is lopsided: %d cases, %d allowed, %d denied by policy, %d dry-run matches", cases, allowedN, deniedByPolicy, dryHits)
 	}
+}
+
+// appliedPolicies returns a snapshot of workloads and policies reached by
+// Apply: from a snapshot holding the second half of policies and a decoy
+// of each policy of the first half (same rules, another name and the other
+// action), a delta gives the first half and removes the decoys. It fails
+// unless the result took over the second half's compiled rules from the
+// snapshot it was applied to rather than compiling them again.
+func appliedPolicies(t *testing.T, workloads []*Workload, policies []*Policy) *Snapshot {
+	t.Helper()
+	half := len(policies) / 2
+	var decoys []*Policy
+	var decoyKeys []string
+	for _, p := range policies[:half] {
+		d := *p
+		d.Name += "-decoy"
+		d.Action = ActionDeny
+		if p.Action == ActionDeny {
+			d.Action = ActionAllow
+		}
+		decoys = append(decoys, &d)
+		decoyKeys = append(decoyKeys, d.Key())
+	}
+	base, err := NewSnapshot(slices.Clone(workloads), nil, append(slices.Clone(policies[half:]), decoys...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied, err := base.Apply(Delta{Policies: slices.Clone(policies[:half]), RemovedPolicies: decoyKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range policies[half:] {
+		if got := applied.pol.compiled[applied.pol.members[p]].ar; got != base.pol.ar {
+			t.Fatalf("policy %s was compiled again by a delta that did not change it", p.Key())
+		}
+	}
+	return applied
 }
 
 // FuzzAuthorizeMatchesReference runs the comparison on policy sets and
@@ -386,4 +424,85 @@ func (g *policyGen) conn() Conn {
 		c.SrcIdentity = g.identity()
 	}
 	return c
+}
+
+// TestPolicyArenasBounded changes the policies of a snapshot by deltas:
+// every table takes the unchanged policies' compiled rules over from the
+// last, and the arenas a table keeps alive that way hold rules for at most
+// about twice the policies it has (beyond that it compiles everything
+// again), whatever the pattern of changes.
+func TestPolicyArenasBounded(t *testing.T) {
+	const n, steps = 200, 100
+	policy := func(i, version int) *Policy {
+		return &Policy{Name: fmt.Sprintf("p%d", i), Namespace: "ns", Scope: ScopeNamespace, Action: ActionAllow,
+			Rules: [][][]Match{{{{DestinationPorts: []uint16{uint16(1000 + version)}}}}}}
+	}
+	for _, tc := range []struct {
+		name string
+		// changed returns the indexes of the policies step replaces.
+		changed    func(step int) []int
+		recompiles bool // whether the pattern must make full compiles
+	}{
+		// One by one: a replaced policy's old arena dies with its last
+		// live policy, so taking over never holds much.
+		{"one by one", func(step int) []int { return []int{step % n} }, false},
+		// All but a growing prefix: each step leaves one more live policy
+		// in an otherwise dead arena of ~n policies.
+		{"all but a growing prefix", func(step int) []int {
+			var idx []int
+			for i := 1 + step%(n/2); i < n; i++ {
+				idx = append(idx, i)
+			}
+			return idx
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			policies := make([]*Policy, n)
+			for i := range policies {
+				policies[i] = policy(i, 0)
+			}
+			s, err := NewSnapshot(nil, nil, slices.Clone(policies))
+			if err != nil {
+				t.Fatal(err)
+			}
+			recompiled := 0
+			for step := range steps {
+				prev := s.pol
+				var d Delta
+				changed := map[int]bool{}
+				for _, i := range tc.changed(step) {
+					d.Policies = append(d.Policies, policy(i, step+1))
+					changed[i] = true
+				}
+				if s, err = s.Apply(d); err != nil {
+					t.Fatal(err)
+				}
+				held := map[*arena]bool{}
+				total := 0
+				for i := range s.pol.compiled {
+					if ar := s.pol.compiled[i].ar; !held[ar] {
+						held[ar] = true
+						total += ar.policies
+					}
+				}
+				if total > 2*n+64 {
+					t.Fatalf("step %d: the table holds arenas compiled for %d policies, it has %d", step, total, n)
+				}
+				if len(held) == 1 && s.pol.ar.policies == n {
+					recompiled++
+					continue
+				}
+				for i := range n {
+					key := fmt.Sprintf("ns/p%d", i)
+					reused := s.pol.byKey[key].ar == prev.byKey[key].ar
+					if reused == changed[i] {
+						t.Fatalf("step %d: policy %s changed %v, compiled rules taken over %v", step, key, changed[i], reused)
+					}
+				}
+			}
+			if (recompiled > 0) != tc.recompiles {
+				t.Errorf("%d full compiles in %d steps", recompiled, steps)
+			}
+		})
+	}
 }

@@ -45,8 +45,15 @@ func tableSize(c int) bool {
 // lengths and stored hashes consistent and every entry found by get.
 func checkShardMap(t *testing.T, what string, m *shardMap[string, int], hash func(string) uint64, want map[string]int) {
 	t.Helper()
-	if len(m.shards) == 0 || len(m.shards)&(len(m.shards)-1) != 0 || 64-int(m.shift) != len(strconv.FormatUint(uint64(len(m.shards)), 2))-1 {
-		t.Fatalf("%s: %d shards with shift %d", what, len(m.shards), m.shift)
+	shards := 0
+	for p, page := range m.pages {
+		if len(page) != min(pageShards, m.numShards()) {
+			t.Fatalf("%s: page %d holds %d shards of %d", what, p, len(page), m.numShards())
+		}
+		shards += len(page)
+	}
+	if shards != m.numShards() || shards&(shards-1) != 0 || 64-int(m.shift) != len(strconv.FormatUint(uint64(shards), 2))-1 {
+		t.Fatalf("%s: %d shards with shift %d", what, shards, m.shift)
 	}
 	got := map[string]int{}
 	m.all(func(k string, v int) { got[k] = v })
@@ -54,7 +61,8 @@ func checkShardMap(t *testing.T, what string, m *shardMap[string, int], hash fun
 		t.Errorf("%s: holds %v, want %v", what, got, want)
 	}
 	n := 0
-	for i, sh := range m.shards {
+	for i := range m.numShards() {
+		sh := m.shard(uint64(i))
 		n += len(sh)
 		free := 0
 		for _, s := range sh[:cap(sh)] {
@@ -165,27 +173,31 @@ func TestShardMapFresh(t *testing.T) {
 			}
 			e.finish()
 			checkShardMap(t, "built", &m, hashString, want)
-			if len(m.shards) != tc.wantShards {
-				t.Errorf("%d shards, want %d", len(m.shards), tc.wantShards)
+			if m.numShards() != tc.wantShards {
+				t.Errorf("%d shards, want %d", m.numShards(), tc.wantShards)
 			}
 		})
 	}
 }
 
 // TestShardEditSharing checks what an edit shares with the map it derives
-// from: shards it does not write stay shared, written ones are copies, and
-// the parent's entries and slice values are unchanged.
+// from: shards and pages of shards it does not write stay shared, written
+// ones are copies, and the parent's entries and slice values are unchanged.
 func TestShardEditSharing(t *testing.T) {
 	defer func(n int) { shardTarget = n }(shardTarget)
 	shardTarget = 4
 	cmpInt := func(a, b int) int { return a - b }
 	var base shardMap[string, []int]
-	e := newShardEdit(&base, hashString, true, 64)
-	for i := range 64 {
+	// 1,024 keys in 256 shards: four pages of shards.
+	e := newShardEdit(&base, hashString, true, 1024)
+	for i := range 1024 {
 		insertSorted(e, "k"+strconv.Itoa(i), 10, cmpInt)
 		insertSorted(e, "k"+strconv.Itoa(i), 20, cmpInt)
 	}
 	e.finish()
+	if len(base.pages) != 4 {
+		t.Fatalf("%d pages of shards, want 4", len(base.pages))
+	}
 	snapshot := func(m *shardMap[string, []int]) map[string][]int {
 		out := map[string][]int{}
 		m.all(func(k string, v []int) { out[k] = slices.Clone(v) })
@@ -224,11 +236,20 @@ func TestShardEditSharing(t *testing.T) {
 			for _, k := range tc.changed {
 				written[hashString(k)>>derived.shift] = true
 			}
-			if len(tc.changed) == 0 && &derived.shards[0] != &base.shards[0] {
-				t.Error("an edit writing nothing copied the list of shards")
+			if len(tc.changed) == 0 && &derived.pages[0] != &base.pages[0] {
+				t.Error("an edit writing nothing copied the list of pages")
 			}
-			for i := range base.shards {
-				b, d := base.shards[i], derived.shards[i]
+			writtenPages := map[int]bool{}
+			for i := range written {
+				writtenPages[int(i>>pageBits)] = true
+			}
+			for p := range base.pages {
+				if same := &base.pages[p][0] == &derived.pages[p][0]; same == writtenPages[p] {
+					t.Errorf("page %d: shared %v, written %v", p, same, writtenPages[p])
+				}
+			}
+			for i := range base.numShards() {
+				b, d := base.shard(uint64(i)), derived.shard(uint64(i))
 				same := cap(b) > 0 && cap(d) > 0 && &b[:cap(b)][0] == &d[:cap(d)][0]
 				if written[uint64(i)] && same {
 					t.Errorf("shard %d was written in place", i)

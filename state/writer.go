@@ -1,16 +1,18 @@
 package state
 
 import (
+	"cmp"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync"
 )
 
-// Writer is the one writer of a Store: it holds the proxy's configuration as
-// tables (workloads by uid, services by key, policies by resource name), on
-// top of an optional static base, and after every Update builds the next
-// Snapshot from the last one by a delta and publishes it. Building happens in
+// Writer is the one writer of a Store: it holds the proxy's configuration
+// (workloads by uid, found in the last snapshot unless changed since;
+// services by key and policies by resource name in tables), on top of an
+// optional static base, and after every Update builds the next Snapshot
+// from the last one by a delta and publishes it. Building happens in
 // the caller's goroutine (the xDS client's); the data path only ever Loads
 // finished snapshots.
 //
@@ -36,28 +38,36 @@ type Writer struct {
 	logf  func(string, ...any)
 
 	mu sync.Mutex // serializes updates; guards the following fields
-	// workloads holds every workload by uid.
-	workloads map[string]*workloadEntry
+	// The workloads held are the last snapshot's, except that pending
+	// holds those changed since it was built (by uid; nil: removed) and
+	// originals those it holds without an address they lost to another
+	// workload (by uid, as they were put). The Writer keeps no table of
+	// its own for the rest (issue 36: a map of 100,000 entries repeating
+	// the snapshot's index cost ~70 B per workload).
+	pending    map[string]*Workload
+	originals  map[string]*Workload
+	nWorkloads int
 	// services holds every service by namespace/hostname.
 	services map[string]*Service
 	// policies holds every policy by resource name, and policyKeys the
 	// resource name that owns each namespace/name key.
 	policies   map[string]*Policy
 	policyKeys map[string]string
-	// addrs indexes every indexed (non host-network) workload address held
-	// by one workload, and conflicts those held by more than one (in the
-	// order they came), resolved when a snapshot is built. An address is in
-	// one of the two. Conflicts are rare, so the common case holds no list
-	// (issue 36: a one-entry list cost ~100 B per workload).
-	addrs     map[NetworkAddress]*workloadEntry
-	conflicts map[NetworkAddress][]*workloadEntry
-	// seq counts workload updates, to rank the most recent first.
-	seq uint64
-	// last is the last snapshot built; the dirty sets hold the workload
-	// uids, service keys and policy keys that may differ from it, so that
-	// the next snapshot is derived from it by a delta (Snapshot.Apply).
-	last                   *Snapshot
-	dirtyW, dirtyS, dirtyP map[string]struct{}
+	// An indexed (non host-network) address held by one workload is found
+	// in the last snapshot's address index, or in addrs when that changed
+	// since (nil: no single holder); one held by more than one workload is
+	// in conflicts, its holders in the order they were put (the last put
+	// is the most recent), and resolved when a snapshot is built.
+	// Conflicts are rare, so the common case holds no list, and the
+	// Writer no address table of its own (issue 36: ~60 B per workload).
+	addrs     map[NetworkAddress]*Workload
+	conflicts map[NetworkAddress][]*Workload
+	// last is the last snapshot built; pending and the dirty sets hold the
+	// workloads, service keys and policy keys that may differ from it, so
+	// that the next snapshot is derived from it by a delta
+	// (Snapshot.Apply).
+	last           *Snapshot
+	dirtyS, dirtyP map[string]struct{}
 }
 
 // Base is the static configuration a Writer starts from (a local config
@@ -66,12 +76,6 @@ type Base struct {
 	Workloads []*Workload
 	Services  []*Service
 	Policies  []*Policy
-}
-
-// workloadEntry is a workload with its update sequence number.
-type workloadEntry struct {
-	w   *Workload
-	seq uint64
 }
 
 // NewWriter returns a Writer publishing to store, seeded with base (which
@@ -87,13 +91,13 @@ func NewWriter(store *Store, base *Base, logf func(string, ...any)) (*Writer, er
 	w := &Writer{
 		store:      store,
 		logf:       logf,
-		workloads:  map[string]*workloadEntry{},
+		pending:    map[string]*Workload{},
+		originals:  map[string]*Workload{},
 		services:   map[string]*Service{},
 		policies:   map[string]*Policy{},
 		policyKeys: map[string]string{},
-		addrs:      map[NetworkAddress]*workloadEntry{},
-		conflicts:  map[NetworkAddress][]*workloadEntry{},
-		dirtyW:     map[string]struct{}{},
+		addrs:      map[NetworkAddress]*Workload{},
+		conflicts:  map[NetworkAddress][]*Workload{},
 		dirtyS:     map[string]struct{}{},
 		dirtyP:     map[string]struct{}{},
 	}
@@ -166,7 +170,7 @@ func (tx *Tx) PutWorkload(wl *Workload) { tx.w.putWorkloadLocked(wl, &tx.undos) 
 // RemoveWorkload removes the workload with uid and reports whether there
 // was one.
 func (tx *Tx) RemoveWorkload(uid string) bool {
-	if tx.w.workloads[uid] == nil {
+	if tx.w.workloadLocked(uid) == nil {
 		return false
 	}
 	tx.w.removeWorkloadLocked(uid)
@@ -228,75 +232,109 @@ func (tx *Tx) RemovePolicy(name string) { tx.w.removePolicyLocked(name) }
 func (w *Writer) Counts() (workloads, services, policies int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.workloads), len(w.services), len(w.policies)
+	return w.nWorkloads, len(w.services), len(w.policies)
+}
+
+// workloadLocked returns the workload held under uid, as it was put, or
+// nil.
+func (w *Writer) workloadLocked(uid string) *Workload {
+	if wl, ok := w.pending[uid]; ok {
+		return wl
+	}
+	if wl := w.originals[uid]; wl != nil {
+		return wl
+	}
+	if w.last == nil {
+		return nil
+	}
+	return w.last.WorkloadByUID(uid)
+}
+
+// holderLocked returns the one workload holding address k (which
+// conflicts does not hold), or nil.
+func (w *Writer) holderLocked(k NetworkAddress) *Workload {
+	if wl, ok := w.addrs[k]; ok {
+		return wl
+	}
+	if w.last == nil {
+		return nil
+	}
+	if pub := w.last.byAddr.get(hashAddr(k), k); pub != nil {
+		return w.workloadLocked(pub.UID)
+	}
+	return nil
+}
+
+// markLocked marks the workload under uid dirty: the next snapshot
+// publishes it again.
+func (w *Writer) markLocked(uid string) {
+	if _, ok := w.pending[uid]; !ok {
+		w.pending[uid] = w.workloadLocked(uid)
+	}
 }
 
 // putWorkloadLocked inserts or replaces wl; with undos non-nil it records
 // how to revert that.
 func (w *Writer) putWorkloadLocked(wl *Workload, undos *[]func()) {
-	prev := w.workloads[wl.UID]
+	prev := w.workloadLocked(wl.UID)
 	w.removeWorkloadLocked(wl.UID)
-	w.seq++
-	e := &workloadEntry{w: wl, seq: w.seq}
-	w.workloads[wl.UID] = e
-	for _, k := range indexedAddrs(wl) {
-		if first := w.addOwnerLocked(k, e); first != nil {
-			w.logf("xds: workload %q shares address %s with %q; ranking decides which one the address resolves to",
-				wl.UID, k, first.w.UID)
-		}
-	}
-	w.dirtyW[wl.UID] = struct{}{}
+	w.addWorkloadLocked(wl, true)
 	if undos != nil {
+		// Reverted, prev comes back as if put again: it ranks as the most
+		// recently put among the workloads sharing an address with it.
 		*undos = append(*undos, func() {
 			w.removeWorkloadLocked(wl.UID)
 			if prev != nil {
-				w.restoreWorkloadLocked(prev)
+				w.addWorkloadLocked(prev, false)
 			}
 		})
 	}
 }
 
-// restoreWorkloadLocked puts back an entry removed by an update being
-// reverted.
-func (w *Writer) restoreWorkloadLocked(e *workloadEntry) {
-	w.workloads[e.w.UID] = e
-	for _, k := range indexedAddrs(e.w) {
-		w.addOwnerLocked(k, e)
+// addWorkloadLocked adds wl, whose uid is not held, as the most recently
+// put workload; logConflicts says whether to log the addresses it shares.
+func (w *Writer) addWorkloadLocked(wl *Workload, logConflicts bool) {
+	w.pending[wl.UID] = wl
+	w.nWorkloads++
+	for _, k := range indexedAddrs(wl) {
+		if first := w.addOwnerLocked(k, wl); first != nil && logConflicts {
+			w.logf("xds: workload %q shares address %s with %q; ranking decides which one the address resolves to",
+				wl.UID, k, first.UID)
+		}
 	}
-	w.dirtyW[e.w.UID] = struct{}{}
 }
 
-// addOwnerLocked adds e to the workloads holding k and marks them dirty
+// addOwnerLocked adds wl to the workloads holding k and marks them dirty
 // (the change may move the address from one of them to another). It
 // returns the first workload that held k before, if any.
-func (w *Writer) addOwnerLocked(k NetworkAddress, e *workloadEntry) (first *workloadEntry) {
+func (w *Writer) addOwnerLocked(k NetworkAddress, wl *Workload) (first *Workload) {
 	if list, ok := w.conflicts[k]; ok {
-		w.conflicts[k] = append(list, e)
-		w.markLocked(list)
+		w.conflicts[k] = append(list, wl)
+		w.markAllLocked(list)
 		return list[0]
 	}
-	if o := w.addrs[k]; o != nil {
-		delete(w.addrs, k)
-		w.conflicts[k] = []*workloadEntry{o, e}
-		w.dirtyW[o.w.UID] = struct{}{}
+	if o := w.holderLocked(k); o != nil {
+		w.addrs[k] = nil
+		w.conflicts[k] = []*Workload{o, wl}
+		w.markLocked(o.UID)
 		return o
 	}
-	w.addrs[k] = e
+	w.addrs[k] = wl
 	return nil
 }
 
-// removeOwnerLocked removes e from the workloads holding k and marks the
+// removeOwnerLocked removes wl from the workloads holding k and marks the
 // others dirty.
-func (w *Writer) removeOwnerLocked(k NetworkAddress, e *workloadEntry) {
+func (w *Writer) removeOwnerLocked(k NetworkAddress, wl *Workload) {
 	list, ok := w.conflicts[k]
 	if !ok {
-		if w.addrs[k] == e {
-			delete(w.addrs, k)
+		if w.holderLocked(k) == wl {
+			w.addrs[k] = nil
 		}
 		return
 	}
-	list = slices.DeleteFunc(list, func(o *workloadEntry) bool { return o == e })
-	w.markLocked(list)
+	list = slices.DeleteFunc(list, func(o *Workload) bool { return o == wl })
+	w.markAllLocked(list)
 	if len(list) == 1 {
 		delete(w.conflicts, k)
 		w.addrs[k] = list[0]
@@ -305,24 +343,26 @@ func (w *Writer) removeOwnerLocked(k NetworkAddress, e *workloadEntry) {
 	w.conflicts[k] = list
 }
 
-// markLocked marks dirty the workloads sharing an address with a changed
-// one: the change may move the address from one of them to another.
-func (w *Writer) markLocked(list []*workloadEntry) {
+// markAllLocked marks dirty the workloads sharing an address with a
+// changed one: the change may move the address from one of them to
+// another.
+func (w *Writer) markAllLocked(list []*Workload) {
 	for _, o := range list {
-		w.dirtyW[o.w.UID] = struct{}{}
+		w.markLocked(o.UID)
 	}
 }
 
 func (w *Writer) removeWorkloadLocked(uid string) {
-	e := w.workloads[uid]
-	if e == nil {
+	old := w.workloadLocked(uid)
+	if old == nil {
 		return
 	}
-	delete(w.workloads, uid)
-	w.dirtyW[uid] = struct{}{}
-	for _, k := range indexedAddrs(e.w) {
-		w.removeOwnerLocked(k, e)
+	// The addresses first: holderLocked finds their holder through uid.
+	for _, k := range indexedAddrs(old) {
+		w.removeOwnerLocked(k, old)
 	}
+	w.pending[uid] = nil
+	w.nWorkloads--
 }
 
 func (w *Writer) removePolicyLocked(name string) {
@@ -352,25 +392,27 @@ func indexedAddrs(w *Workload) []NetworkAddress {
 	return keys
 }
 
-// rank orders workloads sharing an address, as ztunnel does: pods first,
-// then HBONE, then the most recently updated.
-func rank(e *workloadEntry) [3]uint64 {
-	var pod, hbone uint64
-	if strings.Contains(e.w.UID, "//Pod/") {
-		pod = 1
+// winner returns the workload an address shared by list (in the order its
+// holders were put) resolves to, ranked as ztunnel ranks them: pods first,
+// then HBONE, then the most recently put.
+func winner(list []*Workload) *Workload {
+	rank := func(w *Workload) int {
+		r := 0
+		if strings.Contains(w.UID, "//Pod/") {
+			r += 2
+		}
+		if w.Protocol == ProtocolHBONE {
+			r++
+		}
+		return r
 	}
-	if e.w.Protocol == ProtocolHBONE {
-		hbone = 1
+	best, bestRank := list[0], rank(list[0])
+	for _, wl := range list[1:] {
+		if r := rank(wl); r >= bestRank {
+			best, bestRank = wl, r
+		}
 	}
-	return [3]uint64{pod, hbone, e.seq}
-}
-
-// winner returns the workload an address shared by list resolves to.
-func winner(list []*workloadEntry) *workloadEntry {
-	return slices.MaxFunc(list, func(a, b *workloadEntry) int {
-		ra, rb := rank(a), rank(b)
-		return slices.Compare(ra[:], rb[:])
-	})
+	return best
 }
 
 // maxLostAddrs is how many of a workload's addresses can be marked lost
@@ -423,20 +465,39 @@ func (w *Writer) buildLocked() (*Snapshot, error) {
 		return nil, err
 	}
 	w.last = snap
-	clear(w.dirtyW)
-	clear(w.dirtyS)
-	clear(w.dirtyP)
+	resetDirty(&w.pending)
+	resetDirty(&w.addrs)
+	resetDirty(&w.dirtyS)
+	resetDirty(&w.dirtyP)
 	return snap, nil
+}
+
+// dirtyKeep is the most entries a dirty set may have held for clear to
+// empty it; a larger one is replaced by a new map.
+const dirtyKeep = 64
+
+// resetDirty empties the dirty set *m. clear keeps a map's table, and
+// ranging over a map visits its whole table however few entries it holds:
+// a set that took a 100,000-workload push made every later delta walk
+// 100,000 empty slots (issue 36: a tenth of the daemon's CPU under churn),
+// and would keep the push's table alive.
+func resetDirty[K comparable, V any](m *map[K]V) {
+	if len(*m) > dirtyKeep {
+		*m = map[K]V{}
+		return
+	}
+	clear(*m)
 }
 
 // deltaLocked returns the change from the last snapshot to what is held.
 func (w *Writer) deltaLocked() Delta {
 	var d Delta
-	for uid := range w.dirtyW {
-		if e := w.workloads[uid]; e != nil {
-			d.Workloads = append(d.Workloads, w.publishedLocked(e))
+	for uid, wl := range w.pending {
+		if wl != nil {
+			d.Workloads = append(d.Workloads, w.publishedLocked(wl))
 		} else {
 			d.RemovedWorkloads = append(d.RemovedWorkloads, uid)
+			delete(w.originals, uid)
 		}
 	}
 	for key := range w.dirtyS {
@@ -456,36 +517,42 @@ func (w *Writer) deltaLocked() Delta {
 	return d
 }
 
-// publishedLocked returns e's workload as a snapshot holds it: a copy
-// with the addresses it loses to another workload marked, if any.
-func (w *Writer) publishedLocked(e *workloadEntry) *Workload {
+// publishedLocked returns wl as a snapshot holds it: a copy with the
+// addresses it loses to another workload marked lost, if any, which
+// originals then records.
+func (w *Writer) publishedLocked(wl *Workload) *Workload {
 	var lost []netip.Addr
-	for _, k := range indexedAddrs(e.w) {
-		if list, c := w.conflicts[k]; c && winner(list) != e {
+	for _, k := range indexedAddrs(wl) {
+		if list, c := w.conflicts[k]; c && winner(list) != wl {
 			lost = append(lost, k.Addr)
 		}
 	}
-	return withoutAddrs(e.w, lost)
+	if lost == nil {
+		delete(w.originals, wl.UID)
+		return wl
+	}
+	w.originals[wl.UID] = wl
+	return withoutAddrs(wl, lost)
 }
 
 // buildFullLocked builds a snapshot of everything held from scratch.
 func (w *Writer) buildFullLocked() (*Snapshot, error) {
-	var lost map[*workloadEntry][]netip.Addr
-	for k, list := range w.conflicts {
-		win := winner(list)
-		if lost == nil {
-			lost = map[*workloadEntry][]netip.Addr{}
-		}
-		for _, e := range list {
-			if e != win {
-				lost[e] = append(lost[e], k.Addr)
-			}
+	held := make([]*Workload, 0, w.nWorkloads)
+	for _, wl := range w.pending {
+		if wl != nil {
+			held = append(held, wl)
 		}
 	}
-
-	workloads := make([]*Workload, 0, len(w.workloads))
-	for _, e := range w.workloads {
-		workloads = append(workloads, withoutAddrs(e.w, lost[e]))
+	if w.last != nil {
+		w.last.byUID.all(func(uid string, pub *Workload) {
+			if _, changed := w.pending[uid]; !changed {
+				held = append(held, cmp.Or(w.originals[uid], pub))
+			}
+		})
+	}
+	workloads := make([]*Workload, 0, len(held))
+	for _, wl := range held {
+		workloads = append(workloads, w.publishedLocked(wl))
 	}
 	services := make([]*Service, 0, len(w.services))
 	for _, s := range w.services {

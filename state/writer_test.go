@@ -5,6 +5,9 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
+	"runtime"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -203,5 +206,205 @@ func TestWriterPolicyKeys(t *testing.T) {
 	}
 	if _, err := NewWriter(NewStore(nil), &Base{Policies: []*Policy{p("a"), p("a")}}, nil); err == nil {
 		t.Error("a base with a duplicate policy was accepted")
+	}
+}
+
+// TestWriterDirtySetsShrink: a dirty set that held a large push is replaced
+// once the push is published, so that later deltas do not walk its table
+// (Go's clear keeps a map's table; ranging over the map visits all of it).
+// One that held a few keys is kept and emptied.
+func TestWriterDirtySetsShrink(t *testing.T) {
+	w, err := NewWriter(NewStore(nil), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapID := func() uintptr { return reflect.ValueOf(w.pending).Pointer() }
+	for _, tc := range []struct {
+		name      string
+		workloads int
+		replaced  bool
+	}{
+		{"large push", 1000, true},
+		{"one workload", 1, false},
+		{"dirtyKeep workloads", dirtyKeep, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := mapID()
+			if err := w.Update(func(tx *Tx) {
+				for i := range tc.workloads {
+					tx.PutWorkload(writerWorkload(fmt.Sprintf("%s-%d", tc.name, i), fmt.Sprintf("10.%d.%d.%d", len(tc.name), i>>8, i&255), false))
+				}
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if len(w.pending) != 0 {
+				t.Fatalf("%d dirty workloads left after the update", len(w.pending))
+			}
+			if replaced := mapID() != before; replaced != tc.replaced {
+				t.Errorf("dirty set replaced = %v, want %v", replaced, tc.replaced)
+			}
+		})
+	}
+}
+
+// TestWriterMatchesModel puts and removes workloads sharing a few
+// addresses, a few updates at a time, and checks every published snapshot
+// against a model of the ranking: each address resolves to the workload
+// ranked first among those holding it (a pod, then HBONE, then the one put
+// most recently), every other holder is published without it, and Counts
+// counts what is held.
+func TestWriterMatchesModel(t *testing.T) {
+	type held struct {
+		w   *Workload
+		put int
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	store := NewStore(nil)
+	x, err := NewWriter(store, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ips := []string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"}
+	model := map[string]held{}
+	puts := 0
+	for step := range 400 {
+		if err := x.Update(func(tx *Tx) {
+			for range 1 + r.IntN(3) {
+				uid := fmt.Sprintf("c/apps/Deployment/ns/w%d", r.IntN(5))
+				if r.IntN(2) == 0 {
+					uid = fmt.Sprintf("Kubernetes//Pod/ns/p%d", r.IntN(5))
+				}
+				if r.IntN(4) == 0 {
+					tx.RemoveWorkload(uid)
+					delete(model, uid)
+					continue
+				}
+				w := writerWorkload(uid, ips[r.IntN(len(ips))], r.IntN(3) == 0)
+				if r.IntN(4) == 0 {
+					w.Addresses = append(w.Addresses, netip.MustParseAddr(ips[r.IntN(len(ips))]))
+				}
+				puts++
+				tx.PutWorkload(w)
+				model[uid] = held{w, puts}
+			}
+		}); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		s := store.Load()
+		if n, _, _ := x.Counts(); n != len(model) {
+			t.Fatalf("step %d: %d workloads counted, %d held", step, n, len(model))
+		}
+		rank := func(h held) [3]int {
+			var pod, hbone int
+			if strings.Contains(h.w.UID, "//Pod/") {
+				pod = 1
+			}
+			if h.w.Protocol == ProtocolHBONE {
+				hbone = 1
+			}
+			return [3]int{pod, hbone, h.put}
+		}
+		winners := map[netip.Addr]string{}
+		for _, ip := range ips {
+			a := netip.MustParseAddr(ip)
+			var best *held
+			for _, h := range model {
+				if !slices.Contains(h.w.Addresses, a) {
+					continue
+				}
+				if best != nil {
+					if rh, rb := rank(h), rank(*best); slices.Compare(rh[:], rb[:]) <= 0 {
+						continue
+					}
+				}
+				best = &h
+			}
+			got := s.WorkloadByAddr("", a)
+			switch {
+			case best == nil && got != nil:
+				t.Fatalf("step %d: %s resolves to %s, held by none", step, ip, got.UID)
+			case best != nil && (got == nil || got.UID != best.w.UID):
+				t.Fatalf("step %d: %s resolves to %v, want %s", step, ip, got, best.w.UID)
+			case best != nil:
+				winners[a] = best.w.UID
+			}
+		}
+		for uid, h := range model {
+			var want []netip.Addr
+			for _, a := range h.w.Addresses {
+				if winners[a] == uid && !slices.Contains(want, a) {
+					want = append(want, a)
+				}
+			}
+			got := s.WorkloadByUID(uid)
+			if got == nil {
+				t.Fatalf("step %d: %s not published", step, uid)
+			}
+			// It keeps every address (a service endpoint is dialled on
+			// them, as ztunnel's workload_ips), and those it loses are
+			// marked: it owns the rest.
+			if !slices.Equal(got.Addresses, h.w.Addresses) {
+				t.Fatalf("step %d: %s published with %v, want all of %v", step, uid, got.Addresses, h.w.Addresses)
+			}
+			var g []netip.Addr
+			for i, a := range got.Addresses {
+				if !got.losesAddr(i) && !slices.Contains(g, a) {
+					g = append(g, a)
+				}
+			}
+			slices.SortFunc(g, netip.Addr.Compare)
+			slices.SortFunc(want, netip.Addr.Compare)
+			if !slices.Equal(g, want) {
+				t.Fatalf("step %d: %s owns %v of %v, want %v", step, uid, g, got.Addresses, want)
+			}
+		}
+	}
+}
+
+// TestWriterHoldsNoWorkloadTable: what a Writer retains beyond its
+// snapshot stays a few bytes per workload: it finds the workloads and
+// addresses it holds in the snapshot's indexes rather than in tables of
+// its own (issue 36: those took ~130 B per workload).
+func TestWriterHoldsNoWorkloadTable(t *testing.T) {
+	const n = 20000
+	mk := func() []*Workload {
+		ws := make([]*Workload, n)
+		for i := range ws {
+			ws[i] = writerWorkload(fmt.Sprintf("Kubernetes//Pod/ns/p%d", i), netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}).String(), false)
+		}
+		return ws
+	}
+	heap := func() uint64 {
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	ws := mk()
+	base := heap()
+	snap, err := NewSnapshot(ws, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare := heap() - base
+	runtime.KeepAlive(snap)
+
+	ws = mk()
+	base = heap()
+	x, err := NewWriter(NewStore(nil), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Update(func(tx *Tx) {
+		for _, w := range ws {
+			tx.PutWorkload(w)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	withWriter := heap() - base
+	runtime.KeepAlive(x)
+	if extra := (int64(withWriter) - int64(bare)) / n; extra > 32 {
+		t.Errorf("the Writer retains %d B per workload beyond its snapshot's %d", extra, bare/n)
 	}
 }

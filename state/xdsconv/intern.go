@@ -36,6 +36,49 @@ func internAll(list []string) []string {
 	return list
 }
 
+// localities shares the workloads' Locality values: one per locality,
+// held weakly (a locality no workload has any more is dropped at the next
+// sweep, once the cache has doubled since the last).
+var localities = struct {
+	mu        sync.Mutex // guards the following fields
+	m         map[state.Locality]weak.Pointer[state.Locality]
+	lastSweep int
+}{m: map[state.Locality]weak.Pointer[state.Locality]{}}
+
+// internLocality returns the shared value equal to l (nil for the zero
+// Locality, which means none).
+func internLocality(l state.Locality) *state.Locality {
+	if l == (state.Locality{}) {
+		return nil
+	}
+	c := &localities
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p := c.m[l].Value(); p != nil {
+		return p
+	}
+	p := &state.Locality{Region: intern(l.Region), Zone: intern(l.Zone), Subzone: intern(l.Subzone)}
+	c.m[*p] = weak.Make(p)
+	if len(c.m) >= 2*max(c.lastSweep, 64) {
+		for k, wp := range c.m {
+			if wp.Value() == nil {
+				delete(c.m, k)
+			}
+		}
+		c.lastSweep = len(c.m)
+	}
+	return p
+}
+
+// nameInUID points w's name into its uid when the uid ends with it, as
+// istiod's do ("cluster//Pod/namespace/name"): the name then costs no
+// string of its own (issue 36: ~32 B per workload).
+func nameInUID(w *state.Workload) {
+	if n := len(w.Name); n > 0 && strings.HasSuffix(w.UID, w.Name) {
+		w.Name = w.UID[len(w.UID)-n:]
+	}
+}
+
 // workloadTypes are the lower-case kind names, made once rather than per
 // workload.
 var workloadTypes = func() map[workloadapi.WorkloadType]string {

@@ -88,6 +88,9 @@ func TestConvertSharesRepeats(t *testing.T) {
 	if !sameMap(a.Services, b.Services) {
 		t.Error("the replicas' Services maps are two copies")
 	}
+	if a.Locality == nil || a.Locality != b.Locality {
+		t.Errorf("the replicas' localities %p and %p: want one shared value", a.Locality, b.Locality)
+	}
 	if want := map[string]map[uint16]uint16{"ns-1/app.ns-1.svc.cluster.local": {80: 8080, 9090: 9090}}; !reflect.DeepEqual(a.Services, want) {
 		t.Errorf("Services = %v, want %v", a.Services, want)
 	}
@@ -136,5 +139,33 @@ func TestWorkloadUIDSharesResourceName(t *testing.T) {
 	}
 	if !sameString(w.UID, name) {
 		t.Error("the workload's uid is a second copy of its resource name")
+	}
+	if w.Name != "app-1" || unsafe.StringData(w.Name) != unsafe.StringData(name[len(name)-len("app-1"):]) {
+		t.Errorf("the workload's name %q is not the end of its resource name", w.Name)
+	}
+}
+
+// TestWorkloadNameInUID: a workload's name that ends its uid is read from
+// the uid's bytes; one that does not keeps its own.
+func TestWorkloadNameInUID(t *testing.T) {
+	for _, tc := range []struct {
+		uid, name string
+		shared    bool
+	}{
+		{"Kubernetes//Pod/ns-1/app-1", "app-1", true},
+		{"cluster//networking.istio.io/WorkloadEntry/ns-1/vm", "vm", true},
+		{"Kubernetes//Pod/ns-1/app-1", "other", false},
+		{"Kubernetes//Pod/ns-1/app-1", "", false},
+	} {
+		w, err := ConvertWorkload(&workloadapi.Workload{Uid: tc.uid, Name: tc.name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w.Name != tc.name {
+			t.Fatalf("%s: name %q, want %q", tc.uid, w.Name, tc.name)
+		}
+		if shared := tc.name != "" && unsafe.StringData(w.Name) == unsafe.StringData(w.UID[len(w.UID)-len(w.Name):]); shared != tc.shared {
+			t.Errorf("%s, %s: name in the uid's bytes %v, want %v", tc.uid, tc.name, shared, tc.shared)
+		}
 	}
 }

@@ -184,7 +184,8 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 		"authorizationPolicies": strList(&w.AuthorizationPolicies),
 		"capacity":              u32(&w.Capacity, "capacity"),
 		"locality": func(d *decoder, n *yaml.Node, path string) error {
-			l := &w.Locality
+			l := &state.Locality{}
+			w.Locality = l
 			return d.object(n, path, "locality", map[string]fieldFunc{
 				"region":  str(&l.Region),
 				"zone":    str(&l.Zone),

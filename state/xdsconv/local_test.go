@@ -143,7 +143,7 @@ func TestAllFields(t *testing.T) {
 			AuthorizationPolicies: []string{"ns1/sel", "ns1/missing"},
 			Services:              map[string]map[uint16]uint16{"ns1/svc.ns1.svc.cluster.local": {80: 8080, 443: 8443}},
 			Capacity:              7,
-			Locality:              state.Locality{Region: "r1", Zone: "z1", Subzone: "s1"},
+			Locality:              &state.Locality{Region: "r1", Zone: "z1", Subzone: "s1"},
 		},
 		{
 			UID: "c1//v1/Pod/ns1/minimal", Namespace: "ns1", Addresses: []netip.Addr{}, Capacity: 1,

@@ -82,11 +82,12 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 		AuthorizationPolicies: internAll(x.GetAuthorizationPolicies()),
 		Capacity:              1,
 	}
+	nameInUID(w)
 	if c := x.GetCapacity(); c != nil {
 		w.Capacity = c.GetValue()
 	}
 	if l := x.GetLocality(); l != nil {
-		w.Locality = state.Locality{Region: intern(l.GetRegion()), Zone: intern(l.GetZone()), Subzone: intern(l.GetSubzone())}
+		w.Locality = internLocality(state.Locality{Region: l.GetRegion(), Zone: l.GetZone(), Subzone: l.GetSubzone()})
 	}
 	if x.GetTunnelProtocol() == workloadapi.TunnelProtocol_LEGACY_ISTIO_MTLS {
 		return nil, ErrLegacyIstioMTLS

@@ -68,7 +68,7 @@ func TestConvertWorkloadAllFields(t *testing.T) {
 		// 70443 truncates to 4907, as ztunnel's "as u16" does.
 		Services: map[string]map[uint16]uint16{"ns/svc.ns.svc": {80: 8080, 4907: 8443}},
 		Capacity: 0,
-		Locality: state.Locality{Region: "r", Zone: "z", Subzone: "s"},
+		Locality: &state.Locality{Region: "r", Zone: "z", Subzone: "s"},
 	}
 	got, err := ConvertWorkload(in)
 	if err != nil {

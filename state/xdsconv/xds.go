@@ -78,8 +78,10 @@ func (x *XDSState) HandleAddresses(u *xdsclient.Update) []xdsclient.Rejection {
 				if c.w.UID == name {
 					// istiod names a workload by its uid: one copy of
 					// the bytes serves the snapshot and the xDS
-					// client's record of what it holds.
+					// client's record of what it holds (and the name,
+					// which ends it).
 					c.w.UID = name
+					nameInUID(c.w)
 				}
 				tx.PutWorkload(c.w)
 			} else {
