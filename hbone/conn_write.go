@@ -103,6 +103,45 @@ func (c *conn) pendingLenLocked() int {
 	return len(c.pending.b)
 }
 
+// takePendingLocked takes the committed frames for writing: the spare
+// buffer becomes the one appenders fill meanwhile, and whoever waits for
+// room in the write buffer is woken (from: as for pollWaiters.wakeBuf).
+// Both drivers' writers take the buffer this way. c.wmu held, something
+// committed.
+func (c *conn) takePendingLocked(from any) *frameBuf {
+	out := c.pending
+	c.pending, c.spare = c.spare, nil
+	if c.bufWaiters > 0 {
+		c.bufCond.Signal()
+	}
+	c.poll.wakeBuf(from)
+	return out
+}
+
+// recycleLocked keeps a written buffer as the spare (or pools it if there
+// is one). c.wmu held.
+func (c *conn) recycleLocked(out *frameBuf) {
+	out.b = out.b[:0]
+	if c.spare == nil {
+		c.spare = out
+		return
+	}
+	putFrameBuf(out)
+}
+
+// releaseIdleLocked pools the write buffers of a writer with nothing to
+// write: an idle connection pins none. c.wmu held.
+func (c *conn) releaseIdleLocked() {
+	if c.pending != nil {
+		putFrameBuf(c.pending)
+		c.pending = nil
+	}
+	if c.spare != nil {
+		putFrameBuf(c.spare)
+		c.spare = nil
+	}
+}
+
 // writeLoop flushes the pending buffer with one Write per batch: whatever
 // streams append while a Write is in progress goes out in the next one.
 func (c *conn) writeLoop() {
@@ -124,33 +163,19 @@ func (c *conn) writeLoop() {
 			if c.wclosing {
 				break
 			}
-			// Idle: an idle connection pins no write buffer.
-			if c.pending != nil {
-				putFrameBuf(c.pending)
-				c.pending = nil
-			}
-			if c.spare != nil {
-				putFrameBuf(c.spare)
-				c.spare = nil
-			}
+			c.releaseIdleLocked()
 			c.writerWaiting = true
 			c.writerCond.Wait()
 			c.writerWaiting = false
 			continue
 		}
-		out := c.pending
-		c.pending, c.spare = c.spare, nil
-		if c.bufWaiters > 0 {
-			c.bufCond.Signal()
-		}
-		c.poll.wakeBuf(nil)
+		out := c.takePendingLocked(nil)
 		// A Write sends what a direct write left held first.
 		c.flushOwed = false
 		c.wmu.Unlock()
 		err = c.write(out.b)
 		c.wmu.Lock()
-		out.b = out.b[:0]
-		c.spare = out
+		c.recycleLocked(out)
 		if err != nil {
 			break
 		}

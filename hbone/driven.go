@@ -340,27 +340,13 @@ func (c *conn) readTurn(lm *loopMode) (more bool, err error) {
 	}
 }
 
-// tryFill is fill for the loop: one TryRead into c.in's tail, with room
-// for at least what the pump said it needs (the buffer is managed as fill
-// manages it). Large DATA goes through c.in: the loop does not read
+// tryFill is fill for the loop: one TryRead into c.in's tail (readRoom).
+// Large DATA goes through c.in: the loop does not read
 // straight into a stream's buffer.
 func (c *conn) tryFill(lm *loopMode) (int, error) {
-	avail := c.inW - c.inR
-	need := max(c.inNeed, avail+1)
-	switch {
-	case c.in == nil:
-		c.in = getInBuf(c.inSize(need))
-	case need > len(c.in.b):
-		nb := getInBuf(max(c.inSize(need), need))
-		copy(nb.b, c.in.b[c.inR:c.inW])
-		putInBuf(c.in)
-		c.in, c.inR, c.inW = nb, 0, avail
-	case c.inR > 0:
-		copy(c.in.b, c.in.b[c.inR:c.inW])
-		c.inR, c.inW = 0, avail
-	}
-	n, err := lm.lt.TryRead(c.in.b[c.inW:])
-	if n < 0 || n > len(c.in.b)-c.inW {
+	space := c.readRoom()
+	n, err := lm.lt.TryRead(space)
+	if n < 0 || n > len(space) {
 		n, err = 0, fmt.Errorf("hbone: transport read returned %d bytes", n)
 	}
 	c.inW += n
@@ -449,23 +435,10 @@ func (c *conn) takeOut(lm *loopMode) (closing bool) {
 		c.pending.b = c.pending.b[:0]
 	}
 	if c.pendingLenLocked() == 0 {
-		// Idle: an idle connection pins no write buffer.
-		if c.pending != nil {
-			putFrameBuf(c.pending)
-			c.pending = nil
-		}
-		if c.spare != nil {
-			putFrameBuf(c.spare)
-			c.spare = nil
-		}
+		c.releaseIdleLocked()
 		return c.wclosing
 	}
-	lm.out, lm.off = c.pending, 0
-	c.pending, c.spare = c.spare, nil
-	if c.bufWaiters > 0 {
-		c.bufCond.Signal()
-	}
-	c.poll.wakeBuf(lm.ownerOf())
+	lm.out, lm.off = c.takePendingLocked(lm.ownerOf()), 0
 	return false
 }
 
@@ -473,16 +446,9 @@ func (c *conn) takeOut(lm *loopMode) (closing bool) {
 func (c *conn) putOut(lm *loopMode) {
 	out := lm.out
 	lm.out, lm.off = nil, 0
-	out.b = out.b[:0]
 	c.wmu.Lock()
-	if c.spare == nil {
-		c.spare = out
-		out = nil
-	}
+	c.recycleLocked(out)
 	c.wmu.Unlock()
-	if out != nil {
-		putFrameBuf(out)
-	}
 }
 
 // loopWriteFailed ends the connection after the transport's write failed:

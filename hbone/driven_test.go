@@ -310,3 +310,12 @@ func TestLoopTurns(t *testing.T) {
 		t.Fatal("Done not closed after Ended")
 	}
 }
+
+// testDriven makes c loop-driven by hand (its transport must be a
+// loopTransport), with an owner that only counts, and returns its Driven.
+func testDriven(c *conn) Driven {
+	lm := &loopMode{lt: c.nc.(loopTransport)}
+	c.loop.Store(lm)
+	lm.setOwner(&nopOwner{})
+	return driven{c: c, lm: lm}
+}

@@ -235,19 +235,10 @@ func (c *conn) inSize(need int) int {
 	return inSmallSize
 }
 
-// fill is the goroutine driver's read: one blocking Read into c.in's tail,
-// with room for at least what the pump said it needs. A read error is kept
-// and returned once what came before it is processed (the caller steps
-// until no progress, then fills again).
-func (c *conn) fill() error {
-	if c.inErr != nil {
-		return c.inErr
-	}
-	if c.in == nil && c.state == stData && c.data.s != nil && c.data.left >= inSmallSize {
-		if done, err := c.fillStream(&c.data); done {
-			return err
-		}
-	}
+// readRoom readies c.in for one read with room for at least what the
+// pump said it needs, and returns its free tail. Both drivers' reads
+// (fill, tryFill) go through it, so they manage the buffer alike.
+func (c *conn) readRoom() []byte {
 	avail := c.inW - c.inR
 	need := max(c.inNeed, avail+1)
 	switch {
@@ -266,7 +257,23 @@ func (c *conn) fill() error {
 		copy(c.in.b, c.in.b[c.inR:c.inW])
 		c.inR, c.inW = 0, avail
 	}
-	space := c.in.b[c.inW:]
+	return c.in.b[c.inW:]
+}
+
+// fill is the goroutine driver's read: one blocking Read into c.in's tail,
+// with room for at least what the pump said it needs. A read error is kept
+// and returned once what came before it is processed (the caller steps
+// until no progress, then fills again).
+func (c *conn) fill() error {
+	if c.inErr != nil {
+		return c.inErr
+	}
+	if c.in == nil && c.state == stData && c.data.s != nil && c.data.left >= inSmallSize {
+		if done, err := c.fillStream(&c.data); done {
+			return err
+		}
+	}
+	space := c.readRoom()
 	for range 100 { // as bufio: a transport that keeps returning nothing is broken
 		n, err := c.nc.Read(space)
 		c.inW += n
