@@ -180,8 +180,11 @@ func TestDirectWrites(t *testing.T) {
 				}
 			}
 			c := cc.c
+			var direct uint64
 			c.wmu.Lock()
-			direct := c.directWrites
+			if g, ok := c.driver().(*goDriver); ok {
+				direct = g.directWrites
+			}
 			c.wmu.Unlock()
 			// A loop-driven connection has no writer goroutine to spare:
 			// its loop's Flush writes everything, none of it directly.

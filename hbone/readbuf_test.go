@@ -75,13 +75,14 @@ func TestReadBufferGrowth(t *testing.T) {
 	}{
 		{"goroutines", func(t *testing.T, in []byte, bufs bufSpy) {
 			c := newConn(&spyReader{in: in, chunk: 1000, bufs: bufs}, cfg, true)
+			g := c.driver().(*goDriver)
 			for {
 				progress, err := c.step()
 				if err != nil {
 					t.Fatal(err)
 				}
 				if !progress {
-					if err := c.fill(); err != nil {
+					if err := g.fill(); err != nil {
 						break // io.EOF: all read
 					}
 				}
@@ -90,7 +91,7 @@ func TestReadBufferGrowth(t *testing.T) {
 		{"loop", func(t *testing.T, in []byte, bufs bufSpy) {
 			m := &memTransport{in: in, chunk: 1000}
 			c := newConn(spyTransport{m, bufs}, cfg, true)
-			d := testDriven(c)
+			d := testDriven(c, &nopOwner{})
 			for more := true; more; {
 				var err error
 				if more, err = d.Readable(); err != nil {
