@@ -12,11 +12,9 @@
 //     and one writer goroutine do, through the same parser and write
 //     buffer;
 //   - streams append frames to a shared, bounded write buffer which the writer
-//     flushes with one Write per batch, so frames of many streams coalesce into
-//     few syscalls (and few TLS records); a small batch an event loop queues
-//     (Stream.WriteFrom) while the writer idles is written by the loop itself
-//     when the transport can write without blocking (mtls/record's
-//     TryWrite), saving the hand-off;
+//     (the event loop, or the writer goroutine) flushes with one write per
+//     batch, so frames of many streams coalesce into few syscalls (and few
+//     TLS records);
 //   - received DATA is copied once, from the connection into pooled per-stream
 //     chunks that are returned as soon as they are read, so an idle stream
 //     holds no buffer; an event loop (Stream.Peek) writes to its socket
@@ -79,8 +77,7 @@
 //     timer;
 //   - driver.go: the seam (driver) and the choice of driver;
 //     driver_goroutines.go the goroutine driver (goDriver: a reader and a
-//     writer goroutine, an event loop's direct writes, the transport's
-//     close); driver_loop.go the loop driver (loopDriver, the Driven that
+//     writer goroutine, the transport's close); driver_loop.go the loop driver (loopDriver, the Driven that
 //     Config.Drive hands an event loop, and Owner: the read turn over the
 //     pump, the loop's flush of the write buffer, the close through the
 //     loop);

@@ -5,8 +5,8 @@ package hbone
 // socket I/O, and when, is its driver's:
 //
 //   - the goroutine driver (driver_goroutines.go): a reader goroutine
-//     making one blocking Read per fill, a writer goroutine making one
-//     Write per batch, and an event loop's small batches written directly;
+//     making one blocking Read per fill and a writer goroutine making one
+//     Write per batch;
 //   - the loop driver (driver_loop.go): an event loop's callbacks
 //     (Config.Drive, Driven), reading and writing without blocking on the
 //     loop's goroutine.
@@ -16,10 +16,8 @@ package hbone
 // through recycleLocked. What differs is behind driver.
 type driver interface {
 	// committedLocked is told that frames were appended to c.pending, so
-	// that they get written; fromLoop: by an event loop's relay
-	// (Stream.WriteFrom), whose small batches the goroutine driver may
-	// write at once. c.wmu held.
-	committedLocked(fromLoop bool)
+	// that they get written. c.wmu held.
+	committedLocked()
 	// close ends the transport: abrupt, at once, dropping what is not yet
 	// written; else once the write buffer (GOAWAY last) is flushed. It may
 	// be called again, from any goroutine; an abrupt close cuts a graceful
@@ -67,7 +65,7 @@ func (c *conn) startDriver() *goDriver {
 // commitLocked stores the appended buffer and tells the driver. c.wmu held.
 func (c *conn) commitLocked(b []byte) {
 	c.pending.b = b
-	c.driver().committedLocked(false)
+	c.driver().committedLocked()
 }
 
 // wakeRead wakes s from the read path: a localWaker is told which loop

@@ -12,26 +12,19 @@ import (
 // goDriver is the goroutine driver: a reader goroutine (readLoop) feeds
 // the pump with one blocking Read per fill, and a writer goroutine
 // (writeLoop) flushes the write buffer with one Write per batch, so what
-// is committed while a Write is in progress goes out in the next one. An
-// event loop's small batch (Stream.WriteFrom) is written by the loop
-// itself while the writer idles (committedLocked). It drives connections
-// no event loop takes: inner tunnels (streamconn.go), the std and uring
-// backends, clients without an engine.
+// is committed while a Write is in progress goes out in the next one. It
+// drives the connections no event loop takes: inner tunnels (over
+// crypto/tls on a Stream), the std and uring backends, connections
+// crypto/tls protects, clients without an engine.
 //
 // Lock rules: the fields under c.wmu are the writer's hand-off; the reader
 // goroutine owns the pump (c.in and the parser state) without a lock.
 type goDriver struct {
-	c      *conn
-	direct directWriter // nil unless the transport can write without blocking
+	c *conn
 
 	// Guarded by c.wmu.
 	writerWaiting bool
-	// flushOwed asks the writer to flush what a direct write left held in
-	// the transport.
-	flushOwed bool
-	// directWrites counts batches written by their committers, for tests.
-	directWrites uint64
-	writerCond   sync.Cond // L: c.wmu
+	writerCond    sync.Cond // L: c.wmu
 
 	closeNC sync.Once
 	linger  atomic.Bool // close gracefully: flush, half-close, wait for the peer
@@ -43,7 +36,6 @@ type goDriver struct {
 
 func newGoDriver(c *conn) *goDriver {
 	g := &goDriver{c: c, readDone: make(chan struct{})}
-	g.direct, _ = c.nc.(directWriter)
 	g.writerCond.L = &c.wmu
 	return g
 }
@@ -159,20 +151,11 @@ func (g *goDriver) fillStream(d *dataState) (done bool, err error) {
 	return true, nil
 }
 
-// committedLocked wakes the writer. A batch an event loop commits
-// (fromLoop) while the writer idles and that is small is written by the
-// loop itself if the transport can do so without blocking, so a request or
-// response of a few bytes leaves without waking the writer goroutine. The
-// writer only idles with nothing in flight, so nothing can overtake these
-// frames; c.wmu keeps later appenders behind them. Goroutine callers (the
-// reader's WINDOW_UPDATEs, handlers' HEADERS, Stream.Write) keep handing
-// their frames to the writer: measured, writing themselves cost the
+// committedLocked wakes the writer if it waits. Only the writer writes:
+// measured, letting committers write small batches themselves cost the
 // connection rate ~10% (the writer's syscalls no longer ran beside the
 // reader's work on the other core) for no clear latency gain. c.wmu held.
-func (g *goDriver) committedLocked(fromLoop bool) {
-	if fromLoop && g.writerWaiting && g.direct != nil && g.c.pendingLenLocked() <= directWriteMax && g.writeDirectLocked() {
-		return
-	}
+func (g *goDriver) committedLocked() {
 	g.wakeWriterLocked()
 }
 
@@ -184,40 +167,6 @@ func (g *goDriver) wakeWriterLocked() {
 	}
 }
 
-// directWriteMax bounds the frames an event loop writes itself: above it,
-// sealing and copying would hold the loop (and its other relays) too long,
-// and the writer goroutine batches better.
-const directWriteMax = 32 << 10
-
-// directWriter is a transport that can take a write without blocking
-// (mtls/record.Conn): ok=false means it took nothing; queued means part
-// of it waits in the transport for a Flush.
-type directWriter interface {
-	TryWrite(p []byte) (ok, queued bool, err error)
-	Flush() error
-}
-
-// writeDirectLocked writes the pending frames through g.direct. It reports
-// false when the transport refused or failed; the writer goroutine then
-// takes the frames (and meets the same error, ending the connection on its
-// path). c.wmu held, the writer idle.
-func (g *goDriver) writeDirectLocked() bool {
-	c := g.c
-	ok, queued, err := g.direct.TryWrite(c.pending.b)
-	if !ok || err != nil {
-		return false
-	}
-	g.directWrites++
-	// Sent or sealed: the buffer is free, and an idle connection pins none.
-	putFrameBuf(c.pending)
-	c.pending = nil
-	if queued {
-		g.flushOwed = true
-		g.wakeWriterLocked()
-	}
-	return true
-}
-
 // writeLoop flushes the pending buffer with one Write per batch: whatever
 // streams append while a Write is in progress goes out in the next one.
 func (g *goDriver) writeLoop() {
@@ -227,16 +176,6 @@ func (g *goDriver) writeLoop() {
 	c.wmu.Lock()
 	for {
 		if c.pendingLenLocked() == 0 {
-			if g.flushOwed {
-				g.flushOwed = false
-				c.wmu.Unlock()
-				err = g.direct.Flush()
-				c.wmu.Lock()
-				if err != nil {
-					break
-				}
-				continue
-			}
 			if c.wclosing {
 				break
 			}
@@ -247,8 +186,6 @@ func (g *goDriver) writeLoop() {
 			continue
 		}
 		out := c.takePendingLocked(nil)
-		// A Write sends what a direct write left held first.
-		g.flushOwed = false
 		c.wmu.Unlock()
 		// One Write per batch (the daemon's mtls/record connection seals
 		// it and sends it with one syscall).

@@ -196,7 +196,7 @@ func (l *loopDriver) refused(g *goDriver) {
 
 // committedLocked asks the loop for a Flush, one Wake until it runs.
 // c.wmu held.
-func (l *loopDriver) committedLocked(bool) {
+func (l *loopDriver) committedLocked() {
 	if !l.flushAsked {
 		l.flushAsked = true
 		l.wake()

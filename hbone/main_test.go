@@ -145,7 +145,7 @@ type testServer struct {
 	*Server
 	addr      string
 	tlsClient *tls.Config // nil for plain TCP
-	record    bool        // TLS through mtls/record (direct writes)
+	record    bool        // TLS through mtls/record
 	serveErrs chan error
 	pipes     chan net.Conn // overPipe: the server ends of dialed pipes
 	tp        transport
@@ -168,7 +168,7 @@ type transport int
 const (
 	overTCP    transport = iota // plain TCP
 	overTLS                     // crypto/tls
-	overRecord                  // mtls/record: the daemon's transport, with direct writes
+	overRecord                  // mtls/record: the daemon's transport
 	// overPipe: net.Pipe, no socket and no TLS, for tests inside a
 	// testing/synctest bubble (a socket's I/O does not block durably
 	// there, so the bubble's clock could not advance past it).

@@ -339,10 +339,7 @@ func (s *Stream) WriteFrom(limit int, src io.Reader) (n int, readErr, writeErr e
 	}
 	if k > 0 && rerr == nil {
 		appendFrameHeader(frame[:0], k, http2.FrameData, 0, s.id)
-		c.pending.b = b[:start+frameHeaderLen+k]
-		// An event loop's batch: the goroutine driver may let the loop
-		// write it (goDriver.committedLocked).
-		c.driver().committedLocked(true)
+		c.commitLocked(b[:start+frameHeaderLen+k])
 	} else {
 		k = 0
 	}
