@@ -180,9 +180,11 @@ func newConn(nc net.Conn, cfg Config, client bool) *conn {
 	return c
 }
 
-// exit is called once by the reader, once by the writer and once by the
-// shutdown that ended the connection; the last one closes done, so Done
-// implies that teardown (including the onClose hook) has completed.
+// exit is called once when the driver's read side is done, once when its
+// write side is (the goroutine driver's reader and writer; the loop
+// driver's Ended counts both) and once by the shutdown that ended the
+// connection; the last one closes done, so Done implies that teardown
+// (including the onClose hook) has completed.
 func (c *conn) exit() {
 	if c.exits.Add(1) == 3 {
 		close(c.done)

@@ -5,8 +5,8 @@ import (
 	"golang.org/x/net/http2/hpack"
 )
 
-// The write path. Streams and the reader append frames to one shared write
-// buffer (c.pending) under c.wmu and commit them (commitLocked); the
+// The write path. Streams and the read path append frames to one shared
+// write buffer (c.pending) under c.wmu and commit them (commitLocked); the
 // driver's writer takes the buffer (takePendingLocked), writes it while
 // appenders fill the spare, and gives it back as the next spare
 // (recycleLocked), so what is appended while a write is in progress goes
@@ -125,7 +125,7 @@ func (c *conn) backlogErrLocked() error {
 	return nil
 }
 
-// checkBacklog is backlogErrLocked for the reader, after a frame that may
+// checkBacklog is backlogErrLocked for the read path, after a frame that may
 // have queued an answer.
 func (c *conn) checkBacklog() error {
 	c.wmu.Lock()

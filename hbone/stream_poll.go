@@ -27,8 +27,8 @@ type Waker interface {
 // connection's read path instead of being woken to do it (the
 // response path of a round trip crosses no goroutine). When a DATA frame's
 // payload is already read from the network and the stream has no received
-// byte buffered or lent (every earlier byte reached the sink), the reader
-// offers the payload to TryDeliver instead of buffering it and waking the
+// byte buffered or lent (every earlier byte reached the sink), the read
+// path offers the payload to TryDeliver instead of buffering it and waking the
 // loop. TryDeliver writes what it can without blocking and returns how
 // many bytes it took (0: not now); the stream buffers the rest and wakes
 // the sink as usual, so the bytes keep their order. Bytes taken count as
