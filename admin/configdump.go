@@ -47,7 +47,7 @@ type EngineDump struct {
 	PipesInUse    int `json:"pipesInUse"`
 	PipesFree     int `json:"pipesFree"`
 	StreamBuffers int `json:"streamBuffers"`
-	// Conns are the HBONE connections the loops own (ZTUNNEL_HBONE_LOOP),
+	// Conns are the HBONE connections the loops own (proxy.LoopDrive),
 	// ConnStalls the driver calls that held a loop over a millisecond,
 	// LocalWakes the relays readied on their connection's loop without a
 	// task.

@@ -171,7 +171,7 @@ func roundTrip(c *net.TCPConn, payload []byte) ([]byte, error) {
 
 // TestDataPath runs the data-path cases on the daemons' defaults, where the
 // HBONE connections, both the pooled outbound ones and those their 15008
-// accepts, are owned by the engine's event loops (ZTUNNEL_HBONE_LOOP) and the
+// accepts, are owned by the engine's event loops (proxy.LoopDrive) and the
 // loops block in epoll_wait: at the end each daemon that carried HBONE
 // counts loop-owned connections in its /config_dump.
 func TestDataPath(t *testing.T) {
@@ -183,15 +183,16 @@ func TestDataPath(t *testing.T) {
 	}
 }
 
-// TestDataPathHBONEGoroutines is TestDataPath on the goroutine-driven HBONE
-// path (ZTUNNEL_HBONE_LOOP=false, parking stream loops): a reader and a
-// writer goroutine per connection. Every case must hold the same, and no
-// loop owns a connection.
+// TestDataPathHBONEGoroutines is TestDataPath on hbone's goroutine driver:
+// on the std backend no loop can own an HBONE connection, so each has a
+// reader and a writer goroutine (as inner double-HBONE tunnels and
+// connections crypto/tls protects have on any backend). Every case must
+// hold the same, and no loop owns a connection.
 func TestDataPathHBONEGoroutines(t *testing.T) {
-	dp := testDataPath(t, "ZTUNNEL_HBONE_LOOP=false", "ZTUNNEL_ENGINE_STREAM_WAIT=park")
+	dp := testDataPath(t, "ZTUNNEL_ENGINE=std")
 	for _, pod := range []string{"client", "server"} {
 		if n := dp.loopConns(t, pod); n != 0 {
-			t.Errorf("%s's daemon owns %d HBONE connections in its loops with ZTUNNEL_HBONE_LOOP=false", pod, n)
+			t.Errorf("%s's daemon owns %d HBONE connections in its loops on the std backend", pod, n)
 		}
 	}
 }

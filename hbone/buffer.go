@@ -37,9 +37,9 @@ func putChunk(c *chunk) {
 	}
 }
 
-// recvBuffer is a FIFO of received bytes. The connection's reader goroutine
-// fills its tail, possibly outside the stream lock (see Stream.filling); the
-// stream's reader drains its head.
+// recvBuffer is a FIFO of received bytes. The connection's read path fills
+// its tail (the goroutine driver's reader possibly outside the stream lock,
+// see Stream.filling); the stream's reader drains its head.
 type recvBuffer struct {
 	chunks []*chunk // chunks[head:] are live
 	head   int

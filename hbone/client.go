@@ -30,8 +30,9 @@ type ClientConn struct {
 }
 
 // NewClientConn starts HTTP/2 on conn: it queues the connection preface and
-// SETTINGS and starts the connection's reader and writer goroutines. The
-// ClientConn owns conn from here on.
+// SETTINGS and starts the connection's driver (an event loop through
+// cfg.Drive, else a reader and a writer goroutine). The ClientConn owns
+// conn from here on.
 func NewClientConn(conn net.Conn, cfg Config) (*ClientConn, error) {
 	if conn == nil {
 		return nil, errors.New("hbone: nil connection")
@@ -45,9 +46,9 @@ func newClientConn(nc net.Conn, cfg Config, idleTimeout time.Duration, onClose f
 	if onClose != nil {
 		cc.c.onClose = func() { onClose(cc) }
 	}
-	if !cc.c.startDriven() {
-		cc.c.start()
-		go cc.c.readLoop()
+	if g := cc.c.startDriver(); g != nil {
+		g.start()
+		go g.readLoop()
 	}
 	return cc
 }

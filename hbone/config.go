@@ -122,7 +122,7 @@ type Config struct {
 	// the WakeFrom of stream Wakers that have one (engine.LocalWaker), so
 	// it must be the engine's *ConnHandle itself, not a wrapper. d may be
 	// called on the loop before Drive returns. ok=false: d was not called
-	// and never will be; the connection keeps its goroutines (if nc was
+	// and never will be; the connection gets its goroutines (if nc was
 	// closed meanwhile, it just ends).
 	Drive func(nc net.Conn, d Driven) (owner Owner, ok bool)
 }

@@ -32,25 +32,23 @@ const (
 	lingerTimeout = time.Second
 )
 
-// conn is one HTTP/2 connection, client or server side. Its reader goroutine
-// (readFrames) owns the read pump (pump.go), the framer and the receive
-// path; its writer goroutine (writeLoop) owns the network writes. Streams
-// and the reader append frames to a shared write buffer under wmu.
+// conn is one HTTP/2 connection, client or server side. Its driver
+// (driver.go) does the socket I/O: it feeds the read pump (pump.go), which
+// owns the framer and the receive path, from one goroutine at a time (the
+// reader goroutine or the event loop), and it writes what streams and the
+// read path append to a shared write buffer under wmu.
 //
 // Lock order: mu before wmu, mu before Stream.mu. Stream.mu and wmu are
 // leaves: nothing is locked while holding them.
 type conn struct {
 	nc     net.Conn
-	direct directWriter // nil unless the transport can write without blocking
 	cfg    Config
 	client bool
 	logf   func(format string, args ...any)
+	drv    atomic.Pointer[driverRef] // see driver
 
-	// Reader goroutine only (read.go, pump.go).
-	in          *inBuf // received plaintext: in.b[inR:inW] is unprocessed; nil when empty
-	inR, inW    int
-	inNeed      int   // bytes from inR the pump needs before it can progress
-	inErr       error // the transport's read error, returned once in is processed
+	// The read path only, run by the driver (read.go, pump.go).
+	in          readBuf // received plaintext the pump has yet to process
 	state       pumpState
 	fh          http2.FrameHeader // stFrame: the frame whose payload is awaited
 	scan        blockScan         // stFrame on HEADERS: how much of the block is checked
@@ -107,31 +105,15 @@ type conn struct {
 	spare         *frameBuf  // the buffer the writer last flushed, for reuse
 	wclosing      bool       // no more frames; the writer flushes and exits
 	wErr          error      // what appenders get once wclosing
-	writerWaiting bool
-	// flushOwed asks the writer to flush what a direct write left held in
-	// the transport.
-	flushOwed bool
-	// directWrites counts batches written by their committers, for tests.
-	directWrites  uint64
-	writerCond    sync.Cond
-	bufCond       sync.Cond // streams waiting for write-buffer space
+	bufCond       sync.Cond  // streams waiting for write-buffer space
 	bufWaiters    int
 	wPeerMaxFrame int
 	enc           *hpack.Encoder
 	hbuf          bytes.Buffer
 	poll          pollWaiters // event-loop streams waiting for window or buffer room
 
-	// loop is set when an event loop drives the connection (driven.go).
-	loop atomic.Pointer[loopMode]
-
-	closeNC sync.Once
-	linger  atomic.Bool // close gracefully: flush, half-close, wait for the peer
-	// writeFailed: the writer's write failed, so the transport owes the
-	// peer nothing it could still send.
-	writeFailed atomic.Bool
-	readDone    chan struct{} // closed when the reader has stopped reading
-	exits       atomic.Int32  // reader, writer and shutdown, when finished
-	done        chan struct{} // closed when all three are
+	exits atomic.Int32  // reader, writer and shutdown, when finished
+	done  chan struct{} // closed when all three are
 
 	// Server side.
 	srv      *Server
@@ -159,10 +141,9 @@ func newConn(nc net.Conn, cfg Config, client bool) *conn {
 		peerInitialWindow:  initialWindow,
 		peerMaxStreams:     math.MaxUint32,
 		wPeerMaxFrame:      minMaxFrameSize,
-		readDone:           make(chan struct{}),
 		done:               make(chan struct{}),
 	}
-	c.direct, _ = nc.(directWriter)
+	c.drv.Store(&driverRef{newGoDriver(c)}) // until startDriver settles it
 	if client {
 		c.state = stHeader
 	}
@@ -174,7 +155,6 @@ func newConn(nc net.Conn, cfg Config, client bool) *conn {
 	c.recvConnAvail.Store(int64(cfg.ConnWindow))
 	c.resetTokens = float64(cfg.MaxResetStreams)
 	c.connWinCond.L = &c.mu
-	c.writerCond.L = &c.wmu
 	c.bufCond.L = &c.wmu
 	c.enc = hpack.NewEncoder(&c.hbuf)
 
@@ -200,74 +180,14 @@ func newConn(nc net.Conn, cfg Config, client bool) *conn {
 	return c
 }
 
-// start arms the keepalive and starts the writer goroutine; the caller runs
-// readLoop (on a new goroutine or its own).
-func (c *conn) start() {
-	c.mu.Lock()
-	c.startKeepaliveLocked()
-	c.mu.Unlock()
-	go c.writeLoop()
-}
-
-// readLoop runs the reader until the connection ends.
-func (c *conn) readLoop() {
-	err := c.readFrames()
-	c.releaseIn()
-	close(c.readDone)
-	c.closeWith(err)
-	c.exit()
-}
-
-// exit is called once by the reader, once by the writer and once by the
-// shutdown that ended the connection; the last one closes done, so Done
-// implies that teardown (including the onClose hook) has completed.
+// exit is called once when the driver's read side is done, once when its
+// write side is (the goroutine driver's reader and writer; the loop
+// driver's Ended counts both) and once by the shutdown that ended the
+// connection; the last one closes done, so Done implies that teardown
+// (including the onClose hook) has completed.
 func (c *conn) exit() {
 	if c.exits.Add(1) == 3 {
 		close(c.done)
-	}
-}
-
-// closeConn closes the network connection, once, always through the
-// transport's own Close: a TLS transport then sends what it owes the peer
-// (close_notify, RFC 8446 section 6.1, or the fatal alert a failed read
-// left owed, section 6.2), whichever side ended the connection and
-// however. An abrupt close bounds that: to a peer that stopped reading,
-// crypto/tls blocks on its close_notify for up to five seconds, holding
-// the connection and its goroutines, so the transport under a TLS
-// connection is closed after abruptCloseTimeout if Close has not returned
-// (mtls/record bounds its own Close more tightly). After a failed write
-// there is nothing left to send, and that transport is closed at once.
-func (c *conn) closeConn(abrupt bool) {
-	if lm := c.loop.Load(); lm != nil {
-		c.loopClose(lm, abrupt) // the transport is closed once the loop is done
-		return
-	}
-	c.closeNC.Do(func() {
-		if u, ok := c.nc.(interface{ NetConn() net.Conn }); ok && abrupt {
-			if c.writeFailed.Load() {
-				_ = u.NetConn().Close()
-			} else {
-				t := time.AfterFunc(abruptCloseTimeout, func() { _ = u.NetConn().Close() })
-				defer t.Stop()
-			}
-		}
-		_ = c.nc.Close()
-	})
-}
-
-// lingerClose half-closes a flushed connection and waits a little for the
-// peer to close its side: closing at once, with peer bytes unread, makes
-// the kernel reset the connection, and a reset can destroy the frames we
-// just sent (GOAWAY above all) before the peer reads them.
-func (c *conn) lingerClose() {
-	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-	}
-	t := time.NewTimer(lingerTimeout)
-	defer t.Stop()
-	select {
-	case <-c.readDone:
-	case <-t.C:
 	}
 }
 
@@ -325,7 +245,6 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 		c.wclosing = true
 		c.wErr = serr
 	}
-	c.writerCond.Signal()
 	c.bufCond.Broadcast()
 	c.wmu.Unlock()
 	onClose := c.onClose
@@ -334,16 +253,7 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 	for _, s := range streams {
 		s.endRecv(serr)
 	}
-	if lm := c.loop.Load(); lm != nil {
-		c.loopClose(lm, !goAway && !graceful)
-	} else if goAway || graceful {
-		// The writer flushes and closes; do not let a peer that stopped
-		// reading hold it forever.
-		c.linger.Store(true)
-		_ = c.nc.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
-	} else {
-		c.closeConn(true)
-	}
+	c.driver().close(!goAway && !graceful)
 	if c.cancel != nil {
 		c.cancel()
 	}
@@ -357,7 +267,7 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 // progress.
 func (c *conn) forceClose(cause error) {
 	c.shutdown(cause, false, 0, "", false)
-	c.closeConn(true)
+	c.driver().close(true)
 }
 
 // goAway starts a graceful drain: GOAWAY(NO_ERROR) with the last stream this

@@ -1,17 +1,16 @@
 package hbone
 
 import (
-	"fmt"
-
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 )
 
-// The write path. Streams and the reader append frames to one shared write
-// buffer (c.pending) under c.wmu and commit them; the writer goroutine
-// (writeLoop) swaps the buffer out and flushes it with one Write per batch,
-// so what is appended while a Write is in progress goes out in the next one.
-// An event loop may write a few committed frames itself (commitDirectLocked).
+// The write path. Streams and the read path append frames to one shared
+// write buffer (c.pending) under c.wmu and commit them (commitLocked); the
+// driver's writer takes the buffer (takePendingLocked), writes it while
+// appenders fill the spare, and gives it back as the next spare
+// (recycleLocked), so what is appended while a write is in progress goes
+// out with the next one.
 
 // minDataFrag: a DATA frame is not split to fill less write-buffer space
 // than this.
@@ -25,77 +24,6 @@ func (c *conn) wbufLocked() []byte {
 	return c.pending.b
 }
 
-// commitLocked stores the appended buffer and wakes the writer. c.wmu held.
-func (c *conn) commitLocked(b []byte) {
-	c.pending.b = b
-	if lm := c.loop.Load(); lm != nil {
-		// Loop mode: the loop's Flush writes (one Wake until it does).
-		if !lm.flushAsked {
-			lm.flushAsked = true
-			lm.wake()
-		}
-		return
-	}
-	if c.writerWaiting {
-		c.writerWaiting = false
-		c.writerCond.Signal()
-	}
-}
-
-// commitDirectLocked is commitLocked for an event loop (Stream.WriteFrom):
-// when the writer is idle and the frames are few, the loop writes them
-// itself if the transport can do so without blocking, so a request or
-// response of a few bytes leaves without waking the writer goroutine. The
-// writer only idles with nothing in flight, so nothing can overtake these
-// frames; c.wmu keeps later appenders behind them. Goroutine callers (the
-// reader's WINDOW_UPDATEs, handlers' HEADERS, Stream.Write) keep handing
-// their frames to the writer: measured, writing themselves cost the
-// connection rate ~10% (the writer's syscalls no longer ran beside the
-// reader's work on the other core) for no clear latency gain.
-func (c *conn) commitDirectLocked(b []byte) {
-	if c.writerWaiting && c.direct != nil && len(b) <= directWriteMax {
-		c.pending.b = b
-		if c.writeDirectLocked() {
-			return
-		}
-	}
-	c.commitLocked(b)
-}
-
-// directWriteMax bounds the frames an event loop writes itself: above it,
-// sealing and copying would hold the loop (and its other relays) too long,
-// and the writer goroutine batches better.
-const directWriteMax = 32 << 10
-
-// directWriter is a transport that can take a write without blocking
-// (mtls/record.Conn): ok=false means it took nothing; queued means part
-// of it waits in the transport for a Flush.
-type directWriter interface {
-	TryWrite(p []byte) (ok, queued bool, err error)
-	Flush() error
-}
-
-// writeDirectLocked writes the pending frames through c.direct. It reports
-// false when the transport refused or failed; the writer goroutine then
-// takes the frames (and meets the same error, ending the connection on its
-// path). c.wmu held, the writer idle.
-func (c *conn) writeDirectLocked() bool {
-	ok, queued, err := c.direct.TryWrite(c.pending.b)
-	if !ok || err != nil {
-		return false
-	}
-	c.directWrites++
-	// Sent or sealed: the buffer is free, and an idle connection pins none.
-	putFrameBuf(c.pending)
-	c.pending = nil
-	if queued {
-		c.flushOwed = true
-		c.writerWaiting = false
-		c.writerCond.Signal()
-	}
-	return true
-}
-
 func (c *conn) pendingLenLocked() int {
 	if c.pending == nil {
 		return 0
@@ -103,82 +31,53 @@ func (c *conn) pendingLenLocked() int {
 	return len(c.pending.b)
 }
 
-// writeLoop flushes the pending buffer with one Write per batch: whatever
-// streams append while a Write is in progress goes out in the next one.
-func (c *conn) writeLoop() {
-	defer c.exit()
-	var err error
-	c.wmu.Lock()
-	for {
-		if c.pendingLenLocked() == 0 {
-			if c.flushOwed {
-				c.flushOwed = false
-				c.wmu.Unlock()
-				err = c.direct.Flush()
-				c.wmu.Lock()
-				if err != nil {
-					break
-				}
-				continue
-			}
-			if c.wclosing {
-				break
-			}
-			// Idle: an idle connection pins no write buffer.
-			if c.pending != nil {
-				putFrameBuf(c.pending)
-				c.pending = nil
-			}
-			if c.spare != nil {
-				putFrameBuf(c.spare)
-				c.spare = nil
-			}
-			c.writerWaiting = true
-			c.writerCond.Wait()
-			c.writerWaiting = false
-			continue
-		}
-		out := c.pending
-		c.pending, c.spare = c.spare, nil
-		if c.bufWaiters > 0 {
-			c.bufCond.Signal()
-		}
-		c.poll.wakeBuf(nil)
-		// A Write sends what a direct write left held first.
-		c.flushOwed = false
-		c.wmu.Unlock()
-		err = c.write(out.b)
-		c.wmu.Lock()
-		out.b = out.b[:0]
-		c.spare = out
-		if err != nil {
-			break
-		}
+// takePendingLocked takes the committed frames for writing: the spare
+// buffer becomes the one appenders fill meanwhile, and whoever waits for
+// room in the write buffer is woken (from: as for pollWaiters.wakeBuf).
+// Both drivers' writers take the buffer this way. c.wmu held, something
+// committed.
+func (c *conn) takePendingLocked(from any) *frameBuf {
+	out := c.pending
+	c.pending, c.spare = c.spare, nil
+	if c.bufWaiters > 0 {
+		c.bufCond.Signal()
 	}
-	if err != nil && !c.wclosing {
+	c.poll.wakeBuf(from)
+	return out
+}
+
+// recycleLocked keeps a written buffer as the spare (or pools it if there
+// is one). c.wmu held.
+func (c *conn) recycleLocked(out *frameBuf) {
+	out.b = out.b[:0]
+	if c.spare == nil {
+		c.spare = out
+		return
+	}
+	putFrameBuf(out)
+}
+
+// releaseIdleLocked pools the write buffers of a writer with nothing to
+// write: an idle connection pins none. c.wmu held.
+func (c *conn) releaseIdleLocked() {
+	if c.pending != nil {
+		putFrameBuf(c.pending)
+		c.pending = nil
+	}
+	if c.spare != nil {
+		putFrameBuf(c.spare)
+		c.spare = nil
+	}
+}
+
+// failWritesLocked closes the write side after the transport's write
+// failed with err: appenders get the error from now on. c.wmu held.
+func (c *conn) failWritesLocked(err error) {
+	if !c.wclosing {
 		c.wclosing = true
 		c.wErr = connClosedError(err)
 		c.bufCond.Broadcast()
 	}
-	c.wmu.Unlock()
-	if err == nil && c.linger.Load() {
-		c.lingerClose()
-	}
-	if err != nil {
-		// The transport's write side failed: nothing, not even a TLS
-		// alert, can follow what it cut. The cause is recorded before the
-		// close, which would make the reader fail too.
-		c.writeFailed.Store(true)
-		c.closeWith(fmt.Errorf("hbone: write: %w", err))
-	}
-	c.closeConn(err != nil)
-}
-
-// write sends one batch with one Write (the daemon's mtls/record
-// connection seals it and sends it with one syscall).
-func (c *conn) write(b []byte) error {
-	_, err := c.nc.Write(b)
-	return err
 }
 
 // queueRSTLocked queues RST_STREAM. c.wmu held.
@@ -226,7 +125,7 @@ func (c *conn) backlogErrLocked() error {
 	return nil
 }
 
-// checkBacklog is backlogErrLocked for the reader, after a frame that may
+// checkBacklog is backlogErrLocked for the read path, after a frame that may
 // have queued an answer.
 func (c *conn) checkBacklog() error {
 	c.wmu.Lock()

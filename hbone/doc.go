@@ -12,11 +12,9 @@
 //     and one writer goroutine do, through the same parser and write
 //     buffer;
 //   - streams append frames to a shared, bounded write buffer which the writer
-//     flushes with one Write per batch, so frames of many streams coalesce into
-//     few syscalls (and few TLS records); a small batch an event loop queues
-//     (Stream.WriteFrom) while the writer idles is written by the loop itself
-//     when the transport can write without blocking (mtls/record's
-//     TryWrite), saving the hand-off;
+//     (the event loop, or the writer goroutine) flushes with one write per
+//     batch, so frames of many streams coalesce into few syscalls (and few
+//     TLS records);
 //   - received DATA is copied once, from the connection into pooled per-stream
 //     chunks that are returned as soon as they are read, so an idle stream
 //     holds no buffer; an event loop (Stream.Peek) writes to its socket
@@ -63,29 +61,32 @@
 // # Code map
 //
 // One connection has one owner, its *conn, whose code is split by role
-// (as quic-go splits its connection):
+// (as quic-go splits its connection), and one driver, which does its
+// socket I/O behind a small seam:
 //
 //   - conn.go: the connection's fields, construction, lifecycle and close
-//     (GOAWAY, shutdown, the transport's close);
+//     (GOAWAY, shutdown);
 //   - conn_streams.go: the stream table: opening limits, retiring and
 //     resetting streams, the drain a freed slot may start;
 //   - conn_write.go: the write path: the shared write buffer, committing
-//     frames to it, the writer goroutine and direct writes, DATA batching,
-//     control frames and the bound on their backlog;
+//     frames to it, the drivers' hand-over of it, DATA batching, control
+//     frames and the bound on their backlog;
 //   - conn_flow.go: flow control: send and receive windows of the
 //     connection and its streams, WINDOW_UPDATE accounting;
 //   - conn_timers.go: the keepalive PING and a pooled connection's idle
 //     timer;
-//   - driven.go: loop mode: a connection an event loop drives through
-//     Config.Drive (Driven, Owner) instead of its reader and writer
-//     goroutines: the read turn over the pump, the loop's flush of the
-//     write buffer, the close through the loop;
-//   - pump.go: the read pump: the plaintext buffer c.in, fill (the reader
-//     goroutine's blocking read) and step, which processes what c.in holds
-//     frame by frame without blocking, so an event loop can drive it too;
-//   - read.go: the reader goroutine, the frames it handles and the peer's
-//     reset budget; server.go and client.go the request and response
-//     HEADERS of each side, history.go how recent streams closed;
+//   - driver.go: the seam (driver) and the choice of driver;
+//     driver_goroutines.go the goroutine driver (goDriver: a reader and a
+//     writer goroutine, the transport's close); driver_loop.go the loop driver (loopDriver, the Driven that
+//     Config.Drive hands an event loop, and Owner: the read turn over the
+//     pump, the loop's flush of the write buffer, the close through the
+//     loop);
+//   - pump.go: the read pump: the plaintext buffer c.in (readBuf, grown
+//     alike for both drivers' reads) and step, which processes what c.in
+//     holds frame by frame without blocking;
+//   - read.go: the frames the read path handles and the peer's reset
+//     budget; server.go and client.go the request and response HEADERS of
+//     each side, history.go how recent streams closed;
 //   - stream.go: a Stream's blocking Read, Write, Close and deadlines;
 //     stream_poll.go the non-blocking side an event loop drives;
 //   - buffer.go the pooled receive chunks and write buffers, frame.go the

@@ -228,11 +228,8 @@ func TestLoopTurns(t *testing.T) {
 	t.Cleanup(func() { _, _ = a.Close(), b.Close() })
 	m := &memTransport{Conn: a, in: in, chunk: 100}
 	c := newConn(m, Config{}.withDefaults(true), false)
-	lm := &loopMode{lt: m}
-	c.loop.Store(lm)
 	o := &nopOwner{}
-	lm.setOwner(o)
-	d := driven{c: c, lm: lm}
+	d := testDriven(c, o)
 
 	turns := 0
 	for more := true; more; turns++ {
@@ -256,7 +253,7 @@ func TestLoopTurns(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 1000 {
-		if len(m.held) == 0 && lm.out == nil && c.pendingLenLocked() == 0 {
+		if len(m.held) == 0 && d.out == nil && c.pendingLenLocked() == 0 {
 			break
 		}
 		m.room = 37 // odd, so frames are cut anywhere
@@ -309,4 +306,13 @@ func TestLoopTurns(t *testing.T) {
 	default:
 		t.Fatal("Done not closed after Ended")
 	}
+}
+
+// testDriven makes c loop-driven by hand (its transport must be a
+// loopTransport), owned by o, and returns its driver.
+func testDriven(c *conn, o Owner) *loopDriver {
+	l := &loopDriver{c: c, lt: c.nc.(loopTransport)}
+	c.drv.Store(&driverRef{l})
+	l.started(o)
+	return l
 }

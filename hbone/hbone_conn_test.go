@@ -1,10 +1,8 @@
 package hbone
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"testing"
@@ -13,7 +11,7 @@ import (
 )
 
 // Connection-level behaviour: the stream limit, graceful and forced
-// shutdown, a bad preface, direct writes.
+// shutdown, a bad preface.
 
 func TestStreamLimitOnConn(t *testing.T) {
 	hold := make(chan struct{})
@@ -148,47 +146,5 @@ func TestBadPreface(t *testing.T) {
 	_, _ = io.Copy(io.Discard, nc) // the server's SETTINGS, then EOF
 	if err := <-ts.serveErrs; !errors.Is(err, ErrBadPreface) {
 		t.Fatalf("ServeConn: %v, want ErrBadPreface", err)
-	}
-}
-
-// TestDirectWrites checks that an event loop's small writes (WriteFrom)
-// over a transport that can write without blocking (mtls/record) leave
-// through the loop, not the writer goroutine, and arrive intact, and that
-// over crypto/tls they never do.
-func TestDirectWrites(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		tp     transport
-		direct bool
-	}{{"tls record layer", overRecord, true}, {"crypto/tls", overTLS, false}} {
-		t.Run(tc.name, func(t *testing.T) {
-			ts := startServerOver(t, Config{}, echoHandler, tc.tp)
-			cc := ts.client(t, Config{})
-			s := connectStream(t, cc)
-			buf := make([]byte, 100)
-			for i := range 50 {
-				msg := fmt.Appendf(nil, "round trip %d", i)
-				n, rerr, werr := s.WriteFrom(len(msg), bytes.NewReader(msg))
-				if rerr != nil || werr != nil || n != len(msg) {
-					t.Fatalf("WriteFrom = %d, %v, %v; want %d", n, rerr, werr, len(msg))
-				}
-				if _, err := io.ReadFull(s, buf[:len(msg)]); err != nil {
-					t.Fatal(err)
-				}
-				if !bytes.Equal(buf[:len(msg)], msg) {
-					t.Fatalf("echo %q, want %q", buf[:len(msg)], msg)
-				}
-			}
-			c := cc.c
-			c.wmu.Lock()
-			direct := c.directWrites
-			c.wmu.Unlock()
-			// A loop-driven connection has no writer goroutine to spare:
-			// its loop's Flush writes everything, none of it directly.
-			want := tc.direct && !loopDriven(tc.tp, true)
-			if got := direct > 0; got != want {
-				t.Fatalf("%d of 50 writes direct; want some: %v", direct, want)
-			}
-		})
 	}
 }

@@ -65,6 +65,17 @@ func (d driverKind) String() string {
 // suiteDriver is the driver of the current suite run.
 var suiteDriver driverKind
 
+// nameDriver makes a failure of t name the suite run's driver: the suite
+// runs once per driver under the same test names (TestMain), so without it
+// a failure would not say which run it is.
+func nameDriver(t testing.TB) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("in the suite run with driver: %v", suiteDriver)
+		}
+	})
+}
+
 // suiteDrivers are the runs of the suite: every driver, unless
 // HBONE_TEST_DRIVERS names some (goroutines, server, client, both), or the run
 // fuzzes or benchmarks (goroutines only: a loop run is about behaviour).
@@ -134,7 +145,7 @@ type testServer struct {
 	*Server
 	addr      string
 	tlsClient *tls.Config // nil for plain TCP
-	record    bool        // TLS through mtls/record (direct writes)
+	record    bool        // TLS through mtls/record
 	serveErrs chan error
 	pipes     chan net.Conn // overPipe: the server ends of dialed pipes
 	tp        transport
@@ -157,7 +168,7 @@ type transport int
 const (
 	overTCP    transport = iota // plain TCP
 	overTLS                     // crypto/tls
-	overRecord                  // mtls/record: the daemon's transport, with direct writes
+	overRecord                  // mtls/record: the daemon's transport
 	// overPipe: net.Pipe, no socket and no TLS, for tests inside a
 	// testing/synctest bubble (a socket's I/O does not block durably
 	// there, so the bubble's clock could not advance past it).
@@ -181,6 +192,7 @@ func startServerOver(t testing.TB, cfg Config, h Handler, tp transport) *testSer
 // accepted connection before its handshake.
 func startServerWith(t testing.TB, cfg Config, h Handler, tp transport, accepted func(net.Conn)) *testServer {
 	t.Helper()
+	nameDriver(t)
 	useTLS := tp == overTLS || tp == overRecord
 	var loop *testLoop
 	if loopDriven(tp, false) || loopDriven(tp, true) {

@@ -12,9 +12,9 @@ import (
 // c.in holds, frame by frame, without ever waiting for more. A DATA frame is
 // delivered as far as its payload is present; any other frame once it is
 // whole (a header block with all its CONTINUATIONs). What feeds c.in is the
-// driver's business: the reader goroutine (readFrames) makes one blocking
-// Read per fill. Because step never blocks, the same parser can be driven
-// by an event loop that reads only when the socket is readable.
+// driver's business (driver.go): the goroutine driver's reader makes one
+// blocking Read per fill; the loop driver reads only when the socket is
+// readable. Because step never blocks, both drive the same parser.
 
 // Read buffer size classes. A fill at a frame boundary reads into a small
 // buffer: what a round trip's few frames need, and as bufio did, no more
@@ -28,6 +28,83 @@ const (
 	inSmallSize = 4 << 10
 	inLargeSize = 64 << 10
 )
+
+// readBuf is the received plaintext the pump has yet to process,
+// buf.b[r:w]. buf is nil when that is empty: an idle connection pins no
+// read buffer. Whichever driver reads owns it (the reader goroutine, or
+// the event loop inside its callbacks).
+type readBuf struct {
+	buf  *inBuf
+	r, w int
+	need int   // bytes from r the pump needs before it can progress
+	err  error // the transport's read error, returned once buf is processed
+}
+
+// peek returns the n bytes from r, which the buffer holds; nil when n is
+// 0 (buf may be released then).
+func (rb *readBuf) peek(n int) []byte {
+	if n == 0 {
+		return nil
+	}
+	return rb.buf.b[rb.r : rb.r+n]
+}
+
+// eat consumes n bytes and releases the buffer once empty.
+func (rb *readBuf) eat(n int) {
+	rb.r += n
+	if rb.r == rb.w {
+		rb.release()
+	}
+}
+
+// release returns the buffer to its pool, dropping what it holds.
+func (rb *readBuf) release() {
+	if rb.buf != nil {
+		putInBuf(rb.buf)
+		rb.buf = nil
+	}
+	rb.r, rb.w = 0, 0
+}
+
+// releaseIfEmpty releases the buffer if it holds nothing.
+func (rb *readBuf) releaseIfEmpty() {
+	if rb.r == rb.w {
+		rb.release()
+	}
+}
+
+// room readies the buffer for one read with room for at least need
+// bytes from r (and one more than it holds), and returns its free tail: a
+// fresh buffer of the size class (large: a large one even for a small
+// need), a larger one when it is short, or what is left moved to the
+// front. A larger one is at least twice as large, up to limit: doubling
+// bounds the copies of a header block that arrives in many pieces, each
+// needing more.
+func (rb *readBuf) room(large bool, limit int) []byte {
+	avail := rb.w - rb.r
+	need := max(rb.need, avail+1)
+	size := inSmallSize
+	switch {
+	case need > inLargeSize:
+		size = need
+	case need > inSmallSize || large:
+		size = inLargeSize
+	}
+	switch {
+	case rb.buf == nil:
+		rb.buf = getInBuf(size)
+	case need > len(rb.buf.b):
+		nb := getInBuf(max(size, min(2*len(rb.buf.b), limit)))
+		copy(nb.b, rb.buf.b[rb.r:rb.w])
+		putInBuf(rb.buf)
+		rb.buf, rb.r, rb.w = nb, 0, avail
+	case rb.r > 0:
+		// What is left is part of one frame: move it to the front.
+		copy(rb.buf.b, rb.buf.b[rb.r:rb.w])
+		rb.r, rb.w = 0, avail
+	}
+	return rb.buf.b[rb.w:]
+}
 
 // inBuf is a read buffer; pooled by pointer so Put does not allocate.
 type inBuf struct {
@@ -103,20 +180,6 @@ func (r *frameSrc) Read(p []byte) (int, error) {
 	return k, nil
 }
 
-// setSrc points the framer at n bytes of c.in from c.inR.
-func (c *conn) setSrc(n, left int) {
-	c.src = frameSrc{b: c.peekIn(n), left: left}
-}
-
-// peekIn returns the n bytes of c.in from c.inR, which it holds; nil
-// when n is 0 (c.in may be released then).
-func (c *conn) peekIn(n int) []byte {
-	if n == 0 {
-		return nil
-	}
-	return c.in.b[c.inR : c.inR+n]
-}
-
 // blockScan is how far the pump has checked a header block that arrives in
 // pieces, so each fill resumes the scan instead of redoing it.
 type blockScan struct {
@@ -153,7 +216,7 @@ func headersUnparsable(fh http2.FrameHeader, p []byte) bool {
 	return len(p)-off-pad < 0
 }
 
-// blockNeed returns how many bytes from c.inR the framer reads for the
+// blockNeed returns how many bytes from c.in.r the framer reads for the
 // header block the HEADERS frame fh starts, and whether c.in holds them. It
 // follows the framer's reads: the HEADERS payload, then each CONTINUATION
 // until END_HEADERS; a frame header the framer rejects (too large, not a
@@ -163,8 +226,8 @@ func headersUnparsable(fh http2.FrameHeader, p []byte) bool {
 func (c *conn) blockNeed(fh http2.FrameHeader) (int, bool) {
 	sc := &c.scan
 	var b []byte
-	if c.in != nil {
-		b = c.in.b[c.inR:c.inW]
+	if c.in.buf != nil {
+		b = c.in.buf.b[c.in.r:c.in.w]
 	}
 	if !sc.seen {
 		n := int(fh.Length)
@@ -200,147 +263,28 @@ func (c *conn) blockNeed(fh http2.FrameHeader) (int, bool) {
 	return sc.pos, sc.pos <= len(b)
 }
 
-// eat consumes n bytes of c.in and releases it once empty.
-func (c *conn) eat(n int) {
-	c.inR += n
-	if c.inR == c.inW {
-		c.releaseIn()
-	}
-}
-
-// releaseIn returns c.in to its pool, dropping what it holds.
-func (c *conn) releaseIn() {
-	if c.in != nil {
-		putInBuf(c.in)
-		c.in = nil
-	}
-	c.inR, c.inW = 0, 0
-}
-
-// wait records that the pump needs need bytes from c.inR to progress and
+// wait records that the pump needs need bytes from c.in.r to progress and
 // reports no progress.
 func (c *conn) wait(need int) (bool, error) {
-	c.inNeed = need
+	c.in.need = need
 	return false, nil
 }
 
-// inSize is the buffer size class for a fill that needs need bytes.
-func (c *conn) inSize(need int) int {
-	if need > inLargeSize {
-		return need
-	}
-	if need > inSmallSize || (c.state == stData && c.data.left+c.data.pad > inSmallSize) {
-		return inLargeSize
-	}
-	return inSmallSize
-}
-
-// fill is the goroutine driver's read: one blocking Read into c.in's tail,
-// with room for at least what the pump said it needs. A read error is kept
-// and returned once what came before it is processed (the caller steps
-// until no progress, then fills again).
-func (c *conn) fill() error {
-	if c.inErr != nil {
-		return c.inErr
-	}
-	if c.in == nil && c.state == stData && c.data.s != nil && c.data.left >= inSmallSize {
-		if done, err := c.fillStream(&c.data); done {
-			return err
-		}
-	}
-	avail := c.inW - c.inR
-	need := max(c.inNeed, avail+1)
-	switch {
-	case c.in == nil:
-		c.in = getInBuf(c.inSize(need))
-	case need > len(c.in.b):
-		// Doubling bounds the copies of a header block that arrives in
-		// many pieces, each needing more.
-		limit := max(int(c.cfg.MaxFrameSize), int(c.cfg.MaxHeaderBlockSize)) + frameHeaderLen
-		nb := getInBuf(max(c.inSize(need), need, min(2*len(c.in.b), limit)))
-		copy(nb.b, c.in.b[c.inR:c.inW])
-		putInBuf(c.in)
-		c.in, c.inR, c.inW = nb, 0, avail
-	case c.inR > 0:
-		// What is left is part of one frame: move it to the front.
-		copy(c.in.b, c.in.b[c.inR:c.inW])
-		c.inR, c.inW = 0, avail
-	}
-	space := c.in.b[c.inW:]
-	for range 100 { // as bufio: a transport that keeps returning nothing is broken
-		n, err := c.nc.Read(space)
-		c.inW += n
-		if err != nil {
-			c.inErr = err
-			if n == 0 {
-				c.releaseIfEmpty()
-				return err
-			}
-		}
-		if n > 0 {
-			return nil
-		}
-	}
-	c.inErr = io.ErrNoProgress
-	return c.inErr
-}
-
-// fillStream is fill in the middle of a large DATA payload that no
-// DirectSink can take now: the read goes straight into the stream's buffer
-// (as far as the payload goes), saving the copy through c.in. It runs
-// outside s.mu, so the stream's reader keeps draining older data
-// meanwhile; s.filling keeps the tail chunk alive until the read is done.
-// done is false when the stream's sink may take the bytes or the stream
-// was reset: then the bytes go through c.in.
-func (c *conn) fillStream(d *dataState) (done bool, err error) {
-	s := d.s
-	s.mu.Lock()
-	if ref := s.waker.Load(); s.rerrNow != nil || (ref != nil && ref.sink != nil && s.rbuf.size == 0) {
-		s.mu.Unlock()
-		return false, nil
-	}
-	dst := s.rbuf.reserve(d.left)
-	s.filling = true
-	s.mu.Unlock()
-	n, err := c.nc.Read(dst)
-	s.mu.Lock()
-	s.filling = false
-	if s.rerrNow != nil {
-		if !s.peeking {
-			s.rbuf.free() // else the Consume that ends the Peek does
-		}
-		d.dropped += n
-	} else if n > 0 {
-		s.rbuf.commit(n)
-		s.wakeReaderLocked()
-		s.wake()
-	}
-	if n == 0 && s.rbuf.size == 0 && !s.peeking {
-		s.rbuf.free() // the chunk reserved for nothing
-	}
-	s.mu.Unlock()
-	d.left -= n
-	if err != nil {
-		c.inErr = err
-		if n == 0 {
-			return true, err
-		}
-	}
-	return true, nil
-}
-
-// releaseIfEmpty releases c.in if it holds nothing.
-func (c *conn) releaseIfEmpty() {
-	if c.inR == c.inW {
-		c.releaseIn()
-	}
+// readRoom readies c.in for one read with room for at least what the
+// pump said it needs, and returns its free tail. Both drivers' reads go
+// through it (goDriver.fill, loopDriver.tryFill), so they manage the
+// buffer alike.
+func (c *conn) readRoom() []byte {
+	// Inside a large DATA payload, a fresh buffer is a large one.
+	large := c.state == stData && c.data.left+c.data.pad > inSmallSize
+	return c.in.room(large, max(int(c.cfg.MaxFrameSize), int(c.cfg.MaxHeaderBlockSize))+frameHeaderLen)
 }
 
 // readErr is the error that ends the connection after a failed fill.
 func (c *conn) readErr(err error) error {
 	c.abortData()
 	if c.state == stPreface {
-		if err == io.EOF && c.inW > c.inR {
+		if err == io.EOF && c.in.w > c.in.r {
 			err = io.ErrUnexpectedEOF // as io.ReadFull says it
 		}
 		return fmt.Errorf("hbone: reading preface: %w", err)
@@ -350,8 +294,9 @@ func (c *conn) readErr(err error) error {
 
 // step processes what c.in holds: the preface, a frame header, a frame
 // once whole, or as much of a DATA payload as is present. It never reads
-// the network. progress is false when it needs more bytes (c.inNeed says
-// how many from c.inR); err ends the connection, as readFrames documents.
+// the network. progress is false when it needs more bytes (c.in.need says
+// how many from c.in.r); err ends the connection: a *ConnError (answered
+// with GOAWAY) or ErrBadPreface.
 func (c *conn) step() (progress bool, err error) {
 	switch c.state {
 	case stPreface:
@@ -366,26 +311,26 @@ func (c *conn) step() (progress bool, err error) {
 
 func (c *conn) stepPreface() (bool, error) {
 	n := len(http2.ClientPreface)
-	if c.inW-c.inR < n {
+	if c.in.w-c.in.r < n {
 		return c.wait(n)
 	}
-	ok := string(c.in.b[c.inR:c.inR+n]) == http2.ClientPreface
+	ok := string(c.in.buf.b[c.in.r:c.in.r+n]) == http2.ClientPreface
 	if !ok {
 		return false, ErrBadPreface
 	}
-	c.eat(n)
+	c.in.eat(n)
 	c.state = stHeader
 	return true, nil
 }
 
 func (c *conn) stepHeader() (bool, error) {
-	if c.inW-c.inR < frameHeaderLen {
+	if c.in.w-c.in.r < frameHeaderLen {
 		return c.wait(frameHeaderLen)
 	}
-	c.setSrc(frameHeaderLen, -1)
+	c.src = frameSrc{b: c.in.peek(frameHeaderLen), left: -1}
 	fh, err := c.fr.ReadFrameHeader()
 	c.src.b = nil
-	c.eat(frameHeaderLen)
+	c.in.eat(frameHeaderLen)
 	if err != nil {
 		return true, c.frameError(fh, err)
 	}
@@ -419,7 +364,7 @@ func (c *conn) stepHeader() (bool, error) {
 
 func (c *conn) stepFrame() (bool, error) {
 	fh := c.fh
-	avail := c.inW - c.inR
+	avail := c.in.w - c.in.r
 	switch fh.Type {
 	case http2.FrameData:
 		padLen := 0
@@ -427,8 +372,8 @@ func (c *conn) stepFrame() (bool, error) {
 			if avail < 1 {
 				return c.wait(1)
 			}
-			padLen = int(c.in.b[c.inR])
-			c.eat(1)
+			padLen = int(c.in.buf.b[c.in.r])
+			c.in.eat(1)
 		}
 		return true, c.readData(fh, padLen)
 	case http2.FramePriority:
@@ -436,8 +381,8 @@ func (c *conn) stepFrame() (bool, error) {
 		if avail < n {
 			return c.wait(n)
 		}
-		err := c.readPriority(fh, c.peekIn(n))
-		c.eat(n)
+		err := c.readPriority(fh, c.in.peek(n))
+		c.in.eat(n)
 		c.state = stHeader
 		return true, err
 	}
@@ -453,12 +398,12 @@ func (c *conn) stepFrame() (bool, error) {
 	} else if avail < n {
 		return c.wait(n)
 	}
-	c.src = frameSrc{b: c.peekIn(n), left: left}
+	c.src = frameSrc{b: c.in.peek(n), left: left}
 	f, err := c.fr.ReadFrameForHeader(fh)
 	used := c.src.n
 	c.src.b = nil
 	if used > 0 {
-		c.eat(used)
+		c.in.eat(used)
 	}
 	c.state = stHeader
 	if err != nil {

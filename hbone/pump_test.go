@@ -374,10 +374,10 @@ func TestPumpReleasesBuffer(t *testing.T) {
 		{"the rest", in[len(in)-3:], false, frameHeaderLen, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if c.in == nil {
-				c.in = getInBuf(inSmallSize)
+			if c.in.buf == nil {
+				c.in.buf = getInBuf(inSmallSize)
 			}
-			c.inW += copy(c.in.b[c.inW:], tc.feed)
+			c.in.w += copy(c.in.buf.b[c.in.w:], tc.feed)
 			for {
 				progress, err := c.step()
 				if err != nil {
@@ -387,14 +387,14 @@ func TestPumpReleasesBuffer(t *testing.T) {
 					break
 				}
 			}
-			if (c.in != nil) != tc.held {
-				t.Fatalf("read buffer held: %v, want %v", c.in != nil, tc.held)
+			if (c.in.buf != nil) != tc.held {
+				t.Fatalf("read buffer held: %v, want %v", c.in.buf != nil, tc.held)
 			}
-			if tc.held && len(c.in.b) != tc.wantSize {
-				t.Errorf("read buffer of %d bytes, want %d", len(c.in.b), tc.wantSize)
+			if tc.held && len(c.in.buf.b) != tc.wantSize {
+				t.Errorf("read buffer of %d bytes, want %d", len(c.in.buf.b), tc.wantSize)
 			}
-			if c.inNeed != tc.need {
-				t.Errorf("pump needs %d bytes, want %d", c.inNeed, tc.need)
+			if c.in.need != tc.need {
+				t.Errorf("pump needs %d bytes, want %d", c.in.need, tc.need)
 			}
 		})
 	}

@@ -9,24 +9,6 @@ import (
 	"golang.org/x/net/http2"
 )
 
-// readFrames is the reader goroutine's loop: the pump (pump.go) steps
-// through what c.in holds and, when it needs more, one blocking read fills
-// it. It returns why the connection must end: a *ConnError (answered with
-// GOAWAY), a network error, or ErrBadPreface.
-func (c *conn) readFrames() error {
-	for {
-		progress, err := c.step()
-		if err != nil {
-			return err
-		}
-		if !progress {
-			if err := c.fill(); err != nil {
-				return c.readErr(err)
-			}
-		}
-	}
-}
-
 // frameError classifies an error of the framer. Stream errors reset the
 // stream and return nil; anything else ends the connection.
 func (c *conn) frameError(fh http2.FrameHeader, err error) error {
@@ -84,7 +66,7 @@ func (c *conn) rejectStream(id uint32, code http2.ErrCode, t http2.FrameType) er
 }
 
 // rstClosed answers a frame on a stream that is no longer open with
-// RST_STREAM(code), charged to the peer's reset budget. Reader goroutine.
+// RST_STREAM(code), charged to the peer's reset budget. The read path.
 func (c *conn) rstClosed(id uint32, code http2.ErrCode) error {
 	c.wmu.Lock()
 	c.queueRSTLocked(id, code)
@@ -93,8 +75,8 @@ func (c *conn) rstClosed(id uint32, code http2.ErrCode) error {
 }
 
 // spendReset charges one wasted stream (see Config.MaxResetStreams) to the
-// peer and ends the connection once its budget is gone. Server reader
-// goroutine only; clients do not count.
+// peer and ends the connection once its budget is gone. The server's read
+// path only; clients do not count.
 func (c *conn) spendReset() error {
 	if c.client {
 		return nil
@@ -249,7 +231,7 @@ func (c *conn) readData(fh http2.FrameHeader, padLen int) error {
 // holds, and settles the frame once it is all in.
 func (c *conn) stepData() (bool, error) {
 	d := &c.data
-	avail := c.inW - c.inR
+	avail := c.in.w - c.in.r
 	progress := false
 	if d.left > 0 {
 		n := min(avail, d.left)
@@ -257,11 +239,11 @@ func (c *conn) stepData() (bool, error) {
 			return c.wait(1)
 		}
 		if d.s != nil {
-			c.fillData(d, c.in.b[c.inR:c.inR+n])
+			c.fillData(d, c.in.buf.b[c.in.r:c.in.r+n])
 		}
 		d.left -= n
 		avail -= n
-		c.eat(n)
+		c.in.eat(n)
 		if d.left > 0 {
 			return true, nil
 		}
@@ -273,11 +255,11 @@ func (c *conn) stepData() (bool, error) {
 	if d.pad > 0 {
 		n := min(avail, d.pad)
 		if n == 0 {
-			c.inNeed = 1
+			c.in.need = 1
 			return progress, nil
 		}
 		d.pad -= n
-		c.eat(n)
+		c.in.eat(n)
 		if d.pad > 0 {
 			return true, nil
 		}
@@ -299,7 +281,7 @@ func (c *conn) fillData(d *dataState, p []byte) {
 	// Chunks are sized for the payload still to come (d.left counts p
 	// too), so the rest of a large one fills the same chunk.
 	want := d.left
-	if k := c.deliverLocked(s, p); k > 0 {
+	if k := s.deliverLocked(p); k > 0 {
 		d.direct += k
 		d.inc += s.creditLocked(k)
 		p = p[k:]

@@ -150,11 +150,11 @@ func (srv *Server) ServeConn(ctx context.Context, nc net.Conn) error {
 		}
 	}
 
-	driven := c.startDriven()
+	g := c.startDriver()
 	stop := context.AfterFunc(ctx, func() { c.forceClose(ctx.Err()) })
-	if !driven {
-		c.start()
-		c.readLoop()
+	if g != nil {
+		g.start()
+		g.readLoop()
 	}
 	<-c.done
 	stop()

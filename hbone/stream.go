@@ -47,7 +47,7 @@ type Stream struct {
 	respClosed   bool
 	inWinWait    bool // queued in c.winWaiters
 
-	// Reader goroutine only.
+	// The connection's read path only.
 	gotResponse bool
 
 	// Guarded by c.wmu.
@@ -56,7 +56,7 @@ type Stream struct {
 	inBufWait bool // queued in c.bufWaiters
 
 	// Guarded by mu (below).
-	filling      bool // the reader goroutine writes into rbuf's tail outside mu
+	filling      bool // the goroutine driver's reader writes into rbuf's tail outside mu
 	peeking      bool // a Peek's view of rbuf's head is in use until Consume
 	rdeadlineHit bool
 

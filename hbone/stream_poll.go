@@ -24,11 +24,11 @@ type Waker interface {
 
 // DirectSink is a Waker that can also take received bytes itself: the
 // event loop's relay, which then writes them to its socket from the
-// connection's reader goroutine instead of being woken to do it (the
+// connection's read path instead of being woken to do it (the
 // response path of a round trip crosses no goroutine). When a DATA frame's
 // payload is already read from the network and the stream has no received
-// byte buffered or lent (every earlier byte reached the sink), the reader
-// offers the payload to TryDeliver instead of buffering it and waking the
+// byte buffered or lent (every earlier byte reached the sink), the read
+// path offers the payload to TryDeliver instead of buffering it and waking the
 // loop. TryDeliver writes what it can without blocking and returns how
 // many bytes it took (0: not now); the stream buffers the rest and wakes
 // the sink as usual, so the bytes keep their order. Bytes taken count as
@@ -47,7 +47,7 @@ type DirectSink interface {
 type wakerRef struct {
 	w     Waker
 	sink  DirectSink
-	local localWaker // w, when it can be readied from its own loop (driven.go)
+	local localWaker // w, when it can be readied from its own loop (driver_loop.go)
 }
 
 // SetWaker registers w (nil removes it). From then on w.Wake is called when
@@ -88,8 +88,8 @@ func (s *Stream) wakeFrom(owner any) {
 
 // deliverLocked offers p, payload bytes of a DATA frame for s that are in
 // the connection's read buffer, to s's DirectSink when s holds no received
-// byte, and returns how many the sink took. Reader goroutine, s.mu held.
-func (c *conn) deliverLocked(s *Stream, p []byte) int {
+// byte, and returns how many the sink took. The read path, s.mu held.
+func (s *Stream) deliverLocked(p []byte) int {
 	ref := s.waker.Load()
 	if ref == nil || ref.sink == nil ||
 		s.rbuf.size > 0 || s.peeking || s.filling || s.rerrNow != nil || s.rerrAfter != nil {
@@ -120,8 +120,8 @@ func (s *Stream) TryRead(p []byte) (int, error) {
 
 // Peek is TryRead without the copy: it appends to views (at most
 // cap(views) of them) views of the received bytes in the stream's own
-// buffer, which stay valid (the connection's reader goroutine neither
-// moves nor frees them) until Consume; write them with one writev. No
+// buffer, which stay valid (the connection's read path neither moves nor
+// frees them) until Consume; write them with one writev. No
 // views with a nil error means no data is buffered now (wait for Wake);
 // errors are TryRead's. A Peek that returned views must be followed by a
 // Consume, even of 0 bytes, before the next Peek, TryRead, Read or Close.
@@ -327,8 +327,7 @@ func (s *Stream) WriteFrom(limit int, src io.Reader) (n int, readErr, writeErr e
 		return 0, nil, nil
 	}
 	// The credit is taken before the read, so that c.mu need not be held
-	// across it (the reader goroutine takes c.mu for every frame it
-	// receives); what the read does not use is given back below.
+	// across it (the read path takes c.mu for every frame it receives); what the read does not use is given back below.
 	c.takeSendLocked(s, m)
 	c.mu.Unlock()
 
@@ -340,7 +339,7 @@ func (s *Stream) WriteFrom(limit int, src io.Reader) (n int, readErr, writeErr e
 	}
 	if k > 0 && rerr == nil {
 		appendFrameHeader(frame[:0], k, http2.FrameData, 0, s.id)
-		c.commitDirectLocked(b[:start+frameHeaderLen+k])
+		c.commitLocked(b[:start+frameHeaderLen+k])
 	} else {
 		k = 0
 	}

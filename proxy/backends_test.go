@@ -15,9 +15,10 @@ import (
 // run on: the proxy hands every relay to the engine, and each backend
 // relays (and ends, and reports) them its own way. backendEpollLoop is
 // epoll with the HBONE connections owned by its loops too and the loops
-// blocking in epoll_wait (LoopDrive, BlockStreamLoops: the daemon's default,
-// ZTUNNEL_HBONE_LOOP and ZTUNNEL_ENGINE_STREAM_WAIT); backendEpoll is the
-// goroutine-driven HBONE path with parking loops.
+// blocking in epoll_wait (LoopDrive, BlockStreamLoops: the daemon's
+// default); backendEpoll is the goroutine-driven HBONE path with parking
+// loops (ZTUNNEL_ENGINE_STREAM_WAIT=park; the daemon's HBONE connections
+// that no loop can own, as crypto/tls ones, take it).
 var testBackends = []string{engine.BackendStd, engine.BackendEpoll, backendEpollLoop, engine.BackendUring}
 
 const backendEpollLoop = "epoll+loop"

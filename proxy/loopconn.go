@@ -9,7 +9,7 @@ import (
 )
 
 // LoopDrive returns the hbone.Config.Drive that hands each HBONE connection
-// over mtls/record to one of eng's event loops (ZTUNNEL_HBONE_LOOP): the
+// over mtls/record to one of eng's event loops (the daemon's default): the
 // loop reads its records, opens them and runs its frames, and the relays of
 // its streams are placed on the same loop (streamEndpoint.Home), so a round
 // trip crosses no goroutine (docs/design/hbone-loop.md). A connection the

@@ -147,11 +147,11 @@ func Start(ctx context.Context, cfg *Config, log *slog.Logger, levels *logging.L
 		return nil, err
 	}
 	eng := d.engine
-	if cfg.HBONELoop {
-		// Both directions' HBONE connections: the pool's and the
-		// inbound servers' (h2 goes to every proxy's Config.HBONE).
-		h2.Drive = proxy.LoopDrive(eng)
-	}
+	// Both directions' HBONE connections are the engine's loops' where
+	// the backend can own them (epoll, over mtls/record): the pool's and
+	// the inbound servers' (h2 goes to every proxy's Config.HBONE). The
+	// rest keep hbone's goroutine driver.
+	h2.Drive = proxy.LoopDrive(eng)
 	poolCfg := hbone.PoolConfig{Config: h2, MaxStreamsPerConn: cfg.PoolMaxStreams, IdleTimeout: cfg.PoolUnusedRelease}
 	poolCfg.Config.Logf = func(f string, a ...any) { log.Debug(fmt.Sprintf(f, a...), "scope", "hbone") }
 	poolCfg.Config.Admit = proxy.AdmitOutbound(d.crl.Load, log, m) // the CRL, once startCRL has loaded it

@@ -121,7 +121,6 @@ type ztunnelGoConfig struct {
 	IstioVersion              string              `json:"istioVersion,omitempty"`
 	ResolvConf                string              `json:"resolvConf"`
 	Engine                    string              `json:"engine"`
-	HBONELoop                 bool                `json:"hboneLoop"`
 	EngineStreamWait          string              `json:"engineStreamWait"`
 	PoolInnerHBONE            bool                `json:"poolInnerHbone"`
 	MemoryReleaseInterval     ztunnelDuration     `json:"memoryReleaseInterval"`
@@ -184,7 +183,7 @@ func ztunnelView(cfg *Config, environ, args []string) *ztunnelConfig {
 			BuiltinCACert: cfg.BuiltinCACert, BuiltinCAKey: cfg.BuiltinCAKey, InstanceIP: cfg.InstanceIP,
 			CPULimit: cfg.CPULimit, CPURequest: cfg.CPURequest, CPUResourceLimit: cfg.CPUResourceLimit,
 			WorkerThreadsFrom: cfg.WorkerThreadsFrom, IstioVersion: cfg.IstioVersion, ResolvConf: cfg.ResolvConf,
-			Engine: cfg.Engine, HBONELoop: cfg.HBONELoop, EngineStreamWait: cfg.EngineStreamWait, PoolInnerHBONE: cfg.PoolInnerHBONE,
+			Engine: cfg.Engine, EngineStreamWait: cfg.EngineStreamWait, PoolInnerHBONE: cfg.PoolInnerHBONE,
 			MemoryReleaseInterval: durationOf(cfg.MemoryReleaseInterval), MemoryRelease: cfg.MemoryRelease, FDBudget: cfg.FDBudget,
 			HBONEMaxHandshakesPerPeer: cfg.HBONEMaxHandshakesPerPeer, HBONEMaxConnsPerPeer: cfg.HBONEMaxConnsPerPeer,
 			PolicyInfoLogging: cfg.PolicyInfoLogging, PQC: cfg.PQC, LogLevel: cfg.LogLevel, LogFormat: cfg.LogFormat,

@@ -122,17 +122,10 @@ type Config struct {
 	// validated here and handed to engine.New (engine.go); once the daemon
 	// has started it names the backend that runs.
 	Engine string
-	// HBONELoop is ZTUNNEL_HBONE_LOOP (ours, default on): HBONE
-	// connections over our TLS record layer are owned by the engine's
-	// event loops (proxy.LoopDrive) instead of a reader and a writer
-	// goroutine each; with a backend that cannot own them (std, uring)
-	// every connection keeps its goroutines. Off is the goroutine path,
-	// kept for A/B runs (bench/results/2026-12-03-loop-ab).
-	HBONELoop bool
 	// EngineStreamWait is ZTUNNEL_ENGINE_STREAM_WAIT (ours): how the epoll
 	// backend's TCP⇄stream loops wait, block (in epoll_wait, the default,
-	// engine.Config.BlockStreamLoops: with HBONELoop the loops are woken by
-	// their own sockets) or park (in the runtime's netpoller, the mode the
+	// engine.Config.BlockStreamLoops: the loops own the HBONE connections
+	// (proxy.LoopDrive) and are woken by their own sockets) or park (in the runtime's netpoller, the mode the
 	// goroutine path was measured with).
 	EngineStreamWait string
 
@@ -431,7 +424,6 @@ func ParseEnv(lookup func(string) (string, bool)) (*Config, error) {
 	default:
 		e.fail("ZTUNNEL_ENGINE", c.Engine, errors.New("want auto, std, epoll or uring"))
 	}
-	c.HBONELoop = e.boolean("ZTUNNEL_HBONE_LOOP", true)
 	switch c.EngineStreamWait = e.str("ZTUNNEL_ENGINE_STREAM_WAIT", "block"); c.EngineStreamWait {
 	case "park", "block":
 	default:

@@ -41,7 +41,6 @@ func TestParseEnvDefaults(t *testing.T) {
 		{"socks5 off", c.EnableSOCKS5, false},
 		{"app tunnel over loopback", c.LocalhostAppTunnel, true},
 		{"memory release interval", c.MemoryReleaseInterval, DefaultMemoryReleaseInterval},
-		{"HBONE connections loop-owned", c.HBONELoop, true},
 		{"stream loops block", c.EngineStreamWait, "block"},
 		{"descriptor budget from the limit", c.FDBudget, "auto"},
 	}
@@ -69,7 +68,7 @@ func TestParseEnvOverrides(t *testing.T) {
 		"NODE_NAME": "node-a", "NETWORK": "net1", "PACKET_MARK": "99", "PREFERED_SERVICE_NAMESPACE": "istio-system",
 		"HTTP2_STREAM_WINDOW_SIZE": "65535", "HTTP2_CONNECTION_WINDOW_SIZE": "1048576", "HTTP2_FRAME_SIZE": "16384",
 		"CONNECTION_TERMINATION_DEADLINE": "30s", "ENABLE_ORIG_SRC": "false", "ZTUNNEL_POOL_INNER_HBONE": "true",
-		"ZTUNNEL_HBONE_LOOP": "false", "ZTUNNEL_ENGINE_STREAM_WAIT": "park", "ZTUNNEL_FD_BUDGET": "5000",
+		"ZTUNNEL_ENGINE_STREAM_WAIT": "park", "ZTUNNEL_FD_BUDGET": "5000",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +76,7 @@ func TestParseEnvOverrides(t *testing.T) {
 	if c.ClusterID != "c2" || c.TrustDomain != "example.org" || c.NodeName != "node-a" || c.Network != "net1" ||
 		c.PacketMark != 99 || c.StreamWindow != 65535 || c.ConnectionWindow != 1<<20 || c.FrameSize != 16384 ||
 		c.TerminationDeadline != 30*time.Second || c.OrigSrc == nil || *c.OrigSrc || c.PreferredServiceNamespace != "istio-system" ||
-		!c.PoolInnerHBONE || c.HBONELoop || c.EngineStreamWait != "park" || c.FDBudget != "5000" {
+		!c.PoolInnerHBONE || c.EngineStreamWait != "park" || c.FDBudget != "5000" {
 		t.Fatalf("overrides not applied: %+v", c)
 	}
 }
@@ -157,7 +156,6 @@ func TestParseEnvErrorsNameTheVariable(t *testing.T) {
 		{"keepalive probes without interval", map[string]string{"KEEPALIVE_INTERVAL": "0"}, "KEEPALIVE_INTERVAL"},
 		{"pool release after no time", map[string]string{"POOL_UNUSED_RELEASE_TIMEOUT": "0ms"}, "POOL_UNUSED_RELEASE_TIMEOUT"},
 		{"bad release interval", map[string]string{"ZTUNNEL_MEMORY_RELEASE_INTERVAL": "often"}, "ZTUNNEL_MEMORY_RELEASE_INTERVAL"},
-		{"bad HBONE loop bool", map[string]string{"ZTUNNEL_HBONE_LOOP": "maybe"}, "ZTUNNEL_HBONE_LOOP"},
 		{"bad stream wait", map[string]string{"ZTUNNEL_ENGINE_STREAM_WAIT": "spin"}, "ZTUNNEL_ENGINE_STREAM_WAIT"},
 		{"bad descriptor budget", map[string]string{"ZTUNNEL_FD_BUDGET": "lots"}, "ZTUNNEL_FD_BUDGET"},
 		{"zero descriptor budget", map[string]string{"ZTUNNEL_FD_BUDGET": "0"}, "ZTUNNEL_FD_BUDGET"},
