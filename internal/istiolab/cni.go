@@ -144,14 +144,15 @@ func (cp *ControlPlane) StartCNI(ctx context.Context, o CNIOptions) (c *CNI, err
 		return nil, fmt.Errorf("istiolab: %w", err)
 	}
 
+	// The DaemonSet's pod template's labels and annotations.
+	labels, annotations, err := cp.rendered.podMeta("DaemonSet", "istio-cni-node")
+	if err != nil {
+		return nil, err
+	}
 	uid, err := cp.WritePod(ctx, PodObject{
 		Namespace: IstioNamespace, Name: name, ServiceAccount: CNIServiceAccount,
 		Node: o.Node, IP: o.Node.IP, HostNetwork: true, Container: "install-cni",
-		Labels: map[string]string{
-			"k8s-app": "istio-cni-node", "sidecar.istio.io/inject": "false",
-			"istio.io/dataplane-mode": "none", "app.kubernetes.io/name": "istio-cni",
-		},
-		Annotations: map[string]string{"sidecar.istio.io/inject": "false"},
+		Labels: labels, Annotations: annotations,
 	})
 	if err != nil {
 		return nil, err

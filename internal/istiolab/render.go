@@ -209,6 +209,27 @@ func (r *rendered) containerSpec(kind, name, container string, f podFields) (arg
 	return args, env, nil
 }
 
+// podMeta returns the labels and annotations of the pod template of the
+// rendered workload kind/name: what its controller gives each pod.
+func (r *rendered) podMeta(kind, name string) (labels, annotations map[string]string, err error) {
+	w, err := r.find(kind, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	spec, _ := w["spec"].(map[string]any)
+	tmpl, _ := spec["template"].(map[string]any)
+	meta, _ := tmpl["metadata"].(map[string]any)
+	strs := func(v any) map[string]string {
+		m, _ := v.(map[string]any)
+		out := make(map[string]string, len(m))
+		for k, v := range m {
+			out[k] = fmt.Sprint(v)
+		}
+		return out
+	}
+	return strs(meta["labels"]), strs(meta["annotations"]), nil
+}
+
 func podContainer(w object, name string) (map[string]any, error) {
 	spec, _ := w["spec"].(map[string]any)
 	tmpl, _ := spec["template"].(map[string]any)

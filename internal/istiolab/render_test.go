@@ -115,6 +115,13 @@ func TestRenderedInstall(t *testing.T) {
 			}
 		})
 	}
+	labels, annotations, err := r.podMeta("DaemonSet", "ztunnel")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if labels["app"] != "ztunnel" || labels["istio.io/dataplane-mode"] != "none" || annotations["prometheus.io/port"] != "15020" {
+		t.Errorf("ztunnel's pod template: labels %v, annotations %v", labels, annotations)
+	}
 	if got := withEnv([]string{"A=1", "B=2"}, "B=3", "C=4"); !slices.Equal(got, []string{"A=1", "B=3", "C=4"}) {
 		t.Errorf("withEnv: %q", got)
 	}

@@ -78,14 +78,14 @@ func (cp *ControlPlane) StartZtunnel(ctx context.Context, o ZtunnelOptions) (*Zt
 	// lets a node account impersonate only pods on the node of the pod its
 	// token is bound to, the daemon's own identity included (shared mode
 	// asks for every certificate that way).
+	labels, annotations, err := cp.rendered.podMeta("DaemonSet", "ztunnel")
+	if err != nil {
+		return nil, err
+	}
 	uid, err := cp.WritePod(ctx, PodObject{
 		Namespace: IstioNamespace, Name: name, ServiceAccount: ZtunnelServiceAccount,
 		Node: o.Pod.Node, IP: o.Pod.IP, Container: "istio-proxy",
-		Labels: map[string]string{
-			"sidecar.istio.io/inject": "false", "istio.io/dataplane-mode": "none",
-			"app": "ztunnel", "app.kubernetes.io/name": "ztunnel",
-		},
-		Annotations: map[string]string{"sidecar.istio.io/inject": "false", "istio.io/rev": "default"},
+		Labels: labels, Annotations: annotations,
 	})
 	if err != nil {
 		return nil, err
