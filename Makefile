@@ -134,7 +134,7 @@ fuzz-quick: ## CI smoke run of every fuzz target (2s each; a few minutes with co
 	scripts/fuzz.sh 2s $(FUZZPARALLEL)
 
 .PHONY: istio-bins
-istio-bins: ## Build the Istio lab's upstream programs (etcd, kube-apiserver, kube-controller-manager, kubectl, istiod, istio-cni) from istiolab/ into bin/istiolab/ (~11 min cold here; docs/istio-lab.md)
+istio-bins: ## Build the Istio lab's upstream programs (etcd, kube-apiserver, kube-controller-manager, kubectl, istiod, istio-cni, helm) and copy Istio's charts, from istiolab/ into bin/istiolab/ (~11 min cold here; docs/istio-lab.md)
 	GO=$(GO) scripts/istio-bins.sh $(BIN)/istiolab
 
 .PHONY: test-istio

@@ -10,8 +10,10 @@
 #   OUT/pilot-discovery                      istiod
 #   OUT/install-cni, istio-cni               istio-cni's node agent and CNI plugin
 #   OUT/istioctl                             Istio's operator CLI
+#   OUT/helm                                 Helm, which renders the charts
 #   OUT/crds/istio.yaml, gateway-api.yaml    Istio's CRDs, the Gateway API's
-#   OUT/charts/ztunnel/                      the ztunnel chart (its environment)
+#   OUT/charts/{base,istio-discovery,istio-cni,ztunnel}/
+#                                            Istio's charts the lab renders
 #   OUT/versions                             what was built, one "name version" a line
 #
 # Versions come from istiolab/go.mod, so bumping one is a go.mod change.
@@ -55,7 +57,22 @@ build() { # tags ldflags packages...
 	"$GO" build -trimpath -tags "$tags" -ldflags "$ldflags" -o "$out/" "$@"
 }
 
+# Helm as its Makefile stamps a release: its version and commit (the tag's,
+# which the module proxy records), and the Kubernetes version its
+# capabilities default to, from the client-go it is built with.
+helm_ver=$(modver helm.sh/helm/v3)
+helm_commit=$("$GO" mod download -json "helm.sh/helm/v3@$helm_ver" | sed -n 's/.*"Hash": "\([0-9a-f]*\)".*/\1/p')
+cgo=$(modver k8s.io/client-go)           # v0.36.3: Kubernetes 1.36
+cgo_major=${cgo#v}; cgo_major=$((${cgo_major%%.*} + 1))
+cgo_minor=${cgo#v*.}; cgo_minor=${cgo_minor%%.*}
+helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_ver"
+helm_ldflags+=" -X helm.sh/helm/v3/internal/version.gitCommit=$helm_commit -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+	helm_ldflags+=" -X $pkg.k8sVersionMajor=$cgo_major -X $pkg.k8sVersionMinor=$cgo_minor"
+done
+
 build "" "-s -w" ./cmd/etcd
+build "" "$helm_ldflags" helm.sh/helm/v3/cmd/helm
 build "" "$kube_ldflags" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
 build vtprotobuf,disable_pgv "$istio_ldflags" istio.io/istio/pilot/cmd/pilot-discovery istio.io/istio/istioctl/cmd/istioctl
 build agent,disable_pgv,grpcnotrace,retrynotrace "$istio_ldflags" istio.io/istio/cni/cmd/install-cni istio.io/istio/cni/cmd/istio-cni
@@ -66,13 +83,19 @@ gw_dir=$(moddir sigs.k8s.io/gateway-api)
 # The experimental channel through its own kustomization, as Istio's tests
 # install it (bin/update_crds.sh there): istiod watches its alpha kinds too.
 "$out/kubectl" kustomize "$gw_dir/config/crd/experimental" >"$out/crds/gateway-api.yaml"
-rm -rf "$out/charts/ztunnel"
-cp -r "$istio_dir/manifests/charts/ztunnel" "$out/charts/ztunnel"
-chmod -R u+w "$out/charts/ztunnel"
+# The charts Istio's Helm install uses for ambient (base, istiod, cni,
+# ztunnel), as the module holds them; the lab renders them with helm template.
+for chart in base istio-control/istio-discovery istio-cni ztunnel; do
+	name=${chart##*/}
+	rm -rf "${out:?}/charts/$name"
+	cp -r "$istio_dir/manifests/charts/$chart" "$out/charts/$name"
+	chmod -R u+w "$out/charts/$name"
+done
 
 {
 	echo "etcd $(modver go.etcd.io/etcd/server/v3)"
 	echo "kubernetes $kube"
 	echo "istio $istio_release $istio"
 	echo "gateway-api $(modver sigs.k8s.io/gateway-api)"
+	echo "helm $helm_ver"
 } >"$out/versions"

@@ -12,8 +12,8 @@ import (
 const BinsEnv = "ZTUNNEL_ISTIOLAB_BIN"
 
 // Bins is the directory `make istio-bins` (scripts/istio-bins.sh) fills:
-// the upstream programs, the CRDs copied out of their modules and the
-// ztunnel chart.
+// the upstream programs, Helm, the CRDs and the charts copied out of their
+// modules.
 type Bins struct {
 	// Dir is the directory's path.
 	Dir string
@@ -22,13 +22,25 @@ type Bins struct {
 // OpenBins checks that dir holds every program and file the lab runs.
 func OpenBins(dir string) (Bins, error) {
 	b := Bins{Dir: dir}
-	for _, p := range []string{b.Etcd(), b.KubeAPIServer(), b.KubeControllerManager(), b.Kubectl(), b.Istiod(), b.CNIAgent(), b.CNIPlugin(), b.IstioCRDs(), b.GatewayAPICRDs()} {
+	for _, p := range []string{b.Etcd(), b.KubeAPIServer(), b.KubeControllerManager(), b.Kubectl(), b.Istiod(), b.CNIAgent(), b.CNIPlugin(), b.IstioCRDs(), b.GatewayAPICRDs(), b.Helm()} {
 		if _, err := os.Stat(p); err != nil {
+			return Bins{}, fmt.Errorf("istiolab: %w (run make istio-bins)", err)
+		}
+	}
+	for _, rel := range helmReleases {
+		if _, err := os.Stat(filepath.Join(b.Chart(rel.chart), "Chart.yaml")); err != nil {
 			return Bins{}, fmt.Errorf("istiolab: %w (run make istio-bins)", err)
 		}
 	}
 	return b, nil
 }
+
+// Helm is Helm's command, which renders Istio's charts.
+func (b Bins) Helm() string { return filepath.Join(b.Dir, "helm") }
+
+// Chart is the directory of one of Istio's charts ("base",
+// "istio-discovery", "istio-cni", "ztunnel").
+func (b Bins) Chart(name string) string { return filepath.Join(b.Dir, "charts", name) }
 
 // Etcd is etcd's server.
 func (b Bins) Etcd() string { return filepath.Join(b.Dir, "etcd") }

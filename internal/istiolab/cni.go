@@ -144,28 +144,38 @@ func (cp *ControlPlane) StartCNI(ctx context.Context, o CNIOptions) (c *CNI, err
 		return nil, fmt.Errorf("istiolab: %w", err)
 	}
 
+	// The DaemonSet's pod template's labels and annotations.
+	labels, annotations, err := cp.rendered.podMeta("DaemonSet", "istio-cni-node")
+	if err != nil {
+		return nil, err
+	}
 	uid, err := cp.WritePod(ctx, PodObject{
 		Namespace: IstioNamespace, Name: name, ServiceAccount: CNIServiceAccount,
 		Node: o.Node, IP: o.Node.IP, HostNetwork: true, Container: "install-cni",
-		Labels: map[string]string{
-			"k8s-app": "istio-cni-node", "sidecar.istio.io/inject": "false",
-			"istio.io/dataplane-mode": "none", "app.kubernetes.io/name": "istio-cni",
-		},
-		Annotations: map[string]string{"sidecar.istio.io/inject": "false"},
+		Labels: labels, Annotations: annotations,
 	})
 	if err != nil {
 		return nil, err
 	}
-	// The kubelet's projected service-account volume: a token bound to the
-	// pod for the API server's audience, its CA and the namespace.
-	token, err := cp.PodToken(ctx, IstioNamespace, CNIServiceAccount, name, uid, nil, time.Hour)
-	if err != nil {
-		return nil, err
-	}
-	for file, data := range map[string][]byte{"token": []byte(token), "ca.crt": cp.CAPEM, "namespace": []byte(IstioNamespace)} {
-		if err := os.WriteFile(filepath.Join(d.saDir(), file), data, 0o600); err != nil {
-			return nil, fmt.Errorf("istiolab: %w", err)
+	// The kubelet's projected service-account volume (kube-api-access): a
+	// token bound to the pod for the API server's audience, renewed at 80%
+	// of its lifetime while the agent runs, its CA and the namespace.
+	gone := make(chan struct{})
+	var proc *process
+	defer func() {
+		if proc == nil {
+			close(gone)
 		}
+	}()
+	if err := cp.mountToken(ctx, tokenVolume{
+		dir: d.saDir(),
+		files: func(token string) map[string][]byte {
+			return map[string][]byte{"token": []byte(token), "ca.crt": cp.CAPEM, "namespace": []byte(IstioNamespace)}
+		},
+		namespace: IstioNamespace, serviceAccount: CNIServiceAccount, ttl: projectedTokenTTL,
+		bound: &boundObjectRef{Kind: "Pod", APIVersion: "v1", Name: name, UID: uid}, until: gone,
+	}); err != nil {
+		return nil, err
 	}
 
 	// The agent container's mounts (the chart's volumeMounts with ambient
@@ -205,53 +215,38 @@ func (cp *ControlPlane) StartCNI(ctx context.Context, o CNIOptions) (c *CNI, err
 		return nil, err
 	}
 
-	version, err := cp.bins.Version("istio")
+	// The rendered DaemonSet's container as a kubelet starts it in this
+	// node's pod: its ConfigMap (envFrom istio-cni-config) and env with the
+	// Downward API resolved. The lab's overrides: the image's PATH and HOME,
+	// and what a kubelet gives every pod, the API server's address (the
+	// lab's difference, see above).
+	args, env, err := cp.rendered.containerSpec("DaemonSet", "istio-cni-node", "install-cni", podFields{
+		name: name, namespace: IstioNamespace, node: o.Node.Name, podIP: o.Node.IP.String(),
+		hostIP: o.Node.IP.String(), serviceAccount: CNIServiceAccount,
+	})
 	if err != nil {
 		return nil, err
 	}
-	env := []string{
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/cni/bin", // the image's
+	env = withEnv(env,
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/cni/bin",
 		"HOME=/",
-		// What the kubelet gives every pod (the API server's address: the
-		// lab's difference, see above).
-		"KUBERNETES_SERVICE_HOST=" + cp.Node.IP.String(),
-		"KUBERNETES_SERVICE_PORT=" + strconv.Itoa(APIServerPort),
-		// The chart's ConfigMap (configmap-cni.yaml) with the ambient
-		// profile's values (ambient.enabled) and the chart's defaults.
-		"CURRENT_AGENT_VERSION=" + version,
-		"AMBIENT_ENABLED=true",
-		"AMBIENT_ENABLEMENT_SELECTOR=" + ambientEnablementSelector,
-		"AMBIENT_DNS_CAPTURE=true",
-		"AMBIENT_IPV6=true",
-		"AMBIENT_RECONCILE_POD_RULES_ON_STARTUP=true",
-		"ENABLE_AMBIENT_DETECTION_RETRY=false",
-		"ISTIO_OWNED_CNI_CONFIG=false",
-		"CHAINED_CNI_PLUGIN=true",
-		"EXCLUDE_NAMESPACES=kube-system",
-		"REPAIR_ENABLED=true",
-		"REPAIR_LABEL_PODS=false",
-		"REPAIR_DELETE_PODS=false",
-		"REPAIR_REPAIR_PODS=true",
-		"REPAIR_INIT_CONTAINER_NAME=istio-validation",
-		"REPAIR_BROKEN_POD_LABEL_KEY=cni.istio.io/uninitialized",
-		"REPAIR_BROKEN_POD_LABEL_VALUE=true",
-		"NATIVE_NFTABLES=false",
-		// The DaemonSet's env (daemonset.yaml); no ALLOW_SWITCH_TO_HOST_NS,
-		// as with shareHostNetworkNamespace.
-		"REPAIR_NODE_NAME=" + o.Node.Name,
-		"REPAIR_RUN_AS_DAEMON=true",
-		"REPAIR_SIDECAR_ANNOTATION=sidecar.istio.io/status",
-		"NODE_NAME=" + o.Node.Name,
-		"POD_NAME=" + name,
-		"POD_NAMESPACE=" + IstioNamespace,
-	}
-	cmd := agent.command(context.Background(), o.Node.NS, h.enter, d.agentBinDir()+"/install-cni")
-	cmd.Env = append(env, o.Env...)
-	proc, err := startCmd(name, cp.logDir, cmd)
+		"KUBERNETES_SERVICE_HOST="+cp.Node.IP.String(),
+		"KUBERNETES_SERVICE_PORT="+strconv.Itoa(APIServerPort),
+	)
+	cmd := agent.command(context.Background(), o.Node.NS, h.enter, d.agentBinDir()+"/install-cni", args...)
+	cmd.Env = withEnv(env, o.Env...)
+	proc, err = startCmd(name, cp.logDir, cmd)
 	if err != nil {
 		return nil, err
 	}
 	proc.inChild = true // nsenter's child
+	cp.bgDone.Go(func() {
+		select {
+		case <-proc.exited:
+		case <-cp.bg.Done():
+		}
+		close(gone)
+	})
 	c = &CNI{Node: o.Node, ZDSPath: filepath.Join(d.ztunnel(), "ztunnel.sock"), cp: cp, dir: d.root, host: host, proc: proc}
 	defer func() {
 		if err != nil {
@@ -277,23 +272,6 @@ func (cp *ControlPlane) StartCNI(ctx context.Context, o CNIOptions) (c *CNI, err
 	}
 	return c, nil
 }
-
-// ambientEnablementSelector is the chart's ambient.enablementSelectors as
-// its ConfigMap renders them (toYaml): a pod labelled ambient, or a pod not
-// opted out in a namespace labelled ambient.
-const ambientEnablementSelector = `- podSelector:
-    matchLabels:
-      istio.io/dataplane-mode: ambient
-- namespaceSelector:
-    matchLabels:
-      istio.io/dataplane-mode: ambient
-  podSelector:
-    matchExpressions:
-    - key: istio.io/dataplane-mode
-      operator: NotIn
-      values:
-      - none
-`
 
 // Stop ends the node agent (SIGTERM: it removes its plugin and
 // configuration unless it sees an upgrade, as in a DaemonSet rollout).

@@ -2,7 +2,6 @@ package istiolab
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,16 +10,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 )
-
-// installYAML is the part of an ambient install the lab applies by hand
-// (install.yaml says where each object comes from).
-//
-//go:embed install.yaml
-var installYAML string
 
 // Addresses inside the control plane's node. etcd listens on the node's
 // loopback only: nothing but the API server talks to it.
@@ -105,8 +99,15 @@ type ControlPlane struct {
 	nodes   map[string]*nodeHost // by node name
 	cgroups []string             // the lab's cgroups above pods', shared by the nodes
 	leases  map[string]bool      // nodes whose Lease is being renewed
-	// tokenFiles are the token files being renewed (startTokenFile).
-	tokenFiles map[string]bool
+	// tokenVolumes are the token volumes being renewed (mountToken), each
+	// with the channel that ends its renewal.
+	tokenVolumes map[string]chan struct{}
+	// tokenRenewal, if set (a time.Duration), replaces the kubelet's
+	// renewal at 80% of a token's lifetime (tests).
+	tokenRenewal atomic.Int64
+
+	// rendered is the install as Helm rendered it (install).
+	rendered *rendered
 }
 
 // Start brings the control plane up and returns once istiod is ready. On
@@ -131,9 +132,12 @@ func Start(ctx context.Context, cfg Config) (cp *ControlPlane, err error) {
 		nodes:  make(map[string]*nodeHost),
 	}
 	cp.bg, cp.stopBg = context.WithCancel(context.Background())
+	// The returns below set cp to nil: close what was started through a
+	// copy.
+	started := cp
 	defer func() {
 		if err != nil {
-			cp.Close()
+			started.Close()
 			cp = nil
 		}
 	}()
@@ -253,8 +257,19 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context) error {
 }
 
 // install applies the CRDs from Istio's and the Gateway API's modules (as
-// `make istio-bins` copied them) and the ambient install's objects.
+// `make istio-bins` copied them), the istio-system namespace (helm install
+// --create-namespace) and the objects of the ambient install, rendered by
+// Helm from Istio's charts, that the lab's programs read (installKinds).
 func (cp *ControlPlane) install(ctx context.Context) error {
+	r, err := cp.renderInstall(ctx)
+	if err != nil {
+		return err
+	}
+	objs, err := r.installYAML()
+	if err != nil {
+		return err
+	}
+	cp.rendered = r
 	for _, f := range []string{cp.bins.IstioCRDs(), cp.bins.GatewayAPICRDs()} {
 		cp.cfg.Logf("istiolab: applying %s", filepath.Base(f))
 		// Server-side: the largest CRDs overflow the annotation a
@@ -266,7 +281,8 @@ func (cp *ControlPlane) install(ctx context.Context) error {
 	if _, err := cp.Kubectl(ctx, "", "wait", "--for=condition=Established", "crd", "--all", "--timeout=120s"); err != nil {
 		return err
 	}
-	_, err := cp.Kubectl(ctx, installYAML, "apply", "-f", "-")
+	ns := "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: " + IstioNamespace + "\n"
+	_, err = cp.Kubectl(ctx, ns+objs, "apply", "-f", "-")
 	return err
 }
 
@@ -275,37 +291,32 @@ func (cp *ControlPlane) startIstiod(ctx context.Context) error {
 	// istiod's own kubeconfig, as in-cluster configuration gives it on a
 	// cluster: its service account's token from the TokenRequest API (the
 	// kubelet's projected volume), renewed in place, under the
-	// istio-discovery chart's roles (install.yaml).
-	tokenPath := filepath.Join(dir, "token")
-	if err := cp.startTokenFile(ctx, tokenPath, IstioNamespace, istiodServiceAccount); err != nil {
+	// istio-discovery chart's roles (as rendered, install).
+	saDir := filepath.Join(dir, "serviceaccount")
+	tokenPath := filepath.Join(saDir, "token")
+	if err := cp.mountToken(ctx, tokenVolume{
+		dir: saDir, files: func(token string) map[string][]byte { return map[string][]byte{"token": []byte(token)} },
+		namespace: IstioNamespace, serviceAccount: istiodServiceAccount, ttl: projectedTokenTTL,
+	}); err != nil {
 		return err
 	}
 	kc := filepath.Join(dir, "kubeconfig")
 	if err := os.WriteFile(kc, kubeconfigTokenFile(cp.Server, cp.CAPEM, "istiod", tokenPath), 0o600); err != nil {
 		return fmt.Errorf("istiolab: %w", err)
 	}
-	// The istio-discovery chart's arguments and environment, with the
-	// ambient profile's PILOT_ENABLE_AMBIENT; the pod's fields are what the
-	// Downward API would give a pod "istiod-lab" of service account istiod.
-	p, err := cp.start("istiod", dir, cp.bins.Istiod(), []string{
-		"discovery",
-		"--kubeconfig=" + kc,
-		"--monitoringAddr=:" + strconv.Itoa(IstiodMonitoringPort),
-		"--log_output_level=default:info",
-		"--domain", "cluster.local",
-		"--keepaliveMaxServerConnectionAge", "30m",
-	}, []string{
-		"REVISION=default",
-		"PILOT_CERT_PROVIDER=istiod",
-		"POD_NAME=istiod-lab",
-		"POD_NAMESPACE=" + IstioNamespace,
-		"SERVICE_ACCOUNT=" + istiodServiceAccount,
-		"CA_TRUSTED_NODE_ACCOUNTS=" + IstioNamespace + "/" + ZtunnelServiceAccount,
-		"PILOT_ENABLE_AMBIENT=true",
-		"PILOT_ENABLE_ANALYSIS=false",
-		"CLUSTER_ID=Kubernetes",
-		"PLATFORM=",
+	// The rendered Deployment's container as a kubelet starts it for a pod
+	// "istiod-lab" of service account istiod; the lab's override is the
+	// kubeconfig (the chart points KUBECONFIG at an optional remote
+	// secret's mount, absent here, and istiod's in-cluster configuration
+	// at the kubelet's projected token).
+	args, env, err := cp.rendered.containerSpec("Deployment", "istiod", "discovery", podFields{
+		name: "istiod-lab", namespace: IstioNamespace, node: cp.Node.Name, podIP: cp.Node.IP.String(),
+		hostIP: cp.Node.IP.String(), serviceAccount: istiodServiceAccount,
 	})
+	if err != nil {
+		return err
+	}
+	p, err := cp.start("istiod", dir, cp.bins.Istiod(), append(args, "--kubeconfig="+kc), withEnv(env, "KUBECONFIG="+kc))
 	if err != nil {
 		return err
 	}

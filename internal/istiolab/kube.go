@@ -69,59 +69,6 @@ current-context: istiolab
 `, server, base64.StdEncoding.EncodeToString(caPEM), user, tokenPath, user)
 }
 
-// projectedTokenTTL is the kubelet's default lifetime of a projected
-// service-account token; it renews one at 80% of that.
-const projectedTokenTTL = time.Hour
-
-// startTokenFile writes a token of service account namespace/name for the
-// API server's audience to path and renews it as the kubelet renews a
-// projected token, until the control plane closes. Called again for the
-// same path (a component restarted), it writes a fresh token and leaves
-// the one renewal loop running.
-func (cp *ControlPlane) startTokenFile(ctx context.Context, path, namespace, name string) error {
-	write := func(ctx context.Context) error {
-		token, err := cp.ServiceAccountToken(ctx, namespace, name, nil, projectedTokenTTL)
-		if err != nil {
-			return err
-		}
-		// Whole or not at all: the reader may read it at any time.
-		tmp := path + ".new"
-		if err := os.WriteFile(tmp, []byte(token), 0o600); err != nil {
-			return fmt.Errorf("istiolab: %w", err)
-		}
-		return os.Rename(tmp, path)
-	}
-	if err := write(ctx); err != nil {
-		return err
-	}
-	cp.mu.Lock()
-	running := cp.tokenFiles[path]
-	if cp.tokenFiles == nil {
-		cp.tokenFiles = make(map[string]bool)
-	}
-	cp.tokenFiles[path] = true
-	cp.mu.Unlock()
-	if running {
-		return nil
-	}
-	cp.bgDone.Go(func() {
-		renew := projectedTokenTTL * 4 / 5
-		for {
-			select {
-			case <-cp.bg.Done():
-				return
-			case <-time.After(renew):
-			}
-			renew = projectedTokenTTL * 4 / 5
-			if err := write(cp.bg); err != nil && cp.bg.Err() == nil {
-				cp.cfg.Logf("istiolab: renewing the token of %s/%s: %v", namespace, name, err)
-				renew = 10 * time.Second
-			}
-		}
-	})
-	return nil
-}
-
 // apiClient talks to the API server from the host's test process: it dials
 // through the lab node's namespace (the host has no route into the lab) and
 // trusts only the lab's CA. It does the few calls a kubeconfig-less caller

@@ -15,7 +15,8 @@ import (
 // TerminateZtunnel of the old one, the chart's maxSurge 1 and
 // maxUnavailable 0); istiod's pod going away and coming back (StopIstiod,
 // StartIstiod); a CA plugged into istiod and rotated (PlugCA), with the
-// kubelet's part of it (SyncZtunnelRoot).
+// kubelet's part of it (the daemons' mounted istio-ca-root-cert synced,
+// mountConfigMap).
 
 // ZtunnelGrace is the chart's terminationGracePeriodSeconds for the daemon's
 // pod (also its TERMINATION_GRACE_PERIOD_SECONDS): how long a kubelet waits
@@ -110,18 +111,6 @@ func (cp *ControlPlane) PlugCA(ctx context.Context, c CACerts) error {
 		return err
 	}
 	return writeVolume(filepath.Join(cp.dir("istiod"), "etc", "cacerts"), files)
-}
-
-// SyncZtunnelRoot does the kubelet's part of a root change for the daemon:
-// it writes istio-ca-root-cert's current content (istiod's trust bundle,
-// which it writes into every namespace) into the daemon's mounted root
-// file, which the daemon re-reads for its next connection to istiod.
-func (cp *ControlPlane) SyncZtunnelRoot(ctx context.Context, z *Ztunnel) error {
-	root, err := cp.RootCert(ctx, IstioNamespace)
-	if err != nil {
-		return err
-	}
-	return writeVolume(filepath.Dir(filepath.Join(cp.dir(z.Name), rootFile)), map[string][]byte{filepath.Base(rootFile): root})
 }
 
 // writeVolume updates the files of a Secret or ConfigMap volume in dir as

@@ -18,6 +18,7 @@ import (
 	"math/big"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -199,10 +200,18 @@ func TestRootRotation(t *testing.T) {
 		}
 		return nil
 	})
+	// The lab's kubelet syncs each daemon's mounted istio-ca-root-cert.
 	for _, z := range m.ztunnels {
-		if err := m.cp.SyncZtunnelRoot(ctx, z); err != nil {
-			t.Fatal(err)
-		}
+		waitUntil(t, 30*time.Second, func() error {
+			b, err := os.ReadFile(filepath.Join(m.cp.dir(z.Name), rootFile))
+			if err != nil {
+				return err
+			}
+			if !bytes.Contains(b, newRoot.pem) {
+				return fmt.Errorf("%s's root file does not hold the new root yet", z.Name)
+			}
+			return nil
+		})
 	}
 	for _, w := range watch {
 		waitUntil(t, 2*time.Minute, func() error {

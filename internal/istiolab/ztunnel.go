@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -21,8 +20,8 @@ const (
 	rootFile  = "var/run/secrets/istio/root-cert.pem" // ConfigMap istio-ca-root-cert
 )
 
-// ztunnelTokenTTL is the chart's expirationSeconds for the token. A kubelet
-// renews it at 80% of that; no lab run lasts that long yet.
+// ztunnelTokenTTL is the chart's expirationSeconds for the token. The lab,
+// as a kubelet, renews it at 80% of that (mountToken).
 const ztunnelTokenTTL = 12 * time.Hour
 
 // ztunnelReadyTimeout bounds a daemon's start: xDS from istiod, its own
@@ -58,8 +57,8 @@ type Ztunnel struct {
 }
 
 // StartZtunnel writes the daemon's Pod object (the chart's DaemonSet pod on
-// o.Pod's node, running) and runs the daemon in o.Pod with the chart's
-// environment (manifests/charts/ztunnel/templates/daemonset.yaml), a token
+// o.Pod's node, running) and runs the daemon in o.Pod with the arguments
+// and environment of the DaemonSet Helm rendered from the ztunnel chart, a token
 // bound to that Pod from the TokenRequest API and istiod's root from the istio-ca-root-cert ConfigMap
 // in the files the chart mounts, and waits until it is ready. Two things
 // differ from a cluster, as the lab has no cluster DNS yet: XDS_ADDRESS and
@@ -79,70 +78,90 @@ func (cp *ControlPlane) StartZtunnel(ctx context.Context, o ZtunnelOptions) (*Zt
 	// lets a node account impersonate only pods on the node of the pod its
 	// token is bound to, the daemon's own identity included (shared mode
 	// asks for every certificate that way).
+	labels, annotations, err := cp.rendered.podMeta("DaemonSet", "ztunnel")
+	if err != nil {
+		return nil, err
+	}
 	uid, err := cp.WritePod(ctx, PodObject{
 		Namespace: IstioNamespace, Name: name, ServiceAccount: ZtunnelServiceAccount,
 		Node: o.Pod.Node, IP: o.Pod.IP, Container: "istio-proxy",
-		Labels: map[string]string{
-			"sidecar.istio.io/inject": "false", "istio.io/dataplane-mode": "none",
-			"app": "ztunnel", "app.kubernetes.io/name": "ztunnel",
-		},
-		Annotations: map[string]string{"sidecar.istio.io/inject": "false", "istio.io/rev": "default"},
+		Labels: labels, Annotations: annotations,
 	})
 	if err != nil {
 		return nil, err
 	}
-	token, err := cp.PodToken(ctx, IstioNamespace, ZtunnelServiceAccount, name, uid, []string{"istio-ca"}, ztunnelTokenTTL)
-	if err != nil {
+	// The kubelet's part for the chart's volumes, for as long as this pod
+	// runs: the istio-ca token bound to the pod, renewed at 80% of its
+	// lifetime, and istio-ca-root-cert, synced when istiod changes it (a
+	// root rotation), each swapped in whole.
+	gone := make(chan struct{})
+	var proc *process
+	defer func() {
+		if proc == nil {
+			close(gone)
+		}
+	}()
+	if err := cp.mountToken(ctx, tokenVolume{
+		dir: filepath.Join(dir, filepath.Dir(tokenFile)),
+		files: func(token string) map[string][]byte {
+			return map[string][]byte{filepath.Base(tokenFile): []byte(token)}
+		},
+		namespace: IstioNamespace, serviceAccount: ZtunnelServiceAccount, audiences: []string{"istio-ca"},
+		ttl: ztunnelTokenTTL, bound: &boundObjectRef{Kind: "Pod", APIVersion: "v1", Name: name, UID: uid},
+		until: gone,
+	}); err != nil {
 		return nil, err
 	}
-	root, err := cp.RootCert(ctx, IstioNamespace)
-	if err != nil {
+	// istiod writes the ConfigMap shortly after it sees the namespace.
+	if _, err := cp.RootCert(ctx, IstioNamespace); err != nil {
 		return nil, err
 	}
-	for path, data := range map[string][]byte{tokenFile: []byte(token), rootFile: root} {
-		full := filepath.Join(dir, path)
-		if err := os.MkdirAll(filepath.Dir(full), 0o700); err != nil {
-			return nil, fmt.Errorf("istiolab: %w", err)
-		}
-		if err := os.WriteFile(full, data, 0o600); err != nil {
-			return nil, fmt.Errorf("istiolab: %w", err)
-		}
+	if err := cp.mountConfigMap(ctx, IstioNamespace, "istio-ca-root-cert", filepath.Join(dir, filepath.Dir(rootFile)), gone); err != nil {
+		return nil, err
 	}
 	istiod := cp.IstiodAddr().String()
 	version, err := cp.bins.Version("istio")
 	if err != nil {
 		return nil, err
 	}
-	env := []string{
+	// The rendered DaemonSet's container as a kubelet starts it in this
+	// pod, the Downward API resolved (ZTUNNEL_CPU_LIMIT, with no limit set,
+	// is the node's allocatable CPUs).
+	args, chartEnv, err := cp.rendered.containerSpec("DaemonSet", "ztunnel", "istio-proxy", podFields{
+		name: name, namespace: IstioNamespace, node: o.Pod.Node.Name, podIP: o.Pod.IP.String(),
+		hostIP: o.Pod.Node.IP.String(), serviceAccount: ZtunnelServiceAccount,
+	})
+	if err != nil {
+		return nil, err
+	}
+	env := append([]string{
 		// The image's (pilot/docker/Dockerfile.ztunnel): the daemon sends it
 		// to istiod in its node metadata, which istiod warns without.
 		"ISTIO_META_ISTIO_VERSION=" + version,
 		// What the kubelet gives every pod.
 		"KUBERNETES_SERVICE_HOST=10.96.0.1", "KUBERNETES_SERVICE_PORT=443",
-		// The chart's env, in its order.
-		"CA_ADDRESS=" + istiod,
-		"XDS_ADDRESS=" + istiod,
-		"RUST_LOG=info",
-		"RUST_BACKTRACE=1",
-		"ISTIO_META_CLUSTER_ID=Kubernetes",
-		"INPOD_ENABLED=true",
-		"TERMINATION_GRACE_PERIOD_SECONDS=" + strconv.Itoa(int(ZtunnelGrace/time.Second)),
-		"POD_NAME=" + name,
-		"POD_NAMESPACE=" + IstioNamespace,
-		"NODE_NAME=" + o.Pod.Node.Name,
-		"INSTANCE_IP=" + o.Pod.IP.String(),
-		"SERVICE_ACCOUNT=" + ZtunnelServiceAccount,
-		"ISTIO_META_ENABLE_HBONE=true", // the mesh's defaultConfig.proxyMetadata
-		"ZTUNNEL_CPU_LIMIT=2",          // limits.cpu unset: the node's allocatable CPUs
+	}, chartEnv...)
+	env = withEnv(env,
 		// The lab's differences (the doc above).
-		"ALT_XDS_HOSTNAME=" + istiodName,
-		"ALT_CA_HOSTNAME=" + istiodName,
-		"INPOD_UDS=" + o.InpodUDS,
-	}
-	p, err := startProcess(o.Pod.NS, name, dir, cp.logDir, o.Binary, []string{"proxy", "ztunnel"}, append(env, o.Env...))
+		"CA_ADDRESS="+istiod,
+		"XDS_ADDRESS="+istiod,
+		"ALT_XDS_HOSTNAME="+istiodName,
+		"ALT_CA_HOSTNAME="+istiodName,
+		"INPOD_UDS="+o.InpodUDS,
+	)
+	env = withEnv(env, o.Env...)
+	p, err := startProcess(o.Pod.NS, name, dir, cp.logDir, o.Binary, args, env)
 	if err != nil {
 		return nil, err
 	}
+	proc = p
+	cp.bgDone.Go(func() {
+		select {
+		case <-p.exited:
+		case <-cp.bg.Done():
+		}
+		close(gone)
+	})
 	z := &Ztunnel{Pod: o.Pod, Name: name, proc: p}
 	client := &http.Client{
 		Transport: &http.Transport{DialContext: o.Pod.Dial, DisableKeepAlives: true},
