@@ -19,11 +19,12 @@ import (
 )
 
 // TestIstioHandle drives the Istio lab as an operator does, through the
-// zlab binary: up with two nodes, a namespace, service accounts and two
-// plain Pods applied with kubectl (bound to the nodes and started through
-// istio-cni by the lab's runtime), a call from one pod to the other with
-// exec (curl) that the server's daemon logs as HBONE (logs), an
-// AuthorizationPolicy applied with kubectl that refuses it, and down, which
+// zlab binary: up with two nodes, a namespace, service accounts, two plain
+// Pods and a Service applied with kubectl (the pods bound to the nodes and
+// started through istio-cni by the lab's runtime), calls from one pod to the
+// other with exec (curl, to the pod's IP and to the Service's VIP) that the
+// server's daemon logs as HBONE (logs), an AuthorizationPolicy applied with
+// kubectl that refuses them, and down, which
 // leaves no namespace behind. Run by make test-istio (build tag istiolab),
 // which builds the upstream programs and bin/ztunnel.
 func TestIstioHandle(t *testing.T) {
@@ -91,26 +92,37 @@ func TestIstioHandle(t *testing.T) {
 		ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
-	curl := func() (string, error) {
-		return zl("", "istio", "exec", "demo/client", "--", "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-			"--max-time", "5", "http://"+strings.TrimSpace(ip)+":8080/")
+	vip, err := zl("", "istio", "kubectl", "get", "service", "server", "-n", "demo", "-o", "jsonpath={.spec.clusterIP}")
+	if err != nil {
+		t.Fatalf("%v: %s", err, vip)
 	}
-	waitFor(t, time.Minute, func() bool {
-		out, err := curl()
-		if err != nil || out != "200" {
-			return false
-		}
-		logs, _ := zl("", "istio", "logs", "ztunnel-node2")
-		return strings.Contains(logs, `src.identity="spiffe://cluster.local/ns/demo/sa/client"`) && strings.Contains(logs, `direction="inbound"`)
-	})
+	// The pod by its IP, and the Service by its VIP (port 80 to the pod's
+	// 8080), which the client's daemon resolves to the pod.
+	targets := []string{strings.TrimSpace(ip) + ":8080", strings.TrimSpace(vip) + ":80"}
+	curl := func(target string) (string, error) {
+		return zl("", "istio", "exec", "demo/client", "--", "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+			"--max-time", "5", "http://"+target+"/")
+	}
+	for _, target := range targets {
+		waitFor(t, time.Minute, func() bool {
+			out, err := curl(target)
+			if err != nil || out != "200" {
+				return false
+			}
+			logs, _ := zl("", "istio", "logs", "ztunnel-node2")
+			return strings.Contains(logs, `src.identity="spiffe://cluster.local/ns/demo/sa/client"`) && strings.Contains(logs, `direction="inbound"`)
+		})
+	}
 	if out, err := zl(denyYAML, "istio", "kubectl", "apply", "-f", "-"); err != nil {
 		t.Fatalf("kubectl apply: %v\n%s", err, out)
 	}
-	waitFor(t, time.Minute, func() bool {
-		out, err := curl()
-		logs, _ := zl("", "istio", "logs", "ztunnel-node2")
-		return err != nil && out != "200" && strings.Contains(logs, "explicitly denied by: demo/deny-client")
-	})
+	for _, target := range targets {
+		waitFor(t, time.Minute, func() bool {
+			out, err := curl(target)
+			logs, _ := zl("", "istio", "logs", "ztunnel-node2")
+			return err != nil && out != "200" && strings.Contains(logs, "explicitly denied by: demo/deny-client")
+		})
+	}
 }
 
 // The runtime binds pods to the nodes in turn: the first to node1, the
@@ -141,6 +153,13 @@ spec:
   serviceAccountName: server
   nodeName: node2
   containers: [{name: server, image: example.invalid/server}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: server, namespace: demo}
+spec:
+  selector: {app: server}
+  ports: [{name: http, port: 80, targetPort: 8080}]
 `
 
 const denyYAML = `apiVersion: security.istio.io/v1
