@@ -321,11 +321,15 @@ func testDaemonMetricsOverHBONE(t *testing.T, l *arowsLab) {
 	})
 }
 
-// testServiceRestart: Istio's TestServiceRestart for a mesh client. A
-// Service's one pod is replaced while the client calls the Service's VIP
-// back to back, in Kubernetes' order: the new pod starts and joins, the old
-// one turns not Ready (its kubelet's status as it terminates), then its
-// object goes; every call succeeds and the traffic moves to the new pod.
+// testServiceRestart: Istio's TestServiceRestart. A Service's one pod is
+// replaced while a mesh client and the pod outside the mesh call the
+// Service's VIP back to back, in Kubernetes' order: the new pod starts and
+// joins, the old one turns not Ready (its kubelet's status as it
+// terminates), then its object goes. The mesh client's daemon resolves the
+// VIP from istiod's state; the uncaptured client's calls take the lab's
+// kube-proxy rules on its node, kept in step with the EndpointSlice as
+// kube-proxy does, to the pods' inbound capture. Every call of both
+// succeeds and the traffic moves to the new pod.
 func testServiceRestart(t *testing.T, l *arowsLab) {
 	ctx := t.Context()
 	start := func(name string) (*netnslab.Pod, *echoServer) {
@@ -350,34 +354,86 @@ spec:
 		t.Fatal(err)
 	}
 	dst := netip.AddrPortFrom(vip, 80)
-	waitUntil(t, time.Minute, func() error { return call(ctx, l.client, dst) })
 
+	// kube-proxy on the uncaptured client's node: the Services' rules
+	// rendered from the API server's state, reloaded when they change.
+	var proxyWG sync.WaitGroup
+	proxyCtx, stopProxy := context.WithCancel(ctx)
+	defer func() { stopProxy(); proxyWG.Wait() }()
+	var (
+		proxyMu  sync.Mutex
+		proxyErr error
+		reloads  int
+	)
+	proxyWG.Go(func() {
+		var programmed []byte
+		for {
+			rules, err := l.cp.serviceRules(proxyCtx)
+			if err == nil && !bytes.Equal(rules, programmed) {
+				if err = programServices(proxyCtx, l.plain.Node, rules); err == nil {
+					programmed = rules
+					proxyMu.Lock()
+					reloads++
+					proxyMu.Unlock()
+				}
+			}
+			if err != nil && proxyCtx.Err() == nil {
+				proxyMu.Lock()
+				proxyErr = err
+				proxyMu.Unlock()
+			}
+			select {
+			case <-proxyCtx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	})
+	clients := []*netnslab.Pod{l.client, l.plain}
+	for _, c := range clients {
+		waitUntil(t, time.Minute, func() error { return call(ctx, c, dst) })
+	}
+
+	type tally struct {
+		ok       int
+		failures []string
+	}
 	var (
 		mu             sync.Mutex
-		ok             int
-		failures       []string
+		counts         = map[*netnslab.Pod]*tally{}
 		wg             sync.WaitGroup
 		stop           = make(chan struct{})
 		stopped        bool
-		callsSinceMark = func() int { mu.Lock(); defer mu.Unlock(); return ok + len(failures) }
-	)
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			err := call(ctx, l.client, dst)
+		callsSinceMark = func() int {
 			mu.Lock()
-			if err == nil {
-				ok++
-			} else {
-				failures = append(failures, err.Error())
+			defer mu.Unlock()
+			n := 0
+			for _, c := range counts {
+				n += c.ok + len(c.failures)
 			}
-			mu.Unlock()
+			return n
 		}
-	})
+	)
+	for _, c := range clients {
+		counts[c] = &tally{}
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				err := call(ctx, c, dst)
+				mu.Lock()
+				if err == nil {
+					counts[c].ok++
+				} else {
+					counts[c].failures = append(counts[c].failures, err.Error())
+				}
+				mu.Unlock()
+			}
+		})
+	}
 	halt := func() {
 		if !stopped {
 			stopped = true
@@ -403,11 +459,11 @@ spec:
 	}}); err != nil {
 		t.Fatal(err)
 	}
-	// Once the old pod takes no more connections for 50 calls in a row,
-	// it is out of the Service.
+	// Once the old pod takes no more connections for 100 calls in a row
+	// (both clients'), it is out of the Service for both.
 	waitUntil(t, time.Minute, func() error {
 		before, calls := oldEcho.count(), callsSinceMark()
-		for callsSinceMark() < calls+50 {
+		for callsSinceMark() < calls+100 {
 			time.Sleep(10 * time.Millisecond)
 		}
 		if oldEcho.count() != before {
@@ -419,16 +475,24 @@ spec:
 	// A few more calls after the old pod's object went.
 	calls := callsSinceMark()
 	waitUntil(t, time.Minute, func() error {
-		if n := callsSinceMark(); n < calls+50 {
-			return fmt.Errorf("%d calls since the old pod went, want 50", n-calls)
+		if n := callsSinceMark(); n < calls+100 {
+			return fmt.Errorf("%d calls since the old pod went, want 100", n-calls)
 		}
 		return nil
 	})
 	halt()
-	t.Logf("%d calls through the replacement (old pod %v: %d connections, new: %d), %d failed", ok+len(failures),
-		oldPod.IP, oldEcho.count(), newEcho.count(), len(failures))
-	if len(failures) > 0 {
-		t.Errorf("%d of %d calls failed while the Service's pod was replaced, want none; first: %s",
-			len(failures), ok+len(failures), failures[0])
+	stopProxy()
+	proxyWG.Wait()
+	proxyMu.Lock()
+	t.Logf("the uncaptured client's node: kube-proxy rules loaded %d times; last error: %v", reloads, proxyErr)
+	proxyMu.Unlock()
+	t.Logf("old pod %v: %d connections, new: %d", oldPod.IP, oldEcho.count(), newEcho.count())
+	for _, c := range clients {
+		n := counts[c]
+		t.Logf("%s: %d calls through the replacement, %d failed", c.Name, n.ok+len(n.failures), len(n.failures))
+		if len(n.failures) > 0 {
+			t.Errorf("%s: %d of %d calls failed while the Service's pod was replaced, want none; first: %s",
+				c.Name, len(n.failures), n.ok+len(n.failures), n.failures[0])
+		}
 	}
 }

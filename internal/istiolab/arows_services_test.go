@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 func init() {
 	arowsCases = append(arowsCases,
 		arowsCase{"A1_service_VIP_from_a_mesh_client", testServiceVIP},
+		arowsCase{"A1_app_on_localhost_only_is_not_reachable", testLocalhostOnly},
 		arowsCase{"A8_A10_service_entry_inline_endpoint_auto_allocated_VIP", testServiceEntryInline},
 		arowsCase{"A8_service_entry_selects_a_workload_entry", testServiceEntryWorkloadEntry},
 		arowsCase{"A15_pod_opted_out_is_not_captured", testOptedOut},
@@ -86,6 +88,59 @@ func testServiceVIP(t *testing.T, l *arowsLab) {
 		return waitLog(func() bool { return l.inbound(l.plain, serverPort, &plain, "") > before },
 			"%s to %v succeeded, but the server's daemon logged no plaintext connection from its address", l.plain.Name, dst)
 	})
+}
+
+// localhostPort is where testLocalhostOnly's app of the server listens.
+const localhostPort = 7070
+
+// testLocalhostOnly: Istio's LocalhostIP case. An app of the server pod
+// listening on 127.0.0.1 only is not reachable through the mesh: the
+// server's daemon dials the pod's own address for an inbound connection,
+// as ztunnel does, and nothing listens there, so the mesh client's call
+// fails (Istio accepts an error or a 503) and the daemon logs the refusal;
+// the app never sees a connection. The same port bound on the pod's
+// address is reached over HBONE.
+func testLocalhostOnly(t *testing.T, l *arowsLab) {
+	local := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), localhostPort)
+	ln, err := l.server.Listen("tcp", local.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			_, _ = c.Write([]byte("localhost app\n"))
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+	})
+	// The app answers on localhost, in the pod.
+	conn, err := l.server.Dial(t.Context(), "tcp", local.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(conn)
+	conn.Close()
+	if string(got) != "localhost app\n" || accepted.Load() != 1 {
+		t.Fatalf("the localhost app from its own pod: %q (%v), %d connections; want its answer", got, err, accepted.Load())
+	}
+	l.refused(t, l.client, localhostPort, "connect: connection refused")
+	if n := accepted.Load(); n != 1 {
+		t.Fatalf("the app listening on localhost only took %d connections through the mesh", n-1)
+	}
+	startEchoAt(t, l.server, netip.AddrPortFrom(l.server.IP, localhostPort).String())
+	l.reach(t, l.client, localhostPort, viaHBONE)
 }
 
 // testServiceEntryInline: a ServiceEntry with no address and an inline

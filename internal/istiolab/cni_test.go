@@ -252,7 +252,13 @@ func (e *echoServer) count() int {
 // startEcho listens on port in pod; it stops when the test ends.
 func startEcho(t *testing.T, pod *netnslab.Pod, port int) *echoServer {
 	t.Helper()
-	ln, err := pod.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
+	return startEchoAt(t, pod, fmt.Sprintf("0.0.0.0:%d", port))
+}
+
+// startEchoAt is startEcho on one address of the pod (host:port).
+func startEchoAt(t *testing.T, pod *netnslab.Pod, addr string) *echoServer {
+	t.Helper()
+	ln, err := pod.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -144,6 +144,27 @@ func (m *trafficMesh) waitHBONE(t *testing.T, server *Ztunnel, c *netnslab.Pod) 
 	})
 }
 
+// waitPassthrough waits until a call from c, a pod outside the mesh,
+// reaches the server and server (the server's node's daemon) logs it
+// inbound in plaintext: no peer identity, the address dialled.
+func (m *trafficMesh) waitPassthrough(t *testing.T, server *Ztunnel, c *netnslab.Pod) {
+	t.Helper()
+	parts := []string{"connection complete", `direction="inbound"`, "src.addr=" + c.IP.String() + ":", "dst.addr=" + m.dst.String() + " "}
+	waitUntil(t, 2*time.Minute, func() error {
+		before := logLinesWith(server.Log(), parts...)
+		if err := call(t.Context(), c, m.dst); err != nil {
+			return fmt.Errorf("%s: %w", c.Name, err)
+		}
+		if nettest.Until(5*time.Second, func() bool { return logLinesWith(server.Log(), parts...) > before }) {
+			if line := lastLineWith(server.Log(), "src.addr="+c.IP.String()+":"); strings.Contains(line, "src.identity=") {
+				return fmt.Errorf("%s is outside the mesh, but %s logged its call with a peer identity: %s", c.Name, server.Name, line)
+			}
+			return nil
+		}
+		return fmt.Errorf("%s: the call succeeded, but %s logged no inbound plaintext connection from it", c.Name, server.Name)
+	})
+}
+
 // callLoop makes calls from each client to dst back to back (a pause of
 // callPause between two) until finish, counting successes and failures.
 type callLoop struct {
