@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // TestARows' cases for a ServiceEntry selecting pods, traffic leaving the
@@ -463,8 +464,8 @@ spec:
 	// (both clients'), it is out of the Service for both.
 	waitUntil(t, time.Minute, func() error {
 		before, calls := oldEcho.count(), callsSinceMark()
-		for callsSinceMark() < calls+100 {
-			time.Sleep(10 * time.Millisecond)
+		if !nettest.Until(time.Minute, func() bool { return callsSinceMark() >= calls+100 }) {
+			return fmt.Errorf("the clients made fewer than 100 calls in a minute")
 		}
 		if oldEcho.count() != before {
 			return fmt.Errorf("the old pod still takes connections")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // The A-rows of docs/ztunnel-scenarios.md (Istio's own ambient integration
@@ -288,10 +289,8 @@ func (l *arowsLab) refused(t *testing.T, from *netnslab.Pod, port int, reason st
 // waitLog waits a few seconds for cond (a daemon logs a connection when it
 // is complete, just after the call returns).
 func waitLog(cond func() bool, format string, args ...any) error {
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if cond() {
-			return nil
-		}
+	if nettest.Until(5*time.Second, cond) {
+		return nil
 	}
 	return fmt.Errorf(format, args...)
 }

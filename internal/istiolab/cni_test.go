@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // TestCNIPodToPod runs istio-cni's node agent on two nodes as the chart
@@ -373,10 +374,8 @@ func TestCNIRestart(t *testing.T) {
 			if err := call(ctx, c, dst); err != nil {
 				return fmt.Errorf("%s: %w", c.Name, err)
 			}
-			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-				if logLinesWith(z.Log(), parts...) > before {
-					return nil
-				}
+			if nettest.Until(5*time.Second, func() bool { return logLinesWith(z.Log(), parts...) > before }) {
+				return nil
 			}
 			return fmt.Errorf("%s: the call succeeded, but the server's daemon logged no inbound HBONE connection from it", c.Name)
 		})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // deploymentYAML is a Deployment of three replicas and a Service selecting
@@ -234,10 +235,8 @@ func TestDeployment(t *testing.T) {
 			if err := call(ctx, client, netip.AddrPortFrom(vip, 80)); err != nil {
 				return fmt.Errorf("client to %s:80: %w", vip, err)
 			}
-			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-				if logLinesWith(clientDaemon.Log(), viaService...) > before {
-					return nil
-				}
+			if nettest.Until(5*time.Second, func() bool { return logLinesWith(clientDaemon.Log(), viaService...) > before }) {
+				return nil
 			}
 			return fmt.Errorf("client to %s:80: the call succeeded, but its daemon logged no outbound HBONE connection to the Service", vip)
 		})
