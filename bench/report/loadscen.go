@@ -1,10 +1,8 @@
 package report
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -249,24 +247,9 @@ func (l *Load) Levels() []int {
 
 // WriteLoad writes LOAD.md, load.json and the plots into dir.
 func WriteLoad(dir string, l *Load) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("report: %w", err)
-	}
-	js, err := json.MarshalIndent(l, "", "  ")
-	if err != nil {
-		return fmt.Errorf("report: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, FileLoadResults), append(js, '\n'), 0o644); err != nil {
-		return fmt.Errorf("report: %w", err)
-	}
-	plots, err := writeLoadPlots(dir, l)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, FileLoadReport), LoadMarkdown(l, plots), 0o644); err != nil {
-		return fmt.Errorf("report: %w", err)
-	}
-	return nil
+	return writeScenario(dir, l, FileLoadResults, FileLoadReport,
+		func() ([]string, error) { return writeLoadPlots(dir, l) },
+		func(p []string) []byte { return LoadMarkdown(l, p) })
 }
 
 // loadPair returns the two paths' IDs: ours (a daemon path) and the peer.

@@ -1,10 +1,8 @@
 package report
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -156,24 +154,9 @@ func (n *Node) AnonPerPod(p NodePoint) float64 {
 
 // WriteNode writes NODE.md, node.json and the plots into dir.
 func WriteNode(dir string, n *Node) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("report: %w", err)
-	}
-	js, err := json.MarshalIndent(n, "", "  ")
-	if err != nil {
-		return fmt.Errorf("report: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, FileNodeResults), append(js, '\n'), 0o644); err != nil {
-		return fmt.Errorf("report: %w", err)
-	}
-	plots, err := writeNodePlots(dir, n)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, FileNodeReport), NodeMarkdown(n, plots), 0o644); err != nil {
-		return fmt.Errorf("report: %w", err)
-	}
-	return nil
+	return writeScenario(dir, n, FileNodeResults, FileNodeReport,
+		func() ([]string, error) { return writeNodePlots(dir, n) },
+		func(p []string) []byte { return NodeMarkdown(n, p) })
 }
 
 // goalCell is v with "✓" or "✗" against the goal (at most goal).

@@ -114,26 +114,35 @@ func (s *Scale) PerWorkload(p ScalePoint) (rss, heap float64) {
 	return float64(p.RSSKiB-s.Baseline.RSSKiB) * 1024 / n, float64(p.HeapInuseKiB-s.Baseline.HeapInuseKiB) * 1024 / n
 }
 
-// WriteScale writes SCALE.md, scale.json and the plots into dir.
-func WriteScale(dir string, s *Scale) error {
+// writeScenario writes a scenario's results as JSON (results), its plots
+// and its markdown report (report, which names the plots) into dir: the
+// one shape of WriteScale, WriteNode and WriteLoad.
+func writeScenario(dir string, v any, results, report string, plots func() ([]string, error), md func([]string) []byte) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("report: %w", err)
 	}
-	js, err := json.MarshalIndent(s, "", "  ")
+	js, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return fmt.Errorf("report: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, FileScaleResults), append(js, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, results), append(js, '\n'), 0o644); err != nil {
 		return fmt.Errorf("report: %w", err)
 	}
-	plots, err := writeScalePlots(dir, s)
+	names, err := plots()
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, FileScaleReport), ScaleMarkdown(s, plots), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, report), md(names), 0o644); err != nil {
 		return fmt.Errorf("report: %w", err)
 	}
 	return nil
+}
+
+// WriteScale writes SCALE.md, scale.json and the plots into dir.
+func WriteScale(dir string, s *Scale) error {
+	return writeScenario(dir, s, FileScaleResults, FileScaleReport,
+		func() ([]string, error) { return writeScalePlots(dir, s) },
+		func(p []string) []byte { return ScaleMarkdown(s, p) })
 }
 
 func ms(d time.Duration) string {
