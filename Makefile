@@ -81,7 +81,7 @@ demo: ## Build a lab of 2 nodes x 2 pods, send pod-to-pod traffic through HBONE,
 	$(BIN)/zlab demo --ztunnel $(BIN)/ztunnel --config examples/demo.yaml
 
 .PHONY: demo-istio
-demo-istio: istio-bins build ## The Istio lab for a newcomer: two nodes, Pods from plain YAML, a call through HBONE, an AuthorizationPolicy from kubectl refusing it, then down (root; builds istio-bins, ~11 min cold; docs/istio-lab.md)
+demo-istio: istio-bins build ## The Istio lab for a newcomer: two nodes, Pods from plain YAML, a call through HBONE, an AuthorizationPolicy from kubectl refusing it, then down (root; builds istio-bins, ~14 min cold; docs/istio-lab.md)
 	@scripts/deps.sh lab
 	$(BIN)/zlab istio demo --bins $(BIN)/istiolab --ztunnel $(BIN)/ztunnel
 
@@ -134,7 +134,7 @@ fuzz-quick: ## CI smoke run of every fuzz target (2s each; a few minutes with co
 	scripts/fuzz.sh 2s $(FUZZPARALLEL)
 
 .PHONY: istio-bins
-istio-bins: ## Build the Istio lab's upstream programs (etcd, kube-apiserver, kube-controller-manager, kubectl, istiod, istio-cni, helm) and copy Istio's charts, from istiolab/ into bin/istiolab/ (~11 min cold here; docs/istio-lab.md)
+istio-bins: ## Build the Istio lab's upstream programs (etcd, kube-apiserver, kube-controller-manager, kubectl, istiod, istio-cni, istioctl, helm) and copy Istio's charts, from istiolab/ into bin/istiolab/ (~14 min cold here; docs/istio-lab.md)
 	GO=$(GO) scripts/istio-bins.sh $(BIN)/istiolab
 
 .PHONY: test-istio
