@@ -325,3 +325,72 @@ func (s *Snapshot) FindWorkload(info WorkloadInfo) *Workload {
 	}
 	return nil
 }
+
+// DiffWorkloads calls fn for every workload s and prev differ in, in no
+// order: fn(old, nil) for a workload prev holds and s lacks, fn(nil, cur)
+// for one s adds, and fn(old, cur) when the UID's value is another
+// *Workload (Apply puts a new value in place even when it is equal). A nil
+// prev counts as empty.
+//
+// Its cost follows what changed when s derives from prev by Apply: the two
+// share every index shard the deltas in between did not touch, and a shared
+// shard is skipped without reading its entries. Otherwise (a snapshot
+// built from scratch, an index re-split) it compares every workload, as a
+// scan of both would. A watcher that keeps state per workload, such as the
+// certificate warmer, follows a push at the cost of the push (issue 36).
+func (s *Snapshot) DiffWorkloads(prev *Snapshot, fn func(old, cur *Workload)) {
+	if prev == nil {
+		s.EachWorkload(func(w *Workload) { fn(nil, w) })
+		return
+	}
+	a, b := &prev.byUID, &s.byUID
+	if a.shift != b.shift || len(a.pages) != len(b.pages) {
+		b.all(func(uid string, w *Workload) {
+			if old := a.get(hashString(uid), uid); old != w {
+				fn(old, w)
+			}
+		})
+		a.all(func(uid string, w *Workload) {
+			if b.get(hashString(uid), uid) == nil {
+				fn(w, nil)
+			}
+		})
+		return
+	}
+	for p := range b.pages {
+		pa, pb := a.pages[p], b.pages[p]
+		if sameSlice(pa, pb) {
+			continue
+		}
+		for i := range pb {
+			ta, tb := pa[i], pb[i]
+			if sameSlice(ta, tb) {
+				continue
+			}
+			ta, tb = ta[:cap(ta)], tb[:cap(tb)]
+			for _, sl := range tb {
+				if sl.h == 0 {
+					continue
+				}
+				var old *Workload
+				if j := find(ta, sl.h, sl.k); j >= 0 {
+					old = ta[j].v
+				}
+				if old != sl.v {
+					fn(old, sl.v)
+				}
+			}
+			for _, sl := range ta {
+				if sl.h != 0 && find(tb, sl.h, sl.k) < 0 {
+					fn(sl.v, nil)
+				}
+			}
+		}
+	}
+}
+
+// sameSlice reports whether a and b are the same slice (one backing array,
+// one length and capacity): a shard or page an edit did not clone.
+func sameSlice[E any](a, b []E) bool {
+	return len(a) == len(b) && cap(a) == cap(b) && (cap(a) == 0 || &a[:1][0] == &b[:1][0])
+}
