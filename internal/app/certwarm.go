@@ -32,9 +32,11 @@ type certWarmer struct {
 	closed        bool
 
 	// Owned by the goroutine that calls snapshot: the last snapshot
-	// taken, the node's workloads in it by identity (kept up to date from
-	// the workloads each new snapshot changes, not by a scan: issue 36),
-	// and how many workloads the diffs visited, for the tests.
+	// taken (the store's current one but for a debounce's while, so that
+	// holding it costs no memory of note), the number of the node's served
+	// workloads in it by identity (kept up to date from the workloads each
+	// new snapshot changes, not by a scan: issue 36), and how many
+	// workloads the diffs visited, for the tests.
 	last    *state.Snapshot
 	byID    map[identity.Identity]int
 	visited int
@@ -94,9 +96,9 @@ func (c *certWarmer) run(ctx context.Context, store *state.Store) {
 // snapshot takes the node's identities from snap: its HBONE (or native
 // tunnel) workloads on this node; a workload that takes plain TCP needs no
 // certificate of ours. It visits only the workloads snap changed since the
-// last snapshot taken (state.Snapshot.DiffWorkloads): at 100,000 workloads
-// under 100 changes/s, a scan of all of them per push cost ~10 full scans
-// a second (issue 36).
+// last snapshot taken (state.Snapshot.DiffWorkloads), which costs what the
+// pushes in between changed: a scan of every workload came to ~10 full
+// scans a second at 100,000 workloads under 100 changes/s (issue 36).
 func (c *certWarmer) snapshot(snap *state.Snapshot) {
 	if c.node != "" {
 		snap.DiffWorkloads(c.last, func(old, cur *state.Workload) {
