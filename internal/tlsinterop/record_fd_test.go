@@ -131,6 +131,13 @@ func driveFD(conn *record.Conn, fd int, n int, seed uint64, mid func() error, wa
 			res.readSum = hin.Sum(nil)
 			return res, nil
 		}
+		if !held && !closed && (sent < len(out)/2 || res.read >= waitRead) {
+			// What was just read let the second half go: write it now
+			// rather than wait for readiness nothing may bring (the
+			// peer's close_notify may have come in this very pass, and
+			// then the poll below would wait on no event at all).
+			continue
+		}
 		var ev int16
 		if !eof {
 			ev |= unix.POLLIN
@@ -209,7 +216,12 @@ func TestRecordFDBothWays(t *testing.T) {
 						}()
 						ours, err := driveFD(conn, fd, n, 1, mid, waitRead)
 						if err != nil {
-							t.Fatalf("our fd-mode end: %v", err)
+							// End both of the peer's connections so that it
+							// exits and its report says what it saw.
+							_ = unix.Shutdown(fd, unix.SHUT_RDWR)
+							plain.Close()
+							evs, werr := p.wait()
+							t.Fatalf("our fd-mode end: %v (read %d, sent %d); %s peer (exit %v): %q", err, ours.read, ours.sent, st.name, werr, evs)
 						}
 						if r := <-toPeer; r.err != nil || r.n != n || !bytes.Equal(r.sum, ours.sentSum) {
 							t.Errorf("to the peer: received %d of %d bytes (%v), checksums equal: %v", r.n, n, r.err, bytes.Equal(r.sum, ours.sentSum))
