@@ -3,7 +3,6 @@ package report
 import (
 	"fmt"
 	"math"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -11,7 +10,6 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
-	"gonum.org/v1/plot/vg"
 )
 
 // Files of the Load scenario's report (issue 36), relative to its directory.
@@ -515,20 +513,14 @@ func writeLoadPlots(dir string, l *Load) ([]string, error) {
 			}
 		}
 	}
-	lp.Legend.Top = true
-	lp.Legend.Left = true
 	// Headroom above the lines for the legend (log scale).
 	lp.Y.Max = maxY * 1000
-	lp.Add(plotter.NewGrid())
-	if err := lp.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, PlotLoadLatency)); err != nil {
-		return nil, fmt.Errorf("report: %s: %w", PlotLoadLatency, err)
+	if err := saveLines(lp, dir, PlotLoadLatency, true); err != nil {
+		return nil, err
 	}
 	cp.Y.Min = 0
-	cp.Legend.Top = true
-	cp.Legend.Left = true
-	cp.Add(plotter.NewGrid())
-	if err := cp.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, PlotLoadCPU)); err != nil {
-		return nil, fmt.Errorf("report: %s: %w", PlotLoadCPU, err)
+	if err := saveLines(cp, dir, PlotLoadCPU, true); err != nil {
+		return nil, err
 	}
 	return []string{PlotLoadLatency, PlotLoadCPU}, nil
 }

@@ -3,7 +3,6 @@ package report
 import (
 	"fmt"
 	"math"
-	"path/filepath"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -280,41 +279,27 @@ func writeNodePlots(dir string, n *Node) ([]string, error) {
 	goal.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
 	cost.Add(goal)
 	cost.Legend.Add("goal (16 KiB)", goal)
-	cost.Legend.Top = true
 	cost.Y.Min = 0
-	cost.Add(plotter.NewGrid())
-	if err := cost.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, PlotNodeCost)); err != nil {
-		return nil, fmt.Errorf("report: %s: %w", PlotNodeCost, err)
+	if err := saveLines(cost, dir, PlotNodeCost, false); err != nil {
+		return nil, err
 	}
 
 	lat := plot.New()
 	lat.Title.Text = "Pod add latency against pod count"
 	lat.X.Label.Text = "pods"
 	lat.Y.Label.Text = "ms"
-	series := []struct {
-		name string
-		v    func(NodePoint) time.Duration
-	}{
+	err := addDurationLines(lat, n.Points, func(p NodePoint) float64 { return float64(p.Pods) }, []durationSeries[NodePoint]{
 		{"add → ack p50", func(p NodePoint) time.Duration { return p.AddToAck.P50 }},
 		{"add → ack p99", func(p NodePoint) time.Duration { return p.AddToAck.P99 }},
 		{"add → serving p50", func(p NodePoint) time.Duration { return p.AddToServing.P50 }},
 		{"add → serving p99", func(p NodePoint) time.Duration { return p.AddToServing.P99 }},
-	}
-	for i, se := range series {
-		var pts plotter.XYs
-		for _, p := range n.Points {
-			pts = append(pts, plotter.XY{X: float64(p.Pods), Y: float64(se.v(p)) / 1e6})
-		}
-		if err := addLine(lat, pts, i, se.name); err != nil {
-			return nil, err
-		}
+	})
+	if err != nil {
+		return nil, err
 	}
 	lat.Y.Min = 0
-	lat.Legend.Top = true
-	lat.Legend.Left = true
-	lat.Add(plotter.NewGrid())
-	if err := lat.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, PlotNodeLatency)); err != nil {
-		return nil, fmt.Errorf("report: %s: %w", PlotNodeLatency, err)
+	if err := saveLines(lat, dir, PlotNodeLatency, true); err != nil {
+		return nil, err
 	}
 	return []string{PlotNodeCost, PlotNodeLatency}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -287,4 +288,38 @@ func idlePlot(r *Run) (*plot.Plot, vg.Length, vg.Length, error) {
 	p.Y.Tick.Marker = numberTicks{}
 	p.Add(plotter.NewGrid())
 	return p, 9 * vg.Inch, 7 * vg.Inch, nil
+}
+
+// durationSeries is one line of a plot against size: its name and the
+// duration it reads off a point.
+type durationSeries[P any] struct {
+	name string
+	v    func(P) time.Duration
+}
+
+// addDurationLines adds one line per series to p: each point's duration in
+// milliseconds against x(point).
+func addDurationLines[P any](p *plot.Plot, points []P, x func(P) float64, series []durationSeries[P]) error {
+	for i, se := range series {
+		var pts plotter.XYs
+		for _, pt := range points {
+			pts = append(pts, plotter.XY{X: x(pt), Y: float64(se.v(pt)) / 1e6})
+		}
+		if err := addLine(p, pts, i, se.name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// saveLines finishes a line plot of the scenario reports (the legend at the
+// top, left if asked, a grid) and saves it as file in dir, 8x5 inches.
+func saveLines(p *plot.Plot, dir, file string, left bool) error {
+	p.Legend.Top = true
+	p.Legend.Left = left
+	p.Add(plotter.NewGrid())
+	if err := p.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, file)); err != nil {
+		return fmt.Errorf("report: %s: %w", file, err)
+	}
+	return nil
 }

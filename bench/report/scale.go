@@ -263,31 +263,19 @@ func writeScalePlots(dir string, s *Scale) ([]string, error) {
 	tp.X.Scale = plot.LogScale{}
 	tp.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	tp.Y.Label.Text = "ms"
-	series := []struct {
-		name string
-		v    func(ScalePoint) time.Duration
-	}{
+	err := addDurationLines(tp, s.Points, func(p ScalePoint) float64 { return float64(p.Workloads) }, []durationSeries[ScalePoint]{
 		{"first byte → synced", func(p ScalePoint) time.Duration { return p.Sync }},
 		{"CPU to synced", func(p ScalePoint) time.Duration { return p.CPU }},
 		{"Address change p99", func(p ScalePoint) time.Duration { return p.AddressChange.P99 }},
 		{"Authorization change p99", func(p ScalePoint) time.Duration { return p.AuthzChange.P99 }},
 		{"VIP set-up p99", func(p ScalePoint) time.Duration { return p.Setup.P99 }},
-	}
-	for i, se := range series {
-		var pts plotter.XYs
-		for _, p := range s.Points {
-			pts = append(pts, plotter.XY{X: float64(p.Workloads), Y: float64(se.v(p)) / 1e6})
-		}
-		if err := addLine(tp, pts, i, se.name); err != nil {
-			return nil, err
-		}
+	})
+	if err != nil {
+		return nil, err
 	}
 	tp.Y.Min = 0
-	tp.Legend.Top = true
-	tp.Legend.Left = true
-	tp.Add(plotter.NewGrid())
-	if err := tp.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, PlotScaleTime)); err != nil {
-		return nil, fmt.Errorf("report: %s: %w", PlotScaleTime, err)
+	if err := saveLines(tp, dir, PlotScaleTime, true); err != nil {
+		return nil, err
 	}
 	return append(files, PlotScaleTime), nil
 }
