@@ -68,18 +68,7 @@ func TestNodeScale(t *testing.T) {
 			counts = append(counts, n)
 		}
 	}
-	out := os.Getenv(scaleOutEnv)
-	switch {
-	case out != "":
-	case quick:
-		out = t.TempDir()
-	default:
-		host, _ := os.Hostname()
-		out = filepath.Join("..", "bench", "results", time.Now().Format("2006-01-02")+"-"+host+"-scale")
-	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	out := scaleOutDir(t, quick)
 	churnFor := 20 * time.Second
 	if quick {
 		churnFor = 2 * time.Second

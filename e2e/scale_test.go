@@ -197,18 +197,7 @@ func TestMeshScale(t *testing.T) {
 			sizes = append(sizes, n)
 		}
 	}
-	out := os.Getenv(scaleOutEnv)
-	switch {
-	case out != "":
-	case quick:
-		out = t.TempDir()
-	default:
-		host, _ := os.Hostname()
-		out = filepath.Join("..", "bench", "results", time.Now().Format("2006-01-02")+"-"+host+"-scale")
-	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	out := scaleOutDir(t, quick)
 	probes, setups := 50, 200
 	if quick {
 		probes, setups = 5, 20
@@ -469,6 +458,26 @@ func profileChurn(ctx context.Context, t *testing.T, d *labrun.Daemon, out strin
 	get("profile?seconds="+secs, fmt.Sprintf("cpu-churn-%d.pb.gz", workloads))
 	get("trace?seconds=1", fmt.Sprintf("trace-churn-%d.out", workloads))
 	return wg.Wait
+}
+
+// scaleOutDir is where a scale test writes its results: $ZTUNNEL_SCALE_OUT,
+// a temporary directory for the quick variant, else a dated directory of
+// bench/results.
+func scaleOutDir(t *testing.T, quick bool) string {
+	t.Helper()
+	out := os.Getenv(scaleOutEnv)
+	switch {
+	case out != "":
+	case quick:
+		out = t.TempDir()
+	default:
+		host, _ := os.Hostname()
+		out = filepath.Join("..", "bench", "results", time.Now().Format("2006-01-02")+"-"+host+"-scale")
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // writeScaleHeap saves the daemon's heap profile (after a collection) as
