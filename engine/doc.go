@@ -38,7 +38,8 @@
 //   - auto (default): the fastest the kernel allows, by measurement: epoll
 //     today (see autoOrder in engine.go), io_uring where epoll is missing;
 //   - epoll (epoll_*.go): event loops on epoll (engine/poll), one per core
-//     for TCP⇄TCP relays, each a goroutine blocked in epoll_wait, and one
+//     for TCP⇄TCP relays, each a goroutine blocked in epoll_wait while it
+//     has relays (parked in the netpoller while it lingers), and one
 //     per core for TCP⇄stream relays, each parked in the runtime's
 //     netpoller when idle (with Config.LockOSThread, all on locked OS
 //     threads in epoll_wait);

@@ -22,13 +22,20 @@ import (
 //   - a TCP⇄TCP loop blocks its goroutine in epoll_wait (a plain blocking
 //     syscall, the thread not locked): the kernel wakes that very thread
 //     when a socket turns ready, which costs less than going through the
-//     runtime's netpoller (round trips ×1.3, CPU per round trip ×0.6);
+//     runtime's netpoller (round trips ×1.3, CPU per round trip ×0.6).
+//     With no relay (lingering before it ends) it parks instead
+//     (poll.Poller.WaitParkOnce): a thread blocked in a system call keeps
+//     its P until the runtime's monitor takes it back, 10-20 ms at worst,
+//     and with every P held so by lingering loops the rest of the daemon
+//     (the ZDS and xDS clients, handshakes) waited that long to run;
 //   - a TCP⇄stream loop parks in the runtime's netpoller (on the epoll
 //     descriptor itself): it is woken mostly by HBONE reader goroutines
 //     through its eventfd, and a goroutine handing work to a parked
 //     goroutine stays in the scheduler, where a thread returning from a
 //     blocking syscall would first have to win a P back (blocking lost a
-//     quarter of HBONE throughput).
+//     quarter of HBONE throughput then). With Config.BlockStreamLoops (the
+//     daemon's: its HBONE connections are loop-owned, so their own sockets
+//     wake the loop) it waits as a TCP⇄TCP loop.
 //
 // With Config.LockOSThread every loop owns an OS thread and blocks it in
 // epoll_wait. Other goroutines reach a loop only through its task queue (a
@@ -239,7 +246,13 @@ func (l *eloop) wake() {
 func (l *eloop) run() {
 	wait := l.p.WaitPark
 	if l.blocking {
-		wait = l.p.Wait
+		wait = func(ev []poll.Event, timeout time.Duration) (int, bool, error) {
+			if l.slots.live == 0 && timeout != 0 {
+				// Nothing to relay: linger parked, holding no P.
+				return l.p.WaitParkOnce(ev, timeout)
+			}
+			return l.p.Wait(ev, timeout)
+		}
 	}
 	if l.b.e.cfg.LockOSThread {
 		runtime.LockOSThread()
