@@ -64,6 +64,10 @@ type ClientsOptions struct {
 	Python string
 	// Iperf3 is the iperf3 binary (default: from PATH).
 	Iperf3 string
+	// Hold, if positive, keeps the lab up this long before the rounds,
+	// after logging each client's command on each path: time to profile
+	// one path by hand (perf, strace, ss) with the exact commands.
+	Hold time.Duration
 }
 
 // ClientSample is one client's figure on one path in one round.
@@ -174,6 +178,14 @@ func RunClients(ctx context.Context, o Options, co ClientsOptions) (*Clients, er
 			}
 		}
 		cr.Paths = append(cr.Paths, cp)
+	}
+	if err == nil && co.Hold > 0 {
+		b.logHold(paths, co)
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-time.After(co.Hold):
+		}
 	}
 	for round := 1; err == nil && round <= o.Rounds; round++ {
 		for _, c := range clientKinds {
@@ -387,6 +399,26 @@ func (b *bench) measureClient(ctx context.Context, p clientPath, c string, co Cl
 		s.CPUus = cpu / float64(co.Count)
 	}
 	return s, nil
+}
+
+// logHold logs the command of every client on every path, for --hold.
+func (b *bench) logHold(paths []clientPath, co ClientsOptions) {
+	for _, p := range paths {
+		ns := p.t.ns.NetNS
+		var pids []string
+		for _, pr := range p.t.procs {
+			pids = append(pids, fmt.Sprintf("%s=%d", pr.name, pr.pid))
+		}
+		b.logf("hold %s: proxies %s", p.t.cfg.ID, strings.Join(pids, ", "))
+		b.logf("  ip netns exec %s %s %s", ns, b.o.Zload, strings.Join(append(rrArgs(co.Count, 0), p.t.args...), " "))
+		if p.py != nil {
+			b.logf("  ip netns exec %s %s %s --count %d %s", ns, co.Python, filepath.Join(b.dir, "rrclient.py"), co.Count, strings.Join(p.py, " "))
+		}
+		if p.iperf3 != nil {
+			b.logf("  ip netns exec %s %s %s -t 2", ns, co.Iperf3, strings.Join(p.iperf3, " "))
+		}
+	}
+	b.logf("holding the lab for %s", co.Hold)
 }
 
 // runIn runs a client binary in p's client namespace and returns its

@@ -77,6 +77,7 @@ func run(ctx context.Context, args []string) error {
 	fs.BoolVar(&clients, "clients", false, "instead of the measurements, run every client on the daemons' and HAProxy's one- and two-hop paths (default --paths "+
 		harness.DefaultClientsPaths.String()+"):\nzload's RR and one stream, a blocking Python RR client (python3) and iperf3 (one stream), rounds interleaved; writes "+harness.ClientsReport+
 		"\n(default directory bench/results/<date>-<host>-clients)")
+	fs.DurationVar(&co.Hold, "clients-hold", 0, "with --clients: keep the lab up this long before the rounds, logging each client's command on each path (to profile one by hand)")
 	fs.Int64Var(&co.Count, "clients-count", 0, "round trips of each RR sample of --clients (default 5000; quick 200)")
 	if err := fs.Parse(args); err != nil {
 		return err
