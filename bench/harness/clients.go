@@ -574,6 +574,35 @@ func (cr *Clients) figure(path, client string) clientFigure {
 	return f
 }
 
+// pairedRatio is the median over rounds of path's time-like ratio to
+// peer's figure for client in the same round.
+func (cr *Clients) pairedRatio(path, peer, client string) (float64, bool) {
+	byRound := map[int]ClientSample{}
+	for _, s := range cr.Samples {
+		if s.Path == peer && s.Client == client {
+			byRound[s.Round] = s
+		}
+	}
+	var rs []float64
+	for _, s := range cr.Samples {
+		h, ok := byRound[s.Round]
+		if s.Path != path || s.Client != client || !ok {
+			continue
+		}
+		switch {
+		case s.Gbps > 0 && h.Gbps > 0:
+			rs = append(rs, h.Gbps/s.Gbps)
+		case s.P50us > 0 && h.P50us > 0:
+			rs = append(rs, s.P50us/h.P50us)
+		}
+	}
+	if len(rs) == 0 {
+		return 0, false
+	}
+	m, _, _ := median(rs)
+	return m, true
+}
+
 // peerOf returns the HAProxy path a daemon path is read against.
 func peerOf(group string) string {
 	if group == report.GroupHBONE1 {
@@ -598,9 +627,11 @@ func ClientsMarkdown(cr *Clients) string {
 		"one thread), **zload-tput1** (Go, 128 KiB writes, counts what the server acknowledged), **iperf3** (one " +
 		"stream, 128 KiB writes, what its server received).\n\n")
 	b.WriteString("Ratio: time-like, against the group's HAProxy path (latency ours ÷ HAProxy's, throughput " +
-		"HAProxy's ÷ ours): below 1.00 the daemons are better. CPU: the path's proxy processes, per round trip " +
-		"(RR) or per MB (throughput), µs.\n\n")
-	b.WriteString("| client | path | median | range | p99 | proxies' CPU | ratio to HAProxy |\n|---|---|---:|---|---:|---:|---:|\n")
+		"HAProxy's ÷ ours): below 1.00 the daemons are better; the ratio of the medians, and the paired ratio, the " +
+		"median over rounds of the ratio within each round (the two paths ran seconds apart, so load that comes and " +
+		"goes between rounds cancels). CPU: the path's proxy processes, per round trip (RR) or per MB " +
+		"(throughput), µs.\n\n")
+	b.WriteString("| client | path | median | range | p99 | proxies' CPU | ratio to HAProxy | paired ratio |\n|---|---|---:|---|---:|---:|---:|---:|\n")
 	for _, c := range clientKinds {
 		for _, p := range cr.Paths {
 			if !slices.Contains(p.Clients, c) {
@@ -614,8 +645,11 @@ func ClientsMarkdown(cr *Clients) string {
 			if c == ClientZloadTput1 || c == ClientIperf3 {
 				unit, p99 = "Gbit/s", "—"
 			}
-			ratio := "—"
+			ratio, paired := "—", "—"
 			if p.Daemon {
+				if r, ok := cr.pairedRatio(p.ID, peerOf(p.Group), c); ok {
+					paired = fmt.Sprintf("%.2f×", r)
+				}
 				if h := cr.figure(peerOf(p.Group), c); h.n > 0 && h.med > 0 && f.med > 0 {
 					r := f.med / h.med
 					if unit == "Gbit/s" {
@@ -628,8 +662,8 @@ func ClientsMarkdown(cr *Clients) string {
 			if unit == "Gbit/s" {
 				prec = "%.2f"
 			}
-			fmt.Fprintf(&b, "| %s | %s | "+prec+" %s | "+prec+"–"+prec+" | %s | %.1f | %s |\n",
-				c, p.ID, f.med, unit, f.lo, f.hi, p99, f.cpu, ratio)
+			fmt.Fprintf(&b, "| %s | %s | "+prec+" %s | "+prec+"–"+prec+" | %s | %.1f | %s | %s |\n",
+				c, p.ID, f.med, unit, f.lo, f.hi, p99, f.cpu, ratio, paired)
 		}
 	}
 	b.WriteString("\n")
