@@ -209,12 +209,10 @@ type eloop struct {
 	nDirect atomic.Int64 // writes stream relays' TryDeliver made, for Stats
 	// TryDeliver's writes the socket did not take whole (tests)
 	nDirectShort atomic.Int64
-	nConns       atomic.Int32  // loop-owned connections, for Stats
-	nStalls      atomic.Int64  // driver calls over connStall, for Stats
-	nLocalWakes  atomic.Int64  // WakeFrom readying a relay directly, for Stats
-	nWakeups     atomic.Int64  // Poller.Wake calls (tests: what awake saves)
-	nYields      atomic.Int64  // yieldDue's yields (tests)
-	lastYield    time.Duration // loop time of the last yieldDue yield
+	nConns       atomic.Int32 // loop-owned connections, for Stats
+	nStalls      atomic.Int64 // driver calls over connStall, for Stats
+	nLocalWakes  atomic.Int64 // WakeFrom readying a relay directly, for Stats
+	nWakeups     atomic.Int64 // Poller.Wake calls (tests: what awake saves)
 }
 
 // submit queues t for the loop, starting the loop if it is parked; false
@@ -262,8 +260,8 @@ func (l *eloop) run() {
 		if timeout != 0 && !l.q.sleep() {
 			timeout = 0
 		}
-		if blocks {
-			l.yieldDue()
+		if blocks && l.yieldDue() {
+			runtime.Gosched()
 		}
 		n, woken, err := wait(l.events, timeout)
 		l.q.awake.Store(true)
@@ -294,30 +292,6 @@ func (l *eloop) run() {
 			}
 		}
 	}
-}
-
-// blockingYieldEvery is how often a blocking loop passes through the
-// scheduler. A goroutine that only runs and blocks in syscalls never does:
-// its P's scheduling tick stays still, so the runtime's monitor (sysmon)
-// takes it for a goroutine running for 10 ms (forcePreemptNS) and retakes
-// its P while it sits in epoll_wait, and every retake resets sysmon to
-// waking every 20 µs for the next millisecond or more. Under a steady
-// round-trip load that was one sysmon nanosleep (and a task switch, 12-16
-// µs on this machine kind) per 1-2 round trips, every 10 ms again
-// (bench/results/2026-12-06-clients.md). A yield well inside 10 ms keeps the
-// tick moving. Each yield may wake an idle thread (runtime.Gosched calls
-// wakep), so it is kept rare: one per 4 ms costs far less than it saves.
-const blockingYieldEvery = 4 * time.Millisecond
-
-// yieldDue yields the loop's goroutine (runtime.Gosched) if it has not
-// passed through the scheduler for blockingYieldEvery of loop time.
-func (l *eloop) yieldDue() {
-	if l.now-l.lastYield < blockingYieldEvery {
-		return
-	}
-	l.lastYield = l.now
-	l.nYields.Add(1)
-	runtime.Gosched()
 }
 
 // timeout is how long the next Wait may block.

@@ -137,10 +137,13 @@ func TestParseIperf3(t *testing.T) {
 	var real []byte
 	for {
 		real, err = exec.CommandContext(ctx, iperf3, "-c", "127.0.0.1", "-p", strconv.Itoa(port), "-n", "8M", "-J").Output()
-		if err == nil || ctx.Err() != nil || !strings.Contains(string(real), "unable to connect") {
+		// iperf3 -J reports a refused connection in its JSON, with or
+		// without a failing exit status: retry until the server listens
+		// (probing its port would use up its one test, -1).
+		if ctx.Err() != nil || !strings.Contains(string(real), "unable to connect") {
 			break
 		}
-		time.Sleep(20 * time.Millisecond) // the server is not listening yet; nothing to wait on but the port
+		time.Sleep(20 * time.Millisecond)
 	}
 	if err != nil {
 		t.Fatalf("iperf3 -c: %v: %s", err, real)
