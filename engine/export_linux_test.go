@@ -41,16 +41,11 @@ func PollerWakes(e *Engine) int64 {
 	return n
 }
 
-// LoopYields counts the yields e's event loops made to keep their
+// LoopYields counts the yields e's epoll loops made to keep their
 // scheduling tick moving (blockingYieldEvery).
 func LoopYields(e *Engine) int64 {
 	var n int64
-	switch b := e.backend.(type) {
-	case *epollBackend:
-		for _, l := range b.loops {
-			n += l.nYields.Load()
-		}
-	case *uringBackend:
+	if b, ok := e.backend.(*epollBackend); ok {
 		for _, l := range b.loops {
 			n += l.nYields.Load()
 		}

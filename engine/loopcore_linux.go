@@ -220,8 +220,8 @@ func (q *idleList[N]) touch(r N, now time.Duration) {
 	q.pushFront(r)
 }
 
-// blockingYieldEvery is how often a loop that blocks its thread in the
-// kernel (epoll_wait, io_uring_enter) passes through the scheduler. A
+// blockingYieldEvery is how often an epoll loop that blocks its thread in
+// epoll_wait passes through the scheduler. A
 // goroutine that only runs and blocks in syscalls never does: its P's
 // scheduling tick stays still, so the runtime's monitor (sysmon) takes it
 // for a goroutine running for 10 ms (forcePreemptNS) and retakes its P
@@ -232,6 +232,9 @@ func (q *idleList[N]) touch(r N, now time.Duration) {
 // (bench/results/2026-12-06-clients.md). A yield well inside 10 ms keeps the
 // tick moving. Each yield may wake an idle thread (runtime.Gosched calls
 // wakep), so it is kept rare: one per 4 ms costs far less than it saves.
+// The io_uring loops do not yield: their daemons' HBONE path runs on
+// goroutines (4.6-7 futex calls per round trip), whose own syscalls keep
+// sysmon busy, and a yield measured no difference there.
 const blockingYieldEvery = 4 * time.Millisecond
 
 // loopClock is a loop's monotonic time, read once per wake-up, and since

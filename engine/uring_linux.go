@@ -191,9 +191,6 @@ func (l *uloop) run() {
 	l.armWake()
 	l.drainTasks()
 	for {
-		if l.yieldDue() {
-			runtime.Gosched() // the loop blocks its thread in io_uring_enter
-		}
 		if _, err := l.ring.SubmitAndWait(1, l.timeout()); err != nil && err != unix.EBUSY && err != unix.EAGAIN {
 			l.b.e.logf("engine: io_uring loop stopped: %v", err)
 			l.stopping = true

@@ -11,8 +11,7 @@ import (
 
 // TestBlockingLoopYields relays round trips through an epoll loop that
 // blocks its goroutine in epoll_wait (a TCP⇄TCP loop; every loop with
-// LockOSThread), and through an io_uring loop (its locked thread blocks in
-// io_uring_enter), for longer than a few blockingYieldEvery, and checks that
+// LockOSThread) for longer than a few blockingYieldEvery, and checks that
 // the loop passed through the scheduler meanwhile: a goroutine that only
 // runs and sits in syscalls looks to the runtime's sysmon like one running
 // for ever, which retakes its P and then wakes every 20 µs (issue 36).
@@ -23,14 +22,10 @@ func TestBlockingLoopYields(t *testing.T) {
 	}{
 		{"blocking TCP loop", engine.Config{Backend: engine.BackendEpoll, Loops: 1}},
 		{"locked OS thread", engine.Config{Backend: engine.BackendEpoll, Loops: 1, LockOSThread: true}},
-		{"io_uring loop", engine.Config{Backend: engine.BackendUring, Loops: 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, err := engine.New(tc.cfg)
 			if err != nil {
-				if tc.cfg.Backend == engine.BackendUring {
-					t.Skipf("io_uring backend unavailable here: %v", err)
-				}
 				t.Fatal(err)
 			}
 			defer e.Close()
