@@ -245,7 +245,16 @@ func (l *eloop) wake() {
 
 func (l *eloop) run() {
 	wait := l.p.WaitPark
-	if l.blocking {
+	blocks := l.blocking
+	if l.b.e.cfg.LockOSThread {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		blocks = true
+	}
+	switch {
+	case l.b.e.cfg.LockOSThread:
+		wait = l.p.Wait
+	case blocks:
 		wait = func(ev []poll.Event, timeout time.Duration) (int, bool, error) {
 			if l.slots.live == 0 && timeout != 0 {
 				// Nothing to relay: linger parked, holding no P.
@@ -253,11 +262,6 @@ func (l *eloop) run() {
 			}
 			return l.p.Wait(ev, timeout)
 		}
-	}
-	if l.b.e.cfg.LockOSThread {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		wait = l.p.Wait
 	}
 	l.loopClock.start()
 	l.q.awake.Store(true)
@@ -271,6 +275,9 @@ func (l *eloop) run() {
 		// that came meanwhile make it a poll.
 		if timeout != 0 && !l.q.sleep() {
 			timeout = 0
+		}
+		if blocks && l.yieldDue() {
+			runtime.Gosched()
 		}
 		n, woken, err := wait(l.events, timeout)
 		l.q.awake.Store(true)

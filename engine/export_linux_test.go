@@ -40,3 +40,15 @@ func PollerWakes(e *Engine) int64 {
 	}
 	return n
 }
+
+// LoopYields counts the yields e's epoll loops made to keep their
+// scheduling tick moving (blockingYieldEvery).
+func LoopYields(e *Engine) int64 {
+	var n int64
+	if b, ok := e.backend.(*epollBackend); ok {
+		for _, l := range b.loops {
+			n += l.nYields.Load()
+		}
+	}
+	return n
+}
