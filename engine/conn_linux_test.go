@@ -153,11 +153,12 @@ func startFake(t *testing.T, e *engine.Engine, d *fakeDriver, tune func(tc, peer
 	if tune != nil {
 		tune(tc, peer)
 	}
-	h, err := e.StartConn(tc, d, d.bind)
+	h, err := e.TakeConn(tc, d, d.bind)
 	if err != nil {
 		t.Fatal(err)
 	}
 	d.h.Store(h)
+	h.Start()
 	_ = peer.SetDeadline(time.Now().Add(hangLimit))
 	return peer
 }
@@ -171,10 +172,10 @@ func readN(t *testing.T, c *net.TCPConn, n int) string {
 	return string(buf)
 }
 
-// TestStartConnUnsupported: std and uring refuse loop-owned connections
+// TestTakeConnUnsupported: std and uring refuse loop-owned connections
 // with ErrUnsupported and leave the connection to the caller, who can
 // still use it (the goroutine fallback).
-func TestStartConnUnsupported(t *testing.T) {
+func TestTakeConnUnsupported(t *testing.T) {
 	for _, name := range []string{engine.BackendStd, engine.BackendUring} {
 		t.Run(name, func(t *testing.T) {
 			e, err := engine.New(engine.Config{Backend: name})
@@ -184,12 +185,12 @@ func TestStartConnUnsupported(t *testing.T) {
 			defer e.Close()
 			tc, peer := nettest.TCPPair(t)
 			d := newFakeDriver()
-			h, err := e.StartConn(tc, d, d.bind)
+			h, err := e.TakeConn(tc, d, d.bind)
 			if !errors.Is(err, engine.ErrUnsupported) || !errors.Is(err, errors.ErrUnsupported) || h != nil {
-				t.Fatalf("StartConn = %v, %v; want ErrUnsupported", h, err)
+				t.Fatalf("TakeConn = %v, %v; want ErrUnsupported", h, err)
 			}
 			if d.fd != -1 || d.readables.Load() != 0 {
-				t.Fatal("bind or the driver ran although StartConn failed")
+				t.Fatal("bind or the driver ran although TakeConn failed")
 			}
 			_ = peer.SetDeadline(time.Now().Add(hangLimit))
 			if _, err := tc.Write([]byte("still mine")); err != nil {
@@ -412,11 +413,11 @@ func TestConnTickAndStalls(t *testing.T) {
 	}
 }
 
-// TestConnWakeFromLocalAndForeign: a Mux whose stream's relay is on its
+// TestConnWakeLocalAndForeign: a Mux whose stream's relay is on its
 // connection's loop readies the relay directly (Stats.LocalWakes); with
-// the relay on another loop the same WakeFrom is a Wake, and the bytes
+// the relay on another loop the same WakeLocal is a Wake, and the bytes
 // still go through.
-func TestConnWakeFromLocalAndForeign(t *testing.T) {
+func TestConnWakeLocalAndForeign(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		loops int

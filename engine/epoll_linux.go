@@ -211,7 +211,7 @@ type eloop struct {
 	nDirectShort atomic.Int64
 	nConns       atomic.Int32 // loop-owned connections, for Stats
 	nStalls      atomic.Int64 // driver calls over connStall, for Stats
-	nLocalWakes  atomic.Int64 // WakeFrom readying a relay directly, for Stats
+	nLocalWakes  atomic.Int64 // WakeLocal readying a relay directly, for Stats
 	nWakeups     atomic.Int64 // Poller.Wake calls (tests: what awake saves)
 }
 

@@ -45,7 +45,7 @@ type conn struct {
 	cfg    Config
 	client bool
 	logf   func(format string, args ...any)
-	drv    atomic.Pointer[driverRef] // see driver
+	drv    driver // settled before the connection is published (takeDriver)
 
 	// The read path only, run by the driver (read.go, pump.go).
 	in          readBuf // received plaintext the pump has yet to process
@@ -143,7 +143,7 @@ func newConn(nc net.Conn, cfg Config, client bool) *conn {
 		wPeerMaxFrame:      minMaxFrameSize,
 		done:               make(chan struct{}),
 	}
-	c.drv.Store(&driverRef{newGoDriver(c)}) // until startDriver settles it
+	c.drv = newGoDriver(c) // unless takeDriver gives the connection to a loop
 	if client {
 		c.state = stHeader
 	}
@@ -253,7 +253,7 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 	for _, s := range streams {
 		s.endRecv(serr)
 	}
-	c.driver().close(!goAway && !graceful)
+	c.drv.close(!goAway && !graceful)
 	if c.cancel != nil {
 		c.cancel()
 	}
@@ -267,7 +267,7 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 // progress.
 func (c *conn) forceClose(cause error) {
 	c.shutdown(cause, false, 0, "", false)
-	c.driver().close(true)
+	c.drv.close(true)
 }
 
 // goAway starts a graceful drain: GOAWAY(NO_ERROR) with the last stream this

@@ -92,6 +92,9 @@ type loopEntry struct {
 	flushOwed atomic.Bool
 
 	// Loop goroutine only.
+	added    bool
+	owed     bool // a Close came before the add (Start after Close)
+	owedAb   bool // and it asked to abort
 	state    entryState
 	closed   bool
 	wrote    bool // a Flush ran since the last Writable
@@ -156,6 +159,25 @@ func (e *loopEntry) Wake() {
 	}
 }
 
+// Start hands the connection to the loop (see Owner).
+func (e *loopEntry) Start() {
+	if !e.l.submit(loopTask{op: opAdd, e: e}) {
+		e.closed = true
+		e.d.Ended(errLoopStopped)
+		_ = unix.Close(e.fd)
+	}
+}
+
+// WakeLocal wakes w from e's driver callback: a fromWaker is told so,
+// anything else gets Wake.
+func (e *loopEntry) WakeLocal(w interface{ Wake() }) {
+	if fw, ok := w.(*fromWaker); ok && fw.loop == e.l {
+		fw.wakeLocal(e)
+		return
+	}
+	w.Wake()
+}
+
 // Close ends the connection on the loop (see Owner).
 func (e *loopEntry) Close(abort bool) {
 	e.l.submit(loopTask{op: opClose, e: e, abort: abort})
@@ -163,7 +185,8 @@ func (e *loopEntry) Close(abort bool) {
 
 // drive is a Config.Drive: it takes the socket of a transport that can
 // switch to fd mode (loopConn, mtls/record.Conn) away from the runtime's
-// poller, as engine.StartConn does, and adds the connection to the loop.
+// poller, as engine.TakeConn does, and returns the connection's entry for
+// Start to add to the loop.
 func (l *testLoop) drive(nc net.Conn, d Driven) (Owner, bool) {
 	u, ok := nc.(interface {
 		NetConn() net.Conn
@@ -188,12 +211,7 @@ func (l *testLoop) drive(nc net.Conn, d Driven) (Owner, bool) {
 	}
 	// Out of the runtime's poller: the descriptor is the loop's alone.
 	_ = tc.Close()
-	e := &loopEntry{l: l, fd: fd, d: d}
-	if !l.submit(loopTask{op: opAdd, e: e}) {
-		_ = unix.Close(fd)
-		return nil, false
-	}
-	return e, true
+	return &loopEntry{l: l, fd: fd, d: d}, true
 }
 
 func (l *testLoop) run() {
@@ -289,6 +307,10 @@ func (l *testLoop) runTasks() bool {
 			if e.closed {
 				continue
 			}
+			if !e.added {
+				e.owed, e.owedAb = true, e.owedAb || t.abort
+				continue
+			}
 			if t.abort {
 				e.finish(errLoopAborted, true)
 			} else {
@@ -305,6 +327,9 @@ func (l *testLoop) runTasks() bool {
 }
 
 func (l *testLoop) markFlush(e *loopEntry) {
+	if !e.added {
+		return // flushed after the add
+	}
 	if e.onFlush || e.closed {
 		e.flushOwed.Store(false)
 		return
@@ -315,13 +340,23 @@ func (l *testLoop) markFlush(e *loopEntry) {
 
 func (e *loopEntry) add() {
 	l := e.l
+	e.added = true
 	l.conns[e.fd] = e
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(e.fd)}
 	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, e.fd, &ev); err != nil {
 		e.finish(err, true)
 		return
 	}
+	switch {
+	case e.owed && e.owedAb:
+		e.finish(errLoopAborted, true)
+		return
+	case e.owed:
+		e.startClose(nil, testLoopFlushTimeout)
+		return
+	}
 	e.readable()
+	l.markFlush(e)
 }
 
 func (e *loopEntry) event(ev uint32) {

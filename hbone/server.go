@@ -128,11 +128,11 @@ func (srv *Server) ServeConn(ctx context.Context, nc net.Conn) error {
 	c.srv = srv
 	c.ctx, c.cancel = context.WithCancel(ctx)
 	c.vals = context.WithoutCancel(ctx)
+	c.takeDriver()
 	srv.mu.Lock()
 	if srv.shuttingDown {
 		srv.mu.Unlock()
-		c.cancel()
-		_ = nc.Close()
+		c.abandon(ErrServerClosed)
 		return ErrServerClosed
 	}
 	srv.conns[c] = struct{}{}
@@ -144,8 +144,7 @@ func (srv *Server) ServeConn(ctx context.Context, nc net.Conn) error {
 			srv.mu.Lock()
 			delete(srv.conns, c)
 			srv.mu.Unlock()
-			c.cancel()
-			_ = nc.Close()
+			c.abandon(err)
 			return err
 		}
 	}
@@ -153,7 +152,6 @@ func (srv *Server) ServeConn(ctx context.Context, nc net.Conn) error {
 	g := c.startDriver()
 	stop := context.AfterFunc(ctx, func() { c.forceClose(ctx.Err()) })
 	if g != nil {
-		g.start()
 		g.readLoop()
 	}
 	<-c.done

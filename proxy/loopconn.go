@@ -26,7 +26,7 @@ func LoopDrive(eng *engine.Engine) func(net.Conn, hbone.Driven) (hbone.Owner, bo
 		if !ok {
 			return nil, false
 		}
-		h, err := eng.StartConn(tc, d, rc.UseFD)
+		h, err := eng.TakeConn(tc, d, rc.UseFD)
 		if err != nil {
 			// ErrUnsupported leaves tc as it was; any other error closed
 			// it, and the goroutines then end the connection at their
@@ -45,4 +45,8 @@ func (s streamEndpoint) Home() *engine.ConnHandle {
 	return h
 }
 
-var _ engine.Homed = streamEndpoint{}
+var (
+	_ engine.Homed = streamEndpoint{}
+	// The handle is hbone's owner as is (Home finds it again).
+	_ hbone.Owner = (*engine.ConnHandle)(nil)
+)
