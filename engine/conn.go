@@ -59,9 +59,6 @@ type ConnDriver interface {
 	// or whose stream relays ran, at most once per iteration however many
 	// commits there were. An error aborts the connection.
 	Flush() error
-	// Tick is called about once per connTick (1 s) with the loop's clock,
-	// for timeouts a driver keeps without timers of its own.
-	Tick(now time.Time)
 	// Ended is the last call, exactly once: err is nil after a clean
 	// close (Close(false) whose bytes went out), ErrAborted after
 	// Close(true), ErrClosed when the engine closed, else the error that
@@ -79,8 +76,9 @@ type Homed interface {
 	Home() *ConnHandle
 }
 
-// Bounds of a loop-owned connection's close and its clock (see the top of
-// this file).
+// Bounds of a loop-owned connection's close (see the top of this file).
+// The loop keeps no clock for its connections: an idle one costs no
+// wake-up (a driver's timeouts are its own).
 const (
 	// connFlushTimeout bounds Close(false)'s flush of the driver's bytes.
 	connFlushTimeout = 2 * time.Second
@@ -88,8 +86,6 @@ const (
 	connAbruptTimeout = 500 * time.Millisecond
 	// connLinger bounds the wait for the peer's EOF after the FIN.
 	connLinger = time.Second
-	// connTick is the period of ConnDriver.Tick.
-	connTick = time.Second
 	// connStall is the driver call duration Stats.ConnStalls counts.
 	connStall = time.Millisecond
 )

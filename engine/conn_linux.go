@@ -50,7 +50,6 @@ type connEntry struct {
 	holding  bool          // the last Writable held bytes
 	deadline time.Duration // loop time: end of the flushing or lingering phase
 	closeErr error         // what Ended gets after a close that completes
-	idx      int           // in l.conns
 	// A Close that reached the loop before the connection (Start after
 	// it): addConn closes instead of the first read turn.
 	closeOwed bool
@@ -113,12 +112,7 @@ func (b *epollBackend) takeConn(fd int, d ConnDriver) *ConnHandle {
 // and a Flush, or the close asked before it came.
 func (l *eloop) addConn(c *connEntry) {
 	c.slot = l.slots.put(c)
-	c.idx = len(l.conns)
-	l.conns = append(l.conns, c)
 	l.nConns.Add(1)
-	if len(l.conns) == 1 {
-		l.nextTick = l.now + connTick
-	}
 	const interest = poll.In | poll.Out | poll.RDHup | poll.ET
 	if err := l.p.Add(c.fd, interest, uint64(c.slot)<<1); err != nil {
 		c.finish(err, true)
@@ -353,26 +347,6 @@ func (l *eloop) expireConns() {
 	}
 }
 
-// tickConns gives every open connection its Tick once per connTick.
-func (l *eloop) tickConns() {
-	if len(l.conns) == 0 || l.now < l.nextTick {
-		return
-	}
-	l.nextTick = l.now + connTick
-	now := l.base.Add(l.now)
-	for i := 0; i < len(l.conns); i++ {
-		c := l.conns[i]
-		if c.state != connOpen {
-			continue
-		}
-		l.enter(c)
-		start := time.Now()
-		c.d.Tick(now)
-		l.stalled(start)
-		l.leave(c)
-	}
-}
-
 // flushConns runs the Flush of every connection marked in the iteration;
 // those marked again meanwhile wait for the next one.
 func (l *eloop) flushConns() {
@@ -392,7 +366,7 @@ func (l *eloop) flushConns() {
 }
 
 // connWait shortens the loop's wait for its connections: a flush owed
-// now, the next tick, the end of a close phase.
+// now, the end of a close phase.
 func (l *eloop) connWait(t time.Duration) time.Duration {
 	if len(l.flush) > 0 {
 		return 0
@@ -402,9 +376,6 @@ func (l *eloop) connWait(t time.Duration) time.Duration {
 		if t < 0 || left < t {
 			t = left
 		}
-	}
-	if len(l.conns) > 0 {
-		at(l.nextTick)
 	}
 	for _, c := range l.closing {
 		at(c.deadline)
@@ -429,12 +400,6 @@ func (c *connEntry) finish(err error, rst bool) {
 			break
 		}
 	}
-	last := len(l.conns) - 1
-	moved := l.conns[last]
-	l.conns[c.idx] = moved
-	moved.idx = c.idx
-	l.conns[last] = nil
-	l.conns = l.conns[:last]
 	start := time.Now()
 	c.d.Ended(err)
 	l.stalled(start)

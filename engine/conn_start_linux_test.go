@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -110,5 +111,24 @@ func TestConnCloseWaitsForStart(t *testing.T) {
 		}
 	case <-time.After(hangLimit):
 		t.Fatal("Close did not return after Start")
+	}
+}
+
+// TestConnIdleLoopSleeps: a loop whose connections are idle waits without
+// a wake-up (no clock of its own for them): no wait returns over 3 s.
+func TestConnIdleLoopSleeps(t *testing.T) {
+	e := newEpoll(t, 1)
+	for range 3 {
+		d := newFakeDriver()
+		peer := startFake(t, e, d, nil)
+		peer.Write([]byte("x"))
+		if !nettest.Until(hangLimit, func() bool { return slices.Contains(d.logged(), "Rx") }) {
+			t.Fatal("the connection's input was not read")
+		}
+	}
+	before := engine.LoopWaits(e)
+	time.Sleep(3 * time.Second) // the window in which nothing may happen
+	if n := engine.LoopWaits(e) - before; n != 0 {
+		t.Fatalf("an idle loop with 3 connections returned from %d waits in 3 s, want 0", n)
 	}
 }

@@ -30,7 +30,6 @@ const (
 	testLoopFlushTimeout  = 2 * time.Second
 	testLoopAbruptTimeout = 500 * time.Millisecond
 	testLoopLinger        = time.Second
-	testLoopTick          = time.Second
 )
 
 // errLoopAborted and errLoopStopped are what Ended gets after Close(true)
@@ -66,10 +65,9 @@ type testLoop struct {
 	stopped bool
 
 	// Loop goroutine only.
-	conns    map[int]*loopEntry
-	ready    []*loopEntry
-	flush    []*loopEntry
-	nextTick time.Time
+	conns map[int]*loopEntry
+	ready []*loopEntry
+	flush []*loopEntry
 	// calls counts driver calls; inCall is set during one (tests of the
 	// seam check who calls them back from where).
 	calls  atomic.Int64
@@ -218,7 +216,6 @@ func (l *testLoop) run() {
 	defer close(l.done)
 	defer func() { _, _ = unix.Close(l.epfd), unix.Close(l.evfd) }()
 	events := make([]unix.EpollEvent, 64)
-	l.nextTick = time.Now().Add(testLoopTick)
 	for {
 		n, err := unix.EpollWait(l.epfd, events, l.waitMillis())
 		if err != nil && err != unix.EINTR {
@@ -263,29 +260,23 @@ func (l *testLoop) run() {
 				}
 			}
 		}
-		if !now.Before(l.nextTick) {
-			l.nextTick = now.Add(testLoopTick)
-			for _, e := range l.conns {
-				if e.state == entryOpen {
-					l.calls.Add(1)
-					e.d.Tick(now)
-				}
-			}
-		}
 	}
 }
 
 // waitMillis is the epoll timeout: none with work ready, else until the
-// next deadline or tick.
+// next deadline (-1: none, no wake-up).
 func (l *testLoop) waitMillis() int {
 	if len(l.ready) > 0 || len(l.flush) > 0 {
 		return 0
 	}
-	next := l.nextTick
+	var next time.Time
 	for _, e := range l.conns {
-		if e.state != entryOpen && e.deadline.Before(next) {
+		if e.state != entryOpen && (next.IsZero() || e.deadline.Before(next)) {
 			next = e.deadline
 		}
+	}
+	if next.IsZero() {
+		return -1
 	}
 	return int(max(time.Until(next), 0)/time.Millisecond) + 1
 }

@@ -3,7 +3,6 @@ package hbone
 import (
 	"fmt"
 	"sync/atomic"
-	"time"
 )
 
 // The loop driver (docs/design/hbone-loop.md, step 3): a connection whose
@@ -54,8 +53,6 @@ type Driven interface {
 	Writable() (more bool, err error)
 	// Flush writes what was committed since the last Flush, after a Wake.
 	Flush() error
-	// Tick is the loop's clock; hbone's timers are its own (AfterFunc).
-	Tick(now time.Time)
 	// Ended is the last call: the loop has finished with the socket
 	// (err: why, nil after a clean close). The connection then ends as a
 	// goroutine-driven one does: its streams fail, Done closes.
@@ -309,10 +306,6 @@ func (l *loopDriver) Flush() error {
 	_, err := l.Writable()
 	return err
 }
-
-// Tick is the loop's clock; the connection's timers are its own
-// (AfterFunc).
-func (l *loopDriver) Tick(time.Time) {}
 
 // takeOut takes the committed frames for writing (or drops them after an
 // abrupt close), wakes whoever waits for room in the write buffer as the

@@ -8,7 +8,6 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
 	"golang.org/x/sys/unix"
@@ -59,8 +58,8 @@ type Mux struct {
 	done chan struct{} // closed when the connection is over
 
 	// Flushes counts the driver's Flush calls, Commits the frames
-	// committed, Ticks the Tick calls (tests).
-	Flushes, Commits, Ticks atomic.Int64
+	// committed (tests).
+	Flushes, Commits atomic.Int64
 }
 
 // Frame kinds.
@@ -457,8 +456,6 @@ func (d muxDriver) Flush() error {
 	_, err := m.writeOut()
 	return err
 }
-
-func (d muxDriver) Tick(time.Time) { d.m.Ticks.Add(1) }
 
 func (d muxDriver) Ended(err error) {
 	m := d.m
