@@ -93,3 +93,65 @@ func TestLoopCloseBeforeStart(t *testing.T) {
 		t.Fatalf("%d read turns and %d Ended calls, want 0 and 1", r, e)
 	}
 }
+
+// TestServerStart: Start returns as soon as the connection runs, before
+// the client has sent a byte, with goroutines and on a loop; done comes
+// once, after the connection ended and its last handler returned.
+func TestServerStart(t *testing.T) {
+	onceOnly(t)
+	for _, tc := range []struct {
+		name string
+		loop bool
+	}{{"goroutines", false}, {"loop", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{}
+			if tc.loop {
+				cfg.Drive = newTestLoop(t).drive
+			}
+			ctxDone, release := make(chan struct{}), make(chan struct{})
+			srv := NewServer(cfg, func(ctx context.Context, req *ServerRequest) {
+				if _, err := req.Respond(200, nil); err != nil {
+					t.Error(err)
+				}
+				<-ctx.Done() // the connection ended
+				close(ctxDone)
+				<-release
+			})
+			sc, cc := nettest.TCPPair(t)
+			done := make(chan error, 2)
+			if err := srv.Start(context.Background(), newLoopConn(sc), func(err error) { done <- err }); err != nil {
+				t.Fatal(err)
+			}
+			client, err := NewClientConn(cc, Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := client.Connect(testContext(t), &Request{Authority: "10.0.0.1:80"}); err != nil {
+				t.Fatal(err)
+			}
+			_ = client.Close()
+			select {
+			case <-ctxDone:
+			case <-time.After(testTimeout):
+				t.Fatal("the handler's context was not cancelled at the connection's end")
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("done(%v) while a handler still runs", err)
+			default:
+			}
+			close(release)
+			select {
+			case <-done:
+			case <-time.After(testTimeout):
+				t.Fatal("done not called after the last handler returned")
+			}
+			srv.Close() // waits for done calls: none left
+			select {
+			case err := <-done:
+				t.Fatalf("done called twice, again with %v", err)
+			default:
+			}
+		})
+	}
+}
