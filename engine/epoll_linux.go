@@ -205,11 +205,9 @@ type eloop struct {
 	events     []poll.Event
 
 	// Loop-owned connections (conn_linux.go), owned by the loop goroutine.
-	conns      []*connEntry  // every live one, for Tick
-	flush      []*connEntry  // to Flush at the end of the iteration
-	spareFlush []*connEntry  // flush's other half
-	closing    []*connEntry  // flushing or lingering, by deadline
-	nextTick   time.Duration // loop time of the next Tick
+	flush      []*connEntry // to Flush at the end of the iteration
+	spareFlush []*connEntry // flush's other half
+	closing    []*connEntry // flushing or lingering, by deadline
 
 	// Mirrors for Stats, written by the loop.
 	nBufs   atomic.Int32 // buffers held by stream relays, for Stats
@@ -218,8 +216,9 @@ type eloop struct {
 	nDirectShort atomic.Int64
 	nConns       atomic.Int32 // loop-owned connections, for Stats
 	nStalls      atomic.Int64 // driver calls over connStall, for Stats
-	nLocalWakes  atomic.Int64 // WakeFrom readying a relay directly, for Stats
+	nLocalWakes  atomic.Int64 // WakeLocal readying a relay directly, for Stats
 	nWakeups     atomic.Int64 // Poller.Wake calls (tests: what awake saves)
+	nWaits       atomic.Int64 // waits that returned (tests: an idle loop sleeps)
 }
 
 // submit queues t for the loop, starting the loop if it is parked; false
@@ -280,6 +279,7 @@ func (l *eloop) run() {
 			runtime.Gosched()
 		}
 		n, woken, err := wait(l.events, timeout)
+		l.nWaits.Add(1)
 		l.q.awake.Store(true)
 		l.tick()
 		if err != nil {
@@ -298,7 +298,6 @@ func (l *eloop) run() {
 		l.expireIdle()
 		l.expireDials()
 		l.expireConns()
-		l.tickConns()
 		// Last: every commit of the iteration (the driver's own, its
 		// relays') leaves in one Flush per connection.
 		l.flushConns()

@@ -52,3 +52,15 @@ func LoopYields(e *Engine) int64 {
 	}
 	return n
 }
+
+// LoopWaits counts the waits e's epoll stream loops returned from since e
+// started (an idle loop makes none).
+func LoopWaits(e *Engine) int64 {
+	var n int64
+	if b, ok := e.backend.(*epollBackend); ok {
+		for _, l := range b.strm {
+			n += l.nWaits.Load()
+		}
+	}
+	return n
+}
