@@ -20,11 +20,11 @@ type builder struct {
 	fresh bool
 
 	byUID     *shardEdit[string, *Workload]
-	byAddr    *shardEdit[NetworkAddress, *Workload]
+	byAddr    addrEdit[*Workload]
 	byInfo    *shardEdit[infoKey, []*Workload]
 	byHost    *shardEdit[NamespacedHostname, []*Workload]
 	svcByKey  *shardEdit[NamespacedHostname, *Service]
-	svcByVIP  *shardEdit[NetworkAddress, []*Service]
+	svcByVIP  addrEdit[[]*Service]
 	svcByHost *shardEdit[string, []*Service]
 	members   *shardEdit[NamespacedHostname, []Endpoint]
 	endpoints *shardEdit[NamespacedHostname, []Endpoint]
@@ -36,6 +36,8 @@ type builder struct {
 	// the snapshot's list.
 	cidrGone map[*Service]struct{}
 	cidrNew  []*Service
+	// ownNets says whether s.nets is the builder's own copy (netID).
+	ownNets bool
 }
 
 // newBuilder returns a builder of s: a fresh one sized for nw workloads and
@@ -46,11 +48,11 @@ func newBuilder(s *Snapshot, fresh bool, nw, ns int) *builder {
 		s:         s,
 		fresh:     fresh,
 		byUID:     newShardEdit(&s.byUID, hashString, fresh, nw),
-		byAddr:    newShardEdit(&s.byAddr, hashAddr, fresh, nw),
+		byAddr:    newAddrEdit(&s.byAddr, fresh, nw),
 		byInfo:    newShardEdit(&s.byInfo, hashInfo, fresh, nw),
 		byHost:    newShardEdit(&s.byHost, hashNH, fresh, 0),
 		svcByKey:  newShardEdit(&s.svcByKey, hashNH, fresh, ns),
-		svcByVIP:  newShardEdit(&s.svcByVIP, hashAddr, fresh, ns),
+		svcByVIP:  newAddrEdit(&s.svcByVIP, fresh, ns),
 		svcByHost: newShardEdit(&s.svcByHost, hashString, fresh, ns),
 		members:   newShardEdit(&s.members, hashNH, fresh, ns),
 		endpoints: newShardEdit(&s.endpoints, hashNH, fresh, ns),
@@ -178,7 +180,7 @@ func (b *builder) indexService(svc *Service) {
 	b.svcByKey.set(key, svc)
 	for _, vip := range svc.VIPs {
 		// A VIP listed twice is indexed once: insertSorted keeps the first.
-		insertSorted(b.svcByVIP, NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc, cmpServices)
+		b.insertVIP(NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc)
 	}
 	if len(svc.CIDRVIPs) > 0 {
 		b.cidrNew = append(b.cidrNew, svc)
@@ -192,7 +194,7 @@ func (b *builder) unindexService(svc *Service) {
 	key := NamespacedHostname{svc.Namespace, svc.Hostname}
 	b.svcByKey.del(key)
 	for _, vip := range svc.VIPs {
-		removeSorted(b.svcByVIP, NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc, cmpServices)
+		b.removeVIP(NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc)
 	}
 	if len(svc.CIDRVIPs) > 0 {
 		b.cidrGone[svc] = struct{}{}
@@ -249,7 +251,7 @@ func (b *builder) indexWorkload(w *Workload) {
 			continue // another workload wins it
 		}
 		k := NetworkAddress{w.Network, ip.Unmap()}
-		if other := b.byAddr.get(k); other != nil && other != w {
+		if other := b.getAddr(k); other != nil && other != w {
 			first, second := other, w
 			if first.UID > second.UID {
 				first, second = second, first
@@ -257,7 +259,7 @@ func (b *builder) indexWorkload(w *Workload) {
 			b.fail("address %s is used by two workloads: %q and %q", k.String(), first.UID, second.UID)
 			continue
 		}
-		b.byAddr.set(k, w)
+		b.setAddr(k, w)
 	}
 	insertSorted(b.byInfo, infoKeyOf(w.Namespace, w.Name), w, cmpWorkloads)
 	if w.Hostname != "" {
@@ -283,8 +285,8 @@ func (b *builder) unindexWorkload(w *Workload) {
 	b.byUID.del(w.UID)
 	if w.NetworkMode != NetworkModeHostNetwork {
 		for _, ip := range w.Addresses {
-			if k := (NetworkAddress{w.Network, ip.Unmap()}); b.byAddr.get(k) == w {
-				b.byAddr.del(k)
+			if k := (NetworkAddress{w.Network, ip.Unmap()}); b.getAddr(k) == w {
+				b.delAddr(k)
 			}
 		}
 	}

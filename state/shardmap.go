@@ -1,7 +1,6 @@
 package state
 
 import (
-	"encoding/binary"
 	"hash/maphash"
 	"math/bits"
 	"slices"
@@ -45,27 +44,6 @@ func nonzero(h uint64) uint64 {
 }
 
 func hashString(s string) uint64 { return nonzero(maphash.String(shardSeed, s)) }
-
-// hashAddr hashes an address, and its network name when it has one (most
-// have none). The 128-bit product folded in two mixes every address bit
-// into both ends of the hash: the top bits pick the shard, the low ones
-// the slot. IPv4 takes the short path: As16 costs several times more than
-// the rest.
-func hashAddr(k NetworkAddress) uint64 {
-	var x uint64
-	if k.Addr.Is4() {
-		a := k.Addr.As4()
-		x = uint64(binary.LittleEndian.Uint32(a[:]))
-	} else {
-		a := k.Addr.As16()
-		x = binary.LittleEndian.Uint64(a[8:]) ^ bits.RotateLeft64(binary.LittleEndian.Uint64(a[:8]), 32)
-	}
-	if k.Network != "" {
-		x ^= maphash.String(shardSeed, k.Network)
-	}
-	hi, lo := bits.Mul64(x^0x243f6a8885a308d3, 0x9e3779b97f4a7c15)
-	return nonzero(hi ^ lo)
-}
 
 func hashNH(k NamespacedHostname) uint64 { return hashString(k.Hostname) }
 

@@ -31,22 +31,25 @@ type Endpoint struct {
 // from this one by copying only what a change touches (see shardmap.go).
 type Snapshot struct {
 	byUID  shardMap[string, *Workload]
-	byAddr shardMap[NetworkAddress, *Workload]
+	byAddr addrIndex[*Workload]
 	byInfo shardMap[infoKey, []*Workload] // sorted by UID
 	// byHost indexes hostname-only workloads by namespace and hostname,
 	// sorted by UID: the first (lowest UID) wins a tie.
 	byHost shardMap[NamespacedHostname, []*Workload]
 
 	svcByKey  shardMap[NamespacedHostname, *Service]
-	svcByVIP  shardMap[NetworkAddress, []*Service] // sorted by key
-	svcByHost shardMap[string, []*Service]         // sorted by key
-	cidrVIPs  []cidrVIP                            // by service key, then in the service's order
+	svcByVIP  addrIndex[[]*Service]        // sorted by key
+	svcByHost shardMap[string, []*Service] // sorted by key
+	cidrVIPs  []cidrVIP                    // by service key, then in the service's order
 	// members lists, by service key, every workload naming the service in
 	// its Services map (sorted by UID), whether or not the service exists
 	// or takes it as an endpoint, so that a service arriving or changing
 	// its health policy finds its endpoints without a scan.
 	members   shardMap[NamespacedHostname, []Endpoint]
 	endpoints shardMap[NamespacedHostname, []Endpoint] // sorted by UID
+
+	// nets gives the networks of the address indexes their handles.
+	nets *netTable
 
 	// pol is the compiled policy table, shared with the snapshots derived
 	// by WithWorkloads and by Apply without a policy change.
@@ -172,8 +175,11 @@ func (s *Snapshot) WorkloadByUID(uid string) *Workload { return s.byUID.get(hash
 // WorkloadByAddr returns the workload that owns ip on network, or nil.
 // Host-network workloads are never returned: their addresses are the node's.
 func (s *Snapshot) WorkloadByAddr(network string, ip netip.Addr) *Workload {
-	k := NetworkAddress{network, ip.Unmap()}
-	return s.byAddr.get(hashAddr(k), k)
+	id, ip, ok := s.lookupAddr(network, ip)
+	if !ok {
+		return nil
+	}
+	return s.byAddr.get(id, ip)
 }
 
 // ServiceByKey returns the service with key "namespace/hostname", or nil.
@@ -196,8 +202,11 @@ func (s *Snapshot) ServicesByHostname(host string) []*Service {
 // When several services share the VIP, a canonical one wins, then the first
 // by key. Clients that know their namespace use ResolveVIP instead.
 func (s *Snapshot) ServiceByVIP(network string, ip netip.Addr) *Service {
-	k := NetworkAddress{network, ip.Unmap()}
-	return bestService(s.svcByVIP.get(hashAddr(k), k), "", "", false, nil)
+	id, ip, ok := s.lookupAddr(network, ip)
+	if !ok {
+		return nil
+	}
+	return bestService(s.svcByVIP.get(id, ip), "", "", false, nil)
 }
 
 // ResolveVIP returns the service a client in namespace clientNS reaches by
@@ -221,9 +230,10 @@ func (s *Snapshot) ResolveVIPPreferring(network string, ip netip.Addr, clientNS,
 // visibility is not checked and no namespace is preferred.
 func (s *Snapshot) resolveVIP(network string, ip netip.Addr, clientNS, preferredNS string, useNS bool) *Service {
 	ip = ip.Unmap()
-	k := NetworkAddress{network, ip}
-	if svc := bestService(s.svcByVIP.get(hashAddr(k), k), clientNS, preferredNS, useNS, nil); svc != nil {
-		return svc
+	if id, ip, ok := s.lookupAddr(network, ip); ok {
+		if svc := bestService(s.svcByVIP.get(id, ip), clientNS, preferredNS, useNS, nil); svc != nil {
+			return svc
+		}
 	}
 	var (
 		best     *Service

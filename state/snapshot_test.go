@@ -116,7 +116,7 @@ func TestNewSnapshotManyErrorsAreBounded(t *testing.T) {
 
 func TestAddressesPerNetwork(t *testing.T) {
 	a := wl("a", "ns", "a", "10.0.0.1", "fd00::1")
-	b := wl("b", "ns", "b", "10.0.0.1")
+	b := wl("b", "ns", "b", "10.0.0.1", "fd00::1")
 	b.Network = "net2"
 	host1 := wl("h1", "ns", "h1", "192.168.1.1")
 	host1.NetworkMode = NetworkModeHostNetwork
@@ -132,11 +132,16 @@ func TestAddressesPerNetwork(t *testing.T) {
 		{"", "::ffff:10.0.0.1", a},
 		{"", "fd00::1", a},
 		{"net2", "10.0.0.1", b},
+		{"net2", "fd00::1", b},
+		{"net2", "::ffff:10.0.0.1", b},
 		{"net3", "10.0.0.1", nil},
+		{"", "fd00::1%eth0", nil}, // no indexed address has a zone
+		{"", "", nil},
 		{"", "10.0.0.2", nil},
 		{"", "192.168.1.1", nil}, // host network workloads are not indexed
 	} {
-		if got := s.WorkloadByAddr(tc.network, netip.MustParseAddr(tc.ip)); got != tc.want {
+		ip, _ := netip.ParseAddr(tc.ip) // "": the zero Addr
+		if got := s.WorkloadByAddr(tc.network, ip); got != tc.want {
 			t.Errorf("WorkloadByAddr(%q, %s) = %v, want %v", tc.network, tc.ip, got, tc.want)
 		}
 	}

@@ -259,7 +259,7 @@ func (w *Writer) holderLocked(k NetworkAddress) *Workload {
 	if w.last == nil {
 		return nil
 	}
-	if pub := w.last.byAddr.get(hashAddr(k), k); pub != nil {
+	if pub := w.last.WorkloadByAddr(k.Network, k.Addr); pub != nil {
 		return w.workloadLocked(pub.UID)
 	}
 	return nil
