@@ -21,7 +21,8 @@ type builder struct {
 
 	byUID     *shardEdit[string, *Workload]
 	byAddr    addrEdit[*Workload]
-	byInfo    *shardEdit[infoKey, []*Workload]
+	byInfo    *shardEdit[hashed, *Workload]
+	byInfoM   *shardEdit[infoKey, []*Workload]
 	byHost    *shardEdit[NamespacedHostname, []*Workload]
 	svcByKey  *shardEdit[NamespacedHostname, *Service]
 	svcByVIP  addrEdit[[]*Service]
@@ -49,7 +50,8 @@ func newBuilder(s *Snapshot, fresh bool, nw, ns int) *builder {
 		fresh:     fresh,
 		byUID:     newShardEdit(&s.byUID, hashString, fresh, nw),
 		byAddr:    newAddrEdit(&s.byAddr, fresh, nw),
-		byInfo:    newShardEdit(&s.byInfo, hashInfo, fresh, nw),
+		byInfo:    newShardEdit(&s.byInfo, nil, fresh, nw), // written by hash: setH, delH
+		byInfoM:   newShardEdit(&s.byInfoMulti, hashInfo, fresh, 0),
 		byHost:    newShardEdit(&s.byHost, hashNH, fresh, 0),
 		svcByKey:  newShardEdit(&s.svcByKey, hashNH, fresh, ns),
 		svcByVIP:  newAddrEdit(&s.svcByVIP, fresh, ns),
@@ -261,7 +263,7 @@ func (b *builder) indexWorkload(w *Workload) {
 		}
 		b.setAddr(k, w)
 	}
-	insertSorted(b.byInfo, infoKeyOf(w.Namespace, w.Name), w, cmpWorkloads)
+	b.indexInfo(w)
 	if w.Hostname != "" {
 		insertSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname}, w, cmpWorkloads)
 	}
@@ -290,7 +292,7 @@ func (b *builder) unindexWorkload(w *Workload) {
 			}
 		}
 	}
-	removeSorted(b.byInfo, infoKeyOf(w.Namespace, w.Name), w, cmpWorkloads)
+	b.unindexInfo(w)
 	if w.Hostname != "" {
 		removeSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname}, w, cmpWorkloads)
 	}
@@ -300,6 +302,45 @@ func (b *builder) unindexWorkload(w *Workload) {
 			removeSorted(b.members, nh, Endpoint{Workload: w}, cmpEndpoints)
 			b.touch(nh)
 		}
+	}
+}
+
+// indexInfo adds w to byInfo, or to byInfoMulti when another workload
+// has its namespace and name hash.
+func (b *builder) indexInfo(w *Workload) {
+	k := infoKeyOf(w.Namespace, w.Name)
+	h := hashInfo(k)
+	if b.byInfoM.get(k) != nil {
+		insertSorted(b.byInfoM, k, w, cmpWorkloads)
+		return
+	}
+	switch o := b.byInfo.m.get(h, hashed{}); {
+	case o == nil:
+		b.byInfo.setH(h, hashed{}, w)
+	case o != w:
+		b.byInfo.delH(h, hashed{})
+		list := []*Workload{o, w}
+		slices.SortFunc(list, cmpWorkloads)
+		b.byInfoM.ownsValue(k)
+		b.byInfoM.set(k, list)
+	}
+}
+
+// unindexInfo removes w, indexed, from byInfo or byInfoMulti; the last
+// workload of a list goes back to byInfo.
+func (b *builder) unindexInfo(w *Workload) {
+	k := infoKeyOf(w.Namespace, w.Name)
+	h := hashInfo(k)
+	if b.byInfoM.get(k) == nil {
+		if b.byInfo.m.get(h, hashed{}) == w {
+			b.byInfo.delH(h, hashed{})
+		}
+		return
+	}
+	removeSorted(b.byInfoM, k, w, cmpWorkloads)
+	if list := b.byInfoM.get(k); len(list) == 1 {
+		b.byInfoM.del(k)
+		b.byInfo.setH(h, hashed{}, list[0])
 	}
 }
 
@@ -342,6 +383,7 @@ func (b *builder) finish() {
 	b.byUID.finish()
 	b.byAddr.finish()
 	b.byInfo.finish()
+	b.byInfoM.finish()
 	b.byHost.finish()
 	b.svcByKey.finish()
 	b.svcByVIP.finish()

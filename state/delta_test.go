@@ -277,6 +277,38 @@ func sameIndex[K comparable, V any](t *testing.T, what string, got, want *shardM
 	}
 }
 
+// sameHashedIndex compares two indexes keyed by hash alone.
+func sameHashedIndex[V any](t *testing.T, what string, got, want *shardMap[hashed, V]) {
+	t.Helper()
+	byHash := func(m *shardMap[hashed, V]) map[uint64]V {
+		out := map[uint64]V{}
+		for i := range m.numShards() {
+			sh := m.shard(uint64(i))
+			for _, s := range sh[:cap(sh)] {
+				if s.h == 0 {
+					continue
+				}
+				if s.h>>m.shift != uint64(i) {
+					t.Errorf("%s: hash %#x stored in shard %d of %d", what, s.h, i, m.numShards())
+				}
+				out[s.h] = s.v
+			}
+		}
+		if len(out) != m.n {
+			t.Errorf("%s: %d entries, counted %d", what, len(out), m.n)
+		}
+		for h, v := range out {
+			if got := m.get(h, hashed{}); !reflect.DeepEqual(got, v) {
+				t.Errorf("%s: get(%#x) = %v, stored %v", what, h, got, v)
+			}
+		}
+		return out
+	}
+	if g, w := byHash(got), byHash(want); !reflect.DeepEqual(g, w) {
+		t.Errorf("%s differs:\n got %v\nwant %v", what, g, w)
+	}
+}
+
 // sameAddrIndex compares the address indexes ix picks of two snapshots by
 // network name and address: their network handles may differ.
 func sameAddrIndex[V any](t *testing.T, what string, got, want *Snapshot, ix func(*Snapshot) *addrIndex[V]) {
@@ -305,7 +337,8 @@ func checkSame(t *testing.T, got, want *Snapshot) {
 	t.Helper()
 	sameIndex(t, "byUID", &got.byUID, &want.byUID)
 	sameAddrIndex(t, "byAddr", got, want, func(s *Snapshot) *addrIndex[*Workload] { return &s.byAddr })
-	sameIndex(t, "byInfo", &got.byInfo, &want.byInfo)
+	sameHashedIndex(t, "byInfo", &got.byInfo, &want.byInfo)
+	sameIndex(t, "byInfoMulti", &got.byInfoMulti, &want.byInfoMulti)
 	sameIndex(t, "byHost", &got.byHost, &want.byHost)
 	sameIndex(t, "svcByKey", &got.svcByKey, &want.svcByKey)
 	sameAddrIndex(t, "svcByVIP", got, want, func(s *Snapshot) *addrIndex[[]*Service] { return &s.svcByVIP })

@@ -252,6 +252,11 @@ func shiftFor(s int) uint8 { return uint8(64 - bits.TrailingZeros(uint(s))) }
 
 func (e *shardEdit[K, V]) get(k K) V { return e.m.get(e.hash(k), k) }
 
+// hashed is the key of an index keyed by its entries' hashes alone (its
+// edit is written with setH and delH): a slot is then the hash and the
+// value, nothing more.
+type hashed struct{}
+
 // writable returns shard i's table, which the edit may then change in
 // place: a shared one is cloned first (the list of pages too, on the first
 // write of the edit, and the shard's page on the first write to it), a
@@ -285,8 +290,10 @@ func (e *shardEdit[K, V]) writable(i uint64) *[]slot[K, V] {
 	return t
 }
 
-func (e *shardEdit[K, V]) set(k K, v V) {
-	h := e.hash(k)
+func (e *shardEdit[K, V]) set(k K, v V) { e.setH(e.hash(k), k, v) }
+
+// setH is set with k's hash given.
+func (e *shardEdit[K, V]) setH(h uint64, k K, v V) {
 	i := h >> e.m.shift
 	cur := e.m.shard(i)
 	if j := find(cur[:cap(cur)], h, k); j >= 0 {
@@ -303,8 +310,10 @@ func (e *shardEdit[K, V]) set(k K, v V) {
 	e.m.n++
 }
 
-func (e *shardEdit[K, V]) del(k K) {
-	h := e.hash(k)
+func (e *shardEdit[K, V]) del(k K) { e.delH(e.hash(k), k) }
+
+// delH is del with k's hash given.
+func (e *shardEdit[K, V]) delH(h uint64, k K) {
 	i := h >> e.m.shift
 	cur := e.m.shard(i)
 	j := find(cur[:cap(cur)], h, k)

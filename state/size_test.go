@@ -14,34 +14,56 @@ func TestWorkloadSizeClass(t *testing.T) {
 	}
 }
 
-// TestInfoIndexSlot keeps the namespace/name index's slot at its hash, a
-// hash key and the list (issue 36: a key of two strings made it 64 bytes).
+// TestInfoIndexSlot keeps the namespace/name index's slot at its hash and
+// the workload (issue 36: a key of two strings made it 64 bytes, a list 40).
 func TestInfoIndexSlot(t *testing.T) {
-	if size := unsafe.Sizeof(slot[infoKey, []*Workload]{}); size > 40 {
-		t.Errorf("byInfo slot is %d bytes, want at most 40", size)
+	if size := unsafe.Sizeof(slot[hashed, *Workload]{}); size > 16 {
+		t.Errorf("byInfo slot is %d bytes, want at most 16", size)
 	}
 }
 
 // TestFindWorkloadSharedKey: workloads whose namespace and name hash alike
 // share a list of the index, and FindWorkload still returns only the one
-// asked for.
+// asked for; a snapshot built of such workloads and one derived from it
+// by removing one of them index alike.
 func TestFindWorkloadSharedKey(t *testing.T) {
 	a := &Workload{UID: "u-2", Name: "a", Namespace: "ns1", Capacity: 1}
 	b := &Workload{UID: "u-1", Name: "b", Namespace: "ns2", Capacity: 1}
-	s := mustSnapshot(t, []*Workload{a, b}, nil, nil)
+	c := &Workload{UID: "u-3", Name: "a", Namespace: "ns1", Node: "n2", Capacity: 1}
+	s := mustSnapshot(t, []*Workload{a, b, c}, nil, nil)
 	// Put b under a's key too, as a collision of the two hashes would.
-	e := newShardEdit(&s.byInfo, hashInfo, false, 0)
-	insertSorted(e, infoKeyOf("ns1", "a"), b, cmpWorkloads)
+	k := infoKeyOf("ns1", "a")
+	e := newShardEdit(&s.byInfoMulti, hashInfo, false, 0)
+	insertSorted(e, k, b, cmpWorkloads)
+	if got := s.byInfoMulti.get(hashInfo(k), k); len(got) != 3 {
+		t.Fatalf("byInfoMulti holds %v under a's key, want a, b and c", got)
+	}
 	for _, tc := range []struct {
 		info WorkloadInfo
 		want *Workload
 	}{
 		{WorkloadInfo{Namespace: "ns1", Name: "a"}, a},
+		{WorkloadInfo{Namespace: "ns1", Name: "a", Node: "n2"}, c},
 		{WorkloadInfo{Namespace: "ns2", Name: "b"}, b},
 		{WorkloadInfo{Namespace: "ns1", Name: "b"}, nil},
+		{WorkloadInfo{Namespace: "ns2", Name: "a"}, nil},
 	} {
 		if got := s.FindWorkload(tc.info); got != tc.want {
 			t.Errorf("FindWorkload(%+v) = %v, want %v", tc.info, got, tc.want)
 		}
+	}
+
+	// a and c share a name: a list until one of them leaves.
+	s = mustSnapshot(t, []*Workload{a, b, c}, nil, nil)
+	if s.byInfo.n != 1 || s.byInfoMulti.n != 1 {
+		t.Fatalf("byInfo holds %d, byInfoMulti %d; want b alone, and a list of a and c", s.byInfo.n, s.byInfoMulti.n)
+	}
+	d, err := s.Apply(Delta{RemovedWorkloads: []string{"u-2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSame(t, d, mustSnapshot(t, []*Workload{b, c}, nil, nil))
+	if d.byInfoMulti.n != 0 || d.FindWorkload(WorkloadInfo{Namespace: "ns1", Name: "a"}) != c {
+		t.Errorf("after a left: byInfoMulti holds %d, FindWorkload(ns1/a) = %v; want none and c", d.byInfoMulti.n, d.FindWorkload(WorkloadInfo{Namespace: "ns1", Name: "a"}))
 	}
 }

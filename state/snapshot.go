@@ -32,7 +32,14 @@ type Endpoint struct {
 type Snapshot struct {
 	byUID  shardMap[string, *Workload]
 	byAddr addrIndex[*Workload]
-	byInfo shardMap[infoKey, []*Workload] // sorted by UID
+	// byInfo holds, by the hash of its namespace and name (infoKeyOf),
+	// each workload that is the only one with that hash; the hashes of two
+	// or more are in byInfoMulti instead, with their workloads sorted by
+	// UID. A pair has one workload but for a hash collision or one name in
+	// two clusters, so the common case has no list (issue 36: a list cost
+	// a slice header in the slot and an allocation, ~45 bytes a workload).
+	byInfo      shardMap[hashed, *Workload]
+	byInfoMulti shardMap[infoKey, []*Workload]
 	// byHost indexes hostname-only workloads by namespace and hostname,
 	// sorted by UID: the first (lowest UID) wins a tie.
 	byHost shardMap[NamespacedHostname, []*Workload]
@@ -60,10 +67,10 @@ type Snapshot struct {
 	warnings  lazyList[string]
 }
 
-// infoKey is the byInfo index's key: a hash of a workload's namespace and
-// name. Pairs with one hash share a list, which FindWorkload filters by
-// namespace and name (issue 36: a key of the two strings cost 24 more bytes
-// per slot, ~40 per workload).
+// infoKey is the hash of a workload's namespace and name that byInfo and
+// byInfoMulti are keyed by. Pairs with one hash share an entry, which
+// FindWorkload filters by namespace and name (issue 36: a key of the two
+// strings cost 24 more bytes per slot, ~40 per workload).
 type infoKey uint64
 
 func infoKeyOf(ns, name string) infoKey {
@@ -326,14 +333,26 @@ func (s *Snapshot) FindWorkload(info WorkloadInfo) *Workload {
 		sa = "default"
 	}
 	k := infoKeyOf(info.Namespace, info.Name)
-	for _, w := range s.byInfo.get(hashInfo(k), k) {
-		if w.Name == info.Name && w.Namespace == info.Namespace &&
-			(info.Node == "" || w.Node == info.Node) && (info.Cluster == "" || w.ClusterID == "" || w.ClusterID == info.Cluster) &&
-			w.Identity().ServiceAccount == sa {
+	if w := s.byInfo.get(hashInfo(k), hashed{}); w != nil {
+		if info.matches(w, sa) {
+			return w
+		}
+		return nil
+	}
+	for _, w := range s.byInfoMulti.get(hashInfo(k), k) {
+		if info.matches(w, sa) {
 			return w
 		}
 	}
 	return nil
+}
+
+// matches reports whether w is the workload info names, sa being info's
+// service account after defaulting.
+func (info *WorkloadInfo) matches(w *Workload, sa string) bool {
+	return w.Name == info.Name && w.Namespace == info.Namespace &&
+		(info.Node == "" || w.Node == info.Node) && (info.Cluster == "" || w.ClusterID == "" || w.ClusterID == info.Cluster) &&
+		w.Identity().ServiceAccount == sa
 }
 
 // DiffWorkloads calls fn for every workload s and prev differ in, in no
