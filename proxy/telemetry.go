@@ -261,7 +261,7 @@ func inboundCandidates(snap *state.Snapshot, w *state.Workload, host string) []*
 // application tunnel may name its own (ztunnel matches services against
 // that port).
 func appPort(w *state.Workload, port uint16) uint16 {
-	if t := w.ApplicationTunnel; t != nil && t.Port != 0 {
+	if t := w.ApplicationTunnel(); t != nil && t.Port != 0 {
 		return t.Port
 	}
 	return port

@@ -231,11 +231,11 @@ func (b *builder) checkWorkload(w *Workload) {
 	if w.NetworkMode > NetworkModeHostNetwork {
 		b.fail("%s: invalid network mode %d", what, w.NetworkMode)
 	}
-	if t := w.ApplicationTunnel; t != nil && t.Protocol > AppTunnelProxy {
+	if t := w.ApplicationTunnel(); t != nil && t.Protocol > AppTunnelProxy {
 		b.fail("%s: invalid application tunnel protocol %d", what, t.Protocol)
 	}
-	b.checkGateway(what, "waypoint", w.Waypoint)
-	b.checkGateway(what, "network gateway", w.NetworkGateway)
+	b.checkGateway(what, "waypoint", w.Waypoint())
+	b.checkGateway(what, "network gateway", w.NetworkGateway())
 }
 
 // indexWorkload adds w, already in byUID, to the other workload indexes.
@@ -264,8 +264,8 @@ func (b *builder) indexWorkload(w *Workload) {
 		b.setAddr(k, w)
 	}
 	b.indexInfo(w)
-	if w.Hostname != "" {
-		insertSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname}, w, cmpWorkloads)
+	if w.Hostname() != "" {
+		insertSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname()}, w, cmpWorkloads)
 	}
 	for _, k := range sortedKeys(w.Services) {
 		ns, host, ok := strings.Cut(k, "/")
@@ -293,8 +293,8 @@ func (b *builder) unindexWorkload(w *Workload) {
 		}
 	}
 	b.unindexInfo(w)
-	if w.Hostname != "" {
-		removeSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname}, w, cmpWorkloads)
+	if w.Hostname() != "" {
+		removeSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname()}, w, cmpWorkloads)
 	}
 	for k := range w.Services {
 		if ns, host, ok := strings.Cut(k, "/"); ok {
@@ -511,7 +511,7 @@ func (s subject) String() string {
 func (s *Snapshot) findWarnings() []string {
 	var out []string
 	for _, w := range s.Workloads() {
-		for _, k := range w.AuthorizationPolicies {
+		for _, k := range w.AuthorizationPolicies() {
 			if s.pol.byKey[k] == nil {
 				out = append(out, fmt.Sprintf("workload %q lists unknown authorization policy %q; skipping it", w.UID, k))
 			}

@@ -129,7 +129,7 @@ func (g deltaGen) workload(uid string) *Workload {
 		w.NetworkMode = NetworkModeHostNetwork
 	}
 	if g.one(4) {
-		w.Hostname = g.pick(dHosts)
+		w.editExtra(func(x *WorkloadExtra) { x.Hostname = g.pick(dHosts) })
 	}
 	if g.one(4) {
 		w.Status = Unhealthy
@@ -141,7 +141,9 @@ func (g deltaGen) workload(uid string) *Workload {
 		}
 	}
 	for range g.r.IntN(3) {
-		w.AuthorizationPolicies = append(w.AuthorizationPolicies, g.pick(append(dPolicyKeys, "a/missing")))
+		w.editExtra(func(x *WorkloadExtra) {
+			x.AuthorizationPolicies = append(x.AuthorizationPolicies, g.pick(append(dPolicyKeys, "a/missing")))
+		})
 	}
 	if g.one(60) {
 		w.Protocol = 9 // invalid: both paths must reject it

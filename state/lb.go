@@ -122,7 +122,7 @@ func (s *Snapshot) PickUpstream(src *Workload, svc *Service, svcPort uint16, mod
 		up.Port = p
 	case svcTarget > 0:
 		up.Port = svcTarget
-	case ep.Workload.ApplicationTunnel != nil && ep.Workload.ApplicationTunnel.Port != 0:
+	case ep.Workload.ApplicationTunnel() != nil && ep.Workload.ApplicationTunnel().Port != 0:
 		// The tunnel carries the real target; ztunnel on the far side
 		// resolves it.
 		up.Port = svcPort
@@ -146,10 +146,10 @@ type endpointFilter struct {
 // (always 0 when the service does not rank endpoints).
 func (f *endpointFilter) rank(ep *Endpoint) int {
 	w, src := ep.Workload, f.src
-	if len(w.Addresses) == 0 && w.Hostname == "" {
+	if len(w.Addresses) == 0 && w.Hostname() == "" {
 		// Reachable only through a network gateway, which is never used
 		// within one network.
-		if w.Network == src.Network || w.NetworkGateway == nil {
+		if w.Network == src.Network || w.NetworkGateway() == nil {
 			return -1
 		}
 	}
@@ -161,7 +161,7 @@ func (f *endpointFilter) rank(ep *Endpoint) int {
 			}
 		}
 	case ResolveWaypoint:
-		if !f.hasPort && w.ApplicationTunnel == nil {
+		if !f.hasPort && w.ApplicationTunnel() == nil {
 			return -1
 		}
 	}

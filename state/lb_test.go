@@ -104,8 +104,8 @@ func TestPickEndpointNoneUsable(t *testing.T) {
 func TestPickEndpointNetworkGateway(t *testing.T) {
 	web := svc("ns", "web")
 	remote := &Workload{UID: "remote", Namespace: "ns", Network: "net2", Capacity: 1,
-		NetworkGateway: &GatewayAddress{Address: &NetworkAddress{"net2", netip.MustParseAddr("192.0.2.1")}, HBONEMTLSPort: 15008},
-		Services:       map[string]map[uint16]uint16{web.Key(): {80: 8080}}}
+		Extra:    &WorkloadExtra{NetworkGateway: &GatewayAddress{Address: &NetworkAddress{"net2", netip.MustParseAddr("192.0.2.1")}, HBONEMTLSPort: 15008}},
+		Services: map[string]map[uint16]uint16{web.Key(): {80: 8080}}}
 	s := mustSnapshot(t, []*Workload{remote}, []*Service{web}, nil)
 	// From another network an address-less workload is reachable through its gateway.
 	if got, _, err := s.PickEndpoint(&Workload{Network: "net1"}, web, 80, nil); err != nil || got != remote {

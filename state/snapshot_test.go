@@ -64,10 +64,10 @@ func TestNewSnapshotErrors(t *testing.T) {
 		{name: "bad status", workloads: []*Workload{{UID: "a", Status: 3}}, want: []string{"invalid status 3"}},
 		{name: "bad service key", workloads: []*Workload{{UID: "a", Services: map[string]map[uint16]uint16{"nohost": nil}}},
 			want: []string{`service key "nohost" is not namespace/hostname`}},
-		{name: "gateway with both destinations", workloads: []*Workload{{UID: "a", Waypoint: &GatewayAddress{
-			Hostname: &NamespacedHostname{"ns", "wp"}, Address: &NetworkAddress{"", netip.MustParseAddr("10.0.0.1")}}}},
+		{name: "gateway with both destinations", workloads: []*Workload{{UID: "a", Extra: &WorkloadExtra{Waypoint: &GatewayAddress{
+			Hostname: &NamespacedHostname{"ns", "wp"}, Address: &NetworkAddress{"", netip.MustParseAddr("10.0.0.1")}}}}},
 			want: []string{"waypoint: exactly one of address and hostname"}},
-		{name: "gateway with neither", workloads: []*Workload{{UID: "a", NetworkGateway: &GatewayAddress{}}},
+		{name: "gateway with neither", workloads: []*Workload{{UID: "a", Extra: &WorkloadExtra{NetworkGateway: &GatewayAddress{}}}},
 			want: []string{"network gateway: exactly one"}},
 		{name: "duplicate service", services: []*Service{svc("ns", "a.ns"), svc("ns", "a.ns")}, want: []string{"service ns/a.ns: duplicate service key"}},
 		{name: "service without hostname", services: []*Service{svc("ns", "")}, want: []string{"hostname is empty"}},

@@ -36,14 +36,37 @@ func internAll(list []string) []string {
 	return list
 }
 
-// localities shares the workloads' Locality values: one per locality,
-// held weakly (a locality no workload has any more is dropped at the next
-// sweep, once the cache has doubled since the last).
-var localities = struct {
+// weakCache maps a key to a shared value, held weakly: a value no snapshot
+// uses any more is collected, and its entry is dropped at the next sweep,
+// once the cache has doubled since the last (and holds at least minSweep).
+type weakCache[K comparable, V any] struct {
 	mu        sync.Mutex // guards the following fields
-	m         map[state.Locality]weak.Pointer[state.Locality]
+	m         map[K]weak.Pointer[V]
 	lastSweep int
-}{m: map[state.Locality]weak.Pointer[state.Locality]{}}
+	minSweep  int
+}
+
+// getLocked returns the value under k, or nil. The caller holds c.mu.
+func (c *weakCache[K, V]) getLocked(k K) *V { return c.m[k].Value() }
+
+// putLocked puts v under k. The caller holds c.mu.
+func (c *weakCache[K, V]) putLocked(k K, v *V) {
+	if c.m == nil {
+		c.m = map[K]weak.Pointer[V]{}
+	}
+	c.m[k] = weak.Make(v)
+	if len(c.m) >= 2*max(c.lastSweep, c.minSweep) {
+		for k, wp := range c.m {
+			if wp.Value() == nil {
+				delete(c.m, k)
+			}
+		}
+		c.lastSweep = len(c.m)
+	}
+}
+
+// localities shares the workloads' Locality values: one per locality.
+var localities = weakCache[state.Locality, state.Locality]{minSweep: 64}
 
 // internLocality returns the shared value equal to l (nil for the zero
 // Locality, which means none).
@@ -54,20 +77,79 @@ func internLocality(l state.Locality) *state.Locality {
 	c := &localities
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if p := c.m[l].Value(); p != nil {
+	if p := c.getLocked(l); p != nil {
 		return p
 	}
 	p := &state.Locality{Region: intern(l.Region), Zone: intern(l.Zone), Subzone: intern(l.Subzone)}
-	c.m[*p] = weak.Make(p)
-	if len(c.m) >= 2*max(c.lastSweep, 64) {
-		for k, wp := range c.m {
-			if wp.Value() == nil {
-				delete(c.m, k)
-			}
-		}
-		c.lastSweep = len(c.m)
-	}
+	c.putLocked(*p, p)
 	return p
+}
+
+// extras shares the workloads' Extra values, by an encoding of their
+// content (extraKey): the replicas of a deployment have the same waypoint
+// and policies (issue 36: 64 bytes of each record before they moved to
+// Extra).
+var extras = weakCache[string, state.WorkloadExtra]{minSweep: 1024}
+
+// internExtra sets w.Extra to the shared value equal to x, or to nil when
+// x is empty. x's strings are interned already.
+func internExtra(w *state.Workload, x state.WorkloadExtra) {
+	if x.IsZero() {
+		w.Extra = nil
+		return
+	}
+	k := extraKey(&x)
+	c := &extras
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p := c.getLocked(k); p != nil {
+		w.Extra = p
+		return
+	}
+	w.Extra = &x
+	c.putLocked(k, w.Extra)
+}
+
+// extraKey encodes x's content; lengths precede strings, so that no two
+// contents encode alike.
+func extraKey(x *state.WorkloadExtra) string {
+	var b []byte
+	str := func(s string) {
+		b = strconv.AppendUint(b, uint64(len(s)), 10)
+		b = append(b, ':')
+		b = append(b, s...)
+	}
+	gw := func(g *state.GatewayAddress) {
+		switch {
+		case g == nil:
+			b = append(b, '-')
+			return
+		case g.Address != nil:
+			b = append(b, 'a')
+			str(g.Address.Network)
+			b = g.Address.Addr.AppendTo(b)
+		case g.Hostname != nil:
+			b = append(b, 'h')
+			str(g.Hostname.Namespace)
+			str(g.Hostname.Hostname)
+		}
+		b = append(b, ',')
+		b = strconv.AppendUint(b, uint64(g.HBONEMTLSPort), 10)
+	}
+	str(x.Hostname)
+	gw(x.Waypoint)
+	gw(x.NetworkGateway)
+	if t := x.ApplicationTunnel; t != nil {
+		b = append(b, 't')
+		b = strconv.AppendUint(b, uint64(t.Protocol), 10)
+		b = append(b, ',')
+		b = strconv.AppendUint(b, uint64(t.Port), 10)
+	}
+	b = append(b, ';')
+	for _, p := range x.AuthorizationPolicies {
+		str(p)
+	}
+	return string(b)
 }
 
 // nameInUID points w's name into its uid when the uid ends with it, as
@@ -92,13 +174,8 @@ var workloadTypes = func() map[workloadapi.WorkloadType]string {
 // servicesCache shares workloads' Services maps (snapshot values are never
 // modified, so equal maps can be one map). It maps an encoding of the
 // map's content to a workload holding such a map, weakly: a workload
-// replaced or removed does not stay alive for the cache's sake, and its
-// entry is swept once the cache has doubled since the last sweep.
-var servicesCache = struct {
-	mu        sync.Mutex // guards the following fields
-	m         map[string]weak.Pointer[state.Workload]
-	lastSweep int
-}{m: map[string]weak.Pointer[state.Workload]{}}
+// replaced or removed does not stay alive for the cache's sake.
+var servicesCache = weakCache[string, state.Workload]{minSweep: 1024}
 
 // sharedServices converts x's Services into w.Services, reusing the map of
 // a live workload with the same services and ports.
@@ -131,7 +208,7 @@ func sharedServices(w *state.Workload, x map[string]*workloadapi.PortList) error
 	c := &servicesCache
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if other := c.m[string(b)].Value(); other != nil {
+	if other := c.getLocked(string(b)); other != nil {
 		w.Services = other.Services
 		return nil
 	}
@@ -139,14 +216,6 @@ func sharedServices(w *state.Workload, x map[string]*workloadapi.PortList) error
 	for _, k := range keys {
 		w.Services[intern(k)] = protoPortMap(x[k].GetPorts())
 	}
-	c.m[string(b)] = weak.Make(w)
-	if len(c.m) >= 2*max(c.lastSweep, 1024) {
-		for k, p := range c.m {
-			if p.Value() == nil {
-				delete(c.m, k)
-			}
-		}
-		c.lastSweep = len(c.m)
-	}
+	c.putLocked(string(b), w)
 	return nil
 }

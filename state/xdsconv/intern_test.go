@@ -76,7 +76,7 @@ func TestConvertSharesRepeats(t *testing.T) {
 		{"workload type", a.WorkloadType, b.WorkloadType},
 		{"canonical name", a.CanonicalName, b.CanonicalName},
 		{"canonical revision", a.CanonicalRevision, b.CanonicalRevision},
-		{"policy key", a.AuthorizationPolicies[0], b.AuthorizationPolicies[0]},
+		{"policy key", a.AuthorizationPolicies()[0], b.AuthorizationPolicies()[0]},
 		{"region", a.Locality.Region, b.Locality.Region},
 		{"zone", a.Locality.Zone, b.Locality.Zone},
 		{"subzone", a.Locality.Subzone, b.Locality.Subzone},
@@ -87,6 +87,9 @@ func TestConvertSharesRepeats(t *testing.T) {
 	}
 	if !sameMap(a.Services, b.Services) {
 		t.Error("the replicas' Services maps are two copies")
+	}
+	if a.Extra == nil || a.Extra != b.Extra {
+		t.Errorf("the replicas' Extra %p and %p: want one shared value", a.Extra, b.Extra)
 	}
 	if a.Locality == nil || a.Locality != b.Locality {
 		t.Errorf("the replicas' localities %p and %p: want one shared value", a.Locality, b.Locality)
@@ -117,6 +120,72 @@ func TestConvertSharesRepeats(t *testing.T) {
 		if !reflect.DeepEqual(c.Services, want) {
 			t.Errorf("Services = %v, want %v", c.Services, want)
 		}
+	}
+}
+
+// TestConvertSharesExtra: workloads whose rare fields (waypoint, gateway,
+// application tunnel, policies, hostname) are equal share one Extra; any
+// difference, or none of them set, gives each its own (or none).
+func TestConvertSharesExtra(t *testing.T) {
+	wp := func(host string, port uint32) *workloadapi.GatewayAddress {
+		return &workloadapi.GatewayAddress{HboneMtlsPort: port, Destination: &workloadapi.GatewayAddress_Hostname{
+			Hostname: &workloadapi.NamespacedHostname{Namespace: "ns-1", Hostname: host}}}
+	}
+	gwAddr := func(network string) *workloadapi.GatewayAddress {
+		return &workloadapi.GatewayAddress{HboneMtlsPort: 15008, Destination: &workloadapi.GatewayAddress_Address{
+			Address: &workloadapi.NetworkAddress{Network: network, Address: netip.MustParseAddr("192.0.2.1").AsSlice()}}}
+	}
+	base := func() *workloadapi.Workload {
+		return &workloadapi.Workload{Uid: "u", Namespace: "ns-1", Waypoint: wp("wp", 15008), AuthorizationPolicies: []string{"ns-1/a", "ns-1/b"}}
+	}
+	conv := func(x *workloadapi.Workload) *state.Workload {
+		b, err := proto.Marshal(x) // decoded, as a push delivers it: strings of their own
+		if err != nil {
+			t.Fatal(err)
+		}
+		var y workloadapi.Workload
+		if err := proto.Unmarshal(b, &y); err != nil {
+			t.Fatal(err)
+		}
+		w, err := ConvertWorkload(&y)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	a, b := conv(base()), conv(base())
+	if a.Extra == nil || a.Extra != b.Extra {
+		t.Fatalf("equal rare fields: Extra %p and %p, want one shared value", a.Extra, b.Extra)
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(x *workloadapi.Workload)
+	}{
+		{"another waypoint", func(x *workloadapi.Workload) { x.Waypoint = wp("wp2", 15008) }},
+		{"another waypoint port", func(x *workloadapi.Workload) { x.Waypoint = wp("wp", 15009) }},
+		{"a network gateway", func(x *workloadapi.Workload) { x.NetworkGateway = gwAddr("net2") }},
+		{"an application tunnel", func(x *workloadapi.Workload) {
+			x.ApplicationTunnel = &workloadapi.ApplicationTunnel{Protocol: workloadapi.ApplicationTunnel_PROXY}
+		}},
+		{"a hostname", func(x *workloadapi.Workload) { x.Hostname = "vm.example" }},
+		{"one policy less", func(x *workloadapi.Workload) { x.AuthorizationPolicies = x.AuthorizationPolicies[:1] }},
+		// Policies that would read alike in an encoding without lengths.
+		{"policies joined", func(x *workloadapi.Workload) { x.AuthorizationPolicies = []string{"ns-1/ans-1/b"} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x := base()
+			tc.change(x)
+			c := conv(x)
+			if c.Extra == nil || c.Extra == a.Extra {
+				t.Fatalf("Extra %p, shared with %p: want one of its own", c.Extra, a.Extra)
+			}
+			if reflect.DeepEqual(c.Extra, a.Extra) {
+				t.Errorf("Extra %+v equals %+v", c.Extra, a.Extra)
+			}
+		})
+	}
+	if w := conv(&workloadapi.Workload{Uid: "u", Namespace: "ns-1"}); w.Extra != nil {
+		t.Errorf("no rare field: Extra %+v, want nil", w.Extra)
 	}
 }
 

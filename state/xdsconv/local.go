@@ -152,6 +152,7 @@ func foldEndpoints(workloads []*state.Workload, eps []inlineEndpoint) {
 
 func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 	w := &state.Workload{Capacity: 1, Services: map[string]map[uint16]uint16{}}
+	var x state.WorkloadExtra // w.Extra, when not empty
 	err := d.object(n, path, "workload", map[string]fieldFunc{
 		"uid":               str(&w.UID),
 		"name":              str(&w.Name),
@@ -165,23 +166,23 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 		"workloadType":      str(&w.WorkloadType),
 		"canonicalName":     str(&w.CanonicalName),
 		"canonicalRevision": str(&w.CanonicalRevision),
-		"hostname":          str(&w.Hostname),
+		"hostname":          str(&x.Hostname),
 		"workloadIps":       ipList(&w.Addresses),
 		"protocol":          enum(&w.Protocol, "protocol", "TCP", "HBONE"),
 		"status":            enum(&w.Status, "status", "Healthy", "Unhealthy"),
 		"networkMode":       enum(&w.NetworkMode, "network mode", "Standard", "HostNetwork"),
-		"waypoint":          gateway(&w.Waypoint),
-		"networkGateway":    gateway(&w.NetworkGateway),
+		"waypoint":          gateway(&x.Waypoint),
+		"networkGateway":    gateway(&x.NetworkGateway),
 		"nativeTunnel":      boolean(&w.NativeTunnel),
 		"applicationTunnel": func(d *decoder, n *yaml.Node, path string) error {
 			t := &state.ApplicationTunnel{}
-			w.ApplicationTunnel = t
+			x.ApplicationTunnel = t
 			return d.object(n, path, "application tunnel", map[string]fieldFunc{
 				"protocol": enum(&t.Protocol, "application tunnel protocol", "NONE", "PROXY"),
 				"port":     u16(&t.Port, "port"),
 			}, "protocol")
 		},
-		"authorizationPolicies": strList(&w.AuthorizationPolicies),
+		"authorizationPolicies": strList(&x.AuthorizationPolicies),
 		"capacity":              u32(&w.Capacity, "capacity"),
 		"locality": func(d *decoder, n *yaml.Node, path string) error {
 			l := &state.Locality{}
@@ -204,6 +205,7 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 			})
 		},
 	}, "uid", "namespace", "workloadIps", "services")
+	w.SetExtra(x)
 	return w, err
 }
 

@@ -127,23 +127,25 @@ func TestAllFields(t *testing.T) {
 			UID: "c1//v1/Pod/ns1/full", Name: "full", Namespace: "ns1", ServiceAccount: "sa1", TrustDomain: "example.org",
 			Network: "net1", Node: "node1", ClusterID: "c1",
 			WorkloadName: "full-deploy", WorkloadType: "deployment", CanonicalName: "full-app", CanonicalRevision: "v2",
-			Hostname:    "full.example",
 			Addresses:   []netip.Addr{addr("10.0.0.1"), addr("fd00::1")},
 			Protocol:    state.ProtocolHBONE,
 			Status:      state.Unhealthy,
 			NetworkMode: state.NetworkModeHostNetwork,
-			Waypoint: &state.GatewayAddress{
-				Hostname: &state.NamespacedHostname{Namespace: "ns1", Hostname: "waypoint.ns1.svc.cluster.local"}, HBONEMTLSPort: 15008,
+			Extra: &state.WorkloadExtra{
+				Hostname: "full.example",
+				Waypoint: &state.GatewayAddress{
+					Hostname: &state.NamespacedHostname{Namespace: "ns1", Hostname: "waypoint.ns1.svc.cluster.local"}, HBONEMTLSPort: 15008,
+				},
+				NetworkGateway: &state.GatewayAddress{
+					Address: &state.NetworkAddress{Network: "net2", Addr: addr("192.0.2.1")}, HBONEMTLSPort: 15009,
+				},
+				ApplicationTunnel:     &state.ApplicationTunnel{Protocol: state.AppTunnelProxy, Port: 15088},
+				AuthorizationPolicies: []string{"ns1/sel", "ns1/missing"},
 			},
-			NetworkGateway: &state.GatewayAddress{
-				Address: &state.NetworkAddress{Network: "net2", Addr: addr("192.0.2.1")}, HBONEMTLSPort: 15009,
-			},
-			NativeTunnel:          true,
-			ApplicationTunnel:     &state.ApplicationTunnel{Protocol: state.AppTunnelProxy, Port: 15088},
-			AuthorizationPolicies: []string{"ns1/sel", "ns1/missing"},
-			Services:              map[string]map[uint16]uint16{"ns1/svc.ns1.svc.cluster.local": {80: 8080, 443: 8443}},
-			Capacity:              7,
-			Locality:              &state.Locality{Region: "r1", Zone: "z1", Subzone: "s1"},
+			NativeTunnel: true,
+			Services:     map[string]map[uint16]uint16{"ns1/svc.ns1.svc.cluster.local": {80: 8080, 443: 8443}},
+			Capacity:     7,
+			Locality:     &state.Locality{Region: "r1", Zone: "z1", Subzone: "s1"},
 		},
 		{
 			UID: "c1//v1/Pod/ns1/minimal", Namespace: "ns1", Addresses: []netip.Addr{}, Capacity: 1,

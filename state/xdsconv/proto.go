@@ -65,22 +65,26 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 	// What repeats across workloads is interned (intern.go); the uid and
 	// the name are each workload's own.
 	w := &state.Workload{
-		UID:                   x.GetUid(),
-		Name:                  x.GetName(),
-		Namespace:             intern(x.GetNamespace()),
-		ServiceAccount:        intern(orDefault(x.GetServiceAccount(), defaultServiceAccount)),
-		TrustDomain:           intern(orDefault(x.GetTrustDomain(), identity.DefaultTrustDomain)),
-		Network:               intern(x.GetNetwork()),
-		Node:                  intern(x.GetNode()),
-		ClusterID:             intern(orDefault(x.GetClusterId(), defaultClusterID)),
-		WorkloadName:          intern(x.GetWorkloadName()),
-		WorkloadType:          workloadType(x.GetWorkloadType()),
-		CanonicalName:         intern(x.GetCanonicalName()),
-		CanonicalRevision:     intern(x.GetCanonicalRevision()),
+		UID:               x.GetUid(),
+		Name:              x.GetName(),
+		Namespace:         intern(x.GetNamespace()),
+		ServiceAccount:    intern(orDefault(x.GetServiceAccount(), defaultServiceAccount)),
+		TrustDomain:       intern(orDefault(x.GetTrustDomain(), identity.DefaultTrustDomain)),
+		Network:           intern(x.GetNetwork()),
+		Node:              intern(x.GetNode()),
+		ClusterID:         intern(orDefault(x.GetClusterId(), defaultClusterID)),
+		WorkloadName:      intern(x.GetWorkloadName()),
+		WorkloadType:      workloadType(x.GetWorkloadType()),
+		CanonicalName:     intern(x.GetCanonicalName()),
+		CanonicalRevision: intern(x.GetCanonicalRevision()),
+		NativeTunnel:      x.GetNativeTunnel(),
+		Capacity:          1,
+	}
+	// The rare fields (most workloads have none of them) are filled in
+	// extra, which becomes w.Extra if any is set.
+	extra := state.WorkloadExtra{
 		Hostname:              x.GetHostname(),
-		NativeTunnel:          x.GetNativeTunnel(),
 		AuthorizationPolicies: internAll(x.GetAuthorizationPolicies()),
-		Capacity:              1,
 	}
 	nameInUID(w)
 	if c := x.GetCapacity(); c != nil {
@@ -112,10 +116,10 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 			w.Addresses[i] = ip
 		}
 	}
-	if w.Waypoint, err = gatewayAddress(x.GetWaypoint(), "waypoint"); err != nil {
+	if extra.Waypoint, err = gatewayAddress(x.GetWaypoint(), "waypoint"); err != nil {
 		return nil, err
 	}
-	if w.NetworkGateway, err = gatewayAddress(x.GetNetworkGateway(), "network gateway"); err != nil {
+	if extra.NetworkGateway, err = gatewayAddress(x.GetNetworkGateway(), "network gateway"); err != nil {
 		return nil, err
 	}
 	if t := x.GetApplicationTunnel(); t != nil {
@@ -123,8 +127,9 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 		if at.Protocol, err = wireEnum(t.GetProtocol(), appTunnelProtocols, "application tunnel protocol"); err != nil {
 			return nil, err
 		}
-		w.ApplicationTunnel = at
+		extra.ApplicationTunnel = at
 	}
+	internExtra(w, extra)
 	if err := sharedServices(w, x.GetServices()); err != nil {
 		return nil, err
 	}

@@ -51,20 +51,23 @@ func TestConvertWorkloadAllFields(t *testing.T) {
 	want := &state.Workload{
 		UID: "c1//v1/Pod/ns/p1", Name: "p1", Namespace: "ns", ServiceAccount: "sa", TrustDomain: "td",
 		Network: "net1", Node: "n1", ClusterID: "c1", WorkloadName: "job", WorkloadType: "cronjob",
-		CanonicalName: "app", CanonicalRevision: "v1", Hostname: "h.example",
+		CanonicalName: "app", CanonicalRevision: "v1",
 		Addresses:   []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")},
 		Protocol:    state.ProtocolHBONE,
 		Status:      state.Unhealthy,
 		NetworkMode: state.NetworkModeHostNetwork,
-		Waypoint: &state.GatewayAddress{
-			Hostname: &state.NamespacedHostname{Namespace: "ns", Hostname: "wp.ns.svc"}, HBONEMTLSPort: 15008,
+		Extra: &state.WorkloadExtra{
+			Hostname: "h.example",
+			Waypoint: &state.GatewayAddress{
+				Hostname: &state.NamespacedHostname{Namespace: "ns", Hostname: "wp.ns.svc"}, HBONEMTLSPort: 15008,
+			},
+			NetworkGateway: &state.GatewayAddress{
+				Address: &state.NetworkAddress{Network: "net2", Addr: netip.MustParseAddr("192.0.2.1")}, HBONEMTLSPort: 15009,
+			},
+			ApplicationTunnel:     &state.ApplicationTunnel{Protocol: state.AppTunnelProxy, Port: 15088},
+			AuthorizationPolicies: []string{"ns/sel"},
 		},
-		NetworkGateway: &state.GatewayAddress{
-			Address: &state.NetworkAddress{Network: "net2", Addr: netip.MustParseAddr("192.0.2.1")}, HBONEMTLSPort: 15009,
-		},
-		NativeTunnel:          true,
-		ApplicationTunnel:     &state.ApplicationTunnel{Protocol: state.AppTunnelProxy, Port: 15088},
-		AuthorizationPolicies: []string{"ns/sel"},
+		NativeTunnel: true,
 		// 70443 truncates to 4907, as ztunnel's "as u16" does.
 		Services: map[string]map[uint16]uint16{"ns/svc.ns.svc": {80: 8080, 4907: 8443}},
 		Capacity: 0,
