@@ -3,7 +3,6 @@ package admin
 import (
 	"encoding/pem"
 	"net/netip"
-	"slices"
 	"strconv"
 
 	"github.com/ztunnel-go/ztunnel/mtls"
@@ -264,10 +263,9 @@ func dumpWorkload(w *state.Workload) WorkloadDump {
 	for _, a := range w.Addresses {
 		d.WorkloadIPs = append(d.WorkloadIPs, a.String())
 	}
-	for k := range w.Services {
-		d.Services = append(d.Services, k)
+	for _, sp := range w.Services.List() {
+		d.Services = append(d.Services, sp.Key) // sorted
 	}
-	slices.Sort(d.Services)
 	if l := w.Locality.Value(); l != (state.Locality{}) {
 		d.Locality = map[string]string{"region": l.Region, "zone": l.Zone, "subzone": l.Subzone}
 	}
@@ -318,7 +316,7 @@ func dumpService(snap *state.Snapshot, s *state.Service) ServiceDump {
 		d.VIPs = append(d.VIPs, v.String())
 	}
 	for _, ep := range snap.Endpoints(s) {
-		d.Endpoints[ep.Workload.UID] = EndpointDump{WorkloadUID: ep.Workload.UID, Port: portMap(ep.Ports), Status: ep.Workload.Status.String()}
+		d.Endpoints[ep.Workload.UID] = EndpointDump{WorkloadUID: ep.Workload.UID, Port: portMap(ep.Ports().Map()), Status: ep.Workload.Status.String()}
 	}
 	return d
 }

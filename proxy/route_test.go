@@ -29,8 +29,7 @@ func (r *fakeResolver) LookupNetIP(_ context.Context, network, host string) ([]n
 }
 
 func rwl(uid, ns, sa string, ips ...string) *state.Workload {
-	w := &state.Workload{UID: uid, Name: uid, Namespace: ns, ServiceAccount: sa, Protocol: state.ProtocolHBONE, Capacity: 1,
-		Services: map[string]map[uint16]uint16{}}
+	w := &state.Workload{UID: uid, Name: uid, Namespace: ns, ServiceAccount: sa, Protocol: state.ProtocolHBONE, Capacity: 1}
 	for _, ip := range ips {
 		w.Addresses = append(w.Addresses, netip.MustParseAddr(ip))
 	}
@@ -58,9 +57,11 @@ func routeMesh(t *testing.T) *state.Snapshot {
 		ss []*state.Service
 	)
 	add := func(w *state.Workload, svcPorts map[string]map[uint16]uint16) *state.Workload {
+		m := w.Services.Map()
 		for k, v := range svcPorts {
-			w.Services[k] = v
+			m[k] = v
 		}
+		w.Services = state.ServicesOf(m)
 		ws = append(ws, w)
 		return w
 	}

@@ -267,7 +267,8 @@ func (b *builder) indexWorkload(w *Workload) {
 	if w.Hostname() != "" {
 		insertSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname()}, w, cmpWorkloads)
 	}
-	for _, k := range sortedKeys(w.Services) {
+	for i, sp := range w.Services.List() {
+		k := sp.Key
 		ns, host, ok := strings.Cut(k, "/")
 		if !ok {
 			b.fail("%s: service key %q is not namespace/hostname", what, k)
@@ -277,7 +278,7 @@ func (b *builder) indexWorkload(w *Workload) {
 		// them until the service arrives, which for us is the snapshot
 		// that brings it (members keeps them until then).
 		nh := NamespacedHostname{ns, host}
-		insertSorted(b.members, nh, Endpoint{Workload: w, Ports: w.Services[k]}, cmpEndpoints)
+		insertSorted(b.members, nh, Endpoint{Workload: w, svc: uint32(i)}, cmpEndpoints)
 		b.touch(nh)
 	}
 }
@@ -296,8 +297,8 @@ func (b *builder) unindexWorkload(w *Workload) {
 	if w.Hostname() != "" {
 		removeSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname()}, w, cmpWorkloads)
 	}
-	for k := range w.Services {
-		if ns, host, ok := strings.Cut(k, "/"); ok {
+	for _, sp := range w.Services.List() {
+		if ns, host, ok := strings.Cut(sp.Key, "/"); ok {
 			nh := NamespacedHostname{ns, host}
 			removeSorted(b.members, nh, Endpoint{Workload: w}, cmpEndpoints)
 			b.touch(nh)
@@ -518,21 +519,6 @@ func (s *Snapshot) findWarnings() []string {
 		}
 	}
 	return out
-}
-
-// sortedKeys returns m's keys in order, so that endpoint lists are deterministic.
-func sortedKeys[V any](m map[string]V) []string {
-	if len(m) == 1 {
-		for k := range m {
-			return []string{k}
-		}
-	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // sortByKey sorts list by key(element), computing each key once.

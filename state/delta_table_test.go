@@ -10,12 +10,12 @@ import (
 func TestApplyCases(t *testing.T) {
 	web := svc("ns", "web.ns.svc", "/10.96.0.1")
 	w1 := wl("w1", "ns", "p1", "10.0.0.1")
-	w1.Services = map[string]map[uint16]uint16{"ns/web.ns.svc": {80: 8080}}
+	w1.Services = ServicesOf(map[string]map[uint16]uint16{"ns/web.ns.svc": {80: 8080}})
 	w2 := wl("w2", "ns", "p2", "10.0.0.2")
-	w2.Services = map[string]map[uint16]uint16{"ns/web.ns.svc": {80: 8080}}
+	w2.Services = ServicesOf(map[string]map[uint16]uint16{"ns/web.ns.svc": {80: 8080}})
 	sick := wl("w3", "ns", "p3", "10.0.0.3")
 	sick.Status = Unhealthy
-	sick.Services = map[string]map[uint16]uint16{"ns/web.ns.svc": {80: 8080}}
+	sick.Services = ServicesOf(map[string]map[uint16]uint16{"ns/web.ns.svc": {80: 8080}})
 	moved := *w1
 	moved.Addresses = addrs("10.0.0.9")
 	swap1, swap2 := *w1, *w2

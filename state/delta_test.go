@@ -135,10 +135,11 @@ func (g deltaGen) workload(uid string) *Workload {
 		w.Status = Unhealthy
 	}
 	if n := g.r.IntN(3); n > 0 {
-		w.Services = map[string]map[uint16]uint16{}
+		m := map[string]map[uint16]uint16{}
 		for range n {
-			w.Services[g.pick(append(dServiceKeys(), "zz/unknown.svc"))] = map[uint16]uint16{80: uint16(8080 + g.r.IntN(2))}
+			m[g.pick(append(dServiceKeys(), "zz/unknown.svc"))] = map[uint16]uint16{80: uint16(8080 + g.r.IntN(2))}
 		}
+		w.Services = ServicesOf(m)
 	}
 	for range g.r.IntN(3) {
 		w.editExtra(func(x *WorkloadExtra) {

@@ -117,7 +117,7 @@ func (s *Snapshot) PickUpstream(src *Workload, svc *Service, svcPort uint16, mod
 	}
 
 	up := Upstream{Workload: ep.Workload, Service: svc}
-	switch p, ok := ep.Ports[svcPort]; {
+	switch p, ok := ep.Ports().Target(svcPort); {
 	case ok:
 		up.Port = p
 	case svcTarget > 0:
@@ -156,7 +156,7 @@ func (f *endpointFilter) rank(ep *Endpoint) int {
 	switch f.mode {
 	case ResolveStandard:
 		if f.svcTarget == 0 {
-			if _, ok := ep.Ports[f.svcPort]; !ok {
+			if _, ok := ep.Ports().Target(f.svcPort); !ok {
 				return -1
 			}
 		}

@@ -23,7 +23,7 @@ func meshInput(n int) ([]*Workload, []*Service) {
 		v := ss[i%len(ss)]
 		w := &Workload{UID: "Kubernetes//Pod/" + v.Namespace + "/pod-" + strconv.Itoa(i), Namespace: v.Namespace, Name: "pod-" + strconv.Itoa(i),
 			Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})}, Protocol: ProtocolHBONE, Capacity: 1}
-		w.Services = map[string]map[uint16]uint16{v.Key(): {80: 8080}}
+		w.Services = ServicesOf(map[string]map[uint16]uint16{v.Key(): {80: 8080}})
 		ws[i] = w
 	}
 	return ws, ss

@@ -178,15 +178,15 @@ func TestResolveGateway(t *testing.T) {
 	wpSvc.Ports = map[uint16]uint16{15008: 15008}
 	wpSvc.SubjectAltNames = []string{"spiffe://cluster.local/ns/ns/sa/wp-alt"}
 	wpPod := wl("wp-pod", "ns", "wp-pod", "10.0.0.50", "fd00::50")
-	wpPod.Services = map[string]map[uint16]uint16{wpSvc.Key(): {}}
+	wpPod.Services = ServicesOf(map[string]map[uint16]uint16{wpSvc.Key(): {}})
 
 	tunSvc := svc("ns", "tun.ns.svc", "/10.96.0.60")
 	tunSvc.Ports = map[uint16]uint16{}
 	tunPod := wl("tun-pod", "ns", "tun-pod", "10.0.0.60")
 	tunPod.Extra = &WorkloadExtra{ApplicationTunnel: &ApplicationTunnel{Protocol: AppTunnelProxy, Port: 15088}}
-	tunPod.Services = map[string]map[uint16]uint16{tunSvc.Key(): {}}
+	tunPod.Services = ServicesOf(map[string]map[uint16]uint16{tunSvc.Key(): {}})
 	plainPod := wl("plain-pod", "ns", "plain-pod", "10.0.0.61")
-	plainPod.Services = map[string]map[uint16]uint16{tunSvc.Key(): {}}
+	plainPod.Services = ServicesOf(map[string]map[uint16]uint16{tunSvc.Key(): {}})
 
 	passSvc := svc("ns", "pass.ns.svc", "/10.96.0.70")
 	passSvc.LoadBalancer = &LoadBalancer{Mode: LBModePassthrough}
@@ -249,7 +249,7 @@ func TestWaypointMembership(t *testing.T) {
 	wpSvc.Ports = map[uint16]uint16{15008: 15008}
 	wp := wl("wp", "ns", "wp", "10.0.0.50")
 	wp.ServiceAccount = "waypoint"
-	wp.Services = map[string]map[uint16]uint16{wpSvc.Key(): {}}
+	wp.Services = ServicesOf(map[string]map[uint16]uint16{wpSvc.Key(): {}})
 	wpDirect := wl("wp2", "ns", "wp2", "10.0.0.51")
 	other := wl("other", "ns", "other", "10.0.0.52")
 
@@ -362,7 +362,7 @@ func TestCapacityDistribution(t *testing.T) {
 	for i, c := range caps {
 		w := wl(string(rune('a'+i)), "ns", "w", "10.0.0."+string(rune('1'+i)))
 		w.Capacity = c
-		w.Services = map[string]map[uint16]uint16{web.Key(): {80: 8080}}
+		w.Services = ServicesOf(map[string]map[uint16]uint16{web.Key(): {80: 8080}})
 		ws = append(ws, w)
 	}
 	s := mustSnapshot(t, ws, []*Service{web}, nil)
@@ -431,7 +431,7 @@ func TestPickUpstreamHealthPolicy(t *testing.T) {
 			web.LoadBalancer = tc.lb
 			sick := wl("sick", "ns", "sick", "10.0.0.1")
 			sick.Status = Unhealthy
-			sick.Services = map[string]map[uint16]uint16{web.Key(): {}}
+			sick.Services = ServicesOf(map[string]map[uint16]uint16{web.Key(): {}})
 			s := mustSnapshot(t, []*Workload{sick}, []*Service{web}, nil)
 			w, _, err := s.PickEndpoint(nil, web, 80, nil)
 			if tc.wantSick != (w == sick) || tc.wantSick != (err == nil) {

@@ -15,12 +15,15 @@ var ErrInvalid = errors.New("state: invalid snapshot")
 // maxErrors bounds how many problems NewSnapshot reports at once.
 const maxErrors = 20
 
-// Endpoint is one workload serving a service, with its port map for that
-// service (service port -> target port).
+// Endpoint is one workload serving a service.
 type Endpoint struct {
 	Workload *Workload
-	Ports    map[uint16]uint16
+	svc      uint32 // the service's index in Workload.Services
 }
+
+// Ports returns the endpoint's port map for the service (service port ->
+// target port).
+func (e *Endpoint) Ports() PortMap { return e.Workload.Services.list[e.svc].Ports }
 
 // Snapshot is an immutable view of workloads, services and policies with the
 // indexes the data path needs. It is immutable once created: every method is

@@ -62,7 +62,7 @@ func TestNewSnapshotErrors(t *testing.T) {
 		{name: "address with zone", workloads: []*Workload{wl("a", "ns", "a", "fe80::1%eth0")}, want: []string{"invalid address"}},
 		{name: "bad protocol", workloads: []*Workload{{UID: "a", Protocol: 7}}, want: []string{"invalid protocol 7"}},
 		{name: "bad status", workloads: []*Workload{{UID: "a", Status: 3}}, want: []string{"invalid status 3"}},
-		{name: "bad service key", workloads: []*Workload{{UID: "a", Services: map[string]map[uint16]uint16{"nohost": nil}}},
+		{name: "bad service key", workloads: []*Workload{{UID: "a", Services: ServicesOf(map[string]map[uint16]uint16{"nohost": nil})}},
 			want: []string{`service key "nohost" is not namespace/hostname`}},
 		{name: "gateway with both destinations", workloads: []*Workload{{UID: "a", Extra: &WorkloadExtra{Waypoint: &GatewayAddress{
 			Hostname: &NamespacedHostname{"ns", "wp"}, Address: &NetworkAddress{"", netip.MustParseAddr("10.0.0.1")}}}}},
@@ -248,15 +248,17 @@ func TestEndpoints(t *testing.T) {
 	w2.Status = Unhealthy
 	w3 := wl("w3", "ns", "w3", "10.0.0.3")
 	for _, w := range []*Workload{w1, w2, w3} {
-		w.Services = map[string]map[uint16]uint16{
+		w.Services = ServicesOf(map[string]map[uint16]uint16{
 			web.Key(): {80: 8080}, all.Key(): {}, "ns/missing.ns.svc.cluster.local": {80: 1},
-		}
+		})
 	}
-	w3.Services[web.Key()] = map[uint16]uint16{80: 9090}
+	w3.Services = ServicesOf(map[string]map[uint16]uint16{
+		web.Key(): {80: 9090}, all.Key(): {}, "ns/missing.ns.svc.cluster.local": {80: 1},
+	})
 	s := mustSnapshot(t, []*Workload{w3, w2, w1}, []*Service{web, all}, nil)
 
 	eps := s.Endpoints(web)
-	if len(eps) != 2 || eps[0].Workload != w1 || eps[1].Workload != w3 || eps[1].Ports[80] != 9090 {
+	if len(eps) != 2 || eps[0].Workload != w1 || eps[1].Workload != w3 || !slices.Equal(eps[1].Ports(), PortMap{{80, 9090}}) {
 		t.Errorf("web endpoints = %+v", eps)
 	}
 	if eps := s.Endpoints(all); len(eps) != 3 {
@@ -410,7 +412,7 @@ func benchInput(n int) ([]*Workload, []*Service) {
 	}
 	for i := range ws {
 		ws[i] = wl("uid-"+itoa(i), "ns", "pod-"+itoa(i), "10.0."+itoa(i/250)+"."+itoa(i%250+1))
-		ws[i].Services = map[string]map[uint16]uint16{ss[i%len(ss)].Key(): {80: 8080}}
+		ws[i].Services = ServicesOf(map[string]map[uint16]uint16{ss[i%len(ss)].Key(): {80: 8080}})
 	}
 	return ws, ss
 }

@@ -194,9 +194,11 @@ type Workload struct {
 	// empty fields.
 	Extra *WorkloadExtra
 
-	// Services maps "namespace/hostname" service keys to this workload's port
-	// map for that service: service port -> target port.
-	Services map[string]map[uint16]uint16
+	// Services lists the "namespace/hostname" keys of the services this
+	// workload is an endpoint of, each with the workload's port map for it
+	// (service port -> target port). Converters share one set among the
+	// workloads that have the same (a deployment's replicas).
+	Services *ServiceSet
 
 	// Locality is nil for a workload without one; converters share one
 	// value among the workloads of a locality (issue 36: inline, its three

@@ -15,13 +15,15 @@ import (
 // tcp, with one address and a port map for each service key.
 func writerWorkload(uid, ip string, tcp bool, services ...string) *Workload {
 	w := &Workload{UID: uid, Name: uid, Namespace: "ns", Protocol: ProtocolHBONE, Capacity: 1,
-		Addresses: []netip.Addr{netip.MustParseAddr(ip)}, Services: map[string]map[uint16]uint16{}}
+		Addresses: []netip.Addr{netip.MustParseAddr(ip)}}
 	if tcp {
 		w.Protocol = ProtocolTCP
 	}
+	m := map[string]map[uint16]uint16{}
 	for _, k := range services {
-		w.Services[k] = map[uint16]uint16{80: 8080}
+		m[k] = map[uint16]uint16{80: 8080}
 	}
+	w.Services = ServicesOf(m)
 	return w
 }
 
@@ -150,7 +152,7 @@ func TestWriterRanksSharedAddresses(t *testing.T) {
 		}
 		for _, w := range []*Workload{tc.first, tc.second} {
 			if w.UID == loser {
-				w.Services = map[string]map[uint16]uint16{svc.Key(): nil}
+				w.Services = ServicesOf(map[string]map[uint16]uint16{svc.Key(): nil})
 			}
 			if err := x.Update(func(tx *Tx) { tx.PutWorkload(w) }); err != nil {
 				t.Fatal(err)

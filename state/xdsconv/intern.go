@@ -171,15 +171,18 @@ var workloadTypes = func() map[workloadapi.WorkloadType]string {
 	return m
 }()
 
-// servicesCache shares workloads' Services maps (snapshot values are never
-// modified, so equal maps can be one map). It maps an encoding of the
-// map's content to a workload holding such a map, weakly: a workload
-// replaced or removed does not stay alive for the cache's sake.
-var servicesCache = weakCache[string, state.Workload]{minSweep: 1024}
+// servicesCache shares workloads' Services sets (snapshot values are never
+// modified, so equal sets can be one). It maps an encoding of the set's
+// content to the set, weakly: a set no workload holds any more does not
+// stay alive for the cache's sake.
+var servicesCache = weakCache[string, state.ServiceSet]{minSweep: 1024}
 
-// sharedServices converts x's Services into w.Services, reusing the map of
+// sharedServices converts x's Services into w.Services, reusing the set of
 // a live workload with the same services and ports.
 func sharedServices(w *state.Workload, x map[string]*workloadapi.PortList) error {
+	if len(x) == 0 {
+		return nil
+	}
 	keys := make([]string, 0, len(x))
 	for k := range x {
 		if !strings.Contains(k, "/") {
@@ -208,14 +211,15 @@ func sharedServices(w *state.Workload, x map[string]*workloadapi.PortList) error
 	c := &servicesCache
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if other := c.getLocked(string(b)); other != nil {
-		w.Services = other.Services
+	if set := c.getLocked(string(b)); set != nil {
+		w.Services = set
 		return nil
 	}
-	w.Services = make(map[string]map[uint16]uint16, len(x))
-	for _, k := range keys {
-		w.Services[intern(k)] = protoPortMap(x[k].GetPorts())
+	list := make([]state.ServicePorts, len(keys))
+	for i, k := range keys {
+		list[i] = state.ServicePorts{Key: intern(k), Ports: protoPorts(x[k].GetPorts())}
 	}
-	c.putLocked(string(b), w)
+	w.Services = state.NewServiceSet(list)
+	c.putLocked(string(b), w.Services)
 	return nil
 }

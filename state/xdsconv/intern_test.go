@@ -49,10 +49,6 @@ func ports(pairs ...uint32) *workloadapi.PortList {
 
 func sameString(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
 
-func sameMap(a, b map[string]map[uint16]uint16) bool {
-	return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
-}
-
 // TestConvertSharesRepeats: two replicas of one deployment hold one copy of
 // what they have in common (issue 36's memory per workload): the names that
 // repeat across workloads and the Services map; their own uid and name stay
@@ -85,8 +81,8 @@ func TestConvertSharesRepeats(t *testing.T) {
 			t.Errorf("%s: %q and %q are two copies", f.name, f.a, f.b)
 		}
 	}
-	if !sameMap(a.Services, b.Services) {
-		t.Error("the replicas' Services maps are two copies")
+	if a.Services == nil || a.Services != b.Services {
+		t.Error("the replicas' Services sets are two copies")
 	}
 	if a.Extra == nil || a.Extra != b.Extra {
 		t.Errorf("the replicas' Extra %p and %p: want one shared value", a.Extra, b.Extra)
@@ -94,7 +90,7 @@ func TestConvertSharesRepeats(t *testing.T) {
 	if a.Locality == nil || a.Locality != b.Locality {
 		t.Errorf("the replicas' localities %p and %p: want one shared value", a.Locality, b.Locality)
 	}
-	if want := map[string]map[uint16]uint16{"ns-1/app.ns-1.svc.cluster.local": {80: 8080, 9090: 9090}}; !reflect.DeepEqual(a.Services, want) {
+	if want := map[string]map[uint16]uint16{"ns-1/app.ns-1.svc.cluster.local": {80: 8080, 9090: 9090}}; !reflect.DeepEqual(a.Services.Map(), want) {
 		t.Errorf("Services = %v, want %v", a.Services, want)
 	}
 	if a.UID == b.UID || a.Name == b.Name {
@@ -110,14 +106,14 @@ func TestConvertSharesRepeats(t *testing.T) {
 		{},
 	} {
 		c := decodedWorkload(t, "app-3", other)
-		if sameMap(a.Services, c.Services) {
+		if a.Services == c.Services {
 			t.Errorf("services %v share the map of %v", c.Services, a.Services)
 		}
 		want := map[string]map[uint16]uint16{}
 		for k, pl := range other {
 			want[k] = protoPortMap(pl.GetPorts())
 		}
-		if !reflect.DeepEqual(c.Services, want) {
+		if !reflect.DeepEqual(c.Services.Map(), want) {
 			t.Errorf("Services = %v, want %v", c.Services, want)
 		}
 	}

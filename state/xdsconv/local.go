@@ -140,19 +140,21 @@ func foldEndpoints(workloads []*state.Workload, eps []inlineEndpoint) {
 		if w == nil {
 			continue // ztunnel keeps it but never routes to it
 		}
-		if _, ok := w.Services[ep.service]; ok {
+		if w.Services.Has(ep.service) {
 			continue // the workload's own entry wins, as in ztunnel
 		}
-		if w.Services == nil {
-			w.Services = map[string]map[uint16]uint16{}
-		}
-		w.Services[ep.service] = maps.Clone(ep.ports)
+		m := w.Services.Map()
+		m[ep.service] = maps.Clone(ep.ports)
+		w.Services = state.ServicesOf(m)
 	}
 }
 
 func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
-	w := &state.Workload{Capacity: 1, Services: map[string]map[uint16]uint16{}}
-	var x state.WorkloadExtra // w.Extra, when not empty
+	w := &state.Workload{Capacity: 1}
+	var (
+		x    state.WorkloadExtra // w.Extra, when not empty
+		svcs = map[string]map[uint16]uint16{}
+	)
 	err := d.object(n, path, "workload", map[string]fieldFunc{
 		"uid":               str(&w.UID),
 		"name":              str(&w.Name),
@@ -200,12 +202,13 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 				}
 				var ports map[uint16]uint16
 				err := portMap(&ports)(d, v, path)
-				w.Services[k.Value] = ports
+				svcs[k.Value] = ports
 				return err
 			})
 		},
 	}, "uid", "namespace", "workloadIps", "services")
 	w.SetExtra(x)
+	w.Services = state.ServicesOf(svcs)
 	return w, err
 }
 

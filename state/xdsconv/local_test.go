@@ -143,14 +143,14 @@ func TestAllFields(t *testing.T) {
 				AuthorizationPolicies: []string{"ns1/sel", "ns1/missing"},
 			},
 			NativeTunnel: true,
-			Services:     map[string]map[uint16]uint16{"ns1/svc.ns1.svc.cluster.local": {80: 8080, 443: 8443}},
+			Services:     state.ServicesOf(map[string]map[uint16]uint16{"ns1/svc.ns1.svc.cluster.local": {80: 8080, 443: 8443}}),
 			Capacity:     7,
 			Locality:     &state.Locality{Region: "r1", Zone: "z1", Subzone: "s1"},
 		},
 		{
 			UID: "c1//v1/Pod/ns1/minimal", Namespace: "ns1", Addresses: []netip.Addr{}, Capacity: 1,
 			// Folded in from the service's inline endpoints.
-			Services: map[string]map[uint16]uint16{"ns1/svc.ns1.svc.cluster.local": {80: 9090}},
+			Services: state.ServicesOf(map[string]map[uint16]uint16{"ns1/svc.ns1.svc.cluster.local": {80: 9090}}),
 		},
 	}
 	wantServices := []*state.Service{{
@@ -385,7 +385,7 @@ workloads:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Workloads) != 2 || cfg.Workloads[1].Services["ns/h"][80] != 8080 {
+	if len(cfg.Workloads) != 2 || cfg.Workloads[1].Services.Map()["ns/h"][80] != 8080 {
 		t.Fatalf("aliased services: %+v", cfg.Workloads[1])
 	}
 }
@@ -433,8 +433,8 @@ func FuzzParseLocalConfig(f *testing.F) {
 		// Whatever parsed must be usable.
 		for _, w := range s.Workloads() {
 			s.Authorize(state.Conn{DstWorkload: w})
-			for k := range w.Services {
-				if svc := s.ServiceByKey(k); svc != nil {
+			for _, sp := range w.Services.List() {
+				if svc := s.ServiceByKey(sp.Key); svc != nil {
 					for p := range svc.Ports {
 						s.PickEndpoint(w, svc, p, nil)
 					}

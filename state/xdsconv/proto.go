@@ -323,6 +323,15 @@ func ports16(in []uint32) []uint16 {
 
 // protoPortMap turns ports into service port -> target port; a repeated service
 // port keeps its last target, as ztunnel's map does.
+// protoPorts converts a workload's ports for one service.
+func protoPorts(ports []*workloadapi.Port) state.PortMap {
+	pairs := make([]state.PortPair, len(ports))
+	for i, p := range ports {
+		pairs[i] = state.PortPair{Service: uint16(p.GetServicePort()), Target: uint16(p.GetTargetPort())}
+	}
+	return state.NewPortMap(pairs)
+}
+
 func protoPortMap(ports []*workloadapi.Port) map[uint16]uint16 {
 	m := make(map[uint16]uint16, len(ports))
 	for _, p := range ports {

@@ -69,7 +69,7 @@ func TestConvertWorkloadAllFields(t *testing.T) {
 		},
 		NativeTunnel: true,
 		// 70443 truncates to 4907, as ztunnel's "as u16" does.
-		Services: map[string]map[uint16]uint16{"ns/svc.ns.svc": {80: 8080, 4907: 8443}},
+		Services: state.ServicesOf(map[string]map[uint16]uint16{"ns/svc.ns.svc": {80: 8080, 4907: 8443}}),
 		Capacity: 0,
 		Locality: &state.Locality{Region: "r", Zone: "z", Subzone: "s"},
 	}
@@ -89,7 +89,7 @@ func TestConvertWorkloadDefaults(t *testing.T) {
 	}
 	want := &state.Workload{
 		UID: "u", Namespace: "ns", ServiceAccount: "default", TrustDomain: "cluster.local", ClusterID: "Kubernetes",
-		WorkloadType: "deployment", Capacity: 1, Services: map[string]map[uint16]uint16{},
+		WorkloadType: "deployment", Capacity: 1, Services: state.ServicesOf(map[string]map[uint16]uint16{}),
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got  %+v\nwant %+v", got, want)
