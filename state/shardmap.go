@@ -178,6 +178,21 @@ func (m *shardMap[K, V]) all(f func(K, V)) {
 	}
 }
 
+// update replaces every value v by f(v), in place: only for an index its
+// caller owns whole (a fresh build's).
+func (m *shardMap[K, V]) update(f func(V) V) {
+	for _, page := range m.pages {
+		for _, t := range page {
+			t = t[:cap(t)]
+			for i := range t {
+				if t[i].h != 0 {
+					t[i].v = f(t[i].v)
+				}
+			}
+		}
+	}
+}
+
 // find returns the slot index of k (hash h) in table t (at full size), or -1.
 func find[K comparable, V any](t []slot[K, V], h uint64, k K) int {
 	n := uint64(len(t))

@@ -78,3 +78,21 @@ func (w *Workload) editExtra(f func(*WorkloadExtra)) {
 	f(&x)
 	w.SetExtra(x)
 }
+
+// TestMemberListsTrimmed: a snapshot built from scratch keeps each
+// service's member list at its length (issue 36: grown by appending, the
+// lists of a mesh with 10 replicas per service had room for 16).
+func TestMemberListsTrimmed(t *testing.T) {
+	ws, ss := meshInput(1000)
+	s := mustSnapshot(t, ws, ss, nil)
+	n := 0
+	s.members.all(func(k NamespacedHostname, list []Endpoint) {
+		n += len(list)
+		if cap(list) != len(list) {
+			t.Errorf("members of %v: %d with room for %d", k, len(list), cap(list))
+		}
+	})
+	if n != len(ws) {
+		t.Errorf("%d members, want %d", n, len(ws))
+	}
+}
