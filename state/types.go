@@ -163,10 +163,12 @@ type Workload struct {
 	Node           string
 	ClusterID      string
 
-	WorkloadName      string
-	WorkloadType      string // lower-case kind, e.g. "deployment", "pod"
-	CanonicalName     string
-	CanonicalRevision string
+	// Labels holds the names a deployment's replicas have in common and
+	// only telemetry and the config dump read, nil when all are empty
+	// (issue 36: inline they were 64 bytes of every record; converters
+	// share one value among the replicas). Read them through the
+	// accessors of the same names.
+	Labels *WorkloadLabels
 
 	Addresses []netip.Addr
 
@@ -176,20 +178,13 @@ type Workload struct {
 	Status       HealthStatus
 	NetworkMode  NetworkMode
 	NativeTunnel bool
-	// lostAddrs has bit i set when Addresses[i] is shared with another
-	// workload that wins it (Writer's ranking): the address stays the
-	// workload's own, dialled when it is picked as a service's endpoint,
-	// but resolves to the winner, as ztunnel keeps every workload's
-	// workload_ips and ranks only its by-address index.
-	lostAddrs uint8
 	// Capacity is the workload's load-balancing weight. Converters fill 1
 	// when the source leaves it unset; 0 means the workload never receives
 	// service traffic.
 	Capacity uint32
 
 	// Extra holds the fields most workloads leave empty, nil when all of
-	// them are (issue 36: inline they were 64 bytes of every record, and
-	// took it from the 320-byte malloc size class to 256). Read them
+	// them are (issue 36: inline they were 64 bytes of every record). Read them
 	// through the accessors of the same names, which take a nil Extra for
 	// empty fields.
 	Extra *WorkloadExtra
@@ -206,6 +201,52 @@ type Workload struct {
 	Locality *Locality
 }
 
+// WorkloadLabels are the names of a workload's deployment that telemetry
+// labels its traffic with. The struct is comparable, so that converters can
+// share equal values.
+type WorkloadLabels struct {
+	WorkloadName      string
+	WorkloadType      string // lower-case kind, e.g. "deployment", "pod"
+	CanonicalName     string
+	CanonicalRevision string
+}
+
+// WorkloadName returns the name of the workload's deployment (or other
+// owner), Labels.WorkloadName.
+func (w *Workload) WorkloadName() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.WorkloadName
+}
+
+// WorkloadType returns the lower-case kind of the workload's owner, e.g.
+// "deployment", "pod" (Labels.WorkloadType).
+func (w *Workload) WorkloadType() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.WorkloadType
+}
+
+// CanonicalName returns the workload's canonical service name
+// (Labels.CanonicalName).
+func (w *Workload) CanonicalName() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.CanonicalName
+}
+
+// CanonicalRevision returns the workload's canonical revision
+// (Labels.CanonicalRevision).
+func (w *Workload) CanonicalRevision() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.CanonicalRevision
+}
+
 // WorkloadExtra is the part of a Workload most workloads leave empty.
 type WorkloadExtra struct {
 	// Hostname is set for workloads that have a DNS name instead of addresses.
@@ -218,13 +259,22 @@ type WorkloadExtra struct {
 	// AuthorizationPolicies lists "namespace/name" keys of the
 	// WORKLOAD_SELECTOR policies that select this workload.
 	AuthorizationPolicies []string
+
+	// lostAddrs has bit i set when the workload's Addresses[i] is shared
+	// with another workload that wins it (Writer's ranking): the address
+	// stays the workload's own, dialled when it is picked as a service's
+	// endpoint, but resolves to the winner, as ztunnel keeps every
+	// workload's workload_ips and ranks only its by-address index. Only
+	// the Writer's copies of such workloads set it (rare: in the record it
+	// took the small fields past one word).
+	lostAddrs uint8
 }
 
 // IsZero reports whether every field of x is empty (a workload then needs
 // no Extra).
 func (x *WorkloadExtra) IsZero() bool {
 	return x == nil || x.Hostname == "" && x.Waypoint == nil && x.NetworkGateway == nil &&
-		x.ApplicationTunnel == nil && len(x.AuthorizationPolicies) == 0
+		x.ApplicationTunnel == nil && len(x.AuthorizationPolicies) == 0 && x.lostAddrs == 0
 }
 
 // SetExtra sets w.Extra to a copy of x, or to nil when x is empty.

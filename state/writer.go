@@ -438,8 +438,17 @@ func winner(list []*Workload) *Workload {
 // without it.
 const maxLostAddrs = 8
 
+// lostAddrs returns the bits of w's addresses that resolve to another
+// workload (WorkloadExtra.lostAddrs).
+func (w *Workload) lostAddrs() uint8 {
+	if w.Extra == nil {
+		return 0
+	}
+	return w.Extra.lostAddrs
+}
+
 // losesAddr reports whether w's Addresses[i] resolves to another workload.
-func (w *Workload) losesAddr(i int) bool { return i < maxLostAddrs && w.lostAddrs&(1<<i) != 0 }
+func (w *Workload) losesAddr(i int) bool { return i < maxLostAddrs && w.lostAddrs()&(1<<i) != 0 }
 
 // withoutAddrs returns w itself if lost is empty (and w marks none, as a
 // copy of a published workload put back would), else a copy of w whose
@@ -447,21 +456,26 @@ func (w *Workload) losesAddr(i int) bool { return i < maxLostAddrs && w.lostAddr
 // copy keeps them, as a service endpoint is dialled on them, but the
 // snapshot resolves them to the winner.
 func withoutAddrs(w *Workload, lost []netip.Addr) *Workload {
-	if lost == nil && w.lostAddrs == 0 {
+	if lost == nil && w.lostAddrs() == 0 {
 		return w
 	}
 	cp := *w
-	cp.lostAddrs = 0
+	var x WorkloadExtra // a copy of w's: the original may be shared
+	if w.Extra != nil {
+		x = *w.Extra
+	}
+	x.lostAddrs = 0
 	cp.Addresses = make([]netip.Addr, 0, len(w.Addresses))
 	for _, ip := range w.Addresses {
 		if slices.Contains(lost, ip.Unmap()) {
 			if len(cp.Addresses) >= maxLostAddrs {
 				continue
 			}
-			cp.lostAddrs |= 1 << len(cp.Addresses)
+			x.lostAddrs |= 1 << len(cp.Addresses)
 		}
 		cp.Addresses = append(cp.Addresses, ip)
 	}
+	cp.SetExtra(x)
 	return &cp
 }
 

@@ -85,6 +85,30 @@ func internLocality(l state.Locality) *state.Locality {
 	return p
 }
 
+// labelSets shares the workloads' Labels values: one per deployment (and
+// revision).
+var labelSets = weakCache[state.WorkloadLabels, state.WorkloadLabels]{minSweep: 1024}
+
+// internLabels returns the shared value equal to l, its strings interned
+// (nil for the zero WorkloadLabels).
+func internLabels(l state.WorkloadLabels) *state.WorkloadLabels {
+	if l == (state.WorkloadLabels{}) {
+		return nil
+	}
+	c := &labelSets
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p := c.getLocked(l); p != nil {
+		return p
+	}
+	p := &state.WorkloadLabels{
+		WorkloadName: intern(l.WorkloadName), WorkloadType: intern(l.WorkloadType),
+		CanonicalName: intern(l.CanonicalName), CanonicalRevision: intern(l.CanonicalRevision),
+	}
+	c.putLocked(*p, p)
+	return p
+}
+
 // extras shares the workloads' Extra values, by an encoding of their
 // content (extraKey): the replicas of a deployment have the same waypoint
 // and policies (issue 36: 64 bytes of each record before they moved to

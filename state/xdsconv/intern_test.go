@@ -68,10 +68,10 @@ func TestConvertSharesRepeats(t *testing.T) {
 		{"network", a.Network, b.Network},
 		{"node", a.Node, b.Node},
 		{"cluster", a.ClusterID, b.ClusterID},
-		{"workload name", a.WorkloadName, b.WorkloadName},
-		{"workload type", a.WorkloadType, b.WorkloadType},
-		{"canonical name", a.CanonicalName, b.CanonicalName},
-		{"canonical revision", a.CanonicalRevision, b.CanonicalRevision},
+		{"workload name", a.WorkloadName(), b.WorkloadName()},
+		{"workload type", a.WorkloadType(), b.WorkloadType()},
+		{"canonical name", a.CanonicalName(), b.CanonicalName()},
+		{"canonical revision", a.CanonicalRevision(), b.CanonicalRevision()},
 		{"policy key", a.AuthorizationPolicies()[0], b.AuthorizationPolicies()[0]},
 		{"region", a.Locality.Region, b.Locality.Region},
 		{"zone", a.Locality.Zone, b.Locality.Zone},
@@ -83,6 +83,9 @@ func TestConvertSharesRepeats(t *testing.T) {
 	}
 	if a.Services == nil || a.Services != b.Services {
 		t.Error("the replicas' Services sets are two copies")
+	}
+	if a.Labels == nil || a.Labels != b.Labels {
+		t.Errorf("the replicas' Labels %p and %p: want one shared value", a.Labels, b.Labels)
 	}
 	if a.Extra == nil || a.Extra != b.Extra {
 		t.Errorf("the replicas' Extra %p and %p: want one shared value", a.Extra, b.Extra)
@@ -150,6 +153,9 @@ func TestConvertSharesExtra(t *testing.T) {
 		return w
 	}
 	a, b := conv(base()), conv(base())
+	if a.Labels == nil || a.Labels != b.Labels {
+		t.Errorf("the replicas' Labels %p and %p: want one shared value", a.Labels, b.Labels)
+	}
 	if a.Extra == nil || a.Extra != b.Extra {
 		t.Fatalf("equal rare fields: Extra %p and %p, want one shared value", a.Extra, b.Extra)
 	}

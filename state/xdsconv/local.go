@@ -152,8 +152,9 @@ func foldEndpoints(workloads []*state.Workload, eps []inlineEndpoint) {
 func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 	w := &state.Workload{Capacity: 1}
 	var (
-		x    state.WorkloadExtra // w.Extra, when not empty
-		svcs = map[string]map[uint16]uint16{}
+		x      state.WorkloadExtra  // w.Extra, when not empty
+		labels state.WorkloadLabels // w.Labels, likewise
+		svcs   = map[string]map[uint16]uint16{}
 	)
 	err := d.object(n, path, "workload", map[string]fieldFunc{
 		"uid":               str(&w.UID),
@@ -164,10 +165,10 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 		"network":           str(&w.Network),
 		"node":              str(&w.Node),
 		"clusterId":         str(&w.ClusterID),
-		"workloadName":      str(&w.WorkloadName),
-		"workloadType":      str(&w.WorkloadType),
-		"canonicalName":     str(&w.CanonicalName),
-		"canonicalRevision": str(&w.CanonicalRevision),
+		"workloadName":      str(&labels.WorkloadName),
+		"workloadType":      str(&labels.WorkloadType),
+		"canonicalName":     str(&labels.CanonicalName),
+		"canonicalRevision": str(&labels.CanonicalRevision),
 		"hostname":          str(&x.Hostname),
 		"workloadIps":       ipList(&w.Addresses),
 		"protocol":          enum(&w.Protocol, "protocol", "TCP", "HBONE"),
@@ -208,6 +209,9 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 		},
 	}, "uid", "namespace", "workloadIps", "services")
 	w.SetExtra(x)
+	if labels != (state.WorkloadLabels{}) {
+		w.Labels = &labels
+	}
 	w.Services = state.ServicesOf(svcs)
 	return w, err
 }

@@ -126,7 +126,7 @@ func TestAllFields(t *testing.T) {
 		{
 			UID: "c1//v1/Pod/ns1/full", Name: "full", Namespace: "ns1", ServiceAccount: "sa1", TrustDomain: "example.org",
 			Network: "net1", Node: "node1", ClusterID: "c1",
-			WorkloadName: "full-deploy", WorkloadType: "deployment", CanonicalName: "full-app", CanonicalRevision: "v2",
+			Labels:      &state.WorkloadLabels{WorkloadName: "full-deploy", WorkloadType: "deployment", CanonicalName: "full-app", CanonicalRevision: "v2"},
 			Addresses:   []netip.Addr{addr("10.0.0.1"), addr("fd00::1")},
 			Protocol:    state.ProtocolHBONE,
 			Status:      state.Unhealthy,

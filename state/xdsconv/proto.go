@@ -65,20 +65,22 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 	// What repeats across workloads is interned (intern.go); the uid and
 	// the name are each workload's own.
 	w := &state.Workload{
-		UID:               x.GetUid(),
-		Name:              x.GetName(),
-		Namespace:         intern(x.GetNamespace()),
-		ServiceAccount:    intern(orDefault(x.GetServiceAccount(), defaultServiceAccount)),
-		TrustDomain:       intern(orDefault(x.GetTrustDomain(), identity.DefaultTrustDomain)),
-		Network:           intern(x.GetNetwork()),
-		Node:              intern(x.GetNode()),
-		ClusterID:         intern(orDefault(x.GetClusterId(), defaultClusterID)),
-		WorkloadName:      intern(x.GetWorkloadName()),
-		WorkloadType:      workloadType(x.GetWorkloadType()),
-		CanonicalName:     intern(x.GetCanonicalName()),
-		CanonicalRevision: intern(x.GetCanonicalRevision()),
-		NativeTunnel:      x.GetNativeTunnel(),
-		Capacity:          1,
+		UID:            x.GetUid(),
+		Name:           x.GetName(),
+		Namespace:      intern(x.GetNamespace()),
+		ServiceAccount: intern(orDefault(x.GetServiceAccount(), defaultServiceAccount)),
+		TrustDomain:    intern(orDefault(x.GetTrustDomain(), identity.DefaultTrustDomain)),
+		Network:        intern(x.GetNetwork()),
+		Node:           intern(x.GetNode()),
+		ClusterID:      intern(orDefault(x.GetClusterId(), defaultClusterID)),
+		Labels: internLabels(state.WorkloadLabels{
+			WorkloadName:      x.GetWorkloadName(),
+			WorkloadType:      workloadType(x.GetWorkloadType()),
+			CanonicalName:     x.GetCanonicalName(),
+			CanonicalRevision: x.GetCanonicalRevision(),
+		}),
+		NativeTunnel: x.GetNativeTunnel(),
+		Capacity:     1,
 	}
 	// The rare fields (most workloads have none of them) are filled in
 	// extra, which becomes w.Extra if any is set.

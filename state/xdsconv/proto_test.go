@@ -50,8 +50,8 @@ func TestConvertWorkloadAllFields(t *testing.T) {
 	}
 	want := &state.Workload{
 		UID: "c1//v1/Pod/ns/p1", Name: "p1", Namespace: "ns", ServiceAccount: "sa", TrustDomain: "td",
-		Network: "net1", Node: "n1", ClusterID: "c1", WorkloadName: "job", WorkloadType: "cronjob",
-		CanonicalName: "app", CanonicalRevision: "v1",
+		Network: "net1", Node: "n1", ClusterID: "c1",
+		Labels:      &state.WorkloadLabels{WorkloadName: "job", WorkloadType: "cronjob", CanonicalName: "app", CanonicalRevision: "v1"},
 		Addresses:   []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")},
 		Protocol:    state.ProtocolHBONE,
 		Status:      state.Unhealthy,
@@ -89,7 +89,7 @@ func TestConvertWorkloadDefaults(t *testing.T) {
 	}
 	want := &state.Workload{
 		UID: "u", Namespace: "ns", ServiceAccount: "default", TrustDomain: "cluster.local", ClusterID: "Kubernetes",
-		WorkloadType: "deployment", Capacity: 1, Services: state.ServicesOf(map[string]map[uint16]uint16{}),
+		Labels: &state.WorkloadLabels{WorkloadType: "deployment"}, Capacity: 1, Services: state.ServicesOf(map[string]map[uint16]uint16{}),
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got  %+v\nwant %+v", got, want)
