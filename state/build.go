@@ -27,8 +27,7 @@ type builder struct {
 	svcByKey  *shardEdit[NamespacedHostname, *Service]
 	svcByVIP  addrEdit[[]*Service]
 	svcByHost *shardEdit[string, []*Service]
-	members   *shardEdit[NamespacedHostname, []Endpoint]
-	endpoints *shardEdit[NamespacedHostname, []Endpoint]
+	svcEps    *shardEdit[NamespacedHostname, svcMembers]
 
 	// touched holds the service keys whose endpoints an edit must derive
 	// again (a fresh build derives those of every service).
@@ -56,8 +55,7 @@ func newBuilder(s *Snapshot, fresh bool, nw, ns int) *builder {
 		svcByKey:  newShardEdit(&s.svcByKey, hashNH, fresh, ns),
 		svcByVIP:  newAddrEdit(&s.svcByVIP, fresh, ns),
 		svcByHost: newShardEdit(&s.svcByHost, hashString, fresh, ns),
-		members:   newShardEdit(&s.members, hashNH, fresh, ns),
-		endpoints: newShardEdit(&s.endpoints, hashNH, fresh, ns),
+		svcEps:    newShardEdit(&s.svcEps, hashNH, fresh, ns),
 		touched:   map[NamespacedHostname]struct{}{},
 		cidrGone:  map[*Service]struct{}{},
 	}
@@ -278,7 +276,7 @@ func (b *builder) indexWorkload(w *Workload) {
 		// them until the service arrives, which for us is the snapshot
 		// that brings it (members keeps them until then).
 		nh := NamespacedHostname{ns, host}
-		insertSorted(b.members, nh, Endpoint{Workload: w, svc: uint32(i)}, cmpEndpoints)
+		b.addMember(nh, Endpoint{Workload: w, svc: uint32(i)})
 		b.touch(nh)
 	}
 }
@@ -300,7 +298,7 @@ func (b *builder) unindexWorkload(w *Workload) {
 	for _, sp := range w.Services.List() {
 		if ns, host, ok := strings.Cut(sp.Key, "/"); ok {
 			nh := NamespacedHostname{ns, host}
-			removeSorted(b.members, nh, Endpoint{Workload: w}, cmpEndpoints)
+			b.removeMember(nh, w)
 			b.touch(nh)
 		}
 	}
@@ -362,11 +360,11 @@ func (b *builder) finish() {
 		// The member lists grew by appending; trimmed, they are ~1/3
 		// smaller (issue 36: ~10 bytes per workload). An edit copies a
 		// list it changes to its exact size anyway.
-		s.members.update(func(list []Endpoint) []Endpoint {
-			if cap(list) == len(list) {
-				return list
+		s.svcEps.update(func(v svcMembers) svcMembers {
+			if cap(v.members) != len(v.members) {
+				v.members = append([]Endpoint(nil), v.members...)
 			}
-			return append([]Endpoint(nil), list...)
+			return v
 		})
 		s.svcByKey.all(func(k NamespacedHostname, svc *Service) { b.setEndpoints(k, svc) })
 	} else {
@@ -398,40 +396,88 @@ func (b *builder) finish() {
 	b.svcByKey.finish()
 	b.svcByVIP.finish()
 	b.svcByHost.finish()
-	b.members.finish()
-	b.endpoints.finish()
+	b.svcEps.finish()
+}
+
+// addMember adds ep to the members of the service under key.
+func (b *builder) addMember(key NamespacedHostname, ep Endpoint) {
+	v := b.svcEps.get(key)
+	i, found := slices.BinarySearchFunc(v.members, ep, cmpEndpoints)
+	if found {
+		return
+	}
+	// The endpoints list may be the members list; it is derived again in
+	// finish, after every member change, so an owned members list may
+	// change in place.
+	if b.svcEps.ownsValue(key) {
+		v.members = slices.Insert(v.members, i, ep)
+	} else {
+		n := make([]Endpoint, len(v.members)+1)
+		copy(n, v.members[:i])
+		n[i] = ep
+		copy(n[i+1:], v.members[i:])
+		v.members = n
+	}
+	b.svcEps.set(key, v)
+}
+
+// removeMember removes w from the members of the service under key.
+func (b *builder) removeMember(key NamespacedHostname, w *Workload) {
+	v := b.svcEps.get(key)
+	i, found := slices.BinarySearchFunc(v.members, Endpoint{Workload: w}, cmpEndpoints)
+	switch {
+	case !found:
+		return
+	case len(v.members) == 1:
+		v.members = nil
+	case b.svcEps.ownsValue(key):
+		v.members = slices.Delete(v.members, i, i+1)
+	default:
+		n := make([]Endpoint, len(v.members)-1)
+		copy(n, v.members[:i])
+		copy(n[i:], v.members[i+1:])
+		v.members = n
+	}
+	b.putMembers(key, v)
+}
+
+// putMembers stores v under key, or removes the key when v is empty.
+func (b *builder) putMembers(key NamespacedHostname, v svcMembers) {
+	if v.members == nil && v.endpoints == nil {
+		b.svcEps.del(key)
+		return
+	}
+	b.svcEps.set(key, v)
 }
 
 // setEndpoints derives the endpoints of the service under key (nil: none)
 // from the workloads naming it. When every one of them is an endpoint, the
 // list is shared with members.
 func (b *builder) setEndpoints(key NamespacedHostname, svc *Service) {
-	if svc == nil {
-		b.endpoints.del(key)
-		return
-	}
-	m := b.members.get(key)
-	n := 0
-	for _, e := range m {
-		if svc.includes(e.Workload) {
-			n++
+	v := b.svcEps.get(key)
+	v.endpoints = nil
+	if svc != nil {
+		m := v.members
+		n := 0
+		for _, e := range m {
+			if svc.includes(e.Workload) {
+				n++
+			}
+		}
+		switch n {
+		case 0:
+		case len(m):
+			v.endpoints = m
+		default:
+			v.endpoints = make([]Endpoint, 0, n)
+			for _, e := range m {
+				if svc.includes(e.Workload) {
+					v.endpoints = append(v.endpoints, e)
+				}
+			}
 		}
 	}
-	switch n {
-	case 0:
-		b.endpoints.del(key)
-		return
-	case len(m):
-		b.endpoints.set(key, m)
-		return
-	}
-	eps := make([]Endpoint, 0, n)
-	for _, e := range m {
-		if svc.includes(e.Workload) {
-			eps = append(eps, e)
-		}
-	}
-	b.endpoints.set(key, eps)
+	b.putMembers(key, v)
 }
 
 // checkPolicies validates policies and returns the valid ones in a new

@@ -61,7 +61,7 @@ func (s *Snapshot) Apply(d Delta) (*Snapshot, error) {
 	ns := &Snapshot{
 		byUID: s.byUID, byAddr: s.byAddr, byInfo: s.byInfo, byInfoMulti: s.byInfoMulti, byHost: s.byHost,
 		svcByKey: s.svcByKey, svcByVIP: s.svcByVIP, svcByHost: s.svcByHost, cidrVIPs: s.cidrVIPs,
-		members: s.members, endpoints: s.endpoints, nets: s.nets,
+		svcEps: s.svcEps, nets: s.nets,
 	}
 	b := newBuilder(ns, false, 0, 0)
 

@@ -346,8 +346,7 @@ func checkSame(t *testing.T, got, want *Snapshot) {
 	sameIndex(t, "svcByKey", &got.svcByKey, &want.svcByKey)
 	sameAddrIndex(t, "svcByVIP", got, want, func(s *Snapshot) *addrIndex[[]*Service] { return &s.svcByVIP })
 	sameIndex(t, "svcByHost", &got.svcByHost, &want.svcByHost)
-	sameIndex(t, "members", &got.members, &want.members)
-	sameIndex(t, "endpoints", &got.endpoints, &want.endpoints)
+	sameIndex(t, "svcEps", &got.svcEps, &want.svcEps)
 	if !reflect.DeepEqual(got.cidrVIPs, want.cidrVIPs) {
 		t.Errorf("cidrVIPs: got %v, want %v", got.cidrVIPs, want.cidrVIPs)
 	}

@@ -86,7 +86,8 @@ func TestMemberListsTrimmed(t *testing.T) {
 	ws, ss := meshInput(1000)
 	s := mustSnapshot(t, ws, ss, nil)
 	n := 0
-	s.members.all(func(k NamespacedHostname, list []Endpoint) {
+	s.svcEps.all(func(k NamespacedHostname, v svcMembers) {
+		list := v.members
 		n += len(list)
 		if cap(list) != len(list) {
 			t.Errorf("members of %v: %d with room for %d", k, len(list), cap(list))

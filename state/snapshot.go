@@ -15,6 +15,16 @@ var ErrInvalid = errors.New("state: invalid snapshot")
 // maxErrors bounds how many problems NewSnapshot reports at once.
 const maxErrors = 20
 
+// svcMembers are a service key's workloads. members lists every workload
+// naming the service in its Services (sorted by UID), whether or not the
+// service exists or takes it as an endpoint, so that a service arriving or
+// changing its health policy finds its endpoints without a scan;
+// endpoints lists those of them that are the service's endpoints (sorted
+// by UID; members itself when they all are).
+type svcMembers struct {
+	members, endpoints []Endpoint
+}
+
 // Endpoint is one workload serving a service.
 type Endpoint struct {
 	Workload *Workload
@@ -51,12 +61,10 @@ type Snapshot struct {
 	svcByVIP  addrIndex[[]*Service]        // sorted by key
 	svcByHost shardMap[string, []*Service] // sorted by key
 	cidrVIPs  []cidrVIP                    // by service key, then in the service's order
-	// members lists, by service key, every workload naming the service in
-	// its Services map (sorted by UID), whether or not the service exists
-	// or takes it as an endpoint, so that a service arriving or changing
-	// its health policy finds its endpoints without a scan.
-	members   shardMap[NamespacedHostname, []Endpoint]
-	endpoints shardMap[NamespacedHostname, []Endpoint] // sorted by UID
+	// svcEps holds, by service key, the members and endpoints lists
+	// (svcMembers) in one slot (issue 36: two indexes of lists cost ~60
+	// bytes more per service).
+	svcEps shardMap[NamespacedHostname, svcMembers]
 
 	// nets gives the networks of the address indexes their handles.
 	nets *netTable
@@ -310,7 +318,7 @@ func b2i(b bool) int {
 // health policy is LBAllowAll.
 func (s *Snapshot) Endpoints(svc *Service) []Endpoint {
 	k := NamespacedHostname{svc.Namespace, svc.Hostname}
-	return s.endpoints.get(hashNH(k), k)
+	return s.svcEps.get(hashNH(k), k).endpoints
 }
 
 // WorkloadInfo identifies the workload a dedicated proxy serves
