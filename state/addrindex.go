@@ -98,9 +98,6 @@ func (x *addrIndex[V]) get(net uint32, ip netip.Addr) V {
 	return x.v6.get(hashAddr6(k), k)
 }
 
-// len returns the number of entries.
-func (x *addrIndex[V]) len() int { return x.v4.n + x.v6.n }
-
 // all calls f for every entry, in no order, with its address and network.
 func (x *addrIndex[V]) all(nets *netTable, f func(NetworkAddress, V)) {
 	x.v4.all(func(k uint64, v V) {
