@@ -1,8 +1,8 @@
 package xdsconv
 
 import (
+	"hash/maphash"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"unique"
@@ -36,25 +36,39 @@ func internAll(list []string) []string {
 	return list
 }
 
-// weakCache maps a key to a shared value, held weakly: a value no snapshot
-// uses any more is collected, and its entry is dropped at the next sweep,
-// once the cache has doubled since the last (and holds at least minSweep).
-type weakCache[K comparable, V any] struct {
+// weakCache shares values by content. It maps a 64-bit hash of the
+// content to a value, held weakly: a value no snapshot uses any more is
+// collected, and its entry is dropped at the next sweep, once the cache
+// has doubled since the last (and holds at least minSweep). A lookup
+// checks the value it finds against the one sought, so that two contents
+// with one hash are never confused: the later replaces the earlier in the
+// cache, and each keeps its own value (issue 36: keyed by an encoding of
+// the content, the caches cost ~40 bytes per workload).
+type weakCache[V any] struct {
 	mu        sync.Mutex // guards the following fields
-	m         map[K]weak.Pointer[V]
+	m         map[uint64]weak.Pointer[V]
 	lastSweep int
 	minSweep  int
 }
 
-// getLocked returns the value under k, or nil. The caller holds c.mu.
-func (c *weakCache[K, V]) getLocked(k K) *V { return c.m[k].Value() }
+// cacheSeed seeds the caches' hashes.
+var cacheSeed = maphash.MakeSeed()
 
-// putLocked puts v under k. The caller holds c.mu.
-func (c *weakCache[K, V]) putLocked(k K, v *V) {
-	if c.m == nil {
-		c.m = map[K]weak.Pointer[V]{}
+// getLocked returns the value under hash h if same reports it equal to the
+// one sought, or nil. The caller holds c.mu.
+func (c *weakCache[V]) getLocked(h uint64, same func(*V) bool) *V {
+	if p := c.m[h].Value(); p != nil && same(p) {
+		return p
 	}
-	c.m[k] = weak.Make(v)
+	return nil
+}
+
+// putLocked puts v under hash h. The caller holds c.mu.
+func (c *weakCache[V]) putLocked(h uint64, v *V) {
+	if c.m == nil {
+		c.m = map[uint64]weak.Pointer[V]{}
+	}
+	c.m[h] = weak.Make(v)
 	if len(c.m) >= 2*max(c.lastSweep, c.minSweep) {
 		for k, wp := range c.m {
 			if wp.Value() == nil {
@@ -66,7 +80,7 @@ func (c *weakCache[K, V]) putLocked(k K, v *V) {
 }
 
 // localities shares the workloads' Locality values: one per locality.
-var localities = weakCache[state.Locality, state.Locality]{minSweep: 64}
+var localities = weakCache[state.Locality]{minSweep: 64}
 
 // internLocality returns the shared value equal to l (nil for the zero
 // Locality, which means none).
@@ -74,20 +88,21 @@ func internLocality(l state.Locality) *state.Locality {
 	if l == (state.Locality{}) {
 		return nil
 	}
+	h := maphash.Comparable(cacheSeed, l)
 	c := &localities
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if p := c.getLocked(l); p != nil {
+	if p := c.getLocked(h, func(p *state.Locality) bool { return *p == l }); p != nil {
 		return p
 	}
 	p := &state.Locality{Region: intern(l.Region), Zone: intern(l.Zone), Subzone: intern(l.Subzone)}
-	c.putLocked(*p, p)
+	c.putLocked(h, p)
 	return p
 }
 
 // labelSets shares the workloads' Labels values: one per deployment (and
 // revision).
-var labelSets = weakCache[state.WorkloadLabels, state.WorkloadLabels]{minSweep: 1024}
+var labelSets = weakCache[state.WorkloadLabels]{minSweep: 1024}
 
 // internLabels returns the shared value equal to l, its strings interned
 // (nil for the zero WorkloadLabels).
@@ -95,25 +110,25 @@ func internLabels(l state.WorkloadLabels) *state.WorkloadLabels {
 	if l == (state.WorkloadLabels{}) {
 		return nil
 	}
+	h := maphash.Comparable(cacheSeed, l)
 	c := &labelSets
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if p := c.getLocked(l); p != nil {
+	if p := c.getLocked(h, func(p *state.WorkloadLabels) bool { return *p == l }); p != nil {
 		return p
 	}
 	p := &state.WorkloadLabels{
 		WorkloadName: intern(l.WorkloadName), WorkloadType: intern(l.WorkloadType),
 		CanonicalName: intern(l.CanonicalName), CanonicalRevision: intern(l.CanonicalRevision),
 	}
-	c.putLocked(*p, p)
+	c.putLocked(h, p)
 	return p
 }
 
-// extras shares the workloads' Extra values, by an encoding of their
-// content (extraKey): the replicas of a deployment have the same waypoint
-// and policies (issue 36: 64 bytes of each record before they moved to
-// Extra).
-var extras = weakCache[string, state.WorkloadExtra]{minSweep: 1024}
+// extras shares the workloads' Extra values: the replicas of a deployment
+// have the same waypoint and policies (issue 36: 64 bytes of each record
+// before they moved to Extra).
+var extras = weakCache[state.WorkloadExtra]{minSweep: 1024}
 
 // internExtra sets w.Extra to the shared value equal to x, or to nil when
 // x is empty. x's strings are interned already.
@@ -122,58 +137,73 @@ func internExtra(w *state.Workload, x state.WorkloadExtra) {
 		w.Extra = nil
 		return
 	}
-	k := extraKey(&x)
+	h := extraHash(&x)
 	c := &extras
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if p := c.getLocked(k); p != nil {
+	if p := c.getLocked(h, func(p *state.WorkloadExtra) bool { return sameExtra(p, &x) }); p != nil {
 		w.Extra = p
 		return
 	}
 	w.Extra = &x
-	c.putLocked(k, w.Extra)
+	c.putLocked(h, w.Extra)
 }
 
-// extraKey encodes x's content; lengths precede strings, so that no two
-// contents encode alike.
-func extraKey(x *state.WorkloadExtra) string {
-	var b []byte
+// extraHash hashes x's content.
+func extraHash(x *state.WorkloadExtra) uint64 {
+	var h maphash.Hash
+	h.SetSeed(cacheSeed)
 	str := func(s string) {
-		b = strconv.AppendUint(b, uint64(len(s)), 10)
-		b = append(b, ':')
-		b = append(b, s...)
+		maphash.WriteComparable(&h, len(s))
+		h.WriteString(s)
 	}
 	gw := func(g *state.GatewayAddress) {
 		switch {
 		case g == nil:
-			b = append(b, '-')
+			h.WriteByte('-')
 			return
 		case g.Address != nil:
-			b = append(b, 'a')
+			h.WriteByte('a')
 			str(g.Address.Network)
-			b = g.Address.Addr.AppendTo(b)
+			maphash.WriteComparable(&h, g.Address.Addr)
 		case g.Hostname != nil:
-			b = append(b, 'h')
+			h.WriteByte('h')
 			str(g.Hostname.Namespace)
 			str(g.Hostname.Hostname)
 		}
-		b = append(b, ',')
-		b = strconv.AppendUint(b, uint64(g.HBONEMTLSPort), 10)
+		maphash.WriteComparable(&h, g.HBONEMTLSPort)
 	}
 	str(x.Hostname)
 	gw(x.Waypoint)
 	gw(x.NetworkGateway)
 	if t := x.ApplicationTunnel; t != nil {
-		b = append(b, 't')
-		b = strconv.AppendUint(b, uint64(t.Protocol), 10)
-		b = append(b, ',')
-		b = strconv.AppendUint(b, uint64(t.Port), 10)
+		maphash.WriteComparable(&h, *t)
 	}
-	b = append(b, ';')
 	for _, p := range x.AuthorizationPolicies {
 		str(p)
 	}
-	return string(b)
+	return h.Sum64()
+}
+
+// sameExtra reports whether a and b have the same content.
+func sameExtra(a, b *state.WorkloadExtra) bool {
+	return a.Hostname == b.Hostname && sameGateway(a.Waypoint, b.Waypoint) &&
+		sameGateway(a.NetworkGateway, b.NetworkGateway) &&
+		(a.ApplicationTunnel == nil) == (b.ApplicationTunnel == nil) &&
+		(a.ApplicationTunnel == nil || *a.ApplicationTunnel == *b.ApplicationTunnel) &&
+		slices.Equal(a.AuthorizationPolicies, b.AuthorizationPolicies)
+}
+
+func sameGateway(a, b *state.GatewayAddress) bool {
+	switch {
+	case a == nil || b == nil:
+		return a == b
+	case a.HBONEMTLSPort != b.HBONEMTLSPort || (a.Address == nil) != (b.Address == nil) || (a.Hostname == nil) != (b.Hostname == nil):
+		return false
+	case a.Address != nil && *a.Address != *b.Address:
+		return false
+	}
+	return a.Hostname == nil || *a.Hostname == *b.Hostname
 }
 
 // nameInUID points w's name into its uid when the uid ends with it, as
@@ -196,10 +226,8 @@ var workloadTypes = func() map[workloadapi.WorkloadType]string {
 }()
 
 // servicesCache shares workloads' Services sets (snapshot values are never
-// modified, so equal sets can be one). It maps an encoding of the set's
-// content to the set, weakly: a set no workload holds any more does not
-// stay alive for the cache's sake.
-var servicesCache = weakCache[string, state.ServiceSet]{minSweep: 1024}
+// modified, so equal sets can be one).
+var servicesCache = weakCache[state.ServiceSet]{minSweep: 1024}
 
 // sharedServices converts x's Services into w.Services, reusing the set of
 // a live workload with the same services and ports.
@@ -215,27 +243,22 @@ func sharedServices(w *state.Workload, x map[string]*workloadapi.PortList) error
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	// Lengths first, so that no two contents encode alike whatever bytes
-	// the keys hold.
-	var b []byte
+	var h maphash.Hash
+	h.SetSeed(cacheSeed)
 	for _, k := range keys {
+		maphash.WriteComparable(&h, len(k))
+		h.WriteString(k)
 		ports := x[k].GetPorts()
-		b = strconv.AppendUint(b, uint64(len(k)), 10)
-		b = append(b, ':')
-		b = append(b, k...)
-		b = strconv.AppendUint(b, uint64(len(ports)), 10)
+		maphash.WriteComparable(&h, len(ports))
 		for _, p := range ports {
-			b = append(b, ',')
-			b = strconv.AppendUint(b, uint64(uint16(p.GetServicePort())), 10)
-			b = append(b, ':')
-			b = strconv.AppendUint(b, uint64(uint16(p.GetTargetPort())), 10)
+			maphash.WriteComparable(&h, [2]uint16{uint16(p.GetServicePort()), uint16(p.GetTargetPort())})
 		}
-		b = append(b, ';')
 	}
+	sum := h.Sum64()
 	c := &servicesCache
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if set := c.getLocked(string(b)); set != nil {
+	if set := c.getLocked(sum, func(set *state.ServiceSet) bool { return sameServices(set, keys, x) }); set != nil {
 		w.Services = set
 		return nil
 	}
@@ -244,6 +267,38 @@ func sharedServices(w *state.Workload, x map[string]*workloadapi.PortList) error
 		list[i] = state.ServicePorts{Key: intern(k), Ports: protoPorts(x[k].GetPorts())}
 	}
 	w.Services = state.NewServiceSet(list)
-	c.putLocked(string(b), w.Services)
+	c.putLocked(sum, w.Services)
 	return nil
+}
+
+// sameServices reports whether set holds exactly the services of x, whose
+// keys are sorted in keys, with their ports.
+func sameServices(set *state.ServiceSet, keys []string, x map[string]*workloadapi.PortList) bool {
+	list := set.List()
+	if len(list) != len(keys) {
+		return false
+	}
+	for i, k := range keys {
+		if list[i].Key != k || !samePorts(list[i].Ports, x[k].GetPorts()) {
+			return false
+		}
+	}
+	return true
+}
+
+// samePorts reports whether m is the port map of ports (where of two
+// entries for one service port the later counts, as protoPorts takes it).
+func samePorts(m state.PortMap, ports []*workloadapi.Port) bool {
+	n := 0
+	for i, p := range ports {
+		sp := uint16(p.GetServicePort())
+		if slices.ContainsFunc(ports[i+1:], func(q *workloadapi.Port) bool { return uint16(q.GetServicePort()) == sp }) {
+			continue // a later entry overrides this one
+		}
+		if tp, ok := m.Target(sp); !ok || tp != uint16(p.GetTargetPort()) {
+			return false
+		}
+		n++
+	}
+	return n == len(m)
 }

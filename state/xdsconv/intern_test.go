@@ -3,6 +3,8 @@ package xdsconv
 import (
 	"net/netip"
 	"reflect"
+	"runtime"
+	"slices"
 	"testing"
 	"unsafe"
 
@@ -237,6 +239,56 @@ func TestWorkloadNameInUID(t *testing.T) {
 		}
 		if shared := tc.name != "" && unsafe.StringData(w.Name) == unsafe.StringData(w.UID[len(w.UID)-len(w.Name):]); shared != tc.shared {
 			t.Errorf("%s, %s: name in the uid's bytes %v, want %v", tc.uid, tc.name, shared, tc.shared)
+		}
+	}
+}
+
+// TestWeakCacheCollision: two contents with one hash never share a value:
+// the cache checks what it finds, and the later content takes the entry.
+func TestWeakCacheCollision(t *testing.T) {
+	var c weakCache[state.Locality]
+	a, b := &state.Locality{Region: "a"}, &state.Locality{Region: "b"}
+	same := func(want *state.Locality) func(*state.Locality) bool {
+		return func(p *state.Locality) bool { return *p == *want }
+	}
+	c.putLocked(1, a)
+	if got := c.getLocked(1, same(b)); got != nil {
+		t.Fatalf("b found %v under a's hash", got)
+	}
+	if got := c.getLocked(1, same(a)); got != a {
+		t.Fatalf("a not found: %v", got)
+	}
+	c.putLocked(1, b)
+	if got := c.getLocked(1, same(b)); got != b {
+		t.Fatalf("b not found after it took the entry: %v", got)
+	}
+	runtime.KeepAlive(a)
+	runtime.KeepAlive(b)
+}
+
+// TestSamePorts: a shared set's ports are checked against a workload's as
+// protoPorts reads them (the later of two entries for one port counts).
+func TestSamePorts(t *testing.T) {
+	m := state.PortMap{{Service: 80, Target: 8080}, {Service: 9090, Target: 9090}}
+	for _, tc := range []struct {
+		name  string
+		ports *workloadapi.PortList
+		want  bool
+	}{
+		{"same", ports(80, 8080, 9090, 9090), true},
+		{"other order", ports(9090, 9090, 80, 8080), true},
+		{"a port overridden by a later entry", ports(80, 1, 80, 8080, 9090, 9090), true},
+		{"a port overriding", ports(80, 8080, 80, 1, 9090, 9090), false},
+		{"another target", ports(80, 8081, 9090, 9090), false},
+		{"one port less", ports(80, 8080), false},
+		{"one port more", ports(80, 8080, 9090, 9090, 443, 8443), false},
+		{"none", ports(), false},
+	} {
+		if got := samePorts(m, tc.ports.GetPorts()); got != tc.want {
+			t.Errorf("%s: samePorts = %v, want %v", tc.name, got, tc.want)
+		}
+		if got := slices.Equal(protoPorts(tc.ports.GetPorts()), m); got != tc.want {
+			t.Errorf("%s: protoPorts = %v, equal to %v: %v, want %v", tc.name, protoPorts(tc.ports.GetPorts()), m, got, tc.want)
 		}
 	}
 }
