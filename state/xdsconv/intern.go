@@ -206,6 +206,56 @@ func sameGateway(a, b *state.GatewayAddress) bool {
 	return a.Hostname == nil || *a.Hostname == *b.Hostname
 }
 
+// nameInHostname points s's name into its hostname when the hostname
+// starts with it followed by a dot, as a Kubernetes service's
+// ("name.namespace.svc.cluster.local"): the name then costs no string of
+// its own.
+func nameInHostname(s *state.Service) {
+	if n := len(s.Name); n > 0 && len(s.Hostname) > n && s.Hostname[n] == '.' && strings.HasPrefix(s.Hostname, s.Name) {
+		s.Name = s.Hostname[:n]
+	}
+}
+
+// portMaps shares the services' port maps: most services of a mesh map
+// the same few ports (issue 36: a map of two ports is ~100 bytes, ~20 per
+// workload at 5 replicas per service). It holds, weakly, a service with
+// such a map: one replaced or removed does not stay alive for its sake.
+var portMaps = weakCache[state.Service]{minSweep: 1024}
+
+// sharePorts converts ports into s.Ports, reusing the map of a live
+// service with the same ones.
+func sharePorts(s *state.Service, ports []*workloadapi.Port) {
+	pm := protoPorts(ports)
+	var h maphash.Hash
+	h.SetSeed(cacheSeed)
+	for _, p := range pm {
+		maphash.WriteComparable(&h, p)
+	}
+	sum := h.Sum64()
+	c := &portMaps
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if o := c.getLocked(sum, func(o *state.Service) bool { return samePortMap(o.Ports, pm) }); o != nil {
+		s.Ports = o.Ports
+		return
+	}
+	s.Ports = pm.Map()
+	c.putLocked(sum, s)
+}
+
+// samePortMap reports whether m maps exactly pm's ports.
+func samePortMap(m map[uint16]uint16, pm state.PortMap) bool {
+	if len(m) != len(pm) {
+		return false
+	}
+	for _, p := range pm {
+		if t, ok := m[p.Service]; !ok || t != p.Target {
+			return false
+		}
+	}
+	return true
+}
+
 // nameInUID points w's name into its uid when the uid ends with it, as
 // istiod's do ("cluster//Pod/namespace/name"): the name then costs no
 // string of its own (issue 36: ~32 B per workload).

@@ -292,3 +292,44 @@ func TestSamePorts(t *testing.T) {
 		}
 	}
 }
+
+// TestConvertServiceShares: services with the same ports share one port
+// map, and a service's name that starts its hostname is read from it.
+func TestConvertServiceShares(t *testing.T) {
+	conv := func(name, host string, pl *workloadapi.PortList) *state.Service {
+		b, err := proto.Marshal(&workloadapi.Service{Name: name, Namespace: "ns-1", Hostname: host, Ports: pl.GetPorts()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var x workloadapi.Service // decoded: strings of their own
+		if err := proto.Unmarshal(b, &x); err != nil {
+			t.Fatal(err)
+		}
+		s, err := ConvertService(&x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	samePortsMap := func(a, b map[uint16]uint16) bool {
+		return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
+	}
+	a := conv("a", "a.ns-1.svc.cluster.local", ports(80, 8080, 9090, 9090))
+	b := conv("b", "b.ns-1.svc.cluster.local", ports(9090, 9090, 80, 8080))
+	c := conv("c", "c.ns-1.svc.cluster.local", ports(80, 8081, 9090, 9090))
+	if !samePortsMap(a.Ports, b.Ports) {
+		t.Error("services with the same ports hold two maps")
+	}
+	if samePortsMap(a.Ports, c.Ports) || !reflect.DeepEqual(c.Ports, map[uint16]uint16{80: 8081, 9090: 9090}) {
+		t.Errorf("another port map: %v, shared with %v", c.Ports, a.Ports)
+	}
+	if a.Name != "a" || unsafe.StringData(a.Name) != unsafe.StringData(a.Hostname) {
+		t.Errorf("name %q is not the start of hostname %q", a.Name, a.Hostname)
+	}
+	for _, tc := range []struct{ name, host string }{{"a", "ab.ns-1.svc"}, {"ns-1", "a.ns-1.svc"}, {"a.x", "a.x"}} {
+		if s := conv(tc.name, tc.host, nil); s.Name != tc.name || unsafe.StringData(s.Name) == unsafe.StringData(s.Hostname) {
+			t.Errorf("name %q, hostname %q: read from the hostname", s.Name, s.Hostname)
+		}
+	}
+	runtime.KeepAlive(a)
+}

@@ -152,10 +152,11 @@ func ConvertService(x *workloadapi.Service) (*state.Service, error) {
 		Name:            x.GetName(),
 		Namespace:       intern(x.GetNamespace()),
 		Hostname:        x.GetHostname(),
-		Ports:           protoPortMap(x.GetPorts()),
 		SubjectAltNames: x.GetSubjectAltNames(),
 		Canonical:       x.GetCanonical(),
 	}
+	nameInHostname(s)
+	sharePorts(s, x.GetPorts())
 	for _, a := range x.GetAddresses() {
 		ip, err := bytesToIP(a.GetAddress())
 		if err != nil {
