@@ -183,7 +183,7 @@ func (f *endpointFilter) rank(ep *Endpoint) int {
 		case LBScopeNode:
 			match = src.Node == w.Node
 		case LBScopeCluster:
-			match = src.ClusterID == w.ClusterID
+			match = src.ClusterID() == w.ClusterID()
 		case LBScopeNetwork:
 			match = src.Network == w.Network
 			if networkFirst {

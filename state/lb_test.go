@@ -118,10 +118,10 @@ func TestPickEndpointNetworkGateway(t *testing.T) {
 }
 
 func TestPickEndpointLocality(t *testing.T) {
-	src := &Workload{Network: "n1", Node: "node1", ClusterID: "c1", Locality: &Locality{"r1", "z1", "s1"}}
+	src := &Workload{Network: "n1", Node: "node1", Labels: &WorkloadLabels{ClusterID: "c1"}, Locality: &Locality{"r1", "z1", "s1"}}
 	mk := func(uid, network, node, region, zone string) *Workload {
 		w := wl(uid, "ns", uid, "10.0.0."+uid[len(uid)-1:])
-		w.Network, w.Node, w.ClusterID, w.Locality = network, node, "c1", &Locality{region, zone, "s1"}
+		w.Network, w.Node, w.Labels, w.Locality = network, node, &WorkloadLabels{ClusterID: "c1"}, &Locality{region, zone, "s1"}
 		return w
 	}
 	sameZone := mk("w1", "n1", "node2", "r1", "z1")

@@ -277,11 +277,11 @@ func TestFindWorkload(t *testing.T) {
 	b.ServiceAccount = "web"
 	c := wl("c", "ns", "pod", "10.0.0.3")
 	c.Node = "node2"
-	c.ClusterID = "east"
+	c.Labels = &WorkloadLabels{ClusterID: "east"}
 	// d is c's twin in another cluster, on a node of the same name.
 	d := wl("0-d", "ns", "pod", "10.0.0.4")
 	d.Node = "node2"
-	d.ClusterID = "west"
+	d.Labels = &WorkloadLabels{ClusterID: "west"}
 	s := mustSnapshot(t, []*Workload{c, b, a, d}, nil, nil)
 	for _, tc := range []struct {
 		info WorkloadInfo
@@ -308,7 +308,7 @@ func TestIdentityDefaults(t *testing.T) {
 	if got := w.Identity().String(); got != "spiffe://cluster.local/ns/ns/sa/default" {
 		t.Errorf("Identity = %q", got)
 	}
-	w.TrustDomain, w.ServiceAccount = "example.org", "web"
+	w.Labels, w.ServiceAccount = &WorkloadLabels{TrustDomain: "example.org"}, "web"
 	if got := w.Identity().String(); got != "spiffe://example.org/ns/ns/sa/web" {
 		t.Errorf("Identity = %q", got)
 	}

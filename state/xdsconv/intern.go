@@ -120,6 +120,7 @@ func internLabels(l state.WorkloadLabels) *state.WorkloadLabels {
 	p := &state.WorkloadLabels{
 		WorkloadName: intern(l.WorkloadName), WorkloadType: intern(l.WorkloadType),
 		CanonicalName: intern(l.CanonicalName), CanonicalRevision: intern(l.CanonicalRevision),
+		TrustDomain: intern(l.TrustDomain), ClusterID: intern(l.ClusterID),
 	}
 	c.putLocked(h, p)
 	return p

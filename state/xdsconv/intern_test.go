@@ -66,10 +66,10 @@ func TestConvertSharesRepeats(t *testing.T) {
 	}{
 		{"namespace", a.Namespace, b.Namespace},
 		{"service account", a.ServiceAccount, b.ServiceAccount},
-		{"trust domain", a.TrustDomain, b.TrustDomain},
+		{"trust domain", a.TrustDomain(), b.TrustDomain()},
 		{"network", a.Network, b.Network},
 		{"node", a.Node, b.Node},
-		{"cluster", a.ClusterID, b.ClusterID},
+		{"cluster", a.ClusterID(), b.ClusterID()},
 		{"workload name", a.WorkloadName(), b.WorkloadName()},
 		{"workload type", a.WorkloadType(), b.WorkloadType()},
 		{"canonical name", a.CanonicalName(), b.CanonicalName()},

@@ -124,9 +124,10 @@ func TestAllFields(t *testing.T) {
 	}
 	wantWorkloads := []*state.Workload{
 		{
-			UID: "c1//v1/Pod/ns1/full", Name: "full", Namespace: "ns1", ServiceAccount: "sa1", TrustDomain: "example.org",
-			Network: "net1", Node: "node1", ClusterID: "c1",
-			Labels:      &state.WorkloadLabels{WorkloadName: "full-deploy", WorkloadType: "deployment", CanonicalName: "full-app", CanonicalRevision: "v2"},
+			UID: "c1//v1/Pod/ns1/full", Name: "full", Namespace: "ns1", ServiceAccount: "sa1",
+			Network: "net1", Node: "node1",
+			Labels: &state.WorkloadLabels{WorkloadName: "full-deploy", WorkloadType: "deployment", CanonicalName: "full-app", CanonicalRevision: "v2",
+				TrustDomain: "example.org", ClusterID: "c1"},
 			Addresses:   []netip.Addr{addr("10.0.0.1"), addr("fd00::1")},
 			Protocol:    state.ProtocolHBONE,
 			Status:      state.Unhealthy,
