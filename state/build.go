@@ -457,6 +457,10 @@ func (b *builder) setEndpoints(key NamespacedHostname, svc *Service) {
 	v := b.svcEps.get(key)
 	v.endpoints = nil
 	if svc != nil {
+		// Keyed by the service's own strings, which Endpoints(svc) passes:
+		// the lookup's key compares by pointer (the members' keys are cut
+		// from the workloads' service keys).
+		key = NamespacedHostname{svc.Namespace, svc.Hostname}
 		m := v.members
 		n := 0
 		for _, e := range m {

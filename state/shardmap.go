@@ -313,7 +313,9 @@ func (e *shardEdit[K, V]) setH(h uint64, k K, v V) {
 	cur := e.m.shard(i)
 	if j := find(cur[:cap(cur)], h, k); j >= 0 {
 		t := e.writable(i)
-		(*t)[:cap(*t)][j].v = v
+		// The key too: an equal key whose strings are the ones lookups
+		// pass compares by pointer, without reading the bytes.
+		(*t)[:cap(*t)][j] = slot[K, V]{h, k, v}
 		return
 	}
 	t := e.writable(i)

@@ -97,3 +97,36 @@ func TestMemberListsTrimmed(t *testing.T) {
 		t.Errorf("%d members, want %d", n, len(ws))
 	}
 }
+
+// TestEndpointsKeyedByServiceStrings: a service's entry in svcEps is keyed
+// by the service's own strings, which Endpoints passes, so that the key
+// compares by pointer: keyed by the strings cut from a workload's service
+// key, each lookup compared the bytes (+36% CPU per VIP resolution at
+// 100k workloads). Built from scratch and after a delta alike.
+func TestEndpointsKeyedByServiceStrings(t *testing.T) {
+	ws, ss := meshInput(100)
+	for i, w := range ws { // keys of their own, as decoded ones are
+		k := string([]byte(ss[i%len(ss)].Key()))
+		w.Services = ServicesOf(map[string]map[uint16]uint16{k: {80: 8080}})
+	}
+	s := mustSnapshot(t, ws, ss, nil)
+	extra := &Workload{UID: "zz", Namespace: ss[3].Namespace, Name: "zz", Capacity: 1,
+		Services: ServicesOf(map[string]map[uint16]uint16{string([]byte(ss[3].Key())): {80: 8080}})}
+	d, err := s.Apply(Delta{Workloads: []*Workload{extra}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, snap := range []*Snapshot{s, d} {
+		n := 0
+		snap.svcEps.all(func(k NamespacedHostname, _ svcMembers) {
+			svc := snap.ServiceByKey(k.String())
+			if unsafe.StringData(k.Hostname) != unsafe.StringData(svc.Hostname) || unsafe.StringData(k.Namespace) != unsafe.StringData(svc.Namespace) {
+				t.Errorf("svcEps key %v: not the service's strings", k)
+			}
+			n++
+		})
+		if n != len(ss) {
+			t.Errorf("%d entries, want %d", n, len(ss))
+		}
+	}
+}
