@@ -103,7 +103,7 @@ func Empty() *Snapshot {
 // policies into a table with a new PolicyGeneration (or generation 0 when
 // there are none). It takes ownership: callers must not modify the values
 // afterwards. Service endpoints are derived
-// from the workloads' Services maps; unhealthy workloads are left out unless
+// from the workloads' Services; unhealthy workloads are left out unless
 // the service's health policy is LBAllowAll.
 //
 // It rejects duplicate workload UIDs, service keys and policy keys, two

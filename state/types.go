@@ -457,7 +457,7 @@ type WeightedWaypoint struct {
 }
 
 // Service is a named set of endpoints with virtual addresses. Its endpoints are
-// not stored here: a Snapshot derives them from the workloads' Services maps.
+// not stored here: a Snapshot derives them from the workloads' Services.
 // Values reachable from a Snapshot are shared and must not be modified.
 type Service struct {
 	Name      string

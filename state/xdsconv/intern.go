@@ -16,8 +16,9 @@ import (
 // workloads each decoded copy of a namespace, service account, node or
 // port map was a few hundred bytes per workload). Strings go through
 // unique.Make, whose table holds them weakly: a name no snapshot uses any
-// more is collected. A workload's Services map, identical for the
-// replicas of one deployment, is shared through servicesCache.
+// more is collected. What a deployment's replicas have in common (their
+// Labels, Extra and Services) and services' port maps are shared through
+// weak caches (weakCache).
 
 // intern returns the canonical copy of s.
 func intern(s string) string {

@@ -53,7 +53,7 @@ func sameString(a, b string) bool { return unsafe.StringData(a) == unsafe.String
 
 // TestConvertSharesRepeats: two replicas of one deployment hold one copy of
 // what they have in common (issue 36's memory per workload): the names that
-// repeat across workloads and the Services map; their own uid and name stay
+// repeat across workloads, the Labels, Extra and Services; their own uid and name stay
 // theirs, and a different port map or key is never shared.
 func TestConvertSharesRepeats(t *testing.T) {
 	svc := func() map[string]*workloadapi.PortList {
