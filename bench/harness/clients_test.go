@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,32 +15,9 @@ import (
 	"github.com/ztunnel-go/ztunnel/bench/peers"
 	"github.com/ztunnel-go/ztunnel/bench/report"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
-
-// serveLoopback runs fn on a loopback listener until the test ends and
-// returns its address.
-func serveLoopback(t *testing.T, fn func(ctx context.Context, ln net.Listener) error) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := fn(ctx, ln); err != nil {
-			t.Errorf("serve %s: %v", ln.Addr(), err)
-		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		wg.Wait()
-	})
-	return ln.Addr().String()
-}
 
 // TestPythonRRClient runs rrclient.py, as zbench --clients writes it out,
 // against the zload server over each transport it speaks (plain TCP, mutual
@@ -72,13 +48,13 @@ func TestPythonRRClient(t *testing.T) {
 	if err := os.WriteFile(script, rrClientPy, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	sink := serveLoopback(t, func(ctx context.Context, ln net.Listener) error {
+	sink := nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error {
 		return load.NewServer(load.ServerConfig{}).Serve(ctx, ln)
 	})
-	tlsTerm := serveLoopback(t, func(ctx context.Context, ln net.Listener) error {
+	tlsTerm := nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error {
 		return peers.TLS(ctx, ln, sink, srvCert, peers.Config{})
 	})
-	h2 := serveLoopback(t, func(ctx context.Context, ln net.Listener) error {
+	h2 := nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error {
 		return peers.H2Server(ctx, ln, srvCert, peers.Config{})
 	})
 	certs := []string{"--cert", clientPEM, "--ca", b.caCert}

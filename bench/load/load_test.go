@@ -19,37 +19,15 @@ import (
 	"github.com/ztunnel-go/ztunnel/bench/load"
 	"github.com/ztunnel-go/ztunnel/hbone"
 	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// serve runs fn on a loopback listener until the test ends.
-func serve(t *testing.T, fn func(ctx context.Context, ln net.Listener) error) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := fn(ctx, ln); err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		wg.Wait()
-	})
-	return ln.Addr().String()
-}
-
 func startServer(t *testing.T, cfg load.ServerConfig) string {
-	return serve(t, func(ctx context.Context, ln net.Listener) error { return load.NewServer(cfg).Serve(ctx, ln) })
+	return nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error { return load.NewServer(cfg).Serve(ctx, ln) })
 }
 
 func dialer(t *testing.T, cfg load.DialConfig) *load.Dialer {
@@ -79,7 +57,7 @@ func newPKI(t *testing.T) pki {
 // startTLSServer terminates mTLS in front of the load server.
 func startTLSServer(t *testing.T, p pki) string {
 	cfg := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return p.server, nil })
-	return serve(t, func(ctx context.Context, ln net.Listener) error {
+	return nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error {
 		return load.NewServer(load.ServerConfig{}).Serve(ctx, tls.NewListener(ln, cfg))
 	})
 }
@@ -88,7 +66,7 @@ func startTLSServer(t *testing.T, p pki) string {
 // CONNECT to its authority, as the daemon's inbound does.
 func startHBONEServer(t *testing.T, p pki) string {
 	cfg := mtls.ServerConfig(func() (*mtls.WorkloadCert, error) { return p.server, nil })
-	return serve(t, func(ctx context.Context, ln net.Listener) error {
+	return nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error {
 		var wg sync.WaitGroup
 		srv := hbone.NewServer(hbone.Config{}, func(ctx context.Context, req *hbone.ServerRequest) {
 			up, err := net.Dial("tcp", req.Authority)

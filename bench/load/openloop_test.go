@@ -11,12 +11,13 @@ import (
 	"time"
 
 	"github.com/ztunnel-go/ztunnel/bench/load"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
 // serveConns runs handle on a goroutine per connection accepted on a
 // loopback listener until the test ends.
 func serveConns(t *testing.T, handle func(c net.Conn)) string {
-	return serve(t, func(ctx context.Context, ln net.Listener) error {
+	return nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error {
 		stop := context.AfterFunc(ctx, func() { ln.Close() })
 		defer stop()
 		var wg sync.WaitGroup

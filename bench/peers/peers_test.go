@@ -3,7 +3,6 @@ package peers_test
 import (
 	"context"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,38 +11,15 @@ import (
 	"github.com/ztunnel-go/ztunnel/bench/load"
 	"github.com/ztunnel-go/ztunnel/bench/peers"
 	"github.com/ztunnel-go/ztunnel/identity"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/tlstest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// start runs fn on a loopback listener until the test ends and returns the
-// listener's address.
-func start(t *testing.T, fn func(ctx context.Context, ln net.Listener) error) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := fn(ctx, ln); err != nil {
-			t.Errorf("serve %s: %v", ln.Addr(), err)
-		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		wg.Wait()
-	})
-	return ln.Addr().String()
-}
-
 func startSink(t *testing.T) string {
-	return start(t, func(ctx context.Context, ln net.Listener) error {
+	return nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error {
 		return load.NewServer(load.ServerConfig{}).Serve(ctx, ln)
 	})
 }
@@ -96,14 +72,14 @@ func newDialer(t *testing.T, cfg load.DialConfig) *load.Dialer {
 
 func TestCopy(t *testing.T) {
 	sink := startSink(t)
-	proxy := start(t, func(ctx context.Context, ln net.Listener) error { return peers.Copy(ctx, ln, sink, peers.Config{}) })
+	proxy := nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error { return peers.Copy(ctx, ln, sink, peers.Config{}) })
 	exercise(t, newDialer(t, load.DialConfig{Target: proxy}))
 }
 
 func TestTLS(t *testing.T) {
 	p := newPKI(t)
 	sink := startSink(t)
-	proxy := start(t, func(ctx context.Context, ln net.Listener) error {
+	proxy := nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error {
 		return peers.TLS(ctx, ln, sink, p.server, peers.Config{})
 	})
 	exercise(t, newDialer(t, load.DialConfig{Target: proxy, Transport: load.TLS, Cert: p.client, SANs: []string{p.serverID}}))
@@ -112,7 +88,7 @@ func TestTLS(t *testing.T) {
 func TestH2ServerWithOurHBONEClient(t *testing.T) {
 	p := newPKI(t)
 	sink := startSink(t)
-	proxy := start(t, func(ctx context.Context, ln net.Listener) error {
+	proxy := nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error {
 		return peers.H2Server(ctx, ln, p.server, peers.Config{})
 	})
 	exercise(t, newDialer(t, load.DialConfig{
@@ -123,10 +99,10 @@ func TestH2ServerWithOurHBONEClient(t *testing.T) {
 func TestH2Pair(t *testing.T) {
 	p := newPKI(t)
 	sink := startSink(t)
-	server := start(t, func(ctx context.Context, ln net.Listener) error {
+	server := nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error {
 		return peers.H2Server(ctx, ln, p.server, peers.Config{})
 	})
-	client := start(t, func(ctx context.Context, ln net.Listener) error {
+	client := nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error {
 		return peers.H2Client(ctx, ln, server, sink, p.client, []string{p.serverID}, peers.Config{})
 	})
 	exercise(t, newDialer(t, load.DialConfig{Target: client}))
@@ -135,10 +111,10 @@ func TestH2Pair(t *testing.T) {
 func TestH2ClientRefusesWrongServerIdentity(t *testing.T) {
 	p := newPKI(t)
 	sink := startSink(t)
-	server := start(t, func(ctx context.Context, ln net.Listener) error {
+	server := nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error {
 		return peers.H2Server(ctx, ln, p.server, peers.Config{})
 	})
-	client := start(t, func(ctx context.Context, ln net.Listener) error {
+	client := nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error {
 		return peers.H2Client(ctx, ln, server, sink, p.client, []string{"spiffe://cluster.local/ns/bench/sa/other"}, peers.Config{})
 	})
 	d := newDialer(t, load.DialConfig{Target: client, Timeout: 5 * time.Second})

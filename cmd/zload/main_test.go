@@ -9,13 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/ztunnel-go/ztunnel/bench/load"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 )
 
@@ -23,22 +23,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func startServer(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	return nettest.ServeFunc(t, func(ctx context.Context, ln net.Listener) error {
 		load.NewServer(load.ServerConfig{}).Serve(ctx, ln)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		wg.Wait()
+		return nil
 	})
-	return ln.Addr().String()
 }
 
 func zload(t *testing.T, args ...string) (*load.Result, string) {

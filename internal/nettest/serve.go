@@ -1,6 +1,7 @@
 package nettest
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/netip"
@@ -112,4 +113,29 @@ func (s *Server) Close() error {
 		return nil
 	}
 	return err
+}
+
+// ServeFunc runs fn with a new loopback listener until the test ends
+// (cancelling its context then, and waiting for it to return) and returns
+// the listener's address: for servers that run their own accept loop (the
+// load generator's, the benchmark peers'). An error fn returns fails the
+// test.
+func ServeFunc(t testing.TB, fn func(ctx context.Context, ln net.Listener) error) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := fn(ctx, ln); err != nil {
+			t.Errorf("serve %s: %v", ln.Addr(), err)
+		}
+	})
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	return ln.Addr().String()
 }
