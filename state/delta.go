@@ -173,37 +173,17 @@ func checkDeltaKeys(d *Delta) error {
 }
 
 // nextPolicies returns the policy table of s's policies changed by d: s's
-// own table when d changes none, the table last compiled when it holds
-// exactly the result, else a new one. Errors are recorded on b.
+// own table when d changes none, else one derived from it that compiles
+// only the policies d brings (policyTable.with). Errors are recorded on b.
 func (s *Snapshot) nextPolicies(b *builder, d *Delta) *policyTable {
 	if len(d.Policies) == 0 && len(d.RemovedPolicies) == 0 {
 		return s.pol
 	}
 	valid := b.checkPolicies(d.Policies)
-	gone := make(map[string]struct{}, len(d.RemovedPolicies)+len(valid))
-	for _, k := range d.RemovedPolicies {
-		gone[k] = struct{}{}
-	}
-	for _, p := range valid {
-		gone[p.Key()] = struct{}{}
-	}
-	list := make([]*Policy, 0, len(s.pol.policies)+len(valid))
-	for _, p := range s.pol.policies {
-		if _, g := gone[p.Key()]; !g {
-			list = append(list, p)
-		}
-	}
-	list = append(list, valid...)
 	if len(b.errs) > 0 {
 		return nil
 	}
-	if s.pol.holdsExactly(list) {
-		return s.pol
-	}
-	if t := reusableTable(list); t != nil {
-		return t
-	}
-	return compilePoliciesFrom(s.pol, list)
+	return s.pol.with(valid, d.RemovedPolicies)
 }
 
 // sortedWorkloads returns the workloads sorted by UID, in a new slice.

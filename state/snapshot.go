@@ -159,7 +159,7 @@ func (s *Snapshot) Services() []*Service {
 }
 
 // Policies returns every policy, sorted by key.
-func (s *Snapshot) Policies() []*Policy { return s.pol.policies }
+func (s *Snapshot) Policies() []*Policy { return s.pol.list() }
 
 // Warnings returns problems that did not prevent building the snapshot, such
 // as a workload listing a policy key the snapshot lacks. Callers log them once
