@@ -85,8 +85,8 @@ func (c *Client) runStream(ctx context.Context, cpCfg controlplane.Config, attem
 		case d := <-c.demands:
 			c.logf(slog.LevelInfo, "xds: received on demand request %s/%s", d.key.typeURL, d.key.name)
 			c.pending[d.key] = append(c.pending[d.key], d.done)
-			if _, ok := c.known[d.key.typeURL][d.key.name]; !ok {
-				c.knownFor(d.key.typeURL)[d.key.name] = "" // re-asked for on reconnect
+			if vs := c.knownFor(d.key.typeURL); !vs.has(d.key.name) {
+				vs.set(d.key.name, "") // re-asked for on reconnect
 			}
 			if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{
 				TypeUrl:                d.key.typeURL,
@@ -125,13 +125,13 @@ func streamEnd(err error) error {
 	return err
 }
 
-func (c *Client) knownFor(typeURL string) map[string]string {
-	m := c.known[typeURL]
-	if m == nil {
-		m = map[string]string{}
-		c.known[typeURL] = m
+func (c *Client) knownFor(typeURL string) *versions {
+	vs := c.known[typeURL]
+	if vs == nil {
+		vs = &versions{}
+		c.known[typeURL] = vs
 	}
-	return m
+	return vs
 }
 
 // initialRequest is the first request of a stream for typeURL: the node, the
@@ -143,11 +143,9 @@ func (c *Client) initialRequest(typeURL string) *discoveryv3.DeltaDiscoveryReque
 		req.ResourceNamesSubscribe = []string{"*"}
 		req.ResourceNamesUnsubscribe = []string{"*"}
 	}
-	if known := c.known[typeURL]; len(known) > 0 {
-		req.InitialResourceVersions = make(map[string]string, len(known))
-		for k, v := range known {
-			req.InitialResourceVersions[k] = v
-		}
+	if known := c.known[typeURL]; known != nil && known.len() > 0 {
+		req.InitialResourceVersions = make(map[string]string, known.len())
+		known.all(func(name, version string) { req.InitialResourceVersions[name] = version })
 	}
 	return req
 }
@@ -186,7 +184,7 @@ func (c *Client) handle(r *discoveryv3.DeltaDiscoveryResponse) (*discoveryv3.Del
 	}
 	known := c.knownFor(r.TypeUrl)
 	for _, name := range r.RemovedResources {
-		delete(known, name)
+		known.remove(name)
 		c.notify(resourceKey{r.TypeUrl, name})
 	}
 	for _, res := range r.Resources {
@@ -197,9 +195,10 @@ func (c *Client) handle(r *discoveryv3.DeltaDiscoveryResponse) (*discoveryv3.Del
 			c.notify(resourceKey{r.TypeUrl, a})
 		}
 		if !rejectedNames[res.GetName()] {
-			known[res.GetName()] = res.GetVersion()
+			known.set(res.GetName(), res.GetVersion())
 		}
 	}
+	known.compact()
 
 	if len(rejected) == 0 {
 		return reply, true
