@@ -106,6 +106,11 @@ func (c *Client) runStream(ctx context.Context, cpCfg controlplane.Config, attem
 			if err := stream.Send(ack); err != nil {
 				return sendFailed(err)
 			}
+			// After the ACK: merging a large push's names into the
+			// record of versions takes tens of milliseconds.
+			if vs := c.known[r.TypeUrl]; vs != nil {
+				vs.compact()
+			}
 			if ok && c.expect[r.TypeUrl] {
 				delete(c.expect, r.TypeUrl)
 				if len(c.expect) == 0 {
@@ -198,7 +203,6 @@ func (c *Client) handle(r *discoveryv3.DeltaDiscoveryResponse) (*discoveryv3.Del
 			known.set(res.GetName(), res.GetVersion())
 		}
 	}
-	known.compact()
 
 	if len(rejected) == 0 {
 		return reply, true

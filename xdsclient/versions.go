@@ -1,6 +1,8 @@
 package xdsclient
 
 import (
+	"cmp"
+	"hash/maphash"
 	"slices"
 	"strings"
 )
@@ -12,7 +14,9 @@ import (
 // It is dense rather than a map[string]string, which cost ~86 B per
 // resource at 100,000 workloads (issue 36: the table is held for the life
 // of the daemon): most names are held for long and change version in place,
-// so they live in a slice sorted by name, 32 B each. Names added since the
+// so they live in a slice, 32 B each, sorted by the hash of the name (then
+// the name): sorting a push of 120,000 names by their bytes cost ~3 times
+// more, as istiod's names share long prefixes. Names added since the
 // last merge sit in a map and names of the slice removed since are marked in
 // another; compact merges both into a new, exactly sized slice once they
 // hold more than an eighth of it, so a push costs its own size and a
@@ -22,7 +26,7 @@ import (
 // handler kept (the xdsconv converter keeps a workload's uid as its
 // resource name).
 type versions struct {
-	sorted  []nameVersion       // by name
+	sorted  []nameVersion       // by nameOrder
 	added   map[string]string   // names not in sorted
 	removed map[string]struct{} // names of sorted no longer held
 }
@@ -33,8 +37,24 @@ type nameVersion struct{ name, version string }
 // below which compact leaves them pending however small the slice.
 const compactMin = 64
 
+// nameSeed seeds the hash that orders a versions table.
+var nameSeed = maphash.MakeSeed()
+
+func hashName(name string) uint64 { return maphash.String(nameSeed, name) }
+
+// nameOrder orders names by hash (ha, hb), then by their bytes.
+func nameOrder(ha uint64, a string, hb uint64, b string) int {
+	if c := cmp.Compare(ha, hb); c != 0 {
+		return c
+	}
+	return strings.Compare(a, b)
+}
+
 func (v *versions) find(name string) (int, bool) {
-	return slices.BinarySearchFunc(v.sorted, name, func(e nameVersion, n string) int { return strings.Compare(e.name, n) })
+	h := hashName(name)
+	return slices.BinarySearchFunc(v.sorted, name, func(e nameVersion, n string) int {
+		return nameOrder(hashName(e.name), e.name, h, n)
+	})
 }
 
 // get returns the version held for name, and whether it is held.
@@ -107,23 +127,33 @@ func (v *versions) compact() {
 	if pending < compactMin || pending <= len(v.sorted)/8 {
 		return
 	}
-	add := make([]nameVersion, 0, len(v.added))
-	for n, ver := range v.added {
-		add = append(add, nameVersion{n, ver})
+	type hashed struct {
+		h uint64
+		e nameVersion
 	}
-	slices.SortFunc(add, func(a, b nameVersion) int { return strings.Compare(a.name, b.name) })
+	add := make([]hashed, 0, len(v.added))
+	for n, ver := range v.added {
+		add = append(add, hashed{hashName(n), nameVersion{n, ver}})
+	}
+	slices.SortFunc(add, func(a, b hashed) int { return nameOrder(a.h, a.e.name, b.h, b.e.name) })
 	out := make([]nameVersion, 0, v.len())
 	old := v.sorted
+	var oh uint64 // hash of old[0]'s name
+	if len(old) > 0 {
+		oh = hashName(old[0].name)
+	}
 	for len(old) > 0 || len(add) > 0 {
-		if len(add) == 0 || len(old) > 0 && old[0].name < add[0].name {
-			if _, gone := v.removed[old[0].name]; !gone {
-				out = append(out, old[0])
-			}
-			old = old[1:]
+		if len(add) > 0 && (len(old) == 0 || nameOrder(add[0].h, add[0].e.name, oh, old[0].name) < 0) {
+			out = append(out, add[0].e)
+			add = add[1:]
 			continue
 		}
-		out = append(out, add[0])
-		add = add[1:]
+		if _, gone := v.removed[old[0].name]; !gone {
+			out = append(out, old[0])
+		}
+		if old = old[1:]; len(old) > 0 {
+			oh = hashName(old[0].name)
+		}
 	}
 	v.sorted, v.added, v.removed = out, nil, nil
 }
