@@ -31,15 +31,6 @@ func intern(s string) string {
 	return unique.Make(s).Value()
 }
 
-// internAs returns held when s equals it (the copy a previous version of
-// the value holds), else intern(s).
-func internAs(s, held string) string {
-	if s == held {
-		return held
-	}
-	return intern(s)
-}
-
 // internAll interns every element of list in place (list belongs to a
 // decoded message the caller owns).
 func internAll(list []string) []string {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 
 	"github.com/ztunnel-go/ztunnel/api/securityapi"
 	"github.com/ztunnel-go/ztunnel/api/workloadapi"
@@ -41,19 +40,9 @@ func invalid(format string, args ...any) error {
 // ConvertAddress converts an Address resource: exactly one of the results is
 // non-nil on success.
 func ConvertAddress(a *workloadapi.Address) (*state.Workload, *state.Service, error) {
-	return convertAddress(a, nil)
-}
-
-// convertAddress is ConvertAddress; held (nil: none) returns the workload
-// held under a uid, whose strings a new version of it takes over.
-func convertAddress(a *workloadapi.Address, held func(uid string) *state.Workload) (*state.Workload, *state.Service, error) {
 	switch t := a.GetType().(type) {
 	case *workloadapi.Address_Workload:
-		var prev *state.Workload
-		if held != nil {
-			prev = held(t.Workload.GetUid())
-		}
-		w, err := convertWorkload(t.Workload, prev)
+		w, err := ConvertWorkload(t.Workload)
 		return w, nil, err
 	case *workloadapi.Address_Service:
 		s, err := ConvertService(t.Service)
@@ -70,46 +59,28 @@ func convertAddress(a *workloadapi.Address, held func(uid string) *state.Workloa
 // namespace/hostname and LEGACY_ISTIO_MTLS are rejected; so is an empty uid,
 // which a snapshot cannot hold.
 func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
-	return convertWorkload(x, nil)
-}
-
-// convertWorkload is ConvertWorkload; prev (nil: none) is the version of
-// the workload held now, whose strings the new one takes over where they
-// are equal: intern's table forgets a string at the next collection (it
-// keeps no unique.Handle), so interning again would give a changed
-// workload fresh copies of what it shares with the others, and costs
-// unique's weak handle (issue 36: ~30% of a one-workload change's CPU).
-func convertWorkload(x *workloadapi.Workload, prev *state.Workload) (*state.Workload, error) {
 	if x.GetUid() == "" {
 		return nil, invalid("workload %s/%s: uid is empty", x.GetNamespace(), x.GetName())
-	}
-	if prev == nil {
-		prev = &state.Workload{}
 	}
 	// What repeats across workloads is interned (intern.go); the uid and
 	// the name are each workload's own.
 	w := &state.Workload{
 		UID:                   x.GetUid(),
 		Name:                  x.GetName(),
-		Namespace:             internAs(x.GetNamespace(), prev.Namespace),
-		ServiceAccount:        internAs(orDefault(x.GetServiceAccount(), defaultServiceAccount), prev.ServiceAccount),
-		TrustDomain:           internAs(orDefault(x.GetTrustDomain(), identity.DefaultTrustDomain), prev.TrustDomain),
-		Network:               internAs(x.GetNetwork(), prev.Network),
-		Node:                  internAs(x.GetNode(), prev.Node),
-		ClusterID:             internAs(orDefault(x.GetClusterId(), defaultClusterID), prev.ClusterID),
-		WorkloadName:          internAs(x.GetWorkloadName(), prev.WorkloadName),
+		Namespace:             intern(x.GetNamespace()),
+		ServiceAccount:        intern(orDefault(x.GetServiceAccount(), defaultServiceAccount)),
+		TrustDomain:           intern(orDefault(x.GetTrustDomain(), identity.DefaultTrustDomain)),
+		Network:               intern(x.GetNetwork()),
+		Node:                  intern(x.GetNode()),
+		ClusterID:             intern(orDefault(x.GetClusterId(), defaultClusterID)),
+		WorkloadName:          intern(x.GetWorkloadName()),
 		WorkloadType:          workloadType(x.GetWorkloadType()),
-		CanonicalName:         internAs(x.GetCanonicalName(), prev.CanonicalName),
-		CanonicalRevision:     internAs(x.GetCanonicalRevision(), prev.CanonicalRevision),
+		CanonicalName:         intern(x.GetCanonicalName()),
+		CanonicalRevision:     intern(x.GetCanonicalRevision()),
 		Hostname:              x.GetHostname(),
 		NativeTunnel:          x.GetNativeTunnel(),
-		AuthorizationPolicies: x.GetAuthorizationPolicies(),
+		AuthorizationPolicies: internAll(x.GetAuthorizationPolicies()),
 		Capacity:              1,
-	}
-	if slices.Equal(w.AuthorizationPolicies, prev.AuthorizationPolicies) && len(w.AuthorizationPolicies) > 0 {
-		w.AuthorizationPolicies = prev.AuthorizationPolicies // snapshot values are never modified
-	} else {
-		internAll(w.AuthorizationPolicies)
 	}
 	nameInUID(w)
 	if c := x.GetCapacity(); c != nil {

@@ -33,8 +33,7 @@ import (
 //
 // XDSState is safe for concurrent use; applies are serialized.
 type XDSState struct {
-	w     *state.Writer
-	store *state.Store // what w publishes to
+	w *state.Writer
 }
 
 // NewXDSState returns an XDSState publishing to store, seeded with static
@@ -50,7 +49,7 @@ func NewXDSState(store *state.Store, static *LocalConfig, logf func(string, ...a
 	if err != nil {
 		return nil, fmt.Errorf("local config: %w", err)
 	}
-	return &XDSState{w: w, store: store}, nil
+	return &XDSState{w: w}, nil
 }
 
 // Register registers the Address and Authorization handlers with c.
@@ -69,12 +68,9 @@ type address struct {
 // Handler): it converts every resource, applies the valid ones and the
 // removals, publishes the new snapshot, and returns the rejected resources.
 func (x *XDSState) HandleAddresses(u *xdsclient.Update) []xdsclient.Rejection {
-	// A changed workload takes over the strings of the version published
-	// (convertWorkload).
-	held := x.store.Load().WorkloadByUID
 	return apply(x.w, u, "Address",
 		func(a *workloadapi.Address) (address, error) {
-			w, s, err := convertAddress(a, held)
+			w, s, err := ConvertAddress(a)
 			return address{w, s}, err
 		},
 		func(tx *state.Tx, name string, c address) error {
