@@ -15,13 +15,9 @@ import (
 // What repeats across workloads is held once (issue 36: at 100,000
 // workloads each decoded copy of a namespace, service account, node or
 // port map was a few hundred bytes per workload). Strings go through
-// unique.Make. Its table holds a string only as long as a unique.Handle to
-// it lives, and intern keeps none: the table forgets a string at the next
-// collection, so intern deduplicates what one push brings (a deployment's
-// replicas arrive together), and a changed workload takes over the strings
-// of its published version instead (convertWorkload). A workload's Services
-// map, identical for the replicas of one deployment, is shared through
-// servicesCache.
+// unique.Make, whose table holds them weakly: a name no snapshot uses any
+// more is collected. A workload's Services map, identical for the
+// replicas of one deployment, is shared through servicesCache.
 
 // intern returns the canonical copy of s.
 func intern(s string) string {
