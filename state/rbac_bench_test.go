@@ -134,15 +134,20 @@ func BenchmarkAuthorizeMesh(b *testing.B) {
 		policies = append(policies, &Policy{Name: "p" + strconv.Itoa(i), Namespace: ns, Scope: scope, Action: ActionAllow,
 			Rules: [][][]Match{{{{Principals: []StringMatch{{MatchExact, "cluster.local/ns/" + ns + "/sa/a"}, {MatchPrefix, "cluster.local/ns/" + ns + "/"}}}}}}})
 	}
-	// ns-3 has p3 (NAMESPACE) and p1003 (selector, listed).
-	w := &Workload{UID: "w", Name: "w", Namespace: "ns-3", Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.1")},
-		TrustDomain: "cluster.local", ServiceAccount: "w", Capacity: 1, AuthorizationPolicies: []string{"ns-3/p1003"}}
+	// The destination's namespace has a NAMESPACE policy, and it lists its
+	// selector policy.
+	policies = append(policies,
+		&Policy{Name: "nsp", Namespace: "ns1", Scope: ScopeNamespace, Action: ActionAllow,
+			Rules: [][][]Match{{{{Principals: []StringMatch{{MatchPrefix, "cluster.local/ns/ns1/"}}}}}}},
+		&Policy{Name: "sel", Namespace: "ns1", Scope: ScopeWorkloadSelector, Action: ActionAllow,
+			Rules: [][][]Match{{{{Principals: []StringMatch{{MatchExact, "cluster.local/ns/ns1/sa/a"}}}}}}})
+	w := rbacDst("ns1/sel")
 	s, err := NewSnapshot([]*Workload{w}, nil, policies)
 	if err != nil {
 		b.Fatal(err)
 	}
 	c := Conn{
-		Src: netip.AddrPortFrom(netip.MustParseAddr("10.0.0.2"), 12345), Dst: netip.AddrPortFrom(netip.MustParseAddr("10.0.0.1"), 8080),
+		Src: netip.AddrPortFrom(netip.MustParseAddr("10.0.0.1"), 12345), Dst: netip.AddrPortFrom(netip.MustParseAddr("10.0.0.2"), 8080),
 		DstWorkload: w, SrcIdentity: clientID,
 	}
 	if d := s.Authorize(c); d.Allowed {
