@@ -104,11 +104,17 @@ bench-census: bench-tools ## Round-trip census (issue 23): syscalls, context swi
 	@scripts/deps.sh bench
 	$(BIN)/zbench --syscalls 20000 --paths 'hbone2/' --backends epoll $(BENCHFLAGS)
 
+.PHONY: bench-clients
+bench-clients: bench-tools ## Two clients, two verdicts (issue 36): zload's RR and one stream, a blocking Python RR client and iperf3 on the daemons' and HAProxy's one- and two-hop paths, rounds interleaved; CLIENTS.md in bench/results/<date>-<host>-clients/ (root, a few minutes; BENCHFLAGS adds zbench flags)
+	@scripts/deps.sh bench
+	$(BIN)/zbench --clients --rounds 5 $(BENCHFLAGS)
+
 .PHONY: bench-quick
-bench-quick: bench-tools ## CI smoke run of the end-to-end benchmarks and of the mesh- and node-scale and Load scenarios (root, about a minute; HAProxy paths skipped if it is missing)
+bench-quick: bench-tools ## CI smoke run of the end-to-end benchmarks, of the mesh- and node-scale and Load scenarios and of the clients comparison (root, about a minute; HAProxy paths skipped if it is missing)
 	@scripts/deps.sh lab
 	$(BIN)/zbench --quick $(BENCHFLAGS)
 	$(BIN)/zbench --quick --load --prefix zl-loadq
+	$(BIN)/zbench --quick --clients --prefix zl-cliq
 	$(GO) test -count=1 -run '^Test(Mesh|Node)Scale$$' ./e2e/
 
 .PHONY: bench-scale

@@ -3,7 +3,6 @@ package admin
 import (
 	"encoding/pem"
 	"net/netip"
-	"slices"
 	"strconv"
 
 	"github.com/ztunnel-go/ztunnel/mtls"
@@ -253,21 +252,20 @@ type OutboundConnDump struct {
 func dumpWorkload(w *state.Workload) WorkloadDump {
 	d := WorkloadDump{
 		Protocol: w.Protocol.String(), NetworkMode: w.NetworkMode.String(), UID: w.UID, Name: w.Name,
-		Namespace: w.Namespace, TrustDomain: w.TrustDomain, ServiceAccount: w.ServiceAccount,
-		Network: w.Network, WorkloadName: w.WorkloadName, WorkloadType: w.WorkloadType,
-		CanonicalName: w.CanonicalName, CanonicalRevision: w.CanonicalRevision, Hostname: w.Hostname,
-		Node: w.Node, AuthorizationPolicies: w.AuthorizationPolicies, Status: w.Status.String(),
-		ClusterID: w.ClusterID, Capacity: w.Capacity,
-		Waypoint: dumpGateway(w.Waypoint), NetworkGateway: dumpGateway(w.NetworkGateway),
+		Namespace: w.Namespace, TrustDomain: w.TrustDomain(), ServiceAccount: w.ServiceAccount,
+		Network: w.Network, WorkloadName: w.WorkloadName(), WorkloadType: w.WorkloadType(),
+		CanonicalName: w.CanonicalName(), CanonicalRevision: w.CanonicalRevision(), Hostname: w.Hostname(),
+		Node: w.Node, AuthorizationPolicies: w.AuthorizationPolicies(), Status: w.Status.String(),
+		ClusterID: w.ClusterID(), Capacity: w.Capacity,
+		Waypoint: dumpGateway(w.Waypoint()), NetworkGateway: dumpGateway(w.NetworkGateway()),
 	}
 	d.WorkloadIPs = make([]string, 0, len(w.Addresses))
 	for _, a := range w.Addresses {
 		d.WorkloadIPs = append(d.WorkloadIPs, a.String())
 	}
-	for k := range w.Services {
-		d.Services = append(d.Services, k)
+	for _, sp := range w.Services.List() {
+		d.Services = append(d.Services, sp.Key) // sorted
 	}
-	slices.Sort(d.Services)
 	if l := w.Locality.Value(); l != (state.Locality{}) {
 		d.Locality = map[string]string{"region": l.Region, "zone": l.Zone, "subzone": l.Subzone}
 	}
@@ -318,7 +316,7 @@ func dumpService(snap *state.Snapshot, s *state.Service) ServiceDump {
 		d.VIPs = append(d.VIPs, v.String())
 	}
 	for _, ep := range snap.Endpoints(s) {
-		d.Endpoints[ep.Workload.UID] = EndpointDump{WorkloadUID: ep.Workload.UID, Port: portMap(ep.Ports), Status: ep.Workload.Status.String()}
+		d.Endpoints[ep.Workload.UID] = EndpointDump{WorkloadUID: ep.Workload.UID, Port: portMap(ep.Ports().Map()), Status: ep.Workload.Status.String()}
 	}
 	return d
 }

@@ -64,7 +64,7 @@ func (s *Server) prepare(ctx context.Context, raw []byte, tcp bool) ([]byte, *fo
 		// The workload's own record is authoritative; before it arrives the
 		// proxy still answers, with the namespace it was started for.
 		v.ns, v.network = w.Namespace, w.Network
-		labels.SourceCanonicalService, labels.SourceCanonicalRevision = w.CanonicalName, w.CanonicalRevision
+		labels.SourceCanonicalService, labels.SourceCanonicalRevision = w.CanonicalName(), w.CanonicalRevision()
 		client = w.Name
 	}
 	s.cfg.Metrics.DNSRequest(labels)

@@ -39,10 +39,12 @@ func svc(ns, host string, v []state.NetworkAddress) *state.Service {
 
 func pod(ns, name string, addrs []netip.Addr, services ...string) *state.Workload {
 	w := &state.Workload{UID: "cluster1//v1/Pod/" + ns + "/" + name, Name: name, Namespace: ns, Addresses: addrs,
-		Services: map[string]map[uint16]uint16{}, Capacity: 1}
+		Capacity: 1}
+	m := map[string]map[uint16]uint16{}
 	for _, s := range services {
-		w.Services[s] = map[uint16]uint16{80: 8080}
+		m[s] = map[uint16]uint16{80: 8080}
 	}
+	w.Services = state.ServicesOf(m)
 	return w
 }
 

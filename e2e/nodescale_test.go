@@ -109,11 +109,20 @@ func TestNodeScale(t *testing.T) {
 	d := c.Daemons["node-a"]
 	run.Baseline = k.point(d, 0)
 	added := 0
-	for _, n := range counts {
+	for ci, n := range counts {
 		var ack, serving []time.Duration
+		var wait func()
+		if secs := os.Getenv(scaleProfileEnv); secs != "" && ci == len(counts)-1 {
+			// The last segment's adds, profiled and traced as the Mesh
+			// scenario's churn (PROFILING.md).
+			wait = profileDaemon(ctx, t, d, out, secs, fmt.Sprintf("node-adds-%d", n))
+		}
 		for ; added < n; added++ {
 			a, s := k.add(added)
 			ack, serving = append(ack, a), append(serving, s)
+		}
+		if wait != nil {
+			wait()
 		}
 		p := k.point(d, n)
 		p.AddToAck, p.AddToServing = report.PercentilesOf(ack), report.PercentilesOf(serving)

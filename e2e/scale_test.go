@@ -439,6 +439,13 @@ func scaleChurn(t *testing.T, xds *xdstest.Server, m scaleMesh, perSecond int) f
 // profileChurn starts the CPU profile and the trace of scaleProfileEnv and
 // returns the function that waits for them and writes them out.
 func profileChurn(ctx context.Context, t *testing.T, d *labrun.Daemon, out string, workloads int, secs string) func() {
+	return profileDaemon(ctx, t, d, out, secs, fmt.Sprintf("churn-%d", workloads))
+}
+
+// profileDaemon starts d's CPU profile for secs seconds and its execution
+// trace for the first of them (out/cpu-<name>.pb.gz, out/trace-<name>.out)
+// and returns the function that waits for both.
+func profileDaemon(ctx context.Context, t *testing.T, d *labrun.Daemon, out, secs, name string) func() {
 	if n, err := strconv.Atoi(secs); err != nil || n < 1 {
 		t.Fatalf("%s=%q: want a number of seconds", scaleProfileEnv, secs)
 	}
@@ -455,8 +462,8 @@ func profileChurn(ctx context.Context, t *testing.T, d *labrun.Daemon, out strin
 			}
 		})
 	}
-	get("profile?seconds="+secs, fmt.Sprintf("cpu-churn-%d.pb.gz", workloads))
-	get("trace?seconds=1", fmt.Sprintf("trace-churn-%d.out", workloads))
+	get("profile?seconds="+secs, "cpu-"+name+".pb.gz")
+	get("trace?seconds=1", "trace-"+name+".out")
 	return wg.Wait
 }
 

@@ -59,9 +59,6 @@ type ConnDriver interface {
 	// or whose stream relays ran, at most once per iteration however many
 	// commits there were. An error aborts the connection.
 	Flush() error
-	// Tick is called about once per connTick (1 s) with the loop's clock,
-	// for timeouts a driver keeps without timers of its own.
-	Tick(now time.Time)
 	// Ended is the last call, exactly once: err is nil after a clean
 	// close (Close(false) whose bytes went out), ErrAborted after
 	// Close(true), ErrClosed when the engine closed, else the error that
@@ -79,20 +76,9 @@ type Homed interface {
 	Home() *ConnHandle
 }
 
-// LocalWaker is the Waker an epoll TCP⇄stream relay registers, seen by a
-// stream whose connection is loop-owned: WakeFrom(owner), called from
-// inside a ConnDriver callback of owner (the *ConnHandle of the stream's
-// connection), readies the relay on the loop directly when owner's loop
-// is the relay's (no task, no lock); otherwise it is Wake. Calling it
-// anywhere else with a loop's handle is a contract violation (checked in
-// assert builds).
-type LocalWaker interface {
-	Waker
-	WakeFrom(owner any)
-}
-
-// Bounds of a loop-owned connection's close and its clock (see the top of
-// this file).
+// Bounds of a loop-owned connection's close (see the top of this file).
+// The loop keeps no clock for its connections: an idle one costs no
+// wake-up (a driver's timeouts are its own).
 const (
 	// connFlushTimeout bounds Close(false)'s flush of the driver's bytes.
 	connFlushTimeout = 2 * time.Second
@@ -100,8 +86,6 @@ const (
 	connAbruptTimeout = 500 * time.Millisecond
 	// connLinger bounds the wait for the peer's EOF after the FIN.
 	connLinger = time.Second
-	// connTick is the period of ConnDriver.Tick.
-	connTick = time.Second
 	// connStall is the driver call duration Stats.ConnStalls counts.
 	connStall = time.Millisecond
 )
@@ -112,22 +96,26 @@ var errCloseFlush = errors.New("engine: connection close: flush timed out")
 
 // connBackend is a backend that runs loop-owned connections (epoll).
 type connBackend interface {
-	// startConn places a loop-owned connection on fd, bound already, on a
-	// loop; false means the engine is closing (fd is then closed).
-	startConn(fd int, d ConnDriver) (*ConnHandle, bool)
+	// takeConn makes the entry of a loop-owned connection on fd, bound
+	// already, and picks its loop; Start hands it to that loop.
+	takeConn(fd int, d ConnDriver) *ConnHandle
 }
 
-// StartConn hands a connected TCP socket to an event loop as a loop-owned
-// connection driven by d: it takes the socket away from the runtime's
-// poller (the *net.TCPConn is closed; addresses read from it before stay
-// valid), calls bind with the descriptor (the driver's I/O goes there from
-// now on: the proxy's tlsConn.UseFD), places the connection on a stream
-// loop and runs d.Readable there once.
+// TakeConn takes a connected TCP socket for a loop-owned connection driven
+// by d, and returns its handle before any loop can call d, so that the
+// driver knows its handle from its first callback: it takes the socket
+// away from the runtime's poller (the *net.TCPConn is closed; addresses
+// read from it before stay valid), calls bind with the descriptor (the
+// driver's I/O goes there from now on: the proxy's tlsConn.UseFD) and
+// picks a stream loop. Start hands the connection to that loop, which
+// runs d.Readable there once; the caller must call Start exactly once.
+// Wake and Close are allowed before Start: what they ask is done once the
+// loop has the connection (a Close then ends it without a read turn).
 //
 // ErrUnsupported (std, uring) leaves tc untouched and the caller's: drive
 // it with goroutines. Any other error (the engine closed, the takeover or
-// bind failed) closes tc; d is never called when StartConn fails.
-func (e *Engine) StartConn(tc *net.TCPConn, d ConnDriver, bind func(fd int) error) (*ConnHandle, error) {
+// bind failed) closes tc; d is never called when TakeConn fails.
+func (e *Engine) TakeConn(tc *net.TCPConn, d ConnDriver, bind func(fd int) error) (*ConnHandle, error) {
 	cb, ok := e.backend.(connBackend)
 	if !ok {
 		return nil, ErrUnsupported
@@ -149,12 +137,7 @@ func (e *Engine) StartConn(tc *net.TCPConn, d ConnDriver, bind func(fd int) erro
 			return nil, fmt.Errorf("engine: bind connection: %w", err)
 		}
 	}
-	h, ok := cb.startConn(fd, d)
-	if !ok {
-		e.connEnded()
-		return nil, ErrClosed
-	}
-	return h, nil
+	return cb.takeConn(fd, d), nil
 }
 
 // beginConn counts a loop-owned connection in; false means the engine is

@@ -50,12 +50,16 @@ type connEntry struct {
 	holding  bool          // the last Writable held bytes
 	deadline time.Duration // loop time: end of the flushing or lingering phase
 	closeErr error         // what Ended gets after a close that completes
-	idx      int           // in l.conns
+	// A Close that reached the loop before the connection (Start after
+	// it): addConn closes instead of the first read turn.
+	closeOwed bool
+	owedErr   error // the owed close's: ErrAborted if any asked to abort
 }
 
-// ConnHandle is a loop-owned connection seen from outside (StartConn): it
-// is what a Homed stream returns and the owner hbone hands back to
-// WakeFrom. Its methods are safe from any goroutine.
+// ConnHandle is a loop-owned connection seen from outside (TakeConn): it
+// is what a Homed stream returns and the owner the driver wakes its
+// streams' relays through (WakeLocal). Its methods but WakeLocal are safe
+// from any goroutine.
 type ConnHandle connEntry
 
 func (h *ConnHandle) entry() *connEntry { return (*connEntry)(h) }
@@ -86,32 +90,40 @@ func (h *ConnHandle) Close(abort bool) {
 	h.entry().l.submit(task{op: opConnClose, r: h.entry(), err: err})
 }
 
-func (b *epollBackend) startConn(fd int, d ConnDriver) (*ConnHandle, bool) {
-	l := b.strm[b.pick(len(b.strm))]
-	c := &connEntry{l: l, d: d, fd: fd}
-	c.init(c)
-	if !l.submit(task{op: opConnAdd, r: c}) {
-		_ = unix.Close(fd)
-		return nil, false
+// Start hands the connection to its loop, which registers it, gives the
+// driver a first read turn and a Flush (what was committed before Start
+// goes out without a Wake). A Close asked before Start is done then
+// instead, without the read turn. If the engine closed meanwhile, Ended
+// (ErrClosed) runs on the caller's goroutine. Call it once.
+func (h *ConnHandle) Start() {
+	c := h.entry()
+	if !c.l.submit(task{op: opConnAdd, r: c}) {
+		c.refuse(ErrClosed)
 	}
-	return (*ConnHandle)(c), true
 }
 
-// addConn registers a new connection and gives it its first read turn.
+func (b *epollBackend) takeConn(fd int, d ConnDriver) *ConnHandle {
+	c := &connEntry{l: b.strm[b.pick(len(b.strm))], d: d, fd: fd}
+	c.init(c)
+	return (*ConnHandle)(c)
+}
+
+// addConn registers a new connection and gives it its first read turn
+// and a Flush, or the close asked before it came.
 func (l *eloop) addConn(c *connEntry) {
 	c.slot = l.slots.put(c)
-	c.idx = len(l.conns)
-	l.conns = append(l.conns, c)
 	l.nConns.Add(1)
-	if len(l.conns) == 1 {
-		l.nextTick = l.now + connTick
-	}
 	const interest = poll.In | poll.Out | poll.RDHup | poll.ET
 	if err := l.p.Add(c.fd, interest, uint64(c.slot)<<1); err != nil {
 		c.finish(err, true)
 		return
 	}
+	if c.closeOwed {
+		c.close(c.owedErr)
+		return
+	}
 	c.readable()
+	l.markFlush(c)
 }
 
 // enter marks the loop as running code on c's behalf: a Wake meanwhile
@@ -134,7 +146,9 @@ func (l *eloop) leave(c *connEntry) {
 // markFlush puts c on the list the loop flushes at the end of the
 // iteration (once, however often it is marked).
 func (l *eloop) markFlush(c *connEntry) {
-	if c.onFlush || c.closed {
+	if c.onFlush || c.closed || c.slot < 0 {
+		// Not added yet (a Wake before Start): connFlushOwed stays set,
+		// and addConn flushes.
 		return
 	}
 	c.onFlush = true
@@ -295,9 +309,17 @@ func (c *connEntry) discard() {
 	}
 }
 
-// close is Close on the loop.
+// close is Close on the loop. Before the connection is added (a Close
+// before Start) it is owed to addConn.
 func (c *connEntry) close(err error) {
 	if c.closed {
+		return
+	}
+	if c.slot < 0 {
+		c.closeOwed = true
+		if err != nil {
+			c.owedErr = err
+		}
 		return
 	}
 	if err != nil {
@@ -325,26 +347,6 @@ func (l *eloop) expireConns() {
 	}
 }
 
-// tickConns gives every open connection its Tick once per connTick.
-func (l *eloop) tickConns() {
-	if len(l.conns) == 0 || l.now < l.nextTick {
-		return
-	}
-	l.nextTick = l.now + connTick
-	now := l.base.Add(l.now)
-	for i := 0; i < len(l.conns); i++ {
-		c := l.conns[i]
-		if c.state != connOpen {
-			continue
-		}
-		l.enter(c)
-		start := time.Now()
-		c.d.Tick(now)
-		l.stalled(start)
-		l.leave(c)
-	}
-}
-
 // flushConns runs the Flush of every connection marked in the iteration;
 // those marked again meanwhile wait for the next one.
 func (l *eloop) flushConns() {
@@ -364,7 +366,7 @@ func (l *eloop) flushConns() {
 }
 
 // connWait shortens the loop's wait for its connections: a flush owed
-// now, the next tick, the end of a close phase.
+// now, the end of a close phase.
 func (l *eloop) connWait(t time.Duration) time.Duration {
 	if len(l.flush) > 0 {
 		return 0
@@ -374,9 +376,6 @@ func (l *eloop) connWait(t time.Duration) time.Duration {
 		if t < 0 || left < t {
 			t = left
 		}
-	}
-	if len(l.conns) > 0 {
-		at(l.nextTick)
 	}
 	for _, c := range l.closing {
 		at(c.deadline)
@@ -401,12 +400,6 @@ func (c *connEntry) finish(err error, rst bool) {
 			break
 		}
 	}
-	last := len(l.conns) - 1
-	moved := l.conns[last]
-	l.conns[c.idx] = moved
-	moved.idx = c.idx
-	l.conns[last] = nil
-	l.conns = l.conns[:last]
 	start := time.Now()
 	c.d.Ended(err)
 	l.stalled(start)
@@ -442,17 +435,23 @@ func (c *connEntry) fdOf(side int) int {
 	return -1
 }
 
-// WakeFrom readies the relay on its loop at once when owner is a
-// loop-owned connection of that loop, whose driver callback is the caller
-// (LocalWaker); otherwise it is Wake.
-func (r *streamRelay) WakeFrom(owner any) {
-	h, ok := owner.(*ConnHandle)
-	if !ok || h.l != r.l {
-		r.Wake()
+// WakeLocal wakes w, the Waker of a stream of the connection, from inside
+// one of the connection's ConnDriver callbacks: an epoll relay of the
+// connection's own loop goes straight onto the loop's ready list (no
+// task, no lock, Stats.LocalWakes); anything else (a relay of another
+// loop, a blocking stream's waker) gets w.Wake(). The parameter is an
+// unnamed interface so that a driver's package can declare the method
+// without importing this one (hbone.Owner). Calling it outside a driver
+// callback of h is a contract violation (checked in assert builds).
+func (h *ConnHandle) WakeLocal(w interface{ Wake() }) {
+	c := h.entry()
+	r, ok := w.(*streamRelay)
+	if !ok || r.l != c.l {
+		w.Wake()
 		return
 	}
-	if assertions && h.held == 0 {
-		panic("engine: WakeFrom outside a driver callback of its connection")
+	if assertions && c.held == 0 {
+		panic("engine: WakeLocal outside a driver callback of its connection")
 	}
 	r.l.nLocalWakes.Add(1)
 	if !r.queued && !r.closed && r.slot >= 0 {
@@ -460,5 +459,3 @@ func (r *streamRelay) WakeFrom(owner any) {
 		r.l.ready = append(r.l.ready, loopRelay(r))
 	}
 }
-
-var _ LocalWaker = (*streamRelay)(nil)

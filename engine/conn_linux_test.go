@@ -32,7 +32,7 @@ type fakeDriver struct {
 	failOn       byte // Readable fails on reading this byte (0: never)
 	stall        atomic.Bool
 
-	readables, ticks atomic.Int64
+	readables atomic.Int64
 
 	mu     sync.Mutex // guards the following fields
 	log    []string   // "R<bytes>" for a Readable that read, "F" for a Flush
@@ -103,8 +103,6 @@ func (d *fakeDriver) Flush() error {
 	return err
 }
 
-func (d *fakeDriver) Tick(time.Time) { d.ticks.Add(1) }
-
 func (d *fakeDriver) Ended(err error) { d.ended <- err }
 
 // commit queues p for the next Flush and wakes the connection, from any
@@ -153,11 +151,12 @@ func startFake(t *testing.T, e *engine.Engine, d *fakeDriver, tune func(tc, peer
 	if tune != nil {
 		tune(tc, peer)
 	}
-	h, err := e.StartConn(tc, d, d.bind)
+	h, err := e.TakeConn(tc, d, d.bind)
 	if err != nil {
 		t.Fatal(err)
 	}
 	d.h.Store(h)
+	h.Start()
 	_ = peer.SetDeadline(time.Now().Add(hangLimit))
 	return peer
 }
@@ -171,10 +170,10 @@ func readN(t *testing.T, c *net.TCPConn, n int) string {
 	return string(buf)
 }
 
-// TestStartConnUnsupported: std and uring refuse loop-owned connections
+// TestTakeConnUnsupported: std and uring refuse loop-owned connections
 // with ErrUnsupported and leave the connection to the caller, who can
 // still use it (the goroutine fallback).
-func TestStartConnUnsupported(t *testing.T) {
+func TestTakeConnUnsupported(t *testing.T) {
 	for _, name := range []string{engine.BackendStd, engine.BackendUring} {
 		t.Run(name, func(t *testing.T) {
 			e, err := engine.New(engine.Config{Backend: name})
@@ -184,12 +183,12 @@ func TestStartConnUnsupported(t *testing.T) {
 			defer e.Close()
 			tc, peer := nettest.TCPPair(t)
 			d := newFakeDriver()
-			h, err := e.StartConn(tc, d, d.bind)
+			h, err := e.TakeConn(tc, d, d.bind)
 			if !errors.Is(err, engine.ErrUnsupported) || !errors.Is(err, errors.ErrUnsupported) || h != nil {
-				t.Fatalf("StartConn = %v, %v; want ErrUnsupported", h, err)
+				t.Fatalf("TakeConn = %v, %v; want ErrUnsupported", h, err)
 			}
 			if d.fd != -1 || d.readables.Load() != 0 {
-				t.Fatal("bind or the driver ran although StartConn failed")
+				t.Fatal("bind or the driver ran although TakeConn failed")
 			}
 			_ = peer.SetDeadline(time.Now().Add(hangLimit))
 			if _, err := tc.Write([]byte("still mine")); err != nil {
@@ -214,6 +213,10 @@ func TestConnFlushCoalesces(t *testing.T) {
 		log := d.logged()
 		return len(log) > 0 && log[len(log)-1] == "F"
 	}
+	// The add's own turn: a read (nothing yet) and a Flush.
+	for !lastIsFlush() {
+		runtime.Gosched()
+	}
 	for _, msg := range []string{"a", "b", "c"} {
 		if _, err := peer.Write([]byte(msg)); err != nil {
 			t.Fatal(err)
@@ -231,7 +234,7 @@ func TestConnFlushCoalesces(t *testing.T) {
 	if !lastIsFlush() {
 		t.Fatal("a foreign Wake's bytes went out without a Flush")
 	}
-	if got, want := strings.Join(d.logged(), ","), "Ra,F,Rb,F,Rc,F,F"; got != want {
+	if got, want := strings.Join(d.logged(), ","), "F,Ra,F,Rb,F,Rc,F,F"; got != want {
 		t.Fatalf("log %s, want %s", got, want)
 	}
 	if st := e.Stats(); st.Conns != 1 {
@@ -395,15 +398,11 @@ func TestConnDrainWaits(t *testing.T) {
 	}
 }
 
-// TestConnTickAndStalls: Tick comes with the loop's clock, and a driver
-// call over 1 ms counts as a stall.
-func TestConnTickAndStalls(t *testing.T) {
+// TestConnStalls: a driver call over 1 ms counts as a stall.
+func TestConnStalls(t *testing.T) {
 	e := newEpoll(t, 1)
 	d := newFakeDriver()
 	peer := startFake(t, e, d, nil)
-	if !nettest.Until(hangLimit, func() bool { return d.ticks.Load() != 0 }) {
-		t.Fatal("no Tick")
-	}
 	d.stall.Store(true)
 	before := e.Stats().ConnStalls
 	peer.Write([]byte("s"))
@@ -412,11 +411,11 @@ func TestConnTickAndStalls(t *testing.T) {
 	}
 }
 
-// TestConnWakeFromLocalAndForeign: a Mux whose stream's relay is on its
+// TestConnWakeLocalAndForeign: a Mux whose stream's relay is on its
 // connection's loop readies the relay directly (Stats.LocalWakes); with
-// the relay on another loop the same WakeFrom is a Wake, and the bytes
+// the relay on another loop the same WakeLocal is a Wake, and the bytes
 // still go through.
-func TestConnWakeFromLocalAndForeign(t *testing.T) {
+func TestConnWakeLocalAndForeign(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		loops int

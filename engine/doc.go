@@ -11,7 +11,7 @@
 //
 // A relay has one way in, Engine.Start (StartDial is Start with the connect
 // to the B side left to the engine; a whole multiplexed connection goes in
-// through StartConn, below), in one dispatch order (start.go):
+// through TakeConn, below), in one dispatch order (start.go):
 // between two TCP sockets an event-loop backend takes the sockets over and
 // moves bytes with splice(2) through pooled pipes (epoll copies small
 // messages through one buffer per loop, and splices once a flow is bulk):
@@ -26,7 +26,7 @@
 // outside through the Handle Start returns.
 //
 // A multiplexed connection (a pooled HBONE connection) can be handed to
-// an epoll stream loop as a whole with StartConn (conn.go, conn_linux.go):
+// an epoll stream loop as a whole with TakeConn (conn.go, conn_linux.go):
 // the loop owns its socket's readiness, flush and close while a
 // ConnDriver (the protocol, outside this package) does the I/O, and the
 // relays of its streams (Homed) are placed on the same loop, so a round
@@ -38,7 +38,8 @@
 //   - auto (default): the fastest the kernel allows, by measurement: epoll
 //     today (see autoOrder in engine.go), io_uring where epoll is missing;
 //   - epoll (epoll_*.go): event loops on epoll (engine/poll), one per core
-//     for TCP⇄TCP relays, each a goroutine blocked in epoll_wait, and one
+//     for TCP⇄TCP relays, each a goroutine blocked in epoll_wait while it
+//     has relays (parked in the netpoller while it lingers), and one
 //     per core for TCP⇄stream relays, each parked in the runtime's
 //     netpoller when idle (with Config.LockOSThread, all on locked OS
 //     threads in epoll_wait);

@@ -349,8 +349,8 @@ type Stats struct {
 	// of its loop (the loop's watchdog).
 	ConnStalls int64
 	// LocalWakes counts, since the engine started, the stream relays a
-	// loop-owned connection's driver readied on its own loop (WakeFrom)
-	// without a task.
+	// loop-owned connection's driver readied on its own loop without a
+	// task (ConnHandle.WakeLocal).
 	LocalWakes int64
 }
 

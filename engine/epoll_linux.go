@@ -22,13 +22,20 @@ import (
 //   - a TCP⇄TCP loop blocks its goroutine in epoll_wait (a plain blocking
 //     syscall, the thread not locked): the kernel wakes that very thread
 //     when a socket turns ready, which costs less than going through the
-//     runtime's netpoller (round trips ×1.3, CPU per round trip ×0.6);
+//     runtime's netpoller (round trips ×1.3, CPU per round trip ×0.6).
+//     With no relay (lingering before it ends) it parks instead
+//     (poll.Poller.WaitParkOnce): a thread blocked in a system call keeps
+//     its P until the runtime's monitor takes it back, 10-20 ms at worst,
+//     and with every P held so by lingering loops the rest of the daemon
+//     (the ZDS and xDS clients, handshakes) waited that long to run;
 //   - a TCP⇄stream loop parks in the runtime's netpoller (on the epoll
 //     descriptor itself): it is woken mostly by HBONE reader goroutines
 //     through its eventfd, and a goroutine handing work to a parked
 //     goroutine stays in the scheduler, where a thread returning from a
 //     blocking syscall would first have to win a P back (blocking lost a
-//     quarter of HBONE throughput).
+//     quarter of HBONE throughput then). With Config.BlockStreamLoops (the
+//     daemon's: its HBONE connections are loop-owned, so their own sockets
+//     wake the loop) it waits as a TCP⇄TCP loop.
 //
 // With Config.LockOSThread every loop owns an OS thread and blocks it in
 // epoll_wait. Other goroutines reach a loop only through its task queue (a
@@ -198,11 +205,9 @@ type eloop struct {
 	events     []poll.Event
 
 	// Loop-owned connections (conn_linux.go), owned by the loop goroutine.
-	conns      []*connEntry  // every live one, for Tick
-	flush      []*connEntry  // to Flush at the end of the iteration
-	spareFlush []*connEntry  // flush's other half
-	closing    []*connEntry  // flushing or lingering, by deadline
-	nextTick   time.Duration // loop time of the next Tick
+	flush      []*connEntry // to Flush at the end of the iteration
+	spareFlush []*connEntry // flush's other half
+	closing    []*connEntry // flushing or lingering, by deadline
 
 	// Mirrors for Stats, written by the loop.
 	nBufs   atomic.Int32 // buffers held by stream relays, for Stats
@@ -211,8 +216,9 @@ type eloop struct {
 	nDirectShort atomic.Int64
 	nConns       atomic.Int32 // loop-owned connections, for Stats
 	nStalls      atomic.Int64 // driver calls over connStall, for Stats
-	nLocalWakes  atomic.Int64 // WakeFrom readying a relay directly, for Stats
+	nLocalWakes  atomic.Int64 // WakeLocal readying a relay directly, for Stats
 	nWakeups     atomic.Int64 // Poller.Wake calls (tests: what awake saves)
+	nWaits       atomic.Int64 // waits that returned (tests: an idle loop sleeps)
 }
 
 // submit queues t for the loop, starting the loop if it is parked; false
@@ -238,13 +244,23 @@ func (l *eloop) wake() {
 
 func (l *eloop) run() {
 	wait := l.p.WaitPark
-	if l.blocking {
-		wait = l.p.Wait
-	}
+	blocks := l.blocking
 	if l.b.e.cfg.LockOSThread {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
+		blocks = true
+	}
+	switch {
+	case l.b.e.cfg.LockOSThread:
 		wait = l.p.Wait
+	case blocks:
+		wait = func(ev []poll.Event, timeout time.Duration) (int, bool, error) {
+			if l.slots.live == 0 && timeout != 0 {
+				// Nothing to relay: linger parked, holding no P.
+				return l.p.WaitParkOnce(ev, timeout)
+			}
+			return l.p.Wait(ev, timeout)
+		}
 	}
 	l.loopClock.start()
 	l.q.awake.Store(true)
@@ -259,7 +275,11 @@ func (l *eloop) run() {
 		if timeout != 0 && !l.q.sleep() {
 			timeout = 0
 		}
+		if blocks && l.yieldDue() {
+			runtime.Gosched()
+		}
 		n, woken, err := wait(l.events, timeout)
+		l.nWaits.Add(1)
 		l.q.awake.Store(true)
 		l.tick()
 		if err != nil {
@@ -278,7 +298,6 @@ func (l *eloop) run() {
 		l.expireIdle()
 		l.expireDials()
 		l.expireConns()
-		l.tickConns()
 		// Last: every commit of the iteration (the driver's own, its
 		// relays') leaves in one Flush per connection.
 		l.flushConns()

@@ -40,3 +40,27 @@ func PollerWakes(e *Engine) int64 {
 	}
 	return n
 }
+
+// LoopYields counts the yields e's epoll loops made to keep their
+// scheduling tick moving (blockingYieldEvery).
+func LoopYields(e *Engine) int64 {
+	var n int64
+	if b, ok := e.backend.(*epollBackend); ok {
+		for _, l := range b.loops {
+			n += l.nYields.Load()
+		}
+	}
+	return n
+}
+
+// LoopWaits counts the waits e's epoll stream loops returned from since e
+// started (an idle loop makes none).
+func LoopWaits(e *Engine) int64 {
+	var n int64
+	if b, ok := e.backend.(*epollBackend); ok {
+		for _, l := range b.strm {
+			n += l.nWaits.Load()
+		}
+	}
+	return n
+}

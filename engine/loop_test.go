@@ -4,6 +4,8 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -170,6 +172,55 @@ func TestLoopsParkWhenEmptyAndRestart(t *testing.T) {
 		if !nettest.Until(10*time.Second, func() bool { return e.Stats().Running == 0 }) {
 			t.Fatalf("round %d: loop still running with no relay", round)
 		}
+	}
+}
+
+// TestEmptyLoopLingersParked checks how a blocking TCP⇄TCP loop waits:
+// in epoll_wait (the goroutine "[syscall]") while it holds a relay, and
+// parked in the netpoller ("[IO wait]", holding no P) while it lingers with
+// none. Lingering blocked, the loops held the daemon's Ps until the
+// runtime's monitor took them back, up to 10-20 ms during which no other
+// goroutine ran (the Node scenario's add-to-ack tail).
+func TestEmptyLoopLingersParked(t *testing.T) {
+	e, err := New(Config{Backend: BackendEpoll, Loops: 1, Linger: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	loopState := func() string {
+		buf := make([]byte, 1<<20)
+		for g := range strings.SplitSeq(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, "engine.(*eloop).run(") {
+				head, _, _ := strings.Cut(g, "\n")
+				return head
+			}
+		}
+		return ""
+	}
+	waitsIn := func(state string) bool {
+		return nettest.Until(10*time.Second, func() bool { return strings.Contains(loopState(), state) })
+	}
+	client, a := loopbackPair(t)
+	b, server := loopbackPair(t)
+	res := make(chan Result, 1)
+	e.Start(TCPEndpoint{a}, TCPEndpoint{b}, nil, func(r Result) { res <- r })
+	client.Write([]byte("hi"))
+	if _, err := io.ReadFull(server, make([]byte, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if !waitsIn("[syscall") {
+		t.Fatalf("a loop holding a relay waits as %q, want blocked in epoll_wait", loopState())
+	}
+	client.CloseWrite()
+	server.CloseWrite()
+	if r := <-res; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if !waitsIn("[IO wait") {
+		t.Fatalf("a lingering loop waits as %q, want parked in the netpoller", loopState())
+	}
+	if st := e.Stats(); st.Running != 1 {
+		t.Fatalf("%d loops running, want the lingering one", st.Running)
 	}
 }
 

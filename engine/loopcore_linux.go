@@ -220,12 +220,43 @@ func (q *idleList[N]) touch(r N, now time.Duration) {
 	q.pushFront(r)
 }
 
+// blockingYieldEvery is how often an epoll loop that blocks its thread in
+// epoll_wait passes through the scheduler. A
+// goroutine that only runs and blocks in syscalls never does: its P's
+// scheduling tick stays still, so the runtime's monitor (sysmon) takes it
+// for a goroutine running for 10 ms (forcePreemptNS) and retakes its P
+// while it sits in the syscall, and every retake resets sysmon to
+// waking every 20 µs for the next millisecond or more. Under a steady
+// round-trip load that was one sysmon nanosleep (and a task switch, 12-16
+// µs on this machine kind) per 1-2 round trips, every 10 ms again
+// (bench/results/2026-12-06-clients.md). A yield well inside 10 ms keeps the
+// tick moving. Each yield may wake an idle thread (runtime.Gosched calls
+// wakep), so it is kept rare: one per 4 ms costs far less than it saves.
+// The io_uring loops do not yield: their daemons' HBONE path runs on
+// goroutines (4.6-7 futex calls per round trip), whose own syscalls keep
+// sysmon busy, and a yield measured no difference there.
+const blockingYieldEvery = 4 * time.Millisecond
+
 // loopClock is a loop's monotonic time, read once per wake-up, and since
-// when it has had no relay (for Config.Linger).
+// when it has had no relay (for Config.Linger) and it last yielded.
 type loopClock struct {
 	base       time.Time
 	now        time.Duration // since base, at the last wake-up
 	emptySince time.Duration
+	lastYield  time.Duration // when yieldDue last said yes
+	nYields    atomic.Int64  // yieldDue's yeses (tests)
+}
+
+// yieldDue reports whether a loop that blocks its thread in the kernel
+// should yield (runtime.Gosched) before its next wait: once per
+// blockingYieldEvery of loop time.
+func (c *loopClock) yieldDue() bool {
+	if c.now-c.lastYield < blockingYieldEvery {
+		return false
+	}
+	c.lastYield = c.now
+	c.nYields.Add(1)
+	return true
 }
 
 // start begins a run of the loop (the clock's base survives parking).

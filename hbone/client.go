@@ -46,8 +46,8 @@ func newClientConn(nc net.Conn, cfg Config, idleTimeout time.Duration, onClose f
 	if onClose != nil {
 		cc.c.onClose = func() { onClose(cc) }
 	}
+	cc.c.takeDriver()
 	if g := cc.c.startDriver(); g != nil {
-		g.start()
 		go g.readLoop()
 	}
 	return cc

@@ -113,17 +113,17 @@ type Config struct {
 	Admit func(net.Conn) error
 	// Drive, when set, is offered each new connection whose transport has
 	// a non-blocking face (mtls/record.Conn: TryRead, Drained, TryWrite,
-	// TryFlush, TryClose), after Admit and before the connection starts
-	// (NewClientConn and the Pool's dials, Server.ServeConn), so that an
-	// event loop can drive it instead of a reader and a writer goroutine
-	// (docs/design/hbone-loop.md). ok=true: the loop drives d from now on
-	// (the proxy: engine.StartConn with the record's UseFD as bind) and
-	// owner is its handle for the connection; hbone hands owner, as is, to
-	// the WakeFrom of stream Wakers that have one (engine.LocalWaker), so
-	// it must be the engine's *ConnHandle itself, not a wrapper. d may be
-	// called on the loop before Drive returns. ok=false: d was not called
-	// and never will be; the connection gets its goroutines (if nc was
-	// closed meanwhile, it just ends).
+	// TryFlush, TryClose) as soon as it is made, before it is registered,
+	// admitted or started (NewClientConn and the Pool's dials,
+	// Server.ServeConn), so that an event loop can drive it instead of a
+	// reader and a writer goroutine (docs/design/hbone-loop.md). ok=true:
+	// owner is the loop's handle for the connection, not started yet (the
+	// proxy: engine.TakeConn with the record's UseFD as bind); hbone keeps
+	// it as the connection's owner and calls its Start once the connection
+	// may run (after Admit), and the loop calls d only from then on. owner
+	// must be the engine's *ConnHandle itself, not a wrapper: hbone hands
+	// it, as is, to the streams' relays. ok=false: d is never called; the
+	// connection gets its goroutines.
 	Drive func(nc net.Conn, d Driven) (owner Owner, ok bool)
 }
 

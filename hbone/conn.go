@@ -45,7 +45,7 @@ type conn struct {
 	cfg    Config
 	client bool
 	logf   func(format string, args ...any)
-	drv    atomic.Pointer[driverRef] // see driver
+	drv    driver // settled before the connection is published (takeDriver)
 
 	// The read path only, run by the driver (read.go, pump.go).
 	in          readBuf // received plaintext the pump has yet to process
@@ -116,11 +116,14 @@ type conn struct {
 	done  chan struct{} // closed when all three are
 
 	// Server side.
-	srv      *Server
-	ctx      context.Context
-	vals     context.Context // ctx's values without its cancellation, for handler contexts
-	cancel   context.CancelFunc
-	handlers sync.WaitGroup
+	srv    *Server
+	ctx    context.Context
+	vals   context.Context // ctx's values without its cancellation, for handler contexts
+	cancel context.CancelFunc
+	// holds counts what the connection's end waits for before served
+	// runs: the connection itself (until done closes) and each handler.
+	holds  atomic.Int64
+	served func() // Server.Start's end of the connection; set before it starts
 	// running counts handler goroutines: streams reset right after opening
 	// free their slot at once while their handlers may still run ("rapid
 	// reset"), so handlers are capped on their own.
@@ -143,7 +146,8 @@ func newConn(nc net.Conn, cfg Config, client bool) *conn {
 		wPeerMaxFrame:      minMaxFrameSize,
 		done:               make(chan struct{}),
 	}
-	c.drv.Store(&driverRef{newGoDriver(c)}) // until startDriver settles it
+	c.holds.Store(1)       // the connection's own, released when done closes
+	c.drv = newGoDriver(c) // unless takeDriver gives the connection to a loop
 	if client {
 		c.state = stHeader
 	}
@@ -188,6 +192,17 @@ func newConn(nc net.Conn, cfg Config, client bool) *conn {
 func (c *conn) exit() {
 	if c.exits.Add(1) == 3 {
 		close(c.done)
+		c.release()
+	}
+}
+
+// release drops a hold on the connection's end (holds); the last runs
+// served: the connection has ended and its handlers have returned. No
+// handler starts once done is closed (the read path that starts them has
+// exited).
+func (c *conn) release() {
+	if c.holds.Add(-1) == 0 && c.served != nil {
+		c.served()
 	}
 }
 
@@ -253,7 +268,7 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 	for _, s := range streams {
 		s.endRecv(serr)
 	}
-	c.driver().close(!goAway && !graceful)
+	c.drv.close(!goAway && !graceful)
 	if c.cancel != nil {
 		c.cancel()
 	}
@@ -267,7 +282,7 @@ func (c *conn) shutdown(cause error, goAway bool, code http2.ErrCode, debug stri
 // progress.
 func (c *conn) forceClose(cause error) {
 	c.shutdown(cause, false, 0, "", false)
-	c.driver().close(true)
+	c.drv.close(true)
 }
 
 // goAway starts a graceful drain: GOAWAY(NO_ERROR) with the last stream this

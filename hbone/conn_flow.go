@@ -61,7 +61,7 @@ func (c *conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
 		if c.connWinWaiters > 0 {
 			c.connWinCond.Broadcast()
 		}
-		c.poll.wakeWin(c.driver().owner())
+		c.poll.wakeWin(c.drv.owner())
 		c.mu.Unlock()
 		return nil
 	}

@@ -36,7 +36,7 @@ func (c *conn) pendingLenLocked() int {
 // room in the write buffer is woken (from: as for pollWaiters.wakeBuf).
 // Both drivers' writers take the buffer this way. c.wmu held, something
 // committed.
-func (c *conn) takePendingLocked(from any) *frameBuf {
+func (c *conn) takePendingLocked(from Owner) *frameBuf {
 	out := c.pending
 	c.pending, c.spare = c.spare, nil
 	if c.bufWaiters > 0 {

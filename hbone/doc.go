@@ -75,18 +75,23 @@
 //     connection and its streams, WINDOW_UPDATE accounting;
 //   - conn_timers.go: the keepalive PING and a pooled connection's idle
 //     timer;
-//   - driver.go: the seam (driver) and the choice of driver;
+//   - driver.go: the seam (driver) and the choice of driver, settled
+//     before the connection is published (takeDriver: a loop's handle
+//     exists before the loop may call the connection), then started;
 //     driver_goroutines.go the goroutine driver (goDriver: a reader and a
 //     writer goroutine, the transport's close); driver_loop.go the loop driver (loopDriver, the Driven that
-//     Config.Drive hands an event loop, and Owner: the read turn over the
-//     pump, the loop's flush of the write buffer, the close through the
-//     loop);
+//     Config.Drive hands an event loop, and Owner, the loop's handle,
+//     through whose WakeLocal the read path wakes streams: the read turn
+//     over the pump, the loop's flush of the write buffer, the close
+//     through the loop);
 //   - pump.go: the read pump: the plaintext buffer c.in (readBuf, grown
 //     alike for both drivers' reads) and step, which processes what c.in
 //     holds frame by frame without blocking;
 //   - read.go: the frames the read path handles and the peer's reset
 //     budget; server.go and client.go the request and response HEADERS of
-//     each side, history.go how recent streams closed;
+//     each side, history.go how recent streams closed; Server.Start
+//     serves a connection without holding its caller (done comes at its
+//     end), ServeConn is Start and a wait;
 //   - stream.go: a Stream's blocking Read, Write, Close and deadlines;
 //     stream_poll.go the non-blocking side an event loop drives;
 //   - buffer.go the pooled receive chunks and write buffers, frame.go the

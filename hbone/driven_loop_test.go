@@ -30,7 +30,6 @@ const (
 	testLoopFlushTimeout  = 2 * time.Second
 	testLoopAbruptTimeout = 500 * time.Millisecond
 	testLoopLinger        = time.Second
-	testLoopTick          = time.Second
 )
 
 // errLoopAborted and errLoopStopped are what Ended gets after Close(true)
@@ -66,10 +65,9 @@ type testLoop struct {
 	stopped bool
 
 	// Loop goroutine only.
-	conns    map[int]*loopEntry
-	ready    []*loopEntry
-	flush    []*loopEntry
-	nextTick time.Time
+	conns map[int]*loopEntry
+	ready []*loopEntry
+	flush []*loopEntry
 	// calls counts driver calls; inCall is set during one (tests of the
 	// seam check who calls them back from where).
 	calls  atomic.Int64
@@ -92,6 +90,9 @@ type loopEntry struct {
 	flushOwed atomic.Bool
 
 	// Loop goroutine only.
+	added    bool
+	owed     bool // a Close came before the add (Start after Close)
+	owedAb   bool // and it asked to abort
 	state    entryState
 	closed   bool
 	wrote    bool // a Flush ran since the last Writable
@@ -156,6 +157,25 @@ func (e *loopEntry) Wake() {
 	}
 }
 
+// Start hands the connection to the loop (see Owner).
+func (e *loopEntry) Start() {
+	if !e.l.submit(loopTask{op: opAdd, e: e}) {
+		e.closed = true
+		e.d.Ended(errLoopStopped)
+		_ = unix.Close(e.fd)
+	}
+}
+
+// WakeLocal wakes w from e's driver callback: a fromWaker is told so,
+// anything else gets Wake.
+func (e *loopEntry) WakeLocal(w interface{ Wake() }) {
+	if fw, ok := w.(*fromWaker); ok && fw.loop == e.l {
+		fw.wakeLocal(e)
+		return
+	}
+	w.Wake()
+}
+
 // Close ends the connection on the loop (see Owner).
 func (e *loopEntry) Close(abort bool) {
 	e.l.submit(loopTask{op: opClose, e: e, abort: abort})
@@ -163,7 +183,8 @@ func (e *loopEntry) Close(abort bool) {
 
 // drive is a Config.Drive: it takes the socket of a transport that can
 // switch to fd mode (loopConn, mtls/record.Conn) away from the runtime's
-// poller, as engine.StartConn does, and adds the connection to the loop.
+// poller, as engine.TakeConn does, and returns the connection's entry for
+// Start to add to the loop.
 func (l *testLoop) drive(nc net.Conn, d Driven) (Owner, bool) {
 	u, ok := nc.(interface {
 		NetConn() net.Conn
@@ -188,19 +209,13 @@ func (l *testLoop) drive(nc net.Conn, d Driven) (Owner, bool) {
 	}
 	// Out of the runtime's poller: the descriptor is the loop's alone.
 	_ = tc.Close()
-	e := &loopEntry{l: l, fd: fd, d: d}
-	if !l.submit(loopTask{op: opAdd, e: e}) {
-		_ = unix.Close(fd)
-		return nil, false
-	}
-	return e, true
+	return &loopEntry{l: l, fd: fd, d: d}, true
 }
 
 func (l *testLoop) run() {
 	defer close(l.done)
 	defer func() { _, _ = unix.Close(l.epfd), unix.Close(l.evfd) }()
 	events := make([]unix.EpollEvent, 64)
-	l.nextTick = time.Now().Add(testLoopTick)
 	for {
 		n, err := unix.EpollWait(l.epfd, events, l.waitMillis())
 		if err != nil && err != unix.EINTR {
@@ -245,29 +260,23 @@ func (l *testLoop) run() {
 				}
 			}
 		}
-		if !now.Before(l.nextTick) {
-			l.nextTick = now.Add(testLoopTick)
-			for _, e := range l.conns {
-				if e.state == entryOpen {
-					l.calls.Add(1)
-					e.d.Tick(now)
-				}
-			}
-		}
 	}
 }
 
 // waitMillis is the epoll timeout: none with work ready, else until the
-// next deadline or tick.
+// next deadline (-1: none, no wake-up).
 func (l *testLoop) waitMillis() int {
 	if len(l.ready) > 0 || len(l.flush) > 0 {
 		return 0
 	}
-	next := l.nextTick
+	var next time.Time
 	for _, e := range l.conns {
-		if e.state != entryOpen && e.deadline.Before(next) {
+		if e.state != entryOpen && (next.IsZero() || e.deadline.Before(next)) {
 			next = e.deadline
 		}
+	}
+	if next.IsZero() {
+		return -1
 	}
 	return int(max(time.Until(next), 0)/time.Millisecond) + 1
 }
@@ -289,6 +298,10 @@ func (l *testLoop) runTasks() bool {
 			if e.closed {
 				continue
 			}
+			if !e.added {
+				e.owed, e.owedAb = true, e.owedAb || t.abort
+				continue
+			}
 			if t.abort {
 				e.finish(errLoopAborted, true)
 			} else {
@@ -305,6 +318,9 @@ func (l *testLoop) runTasks() bool {
 }
 
 func (l *testLoop) markFlush(e *loopEntry) {
+	if !e.added {
+		return // flushed after the add
+	}
 	if e.onFlush || e.closed {
 		e.flushOwed.Store(false)
 		return
@@ -315,13 +331,23 @@ func (l *testLoop) markFlush(e *loopEntry) {
 
 func (e *loopEntry) add() {
 	l := e.l
+	e.added = true
 	l.conns[e.fd] = e
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(e.fd)}
 	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, e.fd, &ev); err != nil {
 		e.finish(err, true)
 		return
 	}
+	switch {
+	case e.owed && e.owedAb:
+		e.finish(errLoopAborted, true)
+		return
+	case e.owed:
+		e.startClose(nil, testLoopFlushTimeout)
+		return
+	}
 	e.readable()
+	l.markFlush(e)
 }
 
 func (e *loopEntry) event(ev uint32) {

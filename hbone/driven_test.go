@@ -22,7 +22,7 @@ func onceOnly(t *testing.T) {
 // fromWaker records how a stream wakes it.
 type fromWaker struct {
 	loop  *testLoop
-	wakes chan bool // Wake: false; WakeFrom on the loop: true
+	wakes chan bool // Wake: false; WakeLocal on the loop: true
 	from  chan any
 }
 
@@ -33,7 +33,8 @@ func (w *fromWaker) Wake() {
 	}
 }
 
-func (w *fromWaker) WakeFrom(owner any) {
+// wakeLocal is the test loop's WakeLocal of w from owner's callback.
+func (w *fromWaker) wakeLocal(owner *loopEntry) {
 	select {
 	case w.from <- owner:
 	default:
@@ -60,9 +61,9 @@ func drivenClient(t *testing.T, ts *testServer, loop *testLoop) *ClientConn {
 }
 
 // TestLoopStreamOwner: a loop-driven connection's streams report the
-// loop's handle as their Owner and wake a Waker that can take it by
-// WakeFrom(owner), from inside the loop's driver call; a goroutine-driven
-// one reports none.
+// loop's handle as their Owner and wake their Waker through its
+// WakeLocal, from inside the loop's driver call; a goroutine-driven one
+// reports none.
 func TestLoopStreamOwner(t *testing.T) {
 	onceOnly(t)
 	ts := startServerOver(t, Config{}, echoHandler, overTCP)
@@ -97,7 +98,7 @@ func TestLoopStreamOwner(t *testing.T) {
 		select {
 		case onLoop := <-w.wakes:
 			if !onLoop {
-				t.Fatal("the echo woke the stream by Wake or off the loop; want WakeFrom inside the driver call")
+				t.Fatal("the echo woke the stream by Wake or off the loop; want WakeLocal inside the driver call")
 			}
 		case <-time.After(testTimeout):
 			t.Fatal("no wake-up for the echo")
@@ -109,10 +110,10 @@ func TestLoopStreamOwner(t *testing.T) {
 	select {
 	case from := <-w.from:
 		if from != o {
-			t.Fatalf("WakeFrom(%v), want the stream's Owner %v", from, o)
+			t.Fatalf("WakeLocal of %v, want the stream's Owner %v", from, o)
 		}
 	default:
-		t.Fatal("no WakeFrom")
+		t.Fatal("no WakeLocal")
 	}
 }
 
@@ -206,10 +207,13 @@ func (m *memTransport) TryClose() bool {
 }
 
 // nopOwner counts what the connection asks of its loop.
-type nopOwner struct{ wakes, closes int }
+type nopOwner struct{ starts, wakes, closes int }
 
+func (o *nopOwner) Start()     { o.starts++ }
 func (o *nopOwner) Wake()      { o.wakes++ }
 func (o *nopOwner) Close(bool) { o.closes++ }
+
+func (o *nopOwner) WakeLocal(w interface{ Wake() }) { w.Wake() }
 
 // TestLoopTurns drives a server connection's turns by hand: a read turn
 // stops after its frame budget with more=true and the next goes on where
@@ -290,8 +294,9 @@ func TestLoopTurns(t *testing.T) {
 			t.Fatalf("acknowledgement %d is for PING %d: out of order", i, v)
 		}
 	}
-	if o.wakes == 0 {
-		t.Fatal("the connection never asked its loop for a Flush")
+	if o.starts != 1 {
+		// Start's Flush covers what the read turns committed before it.
+		t.Fatalf("Start called %d times, want 1", o.starts)
 	}
 	c.shutdown(ErrConnClosed, false, 0, "", false)
 	if _, err := d.Writable(); err != nil {
@@ -311,8 +316,8 @@ func TestLoopTurns(t *testing.T) {
 // testDriven makes c loop-driven by hand (its transport must be a
 // loopTransport), owned by o, and returns its driver.
 func testDriven(c *conn, o Owner) *loopDriver {
-	l := &loopDriver{c: c, lt: c.nc.(loopTransport)}
-	c.drv.Store(&driverRef{l})
-	l.started(o)
+	l := &loopDriver{c: c, lt: c.nc.(loopTransport), own: o, flushAsked: true}
+	c.drv = l
+	o.Start()
 	return l
 }

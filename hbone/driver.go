@@ -25,59 +25,62 @@ type driver interface {
 	close(abrupt bool)
 	// owner is the event loop's handle of a loop-driven connection, nil
 	// for goroutines. The read path runs inside the loop's callbacks, so
-	// the streams it wakes are told which loop calls them (localWaker).
+	// the streams it wakes go through the owner (Owner.WakeLocal).
 	owner() Owner
 }
 
-// driverRef boxes a driver for conn.drv.
-type driverRef struct{ d driver }
-
-// driver returns the connection's driver. It is settled before the
-// connection starts (startDriver); it is atomic because a Server's
-// Shutdown may reach the connection while Config.Drive decides.
-func (c *conn) driver() driver { return c.drv.Load().d }
-
-// startDriver settles the connection's driver and arms its keepalive. The
+// takeDriver settles the connection's driver, before the connection is
+// published (registered with its Server or returned to its Pool): the
 // connection is offered to Config.Drive when its transport has the
-// non-blocking face (loopTransport); a loop that takes it drives it from
-// then on and startDriver returns nil. Else it returns the goroutine
-// driver newConn installed, for the caller to start.
-func (c *conn) startDriver() *goDriver {
-	g := c.driver().(*goDriver) // newConn's
-	if lt, ok := c.nc.(loopTransport); ok && c.cfg.Drive != nil {
-		l := &loopDriver{c: c, lt: lt}
-		// Installed before Drive: the loop may call l at once.
-		c.drv.Store(&driverRef{l})
-		if o, ok := c.cfg.Drive(c.nc, l); ok && o != nil {
-			l.started(o)
-			g = nil
-		} else {
-			c.drv.Store(&driverRef{g})
-			l.refused(g)
-		}
+// non-blocking face (loopTransport). A loop that takes it returns its
+// handle, not yet started, which becomes the loop driver's owner; else
+// newConn's goroutine driver stays. Nothing runs yet: startDriver starts
+// it.
+func (c *conn) takeDriver() {
+	lt, ok := c.nc.(loopTransport)
+	if !ok || c.cfg.Drive == nil {
+		return
 	}
+	l := &loopDriver{c: c, lt: lt, flushAsked: true}
+	if o, ok := c.cfg.Drive(c.nc, l); ok && o != nil {
+		l.own = o
+		c.drv = l
+	}
+}
+
+// startDriver arms the connection's keepalive and starts its driver: the
+// loop's handle (the loop then reads, and flushes what newConn queued), or
+// the goroutine driver's writer, returned for the caller to run its
+// readLoop (nil for a loop driver).
+func (c *conn) startDriver() *goDriver {
 	c.mu.Lock()
 	c.startKeepaliveLocked()
 	c.mu.Unlock()
+	if l, ok := c.drv.(*loopDriver); ok {
+		l.own.Start()
+		return nil
+	}
+	g := c.drv.(*goDriver)
+	g.start()
 	return g
 }
 
 // commitLocked stores the appended buffer and tells the driver. c.wmu held.
 func (c *conn) commitLocked(b []byte) {
 	c.pending.b = b
-	c.driver().committedLocked()
+	c.drv.committedLocked()
 }
 
-// wakeRead wakes s from the read path: a localWaker is told which loop
-// calls it when the loop driver runs the read path.
+// wakeRead wakes s from the read path: through the loop's Owner when the
+// loop driver runs the read path.
 func (c *conn) wakeRead(s *Stream) {
-	s.wakeFrom(c.driver().owner())
+	s.wakeOn(c.drv.owner())
 }
 
 // Owner returns the event loop's handle of the stream's connection (what
 // Config.Drive returned), nil when goroutines drive the connection.
 func (s *Stream) Owner() Owner {
-	return s.c.driver().owner()
+	return s.c.drv.owner()
 }
 
 var (
@@ -85,3 +88,17 @@ var (
 	_ driver = (*loopDriver)(nil)
 	_ Driven = (*loopDriver)(nil)
 )
+
+// abandon ends a connection refused before it started (a Server shutting
+// down, Admit's refusal): the goroutine driver's transport is closed
+// without a read; a loop's handle is started only to end the connection
+// (a Close asked before Start ends it without a read turn).
+func (c *conn) abandon(cause error) {
+	if l, ok := c.drv.(*loopDriver); ok {
+		c.forceClose(cause)
+		l.own.Start()
+		return
+	}
+	c.cancel()
+	_ = c.nc.Close()
+}

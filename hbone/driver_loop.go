@@ -2,9 +2,7 @@ package hbone
 
 import (
 	"fmt"
-	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // The loop driver (docs/design/hbone-loop.md, step 3): a connection whose
@@ -55,8 +53,6 @@ type Driven interface {
 	Writable() (more bool, err error)
 	// Flush writes what was committed since the last Flush, after a Wake.
 	Flush() error
-	// Tick is the loop's clock; hbone's timers are its own (AfterFunc).
-	Tick(now time.Time)
 	// Ended is the last call: the loop has finished with the socket
 	// (err: why, nil after a clean close). The connection then ends as a
 	// goroutine-driven one does: its streams fail, Done closes.
@@ -64,19 +60,27 @@ type Driven interface {
 }
 
 // Owner is the event loop's handle for a driven connection
-// (*engine.ConnHandle's method set). Wake asks for a Flush soon; Close
-// ends the connection (abort: at once, nothing more sent; else after the
-// connection's last bytes). Both may be called from any goroutine.
+// (*engine.ConnHandle's method set). Config.Drive returns it before the
+// loop may call the Driven; Start (called once, by hbone, when the
+// connection may run) hands the connection to the loop, which then reads
+// it and flushes what was committed before. Wake asks for a Flush soon;
+// Close ends the connection (abort: at once, nothing more sent; else after
+// the connection's last bytes). Wake and Close may be called from any
+// goroutine, before Start too: the loop does what they asked once it has
+// the connection.
+//
+// WakeLocal is called only from inside one of the loop's Driven callbacks
+// for this connection (the read path waking a stream, a Flush making
+// write-buffer room): it wakes w, a stream's Waker, knowing that the loop
+// calls it, so that the loop can ready a relay of its own at once (no
+// task, no lock) and Wake anything else. Its parameter is an unnamed
+// interface so that the engine's handle declares the same method without
+// importing hbone.
 type Owner interface {
+	Start()
 	Wake()
 	Close(abort bool)
-}
-
-// localWaker is a stream Waker that can tell, given the Owner of the
-// connection whose driver callback calls it, that it runs on the same
-// event loop (engine.LocalWaker): it is then readied without a task.
-type localWaker interface {
-	WakeFrom(owner any)
+	WakeLocal(w interface{ Wake() })
 }
 
 const (
@@ -99,24 +103,21 @@ const (
 // loopDriver drives a connection from an event loop; it is the Driven
 // Config.Drive gets.
 //
-// Lock rules: the owner's hand-over is under ownerMu; what commits and
-// closes ask of the loop is under c.wmu; the read and write turns' state is
-// the loop goroutine's alone (its callbacks run one at a time).
+// Lock rules: own is set before the connection is published and never
+// changes; what commits and closes ask of the loop is under c.wmu; the
+// read and write turns' state is the loop goroutine's alone (its callbacks
+// run one at a time).
 type loopDriver struct {
-	c  *conn
-	lt loopTransport
-
-	// The owner, known once Drive returned; a close asked of it before is
-	// owed (ownerMu). Wakes need no debt: started's first Wake covers
-	// them.
-	own       atomic.Pointer[ownerBox]
-	ownerMu   sync.Mutex
-	closeOwed bool
-	abortOwed bool
-	ended     atomic.Bool // Ended ran: the owner is gone
+	c     *conn
+	lt    loopTransport
+	own   Owner       // what Drive returned, before anything could call it
+	ended atomic.Bool // Ended ran: the owner is gone
 
 	// Guarded by c.wmu.
-	flushAsked bool  // a Wake is out and no Flush has taken the buffer since
+	// flushAsked: a Wake is out (or the Flush that follows Start, for
+	// the preface and SETTINGS newConn queued) and no Flush has taken
+	// the buffer since.
+	flushAsked bool
 	drop       bool  // an abrupt close: frames not yet written are dropped
 	closeAsked uint8 // closeNone, closeGraceful, closeAbrupt
 
@@ -129,77 +130,15 @@ type loopDriver struct {
 	writeFailed bool // a write failed: the transport owes the peer nothing more
 }
 
-type ownerBox struct{ o Owner }
-
-// owner returns the owner, nil before Drive returned.
-func (l *loopDriver) owner() Owner {
-	if b := l.own.Load(); b != nil {
-		return b.o
-	}
-	return nil
-}
-
-// wake asks the owner for a Flush (nothing before it is known: started
-// wakes it once).
-func (l *loopDriver) wake() {
-	if o := l.owner(); o != nil {
-		o.Wake()
-	}
-}
-
-// askClose asks the owner to end the connection (owed until it is known).
-func (l *loopDriver) askClose(abort bool) {
-	l.ownerMu.Lock()
-	o := l.owner()
-	if o == nil {
-		l.closeOwed = true
-		l.abortOwed = l.abortOwed || abort
-	}
-	l.ownerMu.Unlock()
-	if o != nil && !l.ended.Load() {
-		o.Close(abort)
-	}
-}
-
-// started makes o, what Drive returned, the owner and passes on what was
-// owed to it, with a first Wake: the frames newConn queued (preface,
-// SETTINGS) and any committed before o was known.
-func (l *loopDriver) started(o Owner) {
-	c := l.c
-	c.wmu.Lock()
-	l.flushAsked = true // the Wake below
-	c.wmu.Unlock()
-	l.ownerMu.Lock()
-	l.own.Store(&ownerBox{o: o})
-	closeOwed, abort := l.closeOwed, l.abortOwed
-	l.ownerMu.Unlock()
-	if l.ended.Load() {
-		return
-	}
-	o.Wake()
-	if closeOwed {
-		o.Close(abort)
-	}
-}
-
-// refused hands a close asked of the loop before Drive declined to g, the
-// goroutine driver that drives the connection instead.
-func (l *loopDriver) refused(g *goDriver) {
-	c := l.c
-	c.wmu.Lock()
-	asked := l.closeAsked
-	c.wmu.Unlock()
-	if asked != closeNone {
-		g.close(asked == closeAbrupt)
-	}
-}
+// owner is the loop's handle.
+func (l *loopDriver) owner() Owner { return l.own }
 
 // committedLocked asks the loop for a Flush, one Wake until it runs.
 // c.wmu held.
 func (l *loopDriver) committedLocked() {
 	if !l.flushAsked {
 		l.flushAsked = true
-		l.wake()
+		l.own.Wake()
 	}
 }
 
@@ -220,8 +159,8 @@ func (l *loopDriver) close(abrupt bool) {
 		l.closeAsked = closeGraceful
 	}
 	c.wmu.Unlock()
-	if first || escalate {
-		l.askClose(escalate)
+	if (first || escalate) && !l.ended.Load() {
+		l.own.Close(escalate)
 	}
 }
 
@@ -368,10 +307,6 @@ func (l *loopDriver) Flush() error {
 	return err
 }
 
-// Tick is the loop's clock; the connection's timers are its own
-// (AfterFunc).
-func (l *loopDriver) Tick(time.Time) {}
-
 // takeOut takes the committed frames for writing (or drops them after an
 // abrupt close), wakes whoever waits for room in the write buffer as the
 // writer goroutine does when it takes it, and reports whether the write
@@ -388,7 +323,7 @@ func (l *loopDriver) takeOut() (closing bool) {
 		c.releaseIdleLocked()
 		return c.wclosing
 	}
-	l.out, l.off = c.takePendingLocked(l.owner()), 0
+	l.out, l.off = c.takePendingLocked(l.own), 0
 	return false
 }
 

@@ -75,7 +75,7 @@ func TestReadBufferGrowth(t *testing.T) {
 	}{
 		{"goroutines", func(t *testing.T, in []byte, bufs bufSpy) {
 			c := newConn(&spyReader{in: in, chunk: 1000, bufs: bufs}, cfg, true)
-			g := c.driver().(*goDriver)
+			g := c.drv.(*goDriver)
 			for {
 				progress, err := c.step()
 				if err != nil {

@@ -111,7 +111,7 @@ type Server struct {
 	closed       bool
 	drained      chan struct{} // closed when conns empties during Shutdown
 
-	serving sync.WaitGroup // ServeConn calls in progress
+	serving sync.WaitGroup // connections started and not yet served (Start's done)
 }
 
 // NewServer returns a server that passes CONNECT requests to h.
@@ -123,44 +123,70 @@ func NewServer(cfg Config, h Handler) *Server {
 // once its handlers have returned too. It validates the client preface,
 // owns conn and closes it. Cancelling ctx closes the connection abruptly.
 // It returns nil when the peer or a Shutdown ended the connection cleanly.
+// It is Start and a wait for its done.
 func (srv *Server) ServeConn(ctx context.Context, nc net.Conn) error {
+	ended := make(chan error, 1)
+	if err := srv.Start(ctx, nc, func(err error) { ended <- err }); err != nil {
+		return err
+	}
+	return <-ended
+}
+
+// Start serves HTTP/2 on nc as ServeConn does, but returns as soon as the
+// connection runs: once an event loop owns it (Config.Drive) or its reader
+// and writer goroutines are started, so that no goroutine of the caller's
+// waits for the connection's end. done is called once, with what ServeConn
+// would return, when the connection has ended and its handlers have
+// returned, on whichever goroutine finished last (the loop's, a
+// handler's): it must not block. An error from Start (the server shutting
+// down, Admit's refusal) means the connection never ran and done is never
+// called; nc is closed.
+func (srv *Server) Start(ctx context.Context, nc net.Conn, done func(error)) error {
 	c := newConn(nc, srv.cfg, false)
 	c.srv = srv
 	c.ctx, c.cancel = context.WithCancel(ctx)
 	c.vals = context.WithoutCancel(ctx)
+	c.takeDriver()
 	srv.mu.Lock()
 	if srv.shuttingDown {
 		srv.mu.Unlock()
-		c.cancel()
-		_ = nc.Close()
+		c.abandon(ErrServerClosed)
 		return ErrServerClosed
 	}
 	srv.conns[c] = struct{}{}
 	srv.serving.Add(1)
 	srv.mu.Unlock()
-	defer srv.serving.Done()
 	if admit := srv.cfg.Admit; admit != nil {
 		if err := admit(nc); err != nil {
-			srv.mu.Lock()
-			delete(srv.conns, c)
-			srv.mu.Unlock()
-			c.cancel()
-			_ = nc.Close()
+			srv.forget(c)
+			c.abandon(err)
 			return err
 		}
 	}
-
-	g := c.startDriver()
 	stop := context.AfterFunc(ctx, func() { c.forceClose(ctx.Err()) })
-	if g != nil {
-		g.start()
-		g.readLoop()
+	// Set before the driver starts: only its end (and the handlers it
+	// starts) lead to served.
+	c.served = func() {
+		stop()
+		c.cancel()
+		srv.forget(c)
+		c.mu.Lock()
+		err := c.closeErr
+		c.mu.Unlock()
+		if errors.Is(err, io.EOF) || errors.Is(err, errDrained) {
+			err = nil // a clean end: the peer's, a Shutdown's
+		}
+		done(err)
 	}
-	<-c.done
-	stop()
-	c.handlers.Wait()
-	c.cancel()
+	if g := c.startDriver(); g != nil {
+		go g.readLoop()
+	}
+	return nil
+}
 
+// forget removes c from the connections being served, once it has ended
+// (or never ran).
+func (srv *Server) forget(c *conn) {
 	srv.mu.Lock()
 	delete(srv.conns, c)
 	if len(srv.conns) == 0 && srv.drained != nil {
@@ -168,14 +194,7 @@ func (srv *Server) ServeConn(ctx context.Context, nc net.Conn) error {
 		srv.drained = nil
 	}
 	srv.mu.Unlock()
-
-	c.mu.Lock()
-	err := c.closeErr
-	c.mu.Unlock()
-	if errors.Is(err, io.EOF) || errors.Is(err, errDrained) {
-		return nil
-	}
-	return err
+	srv.serving.Done()
 }
 
 // Shutdown drains gracefully: GOAWAY on every connection, new streams are
@@ -235,7 +254,8 @@ func (srv *Server) CloseConns(match func(net.Conn) bool, cause error) int {
 }
 
 // Close closes every connection abruptly and waits for ServeConn calls (and
-// so their handlers) to return. New ServeConn calls fail.
+// so their handlers) to return, and Start's done calls to be made. New
+// ServeConn and Start calls fail.
 func (srv *Server) Close() error {
 	srv.mu.Lock()
 	srv.shuttingDown = true
@@ -370,7 +390,7 @@ func (c *conn) handleRequestHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	req.s = s
 	req.Conn = c.nc
-	c.handlers.Add(1)
+	c.holds.Add(1)
 	c.running.Add(1)
 	go c.serve(ctx, req)
 	return nil
@@ -391,7 +411,7 @@ func (c *conn) rejectLocked(id uint32, status int, ended bool) closedHow {
 }
 
 func (c *conn) serve(ctx context.Context, req *ServerRequest) {
-	defer c.handlers.Done()
+	defer c.release()
 	defer c.running.Add(-1)
 	c.srv.h(ctx, req)
 	if !req.responded.Load() {

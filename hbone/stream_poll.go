@@ -45,9 +45,8 @@ type DirectSink interface {
 
 // wakerRef is a registered Waker and, if it is one, its DirectSink.
 type wakerRef struct {
-	w     Waker
-	sink  DirectSink
-	local localWaker // w, when it can be readied from its own loop (driver_loop.go)
+	w    Waker
+	sink DirectSink
 }
 
 // SetWaker registers w (nil removes it). From then on w.Wake is called when
@@ -59,7 +58,6 @@ func (s *Stream) SetWaker(w Waker) {
 	if w != nil {
 		ref = &wakerRef{w: w}
 		ref.sink, _ = w.(DirectSink)
-		ref.local, _ = w.(localWaker)
 	}
 	s.mu.Lock() // the barrier for a TryDeliver in progress (see DirectSink)
 	s.waker.Store(ref)
@@ -72,15 +70,15 @@ func (s *Stream) wake() {
 	}
 }
 
-// wakeFrom is wake from inside a driver callback of the connection's
-// event loop, owner the loop's Owner (nil: not on a loop): a localWaker is
-// then told which loop calls it (see Driven).
-func (s *Stream) wakeFrom(owner any) {
+// wakeOn is wake from inside a driver callback of the connection's event
+// loop, o the loop's Owner (nil: not on a loop), which readies a relay of
+// its own loop directly (Owner.WakeLocal).
+func (s *Stream) wakeOn(o Owner) {
 	ref := s.waker.Load()
 	switch {
 	case ref == nil:
-	case owner != nil && ref.local != nil:
-		ref.local.WakeFrom(owner)
+	case o != nil:
+		o.WakeLocal(ref.w)
 	default:
 		ref.w.Wake()
 	}
@@ -252,14 +250,14 @@ func (w *pollWaiters) wait(s *Stream, window bool) {
 
 // wakeWin wakes the streams waiting for connection window; called when a
 // connection-level WINDOW_UPDATE arrives. from is the event loop's Owner
-// when called inside its driver callback (see Stream.wakeFrom), else nil.
-func (w *pollWaiters) wakeWin(from any) { w.wakeAll(true, from) }
+// when called inside its driver callback (see Stream.wakeOn), else nil.
+func (w *pollWaiters) wakeWin(from Owner) { w.wakeAll(true, from) }
 
 // wakeBuf wakes the streams waiting for write-buffer room; called when the
 // writer takes the buffer to flush it. from as for wakeWin.
-func (w *pollWaiters) wakeBuf(from any) { w.wakeAll(false, from) }
+func (w *pollWaiters) wakeBuf(from Owner) { w.wakeAll(false, from) }
 
-func (w *pollWaiters) wakeAll(window bool, from any) {
+func (w *pollWaiters) wakeAll(window bool, from Owner) {
 	w.mu.Lock()
 	list := &w.buf
 	if window {
@@ -280,7 +278,7 @@ func (w *pollWaiters) wakeAll(window bool, from any) {
 	}
 	w.mu.Unlock()
 	for i, s := range ws {
-		s.wakeFrom(from)
+		s.wakeOn(from)
 		ws[i] = nil
 	}
 	w.mu.Lock()

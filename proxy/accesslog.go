@@ -16,13 +16,13 @@ import (
 // "connection complete" (conn.end) and "connection failed" (conn.fail).
 
 func metricsWorkload(w *state.Workload, id identity.Identity) *metrics.Workload {
-	name := w.WorkloadName
+	name := w.WorkloadName()
 	if name == "" {
 		name = w.Name
 	}
 	return &metrics.Workload{
-		WorkloadName: name, CanonicalName: w.CanonicalName, CanonicalRevision: w.CanonicalRevision,
-		Namespace: w.Namespace, Identity: id.String(), ClusterID: w.ClusterID,
+		WorkloadName: name, CanonicalName: w.CanonicalName(), CanonicalRevision: w.CanonicalRevision(),
+		Namespace: w.Namespace, Identity: id.String(), ClusterID: w.ClusterID(),
 		Region: w.Locality.Value().Region, Zone: w.Locality.Value().Zone,
 	}
 }

@@ -15,8 +15,8 @@ import (
 // proxyTunnel is w's application tunnel when it is of protocol PROXY: an
 // inbound HBONE connection to w is then dialled by dialAppTunnel.
 func proxyTunnel(w *state.Workload) *state.ApplicationTunnel {
-	if w != nil && w.ApplicationTunnel != nil && w.ApplicationTunnel.Protocol == state.AppTunnelProxy {
-		return w.ApplicationTunnel
+	if w != nil && w.ApplicationTunnel() != nil && w.ApplicationTunnel().Protocol == state.AppTunnelProxy {
+		return w.ApplicationTunnel()
 	}
 	return nil
 }

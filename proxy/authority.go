@@ -209,7 +209,8 @@ func hostAuthorityTarget(snap *state.Snapshot, w *state.Workload, host string, s
 		}
 		return netip.AddrPort{}, inboundErr(http.StatusBadRequest, "authority %s:%d: workload %s is not an endpoint of a service with that hostname", host, svcPort, w.UID)
 	}
-	if tp := w.Services[svc.Key()][svcPort]; tp != 0 {
+	own, _ := w.Services.Ports(svc.Key())
+	if tp, _ := own.Target(svcPort); tp != 0 {
 		return netip.AddrPortFrom(local, tp), nil
 	}
 	if tp := svc.Ports[svcPort]; tp != 0 {
@@ -222,7 +223,7 @@ func hostAuthorityTarget(snap *state.Snapshot, w *state.Workload, host string, s
 // of, or nil.
 func endpointService(snap *state.Snapshot, w *state.Workload, host string) *state.Service {
 	for _, s := range snap.ServicesByHostname(host) {
-		if _, ok := w.Services[s.Key()]; ok {
+		if w.Services.Has(s.Key()) {
 			return s
 		}
 	}

@@ -35,7 +35,12 @@
 // 15008 and CONNECT through the pool (open), or double HBONE through a
 // network gateway (openInner), pooled by a tunnelKey. Errors carry their
 // response flags (flags.go), so a conn ends with one error. stream.go
-// adapts an HBONE stream to the engine's stream endpoint.
+// adapts an HBONE stream to the engine's stream endpoint. loopconn.go is
+// where an HBONE connection's parts meet (as ztunnel's connection
+// spawner): the TLS records (mtls/record, imported there alone), the event
+// loop that owns the socket (LoopDrive) and hbone; an inbound connection
+// on 15008 frees its worker once it runs (hbone.Server.Start), and its end
+// gives back what it holds.
 //
 // Telemetry is ztunnel's: the CONNECT metadata it sends and reads
 // (Forwarded host=, baggage), the service attribution of both reporters,

@@ -56,7 +56,7 @@ func (rt *router) routeViaGateway(ctx context.Context, snap *state.Snapshot, src
 	if svc == nil {
 		return outboundRoute{}, fmt.Errorf("workload %s is on network %q and reachable only through its network gateway, which needs a service address (svc-hostname:port); address a service of the workload instead", w.UID, w.Network)
 	}
-	g := w.NetworkGateway
+	g := w.NetworkGateway()
 	up, target, err := snap.ResolveGateway(g, src, dst.Addr(), state.ResolveStandard, rt.rnd)
 	if err != nil {
 		return outboundRoute{}, fmt.Errorf("workload %s on network %q: network gateway %s: %w", w.UID, w.Network, g.Destination(), err)

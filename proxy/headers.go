@@ -35,17 +35,17 @@ func (c *baggageCache) of(w *state.Workload) string {
 
 // baggageOf describes w with ztunnel's baggage keys.
 func baggageOf(w *state.Workload) meta.Baggage {
-	name := w.WorkloadName
+	name := w.WorkloadName()
 	if name == "" {
 		name = w.Name
 	}
-	kind := w.WorkloadType
+	kind := w.WorkloadType()
 	if kind == "" {
 		kind = "deployment" // the workload API's default kind
 	}
 	return meta.Baggage{
-		ClusterID: w.ClusterID, Namespace: w.Namespace, WorkloadType: kind, WorkloadName: name,
-		ServiceName: w.CanonicalName, ServiceVersion: w.CanonicalRevision,
+		ClusterID: w.ClusterID(), Namespace: w.Namespace, WorkloadType: kind, WorkloadName: name,
+		ServiceName: w.CanonicalName(), ServiceVersion: w.CanonicalRevision(),
 		Region: w.Locality.Value().Region, Zone: w.Locality.Value().Zone,
 	}
 }

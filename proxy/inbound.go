@@ -14,7 +14,6 @@ import (
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
-	"github.com/ztunnel-go/ztunnel/mtls/record"
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
@@ -71,7 +70,10 @@ func (p *Proxy) peerDone(ip netip.Addr) {
 	p.mu.Unlock()
 }
 
-// handleHBONE terminates mTLS on 15008 and serves HTTP/2 CONNECT streams.
+// handleHBONE terminates mTLS on 15008 and starts serving HTTP/2 CONNECT
+// streams on the connection. Once it has started (an event loop owns it,
+// or hbone's goroutines), the worker is free: it reports true, and the
+// connection's end (hboneEnded) gives back what it holds.
 func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 	src := addrPortOf(c.RemoteAddr())
 	ip := src.Addr()
@@ -87,10 +89,8 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 		c.Close()
 		return false
 	}
-	defer p.peerDone(ip)
-	tlsConn := record.Server(c, p.cfg.TLS.ServerConfig(p.serverCert, mtls.WithCRL(p.cfg.CRL)))
+	tlsConn := serverTLS(c, p.cfg.TLS.ServerConfig(p.serverCert, mtls.WithCRL(p.cfg.CRL)))
 	p.cfg.Metrics.SocketOpened(metrics.ReporterDestination)
-	defer p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
 	hctx, cancel := context.WithTimeout(p.ctx, p.cfg.HandshakeTimeout)
 	err := tlsConn.HandshakeContext(hctx)
 	cancel()
@@ -103,6 +103,7 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 		cn.dst = addrPortOf(c.LocalAddr())
 		cn.fail(fmt.Errorf("tls handshake: %w", err))
 		c.Close()
+		p.hbonePeerGone(ip)
 		return false
 	}
 	// The peer's identity is the TLS connection's: read it once here, not
@@ -111,11 +112,35 @@ func (p *Proxy) handleHBONE(c *net.TCPConn) bool {
 	peer := new(peerIdentity)
 	peer.id, peer.err = mtls.PeerIdentity(tlsConn.ConnectionState())
 	ctx := context.WithValue(p.ctx, peerIdentityKey{}, peer)
-	if err := p.hbsrv.ServeConn(ctx, tlsConn); err != nil && !errors.Is(err, net.ErrClosed) {
+	err = p.hbsrv.Start(ctx, tlsConn, func(err error) {
+		p.hboneEnded(src, tlsConn, err)
+		// What serveOne gives back for a connection its serve did not
+		// keep: the accepted socket's budget, the proxy's hold.
+		p.cfg.Budget.Release(ip, budgetSocket)
+		p.release(c)
+	})
+	if err != nil {
+		p.hboneEnded(src, tlsConn, err)
+		return false
+	}
+	return true
+}
+
+// hboneEnded is the end of an HBONE connection on 15008 that completed
+// its handshake: logged, closed, and no longer counted for its peer.
+func (p *Proxy) hboneEnded(src netip.AddrPort, tlsConn net.Conn, err error) {
+	if err != nil && !errors.Is(err, net.ErrClosed) {
 		p.log.Debug("hbone connection ended", "src.addr", src.String(), "error", err)
 	}
 	tlsConn.Close()
-	return false
+	p.hbonePeerGone(src.Addr())
+}
+
+// hbonePeerGone undoes what a connection on 15008 counted once admitted:
+// its peer's connection (admitPeer) and the open socket.
+func (p *Proxy) hbonePeerGone(ip netip.Addr) {
+	p.peerDone(ip)
+	p.cfg.Metrics.SocketClosed(metrics.ReporterDestination)
 }
 
 // peerIdentityKey keys the peerIdentity of an HBONE connection in the

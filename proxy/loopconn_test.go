@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"fmt"
 	"io"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -63,5 +65,58 @@ func TestLoopOwnedHBONE(t *testing.T) {
 	cc.Close()
 	if !nettest.Until(10*time.Second, func() bool { return eng.Stats().Conns == 0 }) {
 		t.Fatalf("the engine still owns %d connections 10 s after the client closed", eng.Stats().Conns)
+	}
+}
+
+// TestLoopOwnedHBONEHoldsNoWorker: an inbound HBONE connection a loop owns
+// holds no proxy worker while it is open (no goroutine is left in
+// handleHBONE once the handshake is done and the loop has it), and its
+// end gives back what the worker's return used to: the peer's count
+// (peerDone), the proxy's hold on the socket (release).
+func TestLoopOwnedHBONEHoldsNoWorker(t *testing.T) {
+	eng, err := engine.New(engine.Config{Backend: engine.BackendEpoll, BlockStreamLoops: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	loopEngines.Store(eng, struct{}{})
+	t.Cleanup(func() { loopEngines.Delete(eng) })
+	app := echoApp(t)
+	rig := startInbound(t, 1, withEngine(eng))
+	cc, s, _, err := connectHBONEConn(t, rig.ca, rig.hbonePort, "client", "srv", &hbone.Request{Authority: fmt.Sprintf("127.0.0.1:%d", app)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoOnce := func() {
+		if _, err := s.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 4)
+		if _, err := io.ReadFull(s, buf); err != nil || string(buf) != "ping" {
+			t.Fatalf("echo %q, %v", buf, err)
+		}
+	}
+	echoOnce()
+	inHandler := func() bool {
+		buf := make([]byte, 1<<20)
+		return strings.Contains(string(buf[:runtime.Stack(buf, true)]), "proxy.(*Proxy).handleHBONE")
+	}
+	if !nettest.Until(10*time.Second, func() bool { return !inHandler() }) {
+		t.Fatal("a worker is still in handleHBONE while the loop-owned connection is open")
+	}
+	echoOnce() // still served
+	held := func() (peers, conns int) {
+		rig.p.mu.Lock()
+		defer rig.p.mu.Unlock()
+		return len(rig.p.peers), len(rig.p.conns)
+	}
+	if peers, conns := held(); peers != 1 || conns != 1 {
+		t.Fatalf("with the connection open the proxy counts %d peers and %d connections, want 1 and 1", peers, conns)
+	}
+	s.Close()
+	cc.Close()
+	if !nettest.Until(10*time.Second, func() bool { p, c := held(); return p == 0 && c == 0 }) {
+		peers, conns := held()
+		t.Fatalf("10 s after the client closed the proxy counts %d peers and %d connections, want none", peers, conns)
 	}
 }

@@ -30,19 +30,19 @@ func (rt *router) selectIP(ctx context.Context, src, w *state.Workload, want net
 	if ip, ok := state.SelectAddress(w, want, fam); ok {
 		return ip, nil
 	}
-	if w.Hostname == "" {
+	if w.Hostname() == "" {
 		return netip.Addr{}, fmt.Errorf("workload %s has no suitable address", w.UID)
 	}
-	rt.metrics.OnDemandDNS(metricsWorkload(src, rt.identityOf(src)), w.Hostname)
+	rt.metrics.OnDemandDNS(metricsWorkload(src, rt.identityOf(src)), w.Hostname())
 	ctx, cancel := context.WithTimeout(ctx, dnsTimeout)
 	defer cancel()
-	addrs, err := rt.resolver.LookupNetIP(ctx, "ip", w.Hostname)
+	addrs, err := rt.resolver.LookupNetIP(ctx, "ip", w.Hostname())
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("workload %s: dns lookup of %s: %w", w.UID, w.Hostname, err)
+		return netip.Addr{}, fmt.Errorf("workload %s: dns lookup of %s: %w", w.UID, w.Hostname(), err)
 	}
 	ip, ok := pickResolved(addrs, want, rt.rnd)
 	if !ok {
-		return netip.Addr{}, fmt.Errorf("workload %s: dns lookup of %s returned no address", w.UID, w.Hostname)
+		return netip.Addr{}, fmt.Errorf("workload %s: dns lookup of %s returned no address", w.UID, w.Hostname())
 	}
 	return ip, nil
 }

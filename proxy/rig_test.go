@@ -196,6 +196,7 @@ type inboundRig struct {
 	hbonePort int
 	ca        *caclient.BuiltinCA
 	store     *state.Store
+	p         *Proxy
 }
 
 // startInbound runs a proxy serving the workload "srv" at 127.0.0.1, with a
@@ -222,7 +223,7 @@ func startInbound(t *testing.T, denyPort int, opts ...func(*Config)) *inboundRig
 			o(c)
 		}
 	})
-	return &inboundRig{hbonePort: rig.hbonePort(), ca: rig.ca, store: rig.store}
+	return &inboundRig{hbonePort: rig.hbonePort(), ca: rig.ca, store: rig.store, p: rig.p}
 }
 
 // connect opens an HBONE stream to the rig as identity sa.

@@ -63,8 +63,8 @@ func (rt *router) routeUpstream(ctx context.Context, snap *state.Snapshot, src *
 		}
 		return rt.routeViaNetworkGateway(ctx, snap, src, up, up.Service, dst)
 	}
-	if up.Service == nil && w.Waypoint != nil && !rt.fromWaypoint(snap, w, src, client.Addr()) {
-		return rt.routeWaypoint(ctx, snap, src, w.Waypoint, nil, dst)
+	if up.Service == nil && w.Waypoint() != nil && !rt.fromWaypoint(snap, w, src, client.Addr()) {
+		return rt.routeWaypoint(ctx, snap, src, w.Waypoint(), nil, dst)
 	}
 	fam := state.IPFamiliesAutomatic
 	if up.Service != nil {
@@ -130,7 +130,7 @@ func (rt *router) routeWaypoint(ctx context.Context, snap *state.Snapshot, src *
 // gateway workload's identity and its service's SANs (routeViaGateway,
 // gateway.go).
 func (rt *router) routeViaNetworkGateway(ctx context.Context, snap *state.Snapshot, src *state.Workload, up state.Upstream, svc *state.Service, dst netip.AddrPort) (outboundRoute, error) {
-	if up.Workload.NetworkGateway == nil {
+	if up.Workload.NetworkGateway() == nil {
 		return outboundRoute{}, fmt.Errorf("workload %s is on network %q, which has no network gateway", up.Workload.UID, up.Workload.Network)
 	}
 	return rt.routeViaGateway(ctx, snap, src, up.Workload, svc, dst) // gateway.go
@@ -155,7 +155,7 @@ func (rt *router) upstreamSANs(up state.Upstream) []string {
 func (rt *router) fromWaypoint(snap *state.Snapshot, dst, src *state.Workload, client netip.Addr) bool {
 	srcID := rt.identityOf(src)
 	client = client.Unmap()
-	return snap.GatewayHasWorkload(dst.Waypoint, func(w *state.Workload) bool {
+	return snap.GatewayHasWorkload(dst.Waypoint(), func(w *state.Workload) bool {
 		return rt.identityOf(w) == srcID && slices.Contains(w.Addresses, client)
 	})
 }
@@ -175,7 +175,7 @@ func (rt *router) fromWaypoint(snap *state.Snapshot, dst, src *state.Workload, c
 // address as written, where ours unmap, so it is refused here before a
 // lookup could find the IPv4 address's waypoint.
 func (rt *router) validateDestination(ctx context.Context, snap *state.Snapshot, local *state.Workload, target, conn netip.AddrPort) (*state.Snapshot, error) {
-	if target.Addr() == conn.Addr() || local.ApplicationTunnel != nil {
+	if target.Addr() == conn.Addr() || local.ApplicationTunnel() != nil {
 		return snap, nil
 	}
 	if target.Addr().Is4In6() {

@@ -29,8 +29,7 @@ func (r *fakeResolver) LookupNetIP(_ context.Context, network, host string) ([]n
 }
 
 func rwl(uid, ns, sa string, ips ...string) *state.Workload {
-	w := &state.Workload{UID: uid, Name: uid, Namespace: ns, ServiceAccount: sa, Protocol: state.ProtocolHBONE, Capacity: 1,
-		Services: map[string]map[uint16]uint16{}}
+	w := &state.Workload{UID: uid, Name: uid, Namespace: ns, ServiceAccount: sa, Protocol: state.ProtocolHBONE, Capacity: 1}
 	for _, ip := range ips {
 		w.Addresses = append(w.Addresses, netip.MustParseAddr(ip))
 	}
@@ -58,9 +57,11 @@ func routeMesh(t *testing.T) *state.Snapshot {
 		ss []*state.Service
 	)
 	add := func(w *state.Workload, svcPorts map[string]map[uint16]uint16) *state.Workload {
+		m := w.Services.Map()
 		for k, v := range svcPorts {
-			w.Services[k] = v
+			m[k] = v
 		}
+		w.Services = state.ServicesOf(m)
 		ws = append(ws, w)
 		return w
 	}
@@ -110,7 +111,7 @@ func routeMesh(t *testing.T) *state.Snapshot {
 	// A workload with its own waypoint, also reachable through a service
 	// without one.
 	guarded := add(rwl("guarded", "app", "guarded", "10.0.0.30"), map[string]map[uint16]uint16{"app/guarded.app.svc": {}})
-	guarded.Waypoint = hostGW("app", "waypoint.app.svc")
+	guarded.Extra = &state.WorkloadExtra{Waypoint: hostGW("app", "waypoint.app.svc")}
 	ss = append(ss, rsvc("app", "guarded.app.svc", "10.96.0.30"))
 
 	// Two services share a VIP; a private one is visible only in its namespace.
@@ -134,10 +135,10 @@ func routeMesh(t *testing.T) *state.Snapshot {
 	add(rwl("range-1", "app", "range", "10.0.0.60"), map[string]map[uint16]uint16{"app/range.app.svc": {}})
 	add(rwl("dual-1", "app", "dual", "10.0.0.61", "fd00::61"), map[string]map[uint16]uint16{"app/v4.app.svc": {}})
 	vm := add(rwl("vm-1", "app", "vm"), map[string]map[uint16]uint16{"app/ext.app.svc": {}})
-	vm.Hostname, vm.Protocol = "vm.example.com", state.ProtocolTCP
+	vm.Extra, vm.Protocol = &state.WorkloadExtra{Hostname: "vm.example.com"}, state.ProtocolTCP
 	far := add(rwl("far-1", "app", "far"), map[string]map[uint16]uint16{"app/remote.app.svc": {}})
 	far.Network = "net2"
-	far.NetworkGateway = &state.GatewayAddress{Address: &state.NetworkAddress{Network: "net2", Addr: netip.MustParseAddr("192.0.2.1")}, HBONEMTLSPort: 15008}
+	far.Extra = &state.WorkloadExtra{NetworkGateway: &state.GatewayAddress{Address: &state.NetworkAddress{Network: "net2", Addr: netip.MustParseAddr("192.0.2.1")}, HBONEMTLSPort: 15008}}
 
 	snap, err := state.NewSnapshot(ws, ss, nil)
 	if err != nil {
@@ -351,7 +352,7 @@ func TestPickResolved(t *testing.T) {
 func TestValidateDestination(t *testing.T) {
 	snap := routeMesh(t)
 	tunneled := *snap.WorkloadByUID("behind-1")
-	tunneled.ApplicationTunnel = &state.ApplicationTunnel{Protocol: state.AppTunnelProxy}
+	tunneled.Extra = &state.WorkloadExtra{ApplicationTunnel: &state.ApplicationTunnel{Protocol: state.AppTunnelProxy}}
 	tests := []struct {
 		name   string
 		local  *state.Workload

@@ -111,7 +111,7 @@ type workloadIdentity struct {
 // the proxy's trust domain when the record names none.
 func (rt *router) identityOf(w *state.Workload) identity.Identity {
 	id := w.Identity()
-	if w.TrustDomain == "" && rt.trustDomain != "" {
+	if w.TrustDomain() == "" && rt.trustDomain != "" {
 		id.TrustDomain = rt.trustDomain
 	}
 	return id

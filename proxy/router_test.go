@@ -25,7 +25,7 @@ func TestRouterIdentityOf(t *testing.T) {
 	if got, want := rt.identityOf(w), identity.New("example.org", "ns", "sa"); got != want {
 		t.Errorf("record without trust domain: %v, want %v", got, want)
 	}
-	w.TrustDomain = "other.org"
+	w.Labels = &state.WorkloadLabels{TrustDomain: "other.org"}
 	if got, want := rt.identityOf(w), identity.New("other.org", "ns", "sa"); got != want {
 		t.Errorf("record with its own trust domain: %v, want %v", got, want)
 	}

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"net/netip"
-	"slices"
 	"strings"
 
 	"github.com/ztunnel-go/ztunnel/identity"
@@ -203,14 +202,9 @@ func parseForwardedHost(v string) string {
 // servicesOfWorkload lists the services w is an endpoint of, in key order
 // (ztunnel's get_services_by_workload, which follows the workload's list).
 func servicesOfWorkload(snap *state.Snapshot, w *state.Workload) []*state.Service {
-	keys := make([]string, 0, len(w.Services))
-	for k := range w.Services {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	out := make([]*state.Service, 0, len(keys))
-	for _, k := range keys {
-		if svc := snap.ServiceByKey(k); svc != nil {
+	out := make([]*state.Service, 0, w.Services.Len())
+	for _, sp := range w.Services.List() { // sorted by key
+		if svc := snap.ServiceByKey(sp.Key); svc != nil {
 			out = append(out, svc)
 		}
 	}
@@ -233,9 +227,9 @@ func guessInboundService(candidates []*state.Service, forHost string, w *state.W
 		}
 	}
 	for _, svc := range candidates {
-		own := w.Services[svc.Key()]
+		own, _ := w.Services.Ports(svc.Key())
 		for sport, tport := range svc.Ports {
-			if tport == dport || own[sport] == dport {
+			if otport, _ := own.Target(sport); tport == dport || otport == dport {
 				return svc
 			}
 		}
@@ -250,7 +244,7 @@ func inboundCandidates(snap *state.Snapshot, w *state.Workload, host string) []*
 		return servicesOfWorkload(snap, w)
 	}
 	for _, svc := range snap.ServicesByHostname(host) {
-		if _, ok := w.Services[svc.Key()]; ok {
+		if w.Services.Has(svc.Key()) {
 			return []*state.Service{svc}
 		}
 	}
@@ -261,7 +255,7 @@ func inboundCandidates(snap *state.Snapshot, w *state.Workload, host string) []*
 // application tunnel may name its own (ztunnel matches services against
 // that port).
 func appPort(w *state.Workload, port uint16) uint16 {
-	if t := w.ApplicationTunnel; t != nil && t.Port != 0 {
+	if t := w.ApplicationTunnel(); t != nil && t.Port != 0 {
 		return t.Port
 	}
 	return port

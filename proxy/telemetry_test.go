@@ -52,7 +52,7 @@ func FuzzParseForwardedHost(f *testing.F) {
 func TestGuessInboundService(t *testing.T) {
 	a := &state.Service{Name: "a", Namespace: "ns", Hostname: "a.ns.svc", Ports: map[uint16]uint16{80: 8080}}
 	b := &state.Service{Name: "b", Namespace: "ns", Hostname: "b.ns.svc", Ports: map[uint16]uint16{80: 0, 9090: 9091}}
-	w := &state.Workload{Services: map[string]map[uint16]uint16{a.Key(): {80: 8080}, b.Key(): {80: 7070}}}
+	w := &state.Workload{Services: state.ServicesOf(map[string]map[uint16]uint16{a.Key(): {80: 8080}, b.Key(): {80: 7070}})}
 	both := []*state.Service{a, b}
 	for _, tc := range []struct {
 		name    string

@@ -14,7 +14,6 @@ import (
 	"github.com/ztunnel-go/ztunnel/identity"
 	"github.com/ztunnel-go/ztunnel/metrics"
 	"github.com/ztunnel-go/ztunnel/mtls"
-	"github.com/ztunnel-go/ztunnel/mtls/record"
 	"github.com/ztunnel-go/ztunnel/state"
 )
 
@@ -107,9 +106,9 @@ func (t *tunnel) open(ctx context.Context) (*hbone.Stream, error) {
 		}
 		// The pool may outlive this cert; the TLS config pins the one in force
 		// when the connection was made, which is what rotation needs.
-		// crypto/tls runs the handshake; mtls/record then seals each batch of
-		// HBONE frames into records in one buffer and one syscall.
-		tlsConn := record.Client(tc, p.cfg.TLS.ClientConfig(cert, r.sans, mtls.WithCRL(p.cfg.CRL)))
+		// crypto/tls runs the handshake; then the records are
+		// mtls/record's (loopconn.go).
+		tlsConn := clientTLS(tc, p.cfg.TLS.ClientConfig(cert, r.sans, mtls.WithCRL(p.cfg.CRL)))
 		if err := t.handshake(ctx, tlsConn, tc); err != nil {
 			return nil, withFlags(metrics.FlagTLSFailure, fmt.Errorf("tls handshake with %s: %w", r.dst, err))
 		}

@@ -34,6 +34,8 @@ mode=${1:-test}
 #   strace:             the benchmarks' round-trip census (make bench-census; perf, if
 #                       present (Debian's linux-perf), adds syscall counts by kind and
 #                       each proxy's kernel and user CPU per round trip by function).
+#   iperf3, python3:    the other clients of zbench --clients (make bench-clients):
+#                       iperf3's one stream and a blocking Python RR client.
 DEPS=(
 	iproute2:ip
 	iptables:iptables-restore
@@ -52,6 +54,8 @@ DEPS=(
 	haproxy:haproxy
 	strace:strace
 	nftables:nft
+	iperf3:iperf3
+	python3:python3
 )
 # LAB: what `make demo` and the benchmarks cannot run without.
 LAB=(iproute2 iptables)

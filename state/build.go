@@ -20,14 +20,14 @@ type builder struct {
 	fresh bool
 
 	byUID     *shardEdit[string, *Workload]
-	byAddr    *shardEdit[NetworkAddress, *Workload]
-	byInfo    *shardEdit[infoKey, []*Workload]
+	byAddr    addrEdit[*Workload]
+	byInfo    *shardEdit[hashed, *Workload]
+	byInfoM   *shardEdit[infoKey, []*Workload]
 	byHost    *shardEdit[NamespacedHostname, []*Workload]
 	svcByKey  *shardEdit[NamespacedHostname, *Service]
-	svcByVIP  *shardEdit[NetworkAddress, []*Service]
+	svcByVIP  addrEdit[[]*Service]
 	svcByHost *shardEdit[string, []*Service]
-	members   *shardEdit[NamespacedHostname, []Endpoint]
-	endpoints *shardEdit[NamespacedHostname, []Endpoint]
+	svcEps    *shardEdit[NamespacedHostname, svcMembers]
 
 	// touched holds the service keys whose endpoints an edit must derive
 	// again (a fresh build derives those of every service).
@@ -36,6 +36,8 @@ type builder struct {
 	// the snapshot's list.
 	cidrGone map[*Service]struct{}
 	cidrNew  []*Service
+	// ownNets says whether s.nets is the builder's own copy (netID).
+	ownNets bool
 }
 
 // newBuilder returns a builder of s: a fresh one sized for nw workloads and
@@ -46,14 +48,14 @@ func newBuilder(s *Snapshot, fresh bool, nw, ns int) *builder {
 		s:         s,
 		fresh:     fresh,
 		byUID:     newShardEdit(&s.byUID, hashString, fresh, nw),
-		byAddr:    newShardEdit(&s.byAddr, hashAddr, fresh, nw),
-		byInfo:    newShardEdit(&s.byInfo, hashInfo, fresh, nw),
+		byAddr:    newAddrEdit(&s.byAddr, fresh, nw),
+		byInfo:    newShardEdit(&s.byInfo, nil, fresh, nw), // written by hash: setH, delH
+		byInfoM:   newShardEdit(&s.byInfoMulti, hashInfo, fresh, 0),
 		byHost:    newShardEdit(&s.byHost, hashNH, fresh, 0),
 		svcByKey:  newShardEdit(&s.svcByKey, hashNH, fresh, ns),
-		svcByVIP:  newShardEdit(&s.svcByVIP, hashAddr, fresh, ns),
+		svcByVIP:  newAddrEdit(&s.svcByVIP, fresh, ns),
 		svcByHost: newShardEdit(&s.svcByHost, hashString, fresh, ns),
-		members:   newShardEdit(&s.members, hashNH, fresh, ns),
-		endpoints: newShardEdit(&s.endpoints, hashNH, fresh, ns),
+		svcEps:    newShardEdit(&s.svcEps, hashNH, fresh, ns),
 		touched:   map[NamespacedHostname]struct{}{},
 		cidrGone:  map[*Service]struct{}{},
 	}
@@ -178,7 +180,7 @@ func (b *builder) indexService(svc *Service) {
 	b.svcByKey.set(key, svc)
 	for _, vip := range svc.VIPs {
 		// A VIP listed twice is indexed once: insertSorted keeps the first.
-		insertSorted(b.svcByVIP, NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc, cmpServices)
+		b.insertVIP(NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc)
 	}
 	if len(svc.CIDRVIPs) > 0 {
 		b.cidrNew = append(b.cidrNew, svc)
@@ -192,7 +194,7 @@ func (b *builder) unindexService(svc *Service) {
 	key := NamespacedHostname{svc.Namespace, svc.Hostname}
 	b.svcByKey.del(key)
 	for _, vip := range svc.VIPs {
-		removeSorted(b.svcByVIP, NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc, cmpServices)
+		b.removeVIP(NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc)
 	}
 	if len(svc.CIDRVIPs) > 0 {
 		b.cidrGone[svc] = struct{}{}
@@ -227,11 +229,11 @@ func (b *builder) checkWorkload(w *Workload) {
 	if w.NetworkMode > NetworkModeHostNetwork {
 		b.fail("%s: invalid network mode %d", what, w.NetworkMode)
 	}
-	if t := w.ApplicationTunnel; t != nil && t.Protocol > AppTunnelProxy {
+	if t := w.ApplicationTunnel(); t != nil && t.Protocol > AppTunnelProxy {
 		b.fail("%s: invalid application tunnel protocol %d", what, t.Protocol)
 	}
-	b.checkGateway(what, "waypoint", w.Waypoint)
-	b.checkGateway(what, "network gateway", w.NetworkGateway)
+	b.checkGateway(what, "waypoint", w.Waypoint())
+	b.checkGateway(what, "network gateway", w.NetworkGateway())
 }
 
 // indexWorkload adds w, already in byUID, to the other workload indexes.
@@ -249,7 +251,7 @@ func (b *builder) indexWorkload(w *Workload) {
 			continue // another workload wins it
 		}
 		k := NetworkAddress{w.Network, ip.Unmap()}
-		if other := b.byAddr.get(k); other != nil && other != w {
+		if other := b.getAddr(k); other != nil && other != w {
 			first, second := other, w
 			if first.UID > second.UID {
 				first, second = second, first
@@ -257,13 +259,14 @@ func (b *builder) indexWorkload(w *Workload) {
 			b.fail("address %s is used by two workloads: %q and %q", k.String(), first.UID, second.UID)
 			continue
 		}
-		b.byAddr.set(k, w)
+		b.setAddr(k, w)
 	}
-	insertSorted(b.byInfo, infoKeyOf(w.Namespace, w.Name), w, cmpWorkloads)
-	if w.Hostname != "" {
-		insertSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname}, w, cmpWorkloads)
+	b.indexInfo(w)
+	if w.Hostname() != "" {
+		insertSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname()}, w, cmpWorkloads)
 	}
-	for _, k := range sortedKeys(w.Services) {
+	for i, sp := range w.Services.List() {
+		k := sp.Key
 		ns, host, ok := strings.Cut(k, "/")
 		if !ok {
 			b.fail("%s: service key %q is not namespace/hostname", what, k)
@@ -273,7 +276,7 @@ func (b *builder) indexWorkload(w *Workload) {
 		// them until the service arrives, which for us is the snapshot
 		// that brings it (members keeps them until then).
 		nh := NamespacedHostname{ns, host}
-		insertSorted(b.members, nh, Endpoint{Workload: w, Ports: w.Services[k]}, cmpEndpoints)
+		b.addMember(nh, Endpoint{Workload: w, svc: uint32(i)})
 		b.touch(nh)
 	}
 }
@@ -283,21 +286,60 @@ func (b *builder) unindexWorkload(w *Workload) {
 	b.byUID.del(w.UID)
 	if w.NetworkMode != NetworkModeHostNetwork {
 		for _, ip := range w.Addresses {
-			if k := (NetworkAddress{w.Network, ip.Unmap()}); b.byAddr.get(k) == w {
-				b.byAddr.del(k)
+			if k := (NetworkAddress{w.Network, ip.Unmap()}); b.getAddr(k) == w {
+				b.delAddr(k)
 			}
 		}
 	}
-	removeSorted(b.byInfo, infoKeyOf(w.Namespace, w.Name), w, cmpWorkloads)
-	if w.Hostname != "" {
-		removeSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname}, w, cmpWorkloads)
+	b.unindexInfo(w)
+	if w.Hostname() != "" {
+		removeSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname()}, w, cmpWorkloads)
 	}
-	for k := range w.Services {
-		if ns, host, ok := strings.Cut(k, "/"); ok {
+	for _, sp := range w.Services.List() {
+		if ns, host, ok := strings.Cut(sp.Key, "/"); ok {
 			nh := NamespacedHostname{ns, host}
-			removeSorted(b.members, nh, Endpoint{Workload: w}, cmpEndpoints)
+			b.removeMember(nh, w)
 			b.touch(nh)
 		}
+	}
+}
+
+// indexInfo adds w to byInfo, or to byInfoMulti when another workload
+// has its namespace and name hash.
+func (b *builder) indexInfo(w *Workload) {
+	k := infoKeyOf(w.Namespace, w.Name)
+	h := hashInfo(k)
+	if b.byInfoM.get(k) != nil {
+		insertSorted(b.byInfoM, k, w, cmpWorkloads)
+		return
+	}
+	switch o := b.byInfo.m.get(h, hashed{}); {
+	case o == nil:
+		b.byInfo.setH(h, hashed{}, w)
+	case o != w:
+		b.byInfo.delH(h, hashed{})
+		list := []*Workload{o, w}
+		slices.SortFunc(list, cmpWorkloads)
+		b.byInfoM.ownsValue(k)
+		b.byInfoM.set(k, list)
+	}
+}
+
+// unindexInfo removes w, indexed, from byInfo or byInfoMulti; the last
+// workload of a list goes back to byInfo.
+func (b *builder) unindexInfo(w *Workload) {
+	k := infoKeyOf(w.Namespace, w.Name)
+	h := hashInfo(k)
+	if b.byInfoM.get(k) == nil {
+		if b.byInfo.m.get(h, hashed{}) == w {
+			b.byInfo.delH(h, hashed{})
+		}
+		return
+	}
+	removeSorted(b.byInfoM, k, w, cmpWorkloads)
+	if list := b.byInfoM.get(k); len(list) == 1 {
+		b.byInfoM.del(k)
+		b.byInfo.setH(h, hashed{}, list[0])
 	}
 }
 
@@ -315,6 +357,15 @@ func (b *builder) touch(key NamespacedHostname) {
 func (b *builder) finish() {
 	s := b.s
 	if b.fresh {
+		// The member lists grew by appending; trimmed, they are ~1/3
+		// smaller (issue 36: ~10 bytes per workload). An edit copies a
+		// list it changes to its exact size anyway.
+		s.svcEps.update(func(v svcMembers) svcMembers {
+			if cap(v.members) != len(v.members) {
+				v.members = append([]Endpoint(nil), v.members...)
+			}
+			return v
+		})
 		s.svcByKey.all(func(k NamespacedHostname, svc *Service) { b.setEndpoints(k, svc) })
 	} else {
 		for k := range b.touched {
@@ -340,44 +391,97 @@ func (b *builder) finish() {
 	b.byUID.finish()
 	b.byAddr.finish()
 	b.byInfo.finish()
+	b.byInfoM.finish()
 	b.byHost.finish()
 	b.svcByKey.finish()
 	b.svcByVIP.finish()
 	b.svcByHost.finish()
-	b.members.finish()
-	b.endpoints.finish()
+	b.svcEps.finish()
+}
+
+// addMember adds ep to the members of the service under key.
+func (b *builder) addMember(key NamespacedHostname, ep Endpoint) {
+	v := b.svcEps.get(key)
+	i, found := slices.BinarySearchFunc(v.members, ep, cmpEndpoints)
+	if found {
+		return
+	}
+	// The endpoints list may be the members list; it is derived again in
+	// finish, after every member change, so an owned members list may
+	// change in place.
+	if b.svcEps.ownsValue(key) {
+		v.members = slices.Insert(v.members, i, ep)
+	} else {
+		n := make([]Endpoint, len(v.members)+1)
+		copy(n, v.members[:i])
+		n[i] = ep
+		copy(n[i+1:], v.members[i:])
+		v.members = n
+	}
+	b.svcEps.set(key, v)
+}
+
+// removeMember removes w from the members of the service under key.
+func (b *builder) removeMember(key NamespacedHostname, w *Workload) {
+	v := b.svcEps.get(key)
+	i, found := slices.BinarySearchFunc(v.members, Endpoint{Workload: w}, cmpEndpoints)
+	switch {
+	case !found:
+		return
+	case len(v.members) == 1:
+		v.members = nil
+	case b.svcEps.ownsValue(key):
+		v.members = slices.Delete(v.members, i, i+1)
+	default:
+		n := make([]Endpoint, len(v.members)-1)
+		copy(n, v.members[:i])
+		copy(n[i:], v.members[i+1:])
+		v.members = n
+	}
+	b.putMembers(key, v)
+}
+
+// putMembers stores v under key, or removes the key when v is empty.
+func (b *builder) putMembers(key NamespacedHostname, v svcMembers) {
+	if v.members == nil && v.endpoints == nil {
+		b.svcEps.del(key)
+		return
+	}
+	b.svcEps.set(key, v)
 }
 
 // setEndpoints derives the endpoints of the service under key (nil: none)
 // from the workloads naming it. When every one of them is an endpoint, the
 // list is shared with members.
 func (b *builder) setEndpoints(key NamespacedHostname, svc *Service) {
-	if svc == nil {
-		b.endpoints.del(key)
-		return
-	}
-	m := b.members.get(key)
-	n := 0
-	for _, e := range m {
-		if svc.includes(e.Workload) {
-			n++
+	v := b.svcEps.get(key)
+	v.endpoints = nil
+	if svc != nil {
+		// Keyed by the service's own strings, which Endpoints(svc) passes:
+		// the lookup's key compares by pointer (the members' keys are cut
+		// from the workloads' service keys).
+		key = NamespacedHostname{svc.Namespace, svc.Hostname}
+		m := v.members
+		n := 0
+		for _, e := range m {
+			if svc.includes(e.Workload) {
+				n++
+			}
+		}
+		switch n {
+		case 0:
+		case len(m):
+			v.endpoints = m
+		default:
+			v.endpoints = make([]Endpoint, 0, n)
+			for _, e := range m {
+				if svc.includes(e.Workload) {
+					v.endpoints = append(v.endpoints, e)
+				}
+			}
 		}
 	}
-	switch n {
-	case 0:
-		b.endpoints.del(key)
-		return
-	case len(m):
-		b.endpoints.set(key, m)
-		return
-	}
-	eps := make([]Endpoint, 0, n)
-	for _, e := range m {
-		if svc.includes(e.Workload) {
-			eps = append(eps, e)
-		}
-	}
-	b.endpoints.set(key, eps)
+	b.putMembers(key, v)
 }
 
 // checkPolicies validates policies and returns the valid ones in a new
@@ -467,28 +571,13 @@ func (s subject) String() string {
 func (s *Snapshot) findWarnings() []string {
 	var out []string
 	for _, w := range s.Workloads() {
-		for _, k := range w.AuthorizationPolicies {
+		for _, k := range w.AuthorizationPolicies() {
 			if s.pol.lookup(k) == nil {
 				out = append(out, fmt.Sprintf("workload %q lists unknown authorization policy %q; skipping it", w.UID, k))
 			}
 		}
 	}
 	return out
-}
-
-// sortedKeys returns m's keys in order, so that endpoint lists are deterministic.
-func sortedKeys[V any](m map[string]V) []string {
-	if len(m) == 1 {
-		for k := range m {
-			return []string{k}
-		}
-	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // sortByKey sorts list by key(element), computing each key once.

@@ -59,9 +59,9 @@ func (s *Snapshot) Apply(d Delta) (*Snapshot, error) {
 		return s.rebuild(&d)
 	}
 	ns := &Snapshot{
-		byUID: s.byUID, byAddr: s.byAddr, byInfo: s.byInfo, byHost: s.byHost,
+		byUID: s.byUID, byAddr: s.byAddr, byInfo: s.byInfo, byInfoMulti: s.byInfoMulti, byHost: s.byHost,
 		svcByKey: s.svcByKey, svcByVIP: s.svcByVIP, svcByHost: s.svcByHost, cidrVIPs: s.cidrVIPs,
-		members: s.members, endpoints: s.endpoints,
+		svcEps: s.svcEps, nets: s.nets,
 	}
 	b := newBuilder(ns, false, 0, 0)
 

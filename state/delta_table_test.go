@@ -10,12 +10,12 @@ import (
 func TestApplyCases(t *testing.T) {
 	web := svc("ns", "web.ns.svc", "/10.96.0.1")
 	w1 := wl("w1", "ns", "p1", "10.0.0.1")
-	w1.Services = map[string]map[uint16]uint16{"ns/web.ns.svc": {80: 8080}}
+	w1.Services = ServicesOf(map[string]map[uint16]uint16{"ns/web.ns.svc": {80: 8080}})
 	w2 := wl("w2", "ns", "p2", "10.0.0.2")
-	w2.Services = map[string]map[uint16]uint16{"ns/web.ns.svc": {80: 8080}}
+	w2.Services = ServicesOf(map[string]map[uint16]uint16{"ns/web.ns.svc": {80: 8080}})
 	sick := wl("w3", "ns", "p3", "10.0.0.3")
 	sick.Status = Unhealthy
-	sick.Services = map[string]map[uint16]uint16{"ns/web.ns.svc": {80: 8080}}
+	sick.Services = ServicesOf(map[string]map[uint16]uint16{"ns/web.ns.svc": {80: 8080}})
 	moved := *w1
 	moved.Addresses = addrs("10.0.0.9")
 	swap1, swap2 := *w1, *w2
@@ -165,7 +165,7 @@ func BenchmarkApplyDelta(b *testing.B) {
 	versions := [2]*Workload{}
 	for i := range versions {
 		v := *w
-		v.CanonicalRevision = "v" + itoa(i)
+		v.Labels = &WorkloadLabels{CanonicalRevision: "v" + itoa(i)}
 		versions[i] = &v
 	}
 	moved := *ss[77]
@@ -173,7 +173,7 @@ func BenchmarkApplyDelta(b *testing.B) {
 	burst, orig := make([]*Workload, 100), make([]*Workload, 100)
 	for i := range burst {
 		v := *ws[i*997]
-		v.CanonicalRevision = "v2"
+		v.Labels = &WorkloadLabels{CanonicalRevision: "v2"}
 		burst[i], orig[i] = &v, ws[i*997]
 	}
 	for _, bc := range []struct {

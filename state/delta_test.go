@@ -129,19 +129,22 @@ func (g deltaGen) workload(uid string) *Workload {
 		w.NetworkMode = NetworkModeHostNetwork
 	}
 	if g.one(4) {
-		w.Hostname = g.pick(dHosts)
+		w.editExtra(func(x *WorkloadExtra) { x.Hostname = g.pick(dHosts) })
 	}
 	if g.one(4) {
 		w.Status = Unhealthy
 	}
 	if n := g.r.IntN(3); n > 0 {
-		w.Services = map[string]map[uint16]uint16{}
+		m := map[string]map[uint16]uint16{}
 		for range n {
-			w.Services[g.pick(append(dServiceKeys(), "zz/unknown.svc"))] = map[uint16]uint16{80: uint16(8080 + g.r.IntN(2))}
+			m[g.pick(append(dServiceKeys(), "zz/unknown.svc"))] = map[uint16]uint16{80: uint16(8080 + g.r.IntN(2))}
 		}
+		w.Services = ServicesOf(m)
 	}
 	for range g.r.IntN(3) {
-		w.AuthorizationPolicies = append(w.AuthorizationPolicies, g.pick(append(dPolicyKeys, "a/missing")))
+		w.editExtra(func(x *WorkloadExtra) {
+			x.AuthorizationPolicies = append(x.AuthorizationPolicies, g.pick(append(dPolicyKeys, "a/missing")))
+		})
 	}
 	if g.one(60) {
 		w.Protocol = 9 // invalid: both paths must reject it
@@ -226,8 +229,10 @@ func hashOf[K comparable](k K) uint64 {
 	switch k := any(k).(type) {
 	case string:
 		return hashString(k)
-	case NetworkAddress:
-		return hashAddr(k)
+	case uint64:
+		return hashAddr4(k)
+	case addr6Key:
+		return hashAddr6(k)
 	case NamespacedHostname:
 		return hashNH(k)
 	case infoKey:
@@ -275,19 +280,73 @@ func sameIndex[K comparable, V any](t *testing.T, what string, got, want *shardM
 	}
 }
 
+// sameHashedIndex compares two indexes keyed by hash alone.
+func sameHashedIndex[V any](t *testing.T, what string, got, want *shardMap[hashed, V]) {
+	t.Helper()
+	byHash := func(m *shardMap[hashed, V]) map[uint64]V {
+		out := map[uint64]V{}
+		for i := range m.numShards() {
+			sh := m.shard(uint64(i))
+			for _, s := range sh[:cap(sh)] {
+				if s.h == 0 {
+					continue
+				}
+				if s.h>>m.shift != uint64(i) {
+					t.Errorf("%s: hash %#x stored in shard %d of %d", what, s.h, i, m.numShards())
+				}
+				out[s.h] = s.v
+			}
+		}
+		if len(out) != m.n {
+			t.Errorf("%s: %d entries, counted %d", what, len(out), m.n)
+		}
+		for h, v := range out {
+			if got := m.get(h, hashed{}); !reflect.DeepEqual(got, v) {
+				t.Errorf("%s: get(%#x) = %v, stored %v", what, h, got, v)
+			}
+		}
+		return out
+	}
+	if g, w := byHash(got), byHash(want); !reflect.DeepEqual(g, w) {
+		t.Errorf("%s differs:\n got %v\nwant %v", what, g, w)
+	}
+}
+
+// sameAddrIndex compares the address indexes ix picks of two snapshots by
+// network name and address: their network handles may differ.
+func sameAddrIndex[V any](t *testing.T, what string, got, want *Snapshot, ix func(*Snapshot) *addrIndex[V]) {
+	t.Helper()
+	byName := func(s *Snapshot) map[NetworkAddress]V {
+		x := ix(s)
+		flatten(t, what+" (IPv4)", &x.v4)
+		flatten(t, what+" (IPv6)", &x.v6)
+		out := map[NetworkAddress]V{}
+		x.all(s.nets, func(k NetworkAddress, v V) { out[k] = v })
+		for k, v := range out {
+			if id, ip, ok := s.lookupAddr(k.Network, k.Addr); !ok || !reflect.DeepEqual(x.get(id, ip), v) {
+				t.Errorf("%s: get(%v) = %v, stored %v", what, k, x.get(id, ip), v)
+			}
+		}
+		return out
+	}
+	if g, w := byName(got), byName(want); !reflect.DeepEqual(g, w) {
+		t.Errorf("%s differs:\n got %v\nwant %v", what, g, w)
+	}
+}
+
 // checkSame fails unless got answers every lookup as want does, and holds
 // the same index entries.
 func checkSame(t *testing.T, got, want *Snapshot) {
 	t.Helper()
 	sameIndex(t, "byUID", &got.byUID, &want.byUID)
-	sameIndex(t, "byAddr", &got.byAddr, &want.byAddr)
-	sameIndex(t, "byInfo", &got.byInfo, &want.byInfo)
+	sameAddrIndex(t, "byAddr", got, want, func(s *Snapshot) *addrIndex[*Workload] { return &s.byAddr })
+	sameHashedIndex(t, "byInfo", &got.byInfo, &want.byInfo)
+	sameIndex(t, "byInfoMulti", &got.byInfoMulti, &want.byInfoMulti)
 	sameIndex(t, "byHost", &got.byHost, &want.byHost)
 	sameIndex(t, "svcByKey", &got.svcByKey, &want.svcByKey)
-	sameIndex(t, "svcByVIP", &got.svcByVIP, &want.svcByVIP)
+	sameAddrIndex(t, "svcByVIP", got, want, func(s *Snapshot) *addrIndex[[]*Service] { return &s.svcByVIP })
 	sameIndex(t, "svcByHost", &got.svcByHost, &want.svcByHost)
-	sameIndex(t, "members", &got.members, &want.members)
-	sameIndex(t, "endpoints", &got.endpoints, &want.endpoints)
+	sameIndex(t, "svcEps", &got.svcEps, &want.svcEps)
 	if !reflect.DeepEqual(got.cidrVIPs, want.cidrVIPs) {
 		t.Errorf("cidrVIPs: got %v, want %v", got.cidrVIPs, want.cidrVIPs)
 	}

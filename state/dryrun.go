@@ -21,7 +21,7 @@ func (s *Snapshot) DryRunWouldDeny(c Conn, matches []*Policy) bool {
 		return false
 	}
 	dryAllow := !t.global.dryAllow.empty() || nsv != nil && !nsv.dryAllow.empty()
-	for _, k := range w.AuthorizationPolicies {
+	for _, k := range w.AuthorizationPolicies() {
 		cp := t.lookup(k)
 		if cp == nil || cp.p.Action != ActionAllow {
 			continue

@@ -117,12 +117,12 @@ func (s *Snapshot) PickUpstream(src *Workload, svc *Service, svcPort uint16, mod
 	}
 
 	up := Upstream{Workload: ep.Workload, Service: svc}
-	switch p, ok := ep.Ports[svcPort]; {
+	switch p, ok := ep.Ports().Target(svcPort); {
 	case ok:
 		up.Port = p
 	case svcTarget > 0:
 		up.Port = svcTarget
-	case ep.Workload.ApplicationTunnel != nil && ep.Workload.ApplicationTunnel.Port != 0:
+	case ep.Workload.ApplicationTunnel() != nil && ep.Workload.ApplicationTunnel().Port != 0:
 		// The tunnel carries the real target; ztunnel on the far side
 		// resolves it.
 		up.Port = svcPort
@@ -146,22 +146,22 @@ type endpointFilter struct {
 // (always 0 when the service does not rank endpoints).
 func (f *endpointFilter) rank(ep *Endpoint) int {
 	w, src := ep.Workload, f.src
-	if len(w.Addresses) == 0 && w.Hostname == "" {
+	if len(w.Addresses) == 0 && w.Hostname() == "" {
 		// Reachable only through a network gateway, which is never used
 		// within one network.
-		if w.Network == src.Network || w.NetworkGateway == nil {
+		if w.Network == src.Network || w.NetworkGateway() == nil {
 			return -1
 		}
 	}
 	switch f.mode {
 	case ResolveStandard:
 		if f.svcTarget == 0 {
-			if _, ok := ep.Ports[f.svcPort]; !ok {
+			if _, ok := ep.Ports().Target(f.svcPort); !ok {
 				return -1
 			}
 		}
 	case ResolveWaypoint:
-		if !f.hasPort && w.ApplicationTunnel == nil {
+		if !f.hasPort && w.ApplicationTunnel() == nil {
 			return -1
 		}
 	}
@@ -183,7 +183,7 @@ func (f *endpointFilter) rank(ep *Endpoint) int {
 		case LBScopeNode:
 			match = src.Node == w.Node
 		case LBScopeCluster:
-			match = src.ClusterID == w.ClusterID
+			match = src.ClusterID() == w.ClusterID()
 		case LBScopeNetwork:
 			match = src.Network == w.Network
 			if networkFirst {

@@ -26,7 +26,7 @@ func TestPickEndpointWeighted(t *testing.T) {
 	zero := wl("z", "ns", "z", "10.0.0.3")
 	zero.Capacity = 0
 	for _, w := range []*Workload{a, b, zero} {
-		w.Services = map[string]map[uint16]uint16{web.Key(): {80: 8080}}
+		w.Services = ServicesOf(map[string]map[uint16]uint16{web.Key(): {80: 8080}})
 	}
 	s := mustSnapshot(t, []*Workload{a, b, zero}, []*Service{web}, nil)
 
@@ -53,9 +53,9 @@ func TestPickEndpointPorts(t *testing.T) {
 	named := svc("ns", "named")
 	named.Ports = map[uint16]uint16{80: 0, 443: 8443}
 	withMap := wl("m", "ns", "m", "10.0.0.1")
-	withMap.Services = map[string]map[uint16]uint16{named.Key(): {80: 9080}}
+	withMap.Services = ServicesOf(map[string]map[uint16]uint16{named.Key(): {80: 9080}})
 	without := wl("w", "ns", "w", "10.0.0.2")
-	without.Services = map[string]map[uint16]uint16{named.Key(): {}}
+	without.Services = ServicesOf(map[string]map[uint16]uint16{named.Key(): {}})
 	s := mustSnapshot(t, []*Workload{withMap, without}, []*Service{named}, nil)
 
 	// Port 80 has target 0: only the endpoint with its own mapping qualifies.
@@ -90,7 +90,7 @@ func TestPickEndpointNoneUsable(t *testing.T) {
 	zero.Capacity = 0
 	noAddr := wl("noaddr", "ns", "noaddr")
 	for _, w := range []*Workload{sick, zero, noAddr} {
-		w.Services = map[string]map[uint16]uint16{web.Key(): {80: 8080}}
+		w.Services = ServicesOf(map[string]map[uint16]uint16{web.Key(): {80: 8080}})
 	}
 	s := mustSnapshot(t, []*Workload{sick, zero, noAddr}, []*Service{web}, nil)
 	if w, _, err := s.PickEndpoint(nil, web, 80, nil); !errors.Is(err, ErrNoHealthyUpstream) {
@@ -104,8 +104,8 @@ func TestPickEndpointNoneUsable(t *testing.T) {
 func TestPickEndpointNetworkGateway(t *testing.T) {
 	web := svc("ns", "web")
 	remote := &Workload{UID: "remote", Namespace: "ns", Network: "net2", Capacity: 1,
-		NetworkGateway: &GatewayAddress{Address: &NetworkAddress{"net2", netip.MustParseAddr("192.0.2.1")}, HBONEMTLSPort: 15008},
-		Services:       map[string]map[uint16]uint16{web.Key(): {80: 8080}}}
+		Extra:    &WorkloadExtra{NetworkGateway: &GatewayAddress{Address: &NetworkAddress{"net2", netip.MustParseAddr("192.0.2.1")}, HBONEMTLSPort: 15008}},
+		Services: ServicesOf(map[string]map[uint16]uint16{web.Key(): {80: 8080}})}
 	s := mustSnapshot(t, []*Workload{remote}, []*Service{web}, nil)
 	// From another network an address-less workload is reachable through its gateway.
 	if got, _, err := s.PickEndpoint(&Workload{Network: "net1"}, web, 80, nil); err != nil || got != remote {
@@ -118,10 +118,10 @@ func TestPickEndpointNetworkGateway(t *testing.T) {
 }
 
 func TestPickEndpointLocality(t *testing.T) {
-	src := &Workload{Network: "n1", Node: "node1", ClusterID: "c1", Locality: &Locality{"r1", "z1", "s1"}}
+	src := &Workload{Network: "n1", Node: "node1", Labels: &WorkloadLabels{ClusterID: "c1"}, Locality: &Locality{"r1", "z1", "s1"}}
 	mk := func(uid, network, node, region, zone string) *Workload {
 		w := wl(uid, "ns", uid, "10.0.0."+uid[len(uid)-1:])
-		w.Network, w.Node, w.ClusterID, w.Locality = network, node, "c1", &Locality{region, zone, "s1"}
+		w.Network, w.Node, w.Labels, w.Locality = network, node, &WorkloadLabels{ClusterID: "c1"}, &Locality{region, zone, "s1"}
 		return w
 	}
 	sameZone := mk("w1", "n1", "node2", "r1", "z1")
@@ -161,7 +161,7 @@ func TestPickEndpointLocality(t *testing.T) {
 			web := svc("ns", "web")
 			web.LoadBalancer = tc.lb
 			for _, w := range all {
-				w.Services = map[string]map[uint16]uint16{web.Key(): {80: 8080}}
+				w.Services = ServicesOf(map[string]map[uint16]uint16{web.Key(): {80: 8080}})
 			}
 			s := mustSnapshot(t, all, []*Service{web}, nil)
 			if tc.noneR {

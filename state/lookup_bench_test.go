@@ -23,7 +23,7 @@ func meshInput(n int) ([]*Workload, []*Service) {
 		v := ss[i%len(ss)]
 		w := &Workload{UID: "Kubernetes//Pod/" + v.Namespace + "/pod-" + strconv.Itoa(i), Namespace: v.Namespace, Name: "pod-" + strconv.Itoa(i),
 			Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})}, Protocol: ProtocolHBONE, Capacity: 1}
-		w.Services = map[string]map[uint16]uint16{v.Key(): {80: 8080}}
+		w.Services = ServicesOf(map[string]map[uint16]uint16{v.Key(): {80: 8080}})
 		ws[i] = w
 	}
 	return ws, ss
@@ -68,6 +68,18 @@ func BenchmarkLookup100k(b *testing.B) {
 	}
 	b.Run("FindWorkload", func(b *testing.B) {
 		lookupLoop(b, func(i int) bool { return s.FindWorkload(infos[i%len(infos)]) != nil })
+	})
+	// Misses: a destination outside the mesh, and a pod IP dialled
+	// directly (ResolveVIP finds no VIP; no CIDR VIP to scan here).
+	others := make([]netip.Addr, len(ips))
+	for i := range others {
+		others[i] = netip.AddrFrom4([4]byte{11, byte(i >> 16), byte(i >> 8), byte(i)})
+	}
+	b.Run("WorkloadByAddrMiss", func(b *testing.B) {
+		lookupLoop(b, func(i int) bool { return s.WorkloadByAddr("", others[i%len(others)]) == nil })
+	})
+	b.Run("ResolveVIPMiss", func(b *testing.B) {
+		lookupLoop(b, func(i int) bool { return s.ResolveVIP("", ips[i%len(ips)], "ns") == nil })
 	})
 	b.Run("ResolveVIP+Endpoints", func(b *testing.B) {
 		lookupLoop(b, func(i int) bool {

@@ -87,7 +87,7 @@ func (s *Snapshot) Authorize(c Conn) Decision {
 		nListed     int
 		listedAllow bool
 	)
-	for _, k := range w.AuthorizationPolicies {
+	for _, k := range w.AuthorizationPolicies() {
 		cp := t.lookup(k)
 		if cp == nil || !cp.enforced {
 			continue
@@ -118,7 +118,7 @@ func (s *Snapshot) Authorize(c Conn) Decision {
 			}
 		}
 	} else {
-		for _, k := range w.AuthorizationPolicies {
+		for _, k := range w.AuthorizationPolicies() {
 			if cp := t.lookup(k); cp != nil && cp.enforced && cp.p.Action == ActionAllow && cp.matches(&ec) {
 				return Decision{Allowed: true, Reason: cp.allowReason}
 			}
@@ -147,7 +147,7 @@ func (s *Snapshot) DryRunMatches(c Conn) []*Policy {
 			out = nsv.dryList(action).appendMatches(&ec, out)
 		}
 		out = t.global.dryList(action).appendMatches(&ec, out)
-		for _, k := range w.AuthorizationPolicies {
+		for _, k := range w.AuthorizationPolicies() {
 			if cp := t.lookup(k); cp != nil && !cp.enforced && cp.p.Action == action && !slices.Contains(out, cp.p) && cp.matches(&ec) {
 				out = append(out, cp.p)
 			}

@@ -175,7 +175,7 @@ func keysOf(ps []*Policy) []string {
 func describe(policies []*Policy, c Conn) string {
 	s := fmt.Sprintf("conn: src=%v dst=%v id=%+v", c.Src, c.Dst, c.SrcIdentity)
 	if c.DstWorkload != nil {
-		s += fmt.Sprintf(" workload ns=%q listed=%q", c.DstWorkload.Namespace, c.DstWorkload.AuthorizationPolicies)
+		s += fmt.Sprintf(" workload ns=%q listed=%q", c.DstWorkload.Namespace, c.DstWorkload.AuthorizationPolicies())
 	}
 	for _, p := range policies {
 		s += fmt.Sprintf("\n  %s %v %v dry=%v rules=%+v", p.Key(), p.Scope, p.Action, p.DryRun, p.Rules)
@@ -394,9 +394,13 @@ func (g *policyGen) workload(i int, keys []string) *Workload {
 	// the rest up again.
 	for range g.r.IntN(8) {
 		if len(keys) > 0 && !g.chance(4) {
-			w.AuthorizationPolicies = append(w.AuthorizationPolicies, keys[g.r.IntN(len(keys))])
+			w.editExtra(func(x *WorkloadExtra) {
+				x.AuthorizationPolicies = append(x.AuthorizationPolicies, keys[g.r.IntN(len(keys))])
+			})
 		} else {
-			w.AuthorizationPolicies = append(w.AuthorizationPolicies, g.pick("ns1/missing", "/p", "ns1"))
+			w.editExtra(func(x *WorkloadExtra) {
+				x.AuthorizationPolicies = append(x.AuthorizationPolicies, g.pick("ns1/missing", "/p", "ns1"))
+			})
 		}
 	}
 	return w

@@ -84,7 +84,7 @@ func refSelect(policies []*Policy, w *Workload) []*Policy {
 			out = append(out, p)
 		}
 	}
-	for _, k := range w.AuthorizationPolicies {
+	for _, k := range w.AuthorizationPolicies() {
 		for _, p := range sorted {
 			if p.Key() == k {
 				out = append(out, p)

@@ -16,10 +16,10 @@ import (
 func rbacDst(policyKeys ...string) *Workload {
 	return &Workload{
 		UID: "cluster1//v1/Pod/ns1/dst", Name: "dst", Namespace: "ns1", ServiceAccount: "dst",
-		Addresses:             []netip.Addr{netip.MustParseAddr("10.0.0.2")},
-		Protocol:              ProtocolHBONE,
-		AuthorizationPolicies: policyKeys,
-		Capacity:              1,
+		Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.2")},
+		Protocol:  ProtocolHBONE,
+		Extra:     &WorkloadExtra{AuthorizationPolicies: policyKeys},
+		Capacity:  1,
 	}
 }
 

@@ -180,7 +180,7 @@ func (s *Snapshot) IsWaypointFor(network string, target netip.Addr, local *Workl
 	)
 	switch {
 	case w != nil:
-		wp = w.Waypoint
+		wp = w.Waypoint()
 	case svc != nil:
 		wp, weighted = svc.Waypoint, svc.WeightedWaypoints
 	default:
@@ -216,7 +216,7 @@ func (s *Snapshot) IsWaypointFor(network string, target netip.Addr, local *Workl
 // pick_workload_destination: want itself when it is one of w's addresses;
 // else, among the addresses fam allows, the first of want's family, else
 // the first. ok is false when none qualifies: the caller then resolves
-// w.Hostname, goes through w's network gateway, or fails.
+// w.Hostname(), goes through w's network gateway, or fails.
 func SelectAddress(w *Workload, want netip.Addr, fam IPFamilies) (ip netip.Addr, ok bool) {
 	want = want.Unmap()
 	if slices.Contains(w.Addresses, want) {

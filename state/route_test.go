@@ -52,7 +52,7 @@ func TestHostnameAndAddressLookups(t *testing.T) {
 	s2 := svc("ns2", "db.example.com")
 	s2.Visibility = VisibilityNamespace
 	s3 := svc("ns3", "db.example.com")
-	hostWL := &Workload{UID: "h", Namespace: "ns1", Name: "h", Hostname: "vm.example.com", Capacity: 1}
+	hostWL := &Workload{UID: "h", Namespace: "ns1", Name: "h", Extra: &WorkloadExtra{Hostname: "vm.example.com"}, Capacity: 1}
 	ipWL := wl("ip", "ns1", "ip", "10.0.0.1")
 	s := mustSnapshot(t, []*Workload{hostWL, ipWL}, []*Service{s1, s2, s3}, nil)
 
@@ -178,21 +178,21 @@ func TestResolveGateway(t *testing.T) {
 	wpSvc.Ports = map[uint16]uint16{15008: 15008}
 	wpSvc.SubjectAltNames = []string{"spiffe://cluster.local/ns/ns/sa/wp-alt"}
 	wpPod := wl("wp-pod", "ns", "wp-pod", "10.0.0.50", "fd00::50")
-	wpPod.Services = map[string]map[uint16]uint16{wpSvc.Key(): {}}
+	wpPod.Services = ServicesOf(map[string]map[uint16]uint16{wpSvc.Key(): {}})
 
 	tunSvc := svc("ns", "tun.ns.svc", "/10.96.0.60")
 	tunSvc.Ports = map[uint16]uint16{}
 	tunPod := wl("tun-pod", "ns", "tun-pod", "10.0.0.60")
-	tunPod.ApplicationTunnel = &ApplicationTunnel{Protocol: AppTunnelProxy, Port: 15088}
-	tunPod.Services = map[string]map[uint16]uint16{tunSvc.Key(): {}}
+	tunPod.Extra = &WorkloadExtra{ApplicationTunnel: &ApplicationTunnel{Protocol: AppTunnelProxy, Port: 15088}}
+	tunPod.Services = ServicesOf(map[string]map[uint16]uint16{tunSvc.Key(): {}})
 	plainPod := wl("plain-pod", "ns", "plain-pod", "10.0.0.61")
-	plainPod.Services = map[string]map[uint16]uint16{tunSvc.Key(): {}}
+	plainPod.Services = ServicesOf(map[string]map[uint16]uint16{tunSvc.Key(): {}})
 
 	passSvc := svc("ns", "pass.ns.svc", "/10.96.0.70")
 	passSvc.LoadBalancer = &LoadBalancer{Mode: LBModePassthrough}
 
 	direct := wl("direct", "ns", "direct", "10.0.0.80")
-	vm := &Workload{UID: "vm", Namespace: "ns", Name: "vm", Hostname: "vm.example.com", Capacity: 1}
+	vm := &Workload{UID: "vm", Namespace: "ns", Name: "vm", Extra: &WorkloadExtra{Hostname: "vm.example.com"}, Capacity: 1}
 
 	s := mustSnapshot(t, []*Workload{wpPod, tunPod, plainPod, direct, vm}, []*Service{wpSvc, tunSvc, passSvc}, nil)
 	src := wl("src", "ns", "src", "10.0.0.1")
@@ -249,14 +249,14 @@ func TestWaypointMembership(t *testing.T) {
 	wpSvc.Ports = map[uint16]uint16{15008: 15008}
 	wp := wl("wp", "ns", "wp", "10.0.0.50")
 	wp.ServiceAccount = "waypoint"
-	wp.Services = map[string]map[uint16]uint16{wpSvc.Key(): {}}
+	wp.Services = ServicesOf(map[string]map[uint16]uint16{wpSvc.Key(): {}})
 	wpDirect := wl("wp2", "ns", "wp2", "10.0.0.51")
 	other := wl("other", "ns", "other", "10.0.0.52")
 
 	app := wl("app", "ns", "app", "10.0.0.10") // workload waypoint: the service
-	app.Waypoint = gwHost("ns", "wp.ns.svc", 15008)
+	app.Extra = &WorkloadExtra{Waypoint: gwHost("ns", "wp.ns.svc", 15008)}
 	app2 := wl("app2", "ns", "app2", "10.0.0.11") // workload waypoint by address
-	app2.Waypoint = gwAddr("10.0.0.51", 15008)
+	app2.Extra = &WorkloadExtra{Waypoint: gwAddr("10.0.0.51", 15008)}
 	plain := wl("plain", "ns", "plain", "10.0.0.12")
 	web := svc("ns", "web.ns.svc", "/10.96.0.10")
 	web.Waypoint = gwAddr("10.96.0.50", 15008)
@@ -317,7 +317,7 @@ func TestSelectAddress(t *testing.T) {
 	dual := wl("d", "ns", "d", "10.0.0.1", "fd00::1")
 	v6first := wl("v6", "ns", "v6", "fd00::2", "10.0.0.2")
 	only4 := wl("o4", "ns", "o4", "10.0.0.3")
-	none := &Workload{UID: "h", Hostname: "vm.example.com"}
+	none := &Workload{UID: "h", Extra: &WorkloadExtra{Hostname: "vm.example.com"}}
 	tests := []struct {
 		name   string
 		w      *Workload
@@ -362,7 +362,7 @@ func TestCapacityDistribution(t *testing.T) {
 	for i, c := range caps {
 		w := wl(string(rune('a'+i)), "ns", "w", "10.0.0."+string(rune('1'+i)))
 		w.Capacity = c
-		w.Services = map[string]map[uint16]uint16{web.Key(): {80: 8080}}
+		w.Services = ServicesOf(map[string]map[uint16]uint16{web.Key(): {80: 8080}})
 		ws = append(ws, w)
 	}
 	s := mustSnapshot(t, ws, []*Service{web}, nil)
@@ -431,7 +431,7 @@ func TestPickUpstreamHealthPolicy(t *testing.T) {
 			web.LoadBalancer = tc.lb
 			sick := wl("sick", "ns", "sick", "10.0.0.1")
 			sick.Status = Unhealthy
-			sick.Services = map[string]map[uint16]uint16{web.Key(): {}}
+			sick.Services = ServicesOf(map[string]map[uint16]uint16{web.Key(): {}})
 			s := mustSnapshot(t, []*Workload{sick}, []*Service{web}, nil)
 			w, _, err := s.PickEndpoint(nil, web, 80, nil)
 			if tc.wantSick != (w == sick) || tc.wantSick != (err == nil) {

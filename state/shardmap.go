@@ -1,7 +1,6 @@
 package state
 
 import (
-	"encoding/binary"
 	"hash/maphash"
 	"math/bits"
 	"slices"
@@ -45,27 +44,6 @@ func nonzero(h uint64) uint64 {
 }
 
 func hashString(s string) uint64 { return nonzero(maphash.String(shardSeed, s)) }
-
-// hashAddr hashes an address, and its network name when it has one (most
-// have none). The 128-bit product folded in two mixes every address bit
-// into both ends of the hash: the top bits pick the shard, the low ones
-// the slot. IPv4 takes the short path: As16 costs several times more than
-// the rest.
-func hashAddr(k NetworkAddress) uint64 {
-	var x uint64
-	if k.Addr.Is4() {
-		a := k.Addr.As4()
-		x = uint64(binary.LittleEndian.Uint32(a[:]))
-	} else {
-		a := k.Addr.As16()
-		x = binary.LittleEndian.Uint64(a[8:]) ^ bits.RotateLeft64(binary.LittleEndian.Uint64(a[:8]), 32)
-	}
-	if k.Network != "" {
-		x ^= maphash.String(shardSeed, k.Network)
-	}
-	hi, lo := bits.Mul64(x^0x243f6a8885a308d3, 0x9e3779b97f4a7c15)
-	return nonzero(hi ^ lo)
-}
 
 func hashNH(k NamespacedHostname) uint64 { return hashString(k.Hostname) }
 
@@ -200,6 +178,21 @@ func (m *shardMap[K, V]) all(f func(K, V)) {
 	}
 }
 
+// update replaces every value v by f(v), in place: only for an index its
+// caller owns whole (a fresh build's).
+func (m *shardMap[K, V]) update(f func(V) V) {
+	for _, page := range m.pages {
+		for _, t := range page {
+			t = t[:cap(t)]
+			for i := range t {
+				if t[i].h != 0 {
+					t[i].v = f(t[i].v)
+				}
+			}
+		}
+	}
+}
+
 // find returns the slot index of k (hash h) in table t (at full size), or -1.
 func find[K comparable, V any](t []slot[K, V], h uint64, k K) int {
 	n := uint64(len(t))
@@ -274,6 +267,11 @@ func shiftFor(s int) uint8 { return uint8(64 - bits.TrailingZeros(uint(s))) }
 
 func (e *shardEdit[K, V]) get(k K) V { return e.m.get(e.hash(k), k) }
 
+// hashed is the key of an index keyed by its entries' hashes alone (its
+// edit is written with setH and delH): a slot is then the hash and the
+// value, nothing more.
+type hashed struct{}
+
 // writable returns shard i's table, which the edit may then change in
 // place: a shared one is cloned first (the list of pages too, on the first
 // write of the edit, and the shard's page on the first write to it), a
@@ -307,13 +305,17 @@ func (e *shardEdit[K, V]) writable(i uint64) *[]slot[K, V] {
 	return t
 }
 
-func (e *shardEdit[K, V]) set(k K, v V) {
-	h := e.hash(k)
+func (e *shardEdit[K, V]) set(k K, v V) { e.setH(e.hash(k), k, v) }
+
+// setH is set with k's hash given.
+func (e *shardEdit[K, V]) setH(h uint64, k K, v V) {
 	i := h >> e.m.shift
 	cur := e.m.shard(i)
 	if j := find(cur[:cap(cur)], h, k); j >= 0 {
 		t := e.writable(i)
-		(*t)[:cap(*t)][j].v = v
+		// The key too: an equal key whose strings are the ones lookups
+		// pass compares by pointer, without reading the bytes.
+		(*t)[:cap(*t)][j] = slot[K, V]{h, k, v}
 		return
 	}
 	t := e.writable(i)
@@ -325,8 +327,10 @@ func (e *shardEdit[K, V]) set(k K, v V) {
 	e.m.n++
 }
 
-func (e *shardEdit[K, V]) del(k K) {
-	h := e.hash(k)
+func (e *shardEdit[K, V]) del(k K) { e.delH(e.hash(k), k) }
+
+// delH is del with k's hash given.
+func (e *shardEdit[K, V]) delH(h uint64, k K) {
 	i := h >> e.m.shift
 	cur := e.m.shard(i)
 	j := find(cur[:cap(cur)], h, k)

@@ -266,32 +266,36 @@ func equalLists(a, b map[string][]int) bool {
 	return maps.EqualFunc(a, b, func(x, y []int) bool { return slices.Equal(x, y) })
 }
 
-// TestHashAddrSpreads checks that hashAddr spreads the addresses of a /16
+// TestHashAddrSpreads checks that the address indexes' hashes spread the addresses of a /16
 // over the shards and the slots of a table alike, so that neither the top
 // bits (the shard) nor the low bits (the home slot) cluster.
 func TestHashAddrSpreads(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		addr func(i int) NetworkAddress
+		net  func(i int) uint32 // the network's handle
 	}{
 		{"ipv4", func(i int) NetworkAddress {
 			return NetworkAddress{"", addrs("10.1.0.0")[0]}.withLow(i)
-		}},
+		}, func(int) uint32 { return 0 }},
 		{"ipv6", func(i int) NetworkAddress {
 			return NetworkAddress{"", addrs("fd00::")[0]}.withLow(i)
-		}},
+		}, func(int) uint32 { return 0 }},
 		{"ipv4 on a network", func(i int) NetworkAddress {
 			return NetworkAddress{"net1", addrs("10.1.0.0")[0]}.withLow(i)
-		}},
-		{"one address on many networks", func(i int) NetworkAddress {
-			return NetworkAddress{"net" + strconv.Itoa(i), addrs("10.1.0.1")[0]}
-		}},
+		}, func(int) uint32 { return 1 }},
+		{"one address on many networks", func(int) NetworkAddress {
+			return NetworkAddress{"", addrs("10.1.0.1")[0]}
+		}, func(i int) uint32 { return uint32(i + 1) }},
+		{"one IPv6 address on many networks", func(int) NetworkAddress {
+			return NetworkAddress{"", addrs("fd00::1")[0]}
+		}, func(i int) uint32 { return uint32(i + 1) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const n, buckets = 1 << 16, 256
 			var top, low [buckets]int
 			for i := range n {
-				h := hashAddr(tc.addr(i))
+				h := hashAddrKey(tc.net(i), tc.addr(i).Addr)
 				top[h>>56]++
 				low[h%buckets]++
 			}
@@ -303,6 +307,15 @@ func TestHashAddrSpreads(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hashAddrKey returns the hash an address index gives ip on the network
+// of handle net.
+func hashAddrKey(net uint32, ip netip.Addr) uint64 {
+	if ip.Is4() {
+		return hashAddr4(addr4Key(net, ip))
+	}
+	return hashAddr6(addr6KeyOf(net, ip))
 }
 
 // withLow returns k with its address's last two bytes set to i.

@@ -15,12 +15,25 @@ var ErrInvalid = errors.New("state: invalid snapshot")
 // maxErrors bounds how many problems NewSnapshot reports at once.
 const maxErrors = 20
 
-// Endpoint is one workload serving a service, with its port map for that
-// service (service port -> target port).
+// svcMembers are a service key's workloads. members lists every workload
+// naming the service in its Services (sorted by UID), whether or not the
+// service exists or takes it as an endpoint, so that a service arriving or
+// changing its health policy finds its endpoints without a scan;
+// endpoints lists those of them that are the service's endpoints (sorted
+// by UID; members itself when they all are).
+type svcMembers struct {
+	members, endpoints []Endpoint
+}
+
+// Endpoint is one workload serving a service.
 type Endpoint struct {
 	Workload *Workload
-	Ports    map[uint16]uint16
+	svc      uint32 // the service's index in Workload.Services
 }
+
+// Ports returns the endpoint's port map for the service (service port ->
+// target port).
+func (e *Endpoint) Ports() PortMap { return e.Workload.Services.list[e.svc].Ports }
 
 // Snapshot is an immutable view of workloads, services and policies with the
 // indexes the data path needs. It is immutable once created: every method is
@@ -31,22 +44,30 @@ type Endpoint struct {
 // from this one by copying only what a change touches (see shardmap.go).
 type Snapshot struct {
 	byUID  shardMap[string, *Workload]
-	byAddr shardMap[NetworkAddress, *Workload]
-	byInfo shardMap[infoKey, []*Workload] // sorted by UID
+	byAddr addrIndex[*Workload]
+	// byInfo holds, by the hash of its namespace and name (infoKeyOf),
+	// each workload that is the only one with that hash; the hashes of two
+	// or more are in byInfoMulti instead, with their workloads sorted by
+	// UID. A pair has one workload but for a hash collision or one name in
+	// two clusters, so the common case has no list (issue 36: a list cost
+	// a slice header in the slot and an allocation, ~45 bytes a workload).
+	byInfo      shardMap[hashed, *Workload]
+	byInfoMulti shardMap[infoKey, []*Workload]
 	// byHost indexes hostname-only workloads by namespace and hostname,
 	// sorted by UID: the first (lowest UID) wins a tie.
 	byHost shardMap[NamespacedHostname, []*Workload]
 
 	svcByKey  shardMap[NamespacedHostname, *Service]
-	svcByVIP  shardMap[NetworkAddress, []*Service] // sorted by key
-	svcByHost shardMap[string, []*Service]         // sorted by key
-	cidrVIPs  []cidrVIP                            // by service key, then in the service's order
-	// members lists, by service key, every workload naming the service in
-	// its Services map (sorted by UID), whether or not the service exists
-	// or takes it as an endpoint, so that a service arriving or changing
-	// its health policy finds its endpoints without a scan.
-	members   shardMap[NamespacedHostname, []Endpoint]
-	endpoints shardMap[NamespacedHostname, []Endpoint] // sorted by UID
+	svcByVIP  addrIndex[[]*Service]        // sorted by key
+	svcByHost shardMap[string, []*Service] // sorted by key
+	cidrVIPs  []cidrVIP                    // by service key, then in the service's order
+	// svcEps holds, by service key, the members and endpoints lists
+	// (svcMembers) in one slot (issue 36: two indexes of lists cost ~60
+	// bytes more per service).
+	svcEps shardMap[NamespacedHostname, svcMembers]
+
+	// nets gives the networks of the address indexes their handles.
+	nets *netTable
 
 	// pol is the compiled policy table, shared with the snapshots derived
 	// by WithWorkloads and by Apply without a policy change.
@@ -57,10 +78,10 @@ type Snapshot struct {
 	warnings  lazyList[string]
 }
 
-// infoKey is the byInfo index's key: a hash of a workload's namespace and
-// name. Pairs with one hash share a list, which FindWorkload filters by
-// namespace and name (issue 36: a key of the two strings cost 24 more bytes
-// per slot, ~40 per workload).
+// infoKey is the hash of a workload's namespace and name that byInfo and
+// byInfoMulti are keyed by. Pairs with one hash share an entry, which
+// FindWorkload filters by namespace and name (issue 36: a key of the two
+// strings cost 24 more bytes per slot, ~40 per workload).
 type infoKey uint64
 
 func infoKeyOf(ns, name string) infoKey {
@@ -82,7 +103,7 @@ func Empty() *Snapshot {
 // policies into a table with a new PolicyGeneration (or generation 0 when
 // there are none). It takes ownership: callers must not modify the values
 // afterwards. Service endpoints are derived
-// from the workloads' Services maps; unhealthy workloads are left out unless
+// from the workloads' Services; unhealthy workloads are left out unless
 // the service's health policy is LBAllowAll.
 //
 // It rejects duplicate workload UIDs, service keys and policy keys, two
@@ -172,8 +193,11 @@ func (s *Snapshot) WorkloadByUID(uid string) *Workload { return s.byUID.get(hash
 // WorkloadByAddr returns the workload that owns ip on network, or nil.
 // Host-network workloads are never returned: their addresses are the node's.
 func (s *Snapshot) WorkloadByAddr(network string, ip netip.Addr) *Workload {
-	k := NetworkAddress{network, ip.Unmap()}
-	return s.byAddr.get(hashAddr(k), k)
+	id, ip, ok := s.lookupAddr(network, ip)
+	if !ok {
+		return nil
+	}
+	return s.byAddr.get(id, ip)
 }
 
 // ServiceByKey returns the service with key "namespace/hostname", or nil.
@@ -196,8 +220,11 @@ func (s *Snapshot) ServicesByHostname(host string) []*Service {
 // When several services share the VIP, a canonical one wins, then the first
 // by key. Clients that know their namespace use ResolveVIP instead.
 func (s *Snapshot) ServiceByVIP(network string, ip netip.Addr) *Service {
-	k := NetworkAddress{network, ip.Unmap()}
-	return bestService(s.svcByVIP.get(hashAddr(k), k), "", "", false, nil)
+	id, ip, ok := s.lookupAddr(network, ip)
+	if !ok {
+		return nil
+	}
+	return bestService(s.svcByVIP.get(id, ip), "", "", false, nil)
 }
 
 // ResolveVIP returns the service a client in namespace clientNS reaches by
@@ -221,9 +248,10 @@ func (s *Snapshot) ResolveVIPPreferring(network string, ip netip.Addr, clientNS,
 // visibility is not checked and no namespace is preferred.
 func (s *Snapshot) resolveVIP(network string, ip netip.Addr, clientNS, preferredNS string, useNS bool) *Service {
 	ip = ip.Unmap()
-	k := NetworkAddress{network, ip}
-	if svc := bestService(s.svcByVIP.get(hashAddr(k), k), clientNS, preferredNS, useNS, nil); svc != nil {
-		return svc
+	if id, ip, ok := s.lookupAddr(network, ip); ok {
+		if svc := bestService(s.svcByVIP.get(id, ip), clientNS, preferredNS, useNS, nil); svc != nil {
+			return svc
+		}
 	}
 	var (
 		best     *Service
@@ -290,7 +318,7 @@ func b2i(b bool) int {
 // health policy is LBAllowAll.
 func (s *Snapshot) Endpoints(svc *Service) []Endpoint {
 	k := NamespacedHostname{svc.Namespace, svc.Hostname}
-	return s.endpoints.get(hashNH(k), k)
+	return s.svcEps.get(hashNH(k), k).endpoints
 }
 
 // WorkloadInfo identifies the workload a dedicated proxy serves
@@ -316,14 +344,26 @@ func (s *Snapshot) FindWorkload(info WorkloadInfo) *Workload {
 		sa = "default"
 	}
 	k := infoKeyOf(info.Namespace, info.Name)
-	for _, w := range s.byInfo.get(hashInfo(k), k) {
-		if w.Name == info.Name && w.Namespace == info.Namespace &&
-			(info.Node == "" || w.Node == info.Node) && (info.Cluster == "" || w.ClusterID == "" || w.ClusterID == info.Cluster) &&
-			w.Identity().ServiceAccount == sa {
+	if w := s.byInfo.get(hashInfo(k), hashed{}); w != nil {
+		if info.matches(w, sa) {
+			return w
+		}
+		return nil
+	}
+	for _, w := range s.byInfoMulti.get(hashInfo(k), k) {
+		if info.matches(w, sa) {
 			return w
 		}
 	}
 	return nil
+}
+
+// matches reports whether w is the workload info names, sa being info's
+// service account after defaulting.
+func (info *WorkloadInfo) matches(w *Workload, sa string) bool {
+	return w.Name == info.Name && w.Namespace == info.Namespace &&
+		(info.Node == "" || w.Node == info.Node) && (info.Cluster == "" || w.ClusterID() == "" || w.ClusterID() == info.Cluster) &&
+		w.Identity().ServiceAccount == sa
 }
 
 // DiffWorkloads calls fn for every workload s and prev differ in, in no

@@ -62,12 +62,12 @@ func TestNewSnapshotErrors(t *testing.T) {
 		{name: "address with zone", workloads: []*Workload{wl("a", "ns", "a", "fe80::1%eth0")}, want: []string{"invalid address"}},
 		{name: "bad protocol", workloads: []*Workload{{UID: "a", Protocol: 7}}, want: []string{"invalid protocol 7"}},
 		{name: "bad status", workloads: []*Workload{{UID: "a", Status: 3}}, want: []string{"invalid status 3"}},
-		{name: "bad service key", workloads: []*Workload{{UID: "a", Services: map[string]map[uint16]uint16{"nohost": nil}}},
+		{name: "bad service key", workloads: []*Workload{{UID: "a", Services: ServicesOf(map[string]map[uint16]uint16{"nohost": nil})}},
 			want: []string{`service key "nohost" is not namespace/hostname`}},
-		{name: "gateway with both destinations", workloads: []*Workload{{UID: "a", Waypoint: &GatewayAddress{
-			Hostname: &NamespacedHostname{"ns", "wp"}, Address: &NetworkAddress{"", netip.MustParseAddr("10.0.0.1")}}}},
+		{name: "gateway with both destinations", workloads: []*Workload{{UID: "a", Extra: &WorkloadExtra{Waypoint: &GatewayAddress{
+			Hostname: &NamespacedHostname{"ns", "wp"}, Address: &NetworkAddress{"", netip.MustParseAddr("10.0.0.1")}}}}},
 			want: []string{"waypoint: exactly one of address and hostname"}},
-		{name: "gateway with neither", workloads: []*Workload{{UID: "a", NetworkGateway: &GatewayAddress{}}},
+		{name: "gateway with neither", workloads: []*Workload{{UID: "a", Extra: &WorkloadExtra{NetworkGateway: &GatewayAddress{}}}},
 			want: []string{"network gateway: exactly one"}},
 		{name: "duplicate service", services: []*Service{svc("ns", "a.ns"), svc("ns", "a.ns")}, want: []string{"service ns/a.ns: duplicate service key"}},
 		{name: "service without hostname", services: []*Service{svc("ns", "")}, want: []string{"hostname is empty"}},
@@ -116,7 +116,7 @@ func TestNewSnapshotManyErrorsAreBounded(t *testing.T) {
 
 func TestAddressesPerNetwork(t *testing.T) {
 	a := wl("a", "ns", "a", "10.0.0.1", "fd00::1")
-	b := wl("b", "ns", "b", "10.0.0.1")
+	b := wl("b", "ns", "b", "10.0.0.1", "fd00::1")
 	b.Network = "net2"
 	host1 := wl("h1", "ns", "h1", "192.168.1.1")
 	host1.NetworkMode = NetworkModeHostNetwork
@@ -132,11 +132,16 @@ func TestAddressesPerNetwork(t *testing.T) {
 		{"", "::ffff:10.0.0.1", a},
 		{"", "fd00::1", a},
 		{"net2", "10.0.0.1", b},
+		{"net2", "fd00::1", b},
+		{"net2", "::ffff:10.0.0.1", b},
 		{"net3", "10.0.0.1", nil},
+		{"", "fd00::1%eth0", nil}, // no indexed address has a zone
+		{"", "", nil},
 		{"", "10.0.0.2", nil},
 		{"", "192.168.1.1", nil}, // host network workloads are not indexed
 	} {
-		if got := s.WorkloadByAddr(tc.network, netip.MustParseAddr(tc.ip)); got != tc.want {
+		ip, _ := netip.ParseAddr(tc.ip) // "": the zero Addr
+		if got := s.WorkloadByAddr(tc.network, ip); got != tc.want {
 			t.Errorf("WorkloadByAddr(%q, %s) = %v, want %v", tc.network, tc.ip, got, tc.want)
 		}
 	}
@@ -243,15 +248,17 @@ func TestEndpoints(t *testing.T) {
 	w2.Status = Unhealthy
 	w3 := wl("w3", "ns", "w3", "10.0.0.3")
 	for _, w := range []*Workload{w1, w2, w3} {
-		w.Services = map[string]map[uint16]uint16{
+		w.Services = ServicesOf(map[string]map[uint16]uint16{
 			web.Key(): {80: 8080}, all.Key(): {}, "ns/missing.ns.svc.cluster.local": {80: 1},
-		}
+		})
 	}
-	w3.Services[web.Key()] = map[uint16]uint16{80: 9090}
+	w3.Services = ServicesOf(map[string]map[uint16]uint16{
+		web.Key(): {80: 9090}, all.Key(): {}, "ns/missing.ns.svc.cluster.local": {80: 1},
+	})
 	s := mustSnapshot(t, []*Workload{w3, w2, w1}, []*Service{web, all}, nil)
 
 	eps := s.Endpoints(web)
-	if len(eps) != 2 || eps[0].Workload != w1 || eps[1].Workload != w3 || eps[1].Ports[80] != 9090 {
+	if len(eps) != 2 || eps[0].Workload != w1 || eps[1].Workload != w3 || !slices.Equal(eps[1].Ports(), PortMap{{80, 9090}}) {
 		t.Errorf("web endpoints = %+v", eps)
 	}
 	if eps := s.Endpoints(all); len(eps) != 3 {
@@ -270,11 +277,11 @@ func TestFindWorkload(t *testing.T) {
 	b.ServiceAccount = "web"
 	c := wl("c", "ns", "pod", "10.0.0.3")
 	c.Node = "node2"
-	c.ClusterID = "east"
+	c.Labels = &WorkloadLabels{ClusterID: "east"}
 	// d is c's twin in another cluster, on a node of the same name.
 	d := wl("0-d", "ns", "pod", "10.0.0.4")
 	d.Node = "node2"
-	d.ClusterID = "west"
+	d.Labels = &WorkloadLabels{ClusterID: "west"}
 	s := mustSnapshot(t, []*Workload{c, b, a, d}, nil, nil)
 	for _, tc := range []struct {
 		info WorkloadInfo
@@ -301,7 +308,7 @@ func TestIdentityDefaults(t *testing.T) {
 	if got := w.Identity().String(); got != "spiffe://cluster.local/ns/ns/sa/default" {
 		t.Errorf("Identity = %q", got)
 	}
-	w.TrustDomain, w.ServiceAccount = "example.org", "web"
+	w.Labels, w.ServiceAccount = &WorkloadLabels{TrustDomain: "example.org"}, "web"
 	if got := w.Identity().String(); got != "spiffe://example.org/ns/ns/sa/web" {
 		t.Errorf("Identity = %q", got)
 	}
@@ -405,7 +412,7 @@ func benchInput(n int) ([]*Workload, []*Service) {
 	}
 	for i := range ws {
 		ws[i] = wl("uid-"+itoa(i), "ns", "pod-"+itoa(i), "10.0."+itoa(i/250)+"."+itoa(i%250+1))
-		ws[i].Services = map[string]map[uint16]uint16{ss[i%len(ss)].Key(): {80: 8080}}
+		ws[i].Services = ServicesOf(map[string]map[uint16]uint16{ss[i%len(ss)].Key(): {80: 8080}})
 	}
 	return ws, ss
 }

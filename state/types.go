@@ -158,17 +158,16 @@ type Workload struct {
 	Name           string
 	Namespace      string
 	ServiceAccount string // "" means "default" (see Identity)
-	TrustDomain    string // "" means identity.DefaultTrustDomain
 	Network        string
 	Node           string
-	ClusterID      string
 
-	WorkloadName      string
-	WorkloadType      string // lower-case kind, e.g. "deployment", "pod"
-	CanonicalName     string
-	CanonicalRevision string
-	// Hostname is set for workloads that have a DNS name instead of addresses.
-	Hostname string
+	// Labels holds what a deployment's replicas have in common and is
+	// read less often than the rest: the names telemetry labels traffic
+	// with, the trust domain and the cluster ID; nil when all are empty
+	// (issue 36: inline they were 96 bytes of every record; converters
+	// share one value among the replicas). Read them through the
+	// accessors of the same names.
+	Labels *WorkloadLabels
 
 	Addresses []netip.Addr
 
@@ -178,16 +177,98 @@ type Workload struct {
 	Status       HealthStatus
 	NetworkMode  NetworkMode
 	NativeTunnel bool
-	// lostAddrs has bit i set when Addresses[i] is shared with another
-	// workload that wins it (Writer's ranking): the address stays the
-	// workload's own, dialled when it is picked as a service's endpoint,
-	// but resolves to the winner, as ztunnel keeps every workload's
-	// workload_ips and ranks only its by-address index.
-	lostAddrs uint8
 	// Capacity is the workload's load-balancing weight. Converters fill 1
 	// when the source leaves it unset; 0 means the workload never receives
 	// service traffic.
 	Capacity uint32
+
+	// Extra holds the fields most workloads leave empty, nil when all of
+	// them are (issue 36: inline they were 64 bytes of every record). Read them
+	// through the accessors of the same names, which take a nil Extra for
+	// empty fields.
+	Extra *WorkloadExtra
+
+	// Services lists the "namespace/hostname" keys of the services this
+	// workload is an endpoint of, each with the workload's port map for it
+	// (service port -> target port). Converters share one set among the
+	// workloads that have the same (a deployment's replicas).
+	Services *ServiceSet
+
+	// Locality is nil for a workload without one; converters share one
+	// value among the workloads of a locality (issue 36: inline, its three
+	// strings were 48 bytes of every record). Read it through Value.
+	Locality *Locality
+}
+
+// WorkloadLabels are the names of a workload's deployment that telemetry
+// labels its traffic with. The struct is comparable, so that converters can
+// share equal values.
+type WorkloadLabels struct {
+	WorkloadName      string
+	WorkloadType      string // lower-case kind, e.g. "deployment", "pod"
+	CanonicalName     string
+	CanonicalRevision string
+	TrustDomain       string // "" means identity.DefaultTrustDomain
+	ClusterID         string
+}
+
+// TrustDomain returns the workload's trust domain, "" meaning
+// identity.DefaultTrustDomain (Labels.TrustDomain).
+func (w *Workload) TrustDomain() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.TrustDomain
+}
+
+// ClusterID returns the ID of the workload's cluster (Labels.ClusterID).
+func (w *Workload) ClusterID() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.ClusterID
+}
+
+// WorkloadName returns the name of the workload's deployment (or other
+// owner), Labels.WorkloadName.
+func (w *Workload) WorkloadName() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.WorkloadName
+}
+
+// WorkloadType returns the lower-case kind of the workload's owner, e.g.
+// "deployment", "pod" (Labels.WorkloadType).
+func (w *Workload) WorkloadType() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.WorkloadType
+}
+
+// CanonicalName returns the workload's canonical service name
+// (Labels.CanonicalName).
+func (w *Workload) CanonicalName() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.CanonicalName
+}
+
+// CanonicalRevision returns the workload's canonical revision
+// (Labels.CanonicalRevision).
+func (w *Workload) CanonicalRevision() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.CanonicalRevision
+}
+
+// WorkloadExtra is the part of a Workload most workloads leave empty.
+type WorkloadExtra struct {
+	// Hostname is set for workloads that have a DNS name instead of addresses.
+	Hostname string
 
 	Waypoint          *GatewayAddress
 	NetworkGateway    *GatewayAddress
@@ -197,20 +278,81 @@ type Workload struct {
 	// WORKLOAD_SELECTOR policies that select this workload.
 	AuthorizationPolicies []string
 
-	// Services maps "namespace/hostname" service keys to this workload's port
-	// map for that service: service port -> target port.
-	Services map[string]map[uint16]uint16
+	// lostAddrs has bit i set when the workload's Addresses[i] is shared
+	// with another workload that wins it (Writer's ranking): the address
+	// stays the workload's own, dialled when it is picked as a service's
+	// endpoint, but resolves to the winner, as ztunnel keeps every
+	// workload's workload_ips and ranks only its by-address index. Only
+	// the Writer's copies of such workloads set it (rare: in the record it
+	// took the small fields past one word).
+	lostAddrs uint8
+}
 
-	// Locality is nil for a workload without one; converters share one
-	// value among the workloads of a locality (issue 36: inline, its three
-	// strings were 48 bytes of every record). Read it through Value.
-	Locality *Locality
+// IsZero reports whether every field of x is empty (a workload then needs
+// no Extra).
+func (x *WorkloadExtra) IsZero() bool {
+	return x == nil || x.Hostname == "" && x.Waypoint == nil && x.NetworkGateway == nil &&
+		x.ApplicationTunnel == nil && len(x.AuthorizationPolicies) == 0 && x.lostAddrs == 0
+}
+
+// SetExtra sets w.Extra to a copy of x, or to nil when x is empty.
+func (w *Workload) SetExtra(x WorkloadExtra) {
+	if x.IsZero() {
+		w.Extra = nil
+		return
+	}
+	w.Extra = &x
+}
+
+// Hostname is set for workloads that have a DNS name instead of addresses
+// (Extra.Hostname).
+func (w *Workload) Hostname() string {
+	if w.Extra == nil {
+		return ""
+	}
+	return w.Extra.Hostname
+}
+
+// Waypoint returns the workload's waypoint, or nil (Extra.Waypoint).
+func (w *Workload) Waypoint() *GatewayAddress {
+	if w.Extra == nil {
+		return nil
+	}
+	return w.Extra.Waypoint
+}
+
+// NetworkGateway returns the gateway that reaches the workload from other
+// networks, or nil (Extra.NetworkGateway).
+func (w *Workload) NetworkGateway() *GatewayAddress {
+	if w.Extra == nil {
+		return nil
+	}
+	return w.Extra.NetworkGateway
+}
+
+// ApplicationTunnel returns how the workload accepts tunneled traffic
+// itself, or nil (Extra.ApplicationTunnel).
+func (w *Workload) ApplicationTunnel() *ApplicationTunnel {
+	if w.Extra == nil {
+		return nil
+	}
+	return w.Extra.ApplicationTunnel
+}
+
+// AuthorizationPolicies lists the "namespace/name" keys of the
+// WORKLOAD_SELECTOR policies that select the workload
+// (Extra.AuthorizationPolicies).
+func (w *Workload) AuthorizationPolicies() []string {
+	if w.Extra == nil {
+		return nil
+	}
+	return w.Extra.AuthorizationPolicies
 }
 
 // Identity returns the workload's SPIFFE identity, filling Istio's defaults
 // for an empty trust domain (cluster.local) and service account (default).
 func (w *Workload) Identity() identity.Identity {
-	return identity.New(w.TrustDomain, w.Namespace, w.ServiceAccount)
+	return identity.New(w.TrustDomain(), w.Namespace, w.ServiceAccount)
 }
 
 // IPFamilies restricts which address families of a service's endpoints are
@@ -315,7 +457,7 @@ type WeightedWaypoint struct {
 }
 
 // Service is a named set of endpoints with virtual addresses. Its endpoints are
-// not stored here: a Snapshot derives them from the workloads' Services maps.
+// not stored here: a Snapshot derives them from the workloads' Services.
 // Values reachable from a Snapshot are shared and must not be modified.
 type Service struct {
 	Name      string

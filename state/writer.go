@@ -47,8 +47,11 @@ type Writer struct {
 	pending    map[string]*Workload
 	originals  map[string]*Workload
 	nWorkloads int
-	// services holds every service by namespace/hostname.
-	services map[string]*Service
+	// The services held are the last snapshot's, except that pendingS
+	// holds those changed since it was built (by namespace/hostname; nil:
+	// removed): no table of its own either (issue 36: ~80 B per service).
+	pendingS  map[string]*Service
+	nServices int
 	// policies holds every policy by resource name, and policyKeys the
 	// resource name that owns each namespace/name key.
 	policies   map[string]*Policy
@@ -62,12 +65,12 @@ type Writer struct {
 	// Writer no address table of its own (issue 36: ~60 B per workload).
 	addrs     map[NetworkAddress]*Workload
 	conflicts map[NetworkAddress][]*Workload
-	// last is the last snapshot built; pending and the dirty sets hold the
-	// workloads, service keys and policy keys that may differ from it, so
+	// last is the last snapshot built; pending, pendingS and dirtyP hold
+	// the workloads, services and policy keys that may differ from it, so
 	// that the next snapshot is derived from it by a delta
 	// (Snapshot.Apply).
-	last           *Snapshot
-	dirtyS, dirtyP map[string]struct{}
+	last   *Snapshot
+	dirtyP map[string]struct{}
 }
 
 // Base is the static configuration a Writer starts from (a local config
@@ -93,12 +96,11 @@ func NewWriter(store *Store, base *Base, logf func(string, ...any)) (*Writer, er
 		logf:       logf,
 		pending:    map[string]*Workload{},
 		originals:  map[string]*Workload{},
-		services:   map[string]*Service{},
+		pendingS:   map[string]*Service{},
 		policies:   map[string]*Policy{},
 		policyKeys: map[string]string{},
 		addrs:      map[NetworkAddress]*Workload{},
 		conflicts:  map[NetworkAddress][]*Workload{},
-		dirtyS:     map[string]struct{}{},
 		dirtyP:     map[string]struct{}{},
 	}
 	w.mu.Lock()
@@ -111,7 +113,8 @@ func NewWriter(store *Store, base *Base, logf func(string, ...any)) (*Writer, er
 			w.putWorkloadLocked(wl, nil)
 		}
 		for _, s := range base.Services {
-			w.services[s.Key()] = s
+			w.pendingS[s.Key()] = s
+			w.nServices++
 		}
 		for _, p := range base.Policies {
 			w.policies[p.Key()] = p
@@ -181,23 +184,38 @@ func (tx *Tx) RemoveWorkload(uid string) bool {
 func (tx *Tx) PutService(s *Service) {
 	w := tx.w
 	key := s.Key()
-	prev := w.services[key]
-	w.services[key] = s
-	w.dirtyS[key] = struct{}{}
+	prev := w.serviceLocked(key)
+	w.pendingS[key] = s
+	if prev == nil {
+		w.nServices++
+	}
 	tx.undos = append(tx.undos, func() {
-		w.dirtyS[key] = struct{}{}
-		if prev != nil {
-			w.services[key] = prev
-		} else {
-			delete(w.services, key)
+		w.pendingS[key] = prev // nil: removed, as it was
+		if prev == nil {
+			w.nServices--
 		}
 	})
 }
 
 // RemoveService removes the service with key, if any.
 func (tx *Tx) RemoveService(key string) {
-	delete(tx.w.services, key)
-	tx.w.dirtyS[key] = struct{}{}
+	w := tx.w
+	if w.serviceLocked(key) == nil {
+		return
+	}
+	w.pendingS[key] = nil
+	w.nServices--
+}
+
+// serviceLocked returns the service held under key, or nil.
+func (w *Writer) serviceLocked(key string) *Service {
+	if s, ok := w.pendingS[key]; ok {
+		return s
+	}
+	if w.last == nil {
+		return nil
+	}
+	return w.last.ServiceByKey(key)
 }
 
 // PutPolicy inserts or replaces the policy held under resource name. A
@@ -232,7 +250,7 @@ func (tx *Tx) RemovePolicy(name string) { tx.w.removePolicyLocked(name) }
 func (w *Writer) Counts() (workloads, services, policies int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.nWorkloads, len(w.services), len(w.policies)
+	return w.nWorkloads, w.nServices, len(w.policies)
 }
 
 // workloadLocked returns the workload held under uid, as it was put, or
@@ -259,7 +277,7 @@ func (w *Writer) holderLocked(k NetworkAddress) *Workload {
 	if w.last == nil {
 		return nil
 	}
-	if pub := w.last.byAddr.get(hashAddr(k), k); pub != nil {
+	if pub := w.last.WorkloadByAddr(k.Network, k.Addr); pub != nil {
 		return w.workloadLocked(pub.UID)
 	}
 	return nil
@@ -420,8 +438,17 @@ func winner(list []*Workload) *Workload {
 // without it.
 const maxLostAddrs = 8
 
+// lostAddrs returns the bits of w's addresses that resolve to another
+// workload (WorkloadExtra.lostAddrs).
+func (w *Workload) lostAddrs() uint8 {
+	if w.Extra == nil {
+		return 0
+	}
+	return w.Extra.lostAddrs
+}
+
 // losesAddr reports whether w's Addresses[i] resolves to another workload.
-func (w *Workload) losesAddr(i int) bool { return i < maxLostAddrs && w.lostAddrs&(1<<i) != 0 }
+func (w *Workload) losesAddr(i int) bool { return i < maxLostAddrs && w.lostAddrs()&(1<<i) != 0 }
 
 // withoutAddrs returns w itself if lost is empty (and w marks none, as a
 // copy of a published workload put back would), else a copy of w whose
@@ -429,21 +456,26 @@ func (w *Workload) losesAddr(i int) bool { return i < maxLostAddrs && w.lostAddr
 // copy keeps them, as a service endpoint is dialled on them, but the
 // snapshot resolves them to the winner.
 func withoutAddrs(w *Workload, lost []netip.Addr) *Workload {
-	if lost == nil && w.lostAddrs == 0 {
+	if lost == nil && w.lostAddrs() == 0 {
 		return w
 	}
 	cp := *w
-	cp.lostAddrs = 0
+	var x WorkloadExtra // a copy of w's: the original may be shared
+	if w.Extra != nil {
+		x = *w.Extra
+	}
+	x.lostAddrs = 0
 	cp.Addresses = make([]netip.Addr, 0, len(w.Addresses))
 	for _, ip := range w.Addresses {
 		if slices.Contains(lost, ip.Unmap()) {
 			if len(cp.Addresses) >= maxLostAddrs {
 				continue
 			}
-			cp.lostAddrs |= 1 << len(cp.Addresses)
+			x.lostAddrs |= 1 << len(cp.Addresses)
 		}
 		cp.Addresses = append(cp.Addresses, ip)
 	}
+	cp.SetExtra(x)
 	return &cp
 }
 
@@ -467,7 +499,7 @@ func (w *Writer) buildLocked() (*Snapshot, error) {
 	w.last = snap
 	resetDirty(&w.pending)
 	resetDirty(&w.addrs)
-	resetDirty(&w.dirtyS)
+	resetDirty(&w.pendingS)
 	resetDirty(&w.dirtyP)
 	return snap, nil
 }
@@ -500,8 +532,8 @@ func (w *Writer) deltaLocked() Delta {
 			delete(w.originals, uid)
 		}
 	}
-	for key := range w.dirtyS {
-		if s := w.services[key]; s != nil {
+	for key, s := range w.pendingS {
+		if s != nil {
 			d.Services = append(d.Services, s)
 		} else {
 			d.RemovedServices = append(d.RemovedServices, key)
@@ -554,9 +586,18 @@ func (w *Writer) buildFullLocked() (*Snapshot, error) {
 	for _, wl := range held {
 		workloads = append(workloads, w.publishedLocked(wl))
 	}
-	services := make([]*Service, 0, len(w.services))
-	for _, s := range w.services {
-		services = append(services, s)
+	services := make([]*Service, 0, w.nServices)
+	for _, s := range w.pendingS {
+		if s != nil {
+			services = append(services, s)
+		}
+	}
+	if w.last != nil {
+		w.last.svcByKey.all(func(nh NamespacedHostname, s *Service) {
+			if _, changed := w.pendingS[nh.String()]; !changed {
+				services = append(services, s)
+			}
+		})
 	}
 	policies := make([]*Policy, 0, len(w.policies))
 	for _, p := range w.policies {

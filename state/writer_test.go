@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -15,13 +16,15 @@ import (
 // tcp, with one address and a port map for each service key.
 func writerWorkload(uid, ip string, tcp bool, services ...string) *Workload {
 	w := &Workload{UID: uid, Name: uid, Namespace: "ns", Protocol: ProtocolHBONE, Capacity: 1,
-		Addresses: []netip.Addr{netip.MustParseAddr(ip)}, Services: map[string]map[uint16]uint16{}}
+		Addresses: []netip.Addr{netip.MustParseAddr(ip)}}
 	if tcp {
 		w.Protocol = ProtocolTCP
 	}
+	m := map[string]map[uint16]uint16{}
 	for _, k := range services {
-		w.Services[k] = map[uint16]uint16{80: 8080}
+		m[k] = map[uint16]uint16{80: 8080}
 	}
+	w.Services = ServicesOf(m)
 	return w
 }
 
@@ -150,7 +153,7 @@ func TestWriterRanksSharedAddresses(t *testing.T) {
 		}
 		for _, w := range []*Workload{tc.first, tc.second} {
 			if w.UID == loser {
-				w.Services = map[string]map[uint16]uint16{svc.Key(): nil}
+				w.Services = ServicesOf(map[string]map[uint16]uint16{svc.Key(): nil})
 			}
 			if err := x.Update(func(tx *Tx) { tx.PutWorkload(w) }); err != nil {
 				t.Fatal(err)
@@ -406,5 +409,56 @@ func TestWriterHoldsNoWorkloadTable(t *testing.T) {
 	runtime.KeepAlive(x)
 	if extra := (int64(withWriter) - int64(bare)) / n; extra > 32 {
 		t.Errorf("the Writer retains %d B per workload beyond its snapshot's %d", extra, bare/n)
+	}
+}
+
+// TestWriterHoldsNoServiceTable: nor does it keep a table of services: it
+// finds them in the snapshot's index (issue 36: a map by key cost ~80 B
+// per service).
+func TestWriterHoldsNoServiceTable(t *testing.T) {
+	const n = 20000
+	mk := func() []*Service {
+		ss := make([]*Service, n)
+		for i := range ss {
+			ns := "ns-" + strconv.Itoa(i%100)
+			ss[i] = &Service{Name: "svc-" + strconv.Itoa(i), Namespace: ns, Hostname: "svc-" + strconv.Itoa(i) + "." + ns + ".svc.cluster.local"}
+		}
+		return ss
+	}
+	heap := func() uint64 {
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	ss := mk()
+	base := heap()
+	snap, err := NewSnapshot(nil, ss, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare := heap() - base
+	runtime.KeepAlive(snap)
+
+	ss = mk()
+	base = heap()
+	x, err := NewWriter(NewStore(nil), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Update(func(tx *Tx) {
+		for _, s := range ss {
+			tx.PutService(s)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	withWriter := heap() - base
+	runtime.KeepAlive(x)
+	if extra := (int64(withWriter) - int64(bare)) / n; extra > 16 {
+		t.Errorf("the Writer retains %d B per service beyond its snapshot's %d", extra, bare/n)
+	}
+	if _, got, _ := x.Counts(); got != n {
+		t.Errorf("Counts: %d services, want %d", got, n)
 	}
 }

@@ -27,6 +27,12 @@
 // daemons' collector (GODEBUG=gctrace=1 lines in their log), and returns a
 // report.Load.
 //
+// RunClients is issue 36's "two clients, two verdicts" (`zbench --clients`):
+// on the daemons' one- and two-hop paths and HAProxy's, zload's round trip
+// and one stream, a blocking Python round-trip client (rrclient.py, embedded)
+// and iperf3's one stream (its servers and an HAProxy pair in front of one
+// added to the lab), rounds interleaved; WriteClients writes CLIENTS.md.
+//
 // Imports (of ours): bench/load, bench/report, internal/labrun and
 // internal/netnslab. Imported by: bench/cmd/zbench.
 package harness

@@ -4,7 +4,7 @@
 // reader, a vanishing peer, abort, drain and close. It uses real loopback
 // sockets. Every scenario runs TCP⇄TCP, TCP⇄Stream (a fake HBONE stream
 // with goroutines of its own) and TCP⇄MuxStream: a stream of Mux, a fake
-// multiplexed connection that the relay's loop owns (engine.StartConn)
+// multiplexed connection that the relay's loop owns (engine.TakeConn)
 // where the backend allows, with MuxPeer, its far end, bridging each
 // stream to a socket.
 //

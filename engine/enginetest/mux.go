@@ -8,7 +8,6 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/ztunnel-go/ztunnel/engine"
 	"golang.org/x/sys/unix"
@@ -16,7 +15,7 @@ import (
 
 // Mux is a fake multiplexed connection standing in for a pooled HBONE
 // connection, so that the suite runs every scenario with the stream's
-// connection owned by the relay's loop (engine.StartConn) without
+// connection owned by the relay's loop (engine.TakeConn) without
 // depending on hbone. Its streams (MuxStream) are StreamEndpoints and
 // Homed; on the wire each frame is "kind, stream id, length, payload"
 // (muxHeader bytes, then the payload), with per-stream flow control in
@@ -26,8 +25,8 @@ import (
 //
 // Driven by the loop, it is a ConnDriver: Readable parses frames and
 // hands payloads to the relays (TryDeliver when nothing is buffered,
-// else a WakeFrom), commits wake the connection and leave in its Flush.
-// Where StartConn answers ErrUnsupported (std, uring) it falls back to a
+// else the handle's WakeLocal), commits wake the connection and leave in its Flush.
+// Where TakeConn answers ErrUnsupported (std, uring) it falls back to a
 // reader and a writer goroutine, as hbone's goroutine driver does, and
 // the relays then run on goroutines too.
 //
@@ -50,7 +49,7 @@ type Mux struct {
 	wq      []byte // committed frames not yet handed to the socket
 	queued  int    // bytes committed and not yet written (wq and unsent)
 	closing bool   // goroutine mode: close once wq is out
-	local   bool   // loop mode: inside a driver callback (WakeFrom is allowed)
+	local   bool   // loop mode: inside a driver callback (WakeLocal is allowed)
 
 	// Loop mode, owned by the loop goroutine.
 	in     []byte // input not yet parsed
@@ -59,8 +58,8 @@ type Mux struct {
 	done chan struct{} // closed when the connection is over
 
 	// Flushes counts the driver's Flush calls, Commits the frames
-	// committed, Ticks the Tick calls (tests).
-	Flushes, Commits, Ticks atomic.Int64
+	// committed (tests).
+	Flushes, Commits atomic.Int64
 }
 
 // Frame kinds.
@@ -126,7 +125,7 @@ type MuxOptions struct {
 	// ends, as a pool drops an unused connection.
 	AutoClose bool
 	// NoHome makes the streams report no Home, so their relays are placed
-	// round-robin and the Mux's WakeFrom may come from another loop.
+	// round-robin and the Mux's WakeLocal may come from another loop.
 	NoHome bool
 	// Goroutines drives the connection with goroutines without asking
 	// the engine (benchmarks: today's reader-goroutine path).
@@ -134,32 +133,31 @@ type MuxOptions struct {
 }
 
 // NewMux makes the engine side of a Mux over c: loop-owned through
-// e.StartConn, or with goroutines where StartConn says ErrUnsupported;
-// err is StartConn's answer. With another error (the engine is closed)
+// e.TakeConn, or with goroutines where TakeConn says ErrUnsupported;
+// err is TakeConn's answer. With another error (the engine is closed)
 // the Mux is over from the start: its streams fail.
 func NewMux(e *engine.Engine, c *net.TCPConn, opt MuxOptions) (*Mux, error) {
 	m := &Mux{fd: -1, streams: make(map[uint32]*MuxStream), done: make(chan struct{}), autoClose: opt.AutoClose, noHome: opt.NoHome}
 	m.cond.L = &m.mu
-	// Held until the handle is known: the loop's first Readable waits.
-	m.mu.Lock()
 	h, err := (*engine.ConnHandle)(nil), engine.ErrUnsupported
 	if !opt.Goroutines {
-		h, err = e.StartConn(c, muxDriver{m}, func(fd int) error { m.fd = fd; return nil })
+		h, err = e.TakeConn(c, muxDriver{m}, func(fd int) error { m.fd = fd; return nil })
 	}
 	switch {
 	case err == nil:
+		// Known before the loop can call the driver.
 		m.h = h
-		m.mu.Unlock()
+		h.Start()
 		return m, nil
 	case errors.Is(err, engine.ErrUnsupported):
 		m.nc = c
-		m.mu.Unlock()
 		go m.readLoop()
 		go m.writeLoop()
 		return m, err
 	}
 	// The engine refused it (closed, or the takeover failed; c is closed):
 	// a connection that is over, whose streams fail.
+	m.mu.Lock()
 	m.endLocked(err)
 	m.mu.Unlock()
 	return m, err
@@ -458,8 +456,6 @@ func (d muxDriver) Flush() error {
 	_, err := m.writeOut()
 	return err
 }
-
-func (d muxDriver) Tick(time.Time) { d.m.Ticks.Add(1) }
 
 func (d muxDriver) Ended(err error) {
 	m := d.m

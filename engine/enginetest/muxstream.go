@@ -28,15 +28,15 @@ type MuxStream struct {
 }
 
 // wakeLocked tells the relay (and blocked Read/Write calls) to look again:
-// from inside the loop's driver callbacks by WakeFrom, which readies a
-// relay of the same loop with no task.
+// from inside the loop's driver callbacks by the handle's WakeLocal, which
+// readies a relay of the same loop with no task.
 func (s *MuxStream) wakeLocked() {
 	s.m.cond.Broadcast()
 	if s.waker == nil {
 		return
 	}
-	if lw, ok := s.waker.(engine.LocalWaker); ok && s.m.local {
-		lw.WakeFrom(s.m.h)
+	if s.m.local {
+		s.m.h.WakeLocal(s.waker)
 		return
 	}
 	s.waker.Wake()

@@ -100,7 +100,7 @@ func (k kit) ownGoroutines(e *engine.Engine) int {
 }
 
 // newMux connects a Mux on e to a MuxPeer that bridges its streams to
-// socket, and checks StartConn's answer: loop-owned on epoll,
+// socket, and checks TakeConn's answer: loop-owned on epoll,
 // ErrUnsupported (the goroutine fallback) elsewhere.
 func newMux(t testing.TB, e *engine.Engine, socket func() *net.TCPConn, opt MuxOptions) *Mux {
 	t.Helper()
@@ -110,9 +110,9 @@ func newMux(t testing.TB, e *engine.Engine, socket func() *net.TCPConn, opt MuxO
 	case errors.Is(err, engine.ErrClosed):
 		// A closed engine: the relay is refused too (testClose).
 	case loopOwned(e) && err != nil:
-		t.Fatalf("StartConn on %s: %v", e.Backend(), err)
+		t.Fatalf("TakeConn on %s: %v", e.Backend(), err)
 	case !loopOwned(e) && !errors.Is(err, engine.ErrUnsupported):
-		t.Fatalf("StartConn on %s = %v, want ErrUnsupported", e.Backend(), err)
+		t.Fatalf("TakeConn on %s = %v, want ErrUnsupported", e.Backend(), err)
 	case !loopOwned(e) && m.Handle() != nil:
 		t.Fatal("a fallen-back Mux has a loop handle")
 	}

@@ -9,11 +9,14 @@
 // again for the life of a connection. The wake-up eventfd itself is
 // level-triggered and drained by Wait.
 //
-// Two ways to wait: Wait blocks the calling thread in epoll_wait (for a
-// loop that owns a locked OS thread); WaitPark polls without blocking and
-// otherwise parks the goroutine in the Go runtime's netpoller on the epoll
-// descriptor itself, so the scheduler wakes the loop like any goroutine
-// blocked on a socket, with no thread handoff.
+// Three ways to wait: Wait blocks the calling thread in epoll_wait;
+// WaitPark polls without blocking and otherwise parks the goroutine in the
+// Go runtime's netpoller on the epoll descriptor itself, so the scheduler
+// wakes the loop like any goroutine blocked on a socket, with no thread
+// handoff; WaitParkOnce parks the same way on a duplicate registered for
+// that wait only, for a loop that blocks while it has work and parks while
+// it has none (a thread in a system call keeps its P until the runtime's
+// monitor takes it back, which can take 10-20 ms).
 //
 // Wake is safe from any goroutine and coalesces: at most one wake-up is
 // pending at a time, so a burst of producers costs one eventfd write and one

@@ -59,6 +59,12 @@ type Poller struct {
 	// in the past) instead of writing the eventfd, which the runtime would
 	// notice only at its next netpoll, late when every P is busy.
 	parkWake atomic.Bool
+	// park is the file a parked owner waits on, for Wake's deadline: file
+	// under WaitPark, the park's own duplicate under WaitParkOnce.
+	park atomic.Pointer[os.File]
+	// nonblock: the epoll file description is non-blocking (for the
+	// runtime's netpoller; epoll_wait itself ignores the flag).
+	nonblock bool
 }
 
 // longAgo is the read deadline Wake sets to unpark WaitPark at once.
@@ -91,8 +97,8 @@ func (p *Poller) pollable() error {
 	if p.file != nil {
 		return nil
 	}
-	if err := unix.SetNonblock(p.epfd, true); err != nil {
-		return fmt.Errorf("poll: set epoll non-blocking: %w", err)
+	if err := p.setNonblock(); err != nil {
+		return err
 	}
 	f := os.NewFile(uintptr(p.epfd), "epoll")
 	rc, err := f.SyscallConn()
@@ -102,7 +108,20 @@ func (p *Poller) pollable() error {
 	}
 	p.file, p.rc = f, rc
 	p.tryFn = p.try
-	p.parkWake.Store(true)
+	p.park.Store(f)
+	return nil
+}
+
+// setNonblock makes the epoll file description non-blocking, once (its
+// duplicates share the flag).
+func (p *Poller) setNonblock() error {
+	if p.nonblock {
+		return nil
+	}
+	if err := unix.SetNonblock(p.epfd, true); err != nil {
+		return fmt.Errorf("poll: set epoll non-blocking: %w", err)
+	}
+	p.nonblock = true
 	return nil
 }
 
@@ -206,6 +225,9 @@ func (p *Poller) WaitPark(events []Event, timeout time.Duration) (n int, woken b
 	if err := p.pollable(); err != nil {
 		return 0, false, err
 	}
+	// From here on Wake goes through the runtime; a Wake that still wrote
+	// the eventfd set pending first, which the check below sees.
+	p.parkWake.Store(true)
 	if timeout == 0 {
 		p.try(uintptr(p.epfd))
 		if p.tryErr != nil {
@@ -243,6 +265,79 @@ func (p *Poller) WaitPark(events []Event, timeout time.Duration) (n int, woken b
 	}
 	n, woken = p.collect(events, p.tryN)
 	return n, p.consumeWake() || woken, nil
+}
+
+// WaitParkOnce is WaitPark for a goroutine that otherwise blocks in Wait
+// (an event loop that blocks while it has work and parks while it has
+// none): it parks on a duplicate of the epoll descriptor registered with
+// the runtime's netpoller for this wait only. Registered for good, as
+// WaitPark's is, every event a later blocking Wait takes would also wake
+// an idle runtime thread through the nested epoll, for nothing. A parked
+// goroutine holds no P; one blocked in a system call keeps its P until the
+// runtime's monitor takes it back (up to 10-20 ms), and while every P is
+// held so, every other goroutine of the process waits. Same contract as
+// Wait.
+func (p *Poller) WaitParkOnce(events []Event, timeout time.Duration) (n int, woken bool, err error) {
+	if len(events) == 0 {
+		return 0, false, errors.New("poll: Wait needs room for at least one event")
+	}
+	if cap(p.raw) < len(events) {
+		p.raw = make([]unix.EpollEvent, len(events))
+	}
+	p.raw = p.raw[:len(events)]
+	if err := p.setNonblock(); err != nil {
+		return 0, false, err
+	}
+	fd, err := unix.FcntlInt(uintptr(p.epfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return 0, false, p.waitErr(err)
+	}
+	f := os.NewFile(uintptr(fd), "epoll")
+	defer func() {
+		// Back to the eventfd for the next blocking wait. A Wake that read
+		// parkWake before this store readied the park through the deadline
+		// only (or found no file): its pending flag, set first, is taken
+		// here so it is not lost.
+		p.parkWake.Store(false)
+		p.park.Store(nil)
+		_ = f.Close()
+		if p.pending.Swap(0) != 0 {
+			woken = true
+		}
+	}()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, false, fmt.Errorf("poll: %w", err)
+	}
+	p.park.Store(f)
+	// From here on Wake goes through the runtime; a Wake that still wrote
+	// the eventfd set pending first, which this check sees.
+	p.parkWake.Store(true)
+	if p.pending.Load() != 0 {
+		timeout = 0
+	}
+	if timeout == 0 {
+		p.try(uintptr(fd))
+	} else {
+		if timeout > 0 {
+			_ = f.SetReadDeadline(time.Now().Add(timeout))
+		}
+		if p.tryFn == nil {
+			p.tryFn = p.try
+		}
+		p.tryN, p.tryErr = 0, nil
+		if err := rc.Read(p.tryFn); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return 0, false, nil
+			}
+			return 0, false, p.waitErr(err)
+		}
+	}
+	if p.tryErr != nil {
+		return 0, false, p.waitErr(p.tryErr)
+	}
+	n, woken = p.collect(events, p.tryN)
+	return n, woken, nil
 }
 
 // consumeWake clears a wake-up that Wake delivered through the read
@@ -289,8 +384,10 @@ func (p *Poller) Wake() error {
 	if p.parkWake.Load() {
 		// Readies the parked owner directly (or makes its next park return
 		// at once): no syscall, and no wait for the runtime's netpoll.
-		if err := p.file.SetReadDeadline(longAgo); err != nil && p.closed.Load() {
-			return ErrClosed
+		if f := p.park.Load(); f != nil {
+			if err := f.SetReadDeadline(longAgo); err != nil && p.closed.Load() {
+				return ErrClosed
+			}
 		}
 		return nil
 	}

@@ -1,9 +1,15 @@
 package poll
 
 import (
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
@@ -40,6 +46,7 @@ var modes = []struct {
 }{
 	{"Wait", (*Poller).Wait},
 	{"WaitPark", (*Poller).WaitPark},
+	{"WaitParkOnce", (*Poller).WaitParkOnce},
 }
 
 func bothModes(t *testing.T, test func(t *testing.T, w waitFunc)) {
@@ -213,5 +220,122 @@ func benchWake(b *testing.B, wait func(p *Poller, events []Event, timeout time.D
 	for b.Loop() {
 		p.Wake()
 		wait(p, evs, -1)
+	}
+}
+
+// TestWaitParkOnceParks checks that WaitParkOnce waits parked in the
+// runtime's netpoller ("IO wait", holding no P), not blocked in epoll_wait,
+// that Wake and readiness end it there, and that it leaves no descriptor
+// behind (its duplicate is the netpoller's for that wait only).
+func TestWaitParkOnceParks(t *testing.T) {
+	p := open(t)
+	a, b := socketpair(t)
+	if err := p.Add(a, In|ET, 7); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		n     int
+		woken bool
+		err   error
+	}
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	before := fds()
+	for _, end := range []string{"wake", "readable"} {
+		t.Run(end, func(t *testing.T) {
+			done := make(chan result, 1)
+			go func() {
+				evs := make([]Event, 4)
+				n, woken, err := p.WaitParkOnce(evs, -1)
+				done <- result{n, woken, err}
+			}()
+			parked := func() bool {
+				buf := make([]byte, 1<<20)
+				for g := range strings.SplitSeq(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+					if strings.Contains(g, "(*Poller).WaitParkOnce") {
+						return strings.Contains(g, "[IO wait")
+					}
+				}
+				return false
+			}
+			if !nettest.Until(10*time.Second, parked) {
+				t.Fatal("WaitParkOnce never parked in the netpoller")
+			}
+			var want result
+			switch end {
+			case "wake":
+				want = result{0, true, nil}
+				if err := p.Wake(); err != nil {
+					t.Fatal(err)
+				}
+			case "readable":
+				want = result{1, false, nil}
+				if _, err := unix.Write(b, []byte{1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := <-done; got != want {
+				t.Fatalf("parked wait ended with %+v, want %+v", got, want)
+			}
+		})
+	}
+	if after := fds(); after != before {
+		t.Fatalf("%d descriptors open after the parked waits, %d before", after, before)
+	}
+}
+
+// TestWaitModesLoseNoWake wakes a waiter that switches between the
+// blocking and the parked wait at random: every Wake must end a wait,
+// whichever wait (or the switch between them) it meets.
+func TestWaitModesLoseNoWake(t *testing.T) {
+	p := open(t)
+	acks := make(chan struct{})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		evs := make([]Event, 4)
+		rng := rand.New(rand.NewPCG(3, 4))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			wait := p.Wait
+			if rng.IntN(2) == 0 {
+				wait = p.WaitParkOnce
+			}
+			_, woken, err := wait(evs, time.Duration(rng.IntN(3))*time.Millisecond)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if woken {
+				select {
+				case acks <- struct{}{}:
+				case <-stop:
+					return
+				}
+			}
+		}
+	})
+	defer wg.Wait()
+	defer close(stop)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 300 {
+		time.Sleep(time.Duration(rng.IntN(2500)) * time.Microsecond)
+		if err := p.Wake(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-acks:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("wake %d lost", i)
+		}
 	}
 }

@@ -17,7 +17,7 @@ import (
 func scanIdentities(snap *state.Snapshot, node, cluster string) map[identity.Identity]bool {
 	ids := map[identity.Identity]bool{}
 	snap.EachWorkload(func(w *state.Workload) {
-		if w.Node != node || (cluster != "" && w.ClusterID != "" && w.ClusterID != cluster) {
+		if w.Node != node || (cluster != "" && w.ClusterID() != "" && w.ClusterID() != cluster) {
 			return
 		}
 		if w.Protocol == state.ProtocolHBONE || w.NativeTunnel {
@@ -45,8 +45,10 @@ func warmWorkload(i int, r *rand.Rand) *state.Workload {
 		UID: fmt.Sprintf("uid-%d", i), Name: fmt.Sprintf("w%d", i), Namespace: []string{"a", "b"}[r.IntN(2)],
 		ServiceAccount: fmt.Sprintf("sa%d", r.IntN(8)),
 		Node:           []string{"n1", "n1", "n2"}[r.IntN(3)],
-		ClusterID:      []string{"", "c1", "c2"}[r.IntN(3)],
 		Addresses:      []netip.Addr{netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})},
+	}
+	if c := []string{"", "c1", "c2"}[r.IntN(3)]; c != "" {
+		w.Labels = &state.WorkloadLabels{ClusterID: c}
 	}
 	if r.IntN(3) > 0 {
 		w.Protocol = state.ProtocolHBONE

@@ -315,12 +315,12 @@ func TestDesignNoteRule(t *testing.T) {
 func TestDeclIndex(t *testing.T) {
 	ix := declIndex{}
 	for ref, want := range map[string]bool{
-		"engine.Engine.StartConn":   true,  // method
+		"engine.Engine.TakeConn":    true,  // method
 		"engine.ConnDriver":         true,  // type
 		"engine.ConnDriver.Flush":   true,  // interface method
 		"hbone.Config.Drive":        true,  // struct field
 		"mtls/record.Conn.UseFD":    true,  // method in a nested package
-		"engine.StartConn":          false, // a method named without its type
+		"engine.TakeConn":           false, // a method named without its type
 		"hbone.NoSuchThing":         false,
 		"no/such/package.Anything":  false,
 		"engine.Engine.NoSuchField": false,

@@ -73,7 +73,7 @@ func StartCluster(ctx context.Context, lab *netnslab.Lab, config []byte, o Clust
 	pl := newPlacement(lab, map[string]*netnslab.Node{}, c.Pods)
 	// Workloads in file order: the snapshot sorts, the raw config keeps order.
 	for _, w := range lc.Workloads {
-		if len(w.Addresses) == 0 && w.Hostname != "" {
+		if len(w.Addresses) == 0 && w.Hostname() != "" {
 			continue // known by hostname only (on-demand DNS): no pod
 		}
 		if _, err := pl.workload(w); err != nil {

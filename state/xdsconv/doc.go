@@ -13,9 +13,10 @@
 //     next snapshot, and name the rejected resources in the ACK or NACK.
 //
 // Conversion holds once what repeats across workloads (intern.go): names
-// through unique.Make, and the replicas' identical Services maps through a
-// weak cache, so that a large mesh costs little more than each workload's
-// own uid, name and addresses.
+// through unique.Make, and the replicas' identical Labels, Extra and
+// Services (and services' identical port maps) through weak caches, so
+// that a large mesh costs little more than each workload's own record, uid
+// and addresses.
 //
 // Imports (of ours): api/securityapi, api/workloadapi (the generated protos),
 // identity, state and xdsclient (for the handler types only). Imported by:

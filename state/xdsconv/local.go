@@ -140,48 +140,52 @@ func foldEndpoints(workloads []*state.Workload, eps []inlineEndpoint) {
 		if w == nil {
 			continue // ztunnel keeps it but never routes to it
 		}
-		if _, ok := w.Services[ep.service]; ok {
+		if w.Services.Has(ep.service) {
 			continue // the workload's own entry wins, as in ztunnel
 		}
-		if w.Services == nil {
-			w.Services = map[string]map[uint16]uint16{}
-		}
-		w.Services[ep.service] = maps.Clone(ep.ports)
+		m := w.Services.Map()
+		m[ep.service] = maps.Clone(ep.ports)
+		w.Services = state.ServicesOf(m)
 	}
 }
 
 func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
-	w := &state.Workload{Capacity: 1, Services: map[string]map[uint16]uint16{}}
+	w := &state.Workload{Capacity: 1}
+	var (
+		x      state.WorkloadExtra  // w.Extra, when not empty
+		labels state.WorkloadLabels // w.Labels, likewise
+		svcs   = map[string]map[uint16]uint16{}
+	)
 	err := d.object(n, path, "workload", map[string]fieldFunc{
 		"uid":               str(&w.UID),
 		"name":              str(&w.Name),
 		"namespace":         str(&w.Namespace),
 		"serviceAccount":    str(&w.ServiceAccount),
-		"trustDomain":       str(&w.TrustDomain),
+		"trustDomain":       str(&labels.TrustDomain),
 		"network":           str(&w.Network),
 		"node":              str(&w.Node),
-		"clusterId":         str(&w.ClusterID),
-		"workloadName":      str(&w.WorkloadName),
-		"workloadType":      str(&w.WorkloadType),
-		"canonicalName":     str(&w.CanonicalName),
-		"canonicalRevision": str(&w.CanonicalRevision),
-		"hostname":          str(&w.Hostname),
+		"clusterId":         str(&labels.ClusterID),
+		"workloadName":      str(&labels.WorkloadName),
+		"workloadType":      str(&labels.WorkloadType),
+		"canonicalName":     str(&labels.CanonicalName),
+		"canonicalRevision": str(&labels.CanonicalRevision),
+		"hostname":          str(&x.Hostname),
 		"workloadIps":       ipList(&w.Addresses),
 		"protocol":          enum(&w.Protocol, "protocol", "TCP", "HBONE"),
 		"status":            enum(&w.Status, "status", "Healthy", "Unhealthy"),
 		"networkMode":       enum(&w.NetworkMode, "network mode", "Standard", "HostNetwork"),
-		"waypoint":          gateway(&w.Waypoint),
-		"networkGateway":    gateway(&w.NetworkGateway),
+		"waypoint":          gateway(&x.Waypoint),
+		"networkGateway":    gateway(&x.NetworkGateway),
 		"nativeTunnel":      boolean(&w.NativeTunnel),
 		"applicationTunnel": func(d *decoder, n *yaml.Node, path string) error {
 			t := &state.ApplicationTunnel{}
-			w.ApplicationTunnel = t
+			x.ApplicationTunnel = t
 			return d.object(n, path, "application tunnel", map[string]fieldFunc{
 				"protocol": enum(&t.Protocol, "application tunnel protocol", "NONE", "PROXY"),
 				"port":     u16(&t.Port, "port"),
 			}, "protocol")
 		},
-		"authorizationPolicies": strList(&w.AuthorizationPolicies),
+		"authorizationPolicies": strList(&x.AuthorizationPolicies),
 		"capacity":              u32(&w.Capacity, "capacity"),
 		"locality": func(d *decoder, n *yaml.Node, path string) error {
 			l := &state.Locality{}
@@ -199,11 +203,16 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 				}
 				var ports map[uint16]uint16
 				err := portMap(&ports)(d, v, path)
-				w.Services[k.Value] = ports
+				svcs[k.Value] = ports
 				return err
 			})
 		},
 	}, "uid", "namespace", "workloadIps", "services")
+	w.SetExtra(x)
+	if labels != (state.WorkloadLabels{}) {
+		w.Labels = &labels
+	}
+	w.Services = state.ServicesOf(svcs)
 	return w, err
 }
 

@@ -124,31 +124,34 @@ func TestAllFields(t *testing.T) {
 	}
 	wantWorkloads := []*state.Workload{
 		{
-			UID: "c1//v1/Pod/ns1/full", Name: "full", Namespace: "ns1", ServiceAccount: "sa1", TrustDomain: "example.org",
-			Network: "net1", Node: "node1", ClusterID: "c1",
-			WorkloadName: "full-deploy", WorkloadType: "deployment", CanonicalName: "full-app", CanonicalRevision: "v2",
-			Hostname:    "full.example",
+			UID: "c1//v1/Pod/ns1/full", Name: "full", Namespace: "ns1", ServiceAccount: "sa1",
+			Network: "net1", Node: "node1",
+			Labels: &state.WorkloadLabels{WorkloadName: "full-deploy", WorkloadType: "deployment", CanonicalName: "full-app", CanonicalRevision: "v2",
+				TrustDomain: "example.org", ClusterID: "c1"},
 			Addresses:   []netip.Addr{addr("10.0.0.1"), addr("fd00::1")},
 			Protocol:    state.ProtocolHBONE,
 			Status:      state.Unhealthy,
 			NetworkMode: state.NetworkModeHostNetwork,
-			Waypoint: &state.GatewayAddress{
-				Hostname: &state.NamespacedHostname{Namespace: "ns1", Hostname: "waypoint.ns1.svc.cluster.local"}, HBONEMTLSPort: 15008,
+			Extra: &state.WorkloadExtra{
+				Hostname: "full.example",
+				Waypoint: &state.GatewayAddress{
+					Hostname: &state.NamespacedHostname{Namespace: "ns1", Hostname: "waypoint.ns1.svc.cluster.local"}, HBONEMTLSPort: 15008,
+				},
+				NetworkGateway: &state.GatewayAddress{
+					Address: &state.NetworkAddress{Network: "net2", Addr: addr("192.0.2.1")}, HBONEMTLSPort: 15009,
+				},
+				ApplicationTunnel:     &state.ApplicationTunnel{Protocol: state.AppTunnelProxy, Port: 15088},
+				AuthorizationPolicies: []string{"ns1/sel", "ns1/missing"},
 			},
-			NetworkGateway: &state.GatewayAddress{
-				Address: &state.NetworkAddress{Network: "net2", Addr: addr("192.0.2.1")}, HBONEMTLSPort: 15009,
-			},
-			NativeTunnel:          true,
-			ApplicationTunnel:     &state.ApplicationTunnel{Protocol: state.AppTunnelProxy, Port: 15088},
-			AuthorizationPolicies: []string{"ns1/sel", "ns1/missing"},
-			Services:              map[string]map[uint16]uint16{"ns1/svc.ns1.svc.cluster.local": {80: 8080, 443: 8443}},
-			Capacity:              7,
-			Locality:              &state.Locality{Region: "r1", Zone: "z1", Subzone: "s1"},
+			NativeTunnel: true,
+			Services:     state.ServicesOf(map[string]map[uint16]uint16{"ns1/svc.ns1.svc.cluster.local": {80: 8080, 443: 8443}}),
+			Capacity:     7,
+			Locality:     &state.Locality{Region: "r1", Zone: "z1", Subzone: "s1"},
 		},
 		{
 			UID: "c1//v1/Pod/ns1/minimal", Namespace: "ns1", Addresses: []netip.Addr{}, Capacity: 1,
 			// Folded in from the service's inline endpoints.
-			Services: map[string]map[uint16]uint16{"ns1/svc.ns1.svc.cluster.local": {80: 9090}},
+			Services: state.ServicesOf(map[string]map[uint16]uint16{"ns1/svc.ns1.svc.cluster.local": {80: 9090}}),
 		},
 	}
 	wantServices := []*state.Service{{
@@ -383,7 +386,7 @@ workloads:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Workloads) != 2 || cfg.Workloads[1].Services["ns/h"][80] != 8080 {
+	if len(cfg.Workloads) != 2 || cfg.Workloads[1].Services.Map()["ns/h"][80] != 8080 {
 		t.Fatalf("aliased services: %+v", cfg.Workloads[1])
 	}
 }
@@ -431,8 +434,8 @@ func FuzzParseLocalConfig(f *testing.F) {
 		// Whatever parsed must be usable.
 		for _, w := range s.Workloads() {
 			s.Authorize(state.Conn{DstWorkload: w})
-			for k := range w.Services {
-				if svc := s.ServiceByKey(k); svc != nil {
+			for _, sp := range w.Services.List() {
+				if svc := s.ServiceByKey(sp.Key); svc != nil {
 					for p := range svc.Ports {
 						s.PickEndpoint(w, svc, p, nil)
 					}

@@ -65,22 +65,28 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 	// What repeats across workloads is interned (intern.go); the uid and
 	// the name are each workload's own.
 	w := &state.Workload{
-		UID:                   x.GetUid(),
-		Name:                  x.GetName(),
-		Namespace:             intern(x.GetNamespace()),
-		ServiceAccount:        intern(orDefault(x.GetServiceAccount(), defaultServiceAccount)),
-		TrustDomain:           intern(orDefault(x.GetTrustDomain(), identity.DefaultTrustDomain)),
-		Network:               intern(x.GetNetwork()),
-		Node:                  intern(x.GetNode()),
-		ClusterID:             intern(orDefault(x.GetClusterId(), defaultClusterID)),
-		WorkloadName:          intern(x.GetWorkloadName()),
-		WorkloadType:          workloadType(x.GetWorkloadType()),
-		CanonicalName:         intern(x.GetCanonicalName()),
-		CanonicalRevision:     intern(x.GetCanonicalRevision()),
+		UID:            x.GetUid(),
+		Name:           x.GetName(),
+		Namespace:      intern(x.GetNamespace()),
+		ServiceAccount: intern(orDefault(x.GetServiceAccount(), defaultServiceAccount)),
+		Network:        intern(x.GetNetwork()),
+		Node:           intern(x.GetNode()),
+		Labels: internLabels(state.WorkloadLabels{
+			WorkloadName:      x.GetWorkloadName(),
+			WorkloadType:      workloadType(x.GetWorkloadType()),
+			CanonicalName:     x.GetCanonicalName(),
+			CanonicalRevision: x.GetCanonicalRevision(),
+			TrustDomain:       orDefault(x.GetTrustDomain(), identity.DefaultTrustDomain),
+			ClusterID:         orDefault(x.GetClusterId(), defaultClusterID),
+		}),
+		NativeTunnel: x.GetNativeTunnel(),
+		Capacity:     1,
+	}
+	// The rare fields (most workloads have none of them) are filled in
+	// extra, which becomes w.Extra if any is set.
+	extra := state.WorkloadExtra{
 		Hostname:              x.GetHostname(),
-		NativeTunnel:          x.GetNativeTunnel(),
 		AuthorizationPolicies: internAll(x.GetAuthorizationPolicies()),
-		Capacity:              1,
 	}
 	nameInUID(w)
 	if c := x.GetCapacity(); c != nil {
@@ -112,10 +118,10 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 			w.Addresses[i] = ip
 		}
 	}
-	if w.Waypoint, err = gatewayAddress(x.GetWaypoint(), "waypoint"); err != nil {
+	if extra.Waypoint, err = gatewayAddress(x.GetWaypoint(), "waypoint"); err != nil {
 		return nil, err
 	}
-	if w.NetworkGateway, err = gatewayAddress(x.GetNetworkGateway(), "network gateway"); err != nil {
+	if extra.NetworkGateway, err = gatewayAddress(x.GetNetworkGateway(), "network gateway"); err != nil {
 		return nil, err
 	}
 	if t := x.GetApplicationTunnel(); t != nil {
@@ -123,8 +129,9 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 		if at.Protocol, err = wireEnum(t.GetProtocol(), appTunnelProtocols, "application tunnel protocol"); err != nil {
 			return nil, err
 		}
-		w.ApplicationTunnel = at
+		extra.ApplicationTunnel = at
 	}
+	internExtra(w, extra)
 	if err := sharedServices(w, x.GetServices()); err != nil {
 		return nil, err
 	}
@@ -145,10 +152,11 @@ func ConvertService(x *workloadapi.Service) (*state.Service, error) {
 		Name:            x.GetName(),
 		Namespace:       intern(x.GetNamespace()),
 		Hostname:        x.GetHostname(),
-		Ports:           protoPortMap(x.GetPorts()),
 		SubjectAltNames: x.GetSubjectAltNames(),
 		Canonical:       x.GetCanonical(),
 	}
+	nameInHostname(s)
+	sharePorts(s, x.GetPorts())
 	for _, a := range x.GetAddresses() {
 		ip, err := bytesToIP(a.GetAddress())
 		if err != nil {
@@ -318,6 +326,15 @@ func ports16(in []uint32) []uint16 {
 
 // protoPortMap turns ports into service port -> target port; a repeated service
 // port keeps its last target, as ztunnel's map does.
+// protoPorts converts a workload's ports for one service.
+func protoPorts(ports []*workloadapi.Port) state.PortMap {
+	pairs := make([]state.PortPair, len(ports))
+	for i, p := range ports {
+		pairs[i] = state.PortPair{Service: uint16(p.GetServicePort()), Target: uint16(p.GetTargetPort())}
+	}
+	return state.NewPortMap(pairs)
+}
+
 func protoPortMap(ports []*workloadapi.Port) map[uint16]uint16 {
 	m := make(map[uint16]uint16, len(ports))
 	for _, p := range ports {

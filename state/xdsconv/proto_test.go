@@ -49,24 +49,28 @@ func TestConvertWorkloadAllFields(t *testing.T) {
 		Capacity:              wrapperspb.UInt32(0),
 	}
 	want := &state.Workload{
-		UID: "c1//v1/Pod/ns/p1", Name: "p1", Namespace: "ns", ServiceAccount: "sa", TrustDomain: "td",
-		Network: "net1", Node: "n1", ClusterID: "c1", WorkloadName: "job", WorkloadType: "cronjob",
-		CanonicalName: "app", CanonicalRevision: "v1", Hostname: "h.example",
+		UID: "c1//v1/Pod/ns/p1", Name: "p1", Namespace: "ns", ServiceAccount: "sa",
+		Network: "net1", Node: "n1",
+		Labels: &state.WorkloadLabels{WorkloadName: "job", WorkloadType: "cronjob", CanonicalName: "app", CanonicalRevision: "v1",
+			TrustDomain: "td", ClusterID: "c1"},
 		Addresses:   []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")},
 		Protocol:    state.ProtocolHBONE,
 		Status:      state.Unhealthy,
 		NetworkMode: state.NetworkModeHostNetwork,
-		Waypoint: &state.GatewayAddress{
-			Hostname: &state.NamespacedHostname{Namespace: "ns", Hostname: "wp.ns.svc"}, HBONEMTLSPort: 15008,
+		Extra: &state.WorkloadExtra{
+			Hostname: "h.example",
+			Waypoint: &state.GatewayAddress{
+				Hostname: &state.NamespacedHostname{Namespace: "ns", Hostname: "wp.ns.svc"}, HBONEMTLSPort: 15008,
+			},
+			NetworkGateway: &state.GatewayAddress{
+				Address: &state.NetworkAddress{Network: "net2", Addr: netip.MustParseAddr("192.0.2.1")}, HBONEMTLSPort: 15009,
+			},
+			ApplicationTunnel:     &state.ApplicationTunnel{Protocol: state.AppTunnelProxy, Port: 15088},
+			AuthorizationPolicies: []string{"ns/sel"},
 		},
-		NetworkGateway: &state.GatewayAddress{
-			Address: &state.NetworkAddress{Network: "net2", Addr: netip.MustParseAddr("192.0.2.1")}, HBONEMTLSPort: 15009,
-		},
-		NativeTunnel:          true,
-		ApplicationTunnel:     &state.ApplicationTunnel{Protocol: state.AppTunnelProxy, Port: 15088},
-		AuthorizationPolicies: []string{"ns/sel"},
+		NativeTunnel: true,
 		// 70443 truncates to 4907, as ztunnel's "as u16" does.
-		Services: map[string]map[uint16]uint16{"ns/svc.ns.svc": {80: 8080, 4907: 8443}},
+		Services: state.ServicesOf(map[string]map[uint16]uint16{"ns/svc.ns.svc": {80: 8080, 4907: 8443}}),
 		Capacity: 0,
 		Locality: &state.Locality{Region: "r", Zone: "z", Subzone: "s"},
 	}
@@ -85,8 +89,8 @@ func TestConvertWorkloadDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &state.Workload{
-		UID: "u", Namespace: "ns", ServiceAccount: "default", TrustDomain: "cluster.local", ClusterID: "Kubernetes",
-		WorkloadType: "deployment", Capacity: 1, Services: map[string]map[uint16]uint16{},
+		UID: "u", Namespace: "ns", ServiceAccount: "default",
+		Labels: &state.WorkloadLabels{WorkloadType: "deployment", TrustDomain: "cluster.local", ClusterID: "Kubernetes"}, Capacity: 1, Services: state.ServicesOf(map[string]map[uint16]uint16{}),
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got  %+v\nwant %+v", got, want)

@@ -5,6 +5,7 @@
 //
 //	zbench [--quick] [--out DIR] [--rounds N] [--duration D] [--backends std,epoll,uring]
 //	zbench --syscalls N [--paths RE] [--backends B]   (the round-trip census)
+//	zbench --clients [--quick] [--rounds N] [--clients-count N] [--paths RE] [--backends B]   (issue 36's two clients)
 //	zbench --load [--quick] [--load-conns 1000,5000,8000] [--load-rate R]   (issue 36's Load scenario)
 //
 // The binaries default to ztunnel, zload and zpeer next to zbench itself.
@@ -43,6 +44,8 @@ func run(ctx context.Context, args []string) error {
 		loadRun  bool
 		lo       harness.LoadOptions
 		levels   string
+		clients  bool
+		co       harness.ClientsOptions
 	)
 	fs.BoolVar(&o.Quick, "quick", false, "CI smoke run: one short round, checks only that every path produced numbers")
 	fs.StringVar(&out, "out", "", "report directory (default bench/results/<date>-<host>; quick: a temporary directory)")
@@ -71,6 +74,11 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&lo.Size, "load-size", 0, "the Load scenario's request and response bytes (default 64)")
 	fs.DurationVar(&lo.Window, "load-window", 0, "the Load scenario's CPU and GC window per level (default 10s; quick 2s)")
 	fs.IntVar(&lo.ProfileConns, "load-profile", 0, "the level at which the Load scenario profiles the daemons (default 5000; quick none; -1 none)")
+	fs.BoolVar(&clients, "clients", false, "instead of the measurements, run every client on the daemons' and HAProxy's one- and two-hop paths (default --paths "+
+		harness.DefaultClientsPaths.String()+"):\nzload's RR and one stream, a blocking Python RR client (python3) and iperf3 (one stream), rounds interleaved; writes "+harness.ClientsReport+
+		"\n(default directory bench/results/<date>-<host>-clients)")
+	fs.DurationVar(&co.Hold, "clients-hold", 0, "with --clients: keep the lab up this long before the rounds, logging each client's command on each path (to profile one by hand)")
+	fs.Int64Var(&co.Count, "clients-count", 0, "round trips of each RR sample of --clients (default 5000; quick 200)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -88,7 +96,7 @@ func run(ctx context.Context, args []string) error {
 		// The full run compares every backend, as issue 4 asks; the CI
 		// smoke run and the Load scenario take the daemon's default one.
 		backends = "std,epoll,uring"
-		if o.Quick || loadRun {
+		if o.Quick || loadRun || clients {
 			backends = "epoll"
 		}
 	}
@@ -127,6 +135,9 @@ func run(ctx context.Context, args []string) error {
 			if loadRun {
 				out += "-load"
 			}
+			if clients {
+				out += "-clients"
+			}
 		}
 	}
 	if err := os.MkdirAll(out, 0o755); err != nil {
@@ -143,6 +154,17 @@ func run(ctx context.Context, args []string) error {
 				err = errors.Join(err, werr)
 			} else {
 				fmt.Fprintf(os.Stderr, "load: %s\n", filepath.Join(out, report.FileLoadReport))
+			}
+		}
+		return err
+	}
+	if clients {
+		cr, err := harness.RunClients(ctx, o, co)
+		if cr != nil && len(cr.Samples) > 0 {
+			if werr := harness.WriteClients(out, cr); werr != nil {
+				err = errors.Join(err, werr)
+			} else {
+				fmt.Fprintf(os.Stderr, "clients: %s\n", filepath.Join(out, harness.ClientsReport))
 			}
 		}
 		return err
