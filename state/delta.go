@@ -46,7 +46,8 @@ var (
 // index shard d does not touch with s, and copies the lists d changes (a
 // service's endpoints, for one). Without policies in d, the new snapshot
 // shares s's compiled policy table and PolicyGeneration, as WithWorkloads
-// does; a policy change compiles the policy table again. Workloads,
+// does; a policy change compiles only the policies d brings and regroups
+// their scopes (policyTable.with). Workloads,
 // Services and Warnings of the result are computed on their first call.
 func (s *Snapshot) Apply(d Delta) (*Snapshot, error) {
 	if d.size() == 0 && len(d.Policies) == 0 && len(d.RemovedPolicies) == 0 {
