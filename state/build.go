@@ -572,7 +572,7 @@ func (s *Snapshot) findWarnings() []string {
 	var out []string
 	for _, w := range s.Workloads() {
 		for _, k := range w.AuthorizationPolicies() {
-			if s.pol.byKey[k] == nil {
+			if s.pol.lookup(k) == nil {
 				out = append(out, fmt.Sprintf("workload %q lists unknown authorization policy %q; skipping it", w.UID, k))
 			}
 		}

@@ -46,7 +46,8 @@ var (
 // index shard d does not touch with s, and copies the lists d changes (a
 // service's endpoints, for one). Without policies in d, the new snapshot
 // shares s's compiled policy table and PolicyGeneration, as WithWorkloads
-// does; a policy change compiles the policy table again. Workloads,
+// does; a policy change compiles only the policies d brings and regroups
+// their scopes (policyTable.with). Workloads,
 // Services and Warnings of the result are computed on their first call.
 func (s *Snapshot) Apply(d Delta) (*Snapshot, error) {
 	if d.size() == 0 && len(d.Policies) == 0 && len(d.RemovedPolicies) == 0 {
@@ -173,37 +174,17 @@ func checkDeltaKeys(d *Delta) error {
 }
 
 // nextPolicies returns the policy table of s's policies changed by d: s's
-// own table when d changes none, the table last compiled when it holds
-// exactly the result, else a new one. Errors are recorded on b.
+// own table when d changes none, else one derived from it that compiles
+// only the policies d brings (policyTable.with). Errors are recorded on b.
 func (s *Snapshot) nextPolicies(b *builder, d *Delta) *policyTable {
 	if len(d.Policies) == 0 && len(d.RemovedPolicies) == 0 {
 		return s.pol
 	}
 	valid := b.checkPolicies(d.Policies)
-	gone := make(map[string]struct{}, len(d.RemovedPolicies)+len(valid))
-	for _, k := range d.RemovedPolicies {
-		gone[k] = struct{}{}
-	}
-	for _, p := range valid {
-		gone[p.Key()] = struct{}{}
-	}
-	list := make([]*Policy, 0, len(s.pol.policies)+len(valid))
-	for _, p := range s.pol.policies {
-		if _, g := gone[p.Key()]; !g {
-			list = append(list, p)
-		}
-	}
-	list = append(list, valid...)
 	if len(b.errs) > 0 {
 		return nil
 	}
-	if s.pol.holdsExactly(list) {
-		return s.pol
-	}
-	if t := reusableTable(list); t != nil {
-		return t
-	}
-	return compilePoliciesFrom(s.pol, list)
+	return s.pol.with(valid, d.RemovedPolicies)
 }
 
 // sortedWorkloads returns the workloads sorted by UID, in a new slice.

@@ -16,16 +16,13 @@ func (s *Snapshot) DryRunWouldDeny(c Conn, matches []*Policy) bool {
 			return false
 		}
 	}
-	var nsv *policyView
-	if len(t.byNS) > 0 {
-		nsv = t.byNS[w.Namespace]
-	}
+	nsv := t.nsView(w.Namespace)
 	if t.global.hasAllow || nsv != nil && nsv.hasAllow {
 		return false
 	}
 	dryAllow := !t.global.dryAllow.empty() || nsv != nil && !nsv.dryAllow.empty()
 	for _, k := range w.AuthorizationPolicies() {
-		cp := t.byKey[k]
+		cp := t.lookup(k)
 		if cp == nil || cp.p.Action != ActionAllow {
 			continue
 		}

@@ -5,6 +5,7 @@ import (
 	"hash/maphash"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync/atomic"
 )
 
@@ -12,26 +13,37 @@ import (
 // for the empty table, which every snapshot without policies shares.
 var policyGenerations atomic.Uint64
 
-// policyTable is the compiled form of a snapshot's policies. It is built once
-// by NewSnapshot and shared, unchanged, by every snapshot derived with
-// WithWorkloads, so its generation identifies the policy set.
+// policyTable is the compiled form of a snapshot's policies. It is built by
+// NewSnapshot, or derived from the previous table by Apply, and shared,
+// unchanged, by every snapshot derived without a policy change, so its
+// generation identifies the policy set.
 //
 // Evaluation visits, in this order: the destination namespace's NAMESPACE
 // policies (sorted by key), the GLOBAL policies (sorted by key), then the
 // policies the workload lists, in its order. The first match decides, so
 // this order fixes which policy a Decision names when several match.
+//
+// Its indexes are shardMaps, as a snapshot's are, so that a table derived by
+// a delta (with) shares every shard the delta does not touch: a change to
+// one policy compiles that policy, regroups only its scope (its namespace,
+// or the GLOBAL policies) and copies a few shards (issue 36: regrouping and
+// re-keying every policy cost ~1 MB of garbage per Authorization change at
+// 2,000 policies, which at the scale test's probe rate kept the collector
+// running).
 type policyTable struct {
-	gen      uint64
-	policies []*Policy        // sorted by key
-	members  map[*Policy]int  // index in policies
-	compiled []compiledPolicy // policies[i] compiled
-	byKey    map[string]*compiledPolicy
-	global   policyView
-	byNS     map[string]*policyView
-	// ar holds the rules of the policies this table compiled; those it took
-	// over from an earlier table stay in that table's arena (each
-	// compiledPolicy points to its own).
-	ar *arena
+	gen   uint64
+	n     int                               // policies held
+	byKey shardMap[string, *compiledPolicy] // every policy, by key
+	// byNS holds the view of each namespace that has NAMESPACE policies.
+	byNS   shardMap[string, *policyView]
+	global policyView
+	// held bounds the policies the arenas this table's policies point into
+	// were compiled for (it counts every arena a table derived by with took
+	// over or added since the last full compile, live or not): past
+	// 2n+64, with compiles everything again, so that a mesh whose policies
+	// change one by one does not keep every replaced policy's rules alive.
+	held   int
+	sorted lazyList[*Policy] // Policies(), sorted by key
 }
 
 // policyView holds the policies one scope (GLOBAL, or one namespace)
@@ -43,6 +55,40 @@ type policyView struct {
 	// that can never match: its presence alone turns "no allow policies" into
 	// "none allowed".
 	hasAllow bool
+	// scoped is every policy of the scope, sorted by key, those that can
+	// never match too: what a change to the scope rebuilds the view from.
+	scoped []*compiledPolicy
+}
+
+// lookup returns the policy with the given key, or nil.
+func (t *policyTable) lookup(key string) *compiledPolicy {
+	if t.byKey.n == 0 {
+		return nil
+	}
+	return t.byKey.get(hashString(key), key)
+}
+
+// nsView returns the view of namespace ns, or nil when it has no
+// NAMESPACE policy.
+func (t *policyTable) nsView(ns string) *policyView {
+	if t.byNS.n == 0 {
+		return nil
+	}
+	return t.byNS.get(hashString(ns), ns)
+}
+
+// list returns every policy of the table, sorted by key (computed on the
+// first call for a table derived by with).
+func (t *policyTable) list() []*Policy {
+	if t.n == 0 {
+		return nil
+	}
+	return t.sorted.get(func() []*Policy {
+		list := make([]*Policy, 0, t.n)
+		t.byKey.all(func(_ string, cp *compiledPolicy) { list = append(list, cp.p) })
+		sortByKey(list, (*Policy).Key)
+		return list
+	})
 }
 
 // indexMin is the list length from which a policyList indexes its policies
@@ -198,69 +244,61 @@ var emptyTable = &policyTable{}
 var lastTable atomic.Pointer[policyTable]
 
 // compilePolicies builds the table of policies, which NewSnapshot has
-// validated and deduplicated. It takes ownership of the slice.
-func compilePolicies(policies []*Policy) *policyTable { return compilePoliciesFrom(nil, policies) }
-
-// compilePoliciesFrom is compilePolicies taking over from prev (nil: none)
-// the compiled rules of every policy prev holds (the very Policy value:
-// policies are immutable once in a snapshot), so that a push changing one
-// policy of thousands compiles that one (issue 36: compiling 2,000
-// policies took ~2.5 ms of each Authorization change). Only the grouping
-// by scope and the port indexes, which are cheap, are built again. It
-// compiles everything when taking over would keep more than twice the
-// arenas' worth of rules alive (reuseFrom).
-func compilePoliciesFrom(prev *policyTable, policies []*Policy) *policyTable {
+// validated and deduplicated, compiling every one. It takes ownership of the
+// slice.
+func compilePolicies(policies []*Policy) *policyTable {
 	if len(policies) == 0 {
 		return emptyTable
 	}
 	sortByKey(policies, (*Policy).Key)
-	t := &policyTable{
-		gen:      policyGenerations.Add(1),
-		policies: policies,
-		members:  make(map[*Policy]int, len(policies)),
-		byKey:    make(map[string]*compiledPolicy, len(policies)),
-		byNS:     make(map[string]*policyView),
-		ar:       &arena{},
-	}
-	for i, p := range policies {
-		t.members[p] = i
-	}
-	defer lastTable.Store(t)
-	old := reuseFrom(prev, policies)
-	var fresh []*Policy
-	if old != nil {
-		fresh = make([]*Policy, 0, len(policies)-len(old))
-		for _, p := range policies {
-			if old[p] == nil {
-				fresh = append(fresh, p)
+	t := &policyTable{gen: policyGenerations.Add(1), n: len(policies), held: len(policies)}
+	cps := compileArena(policies)
+	keys := newShardEdit(&t.byKey, hashString, true, len(cps))
+	var global listBuilder
+	byNS := map[string]*listBuilder{}
+	for i := range cps {
+		cp := &cps[i]
+		keys.set(cp.key, cp)
+		switch cp.p.Scope {
+		case ScopeGlobal:
+			global.add(cp)
+		case ScopeNamespace:
+			lb := byNS[cp.p.Namespace]
+			if lb == nil {
+				lb = &listBuilder{}
+				byNS[cp.p.Namespace] = lb
 			}
+			lb.add(cp)
 		}
-	} else {
-		fresh = policies
 	}
-	c := compiler{ar: t.ar, strSeed: maphash.MakeSeed(), strIndex: map[uint64][]span{}}
-	c.size(fresh)
-	t.ar.policies = len(fresh)
+	t.global = global.build()
+	views := newShardEdit(&t.byNS, hashString, true, len(byNS))
+	for ns, lb := range byNS {
+		v := lb.build()
+		views.set(ns, &v)
+	}
+	t.sorted.set(policies)
+	lastTable.Store(t)
+	return t
+}
+
+// compileArena compiles policies into one new arena and returns them
+// compiled, in their order.
+func compileArena(policies []*Policy) []compiledPolicy {
+	ar := &arena{}
+	c := compiler{ar: ar, strSeed: maphash.MakeSeed(), strIndex: map[uint64][]span{}}
+	c.size(policies)
+	ar.policies = len(policies)
 	cps := make([]compiledPolicy, len(policies))
-	t.compiled = cps
 	// Rule spans and port filters of all policies share two slices, cut up
 	// once they no longer grow.
 	var ruleSpans []span
 	var portStore []uint16
 	var guardStore []pfx
-	type offsets struct {
-		rules, ports, dst, src span
-		reused                 bool
-	}
+	type offsets struct{ rules, ports, dst, src span }
 	offs := make([]offsets, len(policies))
 	for i, p := range policies {
 		cp := &cps[i]
-		if o := old[p]; o != nil {
-			*cp = *o // pos is set again when the lists are built
-			offs[i].reused = true
-			t.byKey[cp.key] = cp
-			continue
-		}
 		cp.p = p
 		// One allocation for the key and both reasons.
 		const denyPrefix, allowPrefix = "explicitly denied by: ", "allowed by: "
@@ -270,7 +308,7 @@ func compilePoliciesFrom(prev *policyTable, policies []*Policy) *policyTable {
 		cp.key = cp.denyReason[len(denyPrefix):]
 		cp.allowReason = all[len(cp.denyReason):]
 		cp.enforced = !p.DryRun
-		cp.ar = t.ar
+		cp.ar = ar
 		rlo, plo := len(ruleSpans), len(portStore)
 		ruleSpans, portStore = c.policy(cp, p.Rules, ruleSpans, portStore)
 		o := offsets{rules: span{uint32(rlo), uint32(len(ruleSpans))}, ports: span{uint32(plo), uint32(len(portStore))}}
@@ -279,18 +317,9 @@ func compilePoliciesFrom(prev *policyTable, policies []*Policy) *policyTable {
 			o.src, guardStore = addressGuard(p.Rules, guardStore, func(m *Match) []netip.Prefix { return m.SourceIPs })
 		}
 		offs[i] = o
-		t.byKey[key] = cp
 	}
-
-	// Group by scope; policies are sorted by key, so every list is too.
-	var global listBuilder
-	byNS := map[string]*listBuilder{}
 	for i := range cps {
 		cp, o := &cps[i], offs[i]
-		if o.reused {
-			groupByScope(cp, &global, byNS)
-			continue
-		}
 		cp.rules = ruleSpans[o.rules.lo:o.rules.hi:o.rules.hi]
 		cp.ports = portStore[o.ports.lo:o.ports.hi:o.ports.hi]
 		if o.dst.hi > 0 {
@@ -299,62 +328,143 @@ func compilePoliciesFrom(prev *policyTable, policies []*Policy) *policyTable {
 		if o.src.hi > 0 {
 			cp.src = guardStore[o.src.lo:o.src.hi:o.src.hi]
 		}
-		groupByScope(cp, &global, byNS)
 	}
-	t.global = global.build()
-	for ns, lb := range byNS {
-		v := lb.build()
-		t.byNS[ns] = &v
-	}
-	return t
+	return cps
 }
 
-// groupByScope adds cp to the list of its scope: global's or its
-// namespace's in byNS; a WORKLOAD_SELECTOR policy is in neither (the
-// workloads list it).
-func groupByScope(cp *compiledPolicy, global *listBuilder, byNS map[string]*listBuilder) {
-	switch cp.p.Scope {
-	case ScopeGlobal:
-		global.add(cp)
-	case ScopeNamespace:
-		lb := byNS[cp.p.Namespace]
-		if lb == nil {
-			lb = &listBuilder{}
-			byNS[cp.p.Namespace] = lb
+// with returns the table of t's policies with puts (validated, distinct
+// keys) put in place of those with their keys and the policies under
+// removed keys gone (a key both put and removed ends up put), or t itself
+// when that changes nothing (the very same Policy values: policies are
+// immutable once in a snapshot). It compiles only the policies put; the
+// others keep their compiled rules, in the arenas they were compiled into.
+// Only the scopes the change touches (its namespaces' views, the GLOBAL
+// view) are regrouped, and their policies copied so that positions can be
+// renumbered without touching t; every other shard of the indexes is shared
+// with t. It compiles everything when the arenas held would exceed held's
+// bound.
+func (t *policyTable) with(puts []*Policy, removed []string) *policyTable {
+	// gone maps every key whose policy leaves t (removed, or replaced by
+	// another value) to it; fresh are the values to compile.
+	gone := make(map[string]*compiledPolicy, len(puts)+len(removed))
+	putKeys := make(map[string]struct{}, len(puts))
+	fresh := make([]*Policy, 0, len(puts))
+	n := t.n
+	for _, p := range puts {
+		k := p.Key()
+		putKeys[k] = struct{}{}
+		switch old := t.lookup(k); {
+		case old == nil:
+			n++
+		case old.p == p:
+			continue
+		default:
+			gone[k] = old
 		}
-		lb.add(cp)
+		fresh = append(fresh, p)
 	}
-}
-
-// reuseFrom returns the compiled form in prev of each of policies that
-// prev holds, or nil when prev is nil or empty, or when taking them over
-// would leave the new table holding arenas compiled for more than twice
-// as many policies as it has (plus a slack of 64): a table keeps alive
-// every arena one of its policies points into, and a mesh whose policies
-// change one by one would otherwise keep every replaced policy's rules.
-func reuseFrom(prev *policyTable, policies []*Policy) map[*Policy]*compiledPolicy {
-	if prev == nil || len(prev.policies) == 0 {
-		return nil
-	}
-	old := make(map[*Policy]*compiledPolicy, len(policies))
-	arenas := map[*arena]struct{}{}
-	held := 0
-	for _, p := range policies {
-		i, ok := prev.members[p]
-		if !ok {
+	for _, k := range removed {
+		if _, put := putKeys[k]; put {
 			continue
 		}
-		cp := &prev.compiled[i]
-		old[p] = cp
-		if _, seen := arenas[cp.ar]; !seen {
-			arenas[cp.ar] = struct{}{}
-			held += cp.ar.policies
+		if _, dup := gone[k]; dup {
+			continue
+		}
+		if old := t.lookup(k); old != nil {
+			gone[k] = old
+			n--
 		}
 	}
-	if held+len(policies)-len(old) > 2*len(policies)+64 {
-		return nil
+	switch {
+	case len(fresh) == 0 && len(gone) == 0:
+		return t
+	case n == 0:
+		return emptyTable
+	case t.n == 0 || t.held+len(fresh) > 2*n+64:
+		list := make([]*Policy, 0, n)
+		t.byKey.all(func(k string, cp *compiledPolicy) {
+			if _, g := gone[k]; !g {
+				list = append(list, cp.p)
+			}
+		})
+		return compilePolicies(append(list, fresh...))
 	}
-	return old
+
+	nt := &policyTable{gen: policyGenerations.Add(1), n: n, held: t.held + len(fresh),
+		byKey: t.byKey, byNS: t.byNS, global: t.global}
+	defer lastTable.Store(nt)
+	cps := compileArena(fresh)
+	keys := newShardEdit(&nt.byKey, hashString, false, 0)
+	global := false
+	var namespaces []string
+	touch := func(p *Policy) {
+		switch p.Scope {
+		case ScopeGlobal:
+			global = true
+		case ScopeNamespace:
+			if !slices.Contains(namespaces, p.Namespace) {
+				namespaces = append(namespaces, p.Namespace)
+			}
+		}
+	}
+	for k, old := range gone {
+		if old != nil {
+			touch(old.p)
+			keys.del(k)
+		}
+	}
+	added := make([]*compiledPolicy, len(cps))
+	for i := range cps {
+		added[i] = &cps[i]
+		touch(cps[i].p)
+		keys.set(cps[i].key, &cps[i])
+	}
+	// regroup returns the view of a scope that held old (nil: none) and
+	// gains the policies of added in it (in reports whether a policy is).
+	regroup := func(old *policyView, in func(*Policy) bool) policyView {
+		var kept []compiledPolicy
+		if old != nil {
+			kept = make([]compiledPolicy, 0, len(old.scoped))
+			for _, cp := range old.scoped {
+				if _, g := gone[cp.key]; !g {
+					kept = append(kept, *cp)
+				}
+			}
+		}
+		scoped := make([]*compiledPolicy, 0, len(kept)+len(added))
+		for i := range kept {
+			scoped = append(scoped, &kept[i])
+			keys.set(kept[i].key, &kept[i])
+		}
+		for _, cp := range added {
+			if in(cp.p) {
+				scoped = append(scoped, cp)
+			}
+		}
+		slices.SortFunc(scoped, func(a, b *compiledPolicy) int { return strings.Compare(a.key, b.key) })
+		var lb listBuilder
+		for _, cp := range scoped {
+			lb.add(cp)
+		}
+		return lb.build()
+	}
+	if global {
+		nt.global = regroup(&t.global, func(p *Policy) bool { return p.Scope == ScopeGlobal })
+	}
+	if len(namespaces) > 0 {
+		views := newShardEdit(&nt.byNS, hashString, false, 0)
+		for _, ns := range namespaces {
+			v := regroup(t.nsView(ns), func(p *Policy) bool { return p.Scope == ScopeNamespace && p.Namespace == ns })
+			if len(v.scoped) == 0 {
+				views.del(ns)
+				continue
+			}
+			views.set(ns, &v)
+		}
+		views.finish()
+	}
+	keys.finish()
+	return nt
 }
 
 // reusableTable returns the last compiled table if policies are the very
@@ -368,19 +478,24 @@ func reusableTable(policies []*Policy) *policyTable {
 	return nil
 }
 
-// holdsExactly reports whether t was compiled from exactly these policies
-// (in any order).
+// holdsExactly reports whether t holds exactly these policies (in any
+// order).
 func (t *policyTable) holdsExactly(policies []*Policy) bool {
-	if len(policies) != len(t.policies) {
+	if len(policies) != t.n {
 		return false
 	}
-	seen := make([]bool, len(policies))
+	seen := make(map[*Policy]struct{}, len(policies))
 	for _, p := range policies {
-		i, ok := t.members[p]
-		if !ok || seen[i] {
+		if p == nil {
 			return false
 		}
-		seen[i] = true
+		if cp := t.lookup(p.Key()); cp == nil || cp.p != p {
+			return false
+		}
+		if _, dup := seen[p]; dup {
+			return false
+		}
+		seen[p] = struct{}{}
 	}
 	return true
 }
@@ -402,11 +517,13 @@ func (cp *compiledPolicy) never() bool { return !cp.portsAny && len(cp.ports) ==
 
 // listBuilder sorts one scope's policies into a policyView.
 type listBuilder struct {
-	deny, allow, dryDeny, dryAllow []*compiledPolicy
-	hasAllow                       bool
+	deny, allow, dryDeny, dryAllow, scoped []*compiledPolicy
+	hasAllow                               bool
 }
 
+// add adds cp, which sorts after every policy added before it.
 func (lb *listBuilder) add(cp *compiledPolicy) {
+	lb.scoped = append(lb.scoped, cp)
 	if cp.enforced && cp.p.Action == ActionAllow {
 		lb.hasAllow = true
 	}
@@ -429,7 +546,7 @@ func (lb *listBuilder) build() policyView {
 	return policyView{
 		deny: newPolicyList(lb.deny), allow: newPolicyList(lb.allow),
 		dryDeny: newPolicyList(lb.dryDeny), dryAllow: newPolicyList(lb.dryAllow),
-		hasAllow: lb.hasAllow,
+		hasAllow: lb.hasAllow, scoped: lb.scoped,
 	}
 }
 

@@ -70,10 +70,7 @@ func (s *Snapshot) Authorize(c Conn) Decision {
 		return Decision{Allowed: true, Reason: ReasonNoAllow}
 	}
 	ec := newEvalConn(&c)
-	var nsv *policyView
-	if len(t.byNS) > 0 {
-		nsv = t.byNS[w.Namespace]
-	}
+	nsv := t.nsView(w.Namespace)
 
 	if nsv != nil {
 		if cp := nsv.deny.first(&ec); cp != nil {
@@ -91,7 +88,7 @@ func (s *Snapshot) Authorize(c Conn) Decision {
 		listedAllow bool
 	)
 	for _, k := range w.AuthorizationPolicies() {
-		cp := t.byKey[k]
+		cp := t.lookup(k)
 		if cp == nil || !cp.enforced {
 			continue
 		}
@@ -122,7 +119,7 @@ func (s *Snapshot) Authorize(c Conn) Decision {
 		}
 	} else {
 		for _, k := range w.AuthorizationPolicies() {
-			if cp := t.byKey[k]; cp != nil && cp.enforced && cp.p.Action == ActionAllow && cp.matches(&ec) {
+			if cp := t.lookup(k); cp != nil && cp.enforced && cp.p.Action == ActionAllow && cp.matches(&ec) {
 				return Decision{Allowed: true, Reason: cp.allowReason}
 			}
 		}
@@ -143,10 +140,7 @@ func (s *Snapshot) DryRunMatches(c Conn) []*Policy {
 		return nil
 	}
 	ec := newEvalConn(&c)
-	var nsv *policyView
-	if len(t.byNS) > 0 {
-		nsv = t.byNS[w.Namespace]
-	}
+	nsv := t.nsView(w.Namespace)
 	var out []*Policy
 	for _, action := range [2]Action{ActionDeny, ActionAllow} {
 		if nsv != nil {
@@ -154,7 +148,7 @@ func (s *Snapshot) DryRunMatches(c Conn) []*Policy {
 		}
 		out = t.global.dryList(action).appendMatches(&ec, out)
 		for _, k := range w.AuthorizationPolicies() {
-			if cp := t.byKey[k]; cp != nil && !cp.enforced && cp.p.Action == action && !slices.Contains(out, cp.p) && cp.matches(&ec) {
+			if cp := t.lookup(k); cp != nil && !cp.enforced && cp.p.Action == action && !slices.Contains(out, cp.p) && cp.matches(&ec) {
 				out = append(out, cp.p)
 			}
 		}

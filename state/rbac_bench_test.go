@@ -117,3 +117,44 @@ func BenchmarkCompile10k(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkAuthorizeMesh: the scale test's policy shape, 2,000 policies over
+// 1,000 namespaces (a quarter namespace-scoped, the rest selecting
+// workloads), and a connection to a workload of a namespace with a
+// NAMESPACE policy that lists its selector policy: the lookups by
+// namespace and by key that a mesh's connections pay.
+func BenchmarkAuthorizeMesh(b *testing.B) {
+	var policies []*Policy
+	for i := range 2000 {
+		ns := "ns-" + strconv.Itoa(i%1000)
+		scope := ScopeWorkloadSelector
+		if i%4 == 3 {
+			scope = ScopeNamespace
+		}
+		policies = append(policies, &Policy{Name: "p" + strconv.Itoa(i), Namespace: ns, Scope: scope, Action: ActionAllow,
+			Rules: [][][]Match{{{{Principals: []StringMatch{{MatchExact, "cluster.local/ns/" + ns + "/sa/a"}, {MatchPrefix, "cluster.local/ns/" + ns + "/"}}}}}}})
+	}
+	// The destination's namespace has a NAMESPACE policy, and it lists its
+	// selector policy.
+	policies = append(policies,
+		&Policy{Name: "nsp", Namespace: "ns1", Scope: ScopeNamespace, Action: ActionAllow,
+			Rules: [][][]Match{{{{Principals: []StringMatch{{MatchPrefix, "cluster.local/ns/ns1/"}}}}}}},
+		&Policy{Name: "sel", Namespace: "ns1", Scope: ScopeWorkloadSelector, Action: ActionAllow,
+			Rules: [][][]Match{{{{Principals: []StringMatch{{MatchExact, "cluster.local/ns/ns1/sa/a"}}}}}}})
+	w := rbacDst("ns1/sel")
+	s, err := NewSnapshot([]*Workload{w}, nil, policies)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := Conn{
+		Src: netip.AddrPortFrom(netip.MustParseAddr("10.0.0.1"), 12345), Dst: netip.AddrPortFrom(netip.MustParseAddr("10.0.0.2"), 8080),
+		DstWorkload: w, SrcIdentity: clientID,
+	}
+	if d := s.Authorize(c); d.Allowed {
+		b.Fatalf("decision %+v", d)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		s.Authorize(c)
+	}
+}

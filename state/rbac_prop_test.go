@@ -124,7 +124,7 @@ func appliedPolicies(t *testing.T, workloads []*Workload, policies []*Policy) *S
 		t.Fatal(err)
 	}
 	for _, p := range policies[half:] {
-		if got := applied.pol.compiled[applied.pol.members[p]].ar; got != base.pol.ar {
+		if got := applied.pol.lookup(p.Key()).ar; got != base.pol.lookup(p.Key()).ar {
 			t.Fatalf("policy %s was compiled again by a delta that did not change it", p.Key())
 		}
 	}
@@ -483,22 +483,22 @@ func TestPolicyArenasBounded(t *testing.T) {
 				}
 				held := map[*arena]bool{}
 				total := 0
-				for i := range s.pol.compiled {
-					if ar := s.pol.compiled[i].ar; !held[ar] {
-						held[ar] = true
-						total += ar.policies
+				s.pol.byKey.all(func(_ string, cp *compiledPolicy) {
+					if !held[cp.ar] {
+						held[cp.ar] = true
+						total += cp.ar.policies
 					}
-				}
+				})
 				if total > 2*n+64 {
 					t.Fatalf("step %d: the table holds arenas compiled for %d policies, it has %d", step, total, n)
 				}
-				if len(held) == 1 && s.pol.ar.policies == n {
+				if len(held) == 1 && total == n {
 					recompiled++
 					continue
 				}
 				for i := range n {
 					key := fmt.Sprintf("ns/p%d", i)
-					reused := s.pol.byKey[key].ar == prev.byKey[key].ar
+					reused := s.pol.lookup(key).ar == prev.lookup(key).ar
 					if reused == changed[i] {
 						t.Fatalf("step %d: policy %s changed %v, compiled rules taken over %v", step, key, changed[i], reused)
 					}

@@ -141,8 +141,9 @@ func (s *Snapshot) WithWorkloads(workloads []*Workload, services []*Service) (*S
 // Apply given a delta without policies, carry the generation over, and every
 // snapshot without policies has generation 0. NewSnapshot given exactly the
 // same *Policy values as the previous NewSnapshot with policies (in any
-// order) reuses its compiled table and generation (and so does Apply when
-// its result has them); otherwise it compiles a table with a new
+// order) reuses its compiled table and generation (and Apply keeps its
+// snapshot's when the delta's policies are the very values it holds and it
+// removes none it holds); otherwise it compiles a table with a new
 // generation, larger than any before it, even for policies equal to an
 // earlier snapshot's. So a different generation means the policies may have
 // changed, not that they did.
@@ -180,7 +181,7 @@ func (s *Snapshot) Services() []*Service {
 }
 
 // Policies returns every policy, sorted by key.
-func (s *Snapshot) Policies() []*Policy { return s.pol.policies }
+func (s *Snapshot) Policies() []*Policy { return s.pol.list() }
 
 // Warnings returns problems that did not prevent building the snapshot, such
 // as a workload listing a policy key the snapshot lacks. Callers log them once

@@ -197,7 +197,7 @@ type Client struct {
 	// known holds, per type, the version of every resource accepted (or
 	// demanded and not yet received, with version ""), for
 	// initial_resource_versions on reconnect.
-	known map[string]map[string]string
+	known map[string]*versions
 	// pending holds the on-demand lookups waiting for a response that
 	// mentions their resource.
 	pending map[resourceKey][]chan struct{}
@@ -223,7 +223,7 @@ func New(cfg Config) *Client {
 		demands:  make(chan demand, demandQueue),
 		synced:   make(chan struct{}),
 		stopped:  make(chan struct{}),
-		known:    map[string]map[string]string{},
+		known:    map[string]*versions{},
 		pending:  map[resourceKey][]chan struct{}{},
 		expect:   map[string]bool{},
 	}

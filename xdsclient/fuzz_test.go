@@ -88,7 +88,7 @@ func FuzzHandleResponse(f *testing.F) {
 			t.Fatalf("ack %v with %d rejected and %d without payload", ack, len(rejected), missing)
 		}
 		for _, rj := range rejected {
-			if _, held := c.known[typeURL][rj.Name]; held {
+			if c.known[typeURL] != nil && c.known[typeURL].has(rj.Name) {
 				t.Fatalf("rejected %q recorded as held", rj.Name)
 			}
 		}

@@ -77,43 +77,81 @@ func (c *Client) runStream(ctx context.Context, cpCfg controlplane.Config, attem
 	c.logf(slog.LevelInfo, "xds: stream %d established to %s", attempt, c.cfg.Address)
 
 	for {
+		// Wait for the next event; only when none is ready at once,
+		// merge what the last responses added to the record of versions
+		// held (tens of milliseconds for a push of 100,000 names), so that
+		// neither an ACK nor Synced waits for it.
+		var err error
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case err := <-recvErr:
 			return streamEnd(err)
 		case d := <-c.demands:
-			c.logf(slog.LevelInfo, "xds: received on demand request %s/%s", d.key.typeURL, d.key.name)
-			c.pending[d.key] = append(c.pending[d.key], d.done)
-			if _, ok := c.known[d.key.typeURL][d.key.name]; !ok {
-				c.knownFor(d.key.typeURL)[d.key.name] = "" // re-asked for on reconnect
-			}
-			if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{
-				TypeUrl:                d.key.typeURL,
-				ResourceNamesSubscribe: []string{d.key.name},
-			}); err != nil {
-				return sendFailed(err)
-			}
+			err = c.demand(stream, d)
 		case r := <-responses:
-			if c.cfg.OnMessage != nil {
-				n := 0
-				for _, res := range r.Resources {
-					n += len(res.GetResource().GetValue())
-				}
-				c.cfg.OnMessage(r.TypeUrl, n)
-			}
-			ack, ok := c.handle(r)
-			if err := stream.Send(ack); err != nil {
-				return sendFailed(err)
-			}
-			if ok && c.expect[r.TypeUrl] {
-				delete(c.expect, r.TypeUrl)
-				if len(c.expect) == 0 {
-					close(c.synced)
-					c.logf(slog.LevelInfo, "xds: synced")
-				}
+			err = c.respond(stream, r)
+		default:
+			c.compactKnown()
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case err := <-recvErr:
+				return streamEnd(err)
+			case d := <-c.demands:
+				err = c.demand(stream, d)
+			case r := <-responses:
+				err = c.respond(stream, r)
 			}
 		}
+		if err != nil {
+			return sendFailed(err)
+		}
+	}
+}
+
+// demand asks the server for one resource of an on-demand type.
+func (c *Client) demand(stream discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient, d demand) error {
+	c.logf(slog.LevelInfo, "xds: received on demand request %s/%s", d.key.typeURL, d.key.name)
+	c.pending[d.key] = append(c.pending[d.key], d.done)
+	if vs := c.knownFor(d.key.typeURL); !vs.has(d.key.name) {
+		vs.set(d.key.name, "") // re-asked for on reconnect
+	}
+	return stream.Send(&discoveryv3.DeltaDiscoveryRequest{
+		TypeUrl:                d.key.typeURL,
+		ResourceNamesSubscribe: []string{d.key.name},
+	})
+}
+
+// respond applies one response, sends its ACK or NACK, and closes Synced
+// once every expected type has been ACKed.
+func (c *Client) respond(stream discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient, r *discoveryv3.DeltaDiscoveryResponse) error {
+	if c.cfg.OnMessage != nil {
+		n := 0
+		for _, res := range r.Resources {
+			n += len(res.GetResource().GetValue())
+		}
+		c.cfg.OnMessage(r.TypeUrl, n)
+	}
+	ack, ok := c.handle(r)
+	if err := stream.Send(ack); err != nil {
+		return err
+	}
+	if ok && c.expect[r.TypeUrl] {
+		delete(c.expect, r.TypeUrl)
+		if len(c.expect) == 0 {
+			close(c.synced)
+			c.logf(slog.LevelInfo, "xds: synced")
+		}
+	}
+	return nil
+}
+
+// compactKnown merges the pending changes of every type's record of
+// versions that has enough of them.
+func (c *Client) compactKnown() {
+	for _, vs := range c.known {
+		vs.compact()
 	}
 }
 
@@ -125,13 +163,13 @@ func streamEnd(err error) error {
 	return err
 }
 
-func (c *Client) knownFor(typeURL string) map[string]string {
-	m := c.known[typeURL]
-	if m == nil {
-		m = map[string]string{}
-		c.known[typeURL] = m
+func (c *Client) knownFor(typeURL string) *versions {
+	vs := c.known[typeURL]
+	if vs == nil {
+		vs = &versions{}
+		c.known[typeURL] = vs
 	}
-	return m
+	return vs
 }
 
 // initialRequest is the first request of a stream for typeURL: the node, the
@@ -143,11 +181,9 @@ func (c *Client) initialRequest(typeURL string) *discoveryv3.DeltaDiscoveryReque
 		req.ResourceNamesSubscribe = []string{"*"}
 		req.ResourceNamesUnsubscribe = []string{"*"}
 	}
-	if known := c.known[typeURL]; len(known) > 0 {
-		req.InitialResourceVersions = make(map[string]string, len(known))
-		for k, v := range known {
-			req.InitialResourceVersions[k] = v
-		}
+	if known := c.known[typeURL]; known != nil && known.len() > 0 {
+		req.InitialResourceVersions = make(map[string]string, known.len())
+		known.all(func(name, version string) { req.InitialResourceVersions[name] = version })
 	}
 	return req
 }
@@ -186,7 +222,7 @@ func (c *Client) handle(r *discoveryv3.DeltaDiscoveryResponse) (*discoveryv3.Del
 	}
 	known := c.knownFor(r.TypeUrl)
 	for _, name := range r.RemovedResources {
-		delete(known, name)
+		known.remove(name)
 		c.notify(resourceKey{r.TypeUrl, name})
 	}
 	for _, res := range r.Resources {
@@ -197,7 +233,7 @@ func (c *Client) handle(r *discoveryv3.DeltaDiscoveryResponse) (*discoveryv3.Del
 			c.notify(resourceKey{r.TypeUrl, a})
 		}
 		if !rejectedNames[res.GetName()] {
-			known[res.GetName()] = res.GetVersion()
+			known.set(res.GetName(), res.GetVersion())
 		}
 	}
 
