@@ -351,6 +351,15 @@ func (s *Server) Connections() int {
 	return s.nconns
 }
 
+// Snapshots returns how many snapshots have been acknowledged in total
+// (one per daemon connection that synced; a connection cut before its
+// snapshot counts none).
+func (s *Server) Snapshots() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.snapshots
+}
+
 // WaitSnapshots waits until n snapshots in total have been acknowledged
 // (one per daemon connection that synced).
 func (s *Server) WaitSnapshots(ctx context.Context, n int) error {
