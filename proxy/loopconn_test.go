@@ -15,13 +15,12 @@ import (
 	"github.com/ztunnel-go/ztunnel/internal/nettest"
 )
 
-// TestLoopOwnedHBONE: with LoopDrive, the inbound server's HBONE
-// connection is owned by an engine loop (Stats.Conns counts it while it is
-// open), its stream's relay is readied on that loop without a task
-// (Stats.LocalWakes), 4 MiB echo both ways arrive whole, and once the
-// client closes its connection the engine holds none.
-func TestLoopOwnedHBONE(t *testing.T) {
-	// The daemon's defaults: loop-owned connections, blocking stream loops.
+// loopOwnedEcho starts an inbound proxy whose HBONE connections an epoll
+// engine's loops own (the daemon's defaults: loop-owned connections,
+// blocking stream loops) and opens one HBONE connection with a stream to an
+// echo app through it.
+func loopOwnedEcho(t *testing.T) (*engine.Engine, *inboundRig, *hbone.ClientConn, *hbone.Stream) {
+	t.Helper()
 	eng, err := engine.New(engine.Config{Backend: engine.BackendEpoll, BlockStreamLoops: true})
 	if err != nil {
 		t.Fatal(err)
@@ -31,11 +30,20 @@ func TestLoopOwnedHBONE(t *testing.T) {
 	t.Cleanup(func() { loopEngines.Delete(eng) })
 	app := echoApp(t)
 	rig := startInbound(t, 1, withEngine(eng))
-
 	cc, s, _, err := connectHBONEConn(t, rig.ca, rig.hbonePort, "client", "srv", &hbone.Request{Authority: fmt.Sprintf("127.0.0.1:%d", app)})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return eng, rig, cc, s
+}
+
+// TestLoopOwnedHBONE: with LoopDrive, the inbound server's HBONE
+// connection is owned by an engine loop (Stats.Conns counts it while it is
+// open), its stream's relay is readied on that loop without a task
+// (Stats.LocalWakes), 4 MiB echo both ways arrive whole, and once the
+// client closes its connection the engine holds none.
+func TestLoopOwnedHBONE(t *testing.T) {
+	eng, _, cc, s := loopOwnedEcho(t)
 	if n := eng.Stats().Conns; n != 1 {
 		t.Errorf("the engine owns %d connections with one HBONE connection open, want 1", n)
 	}
@@ -74,19 +82,7 @@ func TestLoopOwnedHBONE(t *testing.T) {
 // end gives back what the worker's return used to: the peer's count
 // (peerDone), the proxy's hold on the socket (release).
 func TestLoopOwnedHBONEHoldsNoWorker(t *testing.T) {
-	eng, err := engine.New(engine.Config{Backend: engine.BackendEpoll, BlockStreamLoops: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
-	loopEngines.Store(eng, struct{}{})
-	t.Cleanup(func() { loopEngines.Delete(eng) })
-	app := echoApp(t)
-	rig := startInbound(t, 1, withEngine(eng))
-	cc, s, _, err := connectHBONEConn(t, rig.ca, rig.hbonePort, "client", "srv", &hbone.Request{Authority: fmt.Sprintf("127.0.0.1:%d", app)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, rig, cc, s := loopOwnedEcho(t)
 	echoOnce := func() {
 		if _, err := s.Write([]byte("ping")); err != nil {
 			t.Fatal(err)
