@@ -395,54 +395,8 @@ spec:
 		waitUntil(t, time.Minute, func() error { return call(ctx, c, dst) })
 	}
 
-	type tally struct {
-		ok       int
-		failures []string
-	}
-	var (
-		mu             sync.Mutex
-		counts         = map[*netnslab.Pod]*tally{}
-		wg             sync.WaitGroup
-		stop           = make(chan struct{})
-		stopped        bool
-		callsSinceMark = func() int {
-			mu.Lock()
-			defer mu.Unlock()
-			n := 0
-			for _, c := range counts {
-				n += c.ok + len(c.failures)
-			}
-			return n
-		}
-	)
-	for _, c := range clients {
-		counts[c] = &tally{}
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				err := call(ctx, c, dst)
-				mu.Lock()
-				if err == nil {
-					counts[c].ok++
-				} else {
-					counts[c].failures = append(counts[c].failures, err.Error())
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	halt := func() {
-		if !stopped {
-			stopped = true
-			close(stop)
-			wg.Wait()
-		}
-	}
-	defer halt()
+	load := startCallLoad(ctx, clients, dst)
+	defer load.halt()
 
 	_, newEcho := start("restart-2")
 	waitUntil(t, time.Minute, func() error {
@@ -463,8 +417,8 @@ spec:
 	// Once the old pod takes no more connections for 100 calls in a row
 	// (both clients'), it is out of the Service for both.
 	waitUntil(t, time.Minute, func() error {
-		before, calls := oldEcho.count(), callsSinceMark()
-		if !nettest.Until(time.Minute, func() bool { return callsSinceMark() >= calls+100 }) {
+		before, calls := oldEcho.count(), load.calls()
+		if !nettest.Until(time.Minute, func() bool { return load.calls() >= calls+100 }) {
 			return fmt.Errorf("the clients made fewer than 100 calls in a minute")
 		}
 		if oldEcho.count() != before {
@@ -474,14 +428,14 @@ spec:
 	})
 	l.kubectl(t, "delete", "pod", "restart-1", "-n", "arows", "--grace-period=0", "--force")
 	// A few more calls after the old pod's object went.
-	calls := callsSinceMark()
+	calls := load.calls()
 	waitUntil(t, time.Minute, func() error {
-		if n := callsSinceMark(); n < calls+100 {
+		if n := load.calls(); n < calls+100 {
 			return fmt.Errorf("%d calls since the old pod went, want 100", n-calls)
 		}
 		return nil
 	})
-	halt()
+	load.halt()
 	stopProxy()
 	proxyWG.Wait()
 	proxyMu.Lock()
@@ -489,11 +443,11 @@ spec:
 	proxyMu.Unlock()
 	t.Logf("old pod %v: %d connections, new: %d", oldPod.IP, oldEcho.count(), newEcho.count())
 	for _, c := range clients {
-		n := counts[c]
-		t.Logf("%s: %d calls through the replacement, %d failed", c.Name, n.ok+len(n.failures), len(n.failures))
-		if len(n.failures) > 0 {
+		n := load.tally(c)
+		t.Logf("%s: %d calls through the replacement, %d failed", c.Name, n.calls(), n.failed)
+		if n.failed > 0 {
 			t.Errorf("%s: %d of %d calls failed while the Service's pod was replaced, want none; first: %s",
-				c.Name, len(n.failures), n.ok+len(n.failures), n.failures[0])
+				c.Name, n.failed, n.calls(), n.first)
 		}
 	}
 }

@@ -423,46 +423,8 @@ func testDynamicEnrolUnderTraffic(t *testing.T, l *arowsLab) {
 	ctx := t.Context()
 	startEcho(t, l.joiner, serverPort)
 	dst := netip.AddrPortFrom(l.joiner.IP, serverPort)
-	type tally struct {
-		ok, failed int
-		errs       map[string]int // by the error's words, without addresses
-	}
-	var (
-		mu     sync.Mutex
-		counts = map[string]*tally{}
-		wg     sync.WaitGroup
-	)
-	stop := make(chan struct{})
-	for _, c := range []*netnslab.Pod{l.client, l.plain} {
-		counts[c.Name] = &tally{errs: map[string]int{}}
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				err := call(ctx, c, dst)
-				mu.Lock()
-				if err == nil {
-					counts[c.Name].ok++
-				} else {
-					counts[c.Name].failed++
-					counts[c.Name].errs[errorWords(err)]++
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	stopped := false
-	halt := func() {
-		if !stopped {
-			stopped = true
-			close(stop)
-			wg.Wait()
-		}
-	}
-	defer halt()
+	load := startCallLoad(ctx, []*netnslab.Pod{l.client, l.plain}, dst)
+	defer load.halt()
 
 	// The joiner's own daemon (node2's) logs the mesh client's calls
 	// arriving over HBONE once the pod is enrolled.
@@ -486,18 +448,14 @@ func testDynamicEnrolUnderTraffic(t *testing.T, l *arowsLab) {
 	l.kubectl(t, "label", "namespace", "joiner", "istio.io/dataplane-mode-")
 	l.waitRedirection(t, "joiner", "joiner", "", "after its namespace left")
 	// A few more calls after it left.
-	mu.Lock()
-	after := counts[l.client.Name].ok + counts[l.client.Name].failed
-	mu.Unlock()
+	after := load.tally(l.client).calls()
 	waitUntil(t, time.Minute, func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		if n := counts[l.client.Name].ok + counts[l.client.Name].failed; n < after+20 {
+		if n := load.tally(l.client).calls(); n < after+20 {
 			return fmt.Errorf("%d calls since the pod left, want 20", n-after)
 		}
 		return nil
 	})
-	halt()
+	load.halt()
 	// What the mesh client's daemon said of the calls it could not
 	// complete, for the figures.
 	failures := map[string]int{}
@@ -509,11 +467,92 @@ func testDynamicEnrolUnderTraffic(t *testing.T, l *arowsLab) {
 		}
 	}
 	t.Logf("the mesh client's daemon on its failed calls: %v", failures)
-	for name, c := range counts {
-		t.Logf("%s: %d of %d calls succeeded while the destination joined and left the mesh; failures: %v", name, c.ok, c.ok+c.failed, c.errs)
-		if c.ok*2 < c.ok+c.failed {
-			t.Errorf("%s: %d of %d calls succeeded, want at least half", name, c.ok, c.ok+c.failed)
+	for _, p := range []*netnslab.Pod{l.client, l.plain} {
+		c := load.tally(p)
+		t.Logf("%s: %d of %d calls succeeded while the destination joined and left the mesh; failures: %v", p.Name, c.ok, c.calls(), c.errs)
+		if c.ok*2 < c.calls() {
+			t.Errorf("%s: %d of %d calls succeeded, want at least half", p.Name, c.ok, c.calls())
 		}
+	}
+}
+
+// callLoad calls one destination from each of its clients back to back
+// until halt, and tallies each client's results: the traffic Istio's
+// tests keep up while a pod or its namespace changes under it.
+type callLoad struct {
+	mu     sync.Mutex // guards counts' values
+	counts map[*netnslab.Pod]*callTally
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	halted bool
+}
+
+// callTally is one client's results.
+type callTally struct {
+	ok, failed int
+	first      string         // the first failure's text
+	errs       map[string]int // failures by the error's words, without addresses
+}
+
+// calls is how many calls the client made.
+func (c callTally) calls() int { return c.ok + c.failed }
+
+// startCallLoad starts the calls of every client to dst.
+func startCallLoad(ctx context.Context, clients []*netnslab.Pod, dst netip.AddrPort) *callLoad {
+	l := &callLoad{counts: map[*netnslab.Pod]*callTally{}, stop: make(chan struct{})}
+	for _, c := range clients {
+		n := &callTally{errs: map[string]int{}}
+		l.counts[c] = n
+		l.wg.Go(func() {
+			for {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				err := call(ctx, c, dst)
+				l.mu.Lock()
+				if err == nil {
+					n.ok++
+				} else {
+					if n.failed == 0 {
+						n.first = err.Error()
+					}
+					n.failed++
+					n.errs[errorWords(err)]++
+				}
+				l.mu.Unlock()
+			}
+		})
+	}
+	return l
+}
+
+// tally returns client's results so far.
+func (l *callLoad) tally(client *netnslab.Pod) callTally {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return *l.counts[client]
+}
+
+// calls is how many calls every client made so far.
+func (l *callLoad) calls() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, c := range l.counts {
+		n += c.calls()
+	}
+	return n
+}
+
+// halt stops the calls and waits for the last (once; later calls do
+// nothing). Only the test's goroutine calls it.
+func (l *callLoad) halt() {
+	if !l.halted {
+		l.halted = true
+		close(l.stop)
+		l.wg.Wait()
 	}
 }
 

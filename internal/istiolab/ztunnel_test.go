@@ -9,8 +9,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,17 +112,7 @@ type dumpCert struct {
 
 // configDumpCerts reads the daemon's certificates from its admin server.
 func configDumpCerts(ctx context.Context, pod *netnslab.Pod) ([]dumpCert, error) {
-	client := &http.Client{Transport: &http.Transport{DialContext: pod.Dial, DisableKeepAlives: true}, Timeout: 5 * time.Second}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:15000/config_dump", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
+	data, err := fetchConfigDump(ctx, pod)
 	if err != nil {
 		return nil, err
 	}
