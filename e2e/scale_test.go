@@ -294,7 +294,8 @@ func measureMesh(t *testing.T, m scaleMesh, probes, setups int, settle bool, out
 			t.Fatal(err)
 		}
 	}
-	p.RSSKiB, p.HeapInuseKiB = int64(st.RSS>>10), int64(st.HeapInuse>>10)
+	p.RSSKiB, p.HeapInuseKiB, p.HeapLiveKiB = int64(st.RSS>>10), int64(st.HeapInuse>>10), int64(st.HeapAlloc>>10)
+	t.Logf("%d workloads, quiet: %v", m.workloads, st)
 	if heap != nil {
 		writeScaleHeap(ctx, t, d, out, fmt.Sprintf("heap-%d.pb.gz", m.workloads), m.workloads, heap)
 	}

@@ -60,6 +60,10 @@ type ScalePoint struct {
 	// synced, with the push's garbage.
 	RSSKiB       int64 `json:"rss_kib"`
 	HeapInuseKiB int64 `json:"heap_inuse_kib"`
+	// HeapLiveKiB is the bytes of the heap's objects at that reading: what
+	// the mesh keeps. HeapInuseKiB less it is free space inside the spans
+	// the live objects hold (the push's garbage was interleaved with them).
+	HeapLiveKiB  int64 `json:"heap_live_kib"`
 	SyncedRSSKiB int64 `json:"synced_rss_kib"`
 	Released     bool  `json:"released"`
 	// Sync is from the control plane's first byte (its answer to the
@@ -112,6 +116,15 @@ func (s *Scale) PerWorkload(p ScalePoint) (rss, heap float64) {
 	}
 	n := float64(p.Workloads)
 	return float64(p.RSSKiB-s.Baseline.RSSKiB) * 1024 / n, float64(p.HeapInuseKiB-s.Baseline.HeapInuseKiB) * 1024 / n
+}
+
+// LivePerWorkload is the growth of the heap's live bytes per workload
+// above the baseline (NaN when not measured).
+func (s *Scale) LivePerWorkload(p ScalePoint) float64 {
+	if p.Workloads == 0 || p.HeapLiveKiB == 0 {
+		return math.NaN()
+	}
+	return float64(p.HeapLiveKiB-s.Baseline.HeapLiveKiB) * 1024 / float64(p.Workloads)
 }
 
 // writeScenario writes a scenario's results as JSON (results), its plots
@@ -177,7 +190,8 @@ func ScaleMarkdown(s *Scale, plots []string) []byte {
 		"RSS %s KiB, heap %s KiB), with each size's services and policies included, read once the daemon is quiet (its "+
 		"memory releaser has returned what the push freed). Change latencies are measured while "+
 		"%d unrelated Address changes a second are pushed; each sample is from the push to the end of the first "+
-		"connection that shows the change (an upper bound, within one connection set-up).",
+		"connection that shows the change (an upper bound, within one connection set-up). The heap is the Go heap in use "+
+		"(whole spans); the live heap the bytes of its objects: the gap is free space in spans that live objects hold.",
 		commas(s.Baseline.RSSKiB), commas(s.Baseline.HeapInuseKiB), s.ChurnPerSecond)
 	m.p("")
 	rows := [][]string{}
@@ -189,12 +203,12 @@ func ScaleMarkdown(s *Scale, plots []string) []byte {
 		}
 		rows = append(rows, []string{
 			commas(int64(p.Workloads)), commas(int64(p.Services)), commas(int64(p.Policies)),
-			num(float64(p.SyncedRSSKiB) / 1024), quiet, num(rss), num(heap),
+			num(float64(p.SyncedRSSKiB) / 1024), quiet, num(rss), num(heap), num(s.LivePerWorkload(p)),
 			ms(p.Sync), ms(p.CPU),
 			pcts(p.Setup), pcts(p.AddressChange), pcts(p.AuthzChange),
 		})
 	}
-	m.table(0, []string{"workloads", "services", "policies", "RSS at synced MiB", "RSS quiet MiB", "RSS B/workload", "heap B/workload",
+	m.table(0, []string{"workloads", "services", "policies", "RSS at synced MiB", "RSS quiet MiB", "RSS B/workload", "heap B/workload", "live heap B/workload",
 		"first byte → synced ms", "CPU to synced ms", "VIP set-up p50/p99 ms", "Address change p50/p99 ms",
 		"Authorization change p50/p99 ms"}, rows)
 	if len(s.Points) > 1 {

@@ -18,6 +18,7 @@ func TestWriteScale(t *testing.T) {
 	pt := func(n int, rssKiB, heapKiB int64) report.ScalePoint {
 		return report.ScalePoint{
 			Workloads: n, Services: n / 5, Policies: n / 50, RSSKiB: rssKiB, HeapInuseKiB: heapKiB, SyncedRSSKiB: rssKiB + 1024,
+			HeapLiveKiB: 4000 + (heapKiB-5000)/3*2, // two thirds of the growth live
 			Released: true, Sync: 150 * time.Millisecond, CPU: 120 * time.Millisecond,
 			Setup:         report.PercentilesOf([]time.Duration{time.Millisecond, 2 * time.Millisecond}),
 			AddressChange: report.PercentilesOf([]time.Duration{3 * time.Millisecond}),
@@ -27,7 +28,7 @@ func TestWriteScale(t *testing.T) {
 	s := &report.Scale{
 		Machine:        report.Machine{Host: "testhost", CPUModel: "Test CPU", Cores: 2, Kernel: "6.1", GoVersion: "go1.26"},
 		ChurnPerSecond: 100,
-		Baseline:       report.ScalePoint{RSSKiB: 20000, HeapInuseKiB: 5000},
+		Baseline:       report.ScalePoint{RSSKiB: 20000, HeapInuseKiB: 5000, HeapLiveKiB: 4000},
 		// 1,000 workloads at 2 KiB RSS and 1.5 KiB heap each; 10,000 at 1 KiB and 0.75 KiB.
 		Points: []report.ScalePoint{pt(1000, 20000+2000, 5000+1500), pt(10000, 20000+10000, 5000+7500)},
 	}
@@ -43,8 +44,8 @@ func TestWriteScale(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"| 1,000 | 200 | 20 | 22.5 | 21.5 | 2,048 | 1,536 | 150 | 120 | 1.00 / 2.00 (n=2) | 3.00 / 3.00 (n=1) | 4.00 / 4.00 (n=1) |",
-		"| 10,000 | 2,000 | 200 | 30.3 | 29.3 | 1,024 | 768 |",
+		"| 1,000 | 200 | 20 | 22.5 | 21.5 | 2,048 | 1,536 | 1,024 | 150 | 120 | 1.00 / 2.00 (n=2) | 3.00 / 3.00 (n=1) | 4.00 / 4.00 (n=1) |",
+		"| 10,000 | 2,000 | 200 | 30.3 | 29.3 | 1,024 | 768 | 512 |",
 		"VIP set-up p50 at 10,000 workloads against 1,000: 1.00×.",
 		"](" + report.PlotScaleMemory + ")", "](" + report.PlotScaleTime + ")",
 	} {

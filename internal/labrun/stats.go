@@ -32,12 +32,16 @@ type Stats struct {
 	// collection (the pprof heap profile with gc=1): the live memory, which
 	// RSS follows only as the runtime returns pages to the kernel.
 	HeapInuse, StackInuse uint64
+	// HeapAlloc is the bytes of the heap's objects after that collection:
+	// what is live. HeapInuse less HeapAlloc is the free space inside the
+	// spans the live objects keep (fragmentation).
+	HeapAlloc uint64
 }
 
 // String formats the reading for logs.
 func (s Stats) String() string {
-	return fmt.Sprintf("rss %.1f MiB (heap %.1f, stacks %.1f), %d fds, %d threads, %d goroutines",
-		float64(s.RSS)/(1<<20), float64(s.HeapInuse)/(1<<20), float64(s.StackInuse)/(1<<20), s.FDs, s.Threads, s.Goroutines)
+	return fmt.Sprintf("rss %.1f MiB (heap %.1f, live %.1f, stacks %.1f), %d fds, %d threads, %d goroutines",
+		float64(s.RSS)/(1<<20), float64(s.HeapInuse)/(1<<20), float64(s.HeapAlloc)/(1<<20), float64(s.StackInuse)/(1<<20), s.FDs, s.Threads, s.Goroutines)
 }
 
 // Stats reads the daemon's resident memory, descriptors and threads from
@@ -102,6 +106,8 @@ func (d *Daemon) Stats(ctx context.Context) (Stats, error) {
 		switch k {
 		case "HeapInuse":
 			s.HeapInuse = n
+		case "HeapAlloc":
+			s.HeapAlloc = n
 		case "Stack":
 			s.StackInuse = n
 		}
