@@ -19,7 +19,7 @@ func TestWriteScale(t *testing.T) {
 		return report.ScalePoint{
 			Workloads: n, Services: n / 5, Policies: n / 50, RSSKiB: rssKiB, HeapInuseKiB: heapKiB, SyncedRSSKiB: rssKiB + 1024,
 			HeapLiveKiB: 4000 + (heapKiB-5000)/3*2, // two thirds of the growth live
-			Released: true, Sync: 150 * time.Millisecond, CPU: 120 * time.Millisecond,
+			Released:    true, Sync: 150 * time.Millisecond, CPU: 120 * time.Millisecond,
 			Setup:         report.PercentilesOf([]time.Duration{time.Millisecond, 2 * time.Millisecond}),
 			AddressChange: report.PercentilesOf([]time.Duration{3 * time.Millisecond}),
 			AuthzChange:   report.PercentilesOf([]time.Duration{4 * time.Millisecond}),
