@@ -206,8 +206,16 @@ func (c *Client) handle(r *discoveryv3.DeltaDiscoveryResponse) (*discoveryv3.Del
 			missing = append(missing, Rejection{Name: res.GetName(), Err: errors.New("xds payload without resource")})
 			continue
 		}
-		u.Resources = append(u.Resources, Resource{Name: res.Name, Version: res.Version, Value: res.Resource})
+		// The name and version outlive the response (the record of
+		// versions keeps both, and the handler may keep the name: a
+		// workload's uid is its resource name). Copies made here, in a
+		// loop that allocates nothing else, pack a large push's names
+		// densely; the decoded strings sit between the response's type
+		// URLs and payloads, which die with it, and would keep each of
+		// their spans mostly empty for as long as the resource is held.
+		u.Resources = append(u.Resources, Resource{Name: strings.Clone(res.Name), Version: strings.Clone(res.Version), Value: res.Resource})
 	}
+	held := u.Resources // the copies, in the response's order
 	rejected := append(h.Handle(u), missing...)
 
 	// Bookkeeping after the handler, so that woken lookups see its result.
@@ -226,14 +234,19 @@ func (c *Client) handle(r *discoveryv3.DeltaDiscoveryResponse) (*discoveryv3.Del
 		c.notify(resourceKey{r.TypeUrl, name})
 	}
 	for _, res := range r.Resources {
-		c.notify(resourceKey{r.TypeUrl, res.GetName()})
+		name, version := res.GetName(), res.GetVersion()
+		if res.GetResource() != nil {
+			name, version = held[0].Name, held[0].Version
+			held = held[1:]
+		}
+		c.notify(resourceKey{r.TypeUrl, name})
 		// istiod answers an on-demand "network/IP" with the resource under
 		// its own name and the asked-for name as an alias.
 		for _, a := range res.GetAliases() {
 			c.notify(resourceKey{r.TypeUrl, a})
 		}
-		if !rejectedNames[res.GetName()] {
-			known.set(res.GetName(), res.GetVersion())
+		if !rejectedNames[name] {
+			known.set(name, version)
 		}
 	}
 

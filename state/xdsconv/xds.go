@@ -121,14 +121,24 @@ func apply[M any, PM interface {
 		err error
 	}
 	out := make([]converted, len(u.Resources))
-	convertAll(len(u.Resources), func(i int) {
-		m := PM(new(M))
-		if err := unmarshal(u.Resources[i].Value, m); err != nil {
-			out[i].err = fmt.Errorf("%w: decoding %s: %w", ErrInvalidResource, kind, err)
-			return
-		}
-		out[i].c, out[i].err = convert(m)
-	})
+	msgs := make([]PM, min(len(u.Resources), decodeBatch))
+	for lo := 0; lo < len(u.Resources); lo += decodeBatch {
+		batch := u.Resources[lo:min(lo+decodeBatch, len(u.Resources))]
+		convertAll(len(batch), func(i int) {
+			m := PM(new(M))
+			if err := unmarshal(batch[i].Value, m); err != nil {
+				out[lo+i].err = fmt.Errorf("%w: decoding %s: %w", ErrInvalidResource, kind, err)
+				return
+			}
+			msgs[i] = m
+		})
+		convertAll(len(batch), func(i int) {
+			if msgs[i] != nil {
+				out[lo+i].c, out[lo+i].err = convert(msgs[i])
+			}
+		})
+		clear(msgs)
+	}
 
 	var (
 		rej   []xdsclient.Rejection
@@ -174,6 +184,17 @@ func removeAddress(tx *state.Tx, name string) {
 	}
 	tx.RemoveService(name)
 }
+
+// decodeBatch is how many resources of a push are decoded before they are
+// converted. Decoding them all first, then converting, keeps the
+// conversion's long-lived objects (records, interned strings, label sets)
+// out of the spans the decoded messages fill: a message per resource
+// decoded and converted in turn left the two interleaved, and once the
+// messages died a third of the heap at 100,000 workloads was free slots
+// that the mesh's objects kept from being returned (issue 36: heap in use
+// 102 MiB for 66 MiB live; 82 MiB with batches of this size). A batch
+// bounds what the decoded messages hold at once (~6 MB).
+const decodeBatch = 4096
 
 // parallelMin is the push size from which decoding and conversion are
 // spread over the CPUs; below it the goroutines cost more than they save.
