@@ -7,7 +7,7 @@ import (
 )
 
 // FDTableCap bounds the descriptor table GrowFDTable sizes at start: 65,536
-// slots (the kernel keeps 8 bytes and 2 bits a slot, ~520 KiB charged to the
+// slots (the kernel keeps 8 bytes and 2 bits a slot, ~530 KiB charged to the
 // daemon's cgroup, outside its RSS), enough for a node proxy's 20,000
 // connections and its pods' listeners. Past it the table grows as before.
 const FDTableCap = 1 << 16
