@@ -164,6 +164,7 @@ type Server struct {
 
 	mu      sync.Mutex // guards the following fields
 	addrs   []net.Addr // every bound UDP address (UDPAddrs)
+	bound   *bound     // bound by Listen, until Start serves it
 	udp     []net.PacketConn
 	tcp     []net.Listener
 	unwatch []func()     // with Config.Watch
@@ -254,31 +255,83 @@ func trimDot(s string) string {
 	return s
 }
 
-// Start binds UDP and TCP on every address and starts serving. A bind
-// error is returned, except for an IPv6 address when another address was
-// bound: a pod with IPv6 disabled still gets its IPv4 DNS proxy.
-func (s *Server) Start(ctx context.Context) error {
-	var (
-		udp  []net.PacketConn
-		tcp  []net.Listener
-		errs []error
-	)
+// bound is what Listen bound, for Start to serve: UDP and TCP of each
+// address bound, and the bind errors of those that were not (IPv6 ones,
+// when another bound).
+type bound struct {
+	udp  []net.PacketConn
+	tcp  []net.Listener
+	errs []error
+}
+
+func (b *bound) close() {
+	for i := range b.udp {
+		b.udp[i].Close()
+		b.tcp[i].Close()
+	}
+}
+
+// Listen binds UDP and TCP on every address on the calling goroutine,
+// without Config.Control, for Start to serve: the in-pod manager calls it
+// on a thread already switched into the pod's network namespace, so that a
+// pod add costs one switch for every socket of the pod rather than one per
+// address. Its errors are Start's (on one, nothing stays bound). Close
+// before Start closes what it bound.
+func (s *Server) Listen(ctx context.Context) error {
+	b, err := s.bindAll(ctx)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.bound = b
+	s.mu.Unlock()
+	return nil
+}
+
+// bindAll binds every address in the calling thread's network namespace.
+// A bind error fails it, except for an IPv6 address when another address
+// was bound.
+func (s *Server) bindAll(ctx context.Context) (*bound, error) {
+	b := &bound{}
 	for _, addr := range s.cfg.Addrs {
 		pc, ln, err := s.listen(ctx, addr)
 		if err != nil {
-			errs = append(errs, err)
+			b.errs = append(b.errs, err)
 			continue
 		}
-		udp, tcp = append(udp, pc), append(tcp, ln)
+		b.udp, b.tcp = append(b.udp, pc), append(b.tcp, ln)
 	}
-	if len(udp) == 0 || !onlyIPv6(s.cfg.Addrs, errs) {
-		for i := range udp {
-			udp[i].Close()
-			tcp[i].Close()
+	if len(b.udp) == 0 || !onlyIPv6(s.cfg.Addrs, b.errs) {
+		b.close()
+		return nil, s.bindError(errors.Join(b.errs...))
+	}
+	return b, nil
+}
+
+func (s *Server) bindError(err error) error {
+	return fmt.Errorf("dnsproxy: %s: %w", s.cfg.Client.Namespace+"/"+s.cfg.Client.Name, err)
+}
+
+// Start binds UDP and TCP on every address, unless Listen has, and starts
+// serving. A bind error is returned, except for an IPv6 address when
+// another address was bound: a pod with IPv6 disabled still gets its IPv4
+// DNS proxy. With Config.Control every address is bound in one call of it.
+func (s *Server) Start(ctx context.Context) error {
+	s.mu.Lock()
+	b := s.bound
+	s.bound = nil
+	s.mu.Unlock()
+	if b == nil {
+		var err error
+		if cerr := s.control(func() error { b, err = s.bindAll(ctx); return nil }); cerr != nil {
+			err = s.bindError(cerr)
 		}
-		return fmt.Errorf("dnsproxy: %s: %w", s.cfg.Client.Namespace+"/"+s.cfg.Client.Name, errors.Join(errs...))
+		if err != nil {
+			return err
+		}
 	}
-	for _, err := range errs {
+	udp, tcp := b.udp, b.tcp
+	for _, err := range b.errs {
 		s.log.Info("DNS proxy address not bound; serving on the others (no IPv6 in the pod?)", "error", err)
 	}
 	addrs := make([]string, 0, len(udp))
@@ -326,7 +379,7 @@ func (e *bindError) Unwrap() error { return e.err }
 
 // listen binds UDP on addr, then TCP on the same address and port (the
 // UDP's, so that port 0 gives one port for both; a few ports are tried when
-// the TCP one is taken).
+// the TCP one is taken), in the calling thread's network namespace.
 func (s *Server) listen(ctx context.Context, addr string) (net.PacketConn, net.Listener, error) {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -339,17 +392,11 @@ func (s *Server) listen(ctx context.Context, addr string) (net.PacketConn, net.L
 		ln net.Listener
 	)
 	for range 8 {
-		err = s.control(func() error {
-			var err error
-			if pc, err = lc.ListenPacket(ctx, "udp", addr); err != nil {
-				return err
-			}
+		if pc, err = lc.ListenPacket(ctx, "udp", addr); err == nil {
 			if ln, err = lc.Listen(ctx, "tcp", pc.LocalAddr().String()); err != nil {
 				pc.Close()
-				return err
 			}
-			return nil
-		})
+		}
 		if err == nil || port != "0" || !errors.Is(err, syscall.EADDRINUSE) {
 			break
 		}
@@ -504,6 +551,10 @@ func (s *Server) Close() {
 	s.beginStop()
 	s.cancel()
 	s.mu.Lock()
+	if s.bound != nil {
+		s.bound.close()
+		s.bound = nil
+	}
 	for _, pc := range s.udp {
 		pc.Close()
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/ztunnel-go/ztunnel/bench/report"
 	"github.com/ztunnel-go/ztunnel/internal/labrun"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/internal/nettest"
 	"github.com/ztunnel-go/ztunnel/state/xdsconv"
 	"github.com/ztunnel-go/ztunnel/xdsclient/xdstest"
 )
@@ -465,6 +466,17 @@ func profileDaemon(ctx context.Context, t *testing.T, d *labrun.Daemon, out, sec
 	}
 	get("profile?seconds="+secs, "cpu-"+name+".pb.gz")
 	get("trace?seconds=1", "trace-"+name+".out")
+	// Both handlers answer only at the end; they sleep once the profiler
+	// and the tracer run. Starting them stops the world and takes a few
+	// milliseconds: what is measured must not begin before (the first adds
+	// of a Node segment did, and read as its p99).
+	started := nettest.Until(10*time.Second, func() bool {
+		_, body, err := d.Get(ctx, "http://127.0.0.1:15000/debug/pprof/goroutine?debug=1")
+		return err == nil && strings.Count(string(body), "net/http/pprof.sleep") >= 2
+	})
+	if !started {
+		t.Errorf("%s: the daemon's profiler and tracer did not start within 10s", name)
+	}
 	return wg.Wait
 }
 

@@ -15,7 +15,10 @@
 //
 // The proxies themselves are built by the caller (Config.NewProxy) and
 // receive a control function that runs socket creation inside the pod's
-// namespace ([Netns.Run]). The package knows no policy, TLS or HBONE.
+// namespace ([Netns.Run]). An add switches a thread into the pod's
+// namespace once: a proxy that is a [SocketOpener] opens all its sockets
+// in that one switch, together with tcp_migrate_req, rather than one
+// switch per socket. The package knows no policy, TLS or HBONE.
 //
 // Imports (of ours): api/zdsapi, inpod/netns and metrics. Imported by: internal/app (the
 // daemon's shared mode).

@@ -36,6 +36,22 @@ type Proxy interface {
 	Close()
 }
 
+// SocketOpener is a Proxy that opens its sockets in the pod apart from
+// Start (*proxy.Proxy does). The Manager then switches a thread into the
+// pod's network namespace once per add: Listen runs there, together with
+// the rest of what the add does inside (Config.MigrateRequests), and Start
+// serves what it opened. A proxy without it opens its sockets in Start,
+// through its control function, one switch per call of it.
+//
+// Listen runs on a thread inside the pod's namespace: it must create its
+// sockets synchronously on the calling goroutine (inpod/netns.Run says
+// why) and nothing that belongs in the daemon's namespace. On an error it
+// has closed what it opened, and the error fails the add as Start's would;
+// Close before Start closes what it opened.
+type SocketOpener interface {
+	Listen(ctx context.Context) error
+}
+
 // Pod is what a proxy is built for: the pod's uid and workload info, and its
 // network namespace, whose Run method is the control function that must
 // wrap every socket the proxy creates (listen and dial).

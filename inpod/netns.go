@@ -3,6 +3,7 @@ package inpod
 import (
 	"fmt"
 	"os"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -101,7 +102,19 @@ func (n *Netns) Close() error { return n.f.Close() }
 // the daemon's namespace, which the Manager holds open (else it is opened
 // per call). Concurrent calls are fine; a panic in fn is re-raised in the
 // caller.
-func (n *Netns) Run(fn func() error) error { return netns.Run(n.fd, n.home, n.id.String(), fn) }
+func (n *Netns) Run(fn func() error) error {
+	switches.Add(1)
+	return netns.Run(n.fd, n.home, n.id.String(), fn)
+}
+
+// switches counts the calls of Netns.Run in this process.
+var switches atomic.Uint64
+
+// Switches returns how many times Netns.Run has been called in this
+// process: each call switches an OS thread into a namespace and back. A
+// pod add makes one (Manager, SocketOpener); each connection a pod's proxy
+// dials makes one more. Tests read it across an add.
+func Switches() uint64 { return switches.Load() }
 
 // CheckPrivileges verifies at startup what shared mode needs, so that a
 // missing capability fails the daemon at once rather than every pod later

@@ -1,6 +1,7 @@
 package inpod
 
 import (
+	"cmp"
 	"os"
 	"time"
 )
@@ -35,15 +36,11 @@ func (m *Manager) startWorkload(uid string, info WorkloadInfo, ns *Netns) error 
 	m.nextGen++
 	gen := m.nextGen
 	m.setState(uid, info, StatePending, nil, gen)
-	if m.cfg.MigrateRequests {
-		if err := ns.Run(enableMigrateReq); err != nil {
-			// Expected with a read-only /proc/sys; the reuseport steering
-			// program covers upgrades without it.
-			m.log.Info("cannot set net.ipv4.tcp_migrate_req in the pod; upgrades rely on the reuseport steering program", "uid", uid, "error", err)
-		}
-	}
 	p, err := m.cfg.NewProxy(Pod{UID: uid, WorkloadInfo: info, Netns: ns})
 	if err != nil {
+		return err
+	}
+	if err := m.inPod(uid, ns, p); err != nil {
 		return err
 	}
 	if err := p.Start(m.ctx); err != nil {
@@ -54,6 +51,44 @@ func (m *Manager) startWorkload(uid string, info WorkloadInfo, ns *Netns) error 
 	m.cfg.Metrics.ProxyStarted()
 	m.log.Info("pod proxy up", "uid", uid, "name", info.Name, "namespace", info.Namespace, "netns", ns.ID().String())
 	return nil
+}
+
+// inPod does, in one switch of a thread into the pod's namespace, what the
+// add of uid does there: tcp_migrate_req (Config.MigrateRequests) and the
+// sockets of p when it is a SocketOpener. A switch costs a locked thread
+// and two setns calls, and under load the OS may deschedule that thread
+// between them: an add paid one per listener before (six with the DNS
+// proxy and tcp_migrate_req), and those waits were the tail of add to
+// serving at 250 pods (issue 36).
+func (m *Manager) inPod(uid string, ns *Netns, p Proxy) error {
+	opener, _ := p.(SocketOpener)
+	if opener == nil && !m.cfg.MigrateRequests {
+		return nil
+	}
+	var migrateErr error
+	err := ns.Run(func() error {
+		if m.cfg.MigrateRequests {
+			migrateErr = enableMigrateReq()
+		}
+		if opener != nil {
+			return opener.Listen(m.ctx)
+		}
+		return nil
+	})
+	if m.cfg.MigrateRequests && (migrateErr != nil || (err != nil && opener == nil)) {
+		// Expected with a read-only /proc/sys; the reuseport steering
+		// program covers upgrades without it.
+		m.log.Info("cannot set net.ipv4.tcp_migrate_req in the pod; upgrades rely on the reuseport steering program", "uid", uid, "error", cmp.Or(migrateErr, err))
+	}
+	if opener == nil {
+		return nil // Start opens the sockets, and reports a failed switch
+	}
+	if err != nil {
+		// Listen closed what it opened; Close releases the rest (all of it
+		// when the switch itself failed, before Listen ran).
+		p.Close()
+	}
+	return err
 }
 
 // enableMigrateReq runs inside a pod's netns: /proc/sys/net resolves to the

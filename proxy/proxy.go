@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 	"time"
 
@@ -38,6 +39,7 @@ type Proxy struct {
 
 	mu        sync.Mutex // guards the following fields
 	listeners []*net.TCPListener
+	listened  bool                      // listeners opened (by Listen or Start)
 	watched   []*watchedListener        // with Config.WatchListeners
 	conns     map[*net.TCPConn]struct{} // accepted connections until relayed
 	// relays are the relayed connections, each at its relayIdx: a slice
@@ -93,60 +95,104 @@ func New(cfg Config) (*Proxy, error) {
 	return p, nil
 }
 
-// Start opens the three listeners and starts serving. Listener errors (a
-// port in use, a missing capability) are returned before anything runs.
-func (p *Proxy) Start(ctx context.Context) error {
-	p.ctx, p.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	lopts := p.cfg.Socket
-	lopts.ReusePort = p.cfg.ReusePort
-	// Transparent listeners are not needed for REDIRECT capture; original
-	// source spoofing is a property of the sockets we dial.
-	lopts.Transparent = false
-	p.origSrc = p.cfg.OrigSrc == nil || *p.cfg.OrigSrc
+// listenSpec is one listener of the proxy: its address, the budget its
+// connections take (budget.go) and the handler that serves them.
+type listenSpec struct {
+	host  string
+	port  int
+	use   budgetUse
+	serve func(*net.TCPConn) bool
+}
 
-	type spec struct {
-		host  string
-		port  int
-		use   budgetUse // budget.go
-		serve func(*net.TCPConn) bool
-	}
-	specs := []spec{
+// specs lists the proxy's listeners in the order Start opens them
+// (outbound, inbound plaintext, inbound HBONE, then SOCKS5), as Addrs
+// returns them.
+func (p *Proxy) specs() []listenSpec {
+	specs := []listenSpec{
 		{p.cfg.BindHost, p.cfg.OutboundPort, budgetUse{listenerOutbound, budgetSocket}, p.handleOutbound},
 		{p.cfg.BindHost, p.cfg.InboundPlainPort, budgetUse{listenerInboundPlain, budgetSocket + budgetUpstream}, p.handlePassthrough},
 		{p.cfg.BindHost, p.cfg.InboundHBONEPort, budgetUse{listenerInboundHBONE, budgetSocket}, p.handleHBONE},
 	}
 	if p.cfg.InboundOnly {
-		specs = specs[2:]
-	} else if p.cfg.SOCKS5 {
+		return specs[2:]
+	}
+	if p.cfg.SOCKS5 {
 		// Loopback only: SOCKS5 has no authentication, so only the pod's own
 		// processes may use it.
-		specs = append(specs, spec{"127.0.0.1", p.cfg.SOCKS5Port, budgetUse{listenerSOCKS5, budgetSocket}, p.handleSOCKS5})
+		specs = append(specs, listenSpec{"127.0.0.1", p.cfg.SOCKS5Port, budgetUse{listenerSOCKS5, budgetSocket}, p.handleSOCKS5})
 	}
-	var lns []*net.TCPListener
+	return specs
+}
+
+// Listen opens the proxy's listeners on the calling goroutine, without
+// Config.Control, for Start to serve: the in-pod manager calls it on a
+// thread already switched into the pod's network namespace, so that a pod
+// add costs one switch for all of them (and whatever else the add does
+// there) rather than one per listener. Its errors are Start's: on one,
+// every listener it opened is closed. Close before Start closes them.
+func (p *Proxy) Listen(ctx context.Context) error {
+	lns, err := p.listenAll(ctx)
+	if err != nil {
+		return fmt.Errorf("proxy %s: %w", p.cfg.Workload, err)
+	}
+	p.mu.Lock()
+	p.listeners, p.listened = lns, true
+	p.mu.Unlock()
+	return nil
+}
+
+// listenAll opens every listener of specs in the calling thread's network
+// namespace; on an error it closes those it opened.
+func (p *Proxy) listenAll(ctx context.Context) ([]*net.TCPListener, error) {
+	lopts := p.cfg.Socket
+	lopts.ReusePort = p.cfg.ReusePort
+	// Transparent listeners are not needed for REDIRECT capture; original
+	// source spoofing is a property of the sockets we dial.
+	lopts.Transparent = false
+	specs := p.specs()
+	lns := make([]*net.TCPListener, 0, len(specs))
 	for _, s := range specs {
-		addr := net.JoinHostPort(s.host, fmt.Sprint(s.port))
-		var ln *net.TCPListener
-		listen := func() error {
-			var err error
-			ln, err = engine.Listen(ctx, addr, lopts)
-			return err
-		}
-		var err error
-		if p.cfg.Control != nil {
-			err = p.cfg.Control(listen)
-		} else {
-			err = listen()
-		}
+		ln, err := engine.Listen(ctx, net.JoinHostPort(s.host, strconv.Itoa(s.port)), lopts)
 		if err != nil {
 			for _, l := range lns {
 				l.Close()
 			}
-			return fmt.Errorf("proxy %s: %w", p.cfg.Workload, err)
+			return nil, err
 		}
 		lns = append(lns, ln)
 	}
+	return lns, nil
+}
+
+// Start opens the listeners, unless Listen has, and starts serving.
+// Listener errors (a port in use, a missing capability) are returned before
+// anything runs. With Config.Control every listener is opened in one call
+// of it.
+func (p *Proxy) Start(ctx context.Context) error {
+	p.ctx, p.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	p.origSrc = p.cfg.OrigSrc == nil || *p.cfg.OrigSrc
+	specs := p.specs()
 	p.mu.Lock()
-	p.listeners = lns
+	lns, listened := p.listeners, p.listened
+	p.mu.Unlock()
+	if !listened {
+		var err error
+		if p.cfg.Control != nil {
+			cerr := p.cfg.Control(func() error { lns, err = p.listenAll(ctx); return nil })
+			if cerr != nil {
+				err = cerr
+			}
+		} else {
+			lns, err = p.listenAll(ctx)
+		}
+		if err != nil {
+			return fmt.Errorf("proxy %s: %w", p.cfg.Workload, err)
+		}
+	} else if lns == nil {
+		return fmt.Errorf("proxy %s: closed after Listen", p.cfg.Workload)
+	}
+	p.mu.Lock()
+	p.listeners, p.listened = lns, true
 	p.mu.Unlock()
 	p.watchCRL() // crl.go
 	for i, s := range specs {

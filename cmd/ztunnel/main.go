@@ -41,6 +41,9 @@ func run(args []string, stderr *os.File) int {
 		return 1
 	}
 	app.RaiseFileLimit()
+	// Before any goroutine makes sockets: growing the descriptor table
+	// later stalls the call that crosses each doubling.
+	fdSlots := app.GrowFDTable()
 	// A GC target for a proxy unless the operator set GOGC/GOMEMLIMIT.
 	gc := app.TuneGC(os.LookupEnv, "/")
 	// ztunnel logs to stdout.
@@ -55,6 +58,7 @@ func run(args []string, stderr *os.File) int {
 		from = "GOMAXPROCS"
 	}
 	log.Info("worker threads", "gomaxprocs", procs, "from", from)
+	log.Info("descriptor table sized", "slots", fdSlots)
 	if gc != (app.GCSettings{}) || cfg.MemoryReleaseInterval > 0 {
 		log.Info("go runtime memory settings", "gc_percent", gc.GCPercent, "memory_limit_bytes", gc.MemoryLimit,
 			"memory_release_interval", cfg.MemoryReleaseInterval.String())

@@ -187,6 +187,15 @@ type warmedProxy struct {
 	up   bool
 }
 
+// Listen opens the wrapped proxy's sockets when it can open them apart
+// from Start (inpod.SocketOpener); else Start opens them.
+func (p *warmedProxy) Listen(ctx context.Context) error {
+	if o, ok := p.Proxy.(inpod.SocketOpener); ok {
+		return o.Listen(ctx)
+	}
+	return nil
+}
+
 // Start starts the proxy; once it is up, its identity counts.
 func (p *warmedProxy) Start(ctx context.Context) error {
 	if err := p.Proxy.Start(ctx); err != nil {

@@ -158,8 +158,25 @@ type withDNS struct {
 	dns   *dnsproxy.Server
 }
 
-// Start starts the proxy, then the DNS proxy; if the latter fails the pod
-// is not up, and both are closed so the manager's retry starts afresh.
+// Listen opens the proxy's listeners, then the DNS proxy's sockets, on the
+// calling thread (the in-pod manager's one switch into the pod per add:
+// inpod.SocketOpener); on an error both are closed, as in Start.
+func (p *withDNS) Listen(ctx context.Context) error {
+	if err := p.proxy.Listen(ctx); err != nil {
+		p.dns.Close()
+		return err
+	}
+	if err := p.dns.Listen(ctx); err != nil {
+		p.proxy.Close()
+		p.dns.Close()
+		return err
+	}
+	return nil
+}
+
+// Start starts the proxy, then the DNS proxy (each opens its sockets unless
+// Listen has); if the latter fails the pod is not up, and both are closed
+// so the manager's retry starts afresh.
 func (p *withDNS) Start(ctx context.Context) error {
 	if err := p.proxy.Start(ctx); err != nil {
 		p.dns.Close()
