@@ -19,7 +19,7 @@ type builder struct {
 	errs  []error
 	fresh bool
 
-	byUID     *shardEdit[string, *Workload]
+	byUID     *shardEdit[hashed, *Workload] // written with setUID, delUID
 	byAddr    addrEdit[*Workload]
 	byInfo    *shardEdit[hashed, *Workload]
 	byInfoM   *shardEdit[infoKey, []*Workload]
@@ -47,7 +47,7 @@ func newBuilder(s *Snapshot, fresh bool, nw, ns int) *builder {
 	return &builder{
 		s:         s,
 		fresh:     fresh,
-		byUID:     newShardEdit(&s.byUID, hashString, fresh, nw),
+		byUID:     newShardEdit(&s.byUID, nil, fresh, nw),
 		byAddr:    newAddrEdit(&s.byAddr, fresh, nw),
 		byInfo:    newShardEdit(&s.byInfo, nil, fresh, nw), // written by hash: setH, delH
 		byInfoM:   newShardEdit(&s.byInfoMulti, hashInfo, fresh, 0),
@@ -87,11 +87,11 @@ func buildFresh(workloads []*Workload, services []*Service) *builder {
 		if !b.checkWorkloadKey(i, w) {
 			continue
 		}
-		if b.byUID.get(w.UID) != nil {
+		if workloadByUID(b.byUID.m, w.UID) != nil {
 			b.fail("workload %q: duplicate uid", w.UID)
 			continue
 		}
-		b.byUID.set(w.UID, w)
+		b.setUID(w)
 		wls = append(wls, w)
 	}
 	slices.SortFunc(wls, cmpWorkloads)
@@ -281,9 +281,14 @@ func (b *builder) indexWorkload(w *Workload) {
 	}
 }
 
+// setUID puts w in byUID, in place of the workload with its UID.
+func (b *builder) setUID(w *Workload) {
+	b.byUID.setFunc(hashString(w.UID), uidIs(w.UID), w)
+}
+
 // unindexWorkload removes w, indexed, from every workload index.
 func (b *builder) unindexWorkload(w *Workload) {
-	b.byUID.del(w.UID)
+	b.byUID.delFunc(hashString(w.UID), uidIs(w.UID))
 	if w.NetworkMode != NetworkModeHostNetwork {
 		for _, ip := range w.Addresses {
 			if k := (NetworkAddress{w.Network, ip.Unmap()}); b.getAddr(k) == w {

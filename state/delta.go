@@ -84,18 +84,18 @@ func (s *Snapshot) Apply(d Delta) (*Snapshot, error) {
 	// Every old version leaves before a new one claims its addresses, so
 	// that two workloads may swap addresses in one delta.
 	for _, uid := range d.RemovedWorkloads {
-		if old := b.byUID.get(uid); old != nil {
+		if old := workloadByUID(b.byUID.m, uid); old != nil {
 			b.unindexWorkload(old)
 		}
 	}
 	wls := sortedWorkloads(d.Workloads)
 	for _, w := range wls {
-		if old := b.byUID.get(w.UID); old != nil {
+		if old := workloadByUID(b.byUID.m, w.UID); old != nil {
 			b.unindexWorkload(old)
 		}
 	}
 	for _, w := range wls {
-		b.byUID.set(w.UID, w)
+		b.setUID(w)
 	}
 	for _, w := range wls {
 		b.checkWorkload(w)
@@ -114,8 +114,8 @@ func (s *Snapshot) rebuild(d *Delta) (*Snapshot, error) {
 		gone[w.UID] = struct{}{}
 	}
 	workloads := make([]*Workload, 0, s.byUID.n+len(d.Workloads))
-	s.byUID.all(func(uid string, w *Workload) {
-		if _, g := gone[uid]; !g {
+	s.byUID.all(func(_ hashed, w *Workload) {
+		if _, g := gone[w.UID]; !g {
 			workloads = append(workloads, w)
 		}
 	})

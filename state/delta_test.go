@@ -312,6 +312,41 @@ func sameHashedIndex[V any](t *testing.T, what string, got, want *shardMap[hashe
 	}
 }
 
+// sameUIDIndex compares two indexes of workloads by UID, checking that
+// each entry sits under its UID's hash where workloadByUID finds it.
+func sameUIDIndex(t *testing.T, got, want *shardMap[hashed, *Workload]) {
+	t.Helper()
+	byUID := func(m *shardMap[hashed, *Workload]) map[string]*Workload {
+		out := map[string]*Workload{}
+		n := 0
+		for i := range m.numShards() {
+			sh := m.shard(uint64(i))
+			n += len(sh)
+			for _, s := range sh[:cap(sh)] {
+				if s.h == 0 {
+					continue
+				}
+				if h := hashString(s.v.UID); h != s.h || h>>m.shift != uint64(i) {
+					t.Errorf("byUID: %q stored with hash %#x in shard %d of %d, hashes to %#x", s.v.UID, s.h, i, m.numShards(), h)
+				}
+				out[s.v.UID] = s.v
+			}
+		}
+		if len(out) != m.n || n != m.n {
+			t.Errorf("byUID: %d entries, shard lengths add up to %d, counted %d", len(out), n, m.n)
+		}
+		for uid, w := range out {
+			if got := workloadByUID(m, uid); got != w {
+				t.Errorf("byUID: get(%q) = %v, stored %v", uid, got, w)
+			}
+		}
+		return out
+	}
+	if g, w := byUID(got), byUID(want); !reflect.DeepEqual(g, w) {
+		t.Errorf("byUID differs:\n got %v\nwant %v", g, w)
+	}
+}
+
 // sameAddrIndex compares the address indexes ix picks of two snapshots by
 // network name and address: their network handles may differ.
 func sameAddrIndex[V any](t *testing.T, what string, got, want *Snapshot, ix func(*Snapshot) *addrIndex[V]) {
@@ -338,7 +373,7 @@ func sameAddrIndex[V any](t *testing.T, what string, got, want *Snapshot, ix fun
 // the same index entries.
 func checkSame(t *testing.T, got, want *Snapshot) {
 	t.Helper()
-	sameIndex(t, "byUID", &got.byUID, &want.byUID)
+	sameUIDIndex(t, &got.byUID, &want.byUID)
 	sameAddrIndex(t, "byAddr", got, want, func(s *Snapshot) *addrIndex[*Workload] { return &s.byAddr })
 	sameHashedIndex(t, "byInfo", &got.byInfo, &want.byInfo)
 	sameIndex(t, "byInfoMulti", &got.byInfoMulti, &want.byInfoMulti)

@@ -207,6 +207,23 @@ func find[K comparable, V any](t []slot[K, V], h uint64, k K) int {
 	return -1
 }
 
+// findFunc is find for an index whose values carry their key, such as
+// the workloads by UID: its key type is hashed, so that a slot is the
+// hash and the value, and is reports whether a value has the key sought
+// (issue 36: a string key in each slot cost ~27 bytes per workload).
+func findFunc[K comparable, V any](t []slot[K, V], h uint64, is func(V) bool) int {
+	n := uint64(len(t))
+	if n == 0 {
+		return -1
+	}
+	for i := home(h, n); t[i].h != 0; i = next(i, n) {
+		if t[i].h == h && is(t[i].v) {
+			return int(i)
+		}
+	}
+	return -1
+}
+
 // place puts s, whose key t lacks, in the first free slot of its probe
 // sequence in t (at full size, with a free slot).
 func place[K comparable, V any](t []slot[K, V], s slot[K, V]) {
@@ -309,20 +326,34 @@ func (e *shardEdit[K, V]) set(k K, v V) { e.setH(e.hash(k), k, v) }
 
 // setH is set with k's hash given.
 func (e *shardEdit[K, V]) setH(h uint64, k K, v V) {
-	i := h >> e.m.shift
-	cur := e.m.shard(i)
-	if j := find(cur[:cap(cur)], h, k); j >= 0 {
+	cur := e.m.shard(h >> e.m.shift)
+	e.setAt(find(cur[:cap(cur)], h, k), slot[K, V]{h, k, v})
+}
+
+// setFunc sets v under hash h in an index whose values carry their key
+// (see findFunc): it replaces the value is reports to be v's key's.
+func (e *shardEdit[K, V]) setFunc(h uint64, is func(V) bool, v V) {
+	cur := e.m.shard(h >> e.m.shift)
+	var k K
+	e.setAt(findFunc(cur[:cap(cur)], h, is), slot[K, V]{h, k, v})
+}
+
+// setAt puts s in its shard: at slot j, which holds its key, or, for j <
+// 0, in a new slot.
+func (e *shardEdit[K, V]) setAt(j int, s slot[K, V]) {
+	i := s.h >> e.m.shift
+	if j >= 0 {
 		t := e.writable(i)
 		// The key too: an equal key whose strings are the ones lookups
 		// pass compares by pointer, without reading the bytes.
-		(*t)[:cap(*t)][j] = slot[K, V]{h, k, v}
+		(*t)[:cap(*t)][j] = s
 		return
 	}
 	t := e.writable(i)
 	if n := len(*t) + 1; n*4 > cap(*t)*3 {
 		*t = rehash(*t, tableFor(n))
 	}
-	place((*t)[:cap(*t)], slot[K, V]{h, k, v})
+	place((*t)[:cap(*t)], s)
 	*t = (*t)[:len(*t)+1]
 	e.m.n++
 }
@@ -331,9 +362,19 @@ func (e *shardEdit[K, V]) del(k K) { e.delH(e.hash(k), k) }
 
 // delH is del with k's hash given.
 func (e *shardEdit[K, V]) delH(h uint64, k K) {
-	i := h >> e.m.shift
-	cur := e.m.shard(i)
-	j := find(cur[:cap(cur)], h, k)
+	cur := e.m.shard(h >> e.m.shift)
+	e.delAt(h>>e.m.shift, find(cur[:cap(cur)], h, k))
+}
+
+// delFunc deletes the value under hash h that is reports to be the one
+// sought, in an index whose values carry their key (see findFunc).
+func (e *shardEdit[K, V]) delFunc(h uint64, is func(V) bool) {
+	cur := e.m.shard(h >> e.m.shift)
+	e.delAt(h>>e.m.shift, findFunc(cur[:cap(cur)], h, is))
+}
+
+// delAt deletes slot j of shard i (nothing for j < 0).
+func (e *shardEdit[K, V]) delAt(i uint64, j int) {
 	if j < 0 {
 		return
 	}

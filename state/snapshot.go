@@ -43,7 +43,9 @@ func (e *Endpoint) Ports() PortMap { return e.Workload.Services.list[e.svc].Port
 // The indexes are sharded maps, so that Apply can derive the next snapshot
 // from this one by copying only what a change touches (see shardmap.go).
 type Snapshot struct {
-	byUID  shardMap[string, *Workload]
+	// byUID is keyed by hash alone: a probe compares the workload's own
+	// UID (workloadByUID).
+	byUID  shardMap[hashed, *Workload]
 	byAddr addrIndex[*Workload]
 	// byInfo holds, by the hash of its namespace and name (infoKeyOf),
 	// each workload that is the only one with that hash; the hashes of two
@@ -158,7 +160,7 @@ func (s *Snapshot) PolicyGeneration() uint64 { return s.pol.gen }
 func (s *Snapshot) Workloads() []*Workload {
 	return s.workloads.get(func() []*Workload {
 		list := make([]*Workload, 0, s.byUID.n)
-		s.byUID.all(func(_ string, w *Workload) { list = append(list, w) })
+		s.byUID.all(func(_ hashed, w *Workload) { list = append(list, w) })
 		slices.SortFunc(list, cmpWorkloads)
 		return list
 	})
@@ -167,7 +169,7 @@ func (s *Snapshot) Workloads() []*Workload {
 // EachWorkload calls fn for every workload, in no order: a scan that needs
 // neither the sorted list Workloads builds nor its memory.
 func (s *Snapshot) EachWorkload(fn func(*Workload)) {
-	s.byUID.all(func(_ string, w *Workload) { fn(w) })
+	s.byUID.all(func(_ hashed, w *Workload) { fn(w) })
 }
 
 // Services returns every service, sorted by key.
@@ -189,7 +191,30 @@ func (s *Snapshot) Policies() []*Policy { return s.pol.list() }
 func (s *Snapshot) Warnings() []string { return s.warnings.get(s.findWarnings) }
 
 // WorkloadByUID returns the workload with the given UID, or nil.
-func (s *Snapshot) WorkloadByUID(uid string) *Workload { return s.byUID.get(hashString(uid), uid) }
+func (s *Snapshot) WorkloadByUID(uid string) *Workload { return workloadByUID(&s.byUID, uid) }
+
+// workloadByUID returns the workload of m, an index by UID, with the given
+// UID, or nil.
+func workloadByUID(m *shardMap[hashed, *Workload], uid string) *Workload {
+	h := hashString(uid)
+	i := h >> m.shift
+	t := m.pages[i>>pageBits][i&(pageShards-1)]
+	t = t[:cap(t)]
+	if n := uint64(len(t)); n > 0 {
+		for i := home(h, n); t[i].h != 0; i = next(i, n) {
+			if t[i].h == h && t[i].v.UID == uid {
+				return t[i].v
+			}
+		}
+	}
+	return nil
+}
+
+// uidIs returns the test findFunc needs for the workload with the given
+// UID in an index by UID.
+func uidIs(uid string) func(*Workload) bool {
+	return func(w *Workload) bool { return w.UID == uid }
+}
 
 // WorkloadByAddr returns the workload that owns ip on network, or nil.
 // Host-network workloads are never returned: their addresses are the node's.
@@ -386,13 +411,13 @@ func (s *Snapshot) DiffWorkloads(prev *Snapshot, fn func(old, cur *Workload)) {
 	}
 	a, b := &prev.byUID, &s.byUID
 	if a.shift != b.shift || len(a.pages) != len(b.pages) {
-		b.all(func(uid string, w *Workload) {
-			if old := a.get(hashString(uid), uid); old != w {
+		b.all(func(_ hashed, w *Workload) {
+			if old := workloadByUID(a, w.UID); old != w {
 				fn(old, w)
 			}
 		})
-		a.all(func(uid string, w *Workload) {
-			if b.get(hashString(uid), uid) == nil {
+		a.all(func(_ hashed, w *Workload) {
+			if workloadByUID(b, w.UID) == nil {
 				fn(w, nil)
 			}
 		})
@@ -414,7 +439,7 @@ func (s *Snapshot) DiffWorkloads(prev *Snapshot, fn func(old, cur *Workload)) {
 					continue
 				}
 				var old *Workload
-				if j := find(ta, sl.h, sl.k); j >= 0 {
+				if j := findFunc(ta, sl.h, uidIs(sl.v.UID)); j >= 0 {
 					old = ta[j].v
 				}
 				if old != sl.v {
@@ -422,7 +447,7 @@ func (s *Snapshot) DiffWorkloads(prev *Snapshot, fn func(old, cur *Workload)) {
 				}
 			}
 			for _, sl := range ta {
-				if sl.h != 0 && find(tb, sl.h, sl.k) < 0 {
+				if sl.h != 0 && findFunc(tb, sl.h, uidIs(sl.v.UID)) < 0 {
 					fn(sl.v, nil)
 				}
 			}

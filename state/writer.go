@@ -576,7 +576,8 @@ func (w *Writer) buildFullLocked() (*Snapshot, error) {
 		}
 	}
 	if w.last != nil {
-		w.last.byUID.all(func(uid string, pub *Workload) {
+		w.last.byUID.all(func(_ hashed, pub *Workload) {
+			uid := pub.UID
 			if _, changed := w.pending[uid]; !changed {
 				held = append(held, cmp.Or(w.originals[uid], pub))
 			}
