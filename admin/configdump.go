@@ -252,8 +252,8 @@ type OutboundConnDump struct {
 func dumpWorkload(w *state.Workload) WorkloadDump {
 	d := WorkloadDump{
 		Protocol: w.Protocol.String(), NetworkMode: w.NetworkMode.String(), UID: w.UID, Name: w.Name,
-		Namespace: w.Namespace, TrustDomain: w.TrustDomain(), ServiceAccount: w.ServiceAccount,
-		Network: w.Network, WorkloadName: w.WorkloadName(), WorkloadType: w.WorkloadType(),
+		Namespace: w.Namespace(), TrustDomain: w.TrustDomain(), ServiceAccount: w.ServiceAccount(),
+		Network: w.Network(), WorkloadName: w.WorkloadName(), WorkloadType: w.WorkloadType(),
 		CanonicalName: w.CanonicalName(), CanonicalRevision: w.CanonicalRevision(), Hostname: w.Hostname(),
 		Node: w.Node, AuthorizationPolicies: w.AuthorizationPolicies(), Status: w.Status.String(),
 		ClusterID: w.ClusterID(), Capacity: w.Capacity,

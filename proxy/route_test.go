@@ -29,7 +29,7 @@ func (r *fakeResolver) LookupNetIP(_ context.Context, network, host string) ([]n
 }
 
 func rwl(uid, ns, sa string, ips ...string) *state.Workload {
-	w := &state.Workload{UID: uid, Name: uid, Namespace: ns, ServiceAccount: sa, Protocol: state.ProtocolHBONE, Capacity: 1}
+	w := &state.Workload{UID: uid, Name: uid, Protocol: state.ProtocolHBONE, Capacity: 1, Labels: &state.WorkloadLabels{Namespace: ns, ServiceAccount: sa}}
 	for _, ip := range ips {
 		w.Addresses = append(w.Addresses, netip.MustParseAddr(ip))
 	}
@@ -137,7 +137,7 @@ func routeMesh(t *testing.T) *state.Snapshot {
 	vm := add(rwl("vm-1", "app", "vm"), map[string]map[uint16]uint16{"app/ext.app.svc": {}})
 	vm.Extra, vm.Protocol = &state.WorkloadExtra{Hostname: "vm.example.com"}, state.ProtocolTCP
 	far := add(rwl("far-1", "app", "far"), map[string]map[uint16]uint16{"app/remote.app.svc": {}})
-	far.Network = "net2"
+	far.EditLabels().Network = "net2"
 	far.Extra = &state.WorkloadExtra{NetworkGateway: &state.GatewayAddress{Address: &state.NetworkAddress{Network: "net2", Addr: netip.MustParseAddr("192.0.2.1")}, HBONEMTLSPort: 15008}}
 
 	snap, err := state.NewSnapshot(ws, ss, nil)

@@ -210,7 +210,7 @@ func (b *builder) checkWorkloadKey(i int, w *Workload) bool {
 		return false
 	}
 	if w.UID == "" {
-		b.fail("workload %d (%s/%s): uid is empty", i, w.Namespace, w.Name)
+		b.fail("workload %d (%s/%s): uid is empty", i, w.Namespace(), w.Name)
 		return false
 	}
 	return true
@@ -250,7 +250,7 @@ func (b *builder) indexWorkload(w *Workload) {
 		if w.losesAddr(i) {
 			continue // another workload wins it
 		}
-		k := NetworkAddress{w.Network, ip.Unmap()}
+		k := NetworkAddress{w.Network(), ip.Unmap()}
 		if other := b.getAddr(k); other != nil && other != w {
 			first, second := other, w
 			if first.UID > second.UID {
@@ -263,7 +263,7 @@ func (b *builder) indexWorkload(w *Workload) {
 	}
 	b.indexInfo(w)
 	if w.Hostname() != "" {
-		insertSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname()}, w, cmpWorkloads)
+		insertSorted(b.byHost, NamespacedHostname{w.Namespace(), w.Hostname()}, w, cmpWorkloads)
 	}
 	for i, sp := range w.Services.List() {
 		k := sp.Key
@@ -291,14 +291,14 @@ func (b *builder) unindexWorkload(w *Workload) {
 	b.byUID.delFunc(hashString(w.UID), uidIs(w.UID))
 	if w.NetworkMode != NetworkModeHostNetwork {
 		for _, ip := range w.Addresses {
-			if k := (NetworkAddress{w.Network, ip.Unmap()}); b.getAddr(k) == w {
+			if k := (NetworkAddress{w.Network(), ip.Unmap()}); b.getAddr(k) == w {
 				b.delAddr(k)
 			}
 		}
 	}
 	b.unindexInfo(w)
 	if w.Hostname() != "" {
-		removeSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname()}, w, cmpWorkloads)
+		removeSorted(b.byHost, NamespacedHostname{w.Namespace(), w.Hostname()}, w, cmpWorkloads)
 	}
 	for _, sp := range w.Services.List() {
 		if ns, host, ok := strings.Cut(sp.Key, "/"); ok {
@@ -312,7 +312,7 @@ func (b *builder) unindexWorkload(w *Workload) {
 // indexInfo adds w to byInfo, or to byInfoMulti when another workload
 // has its namespace and name hash.
 func (b *builder) indexInfo(w *Workload) {
-	k := infoKeyOf(w.Namespace, w.Name)
+	k := infoKeyOf(w.Namespace(), w.Name)
 	h := hashInfo(k)
 	if b.byInfoM.get(k) != nil {
 		insertSorted(b.byInfoM, k, w, cmpWorkloads)
@@ -333,7 +333,7 @@ func (b *builder) indexInfo(w *Workload) {
 // unindexInfo removes w, indexed, from byInfo or byInfoMulti; the last
 // workload of a list goes back to byInfo.
 func (b *builder) unindexInfo(w *Workload) {
-	k := infoKeyOf(w.Namespace, w.Name)
+	k := infoKeyOf(w.Namespace(), w.Name)
 	h := hashInfo(k)
 	if b.byInfoM.get(k) == nil {
 		if b.byInfo.m.get(h, hashed{}) == w {

@@ -165,7 +165,7 @@ func BenchmarkApplyDelta(b *testing.B) {
 	versions := [2]*Workload{}
 	for i := range versions {
 		v := *w
-		v.Labels = &WorkloadLabels{CanonicalRevision: "v" + itoa(i)}
+		v.EditLabels().CanonicalRevision = "v" + itoa(i)
 		versions[i] = &v
 	}
 	moved := *ss[77]
@@ -173,7 +173,7 @@ func BenchmarkApplyDelta(b *testing.B) {
 	burst, orig := make([]*Workload, 100), make([]*Workload, 100)
 	for i := range burst {
 		v := *ws[i*997]
-		v.Labels = &WorkloadLabels{CanonicalRevision: "v2"}
+		v.EditLabels().CanonicalRevision = "v2"
 		burst[i], orig[i] = &v, ws[i*997]
 	}
 	for _, bc := range []struct {

@@ -115,8 +115,9 @@ func (g deltaGen) one(n int) bool            { return g.r.IntN(n) == 0 }
 
 func (g deltaGen) workload(uid string) *Workload {
 	w := &Workload{
-		UID: uid, Namespace: g.pick(dNamespaces), Name: g.pick(dNames), ServiceAccount: g.pick(dSAs),
-		Network: g.pick(dNetworks), Node: g.pick([]string{"", "node1"}), Protocol: Protocol(g.r.IntN(2)), Capacity: 1,
+		UID: uid, Name: g.pick(dNames),
+		Node: g.pick([]string{"", "node1"}), Protocol: Protocol(g.r.IntN(2)), Capacity: 1,
+		Labels: &WorkloadLabels{Namespace: g.pick(dNamespaces), ServiceAccount: g.pick(dSAs), Network: g.pick(dNetworks)},
 	}
 	for range g.r.IntN(3) {
 		ip := dIPs[g.r.IntN(len(dIPs))]
@@ -209,7 +210,7 @@ func (g deltaGen) delta(m deltaModel) Delta {
 			if a != b {
 				na, nb := *a, *b
 				na.Addresses, nb.Addresses = b.Addresses, a.Addresses
-				na.Network, nb.Network = b.Network, a.Network
+				na.EditLabels().Network, nb.EditLabels().Network = b.Network(), a.Network()
 				na.NetworkMode, nb.NetworkMode = b.NetworkMode, a.NetworkMode
 				d.Workloads = append(d.Workloads, &na, &nb)
 			}

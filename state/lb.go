@@ -149,7 +149,7 @@ func (f *endpointFilter) rank(ep *Endpoint) int {
 	if len(w.Addresses) == 0 && w.Hostname() == "" {
 		// Reachable only through a network gateway, which is never used
 		// within one network.
-		if w.Network == src.Network || w.NetworkGateway() == nil {
+		if w.Network() == src.Network() || w.NetworkGateway() == nil {
 			return -1
 		}
 	}
@@ -185,7 +185,7 @@ func (f *endpointFilter) rank(ep *Endpoint) int {
 		case LBScopeCluster:
 			match = src.ClusterID() == w.ClusterID()
 		case LBScopeNetwork:
-			match = src.Network == w.Network
+			match = src.Network() == w.Network()
 			if networkFirst {
 				if !match {
 					continue // rank by the other scopes

@@ -107,7 +107,7 @@ func (s *Snapshot) ResolveGateway(g *GatewayAddress, src *Workload, dst netip.Ad
 	switch {
 	case g.Address != nil:
 		target = g.Address.Addr.Unmap()
-		if svc := s.ResolveVIP(g.Address.Network, target, src.Namespace); svc != nil {
+		if svc := s.ResolveVIP(g.Address.Network, target, src.Namespace()); svc != nil {
 			if svc.LoadBalancer != nil && svc.LoadBalancer.Mode == LBModePassthrough {
 				return Upstream{}, target, fmt.Errorf("%w: %s is a passthrough service", ErrUnknownGateway, g.Destination())
 			}

@@ -52,7 +52,7 @@ func TestHostnameAndAddressLookups(t *testing.T) {
 	s2 := svc("ns2", "db.example.com")
 	s2.Visibility = VisibilityNamespace
 	s3 := svc("ns3", "db.example.com")
-	hostWL := &Workload{UID: "h", Namespace: "ns1", Name: "h", Extra: &WorkloadExtra{Hostname: "vm.example.com"}, Capacity: 1}
+	hostWL := &Workload{UID: "h", Name: "h", Extra: &WorkloadExtra{Hostname: "vm.example.com"}, Capacity: 1, Labels: &WorkloadLabels{Namespace: "ns1"}}
 	ipWL := wl("ip", "ns1", "ip", "10.0.0.1")
 	s := mustSnapshot(t, []*Workload{hostWL, ipWL}, []*Service{s1, s2, s3}, nil)
 
@@ -192,7 +192,7 @@ func TestResolveGateway(t *testing.T) {
 	passSvc.LoadBalancer = &LoadBalancer{Mode: LBModePassthrough}
 
 	direct := wl("direct", "ns", "direct", "10.0.0.80")
-	vm := &Workload{UID: "vm", Namespace: "ns", Name: "vm", Extra: &WorkloadExtra{Hostname: "vm.example.com"}, Capacity: 1}
+	vm := &Workload{UID: "vm", Name: "vm", Extra: &WorkloadExtra{Hostname: "vm.example.com"}, Capacity: 1, Labels: &WorkloadLabels{Namespace: "ns"}}
 
 	s := mustSnapshot(t, []*Workload{wpPod, tunPod, plainPod, direct, vm}, []*Service{wpSvc, tunSvc, passSvc}, nil)
 	src := wl("src", "ns", "src", "10.0.0.1")
@@ -248,7 +248,7 @@ func TestWaypointMembership(t *testing.T) {
 	wpSvc := svc("ns", "wp.ns.svc", "/10.96.0.50")
 	wpSvc.Ports = map[uint16]uint16{15008: 15008}
 	wp := wl("wp", "ns", "wp", "10.0.0.50")
-	wp.ServiceAccount = "waypoint"
+	wp.EditLabels().ServiceAccount = "waypoint"
 	wp.Services = ServicesOf(map[string]map[uint16]uint16{wpSvc.Key(): {}})
 	wpDirect := wl("wp2", "ns", "wp2", "10.0.0.51")
 	other := wl("other", "ns", "other", "10.0.0.52")

@@ -22,7 +22,7 @@ func addrs(s ...string) []netip.Addr {
 }
 
 func wl(uid, ns, name string, ips ...string) *Workload {
-	return &Workload{UID: uid, Namespace: ns, Name: name, Addresses: addrs(ips...), Protocol: ProtocolHBONE, Capacity: 1}
+	return &Workload{UID: uid, Name: name, Addresses: addrs(ips...), Protocol: ProtocolHBONE, Capacity: 1, Labels: &WorkloadLabels{Namespace: ns}}
 }
 
 func svc(ns, host string, vips ...string) *Service {
@@ -117,7 +117,7 @@ func TestNewSnapshotManyErrorsAreBounded(t *testing.T) {
 func TestAddressesPerNetwork(t *testing.T) {
 	a := wl("a", "ns", "a", "10.0.0.1", "fd00::1")
 	b := wl("b", "ns", "b", "10.0.0.1", "fd00::1")
-	b.Network = "net2"
+	b.EditLabels().Network = "net2"
 	host1 := wl("h1", "ns", "h1", "192.168.1.1")
 	host1.NetworkMode = NetworkModeHostNetwork
 	host2 := wl("h2", "ns", "h2", "192.168.1.1")
@@ -274,14 +274,14 @@ func TestFindWorkload(t *testing.T) {
 	a.Node = "node1"
 	b := wl("b", "ns", "pod", "10.0.0.2")
 	b.Node = "node2"
-	b.ServiceAccount = "web"
+	b.EditLabels().ServiceAccount = "web"
 	c := wl("c", "ns", "pod", "10.0.0.3")
 	c.Node = "node2"
-	c.Labels = &WorkloadLabels{ClusterID: "east"}
+	c.EditLabels().ClusterID = "east"
 	// d is c's twin in another cluster, on a node of the same name.
 	d := wl("0-d", "ns", "pod", "10.0.0.4")
 	d.Node = "node2"
-	d.Labels = &WorkloadLabels{ClusterID: "west"}
+	d.EditLabels().ClusterID = "west"
 	s := mustSnapshot(t, []*Workload{c, b, a, d}, nil, nil)
 	for _, tc := range []struct {
 		info WorkloadInfo
@@ -304,11 +304,11 @@ func TestFindWorkload(t *testing.T) {
 }
 
 func TestIdentityDefaults(t *testing.T) {
-	w := &Workload{Namespace: "ns"}
+	w := &Workload{Labels: &WorkloadLabels{Namespace: "ns"}}
 	if got := w.Identity().String(); got != "spiffe://cluster.local/ns/ns/sa/default" {
 		t.Errorf("Identity = %q", got)
 	}
-	w.Labels, w.ServiceAccount = &WorkloadLabels{TrustDomain: "example.org"}, "web"
+	w.EditLabels().TrustDomain, w.Labels.ServiceAccount = "example.org", "web"
 	if got := w.Identity().String(); got != "spiffe://example.org/ns/ns/sa/web" {
 		t.Errorf("Identity = %q", got)
 	}

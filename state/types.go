@@ -154,19 +154,17 @@ func (l *Locality) Value() Locality {
 // Workload is one addressable workload (pod, VM, ...). Values reachable from a
 // Snapshot are shared and must not be modified.
 type Workload struct {
-	UID            string
-	Name           string
-	Namespace      string
-	ServiceAccount string // "" means "default" (see Identity)
-	Network        string
-	Node           string
+	UID  string
+	Name string
+	Node string
 
-	// Labels holds what a deployment's replicas have in common and is
-	// read less often than the rest: the names telemetry labels traffic
-	// with, the trust domain and the cluster ID; nil when all are empty
-	// (issue 36: inline they were 96 bytes of every record; converters
-	// share one value among the replicas). Read them through the
-	// accessors of the same names.
+	// Labels holds what a deployment's replicas have in common: the
+	// namespace, service account and network, the names telemetry labels
+	// traffic with, the trust domain and the cluster ID; nil when all are
+	// empty (issue 36: inline they were 144 bytes of every record;
+	// converters share one value among the replicas). Read them through
+	// the accessors of the same names, one pointer load more than a field
+	// of the record.
 	Labels *WorkloadLabels
 
 	Addresses []netip.Addr
@@ -204,12 +202,54 @@ type Workload struct {
 // labels its traffic with. The struct is comparable, so that converters can
 // share equal values.
 type WorkloadLabels struct {
+	Namespace         string
+	ServiceAccount    string // "" means "default" (see Identity)
+	Network           string
 	WorkloadName      string
 	WorkloadType      string // lower-case kind, e.g. "deployment", "pod"
 	CanonicalName     string
 	CanonicalRevision string
 	TrustDomain       string // "" means identity.DefaultTrustDomain
 	ClusterID         string
+}
+
+// EditLabels gives w a Labels value of its own, a copy of the one it had
+// (empty for nil), and returns it to be filled: Labels values are shared
+// among workloads, so that one is never changed in place. It is for code
+// that builds a workload, before it is published.
+func (w *Workload) EditLabels() *WorkloadLabels {
+	l := &WorkloadLabels{}
+	if w.Labels != nil {
+		*l = *w.Labels
+	}
+	w.Labels = l
+	return l
+}
+
+// Namespace returns the workload's namespace (Labels.Namespace).
+func (w *Workload) Namespace() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.Namespace
+}
+
+// ServiceAccount returns the workload's service account, "" meaning
+// "default" (Labels.ServiceAccount; see Identity).
+func (w *Workload) ServiceAccount() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.ServiceAccount
+}
+
+// Network returns the workload's network, "" for the default one
+// (Labels.Network).
+func (w *Workload) Network() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.Network
 }
 
 // TrustDomain returns the workload's trust domain, "" meaning
@@ -352,7 +392,7 @@ func (w *Workload) AuthorizationPolicies() []string {
 // Identity returns the workload's SPIFFE identity, filling Istio's defaults
 // for an empty trust domain (cluster.local) and service account (default).
 func (w *Workload) Identity() identity.Identity {
-	return identity.New(w.TrustDomain(), w.Namespace, w.ServiceAccount)
+	return identity.New(w.TrustDomain(), w.Namespace(), w.ServiceAccount())
 }
 
 // IPFamilies restricts which address families of a service's endpoints are

@@ -402,7 +402,7 @@ func indexedAddrs(w *Workload) []NetworkAddress {
 	}
 	keys := make([]NetworkAddress, 0, len(w.Addresses))
 	for _, ip := range w.Addresses {
-		k := NetworkAddress{Network: w.Network, Addr: ip.Unmap()}
+		k := NetworkAddress{Network: w.Network(), Addr: ip.Unmap()}
 		if !slices.Contains(keys, k) {
 			keys = append(keys, k)
 		}

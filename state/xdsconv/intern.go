@@ -119,6 +119,7 @@ func internLabels(l state.WorkloadLabels) *state.WorkloadLabels {
 		return p
 	}
 	p := &state.WorkloadLabels{
+		Namespace: intern(l.Namespace), ServiceAccount: intern(l.ServiceAccount), Network: intern(l.Network),
 		WorkloadName: intern(l.WorkloadName), WorkloadType: intern(l.WorkloadType),
 		CanonicalName: intern(l.CanonicalName), CanonicalRevision: intern(l.CanonicalRevision),
 		TrustDomain: intern(l.TrustDomain), ClusterID: intern(l.ClusterID),

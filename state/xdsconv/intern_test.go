@@ -64,10 +64,10 @@ func TestConvertSharesRepeats(t *testing.T) {
 		name string
 		a, b string
 	}{
-		{"namespace", a.Namespace, b.Namespace},
-		{"service account", a.ServiceAccount, b.ServiceAccount},
+		{"namespace", a.Namespace(), b.Namespace()},
+		{"service account", a.ServiceAccount(), b.ServiceAccount()},
 		{"trust domain", a.TrustDomain(), b.TrustDomain()},
-		{"network", a.Network, b.Network},
+		{"network", a.Network(), b.Network()},
 		{"node", a.Node, b.Node},
 		{"cluster", a.ClusterID(), b.ClusterID()},
 		{"workload name", a.WorkloadName(), b.WorkloadName()},

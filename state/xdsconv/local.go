@@ -159,10 +159,10 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 	err := d.object(n, path, "workload", map[string]fieldFunc{
 		"uid":               str(&w.UID),
 		"name":              str(&w.Name),
-		"namespace":         str(&w.Namespace),
-		"serviceAccount":    str(&w.ServiceAccount),
+		"namespace":         str(&labels.Namespace),
+		"serviceAccount":    str(&labels.ServiceAccount),
 		"trustDomain":       str(&labels.TrustDomain),
-		"network":           str(&w.Network),
+		"network":           str(&labels.Network),
 		"node":              str(&w.Node),
 		"clusterId":         str(&labels.ClusterID),
 		"workloadName":      str(&labels.WorkloadName),
@@ -209,9 +209,7 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 		},
 	}, "uid", "namespace", "workloadIps", "services")
 	w.SetExtra(x)
-	if labels != (state.WorkloadLabels{}) {
-		w.Labels = &labels
-	}
+	w.Labels = internLabels(labels)
 	w.Services = state.ServicesOf(svcs)
 	return w, err
 }

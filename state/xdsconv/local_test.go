@@ -124,9 +124,9 @@ func TestAllFields(t *testing.T) {
 	}
 	wantWorkloads := []*state.Workload{
 		{
-			UID: "c1//v1/Pod/ns1/full", Name: "full", Namespace: "ns1", ServiceAccount: "sa1",
-			Network: "net1", Node: "node1",
-			Labels: &state.WorkloadLabels{WorkloadName: "full-deploy", WorkloadType: "deployment", CanonicalName: "full-app", CanonicalRevision: "v2",
+			UID: "c1//v1/Pod/ns1/full", Name: "full",
+			Node: "node1",
+			Labels: &state.WorkloadLabels{Namespace: "ns1", ServiceAccount: "sa1", Network: "net1", WorkloadName: "full-deploy", WorkloadType: "deployment", CanonicalName: "full-app", CanonicalRevision: "v2",
 				TrustDomain: "example.org", ClusterID: "c1"},
 			Addresses:   []netip.Addr{addr("10.0.0.1"), addr("fd00::1")},
 			Protocol:    state.ProtocolHBONE,
@@ -149,9 +149,10 @@ func TestAllFields(t *testing.T) {
 			Locality:     &state.Locality{Region: "r1", Zone: "z1", Subzone: "s1"},
 		},
 		{
-			UID: "c1//v1/Pod/ns1/minimal", Namespace: "ns1", Addresses: []netip.Addr{}, Capacity: 1,
+			UID: "c1//v1/Pod/ns1/minimal", Addresses: []netip.Addr{}, Capacity: 1,
 			// Folded in from the service's inline endpoints.
 			Services: state.ServicesOf(map[string]map[uint16]uint16{"ns1/svc.ns1.svc.cluster.local": {80: 9090}}),
+			Labels:   &state.WorkloadLabels{Namespace: "ns1"},
 		},
 	}
 	wantServices := []*state.Service{{

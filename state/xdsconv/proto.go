@@ -65,13 +65,13 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 	// What repeats across workloads is interned (intern.go); the uid and
 	// the name are each workload's own.
 	w := &state.Workload{
-		UID:            x.GetUid(),
-		Name:           x.GetName(),
-		Namespace:      intern(x.GetNamespace()),
-		ServiceAccount: intern(orDefault(x.GetServiceAccount(), defaultServiceAccount)),
-		Network:        intern(x.GetNetwork()),
-		Node:           intern(x.GetNode()),
+		UID:  x.GetUid(),
+		Name: x.GetName(),
+		Node: intern(x.GetNode()),
 		Labels: internLabels(state.WorkloadLabels{
+			Namespace:         x.GetNamespace(),
+			ServiceAccount:    orDefault(x.GetServiceAccount(), defaultServiceAccount),
+			Network:           x.GetNetwork(),
 			WorkloadName:      x.GetWorkloadName(),
 			WorkloadType:      workloadType(x.GetWorkloadType()),
 			CanonicalName:     x.GetCanonicalName(),

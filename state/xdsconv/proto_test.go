@@ -49,9 +49,9 @@ func TestConvertWorkloadAllFields(t *testing.T) {
 		Capacity:              wrapperspb.UInt32(0),
 	}
 	want := &state.Workload{
-		UID: "c1//v1/Pod/ns/p1", Name: "p1", Namespace: "ns", ServiceAccount: "sa",
-		Network: "net1", Node: "n1",
-		Labels: &state.WorkloadLabels{WorkloadName: "job", WorkloadType: "cronjob", CanonicalName: "app", CanonicalRevision: "v1",
+		UID: "c1//v1/Pod/ns/p1", Name: "p1",
+		Node: "n1",
+		Labels: &state.WorkloadLabels{Namespace: "ns", ServiceAccount: "sa", Network: "net1", WorkloadName: "job", WorkloadType: "cronjob", CanonicalName: "app", CanonicalRevision: "v1",
 			TrustDomain: "td", ClusterID: "c1"},
 		Addresses:   []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")},
 		Protocol:    state.ProtocolHBONE,
@@ -89,8 +89,8 @@ func TestConvertWorkloadDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &state.Workload{
-		UID: "u", Namespace: "ns", ServiceAccount: "default",
-		Labels: &state.WorkloadLabels{WorkloadType: "deployment", TrustDomain: "cluster.local", ClusterID: "Kubernetes"}, Capacity: 1, Services: state.ServicesOf(map[string]map[uint16]uint16{}),
+		UID:    "u",
+		Labels: &state.WorkloadLabels{Namespace: "ns", ServiceAccount: "default", WorkloadType: "deployment", TrustDomain: "cluster.local", ClusterID: "Kubernetes"}, Capacity: 1, Services: state.ServicesOf(map[string]map[uint16]uint16{}),
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got  %+v\nwant %+v", got, want)
