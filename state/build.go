@@ -25,8 +25,10 @@ type builder struct {
 	byInfoM   *shardEdit[infoKey, []*Workload]
 	byHost    *shardEdit[NamespacedHostname, []*Workload]
 	svcByKey  *shardEdit[NamespacedHostname, *Service]
-	svcByVIP  addrEdit[[]*Service]
-	svcByHost *shardEdit[string, []*Service]
+	svcByVIP  addrEdit[[1]*Service]
+	svcByVIPM addrEdit[[]*Service]
+	svcByHost *shardEdit[string, [1]*Service]
+	svcHostM  *shardEdit[string, []*Service]
 	svcEps    *shardEdit[NamespacedHostname, svcMembers]
 
 	// touched holds the service keys whose endpoints an edit must derive
@@ -54,7 +56,9 @@ func newBuilder(s *Snapshot, fresh bool, nw, ns int) *builder {
 		byHost:    newShardEdit(&s.byHost, hashNH, fresh, 0),
 		svcByKey:  newShardEdit(&s.svcByKey, hashNH, fresh, ns),
 		svcByVIP:  newAddrEdit(&s.svcByVIP, fresh, ns),
+		svcByVIPM: newAddrEdit(&s.svcByVIPMany, fresh, 0),
 		svcByHost: newShardEdit(&s.svcByHost, hashString, fresh, ns),
+		svcHostM:  newShardEdit(&s.svcByHostMany, hashString, fresh, 0),
 		svcEps:    newShardEdit(&s.svcEps, hashNH, fresh, ns),
 		touched:   map[NamespacedHostname]struct{}{},
 		cidrGone:  map[*Service]struct{}{},
@@ -185,7 +189,7 @@ func (b *builder) indexService(svc *Service) {
 	if len(svc.CIDRVIPs) > 0 {
 		b.cidrNew = append(b.cidrNew, svc)
 	}
-	insertSorted(b.svcByHost, svc.Hostname, svc, cmpServices)
+	insertService(b.svcByHost, b.svcHostM, svc.Hostname, svc)
 	b.touch(key)
 }
 
@@ -199,7 +203,7 @@ func (b *builder) unindexService(svc *Service) {
 	if len(svc.CIDRVIPs) > 0 {
 		b.cidrGone[svc] = struct{}{}
 	}
-	removeSorted(b.svcByHost, svc.Hostname, svc, cmpServices)
+	removeService(b.svcByHost, b.svcHostM, svc.Hostname, svc)
 	b.touch(key)
 }
 
@@ -400,7 +404,9 @@ func (b *builder) finish() {
 	b.byHost.finish()
 	b.svcByKey.finish()
 	b.svcByVIP.finish()
+	b.svcByVIPM.finish()
 	b.svcByHost.finish()
+	b.svcHostM.finish()
 	b.svcEps.finish()
 }
 

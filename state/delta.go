@@ -61,7 +61,8 @@ func (s *Snapshot) Apply(d Delta) (*Snapshot, error) {
 	}
 	ns := &Snapshot{
 		byUID: s.byUID, byAddr: s.byAddr, byInfo: s.byInfo, byInfoMulti: s.byInfoMulti, byHost: s.byHost,
-		svcByKey: s.svcByKey, svcByVIP: s.svcByVIP, svcByHost: s.svcByHost, cidrVIPs: s.cidrVIPs,
+		svcByKey: s.svcByKey, svcByVIP: s.svcByVIP, svcByVIPMany: s.svcByVIPMany,
+		svcByHost: s.svcByHost, svcByHostMany: s.svcByHostMany, cidrVIPs: s.cidrVIPs,
 		svcEps: s.svcEps, nets: s.nets,
 	}
 	b := newBuilder(ns, false, 0, 0)

@@ -380,8 +380,10 @@ func checkSame(t *testing.T, got, want *Snapshot) {
 	sameIndex(t, "byInfoMulti", &got.byInfoMulti, &want.byInfoMulti)
 	sameIndex(t, "byHost", &got.byHost, &want.byHost)
 	sameIndex(t, "svcByKey", &got.svcByKey, &want.svcByKey)
-	sameAddrIndex(t, "svcByVIP", got, want, func(s *Snapshot) *addrIndex[[]*Service] { return &s.svcByVIP })
+	sameAddrIndex(t, "svcByVIP", got, want, func(s *Snapshot) *addrIndex[[1]*Service] { return &s.svcByVIP })
+	sameAddrIndex(t, "svcByVIPMany", got, want, func(s *Snapshot) *addrIndex[[]*Service] { return &s.svcByVIPMany })
 	sameIndex(t, "svcByHost", &got.svcByHost, &want.svcByHost)
+	sameIndex(t, "svcByHostMany", &got.svcByHostMany, &want.svcByHostMany)
 	sameIndex(t, "svcEps", &got.svcEps, &want.svcEps)
 	if !reflect.DeepEqual(got.cidrVIPs, want.cidrVIPs) {
 		t.Errorf("cidrVIPs: got %v, want %v", got.cidrVIPs, want.cidrVIPs)

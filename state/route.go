@@ -28,14 +28,14 @@ func (g *GatewayAddress) Port() uint16 {
 // services (client namespace, canonical, preferredNS, first by key), among
 // those visible to the client; nil if none.
 func (s *Snapshot) ServiceByHostname(host, clientNS, preferredNS string) *Service {
-	return bestService(s.svcByHost.get(hashString(host), host), clientNS, preferredNS, true, nil)
+	return bestService(s.ServicesByHostname(host), clientNS, preferredNS, true, nil)
 }
 
 // ServiceByHostnameWhere is ServiceByHostname among the services keep
 // accepts (the DNS proxy answers only for services it can give addresses
 // for), so a refused service never takes the rank of one that answers.
 func (s *Snapshot) ServiceByHostnameWhere(host, clientNS, preferredNS string, keep func(*Service) bool) *Service {
-	return bestService(s.svcByHost.get(hashString(host), host), clientNS, preferredNS, true, keep)
+	return bestService(s.ServicesByHostname(host), clientNS, preferredNS, true, keep)
 }
 
 // FindHostname returns what a namespaced hostname names, as ztunnel's

@@ -165,6 +165,23 @@ func (m *shardMap[K, V]) get(h uint64, k K) V {
 	return zero
 }
 
+// ref returns a pointer to the value under k, whose hash is h, in its
+// slot, or nil: for a lookup that hands out a slice of it (a published
+// index is never written to).
+func (m *shardMap[K, V]) ref(h uint64, k K) *V {
+	i := h >> m.shift
+	t := m.pages[i>>pageBits][i&(pageShards-1)]
+	t = t[:cap(t)]
+	if n := uint64(len(t)); n > 0 {
+		for i := home(h, n); t[i].h != 0; i = next(i, n) {
+			if t[i].h == h && t[i].k == k {
+				return &t[i].v
+			}
+		}
+	}
+	return nil
+}
+
 // all calls f for every entry, in no particular order.
 func (m *shardMap[K, V]) all(f func(K, V)) {
 	for _, page := range m.pages {
@@ -442,6 +459,72 @@ func (e *shardEdit[K, V]) finish() {
 				*nt = (*nt)[:len(*nt)+1]
 			}
 		}
+	}
+}
+
+// The indexes of services by VIP and by hostname hold a key's service in
+// its slot, as a one-element array that a lookup slices ([1]*Service),
+// since nearly every key has one; a key that two or more services share
+// holds manyServices instead, and its list, sorted by key, is in the
+// index's list part (svcByVIPMany, svcByHostMany). Issue 36: a list per
+// key cost a slice header in the slot and an 8-byte allocation, ~14 bytes
+// per workload.
+
+// manyServices marks a key of a service index with two or more services.
+var manyServices = &Service{}
+
+// servicesAt returns the services under k (hash h) in the index of one and
+// many, sorted by key.
+func servicesAt[K comparable](one *shardMap[K, [1]*Service], many *shardMap[K, []*Service], h uint64, k K) []*Service {
+	p := one.ref(h, k)
+	switch {
+	case p == nil:
+		return nil
+	case p[0] == manyServices:
+		return many.get(h, k)
+	}
+	return p[:]
+}
+
+// insertService adds svc to the services under k in the index of one and
+// many; a service with svc's key already there is kept instead.
+func insertService[K comparable](one *shardEdit[K, [1]*Service], many *shardEdit[K, []*Service], k K, svc *Service) {
+	h := one.hash(k)
+	p := one.m.ref(h, k)
+	switch {
+	case p == nil:
+		one.setH(h, k, [1]*Service{svc})
+	case p[0] == manyServices:
+		insertSorted(many, k, svc, cmpServices)
+	case cmpServices(p[0], svc) != 0:
+		list := []*Service{p[0], svc}
+		if cmpServices(svc, p[0]) < 0 {
+			list[0], list[1] = svc, p[0]
+		}
+		many.ownsValue(k) // the list is this edit's own
+		many.set(k, list)
+		one.setH(h, k, [1]*Service{manyServices})
+	}
+}
+
+// removeService removes the service with svc's key from those under k in
+// the index of one and many.
+func removeService[K comparable](one *shardEdit[K, [1]*Service], many *shardEdit[K, []*Service], k K, svc *Service) {
+	h := one.hash(k)
+	p := one.m.ref(h, k)
+	switch {
+	case p == nil:
+		return
+	case p[0] != manyServices:
+		if cmpServices(p[0], svc) == 0 {
+			one.delH(h, k)
+		}
+		return
+	}
+	removeSorted(many, k, svc, cmpServices)
+	if list := many.get(k); len(list) == 1 {
+		many.del(k)
+		one.setH(h, k, [1]*Service{list[0]})
 	}
 }
 

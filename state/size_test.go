@@ -130,3 +130,27 @@ func TestEndpointsKeyedByServiceStrings(t *testing.T) {
 		}
 	}
 }
+
+// TestIndexSlots keeps the slots of the indexes that hold an entry per
+// workload or per service without a key string or a list where the value
+// carries its key or a key has one value (issue 36): the workloads by UID
+// (a string key made the slot 32 bytes), the services by VIP and by
+// hostname (a list per key made them 40 and 48).
+func TestIndexSlots(t *testing.T) {
+	var s Snapshot
+	for _, c := range []struct {
+		index     string
+		size, max uintptr
+	}{
+		{"byUID", slotSize(&s.byUID), 16},
+		{"svcByVIP (IPv4)", slotSize(&s.svcByVIP.v4), 24},
+		{"svcByHost", slotSize(&s.svcByHost), 32},
+	} {
+		if c.size > c.max {
+			t.Errorf("%s slot is %d bytes, want at most %d", c.index, c.size, c.max)
+		}
+	}
+}
+
+// slotSize returns the size of a slot of m.
+func slotSize[K comparable, V any](*shardMap[K, V]) uintptr { return unsafe.Sizeof(slot[K, V]{}) }

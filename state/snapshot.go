@@ -59,10 +59,15 @@ type Snapshot struct {
 	// sorted by UID: the first (lowest UID) wins a tie.
 	byHost shardMap[NamespacedHostname, []*Workload]
 
-	svcByKey  shardMap[NamespacedHostname, *Service]
-	svcByVIP  addrIndex[[]*Service]        // sorted by key
-	svcByHost shardMap[string, []*Service] // sorted by key
-	cidrVIPs  []cidrVIP                    // by service key, then in the service's order
+	svcByKey shardMap[NamespacedHostname, *Service]
+	// svcByVIP and svcByHost hold a key's service, or manyServices and
+	// then the key's list in svcByVIPMany, svcByHostMany, sorted by key
+	// (servicesAt).
+	svcByVIP      addrIndex[[1]*Service]
+	svcByVIPMany  addrIndex[[]*Service]
+	svcByHost     shardMap[string, [1]*Service]
+	svcByHostMany shardMap[string, []*Service]
+	cidrVIPs      []cidrVIP // by service key, then in the service's order
 	// svcEps holds, by service key, the members and endpoints lists
 	// (svcMembers) in one slot (issue 36: two indexes of lists cost ~60
 	// bytes more per service).
@@ -239,7 +244,18 @@ func (s *Snapshot) ServiceByKey(key string) *Service {
 // ServicesByHostname returns the services with the given hostname (one per
 // namespace at most), sorted by key.
 func (s *Snapshot) ServicesByHostname(host string) []*Service {
-	return s.svcByHost.get(hashString(host), host)
+	return servicesAt(&s.svcByHost, &s.svcByHostMany, hashString(host), host)
+}
+
+// servicesByVIP returns the services with the exact VIP ip (unmapped) on
+// the network of handle id, sorted by key.
+func (s *Snapshot) servicesByVIP(id uint32, ip netip.Addr) []*Service {
+	if ip.Is4() {
+		k := addr4Key(id, ip)
+		return servicesAt(&s.svcByVIP.v4, &s.svcByVIPMany.v4, hashAddr4(k), k)
+	}
+	k := addr6KeyOf(id, ip)
+	return servicesAt(&s.svcByVIP.v6, &s.svcByVIPMany.v6, hashAddr6(k), k)
 }
 
 // ServiceByVIP returns the service with the exact VIP ip on network, or nil.
@@ -250,7 +266,7 @@ func (s *Snapshot) ServiceByVIP(network string, ip netip.Addr) *Service {
 	if !ok {
 		return nil
 	}
-	return bestService(s.svcByVIP.get(id, ip), "", "", false, nil)
+	return bestService(s.servicesByVIP(id, ip), "", "", false, nil)
 }
 
 // ResolveVIP returns the service a client in namespace clientNS reaches by
@@ -275,7 +291,7 @@ func (s *Snapshot) ResolveVIPPreferring(network string, ip netip.Addr, clientNS,
 func (s *Snapshot) resolveVIP(network string, ip netip.Addr, clientNS, preferredNS string, useNS bool) *Service {
 	ip = ip.Unmap()
 	if id, ip, ok := s.lookupAddr(network, ip); ok {
-		if svc := bestService(s.svcByVIP.get(id, ip), clientNS, preferredNS, useNS, nil); svc != nil {
+		if svc := bestService(s.servicesByVIP(id, ip), clientNS, preferredNS, useNS, nil); svc != nil {
 			return svc
 		}
 	}
