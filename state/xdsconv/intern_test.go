@@ -1,6 +1,7 @@
 package xdsconv
 
 import (
+	"hash/maphash"
 	"net/netip"
 	"reflect"
 	"runtime"
@@ -332,4 +333,61 @@ func TestConvertServiceShares(t *testing.T) {
 		}
 	}
 	runtime.KeepAlive(a)
+}
+
+// TestInternKeepsStringsInUse: a workload converted after a collection
+// shares the names of one converted before that is still held (issue 36:
+// unique.Make's table forgot every string at the next collection, so a
+// workload changed or added after one got fresh copies of its node and,
+// in a new Labels value, of its namespace), and a name nothing holds any
+// more leaves the table.
+func TestInternKeepsStringsInUse(t *testing.T) {
+	convert := func(workloadName string) *state.Workload {
+		b, err := proto.Marshal(&workloadapi.Workload{
+			Uid: "Kubernetes//Pod/ns-keep/" + workloadName, Name: workloadName, Namespace: "ns-keep",
+			ServiceAccount: "sa-keep", Node: "node-keep", WorkloadName: workloadName,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var x workloadapi.Workload
+		if err := proto.Unmarshal(b, &x); err != nil {
+			t.Fatal(err)
+		}
+		w, err := ConvertWorkload(&x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	first := convert("first")
+	runtime.GC()
+	runtime.GC()
+	second := convert("second")
+	if first.Labels == second.Labels {
+		t.Fatal("the two workloads share their Labels: the test needs a new one")
+	}
+	for _, f := range []struct{ name, a, b string }{
+		{"node", first.Node, second.Node},
+		{"namespace", first.Namespace(), second.Namespace()},
+		{"service account", first.ServiceAccount(), second.ServiceAccount()},
+	} {
+		if !sameString(f.a, f.b) {
+			t.Errorf("%s %q: the second workload holds a copy of its own", f.name, f.b)
+		}
+	}
+	runtime.KeepAlive(first)
+
+	gone := intern(string([]byte("a-name-nothing-keeps")))
+	h := maphash.String(cacheSeed, gone)
+	gone = ""
+	runtime.GC()
+	runtime.GC()
+	internTable.mu.Lock()
+	p := internTable.m[h].p.Value()
+	internTable.mu.Unlock()
+	if p != nil {
+		t.Error("a name nothing holds is still in the table after a collection")
+	}
+	_ = gone
 }
