@@ -24,7 +24,7 @@ type builder struct {
 	byInfo    *shardEdit[hashed, *Workload]
 	byInfoM   *shardEdit[infoKey, []*Workload]
 	byHost    *shardEdit[NamespacedHostname, []*Workload]
-	svcByKey  *shardEdit[NamespacedHostname, *Service]
+	svcByKey  *shardEdit[hashed, *Service] // written with setFunc, delFunc
 	svcByVIP  addrEdit[[1]*Service]
 	svcByVIPM addrEdit[[]*Service]
 	svcByHost *shardEdit[string, [1]*Service]
@@ -54,7 +54,7 @@ func newBuilder(s *Snapshot, fresh bool, nw, ns int) *builder {
 		byInfo:    newShardEdit(&s.byInfo, nil, fresh, nw), // written by hash: setH, delH
 		byInfoM:   newShardEdit(&s.byInfoMulti, hashInfo, fresh, 0),
 		byHost:    newShardEdit(&s.byHost, hashNH, fresh, 0),
-		svcByKey:  newShardEdit(&s.svcByKey, hashNH, fresh, ns),
+		svcByKey:  newShardEdit(&s.svcByKey, nil, fresh, ns),
 		svcByVIP:  newAddrEdit(&s.svcByVIP, fresh, ns),
 		svcByVIPM: newAddrEdit(&s.svcByVIPMany, fresh, 0),
 		svcByHost: newShardEdit(&s.svcByHost, hashString, fresh, ns),
@@ -75,7 +75,7 @@ func buildFresh(workloads []*Workload, services []*Service) *builder {
 			continue
 		}
 		key := NamespacedHostname{svc.Namespace, svc.Hostname}
-		if b.svcByKey.get(key) != nil {
+		if serviceByKey(b.svcByKey.m, key) != nil {
 			b.fail("%s: duplicate service key", subject{"service", key.String()})
 			continue
 		}
@@ -181,7 +181,7 @@ func (b *builder) checkService(svc *Service) {
 // indexService adds svc (whose key is not indexed) to the service indexes.
 func (b *builder) indexService(svc *Service) {
 	key := NamespacedHostname{svc.Namespace, svc.Hostname}
-	b.svcByKey.set(key, svc)
+	b.svcByKey.setFunc(hashNH(key), keyIs(key), svc)
 	for _, vip := range svc.VIPs {
 		// A VIP listed twice is indexed once: insertSorted keeps the first.
 		b.insertVIP(NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc)
@@ -196,7 +196,7 @@ func (b *builder) indexService(svc *Service) {
 // unindexService removes svc, indexed, from the service indexes.
 func (b *builder) unindexService(svc *Service) {
 	key := NamespacedHostname{svc.Namespace, svc.Hostname}
-	b.svcByKey.del(key)
+	b.svcByKey.delFunc(hashNH(key), keyIs(key))
 	for _, vip := range svc.VIPs {
 		b.removeVIP(NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc)
 	}
@@ -375,10 +375,10 @@ func (b *builder) finish() {
 			}
 			return v
 		})
-		s.svcByKey.all(func(k NamespacedHostname, svc *Service) { b.setEndpoints(k, svc) })
+		s.svcByKey.all(func(_ hashed, svc *Service) { b.setEndpoints(NamespacedHostname{svc.Namespace, svc.Hostname}, svc) })
 	} else {
 		for k := range b.touched {
-			b.setEndpoints(k, b.svcByKey.get(k))
+			b.setEndpoints(k, serviceByKey(b.svcByKey.m, k))
 		}
 	}
 	if len(b.cidrNew) > 0 || len(b.cidrGone) > 0 {

@@ -69,13 +69,13 @@ func (s *Snapshot) Apply(d Delta) (*Snapshot, error) {
 
 	for _, key := range d.RemovedServices {
 		if nh, ok := parseServiceKey(key); ok {
-			if old := b.svcByKey.get(nh); old != nil {
+			if old := serviceByKey(b.svcByKey.m, nh); old != nil {
 				b.unindexService(old)
 			}
 		}
 	}
 	for _, svc := range d.Services {
-		if old := b.svcByKey.get(NamespacedHostname{svc.Namespace, svc.Hostname}); old != nil {
+		if old := serviceByKey(b.svcByKey.m, NamespacedHostname{svc.Namespace, svc.Hostname}); old != nil {
 			b.unindexService(old)
 		}
 		b.checkService(svc)
@@ -132,8 +132,8 @@ func (s *Snapshot) rebuild(d *Delta) (*Snapshot, error) {
 		goneSvc[NamespacedHostname{svc.Namespace, svc.Hostname}] = struct{}{}
 	}
 	services := make([]*Service, 0, s.svcByKey.n+len(d.Services))
-	s.svcByKey.all(func(nh NamespacedHostname, svc *Service) {
-		if _, g := goneSvc[nh]; !g {
+	s.svcByKey.all(func(_ hashed, svc *Service) {
+		if _, g := goneSvc[NamespacedHostname{svc.Namespace, svc.Hostname}]; !g {
 			services = append(services, svc)
 		}
 	})

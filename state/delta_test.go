@@ -348,6 +348,42 @@ func sameUIDIndex(t *testing.T, got, want *shardMap[hashed, *Workload]) {
 	}
 }
 
+// sameSvcKeyIndex compares two indexes of services by key, checking that
+// each entry sits under its key's hash where serviceByKey finds it.
+func sameSvcKeyIndex(t *testing.T, got, want *shardMap[hashed, *Service]) {
+	t.Helper()
+	byKey := func(m *shardMap[hashed, *Service]) map[NamespacedHostname]*Service {
+		out := map[NamespacedHostname]*Service{}
+		n := 0
+		for i := range m.numShards() {
+			sh := m.shard(uint64(i))
+			n += len(sh)
+			for _, s := range sh[:cap(sh)] {
+				if s.h == 0 {
+					continue
+				}
+				k := NamespacedHostname{s.v.Namespace, s.v.Hostname}
+				if h := hashNH(k); h != s.h || h>>m.shift != uint64(i) {
+					t.Errorf("svcByKey: %v stored with hash %#x in shard %d of %d, hashes to %#x", k, s.h, i, m.numShards(), h)
+				}
+				out[k] = s.v
+			}
+		}
+		if len(out) != m.n || n != m.n {
+			t.Errorf("svcByKey: %d entries, shard lengths add up to %d, counted %d", len(out), n, m.n)
+		}
+		for k, v := range out {
+			if got := serviceByKey(m, k); got != v {
+				t.Errorf("svcByKey: get(%v) = %v, stored %v", k, got, v)
+			}
+		}
+		return out
+	}
+	if g, w := byKey(got), byKey(want); !reflect.DeepEqual(g, w) {
+		t.Errorf("svcByKey differs:\n got %v\nwant %v", g, w)
+	}
+}
+
 // sameAddrIndex compares the address indexes ix picks of two snapshots by
 // network name and address: their network handles may differ.
 func sameAddrIndex[V any](t *testing.T, what string, got, want *Snapshot, ix func(*Snapshot) *addrIndex[V]) {
@@ -379,7 +415,7 @@ func checkSame(t *testing.T, got, want *Snapshot) {
 	sameHashedIndex(t, "byInfo", &got.byInfo, &want.byInfo)
 	sameIndex(t, "byInfoMulti", &got.byInfoMulti, &want.byInfoMulti)
 	sameIndex(t, "byHost", &got.byHost, &want.byHost)
-	sameIndex(t, "svcByKey", &got.svcByKey, &want.svcByKey)
+	sameSvcKeyIndex(t, &got.svcByKey, &want.svcByKey)
 	sameAddrIndex(t, "svcByVIP", got, want, func(s *Snapshot) *addrIndex[[1]*Service] { return &s.svcByVIP })
 	sameAddrIndex(t, "svcByVIPMany", got, want, func(s *Snapshot) *addrIndex[[]*Service] { return &s.svcByVIPMany })
 	sameIndex(t, "svcByHost", &got.svcByHost, &want.svcByHost)

@@ -42,11 +42,10 @@ func (s *Snapshot) ServiceByHostnameWhere(host, clientNS, preferredNS string, ke
 // find_hostname: the service with that key, else a workload of that
 // namespace with that hostname. At most one of the results is non-nil.
 func (s *Snapshot) FindHostname(nh NamespacedHostname) (*Service, *Workload) {
-	h := hashNH(nh)
-	if svc := s.svcByKey.get(h, nh); svc != nil {
+	if svc := serviceByKey(&s.svcByKey, nh); svc != nil {
 		return svc, nil
 	}
-	if ws := s.byHost.get(h, nh); len(ws) > 0 {
+	if ws := s.byHost.get(hashNH(nh), nh); len(ws) > 0 {
 		return nil, ws[0]
 	}
 	return nil, nil

@@ -134,8 +134,9 @@ func TestEndpointsKeyedByServiceStrings(t *testing.T) {
 // TestIndexSlots keeps the slots of the indexes that hold an entry per
 // workload or per service without a key string or a list where the value
 // carries its key or a key has one value (issue 36): the workloads by UID
-// (a string key made the slot 32 bytes), the services by VIP and by
-// hostname (a list per key made them 40 and 48).
+// and the services by key (their string keys made the slots 32 and 48
+// bytes), the services by VIP and by hostname (a list per key made them 40
+// and 48).
 func TestIndexSlots(t *testing.T) {
 	var s Snapshot
 	for _, c := range []struct {
@@ -143,6 +144,7 @@ func TestIndexSlots(t *testing.T) {
 		size, max uintptr
 	}{
 		{"byUID", slotSize(&s.byUID), 16},
+		{"svcByKey", slotSize(&s.svcByKey), 16},
 		{"svcByVIP (IPv4)", slotSize(&s.svcByVIP.v4), 24},
 		{"svcByHost", slotSize(&s.svcByHost), 32},
 	} {

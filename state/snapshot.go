@@ -59,7 +59,9 @@ type Snapshot struct {
 	// sorted by UID: the first (lowest UID) wins a tie.
 	byHost shardMap[NamespacedHostname, []*Workload]
 
-	svcByKey shardMap[NamespacedHostname, *Service]
+	// svcByKey is keyed by hash alone: a probe compares the service's own
+	// namespace and hostname (serviceByKey).
+	svcByKey shardMap[hashed, *Service]
 	// svcByVIP and svcByHost hold a key's service, or manyServices and
 	// then the key's list in svcByVIPMany, svcByHostMany, sorted by key
 	// (servicesAt).
@@ -181,7 +183,7 @@ func (s *Snapshot) EachWorkload(fn func(*Workload)) {
 func (s *Snapshot) Services() []*Service {
 	return s.services.get(func() []*Service {
 		list := make([]*Service, 0, s.svcByKey.n)
-		s.svcByKey.all(func(_ NamespacedHostname, svc *Service) { list = append(list, svc) })
+		s.svcByKey.all(func(_ hashed, svc *Service) { list = append(list, svc) })
 		sortByKey(list, (*Service).Key)
 		return list
 	})
@@ -237,8 +239,30 @@ func (s *Snapshot) ServiceByKey(key string) *Service {
 	if !ok {
 		return nil
 	}
-	k := NamespacedHostname{ns, host}
-	return s.svcByKey.get(hashNH(k), k)
+	return serviceByKey(&s.svcByKey, NamespacedHostname{ns, host})
+}
+
+// serviceByKey returns the service of m, an index by key, with key k, or
+// nil.
+func serviceByKey(m *shardMap[hashed, *Service], k NamespacedHostname) *Service {
+	h := hashNH(k)
+	i := h >> m.shift
+	t := m.pages[i>>pageBits][i&(pageShards-1)]
+	t = t[:cap(t)]
+	if n := uint64(len(t)); n > 0 {
+		for i := home(h, n); t[i].h != 0; i = next(i, n) {
+			if v := t[i].v; t[i].h == h && v.Hostname == k.Hostname && v.Namespace == k.Namespace {
+				return v
+			}
+		}
+	}
+	return nil
+}
+
+// keyIs returns the test findFunc needs for the service with key k in an
+// index by key.
+func keyIs(k NamespacedHostname) func(*Service) bool {
+	return func(s *Service) bool { return s.Hostname == k.Hostname && s.Namespace == k.Namespace }
 }
 
 // ServicesByHostname returns the services with the given hostname (one per

@@ -594,8 +594,8 @@ func (w *Writer) buildFullLocked() (*Snapshot, error) {
 		}
 	}
 	if w.last != nil {
-		w.last.svcByKey.all(func(nh NamespacedHostname, s *Service) {
-			if _, changed := w.pendingS[nh.String()]; !changed {
+		w.last.svcByKey.all(func(_ hashed, s *Service) {
+			if _, changed := w.pendingS[s.Key()]; !changed {
 				services = append(services, s)
 			}
 		})
