@@ -290,22 +290,22 @@ func portMap(m map[uint16]uint16) map[string]uint16 {
 func dumpService(snap *state.Snapshot, s *state.Service) ServiceDump {
 	d := ServiceDump{
 		Name: s.Name, Namespace: s.Namespace, Hostname: s.Hostname, Ports: portMap(s.Ports),
-		SubjectAltNames: s.SubjectAltNames, Canonical: s.Canonical, Visibility: s.Visibility.String(),
+		SubjectAltNames: s.SubjectAltNames(), Canonical: s.Canonical, Visibility: s.Visibility.String(),
 		Waypoint: dumpGateway(s.Waypoint), Endpoints: map[string]EndpointDump{},
 	}
 	if d.SubjectAltNames == nil {
 		d.SubjectAltNames = []string{}
 	}
-	for _, c := range s.CIDRVIPs {
+	for _, c := range s.CIDRVIPs() {
 		d.CIDRVIPs = append(d.CIDRVIPs, CIDRDump{Network: c.Network, CIDR: c.Prefix.String()})
 	}
-	for _, w := range s.WeightedWaypoints {
+	for _, w := range s.WeightedWaypoints() {
 		d.WeightedWaypoints = append(d.WeightedWaypoints, WeightedWaypointDump{Destination: *dumpGateway(&w.Destination), Weight: w.Weight})
 	}
 	if s.IPFamilies != state.IPFamiliesAutomatic {
 		d.IPFamilies = s.IPFamilies.String()
 	}
-	if lb := s.LoadBalancer; lb != nil {
+	if lb := s.LoadBalancer(); lb != nil {
 		d.LoadBalancer = &LoadBalancerDump{RoutingPreferences: []string{}, Mode: lb.Mode.String(), HealthPolicy: lb.HealthPolicy.String()}
 		for _, p := range lb.RoutingPreferences {
 			d.LoadBalancer.RoutingPreferences = append(d.LoadBalancer.RoutingPreferences, p.String())

@@ -71,7 +71,7 @@ func (rt *router) routeViaGateway(ctx context.Context, snap *state.Snapshot, src
 	}
 	gw := netip.AddrPortFrom(ip, up.Port)
 	authority := net.JoinHostPort(svc.Hostname, strconv.Itoa(int(dst.Port())))
-	final := append([]string{rt.identityOf(w).String()}, svc.SubjectAltNames...)
+	final := append([]string{rt.identityOf(w).String()}, svc.SubjectAltNames()...)
 	inner := &doubleHBONE{
 		authority: authority,
 		sans:      final,

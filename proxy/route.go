@@ -35,7 +35,7 @@ func (rt *router) routeOutbound(ctx context.Context, snap *state.Snapshot, src *
 		if wp := state.ServiceWaypoint(svc, rt.rnd); wp != nil {
 			return rt.routeWaypoint(ctx, snap, src, wp, svc, dst)
 		}
-		if lb := svc.LoadBalancer; lb != nil && lb.Mode == state.LBModePassthrough {
+		if lb := svc.LoadBalancer(); lb != nil && lb.Mode == state.LBModePassthrough {
 			return outboundRoute{dst: dst}, nil
 		}
 		up, err := snap.PickUpstream(src, svc, dst.Port(), state.ResolveStandard, rt.rnd)
@@ -142,7 +142,7 @@ func (rt *router) routeViaNetworkGateway(ctx context.Context, snap *state.Snapsh
 func (rt *router) upstreamSANs(up state.Upstream) []string {
 	sans := []string{rt.identityOf(up.Workload).String()}
 	if up.Service != nil {
-		sans = append(sans, up.Service.SubjectAltNames...)
+		sans = append(sans, up.Service.SubjectAltNames()...)
 	}
 	return sans
 }

@@ -148,16 +148,16 @@ func (b *builder) checkService(svc *Service) {
 			b.fail("%s: invalid VIP %q", what, vip.String())
 		}
 	}
-	for _, p := range svc.CIDRVIPs {
+	for _, p := range svc.CIDRVIPs() {
 		if !p.Prefix.IsValid() || p.Prefix.Addr().Zone() != "" {
 			b.fail("%s: invalid CIDR VIP %q", what, p.String())
 		}
 	}
 	b.checkGateway(what, "waypoint", svc.Waypoint)
-	for j := range svc.WeightedWaypoints {
-		b.checkGateway(what, "weighted waypoint "+strconv.Itoa(j), &svc.WeightedWaypoints[j].Destination)
+	for j := range svc.WeightedWaypoints() {
+		b.checkGateway(what, "weighted waypoint "+strconv.Itoa(j), &svc.WeightedWaypoints()[j].Destination)
 	}
-	if lb := svc.LoadBalancer; lb != nil {
+	if lb := svc.LoadBalancer(); lb != nil {
 		if lb.Mode > LBModePassthrough {
 			b.fail("%s: invalid load balancer mode %d", what, lb.Mode)
 		}
@@ -186,7 +186,7 @@ func (b *builder) indexService(svc *Service) {
 		// A VIP listed twice is indexed once: insertSorted keeps the first.
 		b.insertVIP(NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc)
 	}
-	if len(svc.CIDRVIPs) > 0 {
+	if len(svc.CIDRVIPs()) > 0 {
 		b.cidrNew = append(b.cidrNew, svc)
 	}
 	insertService(b.svcByHost, b.svcHostM, svc.Hostname, svc)
@@ -200,7 +200,7 @@ func (b *builder) unindexService(svc *Service) {
 	for _, vip := range svc.VIPs {
 		b.removeVIP(NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc)
 	}
-	if len(svc.CIDRVIPs) > 0 {
+	if len(svc.CIDRVIPs()) > 0 {
 		b.cidrGone[svc] = struct{}{}
 	}
 	removeService(b.svcByHost, b.svcHostM, svc.Hostname, svc)
@@ -389,7 +389,7 @@ func (b *builder) finish() {
 			}
 		}
 		for _, svc := range b.cidrNew {
-			for _, p := range svc.CIDRVIPs {
+			for _, p := range svc.CIDRVIPs() {
 				list = append(list, cidrVIP{p, svc})
 			}
 		}

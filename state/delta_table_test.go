@@ -22,7 +22,7 @@ func TestApplyCases(t *testing.T) {
 	swap1.Addresses, swap2.Addresses = w2.Addresses, w1.Addresses
 	newVIPs := svc("ns", "web.ns.svc", "/10.96.0.7", "/10.96.0.8")
 	allowAll := svc("ns", "web.ns.svc", "/10.96.0.1")
-	allowAll.LoadBalancer = &LoadBalancer{HealthPolicy: LBAllowAll}
+	allowAll.EditExtra().LoadBalancer = &LoadBalancer{HealthPolicy: LBAllowAll}
 	thief := wl("w9", "ns", "p9", "10.0.0.2")
 	pol := &Policy{Name: "deny", Namespace: "ns", Scope: ScopeNamespace, Action: ActionDeny}
 

@@ -161,16 +161,16 @@ func (g deltaGen) service(key string) *Service {
 		v.VIPs = append(v.VIPs, NetworkAddress{g.pick(dNetworks), dVIPs[g.r.IntN(len(dVIPs))]})
 	}
 	if g.one(5) {
-		v.CIDRVIPs = append(v.CIDRVIPs, NetworkPrefix{g.pick(dNetworks), dCIDRs[g.r.IntN(len(dCIDRs))]})
+		v.EditExtra().CIDRVIPs = append(v.CIDRVIPs(), NetworkPrefix{g.pick(dNetworks), dCIDRs[g.r.IntN(len(dCIDRs))]})
 		if g.one(2) {
-			v.CIDRVIPs = append(v.CIDRVIPs, NetworkPrefix{"", dCIDRs[g.r.IntN(len(dCIDRs))]})
+			v.EditExtra().CIDRVIPs = append(v.CIDRVIPs(), NetworkPrefix{"", dCIDRs[g.r.IntN(len(dCIDRs))]})
 		}
 	}
 	if g.one(5) {
 		v.Visibility = VisibilityNamespace
 	}
 	if g.one(3) {
-		v.LoadBalancer = &LoadBalancer{HealthPolicy: LBHealthPolicy(g.r.IntN(2))}
+		v.EditExtra().LoadBalancer = &LoadBalancer{HealthPolicy: LBHealthPolicy(g.r.IntN(2))}
 	}
 	return v
 }

@@ -75,7 +75,7 @@ func (s *Snapshot) PickUpstream(src *Workload, svc *Service, svcPort uint16, mod
 	if src == nil {
 		src = &Workload{}
 	}
-	f := endpointFilter{src: src, svcPort: svcPort, svcTarget: svcTarget, hasPort: hasPort, mode: mode, lb: svc.LoadBalancer}
+	f := endpointFilter{src: src, svcPort: svcPort, svcTarget: svcTarget, hasPort: hasPort, mode: mode, lb: svc.LoadBalancer()}
 	f.ranked = f.lb != nil && f.lb.Mode != LBModeStandard
 	eps := s.Endpoints(svc)
 

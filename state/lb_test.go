@@ -160,7 +160,7 @@ func TestPickEndpointLocality(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			web := svc("ns", "web")
-			web.LoadBalancer = tc.lb
+			web.EditExtra().LoadBalancer = tc.lb
 			for _, w := range all {
 				w.Services = ServicesOf(map[string]map[uint16]uint16{web.Key(): {80: 8080}})
 			}

@@ -68,15 +68,15 @@ func (s *Snapshot) FindAddress(network string, ip netip.Addr) (*Workload, *Servi
 // rnd(n) must return a uniform value in [0, n); nil means math/rand/v2.
 func ServiceWaypoint(svc *Service, rnd func(n uint64) uint64) *GatewayAddress {
 	var total uint64
-	for i := range svc.WeightedWaypoints {
-		total += uint64(svc.WeightedWaypoints[i].Weight)
+	for i := range svc.WeightedWaypoints() {
+		total += uint64(svc.WeightedWaypoints()[i].Weight)
 	}
 	if total == 0 {
 		return svc.Waypoint
 	}
 	r := randN(rnd, total)
-	for i := range svc.WeightedWaypoints {
-		ww := &svc.WeightedWaypoints[i]
+	for i := range svc.WeightedWaypoints() {
+		ww := &svc.WeightedWaypoints()[i]
 		if r < uint64(ww.Weight) {
 			return &ww.Destination
 		}
@@ -107,7 +107,7 @@ func (s *Snapshot) ResolveGateway(g *GatewayAddress, src *Workload, dst netip.Ad
 	case g.Address != nil:
 		target = g.Address.Addr.Unmap()
 		if svc := s.ResolveVIP(g.Address.Network, target, src.Namespace()); svc != nil {
-			if svc.LoadBalancer != nil && svc.LoadBalancer.Mode == LBModePassthrough {
+			if svc.LoadBalancer() != nil && svc.LoadBalancer().Mode == LBModePassthrough {
 				return Upstream{}, target, fmt.Errorf("%w: %s is a passthrough service", ErrUnknownGateway, g.Destination())
 			}
 			up, err = s.PickUpstream(src, svc, port, mode, rnd)
@@ -181,7 +181,7 @@ func (s *Snapshot) IsWaypointFor(network string, target netip.Addr, local *Workl
 	case w != nil:
 		wp = w.Waypoint()
 	case svc != nil:
-		wp, weighted = svc.Waypoint, svc.WeightedWaypoints
+		wp, weighted = svc.Waypoint, svc.WeightedWaypoints()
 	default:
 		return false
 	}

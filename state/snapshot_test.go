@@ -72,7 +72,7 @@ func TestNewSnapshotErrors(t *testing.T) {
 		{name: "duplicate service", services: []*Service{svc("ns", "a.ns"), svc("ns", "a.ns")}, want: []string{"service ns/a.ns: duplicate service key"}},
 		{name: "service without hostname", services: []*Service{svc("ns", "")}, want: []string{"hostname is empty"}},
 		{name: "bad VIP", services: []*Service{{Namespace: "ns", Hostname: "h", VIPs: []NetworkAddress{{}}}}, want: []string{"invalid VIP"}},
-		{name: "bad lb mode", services: []*Service{{Namespace: "ns", Hostname: "h", LoadBalancer: &LoadBalancer{Mode: 9}}}, want: []string{"invalid load balancer mode 9"}},
+		{name: "bad lb mode", services: []*Service{{Namespace: "ns", Hostname: "h", Extra: &ServiceExtra{LoadBalancer: &LoadBalancer{Mode: 9}}}}, want: []string{"invalid load balancer mode 9"}},
 		{name: "duplicate policy", policies: []*Policy{allowNS("p"), allowNS("p")}, want: []string{"policy ns1/p: duplicate policy key"}},
 		{name: "policy without name", policies: []*Policy{{Namespace: "ns"}}, want: []string{"name is empty"}},
 		{name: "bad scope", policies: []*Policy{{Name: "p", Namespace: "ns", Scope: 5}}, want: []string{"invalid scope 5"}},
@@ -186,9 +186,9 @@ func TestServiceLookups(t *testing.T) {
 	private := svc("ns4", "private.example.com", "/10.96.0.1")
 	private.Visibility = VisibilityNamespace
 	wide := svc("ns1", "wide", "/10.96.9.9")
-	wide.CIDRVIPs = []NetworkPrefix{{"", netip.MustParsePrefix("10.97.0.0/16")}}
+	wide.EditExtra().CIDRVIPs = []NetworkPrefix{{"", netip.MustParsePrefix("10.97.0.0/16")}}
 	narrow := svc("ns2", "narrow")
-	narrow.CIDRVIPs = []NetworkPrefix{{"", netip.MustParsePrefix("10.97.1.0/24")}}
+	narrow.EditExtra().CIDRVIPs = []NetworkPrefix{{"", netip.MustParsePrefix("10.97.1.0/24")}}
 	other := svc("ns9", "othernet", "net2/10.96.0.1")
 	s := mustSnapshot(t, nil, []*Service{shared1, shared2, canon, private, wide, narrow, other}, nil)
 
@@ -242,7 +242,7 @@ func TestServiceLookups(t *testing.T) {
 func TestEndpoints(t *testing.T) {
 	web := svc("ns", "web.ns.svc.cluster.local", "/10.96.0.10")
 	all := svc("ns", "all.ns.svc.cluster.local")
-	all.LoadBalancer = &LoadBalancer{HealthPolicy: LBAllowAll}
+	all.EditExtra().LoadBalancer = &LoadBalancer{HealthPolicy: LBAllowAll}
 	w1 := wl("w1", "ns", "w1", "10.0.0.1")
 	w2 := wl("w2", "ns", "w2", "10.0.0.2")
 	w2.Status = Unhealthy

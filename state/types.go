@@ -505,22 +505,92 @@ type Service struct {
 	Hostname  string
 
 	VIPs []NetworkAddress
-	// CIDRVIPs are VIP ranges, matched by longest prefix when no exact VIP matches.
-	CIDRVIPs []NetworkPrefix
 
 	// Ports maps service port -> target port. A target port of 0 means "no
 	// service-wide target": each endpoint's own port map must then name the
 	// port, and endpoints that do not are skipped for that service port.
 	Ports map[uint16]uint16
 
-	SubjectAltNames []string
+	Waypoint   *GatewayAddress
+	IPFamilies IPFamilies
+	Canonical  bool
+	Visibility Visibility
 
-	Waypoint          *GatewayAddress
+	// Extra holds the fields most services leave empty, nil when all of
+	// them are (issue 36: inline they were 80 bytes of every record, which
+	// is 112 bytes without them). Read them through the accessors of the
+	// same names, which take a nil Extra for empty fields.
+	Extra *ServiceExtra
+}
+
+// ServiceExtra holds the rarely set fields of a Service.
+type ServiceExtra struct {
+	// CIDRVIPs are VIP ranges, matched by longest prefix when no exact VIP matches.
+	CIDRVIPs          []NetworkPrefix
+	SubjectAltNames   []string
 	WeightedWaypoints []WeightedWaypoint
 	LoadBalancer      *LoadBalancer // nil = standard, only healthy endpoints
-	IPFamilies        IPFamilies
-	Canonical         bool
-	Visibility        Visibility
+}
+
+// IsZero reports whether every field of x is empty.
+func (x *ServiceExtra) IsZero() bool {
+	return len(x.CIDRVIPs) == 0 && len(x.SubjectAltNames) == 0 && len(x.WeightedWaypoints) == 0 && x.LoadBalancer == nil
+}
+
+// SetExtra sets s.Extra to x, or to nil when x is empty.
+func (s *Service) SetExtra(x ServiceExtra) {
+	if x.IsZero() {
+		s.Extra = nil
+		return
+	}
+	s.Extra = &x
+}
+
+// EditExtra gives s an Extra value of its own, a copy of the one it had
+// (empty for nil), and returns it to be filled. It is for code that builds
+// a service, before it is published.
+func (s *Service) EditExtra() *ServiceExtra {
+	x := &ServiceExtra{}
+	if s.Extra != nil {
+		*x = *s.Extra
+	}
+	s.Extra = x
+	return x
+}
+
+// CIDRVIPs returns the service's VIP ranges (Extra.CIDRVIPs).
+func (s *Service) CIDRVIPs() []NetworkPrefix {
+	if s.Extra == nil {
+		return nil
+	}
+	return s.Extra.CIDRVIPs
+}
+
+// SubjectAltNames returns the identities the service's endpoints may
+// present besides their own (Extra.SubjectAltNames).
+func (s *Service) SubjectAltNames() []string {
+	if s.Extra == nil {
+		return nil
+	}
+	return s.Extra.SubjectAltNames
+}
+
+// WeightedWaypoints returns the service's weighted waypoints
+// (Extra.WeightedWaypoints).
+func (s *Service) WeightedWaypoints() []WeightedWaypoint {
+	if s.Extra == nil {
+		return nil
+	}
+	return s.Extra.WeightedWaypoints
+}
+
+// LoadBalancer returns the service's load balancing, nil for the standard
+// one: only healthy endpoints (Extra.LoadBalancer).
+func (s *Service) LoadBalancer() *LoadBalancer {
+	if s.Extra == nil {
+		return nil
+	}
+	return s.Extra.LoadBalancer
 }
 
 // Key returns the service's key, "namespace/hostname".
@@ -532,5 +602,5 @@ func (s *Service) VisibleTo(ns string) bool {
 }
 
 func (s *Service) includes(w *Workload) bool {
-	return w.Status == Healthy || (s.LoadBalancer != nil && s.LoadBalancer.HealthPolicy == LBAllowAll)
+	return w.Status == Healthy || (s.LoadBalancer() != nil && s.LoadBalancer().HealthPolicy == LBAllowAll)
 }

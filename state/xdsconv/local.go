@@ -216,7 +216,10 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 
 func (d *decoder) service(n *yaml.Node, path string) (*state.Service, []inlineEndpoint, error) {
 	s := &state.Service{Ports: map[uint16]uint16{}}
-	var eps []inlineEndpoint
+	var (
+		eps []inlineEndpoint
+		x   state.ServiceExtra // s.Extra, when not empty
+	)
 	err := d.object(n, path, "service", map[string]fieldFunc{
 		"name":      str(&s.Name),
 		"namespace": str(&s.Namespace),
@@ -238,12 +241,12 @@ func (d *decoder) service(n *yaml.Node, path string) (*state.Service, []inlineEn
 						return err
 					},
 				}, "network", "cidr")
-				s.CIDRVIPs = append(s.CIDRVIPs, c)
+				x.CIDRVIPs = append(x.CIDRVIPs, c)
 				return err
 			})
 		},
 		"ports":           portMap(&s.Ports),
-		"subjectAltNames": strList(&s.SubjectAltNames),
+		"subjectAltNames": strList(&x.SubjectAltNames),
 		"waypoint":        gateway(&s.Waypoint),
 		"weightedWaypoints": func(d *decoder, n *yaml.Node, path string) error {
 			return d.list(n, path, func(n *yaml.Node, path string) error {
@@ -256,13 +259,13 @@ func (d *decoder) service(n *yaml.Node, path string) (*state.Service, []inlineEn
 				if dst != nil {
 					ww.Destination = *dst
 				}
-				s.WeightedWaypoints = append(s.WeightedWaypoints, ww)
+				x.WeightedWaypoints = append(x.WeightedWaypoints, ww)
 				return err
 			})
 		},
 		"loadBalancer": func(d *decoder, n *yaml.Node, path string) error {
 			lb := &state.LoadBalancer{}
-			s.LoadBalancer = lb
+			x.LoadBalancer = lb
 			return d.object(n, path, "load balancer", map[string]fieldFunc{
 				"routingPreferences": func(d *decoder, n *yaml.Node, path string) error {
 					lb.RoutingPreferences = []state.LBScope{}
@@ -294,6 +297,7 @@ func (d *decoder) service(n *yaml.Node, path string) (*state.Service, []inlineEn
 			})
 		},
 	}, "name", "namespace", "hostname", "vips", "ports")
+	s.SetExtra(x)
 	for i := range eps {
 		eps[i].service = s.Key()
 	}

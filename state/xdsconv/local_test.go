@@ -157,25 +157,22 @@ func TestAllFields(t *testing.T) {
 	}
 	wantServices := []*state.Service{{
 		Name: "svc", Namespace: "ns1", Hostname: "svc.ns1.svc.cluster.local",
-		VIPs:            []state.NetworkAddress{{Network: "", Addr: addr("10.96.0.1")}, {Network: "net1", Addr: addr("fd00:96::1")}},
-		CIDRVIPs:        []state.NetworkPrefix{{Network: "net1", Prefix: netip.MustParsePrefix("10.97.0.0/16")}},
-		Ports:           map[uint16]uint16{80: 8080, 443: 0},
-		SubjectAltNames: []string{"spiffe://example.org/ns/ns1/sa/sa1"},
+		VIPs:  []state.NetworkAddress{{Network: "", Addr: addr("10.96.0.1")}, {Network: "net1", Addr: addr("fd00:96::1")}},
+		Ports: map[uint16]uint16{80: 8080, 443: 0},
 		Waypoint: &state.GatewayAddress{
 			Address: &state.NetworkAddress{Network: "", Addr: addr("10.0.0.99")}, HBONEMTLSPort: 15008,
-		},
-		WeightedWaypoints: []state.WeightedWaypoint{{
-			Destination: state.GatewayAddress{Hostname: &state.NamespacedHostname{Namespace: "ns1", Hostname: "wp-canary"}, HBONEMTLSPort: 15008},
-			Weight:      10,
-		}},
-		LoadBalancer: &state.LoadBalancer{
-			RoutingPreferences: []state.LBScope{state.LBScopeNetwork, state.LBScopeRegion, state.LBScopeZone, state.LBScopeSubzone, state.LBScopeNode, state.LBScopeCluster},
-			Mode:               state.LBModeFailover,
-			HealthPolicy:       state.LBAllowAll,
 		},
 		IPFamilies: state.IPFamiliesDual,
 		Canonical:  true,
 		Visibility: state.VisibilityNamespace,
+		Extra: &state.ServiceExtra{CIDRVIPs: []state.NetworkPrefix{{Network: "net1", Prefix: netip.MustParsePrefix("10.97.0.0/16")}}, SubjectAltNames: []string{"spiffe://example.org/ns/ns1/sa/sa1"}, WeightedWaypoints: []state.WeightedWaypoint{{
+			Destination: state.GatewayAddress{Hostname: &state.NamespacedHostname{Namespace: "ns1", Hostname: "wp-canary"}, HBONEMTLSPort: 15008},
+			Weight:      10,
+		}}, LoadBalancer: &state.LoadBalancer{
+			RoutingPreferences: []state.LBScope{state.LBScopeNetwork, state.LBScopeRegion, state.LBScopeZone, state.LBScopeSubzone, state.LBScopeNode, state.LBScopeCluster},
+			Mode:               state.LBModeFailover,
+			HealthPolicy:       state.LBAllowAll,
+		}},
 	}}
 	presence := state.StringMatch{Kind: state.MatchPresence}
 	wantPolicies := []*state.Policy{

@@ -134,20 +134,17 @@ func TestConvertServiceAllFields(t *testing.T) {
 		VIPs: []state.NetworkAddress{
 			{Addr: netip.MustParseAddr("10.96.0.1")}, {Addr: netip.MustParseAddr("10.96.0.2")}, {Addr: netip.MustParseAddr("fd00::10")},
 		},
-		CIDRVIPs:        []state.NetworkPrefix{{Network: "n2", Prefix: netip.MustParsePrefix("10.97.0.0/16")}},
-		Ports:           map[uint16]uint16{80: 8080, 81: 0},
-		SubjectAltNames: []string{"spiffe://td/ns/ns/sa/x"},
-		Waypoint:        &state.GatewayAddress{Address: &state.NetworkAddress{Addr: netip.MustParseAddr("10.0.0.9")}, HBONEMTLSPort: 15008},
-		WeightedWaypoints: []state.WeightedWaypoint{{
-			Destination: state.GatewayAddress{Hostname: &state.NamespacedHostname{Namespace: "ns", Hostname: "wp2"}}, Weight: 3,
-		}},
-		LoadBalancer: &state.LoadBalancer{
-			RoutingPreferences: []state.LBScope{state.LBScopeRegion, state.LBScopeNetwork},
-			Mode:               state.LBModeFailover, HealthPolicy: state.LBAllowAll,
-		},
+		Ports:      map[uint16]uint16{80: 8080, 81: 0},
+		Waypoint:   &state.GatewayAddress{Address: &state.NetworkAddress{Addr: netip.MustParseAddr("10.0.0.9")}, HBONEMTLSPort: 15008},
 		IPFamilies: state.IPFamiliesDual,
 		Canonical:  true,
 		Visibility: state.VisibilityPublic,
+		Extra: &state.ServiceExtra{CIDRVIPs: []state.NetworkPrefix{{Network: "n2", Prefix: netip.MustParsePrefix("10.97.0.0/16")}}, SubjectAltNames: []string{"spiffe://td/ns/ns/sa/x"}, WeightedWaypoints: []state.WeightedWaypoint{{
+			Destination: state.GatewayAddress{Hostname: &state.NamespacedHostname{Namespace: "ns", Hostname: "wp2"}}, Weight: 3,
+		}}, LoadBalancer: &state.LoadBalancer{
+			RoutingPreferences: []state.LBScope{state.LBScopeRegion, state.LBScopeNetwork},
+			Mode:               state.LBModeFailover, HealthPolicy: state.LBAllowAll,
+		}},
 	}
 	got, err := ConvertService(in)
 	if err != nil {
