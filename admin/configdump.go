@@ -255,7 +255,7 @@ func dumpWorkload(w *state.Workload) WorkloadDump {
 		Namespace: w.Namespace(), TrustDomain: w.TrustDomain(), ServiceAccount: w.ServiceAccount(),
 		Network: w.Network(), WorkloadName: w.WorkloadName(), WorkloadType: w.WorkloadType(),
 		CanonicalName: w.CanonicalName(), CanonicalRevision: w.CanonicalRevision(), Hostname: w.Hostname(),
-		Node: w.Node, AuthorizationPolicies: w.AuthorizationPolicies(), Status: w.Status.String(),
+		Node: w.Node(), AuthorizationPolicies: w.AuthorizationPolicies(), Status: w.Status.String(),
 		ClusterID: w.ClusterID(), Capacity: w.Capacity,
 		Waypoint: dumpGateway(w.Waypoint()), NetworkGateway: dumpGateway(w.NetworkGateway()),
 	}
@@ -266,7 +266,7 @@ func dumpWorkload(w *state.Workload) WorkloadDump {
 	for _, sp := range w.Services.List() {
 		d.Services = append(d.Services, sp.Key) // sorted
 	}
-	if l := w.Locality.Value(); l != (state.Locality{}) {
+	if l := w.Locality(); l != (state.Locality{}) {
 		d.Locality = map[string]string{"region": l.Region, "zone": l.Zone, "subzone": l.Subzone}
 	}
 	return d

@@ -46,7 +46,7 @@ func baggageOf(w *state.Workload) meta.Baggage {
 	return meta.Baggage{
 		ClusterID: w.ClusterID(), Namespace: w.Namespace(), WorkloadType: kind, WorkloadName: name,
 		ServiceName: w.CanonicalName(), ServiceVersion: w.CanonicalRevision(),
-		Region: w.Locality.Value().Region, Zone: w.Locality.Value().Zone,
+		Region: w.Locality().Region, Zone: w.Locality().Zone,
 	}
 }
 

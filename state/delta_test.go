@@ -116,8 +116,9 @@ func (g deltaGen) one(n int) bool            { return g.r.IntN(n) == 0 }
 func (g deltaGen) workload(uid string) *Workload {
 	w := &Workload{
 		UID: uid, Name: g.pick(dNames),
-		Node: g.pick([]string{"", "node1"}), Protocol: Protocol(g.r.IntN(2)), Capacity: 1,
+		Protocol: Protocol(g.r.IntN(2)), Capacity: 1,
 		Labels: &WorkloadLabels{Namespace: g.pick(dNamespaces), ServiceAccount: g.pick(dSAs), Network: g.pick(dNetworks)},
+		Place:  &Placement{Node: g.pick([]string{"", "node1"})},
 	}
 	for range g.r.IntN(3) {
 		ip := dIPs[g.r.IntN(len(dIPs))]

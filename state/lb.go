@@ -175,13 +175,13 @@ func (f *endpointFilter) rank(ep *Endpoint) int {
 		var match bool
 		switch scope {
 		case LBScopeRegion:
-			match = src.Locality.Value().Region == w.Locality.Value().Region
+			match = src.Locality().Region == w.Locality().Region
 		case LBScopeZone:
-			match = src.Locality.Value().Zone == w.Locality.Value().Zone
+			match = src.Locality().Zone == w.Locality().Zone
 		case LBScopeSubzone:
-			match = src.Locality.Value().Subzone == w.Locality.Value().Subzone
+			match = src.Locality().Subzone == w.Locality().Subzone
 		case LBScopeNode:
-			match = src.Node == w.Node
+			match = src.Node() == w.Node()
 		case LBScopeCluster:
 			match = src.ClusterID() == w.ClusterID()
 		case LBScopeNetwork:

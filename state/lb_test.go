@@ -118,10 +118,10 @@ func TestPickEndpointNetworkGateway(t *testing.T) {
 }
 
 func TestPickEndpointLocality(t *testing.T) {
-	src := &Workload{Node: "node1", Labels: &WorkloadLabels{Network: "n1", ClusterID: "c1"}, Locality: &Locality{"r1", "z1", "s1"}}
+	src := &Workload{Labels: &WorkloadLabels{Network: "n1", ClusterID: "c1"}, Place: &Placement{Node: "node1", Locality: Locality{"r1", "z1", "s1"}}}
 	mk := func(uid, network, node, region, zone string) *Workload {
 		w := wl(uid, "ns", uid, "10.0.0."+uid[len(uid)-1:])
-		w.Node, w.Locality = node, &Locality{region, zone, "s1"}
+		w.Place = &Placement{Node: node, Locality: Locality{region, zone, "s1"}}
 		w.EditLabels().Network, w.Labels.ClusterID = network, "c1"
 		return w
 	}
@@ -143,15 +143,15 @@ func TestPickEndpointLocality(t *testing.T) {
 		{name: "failover keeps the best rank", lb: &LoadBalancer{Mode: LBModeFailover, RoutingPreferences: []LBScope{LBScopeRegion, LBScopeZone}},
 			src: src, want: []*Workload{sameZone, otherNet}},
 		{name: "failover falls back to fewer matches", lb: &LoadBalancer{Mode: LBModeFailover, RoutingPreferences: []LBScope{LBScopeRegion, LBScopeZone}},
-			src: &Workload{Locality: &Locality{"r1", "z9", ""}}, want: []*Workload{sameZone, sameRegion, otherNet}},
+			src: &Workload{Place: &Placement{Locality: Locality{"r1", "z9", ""}}}, want: []*Workload{sameZone, sameRegion, otherNet}},
 		{name: "strict needs every scope", lb: &LoadBalancer{Mode: LBModeStrict, RoutingPreferences: []LBScope{LBScopeRegion, LBScopeZone, LBScopeNetwork}},
 			src: src, want: []*Workload{sameZone}},
 		{name: "strict with no full match has no upstream", lb: &LoadBalancer{Mode: LBModeStrict, RoutingPreferences: []LBScope{LBScopeNode}},
-			src: &Workload{Node: "node9"}, noneR: true},
+			src: &Workload{Place: &Placement{Node: "node9"}}, noneR: true},
 		{name: "leading network outranks everything", lb: &LoadBalancer{Mode: LBModeFailover, RoutingPreferences: []LBScope{LBScopeNetwork, LBScopeRegion, LBScopeZone}},
-			src: &Workload{Locality: &Locality{"r2", "z1", ""}, Labels: &WorkloadLabels{Network: "n2"}}, want: []*Workload{otherNet}},
+			src: &Workload{Labels: &WorkloadLabels{Network: "n2"}, Place: &Placement{Locality: Locality{"r2", "z1", ""}}}, want: []*Workload{otherNet}},
 		{name: "leading network mismatch ranks by the rest", lb: &LoadBalancer{Mode: LBModeFailover, RoutingPreferences: []LBScope{LBScopeNetwork, LBScopeRegion, LBScopeZone}},
-			src: &Workload{Locality: &Locality{"r2", "z1", ""}, Labels: &WorkloadLabels{Network: "n9"}}, want: []*Workload{otherRegion}},
+			src: &Workload{Labels: &WorkloadLabels{Network: "n9"}, Place: &Placement{Locality: Locality{"r2", "z1", ""}}}, want: []*Workload{otherRegion}},
 		{name: "node and cluster scopes", lb: &LoadBalancer{Mode: LBModeFailover, RoutingPreferences: []LBScope{LBScopeCluster, LBScopeNode}},
 			src: src, want: []*Workload{otherNet}},
 		{name: "subzone scope", lb: &LoadBalancer{Mode: LBModeStrict, RoutingPreferences: []LBScope{LBScopeSubzone}},

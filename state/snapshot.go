@@ -428,7 +428,7 @@ func (s *Snapshot) FindWorkload(info WorkloadInfo) *Workload {
 // service account after defaulting.
 func (info *WorkloadInfo) matches(w *Workload, sa string) bool {
 	return w.Name == info.Name && w.Namespace() == info.Namespace &&
-		(info.Node == "" || w.Node == info.Node) && (info.Cluster == "" || w.ClusterID() == "" || w.ClusterID() == info.Cluster) &&
+		(info.Node == "" || w.Node() == info.Node) && (info.Cluster == "" || w.ClusterID() == "" || w.ClusterID() == info.Cluster) &&
 		w.Identity().ServiceAccount == sa
 }
 

@@ -271,16 +271,16 @@ func TestEndpoints(t *testing.T) {
 
 func TestFindWorkload(t *testing.T) {
 	a := wl("a", "ns", "pod", "10.0.0.1")
-	a.Node = "node1"
+	a.EditPlace().Node = "node1"
 	b := wl("b", "ns", "pod", "10.0.0.2")
-	b.Node = "node2"
+	b.EditPlace().Node = "node2"
 	b.EditLabels().ServiceAccount = "web"
 	c := wl("c", "ns", "pod", "10.0.0.3")
-	c.Node = "node2"
+	c.EditPlace().Node = "node2"
 	c.EditLabels().ClusterID = "east"
 	// d is c's twin in another cluster, on a node of the same name.
 	d := wl("0-d", "ns", "pod", "10.0.0.4")
-	d.Node = "node2"
+	d.EditPlace().Node = "node2"
 	d.EditLabels().ClusterID = "west"
 	s := mustSnapshot(t, []*Workload{c, b, a, d}, nil, nil)
 	for _, tc := range []struct {

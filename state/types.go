@@ -156,7 +156,6 @@ func (l *Locality) Value() Locality {
 type Workload struct {
 	UID  string
 	Name string
-	Node string
 
 	// Labels holds what a deployment's replicas have in common: the
 	// namespace, service account and network, the names telemetry labels
@@ -192,10 +191,48 @@ type Workload struct {
 	// workloads that have the same (a deployment's replicas).
 	Services *ServiceSet
 
-	// Locality is nil for a workload without one; converters share one
-	// value among the workloads of a locality (issue 36: inline, its three
-	// strings were 48 bytes of every record). Read it through Value.
-	Locality *Locality
+	// Place is the workload's node and locality, nil when it has neither;
+	// converters share one value among the workloads of a node (issue 36:
+	// inline, the node's name was 16 bytes of every record, which is 96
+	// without it). Read them through the accessors Node and Locality.
+	Place *Placement
+}
+
+// Placement is where a workload runs: its node and the node's locality.
+// The struct is comparable, so that converters can share equal values.
+type Placement struct {
+	Node     string
+	Locality Locality
+}
+
+// Node returns the name of the workload's node (Place.Node).
+func (w *Workload) Node() string {
+	if w.Place == nil {
+		return ""
+	}
+	return w.Place.Node
+}
+
+// Locality returns the workload's locality, the zero Locality for none
+// (Place.Locality).
+func (w *Workload) Locality() Locality {
+	if w.Place == nil {
+		return Locality{}
+	}
+	return w.Place.Locality
+}
+
+// EditPlace gives w a Place value of its own, a copy of the one it had
+// (empty for nil), and returns it to be filled: Place values are shared
+// among workloads, so that one is never changed in place. It is for code
+// that builds a workload, before it is published.
+func (w *Workload) EditPlace() *Placement {
+	p := &Placement{}
+	if w.Place != nil {
+		*p = *w.Place
+	}
+	w.Place = p
+	return p
 }
 
 // WorkloadLabels are the names of a workload's deployment that telemetry

@@ -124,25 +124,30 @@ func (c *weakCache[V]) putLocked(h uint64, v *V) {
 	}
 }
 
-// localities shares the workloads' Locality values: one per locality.
-var localities = weakCache[state.Locality]{minSweep: 64}
+// places shares the workloads' Place values: one per node (and
+// locality).
+var places = weakCache[state.Placement]{minSweep: 64}
 
-// internLocality returns the shared value equal to l (nil for the zero
-// Locality, which means none).
-func internLocality(l state.Locality) *state.Locality {
-	if l == (state.Locality{}) {
+// internPlace returns the shared value equal to p, its strings interned
+// (nil for the zero Placement, which means neither node nor locality).
+func internPlace(p state.Placement) *state.Placement {
+	if p == (state.Placement{}) {
 		return nil
 	}
-	h := maphash.Comparable(cacheSeed, l)
-	c := &localities
+	h := maphash.Comparable(cacheSeed, p)
+	c := &places
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if p := c.getLocked(h, func(p *state.Locality) bool { return *p == l }); p != nil {
-		return p
+	if v := c.getLocked(h, func(v *state.Placement) bool { return *v == p }); v != nil {
+		return v
 	}
-	p := &state.Locality{Region: intern(l.Region), Zone: intern(l.Zone), Subzone: intern(l.Subzone)}
-	c.putLocked(h, p)
-	return p
+	l := p.Locality
+	v := &state.Placement{
+		Node:     intern(p.Node),
+		Locality: state.Locality{Region: intern(l.Region), Zone: intern(l.Zone), Subzone: intern(l.Subzone)},
+	}
+	c.putLocked(h, v)
+	return v
 }
 
 // labelSets shares the workloads' Labels values: one per deployment (and

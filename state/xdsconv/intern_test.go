@@ -69,16 +69,16 @@ func TestConvertSharesRepeats(t *testing.T) {
 		{"service account", a.ServiceAccount(), b.ServiceAccount()},
 		{"trust domain", a.TrustDomain(), b.TrustDomain()},
 		{"network", a.Network(), b.Network()},
-		{"node", a.Node, b.Node},
+		{"node", a.Node(), b.Node()},
 		{"cluster", a.ClusterID(), b.ClusterID()},
 		{"workload name", a.WorkloadName(), b.WorkloadName()},
 		{"workload type", a.WorkloadType(), b.WorkloadType()},
 		{"canonical name", a.CanonicalName(), b.CanonicalName()},
 		{"canonical revision", a.CanonicalRevision(), b.CanonicalRevision()},
 		{"policy key", a.AuthorizationPolicies()[0], b.AuthorizationPolicies()[0]},
-		{"region", a.Locality.Region, b.Locality.Region},
-		{"zone", a.Locality.Zone, b.Locality.Zone},
-		{"subzone", a.Locality.Subzone, b.Locality.Subzone},
+		{"region", a.Locality().Region, b.Locality().Region},
+		{"zone", a.Locality().Zone, b.Locality().Zone},
+		{"subzone", a.Locality().Subzone, b.Locality().Subzone},
 	} {
 		if f.a != f.b || !sameString(f.a, f.b) {
 			t.Errorf("%s: %q and %q are two copies", f.name, f.a, f.b)
@@ -93,8 +93,8 @@ func TestConvertSharesRepeats(t *testing.T) {
 	if a.Extra == nil || a.Extra != b.Extra {
 		t.Errorf("the replicas' Extra %p and %p: want one shared value", a.Extra, b.Extra)
 	}
-	if a.Locality == nil || a.Locality != b.Locality {
-		t.Errorf("the replicas' localities %p and %p: want one shared value", a.Locality, b.Locality)
+	if a.Place == nil || a.Place != b.Place {
+		t.Errorf("the replicas' Place %p and %p (one node, one locality): want one shared value", a.Place, b.Place)
 	}
 	if want := map[string]map[uint16]uint16{"ns-1/app.ns-1.svc.cluster.local": {80: 8080, 9090: 9090}}; !reflect.DeepEqual(a.Services.Map(), want) {
 		t.Errorf("Services = %v, want %v", a.Services, want)
@@ -368,7 +368,7 @@ func TestInternKeepsStringsInUse(t *testing.T) {
 		t.Fatal("the two workloads share their Labels: the test needs a new one")
 	}
 	for _, f := range []struct{ name, a, b string }{
-		{"node", first.Node, second.Node},
+		{"node", first.Node(), second.Node()},
 		{"namespace", first.Namespace(), second.Namespace()},
 		{"service account", first.ServiceAccount(), second.ServiceAccount()},
 	} {

@@ -154,6 +154,7 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 	var (
 		x      state.WorkloadExtra  // w.Extra, when not empty
 		labels state.WorkloadLabels // w.Labels, likewise
+		place  state.Placement      // w.Place, likewise
 		svcs   = map[string]map[uint16]uint16{}
 	)
 	err := d.object(n, path, "workload", map[string]fieldFunc{
@@ -163,7 +164,7 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 		"serviceAccount":    str(&labels.ServiceAccount),
 		"trustDomain":       str(&labels.TrustDomain),
 		"network":           str(&labels.Network),
-		"node":              str(&w.Node),
+		"node":              str(&place.Node),
 		"clusterId":         str(&labels.ClusterID),
 		"workloadName":      str(&labels.WorkloadName),
 		"workloadType":      str(&labels.WorkloadType),
@@ -188,8 +189,7 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 		"authorizationPolicies": strList(&x.AuthorizationPolicies),
 		"capacity":              u32(&w.Capacity, "capacity"),
 		"locality": func(d *decoder, n *yaml.Node, path string) error {
-			l := &state.Locality{}
-			w.Locality = l
+			l := &place.Locality
 			return d.object(n, path, "locality", map[string]fieldFunc{
 				"region":  str(&l.Region),
 				"zone":    str(&l.Zone),
@@ -210,6 +210,7 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 	}, "uid", "namespace", "workloadIps", "services")
 	w.SetExtra(x)
 	w.Labels = internLabels(labels)
+	w.Place = internPlace(place)
 	w.Services = state.ServicesOf(svcs)
 	return w, err
 }

@@ -73,7 +73,7 @@ func TestExampleFixture(t *testing.T) {
 	}
 	nodes := map[string]int{}
 	for _, w := range s.Workloads() {
-		nodes[w.Node]++
+		nodes[w.Node()]++
 	}
 	if nodes["node1"] != 2 || nodes["node2"] != 3 {
 		t.Fatalf("nodes: %v", nodes)
@@ -125,7 +125,6 @@ func TestAllFields(t *testing.T) {
 	wantWorkloads := []*state.Workload{
 		{
 			UID: "c1//v1/Pod/ns1/full", Name: "full",
-			Node: "node1",
 			Labels: &state.WorkloadLabels{Namespace: "ns1", ServiceAccount: "sa1", Network: "net1", WorkloadName: "full-deploy", WorkloadType: "deployment", CanonicalName: "full-app", CanonicalRevision: "v2",
 				TrustDomain: "example.org", ClusterID: "c1"},
 			Addresses:   []netip.Addr{addr("10.0.0.1"), addr("fd00::1")},
@@ -146,7 +145,7 @@ func TestAllFields(t *testing.T) {
 			NativeTunnel: true,
 			Services:     state.ServicesOf(map[string]map[uint16]uint16{"ns1/svc.ns1.svc.cluster.local": {80: 8080, 443: 8443}}),
 			Capacity:     7,
-			Locality:     &state.Locality{Region: "r1", Zone: "z1", Subzone: "s1"},
+			Place:        &state.Placement{Node: "node1", Locality: state.Locality{Region: "r1", Zone: "z1", Subzone: "s1"}},
 		},
 		{
 			UID: "c1//v1/Pod/ns1/minimal", Addresses: []netip.Addr{}, Capacity: 1,

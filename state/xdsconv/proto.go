@@ -67,7 +67,6 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 	w := &state.Workload{
 		UID:  x.GetUid(),
 		Name: x.GetName(),
-		Node: intern(x.GetNode()),
 		Labels: internLabels(state.WorkloadLabels{
 			Namespace:         x.GetNamespace(),
 			ServiceAccount:    orDefault(x.GetServiceAccount(), defaultServiceAccount),
@@ -92,9 +91,11 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 	if c := x.GetCapacity(); c != nil {
 		w.Capacity = c.GetValue()
 	}
+	place := state.Placement{Node: x.GetNode()}
 	if l := x.GetLocality(); l != nil {
-		w.Locality = internLocality(state.Locality{Region: l.GetRegion(), Zone: l.GetZone(), Subzone: l.GetSubzone()})
+		place.Locality = state.Locality{Region: l.GetRegion(), Zone: l.GetZone(), Subzone: l.GetSubzone()}
 	}
+	w.Place = internPlace(place)
 	if x.GetTunnelProtocol() == workloadapi.TunnelProtocol_LEGACY_ISTIO_MTLS {
 		return nil, ErrLegacyIstioMTLS
 	}

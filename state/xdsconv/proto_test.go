@@ -50,7 +50,6 @@ func TestConvertWorkloadAllFields(t *testing.T) {
 	}
 	want := &state.Workload{
 		UID: "c1//v1/Pod/ns/p1", Name: "p1",
-		Node: "n1",
 		Labels: &state.WorkloadLabels{Namespace: "ns", ServiceAccount: "sa", Network: "net1", WorkloadName: "job", WorkloadType: "cronjob", CanonicalName: "app", CanonicalRevision: "v1",
 			TrustDomain: "td", ClusterID: "c1"},
 		Addresses:   []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")},
@@ -72,7 +71,7 @@ func TestConvertWorkloadAllFields(t *testing.T) {
 		// 70443 truncates to 4907, as ztunnel's "as u16" does.
 		Services: state.ServicesOf(map[string]map[uint16]uint16{"ns/svc.ns.svc": {80: 8080, 4907: 8443}}),
 		Capacity: 0,
-		Locality: &state.Locality{Region: "r", Zone: "z", Subzone: "s"},
+		Place:    &state.Placement{Node: "n1", Locality: state.Locality{Region: "r", Zone: "z", Subzone: "s"}},
 	}
 	got, err := ConvertWorkload(in)
 	if err != nil {
