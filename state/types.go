@@ -142,15 +142,6 @@ type Locality struct {
 	Region, Zone, Subzone string
 }
 
-// Value returns *l, or the zero Locality when l is nil (a workload without
-// one).
-func (l *Locality) Value() Locality {
-	if l == nil {
-		return Locality{}
-	}
-	return *l
-}
-
 // Workload is one addressable workload (pod, VM, ...). Values reachable from a
 // Snapshot are shared and must not be modified.
 type Workload struct {
