@@ -252,10 +252,10 @@ type OutboundConnDump struct {
 func dumpWorkload(w *state.Workload) WorkloadDump {
 	d := WorkloadDump{
 		Protocol: w.Protocol.String(), NetworkMode: w.NetworkMode.String(), UID: w.UID, Name: w.Name,
-		Namespace: w.Namespace, TrustDomain: w.TrustDomain(), ServiceAccount: w.ServiceAccount,
-		Network: w.Network, WorkloadName: w.WorkloadName(), WorkloadType: w.WorkloadType(),
+		Namespace: w.Namespace(), TrustDomain: w.TrustDomain(), ServiceAccount: w.ServiceAccount(),
+		Network: w.Network(), WorkloadName: w.WorkloadName(), WorkloadType: w.WorkloadType(),
 		CanonicalName: w.CanonicalName(), CanonicalRevision: w.CanonicalRevision(), Hostname: w.Hostname(),
-		Node: w.Node, AuthorizationPolicies: w.AuthorizationPolicies(), Status: w.Status.String(),
+		Node: w.Node(), AuthorizationPolicies: w.AuthorizationPolicies(), Status: w.Status.String(),
 		ClusterID: w.ClusterID(), Capacity: w.Capacity,
 		Waypoint: dumpGateway(w.Waypoint()), NetworkGateway: dumpGateway(w.NetworkGateway()),
 	}
@@ -266,7 +266,7 @@ func dumpWorkload(w *state.Workload) WorkloadDump {
 	for _, sp := range w.Services.List() {
 		d.Services = append(d.Services, sp.Key) // sorted
 	}
-	if l := w.Locality.Value(); l != (state.Locality{}) {
+	if l := w.Locality(); l != (state.Locality{}) {
 		d.Locality = map[string]string{"region": l.Region, "zone": l.Zone, "subzone": l.Subzone}
 	}
 	return d
@@ -290,22 +290,22 @@ func portMap(m map[uint16]uint16) map[string]uint16 {
 func dumpService(snap *state.Snapshot, s *state.Service) ServiceDump {
 	d := ServiceDump{
 		Name: s.Name, Namespace: s.Namespace, Hostname: s.Hostname, Ports: portMap(s.Ports),
-		SubjectAltNames: s.SubjectAltNames, Canonical: s.Canonical, Visibility: s.Visibility.String(),
+		SubjectAltNames: s.SubjectAltNames(), Canonical: s.Canonical, Visibility: s.Visibility.String(),
 		Waypoint: dumpGateway(s.Waypoint), Endpoints: map[string]EndpointDump{},
 	}
 	if d.SubjectAltNames == nil {
 		d.SubjectAltNames = []string{}
 	}
-	for _, c := range s.CIDRVIPs {
+	for _, c := range s.CIDRVIPs() {
 		d.CIDRVIPs = append(d.CIDRVIPs, CIDRDump{Network: c.Network, CIDR: c.Prefix.String()})
 	}
-	for _, w := range s.WeightedWaypoints {
+	for _, w := range s.WeightedWaypoints() {
 		d.WeightedWaypoints = append(d.WeightedWaypoints, WeightedWaypointDump{Destination: *dumpGateway(&w.Destination), Weight: w.Weight})
 	}
 	if s.IPFamilies != state.IPFamiliesAutomatic {
 		d.IPFamilies = s.IPFamilies.String()
 	}
-	if lb := s.LoadBalancer; lb != nil {
+	if lb := s.LoadBalancer(); lb != nil {
 		d.LoadBalancer = &LoadBalancerDump{RoutingPreferences: []string{}, Mode: lb.Mode.String(), HealthPolicy: lb.HealthPolicy.String()}
 		for _, p := range lb.RoutingPreferences {
 			d.LoadBalancer.RoutingPreferences = append(d.LoadBalancer.RoutingPreferences, p.String())

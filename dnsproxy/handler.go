@@ -63,7 +63,7 @@ func (s *Server) prepare(ctx context.Context, raw []byte, tcp bool) ([]byte, *fo
 	if w := snap.FindWorkload(s.cfg.Client); w != nil {
 		// The workload's own record is authoritative; before it arrives the
 		// proxy still answers, with the namespace it was started for.
-		v.ns, v.network = w.Namespace, w.Network
+		v.ns, v.network = w.Namespace(), w.Network()
 		labels.SourceCanonicalService, labels.SourceCanonicalRevision = w.CanonicalName(), w.CanonicalRevision()
 		client = w.Name
 	}

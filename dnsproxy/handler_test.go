@@ -204,7 +204,7 @@ func TestClientBeforeItsWorkload(t *testing.T) {
 		t.Fatalf("before the workload: %q", got)
 	}
 	w := pod("ns1", "client", ips("10.244.0.2"))
-	w.Network = "west"
+	w.EditLabels().Network = "west"
 	snap, err := state.NewSnapshot([]*state.Workload{w}, services, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -38,8 +38,8 @@ func svc(ns, host string, v []state.NetworkAddress) *state.Service {
 }
 
 func pod(ns, name string, addrs []netip.Addr, services ...string) *state.Workload {
-	w := &state.Workload{UID: "cluster1//v1/Pod/" + ns + "/" + name, Name: name, Namespace: ns, Addresses: addrs,
-		Capacity: 1}
+	w := &state.Workload{UID: "cluster1//v1/Pod/" + ns + "/" + name, Name: name, Addresses: addrs,
+		Capacity: 1, Labels: &state.WorkloadLabels{Namespace: ns}}
 	m := map[string]map[uint16]uint16{}
 	for _, s := range services {
 		m[s] = map[uint16]uint16{80: 8080}

@@ -22,8 +22,8 @@ func metricsWorkload(w *state.Workload, id identity.Identity) *metrics.Workload 
 	}
 	return &metrics.Workload{
 		WorkloadName: name, CanonicalName: w.CanonicalName(), CanonicalRevision: w.CanonicalRevision(),
-		Namespace: w.Namespace, Identity: id.String(), ClusterID: w.ClusterID(),
-		Region: w.Locality.Value().Region, Zone: w.Locality.Value().Zone,
+		Namespace: w.Namespace(), Identity: id.String(), ClusterID: w.ClusterID(),
+		Region: w.Locality().Region, Zone: w.Locality().Zone,
 	}
 }
 

@@ -27,14 +27,14 @@ var updateGolden = flag.Bool("update", false, "rewrite testdata/accesslog.golden
 // service), the destination of double HBONE as its answer described it.
 func TestAccessLogGolden(t *testing.T) {
 	p := &Proxy{router: newRouter(&Config{TrustDomain: "cluster.local"})}
-	client := &state.Workload{UID: "c1//Pod/ns-a/client-7d4", Name: "client-7d4", Namespace: "ns-a", ServiceAccount: "client",
-		Labels: &state.WorkloadLabels{WorkloadName: "client", CanonicalName: "client", CanonicalRevision: "v1", ClusterID: "c1"}}
-	server := &state.Workload{UID: "c1//Pod/ns-b/server-5f9", Name: "server-5f9", Namespace: "ns-b", ServiceAccount: "server",
-		Labels: &state.WorkloadLabels{WorkloadName: "server", CanonicalName: "server", CanonicalRevision: "v2", ClusterID: "c1"}}
-	waypoint := &state.Workload{UID: "c1//Pod/ns-b/waypoint-1", Name: "waypoint-1", Namespace: "ns-b", ServiceAccount: "waypoint",
-		Labels: &state.WorkloadLabels{WorkloadName: "waypoint", CanonicalName: "waypoint", ClusterID: "c1"}}
-	gateway := &state.Workload{UID: "c1//Pod/istio-system/eastwest-1", Name: "eastwest-1", Namespace: "istio-system",
-		ServiceAccount: "eastwest", Labels: &state.WorkloadLabels{WorkloadName: "eastwest", CanonicalName: "eastwest", ClusterID: "c1"}}
+	client := &state.Workload{UID: "c1//Pod/ns-a/client-7d4", Name: "client-7d4",
+		Labels: &state.WorkloadLabels{Namespace: "ns-a", ServiceAccount: "client", WorkloadName: "client", CanonicalName: "client", CanonicalRevision: "v1", ClusterID: "c1"}}
+	server := &state.Workload{UID: "c1//Pod/ns-b/server-5f9", Name: "server-5f9",
+		Labels: &state.WorkloadLabels{Namespace: "ns-b", ServiceAccount: "server", WorkloadName: "server", CanonicalName: "server", CanonicalRevision: "v2", ClusterID: "c1"}}
+	waypoint := &state.Workload{UID: "c1//Pod/ns-b/waypoint-1", Name: "waypoint-1",
+		Labels: &state.WorkloadLabels{Namespace: "ns-b", ServiceAccount: "waypoint", WorkloadName: "waypoint", CanonicalName: "waypoint", ClusterID: "c1"}}
+	gateway := &state.Workload{UID: "c1//Pod/istio-system/eastwest-1", Name: "eastwest-1",
+		Labels: &state.WorkloadLabels{Namespace: "istio-system", ServiceAccount: "eastwest", WorkloadName: "eastwest", CanonicalName: "eastwest", ClusterID: "c1"}}
 	svc := &state.Service{Name: "server", Namespace: "ns-b", Hostname: "server.ns-b.svc.cluster.local"}
 	clientID, serverID := client.Identity(), server.Identity()
 	ap := netip.MustParseAddrPort

@@ -54,12 +54,12 @@ type doubleHBONE struct {
 // original destination's family.
 func (rt *router) routeViaGateway(ctx context.Context, snap *state.Snapshot, src, w *state.Workload, svc *state.Service, dst netip.AddrPort) (outboundRoute, error) {
 	if svc == nil {
-		return outboundRoute{}, fmt.Errorf("workload %s is on network %q and reachable only through its network gateway, which needs a service address (svc-hostname:port); address a service of the workload instead", w.UID, w.Network)
+		return outboundRoute{}, fmt.Errorf("workload %s is on network %q and reachable only through its network gateway, which needs a service address (svc-hostname:port); address a service of the workload instead", w.UID, w.Network())
 	}
 	g := w.NetworkGateway()
 	up, target, err := snap.ResolveGateway(g, src, dst.Addr(), state.ResolveStandard, rt.rnd)
 	if err != nil {
-		return outboundRoute{}, fmt.Errorf("workload %s on network %q: network gateway %s: %w", w.UID, w.Network, g.Destination(), err)
+		return outboundRoute{}, fmt.Errorf("workload %s on network %q: network gateway %s: %w", w.UID, w.Network(), g.Destination(), err)
 	}
 	fam := state.IPFamiliesAutomatic
 	if up.Service != nil {
@@ -67,11 +67,11 @@ func (rt *router) routeViaGateway(ctx context.Context, snap *state.Snapshot, src
 	}
 	ip, err := rt.selectIP(ctx, src, up.Workload, target, fam)
 	if err != nil {
-		return outboundRoute{}, fmt.Errorf("workload %s on network %q: network gateway %s: %w", w.UID, w.Network, g.Destination(), err)
+		return outboundRoute{}, fmt.Errorf("workload %s on network %q: network gateway %s: %w", w.UID, w.Network(), g.Destination(), err)
 	}
 	gw := netip.AddrPortFrom(ip, up.Port)
 	authority := net.JoinHostPort(svc.Hostname, strconv.Itoa(int(dst.Port())))
-	final := append([]string{rt.identityOf(w).String()}, svc.SubjectAltNames...)
+	final := append([]string{rt.identityOf(w).String()}, svc.SubjectAltNames()...)
 	inner := &doubleHBONE{
 		authority: authority,
 		sans:      final,

@@ -44,9 +44,9 @@ func baggageOf(w *state.Workload) meta.Baggage {
 		kind = "deployment" // the workload API's default kind
 	}
 	return meta.Baggage{
-		ClusterID: w.ClusterID(), Namespace: w.Namespace, WorkloadType: kind, WorkloadName: name,
+		ClusterID: w.ClusterID(), Namespace: w.Namespace(), WorkloadType: kind, WorkloadName: name,
 		ServiceName: w.CanonicalName(), ServiceVersion: w.CanonicalRevision(),
-		Region: w.Locality.Value().Region, Zone: w.Locality.Value().Zone,
+		Region: w.Locality().Region, Zone: w.Locality().Zone,
 	}
 }
 

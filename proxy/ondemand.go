@@ -51,7 +51,7 @@ func (rt *router) fetchAddress(ctx context.Context, snap *state.Snapshot, addr n
 // knows it, as ztunnel's build_request does before routing.
 func (rt *router) fetchDestination(ctx context.Context, snap *state.Snapshot, src *state.Workload, dst netip.Addr) *state.Snapshot {
 	return rt.fetchAddress(ctx, snap, dst, func(s *state.Snapshot) bool {
-		return s.ResolveVIPPreferring(rt.network, dst, src.Namespace, rt.preferredNS) != nil ||
+		return s.ResolveVIPPreferring(rt.network, dst, src.Namespace(), rt.preferredNS) != nil ||
 			s.WorkloadByAddr(rt.network, dst) != nil
 	})
 }

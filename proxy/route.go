@@ -31,11 +31,11 @@ import (
 func (rt *router) routeOutbound(ctx context.Context, snap *state.Snapshot, src *state.Workload, client, dst netip.AddrPort) (outboundRoute, error) {
 	network := rt.network
 	snap = rt.fetchDestination(ctx, snap, src, dst.Addr()) // ondemand.go
-	if svc := snap.ResolveVIPPreferring(network, dst.Addr(), src.Namespace, rt.preferredNS); svc != nil {
+	if svc := snap.ResolveVIPPreferring(network, dst.Addr(), src.Namespace(), rt.preferredNS); svc != nil {
 		if wp := state.ServiceWaypoint(svc, rt.rnd); wp != nil {
 			return rt.routeWaypoint(ctx, snap, src, wp, svc, dst)
 		}
-		if lb := svc.LoadBalancer; lb != nil && lb.Mode == state.LBModePassthrough {
+		if lb := svc.LoadBalancer(); lb != nil && lb.Mode == state.LBModePassthrough {
 			return outboundRoute{dst: dst}, nil
 		}
 		up, err := snap.PickUpstream(src, svc, dst.Port(), state.ResolveStandard, rt.rnd)
@@ -55,11 +55,11 @@ func (rt *router) routeOutbound(ctx context.Context, snap *state.Snapshot, src *
 // routeUpstream finishes a route to a chosen workload (steps 4 to 6).
 func (rt *router) routeUpstream(ctx context.Context, snap *state.Snapshot, src *state.Workload, client, dst netip.AddrPort, up state.Upstream) (outboundRoute, error) {
 	w := up.Workload
-	if w.Network != src.Network {
+	if w.Network() != src.Network() {
 		if up.Service == nil {
 			// Only services cross networks; a workload on another
 			// network is never found by address.
-			return outboundRoute{}, fmt.Errorf("workload %s is on network %q and was not addressed through a service", w.UID, w.Network)
+			return outboundRoute{}, fmt.Errorf("workload %s is on network %q and was not addressed through a service", w.UID, w.Network())
 		}
 		return rt.routeViaNetworkGateway(ctx, snap, src, up, up.Service, dst)
 	}
@@ -97,7 +97,7 @@ func (rt *router) routeWaypoint(ctx context.Context, snap *state.Snapshot, src *
 		return outboundRoute{}, fmt.Errorf("waypoint %s: %w", g.Destination(), err)
 	}
 	w := up.Workload
-	if svc != nil && w.Network != src.Network {
+	if svc != nil && w.Network() != src.Network() {
 		return rt.routeViaNetworkGateway(ctx, snap, src, up, svc, dst)
 	}
 	fam := state.IPFamiliesAutomatic
@@ -131,7 +131,7 @@ func (rt *router) routeWaypoint(ctx context.Context, snap *state.Snapshot, src *
 // gateway.go).
 func (rt *router) routeViaNetworkGateway(ctx context.Context, snap *state.Snapshot, src *state.Workload, up state.Upstream, svc *state.Service, dst netip.AddrPort) (outboundRoute, error) {
 	if up.Workload.NetworkGateway() == nil {
-		return outboundRoute{}, fmt.Errorf("workload %s is on network %q, which has no network gateway", up.Workload.UID, up.Workload.Network)
+		return outboundRoute{}, fmt.Errorf("workload %s is on network %q, which has no network gateway", up.Workload.UID, up.Workload.Network())
 	}
 	return rt.routeViaGateway(ctx, snap, src, up.Workload, svc, dst) // gateway.go
 }
@@ -142,7 +142,7 @@ func (rt *router) routeViaNetworkGateway(ctx context.Context, snap *state.Snapsh
 func (rt *router) upstreamSANs(up state.Upstream) []string {
 	sans := []string{rt.identityOf(up.Workload).String()}
 	if up.Service != nil {
-		sans = append(sans, up.Service.SubjectAltNames...)
+		sans = append(sans, up.Service.SubjectAltNames()...)
 	}
 	return sans
 }

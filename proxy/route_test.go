@@ -29,7 +29,7 @@ func (r *fakeResolver) LookupNetIP(_ context.Context, network, host string) ([]n
 }
 
 func rwl(uid, ns, sa string, ips ...string) *state.Workload {
-	w := &state.Workload{UID: uid, Name: uid, Namespace: ns, ServiceAccount: sa, Protocol: state.ProtocolHBONE, Capacity: 1}
+	w := &state.Workload{UID: uid, Name: uid, Protocol: state.ProtocolHBONE, Capacity: 1, Labels: &state.WorkloadLabels{Namespace: ns, ServiceAccount: sa}}
 	for _, ip := range ips {
 		w.Addresses = append(w.Addresses, netip.MustParseAddr(ip))
 	}
@@ -70,7 +70,7 @@ func routeMesh(t *testing.T) *state.Snapshot {
 
 	// A service with one HBONE endpoint and one TCP endpoint.
 	web := rsvc("app", "web.app.svc", "10.96.0.10", "fd96::10")
-	web.SubjectAltNames = []string{"spiffe://cluster.local/ns/app/sa/web-alt"}
+	web.EditExtra().SubjectAltNames = []string{"spiffe://cluster.local/ns/app/sa/web-alt"}
 	ss = append(ss, web)
 	add(rwl("web-1", "app", "web", "10.0.0.10", "fd00::10"), map[string]map[uint16]uint16{"app/web.app.svc": {80: 9090}})
 	tcp := rsvc("app", "tcp.app.svc", "10.96.0.11")
@@ -81,7 +81,7 @@ func routeMesh(t *testing.T) *state.Snapshot {
 	// Waypoint: a service with one pod.
 	wpSvc := rsvc("app", "waypoint.app.svc", "10.96.0.50")
 	wpSvc.Ports = map[uint16]uint16{15008: 15008}
-	wpSvc.SubjectAltNames = []string{"spiffe://cluster.local/ns/app/sa/waypoint-alt"}
+	wpSvc.EditExtra().SubjectAltNames = []string{"spiffe://cluster.local/ns/app/sa/waypoint-alt"}
 	ss = append(ss, wpSvc)
 	add(rwl("waypoint-1", "app", "waypoint", "10.0.0.50"), map[string]map[uint16]uint16{"app/waypoint.app.svc": {}})
 	wp2 := add(rwl("waypoint-2", "app", "waypoint2", "10.0.0.51"), nil)
@@ -92,13 +92,13 @@ func routeMesh(t *testing.T) *state.Snapshot {
 	behind := rsvc("app", "behind.app.svc", "10.96.0.20")
 	behind.Waypoint = hostGW("app", "waypoint.app.svc")
 	pass := rsvc("app", "pass.app.svc", "10.96.0.21")
-	pass.LoadBalancer = &state.LoadBalancer{Mode: state.LBModePassthrough}
+	pass.EditExtra().LoadBalancer = &state.LoadBalancer{Mode: state.LBModePassthrough}
 	passWP := rsvc("app", "passwp.app.svc", "10.96.0.22")
-	passWP.LoadBalancer = &state.LoadBalancer{Mode: state.LBModePassthrough}
+	passWP.EditExtra().LoadBalancer = &state.LoadBalancer{Mode: state.LBModePassthrough}
 	passWP.Waypoint = hostGW("app", "waypoint.app.svc")
 	canary := rsvc("app", "canary.app.svc", "10.96.0.23")
 	canary.Waypoint = hostGW("app", "waypoint.app.svc")
-	canary.WeightedWaypoints = []state.WeightedWaypoint{
+	canary.EditExtra().WeightedWaypoints = []state.WeightedWaypoint{
 		{Destination: *hostGW("app", "waypoint.app.svc"), Weight: 1},
 		{Destination: state.GatewayAddress{Address: &state.NetworkAddress{Addr: netip.MustParseAddr("10.0.0.51")}, HBONEMTLSPort: 15009}, Weight: 1},
 	}
@@ -126,7 +126,7 @@ func routeMesh(t *testing.T) *state.Snapshot {
 	// A CIDR VIP, an IPv4-only service in front of a dual-stack pod, a
 	// hostname-only endpoint, and an endpoint on another network.
 	cidr := rsvc("app", "range.app.svc")
-	cidr.CIDRVIPs = []state.NetworkPrefix{{Prefix: netip.MustParsePrefix("10.97.0.0/16")}}
+	cidr.EditExtra().CIDRVIPs = []state.NetworkPrefix{{Prefix: netip.MustParsePrefix("10.97.0.0/16")}}
 	v4only := rsvc("app", "v4.app.svc", "fd96::60")
 	v4only.IPFamilies = state.IPFamiliesIPv4
 	ext := rsvc("app", "ext.app.svc", "10.96.0.70", "fd96::70")
@@ -137,7 +137,7 @@ func routeMesh(t *testing.T) *state.Snapshot {
 	vm := add(rwl("vm-1", "app", "vm"), map[string]map[uint16]uint16{"app/ext.app.svc": {}})
 	vm.Extra, vm.Protocol = &state.WorkloadExtra{Hostname: "vm.example.com"}, state.ProtocolTCP
 	far := add(rwl("far-1", "app", "far"), map[string]map[uint16]uint16{"app/remote.app.svc": {}})
-	far.Network = "net2"
+	far.EditLabels().Network = "net2"
 	far.Extra = &state.WorkloadExtra{NetworkGateway: &state.GatewayAddress{Address: &state.NetworkAddress{Network: "net2", Addr: netip.MustParseAddr("192.0.2.1")}, HBONEMTLSPort: 15008}}
 
 	snap, err := state.NewSnapshot(ws, ss, nil)

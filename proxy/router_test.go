@@ -21,11 +21,11 @@ import (
 // its own keeps it.
 func TestRouterIdentityOf(t *testing.T) {
 	rt := newRouter(&Config{TrustDomain: "example.org"})
-	w := &state.Workload{Namespace: "ns", ServiceAccount: "sa"}
+	w := &state.Workload{Labels: &state.WorkloadLabels{Namespace: "ns", ServiceAccount: "sa"}}
 	if got, want := rt.identityOf(w), identity.New("example.org", "ns", "sa"); got != want {
 		t.Errorf("record without trust domain: %v, want %v", got, want)
 	}
-	w.Labels = &state.WorkloadLabels{TrustDomain: "other.org"}
+	w.EditLabels().TrustDomain = "other.org"
 	if got, want := rt.identityOf(w), identity.New("other.org", "ns", "sa"); got != want {
 		t.Errorf("record with its own trust domain: %v, want %v", got, want)
 	}
@@ -35,7 +35,7 @@ func TestRouterIdentityOf(t *testing.T) {
 // identity; a new record (a push) gets its own.
 func TestRouterOwnIdentity(t *testing.T) {
 	rt := newRouter(&Config{TrustDomain: "cluster.local"})
-	w1 := &state.Workload{Namespace: "ns", ServiceAccount: "a"}
+	w1 := &state.Workload{Labels: &state.WorkloadLabels{Namespace: "ns", ServiceAccount: "a"}}
 	id1 := rt.ownIdentity(w1)
 	if rt.ownIdentity(w1) != id1 {
 		t.Error("the same record got a second identity")
@@ -43,7 +43,7 @@ func TestRouterOwnIdentity(t *testing.T) {
 	if *id1 != rt.identityOf(w1) {
 		t.Errorf("ownIdentity %v, want identityOf's %v", *id1, rt.identityOf(w1))
 	}
-	w2 := &state.Workload{Namespace: "ns", ServiceAccount: "b"}
+	w2 := &state.Workload{Labels: &state.WorkloadLabels{Namespace: "ns", ServiceAccount: "b"}}
 	if id2 := rt.ownIdentity(w2); id2 == id1 || *id2 != rt.identityOf(w2) {
 		t.Errorf("after a new record: %v (shared %v), want %v of its own", *id2, id2 == id1, rt.identityOf(w2))
 	}

@@ -204,10 +204,10 @@ func (b *builder) delAddr(k NetworkAddress) {
 func (b *builder) insertVIP(k NetworkAddress, svc *Service) {
 	id := b.netID(k.Network)
 	if k.Addr.Is4() {
-		insertSorted(b.svcByVIP.v4, addr4Key(id, k.Addr), svc, cmpServices)
+		insertService(b.svcByVIP.v4, b.svcByVIPM.v4, addr4Key(id, k.Addr), svc)
 		return
 	}
-	insertSorted(b.svcByVIP.v6, addr6KeyOf(id, k.Addr), svc, cmpServices)
+	insertService(b.svcByVIP.v6, b.svcByVIPM.v6, addr6KeyOf(id, k.Addr), svc)
 }
 
 func (b *builder) removeVIP(k NetworkAddress, svc *Service) {
@@ -216,8 +216,8 @@ func (b *builder) removeVIP(k NetworkAddress, svc *Service) {
 		return
 	}
 	if k.Addr.Is4() {
-		removeSorted(b.svcByVIP.v4, addr4Key(id, k.Addr), svc, cmpServices)
+		removeService(b.svcByVIP.v4, b.svcByVIPM.v4, addr4Key(id, k.Addr), svc)
 		return
 	}
-	removeSorted(b.svcByVIP.v6, addr6KeyOf(id, k.Addr), svc, cmpServices)
+	removeService(b.svcByVIP.v6, b.svcByVIPM.v6, addr6KeyOf(id, k.Addr), svc)
 }

@@ -19,14 +19,16 @@ type builder struct {
 	errs  []error
 	fresh bool
 
-	byUID     *shardEdit[string, *Workload]
+	byUID     *shardEdit[hashed, *Workload] // written with setUID, delUID
 	byAddr    addrEdit[*Workload]
 	byInfo    *shardEdit[hashed, *Workload]
 	byInfoM   *shardEdit[infoKey, []*Workload]
 	byHost    *shardEdit[NamespacedHostname, []*Workload]
-	svcByKey  *shardEdit[NamespacedHostname, *Service]
-	svcByVIP  addrEdit[[]*Service]
-	svcByHost *shardEdit[string, []*Service]
+	svcByKey  *shardEdit[hashed, *Service] // written with setFunc, delFunc
+	svcByVIP  addrEdit[[1]*Service]
+	svcByVIPM addrEdit[[]*Service]
+	svcByHost *shardEdit[string, [1]*Service]
+	svcHostM  *shardEdit[string, []*Service]
 	svcEps    *shardEdit[NamespacedHostname, svcMembers]
 
 	// touched holds the service keys whose endpoints an edit must derive
@@ -47,14 +49,16 @@ func newBuilder(s *Snapshot, fresh bool, nw, ns int) *builder {
 	return &builder{
 		s:         s,
 		fresh:     fresh,
-		byUID:     newShardEdit(&s.byUID, hashString, fresh, nw),
+		byUID:     newShardEdit(&s.byUID, nil, fresh, nw),
 		byAddr:    newAddrEdit(&s.byAddr, fresh, nw),
 		byInfo:    newShardEdit(&s.byInfo, nil, fresh, nw), // written by hash: setH, delH
 		byInfoM:   newShardEdit(&s.byInfoMulti, hashInfo, fresh, 0),
 		byHost:    newShardEdit(&s.byHost, hashNH, fresh, 0),
-		svcByKey:  newShardEdit(&s.svcByKey, hashNH, fresh, ns),
+		svcByKey:  newShardEdit(&s.svcByKey, nil, fresh, ns),
 		svcByVIP:  newAddrEdit(&s.svcByVIP, fresh, ns),
+		svcByVIPM: newAddrEdit(&s.svcByVIPMany, fresh, 0),
 		svcByHost: newShardEdit(&s.svcByHost, hashString, fresh, ns),
+		svcHostM:  newShardEdit(&s.svcByHostMany, hashString, fresh, 0),
 		svcEps:    newShardEdit(&s.svcEps, hashNH, fresh, ns),
 		touched:   map[NamespacedHostname]struct{}{},
 		cidrGone:  map[*Service]struct{}{},
@@ -71,7 +75,7 @@ func buildFresh(workloads []*Workload, services []*Service) *builder {
 			continue
 		}
 		key := NamespacedHostname{svc.Namespace, svc.Hostname}
-		if b.svcByKey.get(key) != nil {
+		if serviceByKey(b.svcByKey.m, key) != nil {
 			b.fail("%s: duplicate service key", subject{"service", key.String()})
 			continue
 		}
@@ -87,11 +91,11 @@ func buildFresh(workloads []*Workload, services []*Service) *builder {
 		if !b.checkWorkloadKey(i, w) {
 			continue
 		}
-		if b.byUID.get(w.UID) != nil {
+		if workloadByUID(b.byUID.m, w.UID) != nil {
 			b.fail("workload %q: duplicate uid", w.UID)
 			continue
 		}
-		b.byUID.set(w.UID, w)
+		b.setUID(w)
 		wls = append(wls, w)
 	}
 	slices.SortFunc(wls, cmpWorkloads)
@@ -144,16 +148,16 @@ func (b *builder) checkService(svc *Service) {
 			b.fail("%s: invalid VIP %q", what, vip.String())
 		}
 	}
-	for _, p := range svc.CIDRVIPs {
+	for _, p := range svc.CIDRVIPs() {
 		if !p.Prefix.IsValid() || p.Prefix.Addr().Zone() != "" {
 			b.fail("%s: invalid CIDR VIP %q", what, p.String())
 		}
 	}
 	b.checkGateway(what, "waypoint", svc.Waypoint)
-	for j := range svc.WeightedWaypoints {
-		b.checkGateway(what, "weighted waypoint "+strconv.Itoa(j), &svc.WeightedWaypoints[j].Destination)
+	for j := range svc.WeightedWaypoints() {
+		b.checkGateway(what, "weighted waypoint "+strconv.Itoa(j), &svc.WeightedWaypoints()[j].Destination)
 	}
-	if lb := svc.LoadBalancer; lb != nil {
+	if lb := svc.LoadBalancer(); lb != nil {
 		if lb.Mode > LBModePassthrough {
 			b.fail("%s: invalid load balancer mode %d", what, lb.Mode)
 		}
@@ -177,29 +181,29 @@ func (b *builder) checkService(svc *Service) {
 // indexService adds svc (whose key is not indexed) to the service indexes.
 func (b *builder) indexService(svc *Service) {
 	key := NamespacedHostname{svc.Namespace, svc.Hostname}
-	b.svcByKey.set(key, svc)
+	b.svcByKey.setFunc(hashNH(key), keyIs(key), svc)
 	for _, vip := range svc.VIPs {
 		// A VIP listed twice is indexed once: insertSorted keeps the first.
 		b.insertVIP(NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc)
 	}
-	if len(svc.CIDRVIPs) > 0 {
+	if len(svc.CIDRVIPs()) > 0 {
 		b.cidrNew = append(b.cidrNew, svc)
 	}
-	insertSorted(b.svcByHost, svc.Hostname, svc, cmpServices)
+	insertService(b.svcByHost, b.svcHostM, svc.Hostname, svc)
 	b.touch(key)
 }
 
 // unindexService removes svc, indexed, from the service indexes.
 func (b *builder) unindexService(svc *Service) {
 	key := NamespacedHostname{svc.Namespace, svc.Hostname}
-	b.svcByKey.del(key)
+	b.svcByKey.delFunc(hashNH(key), keyIs(key))
 	for _, vip := range svc.VIPs {
 		b.removeVIP(NetworkAddress{vip.Network, vip.Addr.Unmap()}, svc)
 	}
-	if len(svc.CIDRVIPs) > 0 {
+	if len(svc.CIDRVIPs()) > 0 {
 		b.cidrGone[svc] = struct{}{}
 	}
-	removeSorted(b.svcByHost, svc.Hostname, svc, cmpServices)
+	removeService(b.svcByHost, b.svcHostM, svc.Hostname, svc)
 	b.touch(key)
 }
 
@@ -210,7 +214,7 @@ func (b *builder) checkWorkloadKey(i int, w *Workload) bool {
 		return false
 	}
 	if w.UID == "" {
-		b.fail("workload %d (%s/%s): uid is empty", i, w.Namespace, w.Name)
+		b.fail("workload %d (%s/%s): uid is empty", i, w.Namespace(), w.Name)
 		return false
 	}
 	return true
@@ -250,7 +254,7 @@ func (b *builder) indexWorkload(w *Workload) {
 		if w.losesAddr(i) {
 			continue // another workload wins it
 		}
-		k := NetworkAddress{w.Network, ip.Unmap()}
+		k := NetworkAddress{w.Network(), ip.Unmap()}
 		if other := b.getAddr(k); other != nil && other != w {
 			first, second := other, w
 			if first.UID > second.UID {
@@ -263,7 +267,7 @@ func (b *builder) indexWorkload(w *Workload) {
 	}
 	b.indexInfo(w)
 	if w.Hostname() != "" {
-		insertSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname()}, w, cmpWorkloads)
+		insertSorted(b.byHost, NamespacedHostname{w.Namespace(), w.Hostname()}, w, cmpWorkloads)
 	}
 	for i, sp := range w.Services.List() {
 		k := sp.Key
@@ -281,19 +285,24 @@ func (b *builder) indexWorkload(w *Workload) {
 	}
 }
 
+// setUID puts w in byUID, in place of the workload with its UID.
+func (b *builder) setUID(w *Workload) {
+	b.byUID.setFunc(hashString(w.UID), uidIs(w.UID), w)
+}
+
 // unindexWorkload removes w, indexed, from every workload index.
 func (b *builder) unindexWorkload(w *Workload) {
-	b.byUID.del(w.UID)
+	b.byUID.delFunc(hashString(w.UID), uidIs(w.UID))
 	if w.NetworkMode != NetworkModeHostNetwork {
 		for _, ip := range w.Addresses {
-			if k := (NetworkAddress{w.Network, ip.Unmap()}); b.getAddr(k) == w {
+			if k := (NetworkAddress{w.Network(), ip.Unmap()}); b.getAddr(k) == w {
 				b.delAddr(k)
 			}
 		}
 	}
 	b.unindexInfo(w)
 	if w.Hostname() != "" {
-		removeSorted(b.byHost, NamespacedHostname{w.Namespace, w.Hostname()}, w, cmpWorkloads)
+		removeSorted(b.byHost, NamespacedHostname{w.Namespace(), w.Hostname()}, w, cmpWorkloads)
 	}
 	for _, sp := range w.Services.List() {
 		if ns, host, ok := strings.Cut(sp.Key, "/"); ok {
@@ -307,7 +316,7 @@ func (b *builder) unindexWorkload(w *Workload) {
 // indexInfo adds w to byInfo, or to byInfoMulti when another workload
 // has its namespace and name hash.
 func (b *builder) indexInfo(w *Workload) {
-	k := infoKeyOf(w.Namespace, w.Name)
+	k := infoKeyOf(w.Namespace(), w.Name)
 	h := hashInfo(k)
 	if b.byInfoM.get(k) != nil {
 		insertSorted(b.byInfoM, k, w, cmpWorkloads)
@@ -328,7 +337,7 @@ func (b *builder) indexInfo(w *Workload) {
 // unindexInfo removes w, indexed, from byInfo or byInfoMulti; the last
 // workload of a list goes back to byInfo.
 func (b *builder) unindexInfo(w *Workload) {
-	k := infoKeyOf(w.Namespace, w.Name)
+	k := infoKeyOf(w.Namespace(), w.Name)
 	h := hashInfo(k)
 	if b.byInfoM.get(k) == nil {
 		if b.byInfo.m.get(h, hashed{}) == w {
@@ -366,10 +375,10 @@ func (b *builder) finish() {
 			}
 			return v
 		})
-		s.svcByKey.all(func(k NamespacedHostname, svc *Service) { b.setEndpoints(k, svc) })
+		s.svcByKey.all(func(_ hashed, svc *Service) { b.setEndpoints(NamespacedHostname{svc.Namespace, svc.Hostname}, svc) })
 	} else {
 		for k := range b.touched {
-			b.setEndpoints(k, b.svcByKey.get(k))
+			b.setEndpoints(k, serviceByKey(b.svcByKey.m, k))
 		}
 	}
 	if len(b.cidrNew) > 0 || len(b.cidrGone) > 0 {
@@ -380,7 +389,7 @@ func (b *builder) finish() {
 			}
 		}
 		for _, svc := range b.cidrNew {
-			for _, p := range svc.CIDRVIPs {
+			for _, p := range svc.CIDRVIPs() {
 				list = append(list, cidrVIP{p, svc})
 			}
 		}
@@ -395,7 +404,9 @@ func (b *builder) finish() {
 	b.byHost.finish()
 	b.svcByKey.finish()
 	b.svcByVIP.finish()
+	b.svcByVIPM.finish()
 	b.svcByHost.finish()
+	b.svcHostM.finish()
 	b.svcEps.finish()
 }
 

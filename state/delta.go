@@ -61,20 +61,21 @@ func (s *Snapshot) Apply(d Delta) (*Snapshot, error) {
 	}
 	ns := &Snapshot{
 		byUID: s.byUID, byAddr: s.byAddr, byInfo: s.byInfo, byInfoMulti: s.byInfoMulti, byHost: s.byHost,
-		svcByKey: s.svcByKey, svcByVIP: s.svcByVIP, svcByHost: s.svcByHost, cidrVIPs: s.cidrVIPs,
+		svcByKey: s.svcByKey, svcByVIP: s.svcByVIP, svcByVIPMany: s.svcByVIPMany,
+		svcByHost: s.svcByHost, svcByHostMany: s.svcByHostMany, cidrVIPs: s.cidrVIPs,
 		svcEps: s.svcEps, nets: s.nets,
 	}
 	b := newBuilder(ns, false, 0, 0)
 
 	for _, key := range d.RemovedServices {
 		if nh, ok := parseServiceKey(key); ok {
-			if old := b.svcByKey.get(nh); old != nil {
+			if old := serviceByKey(b.svcByKey.m, nh); old != nil {
 				b.unindexService(old)
 			}
 		}
 	}
 	for _, svc := range d.Services {
-		if old := b.svcByKey.get(NamespacedHostname{svc.Namespace, svc.Hostname}); old != nil {
+		if old := serviceByKey(b.svcByKey.m, NamespacedHostname{svc.Namespace, svc.Hostname}); old != nil {
 			b.unindexService(old)
 		}
 		b.checkService(svc)
@@ -84,18 +85,18 @@ func (s *Snapshot) Apply(d Delta) (*Snapshot, error) {
 	// Every old version leaves before a new one claims its addresses, so
 	// that two workloads may swap addresses in one delta.
 	for _, uid := range d.RemovedWorkloads {
-		if old := b.byUID.get(uid); old != nil {
+		if old := workloadByUID(b.byUID.m, uid); old != nil {
 			b.unindexWorkload(old)
 		}
 	}
 	wls := sortedWorkloads(d.Workloads)
 	for _, w := range wls {
-		if old := b.byUID.get(w.UID); old != nil {
+		if old := workloadByUID(b.byUID.m, w.UID); old != nil {
 			b.unindexWorkload(old)
 		}
 	}
 	for _, w := range wls {
-		b.byUID.set(w.UID, w)
+		b.setUID(w)
 	}
 	for _, w := range wls {
 		b.checkWorkload(w)
@@ -114,8 +115,8 @@ func (s *Snapshot) rebuild(d *Delta) (*Snapshot, error) {
 		gone[w.UID] = struct{}{}
 	}
 	workloads := make([]*Workload, 0, s.byUID.n+len(d.Workloads))
-	s.byUID.all(func(uid string, w *Workload) {
-		if _, g := gone[uid]; !g {
+	s.byUID.all(func(_ hashed, w *Workload) {
+		if _, g := gone[w.UID]; !g {
 			workloads = append(workloads, w)
 		}
 	})
@@ -131,8 +132,8 @@ func (s *Snapshot) rebuild(d *Delta) (*Snapshot, error) {
 		goneSvc[NamespacedHostname{svc.Namespace, svc.Hostname}] = struct{}{}
 	}
 	services := make([]*Service, 0, s.svcByKey.n+len(d.Services))
-	s.svcByKey.all(func(nh NamespacedHostname, svc *Service) {
-		if _, g := goneSvc[nh]; !g {
+	s.svcByKey.all(func(_ hashed, svc *Service) {
+		if _, g := goneSvc[NamespacedHostname{svc.Namespace, svc.Hostname}]; !g {
 			services = append(services, svc)
 		}
 	})

@@ -22,7 +22,7 @@ func TestApplyCases(t *testing.T) {
 	swap1.Addresses, swap2.Addresses = w2.Addresses, w1.Addresses
 	newVIPs := svc("ns", "web.ns.svc", "/10.96.0.7", "/10.96.0.8")
 	allowAll := svc("ns", "web.ns.svc", "/10.96.0.1")
-	allowAll.LoadBalancer = &LoadBalancer{HealthPolicy: LBAllowAll}
+	allowAll.EditExtra().LoadBalancer = &LoadBalancer{HealthPolicy: LBAllowAll}
 	thief := wl("w9", "ns", "p9", "10.0.0.2")
 	pol := &Policy{Name: "deny", Namespace: "ns", Scope: ScopeNamespace, Action: ActionDeny}
 
@@ -165,7 +165,7 @@ func BenchmarkApplyDelta(b *testing.B) {
 	versions := [2]*Workload{}
 	for i := range versions {
 		v := *w
-		v.Labels = &WorkloadLabels{CanonicalRevision: "v" + itoa(i)}
+		v.EditLabels().CanonicalRevision = "v" + itoa(i)
 		versions[i] = &v
 	}
 	moved := *ss[77]
@@ -173,7 +173,7 @@ func BenchmarkApplyDelta(b *testing.B) {
 	burst, orig := make([]*Workload, 100), make([]*Workload, 100)
 	for i := range burst {
 		v := *ws[i*997]
-		v.Labels = &WorkloadLabels{CanonicalRevision: "v2"}
+		v.EditLabels().CanonicalRevision = "v2"
 		burst[i], orig[i] = &v, ws[i*997]
 	}
 	for _, bc := range []struct {

@@ -115,8 +115,10 @@ func (g deltaGen) one(n int) bool            { return g.r.IntN(n) == 0 }
 
 func (g deltaGen) workload(uid string) *Workload {
 	w := &Workload{
-		UID: uid, Namespace: g.pick(dNamespaces), Name: g.pick(dNames), ServiceAccount: g.pick(dSAs),
-		Network: g.pick(dNetworks), Node: g.pick([]string{"", "node1"}), Protocol: Protocol(g.r.IntN(2)), Capacity: 1,
+		UID: uid, Name: g.pick(dNames),
+		Protocol: Protocol(g.r.IntN(2)), Capacity: 1,
+		Labels: &WorkloadLabels{Namespace: g.pick(dNamespaces), ServiceAccount: g.pick(dSAs), Network: g.pick(dNetworks)},
+		Place:  &Placement{Node: g.pick([]string{"", "node1"})},
 	}
 	for range g.r.IntN(3) {
 		ip := dIPs[g.r.IntN(len(dIPs))]
@@ -160,16 +162,16 @@ func (g deltaGen) service(key string) *Service {
 		v.VIPs = append(v.VIPs, NetworkAddress{g.pick(dNetworks), dVIPs[g.r.IntN(len(dVIPs))]})
 	}
 	if g.one(5) {
-		v.CIDRVIPs = append(v.CIDRVIPs, NetworkPrefix{g.pick(dNetworks), dCIDRs[g.r.IntN(len(dCIDRs))]})
+		v.EditExtra().CIDRVIPs = append(v.CIDRVIPs(), NetworkPrefix{g.pick(dNetworks), dCIDRs[g.r.IntN(len(dCIDRs))]})
 		if g.one(2) {
-			v.CIDRVIPs = append(v.CIDRVIPs, NetworkPrefix{"", dCIDRs[g.r.IntN(len(dCIDRs))]})
+			v.EditExtra().CIDRVIPs = append(v.CIDRVIPs(), NetworkPrefix{"", dCIDRs[g.r.IntN(len(dCIDRs))]})
 		}
 	}
 	if g.one(5) {
 		v.Visibility = VisibilityNamespace
 	}
 	if g.one(3) {
-		v.LoadBalancer = &LoadBalancer{HealthPolicy: LBHealthPolicy(g.r.IntN(2))}
+		v.EditExtra().LoadBalancer = &LoadBalancer{HealthPolicy: LBHealthPolicy(g.r.IntN(2))}
 	}
 	return v
 }
@@ -209,7 +211,7 @@ func (g deltaGen) delta(m deltaModel) Delta {
 			if a != b {
 				na, nb := *a, *b
 				na.Addresses, nb.Addresses = b.Addresses, a.Addresses
-				na.Network, nb.Network = b.Network, a.Network
+				na.EditLabels().Network, nb.EditLabels().Network = b.Network(), a.Network()
 				na.NetworkMode, nb.NetworkMode = b.NetworkMode, a.NetworkMode
 				d.Workloads = append(d.Workloads, &na, &nb)
 			}
@@ -312,6 +314,77 @@ func sameHashedIndex[V any](t *testing.T, what string, got, want *shardMap[hashe
 	}
 }
 
+// sameUIDIndex compares two indexes of workloads by UID, checking that
+// each entry sits under its UID's hash where workloadByUID finds it.
+func sameUIDIndex(t *testing.T, got, want *shardMap[hashed, *Workload]) {
+	t.Helper()
+	byUID := func(m *shardMap[hashed, *Workload]) map[string]*Workload {
+		out := map[string]*Workload{}
+		n := 0
+		for i := range m.numShards() {
+			sh := m.shard(uint64(i))
+			n += len(sh)
+			for _, s := range sh[:cap(sh)] {
+				if s.h == 0 {
+					continue
+				}
+				if h := hashString(s.v.UID); h != s.h || h>>m.shift != uint64(i) {
+					t.Errorf("byUID: %q stored with hash %#x in shard %d of %d, hashes to %#x", s.v.UID, s.h, i, m.numShards(), h)
+				}
+				out[s.v.UID] = s.v
+			}
+		}
+		if len(out) != m.n || n != m.n {
+			t.Errorf("byUID: %d entries, shard lengths add up to %d, counted %d", len(out), n, m.n)
+		}
+		for uid, w := range out {
+			if got := workloadByUID(m, uid); got != w {
+				t.Errorf("byUID: get(%q) = %v, stored %v", uid, got, w)
+			}
+		}
+		return out
+	}
+	if g, w := byUID(got), byUID(want); !reflect.DeepEqual(g, w) {
+		t.Errorf("byUID differs:\n got %v\nwant %v", g, w)
+	}
+}
+
+// sameSvcKeyIndex compares two indexes of services by key, checking that
+// each entry sits under its key's hash where serviceByKey finds it.
+func sameSvcKeyIndex(t *testing.T, got, want *shardMap[hashed, *Service]) {
+	t.Helper()
+	byKey := func(m *shardMap[hashed, *Service]) map[NamespacedHostname]*Service {
+		out := map[NamespacedHostname]*Service{}
+		n := 0
+		for i := range m.numShards() {
+			sh := m.shard(uint64(i))
+			n += len(sh)
+			for _, s := range sh[:cap(sh)] {
+				if s.h == 0 {
+					continue
+				}
+				k := NamespacedHostname{s.v.Namespace, s.v.Hostname}
+				if h := hashNH(k); h != s.h || h>>m.shift != uint64(i) {
+					t.Errorf("svcByKey: %v stored with hash %#x in shard %d of %d, hashes to %#x", k, s.h, i, m.numShards(), h)
+				}
+				out[k] = s.v
+			}
+		}
+		if len(out) != m.n || n != m.n {
+			t.Errorf("svcByKey: %d entries, shard lengths add up to %d, counted %d", len(out), n, m.n)
+		}
+		for k, v := range out {
+			if got := serviceByKey(m, k); got != v {
+				t.Errorf("svcByKey: get(%v) = %v, stored %v", k, got, v)
+			}
+		}
+		return out
+	}
+	if g, w := byKey(got), byKey(want); !reflect.DeepEqual(g, w) {
+		t.Errorf("svcByKey differs:\n got %v\nwant %v", g, w)
+	}
+}
+
 // sameAddrIndex compares the address indexes ix picks of two snapshots by
 // network name and address: their network handles may differ.
 func sameAddrIndex[V any](t *testing.T, what string, got, want *Snapshot, ix func(*Snapshot) *addrIndex[V]) {
@@ -338,14 +411,16 @@ func sameAddrIndex[V any](t *testing.T, what string, got, want *Snapshot, ix fun
 // the same index entries.
 func checkSame(t *testing.T, got, want *Snapshot) {
 	t.Helper()
-	sameIndex(t, "byUID", &got.byUID, &want.byUID)
+	sameUIDIndex(t, &got.byUID, &want.byUID)
 	sameAddrIndex(t, "byAddr", got, want, func(s *Snapshot) *addrIndex[*Workload] { return &s.byAddr })
 	sameHashedIndex(t, "byInfo", &got.byInfo, &want.byInfo)
 	sameIndex(t, "byInfoMulti", &got.byInfoMulti, &want.byInfoMulti)
 	sameIndex(t, "byHost", &got.byHost, &want.byHost)
-	sameIndex(t, "svcByKey", &got.svcByKey, &want.svcByKey)
-	sameAddrIndex(t, "svcByVIP", got, want, func(s *Snapshot) *addrIndex[[]*Service] { return &s.svcByVIP })
+	sameSvcKeyIndex(t, &got.svcByKey, &want.svcByKey)
+	sameAddrIndex(t, "svcByVIP", got, want, func(s *Snapshot) *addrIndex[[1]*Service] { return &s.svcByVIP })
+	sameAddrIndex(t, "svcByVIPMany", got, want, func(s *Snapshot) *addrIndex[[]*Service] { return &s.svcByVIPMany })
 	sameIndex(t, "svcByHost", &got.svcByHost, &want.svcByHost)
+	sameIndex(t, "svcByHostMany", &got.svcByHostMany, &want.svcByHostMany)
 	sameIndex(t, "svcEps", &got.svcEps, &want.svcEps)
 	if !reflect.DeepEqual(got.cidrVIPs, want.cidrVIPs) {
 		t.Errorf("cidrVIPs: got %v, want %v", got.cidrVIPs, want.cidrVIPs)

@@ -11,8 +11,9 @@ import (
 // address of its own.
 func diffWorkload(i int) *Workload {
 	return &Workload{
-		UID: fmt.Sprintf("uid-%d", i), Name: fmt.Sprintf("w%d", i), Namespace: "ns",
+		UID: fmt.Sprintf("uid-%d", i), Name: fmt.Sprintf("w%d", i),
 		Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})},
+		Labels:    &WorkloadLabels{Namespace: "ns"},
 	}
 }
 

@@ -16,7 +16,7 @@ func (s *Snapshot) DryRunWouldDeny(c Conn, matches []*Policy) bool {
 			return false
 		}
 	}
-	nsv := t.nsView(w.Namespace)
+	nsv := t.nsView(w.Namespace())
 	if t.global.hasAllow || nsv != nil && nsv.hasAllow {
 		return false
 	}

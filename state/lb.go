@@ -75,7 +75,7 @@ func (s *Snapshot) PickUpstream(src *Workload, svc *Service, svcPort uint16, mod
 	if src == nil {
 		src = &Workload{}
 	}
-	f := endpointFilter{src: src, svcPort: svcPort, svcTarget: svcTarget, hasPort: hasPort, mode: mode, lb: svc.LoadBalancer}
+	f := endpointFilter{src: src, svcPort: svcPort, svcTarget: svcTarget, hasPort: hasPort, mode: mode, lb: svc.LoadBalancer()}
 	f.ranked = f.lb != nil && f.lb.Mode != LBModeStandard
 	eps := s.Endpoints(svc)
 
@@ -149,7 +149,7 @@ func (f *endpointFilter) rank(ep *Endpoint) int {
 	if len(w.Addresses) == 0 && w.Hostname() == "" {
 		// Reachable only through a network gateway, which is never used
 		// within one network.
-		if w.Network == src.Network || w.NetworkGateway() == nil {
+		if w.Network() == src.Network() || w.NetworkGateway() == nil {
 			return -1
 		}
 	}
@@ -175,17 +175,17 @@ func (f *endpointFilter) rank(ep *Endpoint) int {
 		var match bool
 		switch scope {
 		case LBScopeRegion:
-			match = src.Locality.Value().Region == w.Locality.Value().Region
+			match = src.Locality().Region == w.Locality().Region
 		case LBScopeZone:
-			match = src.Locality.Value().Zone == w.Locality.Value().Zone
+			match = src.Locality().Zone == w.Locality().Zone
 		case LBScopeSubzone:
-			match = src.Locality.Value().Subzone == w.Locality.Value().Subzone
+			match = src.Locality().Subzone == w.Locality().Subzone
 		case LBScopeNode:
-			match = src.Node == w.Node
+			match = src.Node() == w.Node()
 		case LBScopeCluster:
 			match = src.ClusterID() == w.ClusterID()
 		case LBScopeNetwork:
-			match = src.Network == w.Network
+			match = src.Network() == w.Network()
 			if networkFirst {
 				if !match {
 					continue // rank by the other scopes

@@ -103,25 +103,26 @@ func TestPickEndpointNoneUsable(t *testing.T) {
 
 func TestPickEndpointNetworkGateway(t *testing.T) {
 	web := svc("ns", "web")
-	remote := &Workload{UID: "remote", Namespace: "ns", Network: "net2", Capacity: 1,
+	remote := &Workload{UID: "remote", Capacity: 1,
 		Extra:    &WorkloadExtra{NetworkGateway: &GatewayAddress{Address: &NetworkAddress{"net2", netip.MustParseAddr("192.0.2.1")}, HBONEMTLSPort: 15008}},
-		Services: ServicesOf(map[string]map[uint16]uint16{web.Key(): {80: 8080}})}
+		Services: ServicesOf(map[string]map[uint16]uint16{web.Key(): {80: 8080}}), Labels: &WorkloadLabels{Namespace: "ns", Network: "net2"}}
 	s := mustSnapshot(t, []*Workload{remote}, []*Service{web}, nil)
 	// From another network an address-less workload is reachable through its gateway.
-	if got, _, err := s.PickEndpoint(&Workload{Network: "net1"}, web, 80, nil); err != nil || got != remote {
+	if got, _, err := s.PickEndpoint(&Workload{Labels: &WorkloadLabels{Network: "net1"}}, web, 80, nil); err != nil || got != remote {
 		t.Errorf("from net1: %v %v", got, err)
 	}
 	// From its own network it is not.
-	if _, _, err := s.PickEndpoint(&Workload{Network: "net2"}, web, 80, nil); !errors.Is(err, ErrNoHealthyUpstream) {
+	if _, _, err := s.PickEndpoint(&Workload{Labels: &WorkloadLabels{Network: "net2"}}, web, 80, nil); !errors.Is(err, ErrNoHealthyUpstream) {
 		t.Errorf("from net2: %v", err)
 	}
 }
 
 func TestPickEndpointLocality(t *testing.T) {
-	src := &Workload{Network: "n1", Node: "node1", Labels: &WorkloadLabels{ClusterID: "c1"}, Locality: &Locality{"r1", "z1", "s1"}}
+	src := &Workload{Labels: &WorkloadLabels{Network: "n1", ClusterID: "c1"}, Place: &Placement{Node: "node1", Locality: Locality{"r1", "z1", "s1"}}}
 	mk := func(uid, network, node, region, zone string) *Workload {
 		w := wl(uid, "ns", uid, "10.0.0."+uid[len(uid)-1:])
-		w.Network, w.Node, w.Labels, w.Locality = network, node, &WorkloadLabels{ClusterID: "c1"}, &Locality{region, zone, "s1"}
+		w.Place = &Placement{Node: node, Locality: Locality{region, zone, "s1"}}
+		w.EditLabels().Network, w.Labels.ClusterID = network, "c1"
 		return w
 	}
 	sameZone := mk("w1", "n1", "node2", "r1", "z1")
@@ -142,15 +143,15 @@ func TestPickEndpointLocality(t *testing.T) {
 		{name: "failover keeps the best rank", lb: &LoadBalancer{Mode: LBModeFailover, RoutingPreferences: []LBScope{LBScopeRegion, LBScopeZone}},
 			src: src, want: []*Workload{sameZone, otherNet}},
 		{name: "failover falls back to fewer matches", lb: &LoadBalancer{Mode: LBModeFailover, RoutingPreferences: []LBScope{LBScopeRegion, LBScopeZone}},
-			src: &Workload{Locality: &Locality{"r1", "z9", ""}}, want: []*Workload{sameZone, sameRegion, otherNet}},
+			src: &Workload{Place: &Placement{Locality: Locality{"r1", "z9", ""}}}, want: []*Workload{sameZone, sameRegion, otherNet}},
 		{name: "strict needs every scope", lb: &LoadBalancer{Mode: LBModeStrict, RoutingPreferences: []LBScope{LBScopeRegion, LBScopeZone, LBScopeNetwork}},
 			src: src, want: []*Workload{sameZone}},
 		{name: "strict with no full match has no upstream", lb: &LoadBalancer{Mode: LBModeStrict, RoutingPreferences: []LBScope{LBScopeNode}},
-			src: &Workload{Node: "node9"}, noneR: true},
+			src: &Workload{Place: &Placement{Node: "node9"}}, noneR: true},
 		{name: "leading network outranks everything", lb: &LoadBalancer{Mode: LBModeFailover, RoutingPreferences: []LBScope{LBScopeNetwork, LBScopeRegion, LBScopeZone}},
-			src: &Workload{Network: "n2", Locality: &Locality{"r2", "z1", ""}}, want: []*Workload{otherNet}},
+			src: &Workload{Labels: &WorkloadLabels{Network: "n2"}, Place: &Placement{Locality: Locality{"r2", "z1", ""}}}, want: []*Workload{otherNet}},
 		{name: "leading network mismatch ranks by the rest", lb: &LoadBalancer{Mode: LBModeFailover, RoutingPreferences: []LBScope{LBScopeNetwork, LBScopeRegion, LBScopeZone}},
-			src: &Workload{Network: "n9", Locality: &Locality{"r2", "z1", ""}}, want: []*Workload{otherRegion}},
+			src: &Workload{Labels: &WorkloadLabels{Network: "n9"}, Place: &Placement{Locality: Locality{"r2", "z1", ""}}}, want: []*Workload{otherRegion}},
 		{name: "node and cluster scopes", lb: &LoadBalancer{Mode: LBModeFailover, RoutingPreferences: []LBScope{LBScopeCluster, LBScopeNode}},
 			src: src, want: []*Workload{otherNet}},
 		{name: "subzone scope", lb: &LoadBalancer{Mode: LBModeStrict, RoutingPreferences: []LBScope{LBScopeSubzone}},
@@ -159,7 +160,7 @@ func TestPickEndpointLocality(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			web := svc("ns", "web")
-			web.LoadBalancer = tc.lb
+			web.EditExtra().LoadBalancer = tc.lb
 			for _, w := range all {
 				w.Services = ServicesOf(map[string]map[uint16]uint16{web.Key(): {80: 8080}})
 			}

@@ -21,8 +21,8 @@ func meshInput(n int) ([]*Workload, []*Service) {
 	ws := make([]*Workload, n)
 	for i := range ws {
 		v := ss[i%len(ss)]
-		w := &Workload{UID: "Kubernetes//Pod/" + v.Namespace + "/pod-" + strconv.Itoa(i), Namespace: v.Namespace, Name: "pod-" + strconv.Itoa(i),
-			Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})}, Protocol: ProtocolHBONE, Capacity: 1}
+		w := &Workload{UID: "Kubernetes//Pod/" + v.Namespace + "/pod-" + strconv.Itoa(i), Name: "pod-" + strconv.Itoa(i),
+			Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})}, Protocol: ProtocolHBONE, Capacity: 1, Labels: &WorkloadLabels{Namespace: v.Namespace}}
 		w.Services = ServicesOf(map[string]map[uint16]uint16{v.Key(): {80: 8080}})
 		ws[i] = w
 	}
@@ -64,7 +64,7 @@ func BenchmarkLookup100k(b *testing.B) {
 	infos := make([]WorkloadInfo, len(uids))
 	for i := range infos {
 		w := s.WorkloadByUID(uids[i])
-		infos[i] = WorkloadInfo{Namespace: w.Namespace, Name: w.Name}
+		infos[i] = WorkloadInfo{Namespace: w.Namespace(), Name: w.Name}
 	}
 	b.Run("FindWorkload", func(b *testing.B) {
 		lookupLoop(b, func(i int) bool { return s.FindWorkload(infos[i%len(infos)]) != nil })

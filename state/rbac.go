@@ -70,7 +70,7 @@ func (s *Snapshot) Authorize(c Conn) Decision {
 		return Decision{Allowed: true, Reason: ReasonNoAllow}
 	}
 	ec := newEvalConn(&c)
-	nsv := t.nsView(w.Namespace)
+	nsv := t.nsView(w.Namespace())
 
 	if nsv != nil {
 		if cp := nsv.deny.first(&ec); cp != nil {
@@ -140,7 +140,7 @@ func (s *Snapshot) DryRunMatches(c Conn) []*Policy {
 		return nil
 	}
 	ec := newEvalConn(&c)
-	nsv := t.nsView(w.Namespace)
+	nsv := t.nsView(w.Namespace())
 	var out []*Policy
 	for _, action := range [2]Action{ActionDeny, ActionAllow} {
 		if nsv != nil {

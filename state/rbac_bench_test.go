@@ -42,7 +42,7 @@ func ztunnelBenchPolicies(n int, port uint16) []*Policy {
 func ztunnelBenchWorkload() *Workload {
 	return &Workload{
 		UID: "bench", Addresses: []netip.Addr{netip.MustParseAddr("127.0.0.1")},
-		Labels: &WorkloadLabels{TrustDomain: "cluster.local"}, ServiceAccount: "default", Capacity: 1,
+		Labels: &WorkloadLabels{ServiceAccount: "default", TrustDomain: "cluster.local"}, Capacity: 1,
 	}
 }
 

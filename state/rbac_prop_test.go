@@ -175,7 +175,7 @@ func keysOf(ps []*Policy) []string {
 func describe(policies []*Policy, c Conn) string {
 	s := fmt.Sprintf("conn: src=%v dst=%v id=%+v", c.Src, c.Dst, c.SrcIdentity)
 	if c.DstWorkload != nil {
-		s += fmt.Sprintf(" workload ns=%q listed=%q", c.DstWorkload.Namespace, c.DstWorkload.AuthorizationPolicies())
+		s += fmt.Sprintf(" workload ns=%q listed=%q", c.DstWorkload.Namespace(), c.DstWorkload.AuthorizationPolicies())
 	}
 	for _, p := range policies {
 		s += fmt.Sprintf("\n  %s %v %v dry=%v rules=%+v", p.Key(), p.Scope, p.Action, p.DryRun, p.Rules)
@@ -387,8 +387,9 @@ func (g *policyGen) identity() identity.Identity {
 // duplicates included.
 func (g *policyGen) workload(i int, keys []string) *Workload {
 	w := &Workload{
-		UID: fmt.Sprintf("uid%d", i), Name: "w", Namespace: g.pick("ns1", "ns1", "ns2", "a", ""),
+		UID: fmt.Sprintf("uid%d", i), Name: "w",
 		Capacity: 1,
+		Labels:   &WorkloadLabels{Namespace: g.pick("ns1", "ns1", "ns2", "a", "")},
 	}
 	// Up to 7 keys: Authorize remembers 4 listed ALLOW policies and looks
 	// the rest up again.

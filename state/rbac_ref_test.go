@@ -75,7 +75,7 @@ func refSelect(policies []*Policy, w *Workload) []*Policy {
 	slices.SortFunc(sorted, func(a, b *Policy) int { return cmp.Compare(a.Key(), b.Key()) })
 	var out []*Policy
 	for _, p := range sorted {
-		if p.Scope == ScopeNamespace && p.Namespace == w.Namespace {
+		if p.Scope == ScopeNamespace && p.Namespace == w.Namespace() {
 			out = append(out, p)
 		}
 	}

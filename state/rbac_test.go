@@ -15,11 +15,12 @@ import (
 // The destination of every RBAC case: ns1/dst on 10.0.0.2, target port 8080.
 func rbacDst(policyKeys ...string) *Workload {
 	return &Workload{
-		UID: "cluster1//v1/Pod/ns1/dst", Name: "dst", Namespace: "ns1", ServiceAccount: "dst",
+		UID: "cluster1//v1/Pod/ns1/dst", Name: "dst",
 		Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.2")},
 		Protocol:  ProtocolHBONE,
 		Extra:     &WorkloadExtra{AuthorizationPolicies: policyKeys},
 		Capacity:  1,
+		Labels:    &WorkloadLabels{Namespace: "ns1", ServiceAccount: "dst"},
 	}
 }
 
@@ -474,7 +475,7 @@ func FuzzPrincipalMatch(f *testing.F) {
 }
 
 func ExampleSnapshot_Authorize() {
-	dst := &Workload{UID: "uid1", Name: "db", Namespace: "prod", Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.9")}}
+	dst := &Workload{UID: "uid1", Name: "db", Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.9")}, Labels: &WorkloadLabels{Namespace: "prod"}}
 	strict := &Policy{
 		Name: "strict", Namespace: "istio-system", Scope: ScopeGlobal, Action: ActionDeny,
 		Rules: [][][]Match{{{{NotPrincipals: []StringMatch{{Kind: MatchPresence}}}}}},

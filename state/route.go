@@ -28,25 +28,24 @@ func (g *GatewayAddress) Port() uint16 {
 // services (client namespace, canonical, preferredNS, first by key), among
 // those visible to the client; nil if none.
 func (s *Snapshot) ServiceByHostname(host, clientNS, preferredNS string) *Service {
-	return bestService(s.svcByHost.get(hashString(host), host), clientNS, preferredNS, true, nil)
+	return bestService(s.ServicesByHostname(host), clientNS, preferredNS, true, nil)
 }
 
 // ServiceByHostnameWhere is ServiceByHostname among the services keep
 // accepts (the DNS proxy answers only for services it can give addresses
 // for), so a refused service never takes the rank of one that answers.
 func (s *Snapshot) ServiceByHostnameWhere(host, clientNS, preferredNS string, keep func(*Service) bool) *Service {
-	return bestService(s.svcByHost.get(hashString(host), host), clientNS, preferredNS, true, keep)
+	return bestService(s.ServicesByHostname(host), clientNS, preferredNS, true, keep)
 }
 
 // FindHostname returns what a namespaced hostname names, as ztunnel's
 // find_hostname: the service with that key, else a workload of that
 // namespace with that hostname. At most one of the results is non-nil.
 func (s *Snapshot) FindHostname(nh NamespacedHostname) (*Service, *Workload) {
-	h := hashNH(nh)
-	if svc := s.svcByKey.get(h, nh); svc != nil {
+	if svc := serviceByKey(&s.svcByKey, nh); svc != nil {
 		return svc, nil
 	}
-	if ws := s.byHost.get(h, nh); len(ws) > 0 {
+	if ws := s.byHost.get(hashNH(nh), nh); len(ws) > 0 {
 		return nil, ws[0]
 	}
 	return nil, nil
@@ -69,15 +68,15 @@ func (s *Snapshot) FindAddress(network string, ip netip.Addr) (*Workload, *Servi
 // rnd(n) must return a uniform value in [0, n); nil means math/rand/v2.
 func ServiceWaypoint(svc *Service, rnd func(n uint64) uint64) *GatewayAddress {
 	var total uint64
-	for i := range svc.WeightedWaypoints {
-		total += uint64(svc.WeightedWaypoints[i].Weight)
+	for i := range svc.WeightedWaypoints() {
+		total += uint64(svc.WeightedWaypoints()[i].Weight)
 	}
 	if total == 0 {
 		return svc.Waypoint
 	}
 	r := randN(rnd, total)
-	for i := range svc.WeightedWaypoints {
-		ww := &svc.WeightedWaypoints[i]
+	for i := range svc.WeightedWaypoints() {
+		ww := &svc.WeightedWaypoints()[i]
 		if r < uint64(ww.Weight) {
 			return &ww.Destination
 		}
@@ -107,8 +106,8 @@ func (s *Snapshot) ResolveGateway(g *GatewayAddress, src *Workload, dst netip.Ad
 	switch {
 	case g.Address != nil:
 		target = g.Address.Addr.Unmap()
-		if svc := s.ResolveVIP(g.Address.Network, target, src.Namespace); svc != nil {
-			if svc.LoadBalancer != nil && svc.LoadBalancer.Mode == LBModePassthrough {
+		if svc := s.ResolveVIP(g.Address.Network, target, src.Namespace()); svc != nil {
+			if svc.LoadBalancer() != nil && svc.LoadBalancer().Mode == LBModePassthrough {
 				return Upstream{}, target, fmt.Errorf("%w: %s is a passthrough service", ErrUnknownGateway, g.Destination())
 			}
 			up, err = s.PickUpstream(src, svc, port, mode, rnd)
@@ -182,7 +181,7 @@ func (s *Snapshot) IsWaypointFor(network string, target netip.Addr, local *Workl
 	case w != nil:
 		wp = w.Waypoint()
 	case svc != nil:
-		wp, weighted = svc.Waypoint, svc.WeightedWaypoints
+		wp, weighted = svc.Waypoint, svc.WeightedWaypoints()
 	default:
 		return false
 	}

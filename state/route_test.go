@@ -19,7 +19,7 @@ func TestResolveVIPPreferring(t *testing.T) {
 	onlyHidden := svc("ns-h", "h2.example.com", "/10.96.0.2")
 	onlyHidden.Visibility = VisibilityNamespace
 	cidr := svc("ns-a", "cidr.example.com")
-	cidr.CIDRVIPs = []NetworkPrefix{{"", netip.MustParsePrefix("10.96.0.0/16")}}
+	cidr.EditExtra().CIDRVIPs = []NetworkPrefix{{"", netip.MustParsePrefix("10.96.0.0/16")}}
 
 	tests := []struct {
 		name                 string
@@ -52,7 +52,7 @@ func TestHostnameAndAddressLookups(t *testing.T) {
 	s2 := svc("ns2", "db.example.com")
 	s2.Visibility = VisibilityNamespace
 	s3 := svc("ns3", "db.example.com")
-	hostWL := &Workload{UID: "h", Namespace: "ns1", Name: "h", Extra: &WorkloadExtra{Hostname: "vm.example.com"}, Capacity: 1}
+	hostWL := &Workload{UID: "h", Name: "h", Extra: &WorkloadExtra{Hostname: "vm.example.com"}, Capacity: 1, Labels: &WorkloadLabels{Namespace: "ns1"}}
 	ipWL := wl("ip", "ns1", "ip", "10.0.0.1")
 	s := mustSnapshot(t, []*Workload{hostWL, ipWL}, []*Service{s1, s2, s3}, nil)
 
@@ -134,7 +134,7 @@ func TestServiceWaypoint(t *testing.T) {
 			sv := svc("ns", "web")
 			sv.Waypoint = tc.waypoint
 			for i, w := range tc.weighted {
-				sv.WeightedWaypoints = append(sv.WeightedWaypoints, WeightedWaypoint{Destination: *gwHost("ns", "wp"+string(rune('a'+i)), 0), Weight: w})
+				sv.EditExtra().WeightedWaypoints = append(sv.WeightedWaypoints(), WeightedWaypoint{Destination: *gwHost("ns", "wp"+string(rune('a'+i)), 0), Weight: w})
 			}
 			if tc.counts == nil {
 				if got := ServiceWaypoint(sv, func(uint64) uint64 { t.Fatal("rnd called"); return 0 }); got != tc.waypoint {
@@ -154,8 +154,8 @@ func TestServiceWaypoint(t *testing.T) {
 					}
 					return r
 				})
-				for i := range sv.WeightedWaypoints {
-					if g == &sv.WeightedWaypoints[i].Destination {
+				for i := range sv.WeightedWaypoints() {
+					if g == &sv.WeightedWaypoints()[i].Destination {
 						got[i]++
 					}
 				}
@@ -176,7 +176,7 @@ func TestResolveGateway(t *testing.T) {
 	// waypoint service without the port, and a hostname-only workload.
 	wpSvc := svc("ns", "wp.ns.svc", "/10.96.0.50")
 	wpSvc.Ports = map[uint16]uint16{15008: 15008}
-	wpSvc.SubjectAltNames = []string{"spiffe://cluster.local/ns/ns/sa/wp-alt"}
+	wpSvc.EditExtra().SubjectAltNames = []string{"spiffe://cluster.local/ns/ns/sa/wp-alt"}
 	wpPod := wl("wp-pod", "ns", "wp-pod", "10.0.0.50", "fd00::50")
 	wpPod.Services = ServicesOf(map[string]map[uint16]uint16{wpSvc.Key(): {}})
 
@@ -189,10 +189,10 @@ func TestResolveGateway(t *testing.T) {
 	plainPod.Services = ServicesOf(map[string]map[uint16]uint16{tunSvc.Key(): {}})
 
 	passSvc := svc("ns", "pass.ns.svc", "/10.96.0.70")
-	passSvc.LoadBalancer = &LoadBalancer{Mode: LBModePassthrough}
+	passSvc.EditExtra().LoadBalancer = &LoadBalancer{Mode: LBModePassthrough}
 
 	direct := wl("direct", "ns", "direct", "10.0.0.80")
-	vm := &Workload{UID: "vm", Namespace: "ns", Name: "vm", Extra: &WorkloadExtra{Hostname: "vm.example.com"}, Capacity: 1}
+	vm := &Workload{UID: "vm", Name: "vm", Extra: &WorkloadExtra{Hostname: "vm.example.com"}, Capacity: 1, Labels: &WorkloadLabels{Namespace: "ns"}}
 
 	s := mustSnapshot(t, []*Workload{wpPod, tunPod, plainPod, direct, vm}, []*Service{wpSvc, tunSvc, passSvc}, nil)
 	src := wl("src", "ns", "src", "10.0.0.1")
@@ -248,7 +248,7 @@ func TestWaypointMembership(t *testing.T) {
 	wpSvc := svc("ns", "wp.ns.svc", "/10.96.0.50")
 	wpSvc.Ports = map[uint16]uint16{15008: 15008}
 	wp := wl("wp", "ns", "wp", "10.0.0.50")
-	wp.ServiceAccount = "waypoint"
+	wp.EditLabels().ServiceAccount = "waypoint"
 	wp.Services = ServicesOf(map[string]map[uint16]uint16{wpSvc.Key(): {}})
 	wpDirect := wl("wp2", "ns", "wp2", "10.0.0.51")
 	other := wl("other", "ns", "other", "10.0.0.52")
@@ -261,7 +261,7 @@ func TestWaypointMembership(t *testing.T) {
 	web := svc("ns", "web.ns.svc", "/10.96.0.10")
 	web.Waypoint = gwAddr("10.96.0.50", 15008)
 	canary := svc("ns", "canary.ns.svc", "/10.96.0.11")
-	canary.WeightedWaypoints = []WeightedWaypoint{{Destination: *gwAddr("10.0.0.51", 15008), Weight: 1}}
+	canary.EditExtra().WeightedWaypoints = []WeightedWaypoint{{Destination: *gwAddr("10.0.0.51", 15008), Weight: 1}}
 
 	s := mustSnapshot(t, []*Workload{wp, wpDirect, other, app, app2, plain}, []*Service{wpSvc, web, canary}, nil)
 	ip := netip.MustParseAddr
@@ -428,7 +428,7 @@ func TestPickUpstreamHealthPolicy(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			web := svc("ns", "web", "/10.96.0.1")
-			web.LoadBalancer = tc.lb
+			web.EditExtra().LoadBalancer = tc.lb
 			sick := wl("sick", "ns", "sick", "10.0.0.1")
 			sick.Status = Unhealthy
 			sick.Services = ServicesOf(map[string]map[uint16]uint16{web.Key(): {}})

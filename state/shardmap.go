@@ -165,6 +165,23 @@ func (m *shardMap[K, V]) get(h uint64, k K) V {
 	return zero
 }
 
+// ref returns a pointer to the value under k, whose hash is h, in its
+// slot, or nil: for a lookup that hands out a slice of it (a published
+// index is never written to).
+func (m *shardMap[K, V]) ref(h uint64, k K) *V {
+	i := h >> m.shift
+	t := m.pages[i>>pageBits][i&(pageShards-1)]
+	t = t[:cap(t)]
+	if n := uint64(len(t)); n > 0 {
+		for i := home(h, n); t[i].h != 0; i = next(i, n) {
+			if t[i].h == h && t[i].k == k {
+				return &t[i].v
+			}
+		}
+	}
+	return nil
+}
+
 // all calls f for every entry, in no particular order.
 func (m *shardMap[K, V]) all(f func(K, V)) {
 	for _, page := range m.pages {
@@ -201,6 +218,23 @@ func find[K comparable, V any](t []slot[K, V], h uint64, k K) int {
 	}
 	for i := home(h, n); t[i].h != 0; i = next(i, n) {
 		if t[i].h == h && t[i].k == k {
+			return int(i)
+		}
+	}
+	return -1
+}
+
+// findFunc is find for an index whose values carry their key, such as
+// the workloads by UID: its key type is hashed, so that a slot is the
+// hash and the value, and is reports whether a value has the key sought
+// (issue 36: a string key in each slot cost ~27 bytes per workload).
+func findFunc[K comparable, V any](t []slot[K, V], h uint64, is func(V) bool) int {
+	n := uint64(len(t))
+	if n == 0 {
+		return -1
+	}
+	for i := home(h, n); t[i].h != 0; i = next(i, n) {
+		if t[i].h == h && is(t[i].v) {
 			return int(i)
 		}
 	}
@@ -309,20 +343,34 @@ func (e *shardEdit[K, V]) set(k K, v V) { e.setH(e.hash(k), k, v) }
 
 // setH is set with k's hash given.
 func (e *shardEdit[K, V]) setH(h uint64, k K, v V) {
-	i := h >> e.m.shift
-	cur := e.m.shard(i)
-	if j := find(cur[:cap(cur)], h, k); j >= 0 {
+	cur := e.m.shard(h >> e.m.shift)
+	e.setAt(find(cur[:cap(cur)], h, k), slot[K, V]{h, k, v})
+}
+
+// setFunc sets v under hash h in an index whose values carry their key
+// (see findFunc): it replaces the value is reports to be v's key's.
+func (e *shardEdit[K, V]) setFunc(h uint64, is func(V) bool, v V) {
+	cur := e.m.shard(h >> e.m.shift)
+	var k K
+	e.setAt(findFunc(cur[:cap(cur)], h, is), slot[K, V]{h, k, v})
+}
+
+// setAt puts s in its shard: at slot j, which holds its key, or, for j <
+// 0, in a new slot.
+func (e *shardEdit[K, V]) setAt(j int, s slot[K, V]) {
+	i := s.h >> e.m.shift
+	if j >= 0 {
 		t := e.writable(i)
 		// The key too: an equal key whose strings are the ones lookups
 		// pass compares by pointer, without reading the bytes.
-		(*t)[:cap(*t)][j] = slot[K, V]{h, k, v}
+		(*t)[:cap(*t)][j] = s
 		return
 	}
 	t := e.writable(i)
 	if n := len(*t) + 1; n*4 > cap(*t)*3 {
 		*t = rehash(*t, tableFor(n))
 	}
-	place((*t)[:cap(*t)], slot[K, V]{h, k, v})
+	place((*t)[:cap(*t)], s)
 	*t = (*t)[:len(*t)+1]
 	e.m.n++
 }
@@ -331,9 +379,19 @@ func (e *shardEdit[K, V]) del(k K) { e.delH(e.hash(k), k) }
 
 // delH is del with k's hash given.
 func (e *shardEdit[K, V]) delH(h uint64, k K) {
-	i := h >> e.m.shift
-	cur := e.m.shard(i)
-	j := find(cur[:cap(cur)], h, k)
+	cur := e.m.shard(h >> e.m.shift)
+	e.delAt(h>>e.m.shift, find(cur[:cap(cur)], h, k))
+}
+
+// delFunc deletes the value under hash h that is reports to be the one
+// sought, in an index whose values carry their key (see findFunc).
+func (e *shardEdit[K, V]) delFunc(h uint64, is func(V) bool) {
+	cur := e.m.shard(h >> e.m.shift)
+	e.delAt(h>>e.m.shift, findFunc(cur[:cap(cur)], h, is))
+}
+
+// delAt deletes slot j of shard i (nothing for j < 0).
+func (e *shardEdit[K, V]) delAt(i uint64, j int) {
 	if j < 0 {
 		return
 	}
@@ -401,6 +459,72 @@ func (e *shardEdit[K, V]) finish() {
 				*nt = (*nt)[:len(*nt)+1]
 			}
 		}
+	}
+}
+
+// The indexes of services by VIP and by hostname hold a key's service in
+// its slot, as a one-element array that a lookup slices ([1]*Service),
+// since nearly every key has one; a key that two or more services share
+// holds manyServices instead, and its list, sorted by key, is in the
+// index's list part (svcByVIPMany, svcByHostMany). Issue 36: a list per
+// key cost a slice header in the slot and an 8-byte allocation, ~14 bytes
+// per workload.
+
+// manyServices marks a key of a service index with two or more services.
+var manyServices = &Service{}
+
+// servicesAt returns the services under k (hash h) in the index of one and
+// many, sorted by key.
+func servicesAt[K comparable](one *shardMap[K, [1]*Service], many *shardMap[K, []*Service], h uint64, k K) []*Service {
+	p := one.ref(h, k)
+	switch {
+	case p == nil:
+		return nil
+	case p[0] == manyServices:
+		return many.get(h, k)
+	}
+	return p[:]
+}
+
+// insertService adds svc to the services under k in the index of one and
+// many; a service with svc's key already there is kept instead.
+func insertService[K comparable](one *shardEdit[K, [1]*Service], many *shardEdit[K, []*Service], k K, svc *Service) {
+	h := one.hash(k)
+	p := one.m.ref(h, k)
+	switch {
+	case p == nil:
+		one.setH(h, k, [1]*Service{svc})
+	case p[0] == manyServices:
+		insertSorted(many, k, svc, cmpServices)
+	case cmpServices(p[0], svc) != 0:
+		list := []*Service{p[0], svc}
+		if cmpServices(svc, p[0]) < 0 {
+			list[0], list[1] = svc, p[0]
+		}
+		many.ownsValue(k) // the list is this edit's own
+		many.set(k, list)
+		one.setH(h, k, [1]*Service{manyServices})
+	}
+}
+
+// removeService removes the service with svc's key from those under k in
+// the index of one and many.
+func removeService[K comparable](one *shardEdit[K, [1]*Service], many *shardEdit[K, []*Service], k K, svc *Service) {
+	h := one.hash(k)
+	p := one.m.ref(h, k)
+	switch {
+	case p == nil:
+		return
+	case p[0] != manyServices:
+		if cmpServices(p[0], svc) == 0 {
+			one.delH(h, k)
+		}
+		return
+	}
+	removeSorted(many, k, svc, cmpServices)
+	if list := many.get(k); len(list) == 1 {
+		many.del(k)
+		one.setH(h, k, [1]*Service{list[0]})
 	}
 }
 

@@ -43,7 +43,9 @@ func (e *Endpoint) Ports() PortMap { return e.Workload.Services.list[e.svc].Port
 // The indexes are sharded maps, so that Apply can derive the next snapshot
 // from this one by copying only what a change touches (see shardmap.go).
 type Snapshot struct {
-	byUID  shardMap[string, *Workload]
+	// byUID is keyed by hash alone: a probe compares the workload's own
+	// UID (workloadByUID).
+	byUID  shardMap[hashed, *Workload]
 	byAddr addrIndex[*Workload]
 	// byInfo holds, by the hash of its namespace and name (infoKeyOf),
 	// each workload that is the only one with that hash; the hashes of two
@@ -57,10 +59,17 @@ type Snapshot struct {
 	// sorted by UID: the first (lowest UID) wins a tie.
 	byHost shardMap[NamespacedHostname, []*Workload]
 
-	svcByKey  shardMap[NamespacedHostname, *Service]
-	svcByVIP  addrIndex[[]*Service]        // sorted by key
-	svcByHost shardMap[string, []*Service] // sorted by key
-	cidrVIPs  []cidrVIP                    // by service key, then in the service's order
+	// svcByKey is keyed by hash alone: a probe compares the service's own
+	// namespace and hostname (serviceByKey).
+	svcByKey shardMap[hashed, *Service]
+	// svcByVIP and svcByHost hold a key's service, or manyServices and
+	// then the key's list in svcByVIPMany, svcByHostMany, sorted by key
+	// (servicesAt).
+	svcByVIP      addrIndex[[1]*Service]
+	svcByVIPMany  addrIndex[[]*Service]
+	svcByHost     shardMap[string, [1]*Service]
+	svcByHostMany shardMap[string, []*Service]
+	cidrVIPs      []cidrVIP // by service key, then in the service's order
 	// svcEps holds, by service key, the members and endpoints lists
 	// (svcMembers) in one slot (issue 36: two indexes of lists cost ~60
 	// bytes more per service).
@@ -158,7 +167,7 @@ func (s *Snapshot) PolicyGeneration() uint64 { return s.pol.gen }
 func (s *Snapshot) Workloads() []*Workload {
 	return s.workloads.get(func() []*Workload {
 		list := make([]*Workload, 0, s.byUID.n)
-		s.byUID.all(func(_ string, w *Workload) { list = append(list, w) })
+		s.byUID.all(func(_ hashed, w *Workload) { list = append(list, w) })
 		slices.SortFunc(list, cmpWorkloads)
 		return list
 	})
@@ -167,14 +176,14 @@ func (s *Snapshot) Workloads() []*Workload {
 // EachWorkload calls fn for every workload, in no order: a scan that needs
 // neither the sorted list Workloads builds nor its memory.
 func (s *Snapshot) EachWorkload(fn func(*Workload)) {
-	s.byUID.all(func(_ string, w *Workload) { fn(w) })
+	s.byUID.all(func(_ hashed, w *Workload) { fn(w) })
 }
 
 // Services returns every service, sorted by key.
 func (s *Snapshot) Services() []*Service {
 	return s.services.get(func() []*Service {
 		list := make([]*Service, 0, s.svcByKey.n)
-		s.svcByKey.all(func(_ NamespacedHostname, svc *Service) { list = append(list, svc) })
+		s.svcByKey.all(func(_ hashed, svc *Service) { list = append(list, svc) })
 		sortByKey(list, (*Service).Key)
 		return list
 	})
@@ -189,7 +198,30 @@ func (s *Snapshot) Policies() []*Policy { return s.pol.list() }
 func (s *Snapshot) Warnings() []string { return s.warnings.get(s.findWarnings) }
 
 // WorkloadByUID returns the workload with the given UID, or nil.
-func (s *Snapshot) WorkloadByUID(uid string) *Workload { return s.byUID.get(hashString(uid), uid) }
+func (s *Snapshot) WorkloadByUID(uid string) *Workload { return workloadByUID(&s.byUID, uid) }
+
+// workloadByUID returns the workload of m, an index by UID, with the given
+// UID, or nil.
+func workloadByUID(m *shardMap[hashed, *Workload], uid string) *Workload {
+	h := hashString(uid)
+	i := h >> m.shift
+	t := m.pages[i>>pageBits][i&(pageShards-1)]
+	t = t[:cap(t)]
+	if n := uint64(len(t)); n > 0 {
+		for i := home(h, n); t[i].h != 0; i = next(i, n) {
+			if t[i].h == h && t[i].v.UID == uid {
+				return t[i].v
+			}
+		}
+	}
+	return nil
+}
+
+// uidIs returns the test findFunc needs for the workload with the given
+// UID in an index by UID.
+func uidIs(uid string) func(*Workload) bool {
+	return func(w *Workload) bool { return w.UID == uid }
+}
 
 // WorkloadByAddr returns the workload that owns ip on network, or nil.
 // Host-network workloads are never returned: their addresses are the node's.
@@ -207,14 +239,47 @@ func (s *Snapshot) ServiceByKey(key string) *Service {
 	if !ok {
 		return nil
 	}
-	k := NamespacedHostname{ns, host}
-	return s.svcByKey.get(hashNH(k), k)
+	return serviceByKey(&s.svcByKey, NamespacedHostname{ns, host})
+}
+
+// serviceByKey returns the service of m, an index by key, with key k, or
+// nil.
+func serviceByKey(m *shardMap[hashed, *Service], k NamespacedHostname) *Service {
+	h := hashNH(k)
+	i := h >> m.shift
+	t := m.pages[i>>pageBits][i&(pageShards-1)]
+	t = t[:cap(t)]
+	if n := uint64(len(t)); n > 0 {
+		for i := home(h, n); t[i].h != 0; i = next(i, n) {
+			if v := t[i].v; t[i].h == h && v.Hostname == k.Hostname && v.Namespace == k.Namespace {
+				return v
+			}
+		}
+	}
+	return nil
+}
+
+// keyIs returns the test findFunc needs for the service with key k in an
+// index by key.
+func keyIs(k NamespacedHostname) func(*Service) bool {
+	return func(s *Service) bool { return s.Hostname == k.Hostname && s.Namespace == k.Namespace }
 }
 
 // ServicesByHostname returns the services with the given hostname (one per
 // namespace at most), sorted by key.
 func (s *Snapshot) ServicesByHostname(host string) []*Service {
-	return s.svcByHost.get(hashString(host), host)
+	return servicesAt(&s.svcByHost, &s.svcByHostMany, hashString(host), host)
+}
+
+// servicesByVIP returns the services with the exact VIP ip (unmapped) on
+// the network of handle id, sorted by key.
+func (s *Snapshot) servicesByVIP(id uint32, ip netip.Addr) []*Service {
+	if ip.Is4() {
+		k := addr4Key(id, ip)
+		return servicesAt(&s.svcByVIP.v4, &s.svcByVIPMany.v4, hashAddr4(k), k)
+	}
+	k := addr6KeyOf(id, ip)
+	return servicesAt(&s.svcByVIP.v6, &s.svcByVIPMany.v6, hashAddr6(k), k)
 }
 
 // ServiceByVIP returns the service with the exact VIP ip on network, or nil.
@@ -225,7 +290,7 @@ func (s *Snapshot) ServiceByVIP(network string, ip netip.Addr) *Service {
 	if !ok {
 		return nil
 	}
-	return bestService(s.svcByVIP.get(id, ip), "", "", false, nil)
+	return bestService(s.servicesByVIP(id, ip), "", "", false, nil)
 }
 
 // ResolveVIP returns the service a client in namespace clientNS reaches by
@@ -250,7 +315,7 @@ func (s *Snapshot) ResolveVIPPreferring(network string, ip netip.Addr, clientNS,
 func (s *Snapshot) resolveVIP(network string, ip netip.Addr, clientNS, preferredNS string, useNS bool) *Service {
 	ip = ip.Unmap()
 	if id, ip, ok := s.lookupAddr(network, ip); ok {
-		if svc := bestService(s.svcByVIP.get(id, ip), clientNS, preferredNS, useNS, nil); svc != nil {
+		if svc := bestService(s.servicesByVIP(id, ip), clientNS, preferredNS, useNS, nil); svc != nil {
 			return svc
 		}
 	}
@@ -362,8 +427,8 @@ func (s *Snapshot) FindWorkload(info WorkloadInfo) *Workload {
 // matches reports whether w is the workload info names, sa being info's
 // service account after defaulting.
 func (info *WorkloadInfo) matches(w *Workload, sa string) bool {
-	return w.Name == info.Name && w.Namespace == info.Namespace &&
-		(info.Node == "" || w.Node == info.Node) && (info.Cluster == "" || w.ClusterID() == "" || w.ClusterID() == info.Cluster) &&
+	return w.Name == info.Name && w.Namespace() == info.Namespace &&
+		(info.Node == "" || w.Node() == info.Node) && (info.Cluster == "" || w.ClusterID() == "" || w.ClusterID() == info.Cluster) &&
 		w.Identity().ServiceAccount == sa
 }
 
@@ -386,13 +451,13 @@ func (s *Snapshot) DiffWorkloads(prev *Snapshot, fn func(old, cur *Workload)) {
 	}
 	a, b := &prev.byUID, &s.byUID
 	if a.shift != b.shift || len(a.pages) != len(b.pages) {
-		b.all(func(uid string, w *Workload) {
-			if old := a.get(hashString(uid), uid); old != w {
+		b.all(func(_ hashed, w *Workload) {
+			if old := workloadByUID(a, w.UID); old != w {
 				fn(old, w)
 			}
 		})
-		a.all(func(uid string, w *Workload) {
-			if b.get(hashString(uid), uid) == nil {
+		a.all(func(_ hashed, w *Workload) {
+			if workloadByUID(b, w.UID) == nil {
 				fn(w, nil)
 			}
 		})
@@ -414,7 +479,7 @@ func (s *Snapshot) DiffWorkloads(prev *Snapshot, fn func(old, cur *Workload)) {
 					continue
 				}
 				var old *Workload
-				if j := find(ta, sl.h, sl.k); j >= 0 {
+				if j := findFunc(ta, sl.h, uidIs(sl.v.UID)); j >= 0 {
 					old = ta[j].v
 				}
 				if old != sl.v {
@@ -422,7 +487,7 @@ func (s *Snapshot) DiffWorkloads(prev *Snapshot, fn func(old, cur *Workload)) {
 				}
 			}
 			for _, sl := range ta {
-				if sl.h != 0 && find(tb, sl.h, sl.k) < 0 {
+				if sl.h != 0 && findFunc(tb, sl.h, uidIs(sl.v.UID)) < 0 {
 					fn(sl.v, nil)
 				}
 			}

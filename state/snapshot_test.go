@@ -22,7 +22,7 @@ func addrs(s ...string) []netip.Addr {
 }
 
 func wl(uid, ns, name string, ips ...string) *Workload {
-	return &Workload{UID: uid, Namespace: ns, Name: name, Addresses: addrs(ips...), Protocol: ProtocolHBONE, Capacity: 1}
+	return &Workload{UID: uid, Name: name, Addresses: addrs(ips...), Protocol: ProtocolHBONE, Capacity: 1, Labels: &WorkloadLabels{Namespace: ns}}
 }
 
 func svc(ns, host string, vips ...string) *Service {
@@ -72,7 +72,7 @@ func TestNewSnapshotErrors(t *testing.T) {
 		{name: "duplicate service", services: []*Service{svc("ns", "a.ns"), svc("ns", "a.ns")}, want: []string{"service ns/a.ns: duplicate service key"}},
 		{name: "service without hostname", services: []*Service{svc("ns", "")}, want: []string{"hostname is empty"}},
 		{name: "bad VIP", services: []*Service{{Namespace: "ns", Hostname: "h", VIPs: []NetworkAddress{{}}}}, want: []string{"invalid VIP"}},
-		{name: "bad lb mode", services: []*Service{{Namespace: "ns", Hostname: "h", LoadBalancer: &LoadBalancer{Mode: 9}}}, want: []string{"invalid load balancer mode 9"}},
+		{name: "bad lb mode", services: []*Service{{Namespace: "ns", Hostname: "h", Extra: &ServiceExtra{LoadBalancer: &LoadBalancer{Mode: 9}}}}, want: []string{"invalid load balancer mode 9"}},
 		{name: "duplicate policy", policies: []*Policy{allowNS("p"), allowNS("p")}, want: []string{"policy ns1/p: duplicate policy key"}},
 		{name: "policy without name", policies: []*Policy{{Namespace: "ns"}}, want: []string{"name is empty"}},
 		{name: "bad scope", policies: []*Policy{{Name: "p", Namespace: "ns", Scope: 5}}, want: []string{"invalid scope 5"}},
@@ -117,7 +117,7 @@ func TestNewSnapshotManyErrorsAreBounded(t *testing.T) {
 func TestAddressesPerNetwork(t *testing.T) {
 	a := wl("a", "ns", "a", "10.0.0.1", "fd00::1")
 	b := wl("b", "ns", "b", "10.0.0.1", "fd00::1")
-	b.Network = "net2"
+	b.EditLabels().Network = "net2"
 	host1 := wl("h1", "ns", "h1", "192.168.1.1")
 	host1.NetworkMode = NetworkModeHostNetwork
 	host2 := wl("h2", "ns", "h2", "192.168.1.1")
@@ -186,9 +186,9 @@ func TestServiceLookups(t *testing.T) {
 	private := svc("ns4", "private.example.com", "/10.96.0.1")
 	private.Visibility = VisibilityNamespace
 	wide := svc("ns1", "wide", "/10.96.9.9")
-	wide.CIDRVIPs = []NetworkPrefix{{"", netip.MustParsePrefix("10.97.0.0/16")}}
+	wide.EditExtra().CIDRVIPs = []NetworkPrefix{{"", netip.MustParsePrefix("10.97.0.0/16")}}
 	narrow := svc("ns2", "narrow")
-	narrow.CIDRVIPs = []NetworkPrefix{{"", netip.MustParsePrefix("10.97.1.0/24")}}
+	narrow.EditExtra().CIDRVIPs = []NetworkPrefix{{"", netip.MustParsePrefix("10.97.1.0/24")}}
 	other := svc("ns9", "othernet", "net2/10.96.0.1")
 	s := mustSnapshot(t, nil, []*Service{shared1, shared2, canon, private, wide, narrow, other}, nil)
 
@@ -242,7 +242,7 @@ func TestServiceLookups(t *testing.T) {
 func TestEndpoints(t *testing.T) {
 	web := svc("ns", "web.ns.svc.cluster.local", "/10.96.0.10")
 	all := svc("ns", "all.ns.svc.cluster.local")
-	all.LoadBalancer = &LoadBalancer{HealthPolicy: LBAllowAll}
+	all.EditExtra().LoadBalancer = &LoadBalancer{HealthPolicy: LBAllowAll}
 	w1 := wl("w1", "ns", "w1", "10.0.0.1")
 	w2 := wl("w2", "ns", "w2", "10.0.0.2")
 	w2.Status = Unhealthy
@@ -271,17 +271,17 @@ func TestEndpoints(t *testing.T) {
 
 func TestFindWorkload(t *testing.T) {
 	a := wl("a", "ns", "pod", "10.0.0.1")
-	a.Node = "node1"
+	a.EditPlace().Node = "node1"
 	b := wl("b", "ns", "pod", "10.0.0.2")
-	b.Node = "node2"
-	b.ServiceAccount = "web"
+	b.EditPlace().Node = "node2"
+	b.EditLabels().ServiceAccount = "web"
 	c := wl("c", "ns", "pod", "10.0.0.3")
-	c.Node = "node2"
-	c.Labels = &WorkloadLabels{ClusterID: "east"}
+	c.EditPlace().Node = "node2"
+	c.EditLabels().ClusterID = "east"
 	// d is c's twin in another cluster, on a node of the same name.
 	d := wl("0-d", "ns", "pod", "10.0.0.4")
-	d.Node = "node2"
-	d.Labels = &WorkloadLabels{ClusterID: "west"}
+	d.EditPlace().Node = "node2"
+	d.EditLabels().ClusterID = "west"
 	s := mustSnapshot(t, []*Workload{c, b, a, d}, nil, nil)
 	for _, tc := range []struct {
 		info WorkloadInfo
@@ -304,11 +304,11 @@ func TestFindWorkload(t *testing.T) {
 }
 
 func TestIdentityDefaults(t *testing.T) {
-	w := &Workload{Namespace: "ns"}
+	w := &Workload{Labels: &WorkloadLabels{Namespace: "ns"}}
 	if got := w.Identity().String(); got != "spiffe://cluster.local/ns/ns/sa/default" {
 		t.Errorf("Identity = %q", got)
 	}
-	w.Labels, w.ServiceAccount = &WorkloadLabels{TrustDomain: "example.org"}, "web"
+	w.EditLabels().TrustDomain, w.Labels.ServiceAccount = "example.org", "web"
 	if got := w.Identity().String(); got != "spiffe://example.org/ns/ns/sa/web" {
 		t.Errorf("Identity = %q", got)
 	}

@@ -142,31 +142,19 @@ type Locality struct {
 	Region, Zone, Subzone string
 }
 
-// Value returns *l, or the zero Locality when l is nil (a workload without
-// one).
-func (l *Locality) Value() Locality {
-	if l == nil {
-		return Locality{}
-	}
-	return *l
-}
-
 // Workload is one addressable workload (pod, VM, ...). Values reachable from a
 // Snapshot are shared and must not be modified.
 type Workload struct {
-	UID            string
-	Name           string
-	Namespace      string
-	ServiceAccount string // "" means "default" (see Identity)
-	Network        string
-	Node           string
+	UID  string
+	Name string
 
-	// Labels holds what a deployment's replicas have in common and is
-	// read less often than the rest: the names telemetry labels traffic
-	// with, the trust domain and the cluster ID; nil when all are empty
-	// (issue 36: inline they were 96 bytes of every record; converters
-	// share one value among the replicas). Read them through the
-	// accessors of the same names.
+	// Labels holds what a deployment's replicas have in common: the
+	// namespace, service account and network, the names telemetry labels
+	// traffic with, the trust domain and the cluster ID; nil when all are
+	// empty (issue 36: inline they were 144 bytes of every record;
+	// converters share one value among the replicas). Read them through
+	// the accessors of the same names, one pointer load more than a field
+	// of the record.
 	Labels *WorkloadLabels
 
 	Addresses []netip.Addr
@@ -194,22 +182,102 @@ type Workload struct {
 	// workloads that have the same (a deployment's replicas).
 	Services *ServiceSet
 
-	// Locality is nil for a workload without one; converters share one
-	// value among the workloads of a locality (issue 36: inline, its three
-	// strings were 48 bytes of every record). Read it through Value.
-	Locality *Locality
+	// Place is the workload's node and locality, nil when it has neither;
+	// converters share one value among the workloads of a node (issue 36:
+	// inline, the node's name was 16 bytes of every record, which is 96
+	// without it). Read them through the accessors Node and Locality.
+	Place *Placement
+}
+
+// Placement is where a workload runs: its node and the node's locality.
+// The struct is comparable, so that converters can share equal values.
+type Placement struct {
+	Node     string
+	Locality Locality
+}
+
+// Node returns the name of the workload's node (Place.Node).
+func (w *Workload) Node() string {
+	if w.Place == nil {
+		return ""
+	}
+	return w.Place.Node
+}
+
+// Locality returns the workload's locality, the zero Locality for none
+// (Place.Locality).
+func (w *Workload) Locality() Locality {
+	if w.Place == nil {
+		return Locality{}
+	}
+	return w.Place.Locality
+}
+
+// EditPlace gives w a Place value of its own, a copy of the one it had
+// (empty for nil), and returns it to be filled: Place values are shared
+// among workloads, so that one is never changed in place. It is for code
+// that builds a workload, before it is published.
+func (w *Workload) EditPlace() *Placement {
+	p := &Placement{}
+	if w.Place != nil {
+		*p = *w.Place
+	}
+	w.Place = p
+	return p
 }
 
 // WorkloadLabels are the names of a workload's deployment that telemetry
 // labels its traffic with. The struct is comparable, so that converters can
 // share equal values.
 type WorkloadLabels struct {
+	Namespace         string
+	ServiceAccount    string // "" means "default" (see Identity)
+	Network           string
 	WorkloadName      string
 	WorkloadType      string // lower-case kind, e.g. "deployment", "pod"
 	CanonicalName     string
 	CanonicalRevision string
 	TrustDomain       string // "" means identity.DefaultTrustDomain
 	ClusterID         string
+}
+
+// EditLabels gives w a Labels value of its own, a copy of the one it had
+// (empty for nil), and returns it to be filled: Labels values are shared
+// among workloads, so that one is never changed in place. It is for code
+// that builds a workload, before it is published.
+func (w *Workload) EditLabels() *WorkloadLabels {
+	l := &WorkloadLabels{}
+	if w.Labels != nil {
+		*l = *w.Labels
+	}
+	w.Labels = l
+	return l
+}
+
+// Namespace returns the workload's namespace (Labels.Namespace).
+func (w *Workload) Namespace() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.Namespace
+}
+
+// ServiceAccount returns the workload's service account, "" meaning
+// "default" (Labels.ServiceAccount; see Identity).
+func (w *Workload) ServiceAccount() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.ServiceAccount
+}
+
+// Network returns the workload's network, "" for the default one
+// (Labels.Network).
+func (w *Workload) Network() string {
+	if w.Labels == nil {
+		return ""
+	}
+	return w.Labels.Network
 }
 
 // TrustDomain returns the workload's trust domain, "" meaning
@@ -352,7 +420,7 @@ func (w *Workload) AuthorizationPolicies() []string {
 // Identity returns the workload's SPIFFE identity, filling Istio's defaults
 // for an empty trust domain (cluster.local) and service account (default).
 func (w *Workload) Identity() identity.Identity {
-	return identity.New(w.TrustDomain(), w.Namespace, w.ServiceAccount)
+	return identity.New(w.TrustDomain(), w.Namespace(), w.ServiceAccount())
 }
 
 // IPFamilies restricts which address families of a service's endpoints are
@@ -465,22 +533,92 @@ type Service struct {
 	Hostname  string
 
 	VIPs []NetworkAddress
-	// CIDRVIPs are VIP ranges, matched by longest prefix when no exact VIP matches.
-	CIDRVIPs []NetworkPrefix
 
 	// Ports maps service port -> target port. A target port of 0 means "no
 	// service-wide target": each endpoint's own port map must then name the
 	// port, and endpoints that do not are skipped for that service port.
 	Ports map[uint16]uint16
 
-	SubjectAltNames []string
+	Waypoint   *GatewayAddress
+	IPFamilies IPFamilies
+	Canonical  bool
+	Visibility Visibility
 
-	Waypoint          *GatewayAddress
+	// Extra holds the fields most services leave empty, nil when all of
+	// them are (issue 36: inline they were 80 bytes of every record, which
+	// is 112 bytes without them). Read them through the accessors of the
+	// same names, which take a nil Extra for empty fields.
+	Extra *ServiceExtra
+}
+
+// ServiceExtra holds the rarely set fields of a Service.
+type ServiceExtra struct {
+	// CIDRVIPs are VIP ranges, matched by longest prefix when no exact VIP matches.
+	CIDRVIPs          []NetworkPrefix
+	SubjectAltNames   []string
 	WeightedWaypoints []WeightedWaypoint
 	LoadBalancer      *LoadBalancer // nil = standard, only healthy endpoints
-	IPFamilies        IPFamilies
-	Canonical         bool
-	Visibility        Visibility
+}
+
+// IsZero reports whether every field of x is empty.
+func (x *ServiceExtra) IsZero() bool {
+	return len(x.CIDRVIPs) == 0 && len(x.SubjectAltNames) == 0 && len(x.WeightedWaypoints) == 0 && x.LoadBalancer == nil
+}
+
+// SetExtra sets s.Extra to x, or to nil when x is empty.
+func (s *Service) SetExtra(x ServiceExtra) {
+	if x.IsZero() {
+		s.Extra = nil
+		return
+	}
+	s.Extra = &x
+}
+
+// EditExtra gives s an Extra value of its own, a copy of the one it had
+// (empty for nil), and returns it to be filled. It is for code that builds
+// a service, before it is published.
+func (s *Service) EditExtra() *ServiceExtra {
+	x := &ServiceExtra{}
+	if s.Extra != nil {
+		*x = *s.Extra
+	}
+	s.Extra = x
+	return x
+}
+
+// CIDRVIPs returns the service's VIP ranges (Extra.CIDRVIPs).
+func (s *Service) CIDRVIPs() []NetworkPrefix {
+	if s.Extra == nil {
+		return nil
+	}
+	return s.Extra.CIDRVIPs
+}
+
+// SubjectAltNames returns the identities the service's endpoints may
+// present besides their own (Extra.SubjectAltNames).
+func (s *Service) SubjectAltNames() []string {
+	if s.Extra == nil {
+		return nil
+	}
+	return s.Extra.SubjectAltNames
+}
+
+// WeightedWaypoints returns the service's weighted waypoints
+// (Extra.WeightedWaypoints).
+func (s *Service) WeightedWaypoints() []WeightedWaypoint {
+	if s.Extra == nil {
+		return nil
+	}
+	return s.Extra.WeightedWaypoints
+}
+
+// LoadBalancer returns the service's load balancing, nil for the standard
+// one: only healthy endpoints (Extra.LoadBalancer).
+func (s *Service) LoadBalancer() *LoadBalancer {
+	if s.Extra == nil {
+		return nil
+	}
+	return s.Extra.LoadBalancer
 }
 
 // Key returns the service's key, "namespace/hostname".
@@ -492,5 +630,5 @@ func (s *Service) VisibleTo(ns string) bool {
 }
 
 func (s *Service) includes(w *Workload) bool {
-	return w.Status == Healthy || (s.LoadBalancer != nil && s.LoadBalancer.HealthPolicy == LBAllowAll)
+	return w.Status == Healthy || (s.LoadBalancer() != nil && s.LoadBalancer().HealthPolicy == LBAllowAll)
 }

@@ -402,7 +402,7 @@ func indexedAddrs(w *Workload) []NetworkAddress {
 	}
 	keys := make([]NetworkAddress, 0, len(w.Addresses))
 	for _, ip := range w.Addresses {
-		k := NetworkAddress{Network: w.Network, Addr: ip.Unmap()}
+		k := NetworkAddress{Network: w.Network(), Addr: ip.Unmap()}
 		if !slices.Contains(keys, k) {
 			keys = append(keys, k)
 		}
@@ -576,7 +576,8 @@ func (w *Writer) buildFullLocked() (*Snapshot, error) {
 		}
 	}
 	if w.last != nil {
-		w.last.byUID.all(func(uid string, pub *Workload) {
+		w.last.byUID.all(func(_ hashed, pub *Workload) {
+			uid := pub.UID
 			if _, changed := w.pending[uid]; !changed {
 				held = append(held, cmp.Or(w.originals[uid], pub))
 			}
@@ -593,8 +594,8 @@ func (w *Writer) buildFullLocked() (*Snapshot, error) {
 		}
 	}
 	if w.last != nil {
-		w.last.svcByKey.all(func(nh NamespacedHostname, s *Service) {
-			if _, changed := w.pendingS[nh.String()]; !changed {
+		w.last.svcByKey.all(func(_ hashed, s *Service) {
+			if _, changed := w.pendingS[s.Key()]; !changed {
 				services = append(services, s)
 			}
 		})

@@ -15,8 +15,8 @@ import (
 // writerWorkload is a workload as the converters make one: HBONE unless
 // tcp, with one address and a port map for each service key.
 func writerWorkload(uid, ip string, tcp bool, services ...string) *Workload {
-	w := &Workload{UID: uid, Name: uid, Namespace: "ns", Protocol: ProtocolHBONE, Capacity: 1,
-		Addresses: []netip.Addr{netip.MustParseAddr(ip)}}
+	w := &Workload{UID: uid, Name: uid, Protocol: ProtocolHBONE, Capacity: 1,
+		Addresses: []netip.Addr{netip.MustParseAddr(ip)}, Labels: &WorkloadLabels{Namespace: "ns"}}
 	if tcp {
 		w.Protocol = ProtocolTCP
 	}

@@ -128,7 +128,7 @@ func (c *certWarmer) snapshot(snap *state.Snapshot) {
 // serves reports whether w is a workload of this node whose certificate
 // the node's proxy needs.
 func (c *certWarmer) serves(w *state.Workload) bool {
-	if w.Node != c.node || (c.cluster != "" && w.ClusterID() != "" && w.ClusterID() != c.cluster) {
+	if w.Node() != c.node || (c.cluster != "" && w.ClusterID() != "" && w.ClusterID() != c.cluster) {
 		return false
 	}
 	return w.Protocol == state.ProtocolHBONE || w.NativeTunnel

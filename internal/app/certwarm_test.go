@@ -17,7 +17,7 @@ import (
 func scanIdentities(snap *state.Snapshot, node, cluster string) map[identity.Identity]bool {
 	ids := map[identity.Identity]bool{}
 	snap.EachWorkload(func(w *state.Workload) {
-		if w.Node != node || (cluster != "" && w.ClusterID() != "" && w.ClusterID() != cluster) {
+		if w.Node() != node || (cluster != "" && w.ClusterID() != "" && w.ClusterID() != cluster) {
 			return
 		}
 		if w.Protocol == state.ProtocolHBONE || w.NativeTunnel {
@@ -42,13 +42,13 @@ func testWarmer() *certWarmer {
 // identities are shared by a few workloads and come and go with them.
 func warmWorkload(i int, r *rand.Rand) *state.Workload {
 	w := &state.Workload{
-		UID: fmt.Sprintf("uid-%d", i), Name: fmt.Sprintf("w%d", i), Namespace: []string{"a", "b"}[r.IntN(2)],
-		ServiceAccount: fmt.Sprintf("sa%d", r.IntN(8)),
-		Node:           []string{"n1", "n1", "n2"}[r.IntN(3)],
-		Addresses:      []netip.Addr{netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})},
+		UID: fmt.Sprintf("uid-%d", i), Name: fmt.Sprintf("w%d", i),
+		Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})},
+		Labels:    &state.WorkloadLabels{Namespace: []string{"a", "b"}[r.IntN(2)], ServiceAccount: fmt.Sprintf("sa%d", r.IntN(8))},
+		Place:     &state.Placement{Node: []string{"n1", "n1", "n2"}[r.IntN(3)]},
 	}
 	if c := []string{"", "c1", "c2"}[r.IntN(3)]; c != "" {
-		w.Labels = &state.WorkloadLabels{ClusterID: c}
+		w.EditLabels().ClusterID = c
 	}
 	if r.IntN(3) > 0 {
 		w.Protocol = state.ProtocolHBONE
@@ -112,9 +112,11 @@ func meshSnapshot(tb testing.TB, n int) (*state.Snapshot, *state.Snapshot) {
 	ws := make([]*state.Workload, n)
 	for i := range ws {
 		ws[i] = &state.Workload{
-			UID: fmt.Sprintf("uid-%d", i), Name: fmt.Sprintf("w%d", i), Namespace: fmt.Sprintf("ns%d", i%1000),
-			Node: fmt.Sprintf("n%d", i%400), Protocol: state.ProtocolHBONE,
+			UID: fmt.Sprintf("uid-%d", i), Name: fmt.Sprintf("w%d", i),
+			Protocol:  state.ProtocolHBONE,
 			Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})},
+			Labels:    &state.WorkloadLabels{Namespace: fmt.Sprintf("ns%d", i%1000)},
+			Place:     &state.Placement{Node: fmt.Sprintf("n%d", i%400)},
 		}
 	}
 	s, err := state.NewSnapshot(ws, nil, nil)
@@ -122,7 +124,7 @@ func meshSnapshot(tb testing.TB, n int) (*state.Snapshot, *state.Snapshot) {
 		tb.Fatal(err)
 	}
 	w := *ws[7]
-	w.ServiceAccount = "other"
+	w.EditLabels().ServiceAccount = "other"
 	next, err := s.Apply(state.Delta{Workloads: []*state.Workload{&w}})
 	if err != nil {
 		tb.Fatal(err)

@@ -110,13 +110,13 @@ func (c *Cluster) Mesh(ctx context.Context, name string) (*Daemon, error) {
 		return nil, err
 	}
 	env := c.opts.DaemonEnv
-	if w.Network != "" {
+	if w.Network() != "" {
 		// The daemon is on its workload's network (multi-network labs).
-		env = append([]string{"NETWORK=" + w.Network}, c.opts.DaemonEnv...)
+		env = append([]string{"NETWORK=" + w.Network()}, c.opts.DaemonEnv...)
 	}
 	d, err := StartDaemon(ctx, p, DaemonOptions{
 		Binary: c.opts.Binary, ConfigPath: c.ConfigPath, CACert: c.files.caCert, CAKey: c.files.caKey,
-		Workload: w.Namespace + "/" + w.Name + "/" + w.Identity().ServiceAccount, Env: env, LogLevel: c.opts.LogLevel,
+		Workload: w.Namespace() + "/" + w.Name + "/" + w.Identity().ServiceAccount, Env: env, LogLevel: c.opts.LogLevel,
 		NoFile: c.opts.NoFile,
 	})
 	if err != nil {

@@ -86,7 +86,7 @@ func Demo(ctx context.Context, o DemoOptions, out io.Writer) (err error) {
 	fmt.Fprintln(tw, "    POD\tNODE\tIP\tIDENTITY\tZTUNNEL")
 	for _, w := range c.Snapshot.Workloads() {
 		p := c.Pods[w.Name]
-		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\n", w.Name, w.Node, p.IP, w.Identity(), c.Daemons[w.Node].Pod.Name)
+		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\n", w.Name, w.Node(), p.IP, w.Identity(), c.Daemons[w.Node()].Pod.Name)
 	}
 	tw.Flush()
 

@@ -75,10 +75,10 @@ func (pl *placement) node(name string) (*netnslab.Node, error) {
 // workload adds w's pod on its node and checks the lab gave it the address
 // the config does.
 func (pl *placement) workload(w *state.Workload) (*netnslab.Pod, error) {
-	if w.Node == "" {
+	if w.Node() == "" {
 		return nil, fmt.Errorf("labrun: workload %s needs a node", w.UID)
 	}
-	n, err := pl.node(w.Node)
+	n, err := pl.node(w.Node())
 	if err != nil {
 		return nil, err
 	}

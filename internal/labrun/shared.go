@@ -178,7 +178,7 @@ func (c *SharedCluster) mesh(name string) error {
 		return err
 	}
 	ack, err := c.Agents[p.Node.Name].Add(zdstest.Pod{
-		UID: w.UID, Name: w.Name, Namespace: w.Namespace, ServiceAccount: w.Identity().ServiceAccount, NetnsPath: p.Path(),
+		UID: w.UID, Name: w.Name, Namespace: w.Namespace(), ServiceAccount: w.Identity().ServiceAccount, NetnsPath: p.Path(),
 	})
 	if err != nil && !errors.Is(err, zdstest.ErrNotConnected) {
 		return err

@@ -20,8 +20,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // dst is the destination workload of every test connection.
 var dst = &state.Workload{
-	UID: "uid-dst", Name: "dst", Namespace: "ns1", ServiceAccount: "dst",
+	UID: "uid-dst", Name: "dst",
 	Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.2")}, Protocol: state.ProtocolHBONE, Capacity: 1,
+	Labels: &state.WorkloadLabels{Namespace: "ns1", ServiceAccount: "dst"},
 }
 
 func conn(sa string, srcPort uint16) state.Conn {
@@ -169,7 +170,7 @@ func TestWorkloadOnlyPublishDoesNotRecheck(t *testing.T) {
 	r := newRecorder()
 	track(t, m, s0, conn("sleep", 40001), r)
 
-	other := &state.Workload{UID: "uid-other", Name: "o", Namespace: "ns2", Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.9")}, Capacity: 1}
+	other := &state.Workload{UID: "uid-other", Name: "o", Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.9")}, Capacity: 1, Labels: &state.WorkloadLabels{Namespace: "ns2"}}
 	s1, err := s0.WithWorkloads([]*state.Workload{dst, other}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -13,10 +13,10 @@
 //     next snapshot, and name the rejected resources in the ACK or NACK.
 //
 // Conversion holds once what repeats across workloads (intern.go): names
-// through unique.Make, and the replicas' identical Labels, Extra and
-// Services (and services' identical port maps) through weak caches, so
-// that a large mesh costs little more than each workload's own record, uid
-// and addresses.
+// through a weak table of their bytes (which keeps a name while any value
+// holds it), and the replicas' identical Labels, Extra and Services (and
+// services' identical port maps) through weak caches, so that a large mesh
+// costs little more than each workload's own record, uid and addresses.
 //
 // Imports (of ours): api/securityapi, api/workloadapi (the generated protos),
 // identity, state and xdsclient (for the handler types only). Imported by:

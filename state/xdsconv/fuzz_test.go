@@ -106,7 +106,7 @@ func FuzzAuthorization(f *testing.F) {
 			t.Fatalf("conversion error %v, but rejections %v", convErr, rej)
 		}
 		if convErr == nil {
-			store.Load().Authorize(state.Conn{DstWorkload: &state.Workload{Namespace: p.GetNamespace()}})
+			store.Load().Authorize(state.Conn{DstWorkload: &state.Workload{Labels: &state.WorkloadLabels{Namespace: p.GetNamespace()}}})
 		}
 	})
 }

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"unique"
+	"unsafe"
 	"weak"
 
 	"github.com/ztunnel-go/ztunnel/api/workloadapi"
@@ -15,17 +15,61 @@ import (
 // What repeats across workloads is held once (issue 36: at 100,000
 // workloads each decoded copy of a namespace, service account, node or
 // port map was a few hundred bytes per workload). Strings go through
-// unique.Make, whose table holds them weakly: a name no snapshot uses any
+// intern's table, which holds them weakly: a name no snapshot uses any
 // more is collected. What a deployment's replicas have in common (their
 // Labels, Extra and Services) and services' port maps are shared through
 // weak caches (weakCache).
+
+// internTable is intern's table: by a 64-bit hash of a string's bytes, a
+// weak pointer to the bytes of its canonical copy and their length. A
+// string's data pointer keeps its allocation alive, so the entry finds the
+// copy while any value holds it; once none does it is collected, and the
+// entry dropped at the next sweep (as weakCache's). Two strings with one
+// hash are never confused: a lookup compares the bytes, and the later
+// replaces the earlier in the table. unique.Make, used before, held
+// weakly the box of each handle it made rather than the bytes: nothing
+// kept the boxes, so its table forgot every string at the next
+// collection, and a workload converted after one got fresh copies of its
+// names (and paid a new weak handle for each).
+var internTable = struct {
+	mu        sync.Mutex // guards the following fields
+	m         map[uint64]internEntry
+	lastSweep int
+}{m: map[uint64]internEntry{}}
+
+// internEntry is a canonical string: its bytes, held weakly, and length.
+type internEntry struct {
+	p weak.Pointer[byte]
+	n int
+}
 
 // intern returns the canonical copy of s.
 func intern(s string) string {
 	if s == "" {
 		return ""
 	}
-	return unique.Make(s).Value()
+	h := maphash.String(cacheSeed, s)
+	t := &internTable
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e := t.m[h]; e.n == len(s) {
+		if p := e.p.Value(); p != nil {
+			if c := unsafe.String(p, e.n); c == s {
+				return c
+			}
+		}
+	}
+	c := strings.Clone(s)
+	t.m[h] = internEntry{weak.Make(unsafe.StringData(c)), len(c)}
+	if len(t.m) >= 2*max(t.lastSweep, 1024) {
+		for k, e := range t.m {
+			if e.p.Value() == nil {
+				delete(t.m, k)
+			}
+		}
+		t.lastSweep = len(t.m)
+	}
+	return c
 }
 
 // internAll interns every element of list in place (list belongs to a
@@ -80,25 +124,30 @@ func (c *weakCache[V]) putLocked(h uint64, v *V) {
 	}
 }
 
-// localities shares the workloads' Locality values: one per locality.
-var localities = weakCache[state.Locality]{minSweep: 64}
+// places shares the workloads' Place values: one per node (and
+// locality).
+var places = weakCache[state.Placement]{minSweep: 64}
 
-// internLocality returns the shared value equal to l (nil for the zero
-// Locality, which means none).
-func internLocality(l state.Locality) *state.Locality {
-	if l == (state.Locality{}) {
+// internPlace returns the shared value equal to p, its strings interned
+// (nil for the zero Placement, which means neither node nor locality).
+func internPlace(p state.Placement) *state.Placement {
+	if p == (state.Placement{}) {
 		return nil
 	}
-	h := maphash.Comparable(cacheSeed, l)
-	c := &localities
+	h := maphash.Comparable(cacheSeed, p)
+	c := &places
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if p := c.getLocked(h, func(p *state.Locality) bool { return *p == l }); p != nil {
-		return p
+	if v := c.getLocked(h, func(v *state.Placement) bool { return *v == p }); v != nil {
+		return v
 	}
-	p := &state.Locality{Region: intern(l.Region), Zone: intern(l.Zone), Subzone: intern(l.Subzone)}
-	c.putLocked(h, p)
-	return p
+	l := p.Locality
+	v := &state.Placement{
+		Node:     intern(p.Node),
+		Locality: state.Locality{Region: intern(l.Region), Zone: intern(l.Zone), Subzone: intern(l.Subzone)},
+	}
+	c.putLocked(h, v)
+	return v
 }
 
 // labelSets shares the workloads' Labels values: one per deployment (and
@@ -119,6 +168,7 @@ func internLabels(l state.WorkloadLabels) *state.WorkloadLabels {
 		return p
 	}
 	p := &state.WorkloadLabels{
+		Namespace: intern(l.Namespace), ServiceAccount: intern(l.ServiceAccount), Network: intern(l.Network),
 		WorkloadName: intern(l.WorkloadName), WorkloadType: intern(l.WorkloadType),
 		CanonicalName: intern(l.CanonicalName), CanonicalRevision: intern(l.CanonicalRevision),
 		TrustDomain: intern(l.TrustDomain), ClusterID: intern(l.ClusterID),

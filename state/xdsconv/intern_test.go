@@ -1,6 +1,7 @@
 package xdsconv
 
 import (
+	"hash/maphash"
 	"net/netip"
 	"reflect"
 	"runtime"
@@ -64,20 +65,20 @@ func TestConvertSharesRepeats(t *testing.T) {
 		name string
 		a, b string
 	}{
-		{"namespace", a.Namespace, b.Namespace},
-		{"service account", a.ServiceAccount, b.ServiceAccount},
+		{"namespace", a.Namespace(), b.Namespace()},
+		{"service account", a.ServiceAccount(), b.ServiceAccount()},
 		{"trust domain", a.TrustDomain(), b.TrustDomain()},
-		{"network", a.Network, b.Network},
-		{"node", a.Node, b.Node},
+		{"network", a.Network(), b.Network()},
+		{"node", a.Node(), b.Node()},
 		{"cluster", a.ClusterID(), b.ClusterID()},
 		{"workload name", a.WorkloadName(), b.WorkloadName()},
 		{"workload type", a.WorkloadType(), b.WorkloadType()},
 		{"canonical name", a.CanonicalName(), b.CanonicalName()},
 		{"canonical revision", a.CanonicalRevision(), b.CanonicalRevision()},
 		{"policy key", a.AuthorizationPolicies()[0], b.AuthorizationPolicies()[0]},
-		{"region", a.Locality.Region, b.Locality.Region},
-		{"zone", a.Locality.Zone, b.Locality.Zone},
-		{"subzone", a.Locality.Subzone, b.Locality.Subzone},
+		{"region", a.Locality().Region, b.Locality().Region},
+		{"zone", a.Locality().Zone, b.Locality().Zone},
+		{"subzone", a.Locality().Subzone, b.Locality().Subzone},
 	} {
 		if f.a != f.b || !sameString(f.a, f.b) {
 			t.Errorf("%s: %q and %q are two copies", f.name, f.a, f.b)
@@ -92,8 +93,8 @@ func TestConvertSharesRepeats(t *testing.T) {
 	if a.Extra == nil || a.Extra != b.Extra {
 		t.Errorf("the replicas' Extra %p and %p: want one shared value", a.Extra, b.Extra)
 	}
-	if a.Locality == nil || a.Locality != b.Locality {
-		t.Errorf("the replicas' localities %p and %p: want one shared value", a.Locality, b.Locality)
+	if a.Place == nil || a.Place != b.Place {
+		t.Errorf("the replicas' Place %p and %p (one node, one locality): want one shared value", a.Place, b.Place)
 	}
 	if want := map[string]map[uint16]uint16{"ns-1/app.ns-1.svc.cluster.local": {80: 8080, 9090: 9090}}; !reflect.DeepEqual(a.Services.Map(), want) {
 		t.Errorf("Services = %v, want %v", a.Services, want)
@@ -332,4 +333,61 @@ func TestConvertServiceShares(t *testing.T) {
 		}
 	}
 	runtime.KeepAlive(a)
+}
+
+// TestInternKeepsStringsInUse: a workload converted after a collection
+// shares the names of one converted before that is still held (issue 36:
+// unique.Make's table forgot every string at the next collection, so a
+// workload changed or added after one got fresh copies of its node and,
+// in a new Labels value, of its namespace), and a name nothing holds any
+// more leaves the table.
+func TestInternKeepsStringsInUse(t *testing.T) {
+	convert := func(workloadName string) *state.Workload {
+		b, err := proto.Marshal(&workloadapi.Workload{
+			Uid: "Kubernetes//Pod/ns-keep/" + workloadName, Name: workloadName, Namespace: "ns-keep",
+			ServiceAccount: "sa-keep", Node: "node-keep", WorkloadName: workloadName,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var x workloadapi.Workload
+		if err := proto.Unmarshal(b, &x); err != nil {
+			t.Fatal(err)
+		}
+		w, err := ConvertWorkload(&x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	first := convert("first")
+	runtime.GC()
+	runtime.GC()
+	second := convert("second")
+	if first.Labels == second.Labels {
+		t.Fatal("the two workloads share their Labels: the test needs a new one")
+	}
+	for _, f := range []struct{ name, a, b string }{
+		{"node", first.Node(), second.Node()},
+		{"namespace", first.Namespace(), second.Namespace()},
+		{"service account", first.ServiceAccount(), second.ServiceAccount()},
+	} {
+		if !sameString(f.a, f.b) {
+			t.Errorf("%s %q: the second workload holds a copy of its own", f.name, f.b)
+		}
+	}
+	runtime.KeepAlive(first)
+
+	gone := intern(string([]byte("a-name-nothing-keeps")))
+	h := maphash.String(cacheSeed, gone)
+	gone = ""
+	runtime.GC()
+	runtime.GC()
+	internTable.mu.Lock()
+	p := internTable.m[h].p.Value()
+	internTable.mu.Unlock()
+	if p != nil {
+		t.Error("a name nothing holds is still in the table after a collection")
+	}
+	_ = gone
 }

@@ -154,16 +154,17 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 	var (
 		x      state.WorkloadExtra  // w.Extra, when not empty
 		labels state.WorkloadLabels // w.Labels, likewise
+		place  state.Placement      // w.Place, likewise
 		svcs   = map[string]map[uint16]uint16{}
 	)
 	err := d.object(n, path, "workload", map[string]fieldFunc{
 		"uid":               str(&w.UID),
 		"name":              str(&w.Name),
-		"namespace":         str(&w.Namespace),
-		"serviceAccount":    str(&w.ServiceAccount),
+		"namespace":         str(&labels.Namespace),
+		"serviceAccount":    str(&labels.ServiceAccount),
 		"trustDomain":       str(&labels.TrustDomain),
-		"network":           str(&w.Network),
-		"node":              str(&w.Node),
+		"network":           str(&labels.Network),
+		"node":              str(&place.Node),
 		"clusterId":         str(&labels.ClusterID),
 		"workloadName":      str(&labels.WorkloadName),
 		"workloadType":      str(&labels.WorkloadType),
@@ -188,8 +189,7 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 		"authorizationPolicies": strList(&x.AuthorizationPolicies),
 		"capacity":              u32(&w.Capacity, "capacity"),
 		"locality": func(d *decoder, n *yaml.Node, path string) error {
-			l := &state.Locality{}
-			w.Locality = l
+			l := &place.Locality
 			return d.object(n, path, "locality", map[string]fieldFunc{
 				"region":  str(&l.Region),
 				"zone":    str(&l.Zone),
@@ -209,16 +209,18 @@ func (d *decoder) workload(n *yaml.Node, path string) (*state.Workload, error) {
 		},
 	}, "uid", "namespace", "workloadIps", "services")
 	w.SetExtra(x)
-	if labels != (state.WorkloadLabels{}) {
-		w.Labels = &labels
-	}
+	w.Labels = internLabels(labels)
+	w.Place = internPlace(place)
 	w.Services = state.ServicesOf(svcs)
 	return w, err
 }
 
 func (d *decoder) service(n *yaml.Node, path string) (*state.Service, []inlineEndpoint, error) {
 	s := &state.Service{Ports: map[uint16]uint16{}}
-	var eps []inlineEndpoint
+	var (
+		eps []inlineEndpoint
+		x   state.ServiceExtra // s.Extra, when not empty
+	)
 	err := d.object(n, path, "service", map[string]fieldFunc{
 		"name":      str(&s.Name),
 		"namespace": str(&s.Namespace),
@@ -240,12 +242,12 @@ func (d *decoder) service(n *yaml.Node, path string) (*state.Service, []inlineEn
 						return err
 					},
 				}, "network", "cidr")
-				s.CIDRVIPs = append(s.CIDRVIPs, c)
+				x.CIDRVIPs = append(x.CIDRVIPs, c)
 				return err
 			})
 		},
 		"ports":           portMap(&s.Ports),
-		"subjectAltNames": strList(&s.SubjectAltNames),
+		"subjectAltNames": strList(&x.SubjectAltNames),
 		"waypoint":        gateway(&s.Waypoint),
 		"weightedWaypoints": func(d *decoder, n *yaml.Node, path string) error {
 			return d.list(n, path, func(n *yaml.Node, path string) error {
@@ -258,13 +260,13 @@ func (d *decoder) service(n *yaml.Node, path string) (*state.Service, []inlineEn
 				if dst != nil {
 					ww.Destination = *dst
 				}
-				s.WeightedWaypoints = append(s.WeightedWaypoints, ww)
+				x.WeightedWaypoints = append(x.WeightedWaypoints, ww)
 				return err
 			})
 		},
 		"loadBalancer": func(d *decoder, n *yaml.Node, path string) error {
 			lb := &state.LoadBalancer{}
-			s.LoadBalancer = lb
+			x.LoadBalancer = lb
 			return d.object(n, path, "load balancer", map[string]fieldFunc{
 				"routingPreferences": func(d *decoder, n *yaml.Node, path string) error {
 					lb.RoutingPreferences = []state.LBScope{}
@@ -296,6 +298,7 @@ func (d *decoder) service(n *yaml.Node, path string) (*state.Service, []inlineEn
 			})
 		},
 	}, "name", "namespace", "hostname", "vips", "ports")
+	s.SetExtra(x)
 	for i := range eps {
 		eps[i].service = s.Key()
 	}

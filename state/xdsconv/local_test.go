@@ -73,7 +73,7 @@ func TestExampleFixture(t *testing.T) {
 	}
 	nodes := map[string]int{}
 	for _, w := range s.Workloads() {
-		nodes[w.Node]++
+		nodes[w.Node()]++
 	}
 	if nodes["node1"] != 2 || nodes["node2"] != 3 {
 		t.Fatalf("nodes: %v", nodes)
@@ -124,9 +124,8 @@ func TestAllFields(t *testing.T) {
 	}
 	wantWorkloads := []*state.Workload{
 		{
-			UID: "c1//v1/Pod/ns1/full", Name: "full", Namespace: "ns1", ServiceAccount: "sa1",
-			Network: "net1", Node: "node1",
-			Labels: &state.WorkloadLabels{WorkloadName: "full-deploy", WorkloadType: "deployment", CanonicalName: "full-app", CanonicalRevision: "v2",
+			UID: "c1//v1/Pod/ns1/full", Name: "full",
+			Labels: &state.WorkloadLabels{Namespace: "ns1", ServiceAccount: "sa1", Network: "net1", WorkloadName: "full-deploy", WorkloadType: "deployment", CanonicalName: "full-app", CanonicalRevision: "v2",
 				TrustDomain: "example.org", ClusterID: "c1"},
 			Addresses:   []netip.Addr{addr("10.0.0.1"), addr("fd00::1")},
 			Protocol:    state.ProtocolHBONE,
@@ -146,35 +145,33 @@ func TestAllFields(t *testing.T) {
 			NativeTunnel: true,
 			Services:     state.ServicesOf(map[string]map[uint16]uint16{"ns1/svc.ns1.svc.cluster.local": {80: 8080, 443: 8443}}),
 			Capacity:     7,
-			Locality:     &state.Locality{Region: "r1", Zone: "z1", Subzone: "s1"},
+			Place:        &state.Placement{Node: "node1", Locality: state.Locality{Region: "r1", Zone: "z1", Subzone: "s1"}},
 		},
 		{
-			UID: "c1//v1/Pod/ns1/minimal", Namespace: "ns1", Addresses: []netip.Addr{}, Capacity: 1,
+			UID: "c1//v1/Pod/ns1/minimal", Addresses: []netip.Addr{}, Capacity: 1,
 			// Folded in from the service's inline endpoints.
 			Services: state.ServicesOf(map[string]map[uint16]uint16{"ns1/svc.ns1.svc.cluster.local": {80: 9090}}),
+			Labels:   &state.WorkloadLabels{Namespace: "ns1"},
 		},
 	}
 	wantServices := []*state.Service{{
 		Name: "svc", Namespace: "ns1", Hostname: "svc.ns1.svc.cluster.local",
-		VIPs:            []state.NetworkAddress{{Network: "", Addr: addr("10.96.0.1")}, {Network: "net1", Addr: addr("fd00:96::1")}},
-		CIDRVIPs:        []state.NetworkPrefix{{Network: "net1", Prefix: netip.MustParsePrefix("10.97.0.0/16")}},
-		Ports:           map[uint16]uint16{80: 8080, 443: 0},
-		SubjectAltNames: []string{"spiffe://example.org/ns/ns1/sa/sa1"},
+		VIPs:  []state.NetworkAddress{{Network: "", Addr: addr("10.96.0.1")}, {Network: "net1", Addr: addr("fd00:96::1")}},
+		Ports: map[uint16]uint16{80: 8080, 443: 0},
 		Waypoint: &state.GatewayAddress{
 			Address: &state.NetworkAddress{Network: "", Addr: addr("10.0.0.99")}, HBONEMTLSPort: 15008,
-		},
-		WeightedWaypoints: []state.WeightedWaypoint{{
-			Destination: state.GatewayAddress{Hostname: &state.NamespacedHostname{Namespace: "ns1", Hostname: "wp-canary"}, HBONEMTLSPort: 15008},
-			Weight:      10,
-		}},
-		LoadBalancer: &state.LoadBalancer{
-			RoutingPreferences: []state.LBScope{state.LBScopeNetwork, state.LBScopeRegion, state.LBScopeZone, state.LBScopeSubzone, state.LBScopeNode, state.LBScopeCluster},
-			Mode:               state.LBModeFailover,
-			HealthPolicy:       state.LBAllowAll,
 		},
 		IPFamilies: state.IPFamiliesDual,
 		Canonical:  true,
 		Visibility: state.VisibilityNamespace,
+		Extra: &state.ServiceExtra{CIDRVIPs: []state.NetworkPrefix{{Network: "net1", Prefix: netip.MustParsePrefix("10.97.0.0/16")}}, SubjectAltNames: []string{"spiffe://example.org/ns/ns1/sa/sa1"}, WeightedWaypoints: []state.WeightedWaypoint{{
+			Destination: state.GatewayAddress{Hostname: &state.NamespacedHostname{Namespace: "ns1", Hostname: "wp-canary"}, HBONEMTLSPort: 15008},
+			Weight:      10,
+		}}, LoadBalancer: &state.LoadBalancer{
+			RoutingPreferences: []state.LBScope{state.LBScopeNetwork, state.LBScopeRegion, state.LBScopeZone, state.LBScopeSubzone, state.LBScopeNode, state.LBScopeCluster},
+			Mode:               state.LBModeFailover,
+			HealthPolicy:       state.LBAllowAll,
+		}},
 	}}
 	presence := state.StringMatch{Kind: state.MatchPresence}
 	wantPolicies := []*state.Policy{

@@ -65,13 +65,12 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 	// What repeats across workloads is interned (intern.go); the uid and
 	// the name are each workload's own.
 	w := &state.Workload{
-		UID:            x.GetUid(),
-		Name:           x.GetName(),
-		Namespace:      intern(x.GetNamespace()),
-		ServiceAccount: intern(orDefault(x.GetServiceAccount(), defaultServiceAccount)),
-		Network:        intern(x.GetNetwork()),
-		Node:           intern(x.GetNode()),
+		UID:  x.GetUid(),
+		Name: x.GetName(),
 		Labels: internLabels(state.WorkloadLabels{
+			Namespace:         x.GetNamespace(),
+			ServiceAccount:    orDefault(x.GetServiceAccount(), defaultServiceAccount),
+			Network:           x.GetNetwork(),
 			WorkloadName:      x.GetWorkloadName(),
 			WorkloadType:      workloadType(x.GetWorkloadType()),
 			CanonicalName:     x.GetCanonicalName(),
@@ -92,9 +91,11 @@ func ConvertWorkload(x *workloadapi.Workload) (*state.Workload, error) {
 	if c := x.GetCapacity(); c != nil {
 		w.Capacity = c.GetValue()
 	}
+	place := state.Placement{Node: x.GetNode()}
 	if l := x.GetLocality(); l != nil {
-		w.Locality = internLocality(state.Locality{Region: l.GetRegion(), Zone: l.GetZone(), Subzone: l.GetSubzone()})
+		place.Locality = state.Locality{Region: l.GetRegion(), Zone: l.GetZone(), Subzone: l.GetSubzone()}
 	}
+	w.Place = internPlace(place)
 	if x.GetTunnelProtocol() == workloadapi.TunnelProtocol_LEGACY_ISTIO_MTLS {
 		return nil, ErrLegacyIstioMTLS
 	}
@@ -149,12 +150,14 @@ func ConvertService(x *workloadapi.Service) (*state.Service, error) {
 		return nil, invalid("service %s/%s: hostname is empty", x.GetNamespace(), x.GetName())
 	}
 	s := &state.Service{
-		Name:            x.GetName(),
-		Namespace:       intern(x.GetNamespace()),
-		Hostname:        x.GetHostname(),
-		SubjectAltNames: x.GetSubjectAltNames(),
-		Canonical:       x.GetCanonical(),
+		Name:      x.GetName(),
+		Namespace: intern(x.GetNamespace()),
+		Hostname:  x.GetHostname(),
+		Canonical: x.GetCanonical(),
 	}
+	// The rare fields (most services have none of them) are filled in
+	// extra, which becomes s.Extra if any is set.
+	extra := state.ServiceExtra{SubjectAltNames: x.GetSubjectAltNames()}
 	nameInHostname(s)
 	sharePorts(s, x.GetPorts())
 	for _, a := range x.GetAddresses() {
@@ -167,7 +170,7 @@ func ConvertService(x *workloadapi.Service) (*state.Service, error) {
 			if bits > ip.BitLen() {
 				return nil, invalid("prefix length %d is too long for %s", a.GetLength(), ip)
 			}
-			s.CIDRVIPs = append(s.CIDRVIPs, state.NetworkPrefix{Network: intern(a.GetNetwork()), Prefix: netip.PrefixFrom(ip, bits)})
+			extra.CIDRVIPs = append(extra.CIDRVIPs, state.NetworkPrefix{Network: intern(a.GetNetwork()), Prefix: netip.PrefixFrom(ip, bits)})
 			continue
 		}
 		s.VIPs = append(s.VIPs, state.NetworkAddress{Network: intern(a.GetNetwork()), Addr: ip})
@@ -184,7 +187,7 @@ func ConvertService(x *workloadapi.Service) (*state.Service, error) {
 		if err != nil {
 			return nil, err
 		}
-		s.WeightedWaypoints = append(s.WeightedWaypoints, state.WeightedWaypoint{Destination: *g, Weight: ww.GetWeight()})
+		extra.WeightedWaypoints = append(extra.WeightedWaypoints, state.WeightedWaypoint{Destination: *g, Weight: ww.GetWeight()})
 	}
 	if lb := x.GetLoadBalancing(); lb != nil {
 		out := &state.LoadBalancer{RoutingPreferences: make([]state.LBScope, 0, len(lb.GetRoutingPreference()))}
@@ -201,8 +204,9 @@ func ConvertService(x *workloadapi.Service) (*state.Service, error) {
 		if out.HealthPolicy, err = wireEnum(lb.GetHealthPolicy(), lbHealthPolicies, "health policy"); err != nil {
 			return nil, err
 		}
-		s.LoadBalancer = out
+		extra.LoadBalancer = out
 	}
+	s.SetExtra(extra)
 	if s.IPFamilies, err = wireEnum(x.GetIpFamilies(), ipFamilies, "ip families"); err != nil {
 		return nil, err
 	}

@@ -49,9 +49,8 @@ func TestConvertWorkloadAllFields(t *testing.T) {
 		Capacity:              wrapperspb.UInt32(0),
 	}
 	want := &state.Workload{
-		UID: "c1//v1/Pod/ns/p1", Name: "p1", Namespace: "ns", ServiceAccount: "sa",
-		Network: "net1", Node: "n1",
-		Labels: &state.WorkloadLabels{WorkloadName: "job", WorkloadType: "cronjob", CanonicalName: "app", CanonicalRevision: "v1",
+		UID: "c1//v1/Pod/ns/p1", Name: "p1",
+		Labels: &state.WorkloadLabels{Namespace: "ns", ServiceAccount: "sa", Network: "net1", WorkloadName: "job", WorkloadType: "cronjob", CanonicalName: "app", CanonicalRevision: "v1",
 			TrustDomain: "td", ClusterID: "c1"},
 		Addresses:   []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")},
 		Protocol:    state.ProtocolHBONE,
@@ -72,7 +71,7 @@ func TestConvertWorkloadAllFields(t *testing.T) {
 		// 70443 truncates to 4907, as ztunnel's "as u16" does.
 		Services: state.ServicesOf(map[string]map[uint16]uint16{"ns/svc.ns.svc": {80: 8080, 4907: 8443}}),
 		Capacity: 0,
-		Locality: &state.Locality{Region: "r", Zone: "z", Subzone: "s"},
+		Place:    &state.Placement{Node: "n1", Locality: state.Locality{Region: "r", Zone: "z", Subzone: "s"}},
 	}
 	got, err := ConvertWorkload(in)
 	if err != nil {
@@ -89,8 +88,8 @@ func TestConvertWorkloadDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &state.Workload{
-		UID: "u", Namespace: "ns", ServiceAccount: "default",
-		Labels: &state.WorkloadLabels{WorkloadType: "deployment", TrustDomain: "cluster.local", ClusterID: "Kubernetes"}, Capacity: 1, Services: state.ServicesOf(map[string]map[uint16]uint16{}),
+		UID:    "u",
+		Labels: &state.WorkloadLabels{Namespace: "ns", ServiceAccount: "default", WorkloadType: "deployment", TrustDomain: "cluster.local", ClusterID: "Kubernetes"}, Capacity: 1, Services: state.ServicesOf(map[string]map[uint16]uint16{}),
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got  %+v\nwant %+v", got, want)
@@ -134,20 +133,17 @@ func TestConvertServiceAllFields(t *testing.T) {
 		VIPs: []state.NetworkAddress{
 			{Addr: netip.MustParseAddr("10.96.0.1")}, {Addr: netip.MustParseAddr("10.96.0.2")}, {Addr: netip.MustParseAddr("fd00::10")},
 		},
-		CIDRVIPs:        []state.NetworkPrefix{{Network: "n2", Prefix: netip.MustParsePrefix("10.97.0.0/16")}},
-		Ports:           map[uint16]uint16{80: 8080, 81: 0},
-		SubjectAltNames: []string{"spiffe://td/ns/ns/sa/x"},
-		Waypoint:        &state.GatewayAddress{Address: &state.NetworkAddress{Addr: netip.MustParseAddr("10.0.0.9")}, HBONEMTLSPort: 15008},
-		WeightedWaypoints: []state.WeightedWaypoint{{
-			Destination: state.GatewayAddress{Hostname: &state.NamespacedHostname{Namespace: "ns", Hostname: "wp2"}}, Weight: 3,
-		}},
-		LoadBalancer: &state.LoadBalancer{
-			RoutingPreferences: []state.LBScope{state.LBScopeRegion, state.LBScopeNetwork},
-			Mode:               state.LBModeFailover, HealthPolicy: state.LBAllowAll,
-		},
+		Ports:      map[uint16]uint16{80: 8080, 81: 0},
+		Waypoint:   &state.GatewayAddress{Address: &state.NetworkAddress{Addr: netip.MustParseAddr("10.0.0.9")}, HBONEMTLSPort: 15008},
 		IPFamilies: state.IPFamiliesDual,
 		Canonical:  true,
 		Visibility: state.VisibilityPublic,
+		Extra: &state.ServiceExtra{CIDRVIPs: []state.NetworkPrefix{{Network: "n2", Prefix: netip.MustParsePrefix("10.97.0.0/16")}}, SubjectAltNames: []string{"spiffe://td/ns/ns/sa/x"}, WeightedWaypoints: []state.WeightedWaypoint{{
+			Destination: state.GatewayAddress{Hostname: &state.NamespacedHostname{Namespace: "ns", Hostname: "wp2"}}, Weight: 3,
+		}}, LoadBalancer: &state.LoadBalancer{
+			RoutingPreferences: []state.LBScope{state.LBScopeRegion, state.LBScopeNetwork},
+			Mode:               state.LBModeFailover, HealthPolicy: state.LBAllowAll,
+		}},
 	}
 	got, err := ConvertService(in)
 	if err != nil {
