@@ -26,7 +26,8 @@
 //
 // A connection can also be driven by an event loop that owns the socket
 // (fd mode, loop.go): after UseFD every read and write is one non-blocking
-// system call on the caller's descriptor, made by TryRead, TryWrite,
+// system call on the caller's descriptor, made by TryRead, TryWrite (and
+// TryWriteLent, which seals straight from a buffer the caller lends),
 // TryFlush, TryKeyUpdate and TryClose; Drained tells an edge-triggered
 // caller when it may wait for the next edge. The record rules are the same
 // code as Read's and Write's; held records are bounded by one output buffer
