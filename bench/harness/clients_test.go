@@ -166,6 +166,7 @@ func TestClientsMarkdown(t *testing.T) {
 			s := ClientSample{Path: path, Client: client, Round: i + 1}
 			if client == ClientIperf3 {
 				s.Gbps = v
+				s.Procs = []ProcCPU{{Role: "client side", Name: "a", CPUus: 900 + float64(i)}, {Role: "server side", Name: "b", CPUus: 600}}
 			} else {
 				s.P50us, s.P99us = v, 2*v
 			}
@@ -187,6 +188,9 @@ func TestClientsMarkdown(t *testing.T) {
 		// Per round 4.5/3, 4.5/3, 1/3: paired 1.50.
 		"| iperf3 | " + ours2 + " | 3.00 Gbit/s | 3.00–3.00 | — | 0.0 | **1.50×** | 1.50× |",
 		"| iperf3 | " + ha2 + " | 4.50 Gbit/s | 1.00–4.50 | — | 0.0 | — | — |",
+		// CPU per byte by process: median and range over the rounds.
+		"| iperf3 | " + ours2 + " | client side | 901 | 900–902 |",
+		"| iperf3 | " + ha2 + " | server side | 600 | 600–600 |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("CLIENTS.md lacks %q:\n%s", want, md)
