@@ -720,34 +720,61 @@ func ClientsMarkdown(cr *Clients) string {
 
 // writeProcsCPU writes the throughput clients' CPU per byte by process on
 // the two-process paths: which half of a pair costs what (µs per MB is ms
-// per GB). Median and range over the rounds.
+// per GB). Median and range over the rounds, and for the daemons the
+// paired ratio to the same half of the group's HAProxy pair (median over
+// rounds of the ratio within the round).
 func (cr *Clients) writeProcsCPU(b *strings.Builder) {
 	header := false
 	for _, c := range []string{ClientZloadTput1, ClientIperf3} {
 		for _, p := range cr.Paths {
-			byRole := map[string][]float64{}
-			var roles []string
-			for _, s := range cr.Samples {
-				if s.Path != p.ID || s.Client != c || len(s.Procs) < 2 {
-					continue
-				}
-				for _, pc := range s.Procs {
-					if _, ok := byRole[pc.Role]; !ok {
-						roles = append(roles, pc.Role)
-					}
-					byRole[pc.Role] = append(byRole[pc.Role], pc.CPUus)
-				}
+			roles, byRole := cr.procsCPU(p.ID, c)
+			var peer map[string]map[int]float64
+			if p.Daemon {
+				_, peer = cr.procsCPU(peerOf(p.Group), c)
 			}
 			for _, r := range roles {
 				if !header {
 					header = true
 					b.WriteString("\nCPU per byte by process (throughput clients; ms of CPU per GB moved, " +
-						"user and system; median and range over the rounds):\n\n" +
-						"| client | path | process | ms/GB | range |\n|---|---|---|---:|---|\n")
+						"user and system; median and range over the rounds; paired ratio: to the same half of " +
+						"HAProxy's pair, median over rounds of the ratio within the round):\n\n" +
+						"| client | path | process | ms/GB | range | paired ratio to HAProxy |\n|---|---|---|---:|---|---:|\n")
 				}
-				med, lo, hi := median(byRole[r])
-				fmt.Fprintf(b, "| %s | %s | %s | %.0f | %.0f–%.0f |\n", c, p.ID, r, med, lo, hi)
+				var v, rs []float64
+				for round, us := range byRole[r] {
+					v = append(v, us)
+					if h := peer[r][round]; h > 0 {
+						rs = append(rs, us/h)
+					}
+				}
+				med, lo, hi := median(v)
+				paired := "—"
+				if len(rs) > 0 {
+					m, _, _ := median(rs)
+					paired = fmt.Sprintf("%.2f×", m)
+				}
+				fmt.Fprintf(b, "| %s | %s | %s | %.0f | %.0f–%.0f | %s |\n", c, p.ID, r, med, lo, hi, paired)
 			}
 		}
 	}
+}
+
+// procsCPU returns client's CPU per unit by process role on path, by
+// round, and the roles in path order; single-process paths have none.
+func (cr *Clients) procsCPU(path, client string) ([]string, map[string]map[int]float64) {
+	var roles []string
+	byRole := map[string]map[int]float64{}
+	for _, s := range cr.Samples {
+		if s.Path != path || s.Client != client || len(s.Procs) < 2 {
+			continue
+		}
+		for _, pc := range s.Procs {
+			if byRole[pc.Role] == nil {
+				roles = append(roles, pc.Role)
+				byRole[pc.Role] = map[int]float64{}
+			}
+			byRole[pc.Role][s.Round] = pc.CPUus
+		}
+	}
+	return roles, byRole
 }
