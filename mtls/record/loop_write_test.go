@@ -189,18 +189,23 @@ func TestTryWriteSealsAll(t *testing.T) {
 	}
 }
 
-// TestTryWriteLent: TryWriteLent seals straight from the caller's buffer,
-// borrowing the byte after each record's content for its type byte, and
-// gives every byte back: after each call the whole buffer (p, the bytes
-// after it, and the capacity beyond) is as before, and a crypto/tls peer
-// reads exactly what was written. Sizes around the record boundary, p
-// inside a larger buffer (the byte after it is the next batch's) and p
-// ending at its capacity (the last record is copied), blocking and in fd
-// mode.
+// TestTryWriteLent: TryWriteLent and WriteLent seal straight from the
+// caller's buffer, borrowing the byte after each record's content for its
+// type byte, and give every byte back: after each call the whole buffer
+// (p, the bytes after it, and the capacity beyond) is as before, and a
+// crypto/tls peer reads exactly what was written. Sizes around the record
+// boundary, p inside a larger buffer (the byte after it is the next
+// batch's) and p ending at its capacity (the last record is copied);
+// TryWriteLent blocking and in fd mode, WriteLent with sizes up to twice
+// what one output buffer takes.
 func TestTryWriteLent(t *testing.T) {
-	sizes := []int{1, maxPlaintext - 1, maxPlaintext, maxPlaintext + 1, 3*maxPlaintext + 5, MaxTryWrite}
-	for _, fdMode := range []bool{false, true} {
-		t.Run(map[bool]string{false: "blocking", true: "fd"}[fdMode], func(t *testing.T) {
+	for _, mode := range []string{"blocking", "fd", "WriteLent"} {
+		t.Run(mode, func(t *testing.T) {
+			fdMode := mode == "fd"
+			sizes := []int{1, maxPlaintext - 1, maxPlaintext, maxPlaintext + 1, 3*maxPlaintext + 5, MaxTryWrite}
+			if mode == "WriteLent" {
+				sizes = append(sizes, 2*MaxTryWrite+3)
+			}
 			cli, srv := pair(t, kindOurs, kindTLS, nil)
 			c := cli.(*Conn)
 			fd := -1
@@ -210,6 +215,13 @@ func TestTryWriteLent(t *testing.T) {
 			var sent []byte
 			write := func(p []byte) {
 				t.Helper()
+				if mode == "WriteLent" {
+					if n, err := c.WriteLent(p); n != len(p) || err != nil {
+						t.Fatalf("WriteLent(%d bytes) = %d, %v", len(p), n, err)
+					}
+					sent = append(sent, p...)
+					return
+				}
 				ok, queued, err := c.TryWriteLent(p)
 				if !ok || err != nil {
 					t.Fatalf("TryWriteLent(%d bytes) = %v, %v, %v", len(p), ok, queued, err)

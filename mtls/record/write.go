@@ -37,6 +37,21 @@ var outBufs = sync.Pool{New: func() any {
 // buffer and writes them with one call on the underlying connection (one
 // per 256 KiB). A failed or timed-out write fails every later Write.
 func (c *Conn) Write(p []byte) (int, error) {
+	return c.write(p, false)
+}
+
+// WriteLent is Write for a caller that lends p's memory for the call, as
+// TryWriteLent: each record is sealed straight from p, its type byte put
+// for the seal into the byte of p after its content (or after p, within
+// cap(p)) and restored, so p's bytes change during the call and are as
+// they were when it returns. Nothing else may read or write that memory
+// meanwhile.
+func (c *Conn) WriteLent(p []byte) (int, error) {
+	return c.write(p, true)
+}
+
+// write is Write and, with lent, WriteLent.
+func (c *Conn) write(p []byte, lent bool) (int, error) {
 	own, err := c.ownRecords()
 	if err != nil {
 		return 0, err
@@ -56,7 +71,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 	defer putOut(ob)
 	written := 0
 	for {
-		buf, queued, err := c.sealLocked((*ob)[:0], p[written:], false)
+		buf, queued, err := c.sealLocked((*ob)[:0], p[written:], lent)
 		if err != nil {
 			return written, err
 		}
