@@ -142,19 +142,24 @@ func TestTryWriteFDInterleaved(t *testing.T) {
 	}
 }
 
-// TestTryWriteSealsAll: a TryWrite of MaxTryWrite bytes that also carries
-// the KeyUpdate the peer asked for and a rekey (which take the room of the
-// batch's last record) still seals all of p, blocking or in fd mode.
+// TestTryWriteSealsAll: a TryWrite (or TryWriteLent) of MaxTryWrite bytes
+// that also carries the KeyUpdate the peer asked for and a rekey (which
+// take the room of the batch's last record) still seals all of p, blocking
+// or in fd mode.
 func TestTryWriteSealsAll(t *testing.T) {
-	for _, fdMode := range []bool{false, true} {
-		t.Run(map[bool]string{false: "blocking", true: "fd"}[fdMode], func(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		fdMode, lent bool
+	}{{"blocking", false, false}, {"fd", true, false}, {"blocking-lent", false, true}, {"fd-lent", true, true}} {
+		fdMode := tc.fdMode
+		t.Run(tc.name, func(t *testing.T) {
 			cli, srv := pair(t, kindOurs, kindTLS, nil)
 			c := cli.(*Conn)
 			fd := -1
 			if fdMode {
 				fd = detachFD(t, c)
 			}
-			p := make([]byte, MaxTryWrite)
+			p := make([]byte, MaxTryWrite, MaxTryWrite+1) // lent: every record sealed in place
 			rand.Read(p)
 			got := make(chan []byte, 1)
 			go func() {
@@ -170,7 +175,11 @@ func TestTryWriteSealsAll(t *testing.T) {
 			rekeyAfter = 8
 			t.Cleanup(func() { rekeyAfter = old })
 			c.pendingKeyUpdate.Store(true)
-			ok, queued, err := c.TryWrite(p)
+			write := c.TryWrite
+			if tc.lent {
+				write = c.TryWriteLent
+			}
+			ok, queued, err := write(p)
 			if !ok || err != nil {
 				t.Fatalf("TryWrite = %v, %v, %v", ok, queued, err)
 			}
