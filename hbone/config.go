@@ -112,7 +112,7 @@ type Config struct {
 	// the old state slips between the two.
 	Admit func(net.Conn) error
 	// Drive, when set, is offered each new connection whose transport has
-	// a non-blocking face (mtls/record.Conn: TryRead, Drained, TryWrite,
+	// a non-blocking face (mtls/record.Conn: TryRead, Drained, TryWriteLent,
 	// TryFlush, TryClose) as soon as it is made, before it is registered,
 	// admitted or started (NewClientConn and the Pool's dials,
 	// Server.ServeConn), so that an event loop can drive it instead of a

@@ -190,7 +190,7 @@ func (m *memTransport) send() {
 	m.room -= n
 }
 
-func (m *memTransport) TryWrite(p []byte) (ok, queued bool, err error) {
+func (m *memTransport) TryWriteLent(p []byte) (ok, queued bool, err error) {
 	m.held = append(m.held, p...)
 	m.send()
 	return true, len(m.held) > 0, nil

@@ -167,6 +167,14 @@ func (g *goDriver) wakeWriterLocked() {
 	}
 }
 
+// lentWriter is a transport whose Write can borrow the caller's buffer
+// for the call (mtls/record.Conn, by method set): WriteLent may change p's
+// bytes, and the byte after p within cap(p), as long as it restores them
+// before it returns.
+type lentWriter interface {
+	WriteLent(p []byte) (int, error)
+}
+
 // writeLoop flushes the pending buffer with one Write per batch: whatever
 // streams append while a Write is in progress goes out in the next one.
 func (g *goDriver) writeLoop() {
@@ -188,8 +196,14 @@ func (g *goDriver) writeLoop() {
 		out := c.takePendingLocked(nil)
 		c.wmu.Unlock()
 		// One Write per batch (the daemon's mtls/record connection seals
-		// it and sends it with one syscall).
-		_, err = c.nc.Write(out.b)
+		// it and sends it with one syscall). out is the writer's alone
+		// until recycled, so it can be lent: records are sealed straight
+		// from it.
+		if lw, ok := c.nc.(lentWriter); ok {
+			_, err = lw.WriteLent(out.b)
+		} else {
+			_, err = c.nc.Write(out.b)
+		}
 		c.wmu.Lock()
 		c.recycleLocked(out)
 		if err != nil {

@@ -24,15 +24,19 @@ import (
 // the socket and found it empty (never an earlier call's read: the edge
 // that started the turn may have brought bytes since), so the read turn
 // stops without the failing read edge-triggered polling does not need.
-// TryWrite takes all of p (ok) or nothing; queued means the
+// TryWriteLent takes all of p (ok) or nothing; queued means the
 // transport holds part of it for TryFlush, which the loop calls when the
 // socket has room. It must take up to loopWriteMax bytes when it holds
-// nothing. TryClose queues the transport's last words (close_notify or an
+// nothing. p is lent for the call: the transport may change its bytes, and
+// the byte after it within cap(p), as long as it restores them before it
+// returns (mtls/record seals its records straight from the write buffer so,
+// without copying them first). The loop's write buffer is its own while
+// it writes it, so nothing else sees the change. TryClose queues the transport's last words (close_notify or an
 // owed alert) and reports whether they are out.
 type loopTransport interface {
 	TryRead(p []byte) (int, error)
 	Drained() bool
-	TryWrite(p []byte) (ok, queued bool, err error)
+	TryWriteLent(p []byte) (ok, queued bool, err error)
 	TryFlush() (done bool, err error)
 	TryClose() (done bool)
 }
@@ -88,7 +92,7 @@ const (
 	// busy connection does not starve the loop's other work.
 	loopReadBudget  = 64 << 10
 	loopFrameBudget = 16
-	// loopWriteMax is the most one TryWrite is given: within
+	// loopWriteMax is the most one TryWriteLent is given: within
 	// mtls/record's MaxTryWrite (256 KiB) with room to spare.
 	loopWriteMax = 128 << 10
 )
@@ -276,7 +280,7 @@ func (l *loopDriver) Writable() (held bool, err error) {
 			if len(p) > loopWriteMax {
 				p = p[:loopWriteMax]
 			}
-			ok, queued, err := l.lt.TryWrite(p)
+			ok, queued, err := l.lt.TryWriteLent(p)
 			if err != nil {
 				return false, l.writeFailedWith(err)
 			}

@@ -170,7 +170,7 @@ func (c *loopConn) sendHeldLocked() error {
 	return nil
 }
 
-func (c *loopConn) TryWrite(p []byte) (ok, queued bool, err error) {
+func (c *loopConn) TryWriteLent(p []byte) (ok, queued bool, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {

@@ -89,6 +89,20 @@ type ClientSample struct {
 	// round trip (RR) or per MB moved (throughput), in µs, over the
 	// client's whole invocation.
 	CPUus float64 `json:"cpu_us"`
+	// Procs is CPUus by process, the path's proxies in order (client side
+	// first), so that one half's cost per byte can be told from the
+	// other's.
+	Procs []ProcCPU `json:"procs,omitempty"`
+}
+
+// ProcCPU is one proxy process's share of a sample's CPU.
+type ProcCPU struct {
+	// Role is the process's place on the path: "client side" for the
+	// first, "server side" for the last, "proxy" alone (names differ
+	// between paths, roles do not).
+	Role  string  `json:"role"`
+	Name  string  `json:"name"`
+	CPUus float64 `json:"cpu_us"`
 }
 
 // ClientPath is one path of the run.
@@ -339,7 +353,7 @@ func (b *bench) measureClient(ctx context.Context, p clientPath, c string, co Cl
 	if c == ClientIperf3 && p.iperfProcs != nil {
 		procs = p.iperfProcs
 	}
-	before, err := cpuTicks(procs)
+	before, err := cpuTicksEach(procs)
 	if err != nil {
 		return s, err
 	}
@@ -386,19 +400,37 @@ func (b *bench) measureClient(ctx context.Context, p clientPath, c string, co Cl
 		}
 		s.Gbps, s.Seconds, s.Retransmits = r.Gbps, r.Seconds, r.Retransmits
 	}
-	after, err := cpuTicks(procs)
+	after, err := cpuTicksEach(procs)
 	if err != nil {
 		return s, err
 	}
-	cpu := load.CPUSeconds(after-before) * 1e6
+	per := 0.0 // units of work: MB moved, or round trips
 	if s.Gbps > 0 {
-		if mb := s.Gbps * 1e9 / 8 * s.Seconds / 1e6; mb > 0 {
-			s.CPUus = cpu / mb
-		}
+		per = s.Gbps * 1e9 / 8 * s.Seconds / 1e6
 	} else if s.PerSecond > 0 {
-		s.CPUus = cpu / float64(co.Count)
+		per = float64(co.Count)
+	}
+	if per > 0 {
+		for i, pr := range procs {
+			us := load.CPUSeconds(after[i]-before[i]) * 1e6 / per
+			s.CPUus += us
+			s.Procs = append(s.Procs, ProcCPU{Role: procRole(i, len(procs)), Name: pr.name, CPUus: us})
+		}
 	}
 	return s, nil
+}
+
+// procRole names the i-th of n proxy processes by its place on the path.
+func procRole(i, n int) string {
+	switch {
+	case n == 1:
+		return "proxy"
+	case i == 0:
+		return "client side"
+	case i == n-1:
+		return "server side"
+	}
+	return fmt.Sprintf("hop %d", i+1)
 }
 
 // logHold logs the command of every client on every path, for --hold.
@@ -670,6 +702,7 @@ func ClientsMarkdown(cr *Clients) string {
 	for _, p := range cr.Paths {
 		fmt.Fprintf(&b, "- `%s`: %s\n", p.ID, p.Note)
 	}
+	cr.writeProcsCPU(&b)
 	if len(cr.Skipped) > 0 {
 		b.WriteString("\nSkipped:\n\n")
 		for _, s := range slices.SortedFunc(slices.Values(cr.Skipped), func(a, c report.Skip) int { return cmp.Compare(a.What, c.What) }) {
@@ -683,4 +716,65 @@ func ClientsMarkdown(cr *Clients) string {
 		}
 	}
 	return b.String()
+}
+
+// writeProcsCPU writes the throughput clients' CPU per byte by process on
+// the two-process paths: which half of a pair costs what (µs per MB is ms
+// per GB). Median and range over the rounds, and for the daemons the
+// paired ratio to the same half of the group's HAProxy pair (median over
+// rounds of the ratio within the round).
+func (cr *Clients) writeProcsCPU(b *strings.Builder) {
+	header := false
+	for _, c := range []string{ClientZloadTput1, ClientIperf3} {
+		for _, p := range cr.Paths {
+			roles, byRole := cr.procsCPU(p.ID, c)
+			var peer map[string]map[int]float64
+			if p.Daemon {
+				_, peer = cr.procsCPU(peerOf(p.Group), c)
+			}
+			for _, r := range roles {
+				if !header {
+					header = true
+					b.WriteString("\nCPU per byte by process (throughput clients; ms of CPU per GB moved, " +
+						"user and system; median and range over the rounds; paired ratio: to the same half of " +
+						"HAProxy's pair, median over rounds of the ratio within the round):\n\n" +
+						"| client | path | process | ms/GB | range | paired ratio to HAProxy |\n|---|---|---|---:|---|---:|\n")
+				}
+				var v, rs []float64
+				for round, us := range byRole[r] {
+					v = append(v, us)
+					if h := peer[r][round]; h > 0 {
+						rs = append(rs, us/h)
+					}
+				}
+				med, lo, hi := median(v)
+				paired := "—"
+				if len(rs) > 0 {
+					m, _, _ := median(rs)
+					paired = fmt.Sprintf("%.2f×", m)
+				}
+				fmt.Fprintf(b, "| %s | %s | %s | %.0f | %.0f–%.0f | %s |\n", c, p.ID, r, med, lo, hi, paired)
+			}
+		}
+	}
+}
+
+// procsCPU returns client's CPU per unit by process role on path, by
+// round, and the roles in path order; single-process paths have none.
+func (cr *Clients) procsCPU(path, client string) ([]string, map[string]map[int]float64) {
+	var roles []string
+	byRole := map[string]map[int]float64{}
+	for _, s := range cr.Samples {
+		if s.Path != path || s.Client != client || len(s.Procs) < 2 {
+			continue
+		}
+		for _, pc := range s.Procs {
+			if byRole[pc.Role] == nil {
+				roles = append(roles, pc.Role)
+				byRole[pc.Role] = map[int]float64{}
+			}
+			byRole[pc.Role][s.Round] = pc.CPUus
+		}
+	}
+	return roles, byRole
 }

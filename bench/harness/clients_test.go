@@ -166,6 +166,14 @@ func TestClientsMarkdown(t *testing.T) {
 			s := ClientSample{Path: path, Client: client, Round: i + 1}
 			if client == ClientIperf3 {
 				s.Gbps = v
+				// Client side per round: ours 900, 1000, 2000, HAProxy
+				// 1000, 500, 1000: paired 2.00× where the medians'
+				// ratio is 1.00.
+				cs := []float64{900, 1000, 2000}[i]
+				if path == ha2 {
+					cs = []float64{1000, 500, 1000}[i]
+				}
+				s.Procs = []ProcCPU{{Role: "client side", Name: "a", CPUus: cs}, {Role: "server side", Name: "b", CPUus: 600}}
 			} else {
 				s.P50us, s.P99us = v, 2*v
 			}
@@ -187,6 +195,10 @@ func TestClientsMarkdown(t *testing.T) {
 		// Per round 4.5/3, 4.5/3, 1/3: paired 1.50.
 		"| iperf3 | " + ours2 + " | 3.00 Gbit/s | 3.00–3.00 | — | 0.0 | **1.50×** | 1.50× |",
 		"| iperf3 | " + ha2 + " | 4.50 Gbit/s | 1.00–4.50 | — | 0.0 | — | — |",
+		// CPU per byte by process: median and range over the rounds.
+		"| iperf3 | " + ours2 + " | client side | 1000 | 900–2000 | 2.00× |",
+		"| iperf3 | " + ours2 + " | server side | 600 | 600–600 | 1.00× |",
+		"| iperf3 | " + ha2 + " | client side | 1000 | 500–1000 | — |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("CLIENTS.md lacks %q:\n%s", want, md)

@@ -9,14 +9,16 @@ import (
 )
 
 // gcHelperEnv makes the test binary, run again by TestGCTraceFromRuntime
-// under GODEBUG=gctrace=1, collect five times and exit, so that the
-// runtime itself prints the lines the Load scenario reads.
+// under GODEBUG=gctrace=1, collect six times and exit, so that the
+// runtime itself prints the lines the Load scenario reads. Six, for five
+// whole lines: runtime.GC can return before the runtime has printed the end
+// of the cycle's line (" (forced)"), and the exit may cut the last one.
 const gcHelperEnv = "ZBENCH_GCTRACE_HELPER"
 
 // runGCHelper is the helper's body (TestMain runs it in the child).
 func runGCHelper() {
 	var keep [][]byte
-	for range 5 {
+	for range 6 {
 		for range 1000 {
 			keep = append(keep, make([]byte, 1024))
 		}

@@ -178,15 +178,26 @@ func (b *bench) zload(ctx context.Context, ns netnslab.NS, timeout time.Duration
 }
 
 func cpuTicks(procs []*proc) (int64, error) {
+	each, err := cpuTicksEach(procs)
 	var sum int64
-	for _, p := range procs {
+	for _, t := range each {
+		sum += t
+	}
+	return sum, err
+}
+
+// cpuTicksEach is each process's CPU ticks (user and system), in procs'
+// order.
+func cpuTicksEach(procs []*proc) ([]int64, error) {
+	each := make([]int64, len(procs))
+	for i, p := range procs {
 		ps, err := load.ReadProc(p.pid)
 		if err != nil {
-			return 0, fmt.Errorf("%s: %w", p.name, err)
+			return nil, fmt.Errorf("%s: %w", p.name, err)
 		}
-		sum += ps.CPUTicks
+		each[i] = ps.CPUTicks
 	}
-	return sum, nil
+	return each, nil
 }
 
 // measure runs one metric on one target and reads the proxies' CPU around

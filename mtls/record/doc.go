@@ -2,8 +2,10 @@
 // whose application data is protected here (RFC 8446 sections 5 and 7), so
 // that bytes move between the caller's buffers and the socket with as few
 // passes as possible: a Write seals all its records into one pooled buffer
-// and sends them with one write system call; a Read decrypts straight from
-// the socket buffer into the caller's slice when the record fits.
+// and sends them with one write system call (WriteLent and TryWriteLent
+// seal them straight from a buffer the caller lends, without copying it
+// first); a Read decrypts straight from the socket buffer into the
+// caller's slice when the record fits.
 //
 // Certificates, verification callbacks, ALPN and every handshake decision
 // stay with crypto/tls. The traffic secrets are learnt through a
@@ -26,8 +28,8 @@
 //
 // A connection can also be driven by an event loop that owns the socket
 // (fd mode, loop.go): after UseFD every read and write is one non-blocking
-// system call on the caller's descriptor, made by TryRead, TryWrite,
-// TryFlush, TryKeyUpdate and TryClose; Drained tells an edge-triggered
+// system call on the caller's descriptor, made by TryRead, TryWrite (and
+// TryWriteLent), TryFlush, TryKeyUpdate and TryClose; Drained tells an edge-triggered
 // caller when it may wait for the next edge. The record rules are the same
 // code as Read's and Write's; held records are bounded by one output buffer
 // (TryWrite refuses past it); the connection never closes the descriptor,

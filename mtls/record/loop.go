@@ -160,11 +160,11 @@ func (c *Conn) readFDLocked(buf []byte) error {
 	return io.EOF
 }
 
-// tryWriteFDLocked is TryWrite in fd mode (see there). Held records are
+// tryWriteFDLocked is TryWrite (TryWriteLent with lent) in fd mode (see there). Held records are
 // sent first; p is sealed behind whatever stays held only when both fit in
 // the held buffer without growing it, so at most one output buffer is ever
 // held per connection.
-func (c *Conn) tryWriteFDLocked(p []byte) (ok, queued bool, err error) {
+func (c *Conn) tryWriteFDLocked(p []byte, lent bool) (ok, queued bool, err error) {
 	if err := c.writableLocked(); err != nil {
 		return true, c.unsent != nil, err
 	}
@@ -181,7 +181,7 @@ func (c *Conn) tryWriteFDLocked(p []byte) (ok, queued bool, err error) {
 		}
 	}
 	buf, start := c.heldBufLocked(sealRoom(len(p)))
-	buf, err = c.sealAllLocked(buf, p)
+	buf, err = c.sealAllLocked(buf, p, lent)
 	c.holdLocked(buf, start)
 	if err != nil {
 		return true, c.unsent != nil, err

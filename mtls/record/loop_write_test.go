@@ -142,19 +142,24 @@ func TestTryWriteFDInterleaved(t *testing.T) {
 	}
 }
 
-// TestTryWriteSealsAll: a TryWrite of MaxTryWrite bytes that also carries
-// the KeyUpdate the peer asked for and a rekey (which take the room of the
-// batch's last record) still seals all of p, blocking or in fd mode.
+// TestTryWriteSealsAll: a TryWrite (or TryWriteLent) of MaxTryWrite bytes
+// that also carries the KeyUpdate the peer asked for and a rekey (which
+// take the room of the batch's last record) still seals all of p, blocking
+// or in fd mode.
 func TestTryWriteSealsAll(t *testing.T) {
-	for _, fdMode := range []bool{false, true} {
-		t.Run(map[bool]string{false: "blocking", true: "fd"}[fdMode], func(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		fdMode, lent bool
+	}{{"blocking", false, false}, {"fd", true, false}, {"blocking-lent", false, true}, {"fd-lent", true, true}} {
+		fdMode := tc.fdMode
+		t.Run(tc.name, func(t *testing.T) {
 			cli, srv := pair(t, kindOurs, kindTLS, nil)
 			c := cli.(*Conn)
 			fd := -1
 			if fdMode {
 				fd = detachFD(t, c)
 			}
-			p := make([]byte, MaxTryWrite)
+			p := make([]byte, MaxTryWrite, MaxTryWrite+1) // lent: every record sealed in place
 			rand.Read(p)
 			got := make(chan []byte, 1)
 			go func() {
@@ -170,7 +175,11 @@ func TestTryWriteSealsAll(t *testing.T) {
 			rekeyAfter = 8
 			t.Cleanup(func() { rekeyAfter = old })
 			c.pendingKeyUpdate.Store(true)
-			ok, queued, err := c.TryWrite(p)
+			write := c.TryWrite
+			if tc.lent {
+				write = c.TryWriteLent
+			}
+			ok, queued, err := write(p)
 			if !ok || err != nil {
 				t.Fatalf("TryWrite = %v, %v, %v", ok, queued, err)
 			}
@@ -184,6 +193,94 @@ func TestTryWriteSealsAll(t *testing.T) {
 			}
 			if b := <-got; !bytes.Equal(b, p) {
 				t.Fatalf("peer read %d bytes, not the %d TryWrite took", len(b), len(p))
+			}
+		})
+	}
+}
+
+// TestTryWriteLent: TryWriteLent and WriteLent seal straight from the
+// caller's buffer, borrowing the byte after each record's content for its
+// type byte, and give every byte back: after each call the whole buffer
+// (p, the bytes after it, and the capacity beyond) is as before, and a
+// crypto/tls peer reads exactly what was written. Sizes around the record
+// boundary, p inside a larger buffer (the byte after it is the next
+// batch's) and p ending at its capacity (the last record is copied);
+// TryWriteLent blocking and in fd mode, WriteLent with sizes up to twice
+// what one output buffer takes.
+func TestTryWriteLent(t *testing.T) {
+	for _, mode := range []string{"blocking", "fd", "WriteLent"} {
+		t.Run(mode, func(t *testing.T) {
+			fdMode := mode == "fd"
+			sizes := []int{1, maxPlaintext - 1, maxPlaintext, maxPlaintext + 1, 3*maxPlaintext + 5, MaxTryWrite}
+			if mode == "WriteLent" {
+				sizes = append(sizes, 2*MaxTryWrite+3)
+			}
+			cli, srv := pair(t, kindOurs, kindTLS, nil)
+			c := cli.(*Conn)
+			fd := -1
+			if fdMode {
+				fd = detachFD(t, c)
+			}
+			var sent []byte
+			write := func(p []byte) {
+				t.Helper()
+				if mode == "WriteLent" {
+					if n, err := c.WriteLent(p); n != len(p) || err != nil {
+						t.Fatalf("WriteLent(%d bytes) = %d, %v", len(p), n, err)
+					}
+					sent = append(sent, p...)
+					return
+				}
+				ok, queued, err := c.TryWriteLent(p)
+				if !ok || err != nil {
+					t.Fatalf("TryWriteLent(%d bytes) = %v, %v, %v", len(p), ok, queued, err)
+				}
+				sent = append(sent, p...)
+				if !queued {
+					return
+				}
+				if fdMode {
+					fdFlush(t, c, fd)
+				} else if err := c.Flush(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := make(chan []byte, 1)
+			go func() {
+				b, err := io.ReadAll(srv)
+				if err != nil {
+					b = nil // a bad record fails its authentication
+				}
+				got <- b
+			}()
+			for _, n := range sizes {
+				for _, atCap := range []bool{false, true} {
+					buf := make([]byte, n+64, n+128)
+					rand.Read(buf[:cap(buf)])
+					before := bytes.Clone(buf[:cap(buf)])
+					p := buf[:n]
+					if atCap {
+						p = buf[:n:n]
+					}
+					write(p)
+					if after := buf[:cap(buf)]; !bytes.Equal(after, before) {
+						i := 0
+						for after[i] == before[i] {
+							i++
+						}
+						t.Fatalf("%d bytes (at cap %v): byte %d changed from %#x to %#x", n, atCap, i, before[i], after[i])
+					}
+				}
+			}
+			if fdMode {
+				for !c.TryClose() {
+					waitFD(t, fd, unix.POLLOUT)
+				}
+			} else if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if b := <-got; !bytes.Equal(b, sent) {
+				t.Fatalf("peer read %d bytes, not the %d written", len(b), len(sent))
 			}
 		})
 	}

@@ -37,6 +37,21 @@ var outBufs = sync.Pool{New: func() any {
 // buffer and writes them with one call on the underlying connection (one
 // per 256 KiB). A failed or timed-out write fails every later Write.
 func (c *Conn) Write(p []byte) (int, error) {
+	return c.write(p, false)
+}
+
+// WriteLent is Write for a caller that lends p's memory for the call, as
+// TryWriteLent: each record is sealed straight from p, its type byte put
+// for the seal into the byte of p after its content (or after p, within
+// cap(p)) and restored, so p's bytes change during the call and are as
+// they were when it returns. Nothing else may read or write that memory
+// meanwhile.
+func (c *Conn) WriteLent(p []byte) (int, error) {
+	return c.write(p, true)
+}
+
+// write is Write and, with lent, WriteLent.
+func (c *Conn) write(p []byte, lent bool) (int, error) {
 	own, err := c.ownRecords()
 	if err != nil {
 		return 0, err
@@ -56,7 +71,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 	defer putOut(ob)
 	written := 0
 	for {
-		buf, queued, err := c.sealLocked((*ob)[:0], p[written:])
+		buf, queued, err := c.sealLocked((*ob)[:0], p[written:], lent)
 		if err != nil {
 			return written, err
 		}
@@ -72,8 +87,10 @@ func (c *Conn) Write(p []byte) (int, error) {
 
 // sealLocked appends to buf the records carrying as much of p as buf's
 // capacity takes, after any KeyUpdate that is due, and reports how many
-// bytes of p they carry.
-func (c *Conn) sealLocked(buf, p []byte) ([]byte, int, error) {
+// bytes of p they carry. With lent (TryWriteLent), a record whose content
+// has a byte of p's capacity after it is sealed straight from p
+// (sealFromLocked); any other is copied into buf first.
+func (c *Conn) sealLocked(buf, p []byte, lent bool) ([]byte, int, error) {
 	var err error
 	if c.pendingKeyUpdate.Swap(false) {
 		if buf, err = c.appendKeyUpdateLocked(buf, false); err != nil {
@@ -88,7 +105,12 @@ func (c *Conn) sealLocked(buf, p []byte) ([]byte, int, error) {
 			}
 		}
 		k := min(len(p)-queued, maxPlaintext)
-		if buf, err = c.appendRecordLocked(buf, typeApplicationData, p[queued:queued+k]); err != nil {
+		if lent && queued+k < cap(p) {
+			buf, err = c.sealFromLocked(buf, p[queued:queued+k+1])
+		} else {
+			buf, err = c.appendRecordLocked(buf, typeApplicationData, p[queued:queued+k])
+		}
+		if err != nil {
 			return buf, queued, err
 		}
 		queued += k
@@ -99,11 +121,11 @@ func (c *Conn) sealLocked(buf, p []byte) ([]byte, int, error) {
 // sealAllLocked is sealLocked for all of p (at most MaxTryWrite bytes): in
 // the rare batch where KeyUpdates take the room of the last record (one
 // the peer asked for and one rekeyAfter makes due), buf grows for it.
-func (c *Conn) sealAllLocked(buf, p []byte) ([]byte, error) {
+func (c *Conn) sealAllLocked(buf, p []byte, lent bool) ([]byte, error) {
 	for {
 		var queued int
 		var err error
-		buf, queued, err = c.sealLocked(buf, p)
+		buf, queued, err = c.sealLocked(buf, p, lent)
 		if err != nil || queued == len(p) {
 			return buf, err
 		}
@@ -135,13 +157,31 @@ const MaxTryWrite = writeBatch * maxPlaintext
 // alert the reader owes the peer is queued instead of p, and TryWrite
 // returns the write side's error.
 func (c *Conn) TryWrite(p []byte) (ok, queued bool, err error) {
+	return c.tryWrite(p, false)
+}
+
+// TryWriteLent is TryWrite for a caller that lends p's memory for the
+// duration of the call: each record is sealed straight from p into the
+// output buffer, without TryWrite's copy of the content, by putting the
+// record's content-type byte (which the sealed plaintext needs right after
+// the content) into the byte of p that follows the content, and restoring
+// that byte after the seal. So p's bytes, and the byte after p when cap(p)
+// allows, change during the call; all are as they were when it returns.
+// Nothing else may read or write that memory meanwhile. A last record
+// without a byte of capacity after it is copied, as TryWrite does.
+func (c *Conn) TryWriteLent(p []byte) (ok, queued bool, err error) {
+	return c.tryWrite(p, true)
+}
+
+// tryWrite is TryWrite and, with lent, TryWriteLent.
+func (c *Conn) tryWrite(p []byte, lent bool) (ok, queued bool, err error) {
 	if c.fdMode.Load() {
 		if len(p) > MaxTryWrite {
 			return false, false, nil
 		}
 		c.wmu.Lock()
 		defer c.wmu.Unlock()
-		return c.tryWriteFDLocked(p)
+		return c.tryWriteFDLocked(p, lent)
 	}
 	if !c.hsDone.Load() || c.fallback || c.rc == nil || len(p) > MaxTryWrite {
 		return false, false, nil
@@ -159,7 +199,7 @@ func (c *Conn) TryWrite(p []byte) (ok, queued bool, err error) {
 		return true, false, err
 	}
 	ob := outBufs.Get().(*[]byte)
-	buf, err := c.sealAllLocked((*ob)[:0], p)
+	buf, err := c.sealAllLocked((*ob)[:0], p, lent)
 	if err != nil {
 		putOut(ob)
 		return true, false, err
@@ -312,6 +352,30 @@ func (c *Conn) appendRecordLocked(buf []byte, typ byte, content []byte) ([]byte,
 	buf = append(buf, typ)
 	pt := buf[start+headerLen:]
 	sealed := c.out.aead.Seal(pt[:0], nonce, pt, c.out.aad[:])
+	return buf[:start+headerLen+len(sealed)], nil
+}
+
+// sealFromLocked appends one application-data record carrying pt[:len(pt)-1]
+// sealed straight from pt, without the copy appendRecordLocked makes: the
+// inner plaintext's type byte goes into pt's last byte for the seal, which
+// reads pt and writes the ciphertext behind the header in buf, and the
+// byte is restored. The caller lends pt (TryWriteLent).
+func (c *Conn) sealFromLocked(buf, pt []byte) ([]byte, error) {
+	nonce, err := c.out.nextNonce()
+	if err != nil {
+		c.werr = err
+		return buf, err
+	}
+	start := len(buf)
+	clen := len(pt) + tagLen               // the content, its type byte, the tag
+	buf = slices.Grow(buf, headerLen+clen) // no-op for the pooled buffers
+	c.out.aad = [headerLen]byte{typeApplicationData, 3, 3, byte(clen >> 8), byte(clen)}
+	buf = append(buf, c.out.aad[:]...)
+	last := len(pt) - 1
+	saved := pt[last]
+	pt[last] = typeApplicationData
+	sealed := c.out.aead.Seal(buf[len(buf):], nonce, pt, c.out.aad[:])
+	pt[last] = saved
 	return buf[:start+headerLen+len(sealed)], nil
 }
 
