@@ -314,12 +314,14 @@ func sameHashedIndex[V any](t *testing.T, what string, got, want *shardMap[hashe
 	}
 }
 
-// sameUIDIndex compares two indexes of workloads by UID, checking that
-// each entry sits under its UID's hash where workloadByUID finds it.
-func sameUIDIndex(t *testing.T, got, want *shardMap[hashed, *Workload]) {
+// sameKeyedIndex compares two indexes keyed by hash alone (a probe compares
+// the value's own key: by UID, services by key), checking that each entry
+// sits under its key's hash where get finds it.
+func sameKeyedIndex[K comparable, V comparable](t *testing.T, what string, got, want *shardMap[hashed, V],
+	key func(V) K, hash func(K) uint64, get func(*shardMap[hashed, V], K) V) {
 	t.Helper()
-	byUID := func(m *shardMap[hashed, *Workload]) map[string]*Workload {
-		out := map[string]*Workload{}
+	byKey := func(m *shardMap[hashed, V]) map[K]V {
+		out := map[K]V{}
 		n := 0
 		for i := range m.numShards() {
 			sh := m.shard(uint64(i))
@@ -328,60 +330,25 @@ func sameUIDIndex(t *testing.T, got, want *shardMap[hashed, *Workload]) {
 				if s.h == 0 {
 					continue
 				}
-				if h := hashString(s.v.UID); h != s.h || h>>m.shift != uint64(i) {
-					t.Errorf("byUID: %q stored with hash %#x in shard %d of %d, hashes to %#x", s.v.UID, s.h, i, m.numShards(), h)
-				}
-				out[s.v.UID] = s.v
-			}
-		}
-		if len(out) != m.n || n != m.n {
-			t.Errorf("byUID: %d entries, shard lengths add up to %d, counted %d", len(out), n, m.n)
-		}
-		for uid, w := range out {
-			if got := workloadByUID(m, uid); got != w {
-				t.Errorf("byUID: get(%q) = %v, stored %v", uid, got, w)
-			}
-		}
-		return out
-	}
-	if g, w := byUID(got), byUID(want); !reflect.DeepEqual(g, w) {
-		t.Errorf("byUID differs:\n got %v\nwant %v", g, w)
-	}
-}
-
-// sameSvcKeyIndex compares two indexes of services by key, checking that
-// each entry sits under its key's hash where serviceByKey finds it.
-func sameSvcKeyIndex(t *testing.T, got, want *shardMap[hashed, *Service]) {
-	t.Helper()
-	byKey := func(m *shardMap[hashed, *Service]) map[NamespacedHostname]*Service {
-		out := map[NamespacedHostname]*Service{}
-		n := 0
-		for i := range m.numShards() {
-			sh := m.shard(uint64(i))
-			n += len(sh)
-			for _, s := range sh[:cap(sh)] {
-				if s.h == 0 {
-					continue
-				}
-				k := NamespacedHostname{s.v.Namespace, s.v.Hostname}
-				if h := hashNH(k); h != s.h || h>>m.shift != uint64(i) {
-					t.Errorf("svcByKey: %v stored with hash %#x in shard %d of %d, hashes to %#x", k, s.h, i, m.numShards(), h)
+				k := key(s.v)
+				if h := hash(k); h != s.h || h>>m.shift != uint64(i) {
+					t.Errorf("%s: %v stored with hash %#x in shard %d of %d, hashes to %#x", what, k, s.h, i, m.numShards(), h)
 				}
 				out[k] = s.v
 			}
 		}
 		if len(out) != m.n || n != m.n {
-			t.Errorf("svcByKey: %d entries, shard lengths add up to %d, counted %d", len(out), n, m.n)
+			t.Errorf("%s: %d entries, shard lengths add up to %d, counted %d", what, len(out), n, m.n)
 		}
 		for k, v := range out {
-			if got := serviceByKey(m, k); got != v {
-				t.Errorf("svcByKey: get(%v) = %v, stored %v", k, got, v)
+			if got := get(m, k); got != v {
+				t.Errorf("%s: get(%v) = %v, stored %v", what, k, got, v)
 			}
 		}
 		return out
 	}
 	if g, w := byKey(got), byKey(want); !reflect.DeepEqual(g, w) {
-		t.Errorf("svcByKey differs:\n got %v\nwant %v", g, w)
+		t.Errorf("%s differs:\n got %v\nwant %v", what, g, w)
 	}
 }
 
@@ -411,12 +378,13 @@ func sameAddrIndex[V any](t *testing.T, what string, got, want *Snapshot, ix fun
 // the same index entries.
 func checkSame(t *testing.T, got, want *Snapshot) {
 	t.Helper()
-	sameUIDIndex(t, &got.byUID, &want.byUID)
+	sameKeyedIndex(t, "byUID", &got.byUID, &want.byUID, func(w *Workload) string { return w.UID }, hashString, workloadByUID)
 	sameAddrIndex(t, "byAddr", got, want, func(s *Snapshot) *addrIndex[*Workload] { return &s.byAddr })
 	sameHashedIndex(t, "byInfo", &got.byInfo, &want.byInfo)
 	sameIndex(t, "byInfoMulti", &got.byInfoMulti, &want.byInfoMulti)
 	sameIndex(t, "byHost", &got.byHost, &want.byHost)
-	sameSvcKeyIndex(t, &got.svcByKey, &want.svcByKey)
+	sameKeyedIndex(t, "svcByKey", &got.svcByKey, &want.svcByKey,
+		func(s *Service) NamespacedHostname { return NamespacedHostname{s.Namespace, s.Hostname} }, hashNH, serviceByKey)
 	sameAddrIndex(t, "svcByVIP", got, want, func(s *Snapshot) *addrIndex[[1]*Service] { return &s.svcByVIP })
 	sameAddrIndex(t, "svcByVIPMany", got, want, func(s *Snapshot) *addrIndex[[]*Service] { return &s.svcByVIPMany })
 	sameIndex(t, "svcByHost", &got.svcByHost, &want.svcByHost)

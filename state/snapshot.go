@@ -201,7 +201,9 @@ func (s *Snapshot) Warnings() []string { return s.warnings.get(s.findWarnings) }
 func (s *Snapshot) WorkloadByUID(uid string) *Workload { return workloadByUID(&s.byUID, uid) }
 
 // workloadByUID returns the workload of m, an index by UID, with the given
-// UID, or nil.
+// UID, or nil. It and serviceByKey write out the probe that the Writer's
+// edits make through findFunc: a lookup compares in line rather than
+// through a closure call per probed slot.
 func workloadByUID(m *shardMap[hashed, *Workload], uid string) *Workload {
 	h := hashString(uid)
 	i := h >> m.shift

@@ -19,7 +19,7 @@ import (
 // delivers it: every string is its own copy until conversion interns it.
 func decodedWorkload(t *testing.T, name string, services map[string]*workloadapi.PortList) *state.Workload {
 	t.Helper()
-	b, err := proto.Marshal(&workloadapi.Workload{
+	return convertDecoded(t, &workloadapi.Workload{
 		Uid: "Kubernetes//Pod/ns-1/" + name, Name: name, Namespace: "ns-1", ServiceAccount: "app",
 		Node: "node-7", Network: "net-1", ClusterId: "cluster-1", TrustDomain: "td.example",
 		WorkloadName: "app", CanonicalName: "app", CanonicalRevision: "v1",
@@ -28,6 +28,13 @@ func decodedWorkload(t *testing.T, name string, services map[string]*workloadapi
 		Locality:              &workloadapi.Locality{Region: "r1", Zone: "z1", Subzone: "s1"},
 		Services:              services,
 	})
+}
+
+// convertDecoded converts m as the daemon does a pushed one: from its wire
+// bytes, so that its strings are fresh copies as a decoded message's are.
+func convertDecoded(t *testing.T, m *workloadapi.Workload) *state.Workload {
+	t.Helper()
+	b, err := proto.Marshal(m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,22 +350,10 @@ func TestConvertServiceShares(t *testing.T) {
 // more leaves the table.
 func TestInternKeepsStringsInUse(t *testing.T) {
 	convert := func(workloadName string) *state.Workload {
-		b, err := proto.Marshal(&workloadapi.Workload{
+		return convertDecoded(t, &workloadapi.Workload{
 			Uid: "Kubernetes//Pod/ns-keep/" + workloadName, Name: workloadName, Namespace: "ns-keep",
 			ServiceAccount: "sa-keep", Node: "node-keep", WorkloadName: workloadName,
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var x workloadapi.Workload
-		if err := proto.Unmarshal(b, &x); err != nil {
-			t.Fatal(err)
-		}
-		w, err := ConvertWorkload(&x)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return w
 	}
 	first := convert("first")
 	runtime.GC()
