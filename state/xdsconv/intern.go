@@ -197,8 +197,13 @@ func internExtra(w *state.Workload, x state.WorkloadExtra) {
 		w.Extra = p
 		return
 	}
-	w.Extra = &x
-	c.putLocked(h, w.Extra)
+	// A copy, so that x stays on the stack: most workloads find theirs
+	// shared, and an allocation made before the lookup was garbage
+	// between the records a push keeps (see decodeBatch).
+	p := new(state.WorkloadExtra)
+	*p = x
+	w.Extra = p
+	c.putLocked(h, p)
 }
 
 // extraHash hashes x's content.
