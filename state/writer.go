@@ -314,7 +314,8 @@ func (w *Writer) putWorkloadLocked(wl *Workload, undos *[]func()) {
 func (w *Writer) addWorkloadLocked(wl *Workload, logConflicts bool) {
 	w.pending[wl.UID] = wl
 	w.nWorkloads++
-	for _, k := range indexedAddrs(wl) {
+	var buf [2]NetworkAddress
+	for _, k := range indexedAddrs(buf[:0], wl) {
 		if first := w.addOwnerLocked(k, wl); first != nil && logConflicts {
 			w.logf("xds: workload %q shares address %s with %q; ranking decides which one the address resolves to",
 				wl.UID, k, first.UID)
@@ -376,7 +377,8 @@ func (w *Writer) removeWorkloadLocked(uid string) {
 		return
 	}
 	// The addresses first: holderLocked finds their holder through uid.
-	for _, k := range indexedAddrs(old) {
+	var buf [2]NetworkAddress
+	for _, k := range indexedAddrs(buf[:0], old) {
 		w.removeOwnerLocked(k, old)
 	}
 	w.pending[uid] = nil
@@ -395,12 +397,14 @@ func (w *Writer) removePolicyLocked(name string) {
 	}
 }
 
-// indexedAddrs returns the distinct keys under which w is found by address.
-func indexedAddrs(w *Workload) []NetworkAddress {
+// indexedAddrs appends to keys the distinct keys under which w is found by
+// address. Callers pass a small array of their own: a workload has one or
+// two addresses, and a slice made here per put was garbage among the
+// objects a push keeps.
+func indexedAddrs(keys []NetworkAddress, w *Workload) []NetworkAddress {
 	if w.NetworkMode == NetworkModeHostNetwork || len(w.Addresses) == 0 {
-		return nil
+		return keys
 	}
-	keys := make([]NetworkAddress, 0, len(w.Addresses))
 	for _, ip := range w.Addresses {
 		k := NetworkAddress{Network: w.Network(), Addr: ip.Unmap()}
 		if !slices.Contains(keys, k) {
@@ -554,7 +558,8 @@ func (w *Writer) deltaLocked() Delta {
 // originals then records.
 func (w *Writer) publishedLocked(wl *Workload) *Workload {
 	var lost []netip.Addr
-	for _, k := range indexedAddrs(wl) {
+	var buf [2]NetworkAddress
+	for _, k := range indexedAddrs(buf[:0], wl) {
 		if list, c := w.conflicts[k]; c && winner(list) != wl {
 			lost = append(lost, k.Addr)
 		}
