@@ -131,23 +131,13 @@ var places = weakCache[state.Placement]{minSweep: 64}
 // internPlace returns the shared value equal to p, its strings interned
 // (nil for the zero Placement, which means neither node nor locality).
 func internPlace(p state.Placement) *state.Placement {
-	if p == (state.Placement{}) {
-		return nil
-	}
-	h := maphash.Comparable(cacheSeed, p)
-	c := &places
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if v := c.getLocked(h, func(v *state.Placement) bool { return *v == p }); v != nil {
-		return v
-	}
-	l := p.Locality
-	v := &state.Placement{
-		Node:     intern(p.Node),
-		Locality: state.Locality{Region: intern(l.Region), Zone: intern(l.Zone), Subzone: intern(l.Subzone)},
-	}
-	c.putLocked(h, v)
-	return v
+	return shareEqual(&places, p, func(p state.Placement) state.Placement {
+		l := p.Locality
+		return state.Placement{
+			Node:     intern(p.Node),
+			Locality: state.Locality{Region: intern(l.Region), Zone: intern(l.Zone), Subzone: intern(l.Subzone)},
+		}
+	})
 }
 
 // labelSets shares the workloads' Labels values: one per deployment (and
@@ -157,22 +147,32 @@ var labelSets = weakCache[state.WorkloadLabels]{minSweep: 1024}
 // internLabels returns the shared value equal to l, its strings interned
 // (nil for the zero WorkloadLabels).
 func internLabels(l state.WorkloadLabels) *state.WorkloadLabels {
-	if l == (state.WorkloadLabels{}) {
+	return shareEqual(&labelSets, l, func(l state.WorkloadLabels) state.WorkloadLabels {
+		return state.WorkloadLabels{
+			Namespace: intern(l.Namespace), ServiceAccount: intern(l.ServiceAccount), Network: intern(l.Network),
+			WorkloadName: intern(l.WorkloadName), WorkloadType: intern(l.WorkloadType),
+			CanonicalName: intern(l.CanonicalName), CanonicalRevision: intern(l.CanonicalRevision),
+			TrustDomain: intern(l.TrustDomain), ClusterID: intern(l.ClusterID),
+		}
+	})
+}
+
+// shareEqual returns c's value equal to v, or stores and returns a new one
+// made by fresh (v with its strings interned); nil for the zero value. It
+// is the cache's lookup for a value type Go compares and hashes itself.
+func shareEqual[T comparable](c *weakCache[T], v T, fresh func(T) T) *T {
+	var zero T
+	if v == zero {
 		return nil
 	}
-	h := maphash.Comparable(cacheSeed, l)
-	c := &labelSets
+	h := maphash.Comparable(cacheSeed, v)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if p := c.getLocked(h, func(p *state.WorkloadLabels) bool { return *p == l }); p != nil {
+	if p := c.getLocked(h, func(p *T) bool { return *p == v }); p != nil {
 		return p
 	}
-	p := &state.WorkloadLabels{
-		Namespace: intern(l.Namespace), ServiceAccount: intern(l.ServiceAccount), Network: intern(l.Network),
-		WorkloadName: intern(l.WorkloadName), WorkloadType: intern(l.WorkloadType),
-		CanonicalName: intern(l.CanonicalName), CanonicalRevision: intern(l.CanonicalRevision),
-		TrustDomain: intern(l.TrustDomain), ClusterID: intern(l.ClusterID),
-	}
+	p := new(T)
+	*p = fresh(v)
 	c.putLocked(h, p)
 	return p
 }
