@@ -8,13 +8,7 @@ func SetNoPeek(e *Engine, v bool) { e.noPeek = v }
 // DirectShortWrites counts the direct writes (TryDeliver) of e's stream
 // relays that the socket did not take whole: a partial write or EAGAIN.
 func DirectShortWrites(e *Engine) int64 {
-	var n int64
-	if b, ok := e.backend.(*epollBackend); ok {
-		for _, l := range b.loops {
-			n += l.nDirectShort.Load()
-		}
-	}
-	return n
+	return sumLoops(e, false, func(l *eloop) int64 { return l.nDirectShort.Load() })
 }
 
 // SetStreamWaitBlock makes e's stream loops block their goroutine in
@@ -32,35 +26,35 @@ func SetStreamWaitBlock(e *Engine) {
 // PollerWakes counts the wake-ups e's epoll loops were sent through their
 // pollers (eventfd writes or deadline pokes) since e started.
 func PollerWakes(e *Engine) int64 {
-	var n int64
-	if b, ok := e.backend.(*epollBackend); ok {
-		for _, l := range b.loops {
-			n += l.nWakeups.Load()
-		}
-	}
-	return n
+	return sumLoops(e, false, func(l *eloop) int64 { return l.nWakeups.Load() })
 }
 
 // LoopYields counts the yields e's epoll loops made to keep their
 // scheduling tick moving (blockingYieldEvery).
 func LoopYields(e *Engine) int64 {
-	var n int64
-	if b, ok := e.backend.(*epollBackend); ok {
-		for _, l := range b.loops {
-			n += l.nYields.Load()
-		}
-	}
-	return n
+	return sumLoops(e, false, func(l *eloop) int64 { return l.nYields.Load() })
 }
 
 // LoopWaits counts the waits e's epoll stream loops returned from since e
 // started (an idle loop makes none).
 func LoopWaits(e *Engine) int64 {
+	return sumLoops(e, true, func(l *eloop) int64 { return l.nWaits.Load() })
+}
+
+// sumLoops adds up f over e's epoll loops (only its stream loops with
+// strmOnly); 0 on another backend.
+func sumLoops(e *Engine, strmOnly bool, f func(*eloop) int64) int64 {
+	b, ok := e.backend.(*epollBackend)
+	if !ok {
+		return 0
+	}
+	loops := b.loops
+	if strmOnly {
+		loops = b.strm
+	}
 	var n int64
-	if b, ok := e.backend.(*epollBackend); ok {
-		for _, l := range b.strm {
-			n += l.nWaits.Load()
-		}
+	for _, l := range loops {
+		n += f(l)
 	}
 	return n
 }
