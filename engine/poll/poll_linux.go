@@ -158,13 +158,10 @@ func (p *Poller) Delete(fd int) error {
 // the waker queued for it: the pending flag is cleared before Wait returns,
 // so a Wake that races with the caller's look writes the eventfd again.
 func (p *Poller) Wait(events []Event, timeout time.Duration) (n int, woken bool, err error) {
-	if len(events) == 0 {
-		return 0, false, errors.New("poll: Wait needs room for at least one event")
+	if err := p.sizeRaw(events); err != nil {
+		return 0, false, err
 	}
-	if cap(p.raw) < len(events) {
-		p.raw = make([]unix.EpollEvent, len(events))
-	}
-	raw := p.raw[:len(events)]
+	raw := p.raw
 	msec := -1
 	if timeout >= 0 {
 		// Round up so that a sub-millisecond timeout does not busy-poll.
@@ -192,6 +189,18 @@ func (p *Poller) Wait(events []Event, timeout time.Duration) (n int, woken bool,
 	return n, woken, nil
 }
 
+// sizeRaw makes p.raw the length of events, the most one wait returns.
+func (p *Poller) sizeRaw(events []Event) error {
+	if len(events) == 0 {
+		return errors.New("poll: Wait needs room for at least one event")
+	}
+	if cap(p.raw) < len(events) {
+		p.raw = make([]unix.EpollEvent, len(events))
+	}
+	p.raw = p.raw[:len(events)]
+	return nil
+}
+
 // collect copies got raw events into events, consuming the wake-up.
 func (p *Poller) collect(events []Event, got int) (n int, woken bool) {
 	for i := range got {
@@ -215,13 +224,9 @@ func (p *Poller) collect(events []Event, got int) (n int, woken bool) {
 // scheduler wakes it like any goroutine blocked on a socket. Same contract
 // as Wait.
 func (p *Poller) WaitPark(events []Event, timeout time.Duration) (n int, woken bool, err error) {
-	if len(events) == 0 {
-		return 0, false, errors.New("poll: Wait needs room for at least one event")
+	if err := p.sizeRaw(events); err != nil {
+		return 0, false, err
 	}
-	if cap(p.raw) < len(events) {
-		p.raw = make([]unix.EpollEvent, len(events))
-	}
-	p.raw = p.raw[:len(events)]
 	if err := p.pollable(); err != nil {
 		return 0, false, err
 	}
@@ -278,13 +283,9 @@ func (p *Poller) WaitPark(events []Event, timeout time.Duration) (n int, woken b
 // held so, every other goroutine of the process waits. Same contract as
 // Wait.
 func (p *Poller) WaitParkOnce(events []Event, timeout time.Duration) (n int, woken bool, err error) {
-	if len(events) == 0 {
-		return 0, false, errors.New("poll: Wait needs room for at least one event")
+	if err := p.sizeRaw(events); err != nil {
+		return 0, false, err
 	}
-	if cap(p.raw) < len(events) {
-		p.raw = make([]unix.EpollEvent, len(events))
-	}
-	p.raw = p.raw[:len(events)]
 	if err := p.setNonblock(); err != nil {
 		return 0, false, err
 	}
