@@ -22,13 +22,19 @@ func NewPortMap(pairs []PortPair) PortMap {
 	if len(pairs) == 0 {
 		return nil
 	}
-	slices.SortStableFunc(pairs, func(a, b PortPair) int { return cmp.Compare(a.Service, b.Service) })
-	out := pairs[:0]
-	for i, p := range pairs {
-		if i+1 < len(pairs) && pairs[i+1].Service == p.Service {
+	return lastByKey(pairs, func(p PortPair) uint16 { return p.Service })
+}
+
+// lastByKey sorts list by key and keeps, of the entries with one key, the
+// last one given (as a map's assignment would), in list's own array.
+func lastByKey[T any, K cmp.Ordered](list []T, key func(T) K) []T {
+	slices.SortStableFunc(list, func(a, b T) int { return cmp.Compare(key(a), key(b)) })
+	out := list[:0]
+	for i, v := range list {
+		if i+1 < len(list) && key(list[i+1]) == key(v) {
 			continue
 		}
-		out = append(out, p)
+		out = append(out, v)
 	}
 	return slices.Clip(out)
 }
@@ -88,15 +94,7 @@ func NewServiceSet(list []ServicePorts) *ServiceSet {
 	if len(list) == 0 {
 		return nil
 	}
-	slices.SortStableFunc(list, func(a, b ServicePorts) int { return cmp.Compare(a.Key, b.Key) })
-	out := list[:0]
-	for i, sp := range list {
-		if i+1 < len(list) && list[i+1].Key == sp.Key {
-			continue
-		}
-		out = append(out, sp)
-	}
-	return &ServiceSet{list: slices.Clip(out)}
+	return &ServiceSet{list: lastByKey(list, func(sp ServicePorts) string { return sp.Key })}
 }
 
 // ServicesOf returns the set of m's services, m mapping service keys to
