@@ -12,14 +12,20 @@ import (
 
 // WriteCensus writes census.json and CENSUS.md (a table per path) to dir.
 func WriteCensus(dir string, cs []Census) error {
-	j, err := json.MarshalIndent(cs, "", "  ")
+	return writeResults(dir, CensusFile, cs, CensusReport, CensusMarkdown(cs))
+}
+
+// writeResults writes v as indented JSON to dir/jsonName and md to
+// dir/mdName: a run's numbers beside its report.
+func writeResults(dir, jsonName string, v any, mdName, md string) error {
+	j, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, CensusFile), append(j, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, jsonName), append(j, '\n'), 0o644); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, CensusReport), []byte(CensusMarkdown(cs)), 0o644)
+	return os.WriteFile(filepath.Join(dir, mdName), []byte(md), 0o644)
 }
 
 // CensusMarkdown renders the census: per path its latency, then per process

@@ -552,14 +552,7 @@ func checkClients(cr *Clients) error {
 
 // WriteClients writes clients.json and CLIENTS.md to dir.
 func WriteClients(dir string, cr *Clients) error {
-	j, err := json.MarshalIndent(cr, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, ClientsFile), append(j, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, ClientsReport), []byte(ClientsMarkdown(cr)), 0o644)
+	return writeResults(dir, ClientsFile, cr, ClientsReport, ClientsMarkdown(cr))
 }
 
 // median returns the median of v (0 if empty) and its range.
