@@ -144,7 +144,7 @@ type clientPath struct {
 
 // DefaultClientsPaths are the paths zbench --clients measures unless
 // --paths says otherwise: the daemons' one and two hops and HAProxy's.
-var DefaultClientsPaths = regexp.MustCompile(`^hbone[12]/(ztunnel-|haproxy-tls$|haproxy-mtls-pair$)`)
+var DefaultClientsPaths = regexp.MustCompile(`^hbone[12]/(ztunnel-|haproxy-tls$|haproxy-mtls-pair$|haproxy-mtls-pair-captured$)`)
 
 // RunClients builds the lab like Run, adds iperf3 servers (and an HAProxy
 // mTLS pair in front of them), then runs every client on every path in
@@ -266,7 +266,7 @@ func (b *bench) clientPaths(ctx context.Context, co ClientsOptions) ([]clientPat
 		return []string{"--cert", pem, "--ca", b.caCert}, nil
 	}
 	if co.Iperf3 != "" {
-		servers := []string{podServer}
+		servers := []string{podServer, podPairServer}
 		for _, be := range b.o.Backends {
 			servers = append(servers, meshServer(be))
 		}
@@ -306,6 +306,12 @@ func (b *bench) clientPaths(ctx context.Context, co ClientsOptions) ([]clientPat
 				return nil, err
 			}
 			p.py = append([]string{"--target", addr(srv.IP, haproxyTLSPort), "--tls"}, ta...)
+		case t.cfg.ID == report.ConfigID(report.GroupHBONE2, report.KeyHAProxyPairCaptured):
+			// Like the daemons' pair: the client dials the server pod's
+			// app, and the capture rules take it to HAProxy.
+			hs := b.cluster.Pods[podPairServer]
+			p.py = []string{"--target", addr(hs.IP, appPort)}
+			p.iperf3 = iperfTo(hs.IP, iperfPort)
 		case t.cfg.ID == report.ConfigID(report.GroupHBONE2, report.KeyHAProxyPair):
 			p.py = []string{"--target", fmt.Sprintf("127.0.0.1:%d", haproxyPairCli)}
 			if co.Iperf3 != "" {
@@ -636,6 +642,16 @@ func peerOf(group string) string {
 	return report.ConfigID(report.GroupHBONE2, report.KeyHAProxyPair)
 }
 
+// capturedPeerOf returns the HAProxy path in the daemons' places (behind
+// the capture rules) a daemon path is also read against, or "" when the
+// group has none.
+func capturedPeerOf(group string) string {
+	if group == report.GroupHBONE2 {
+		return report.ConfigID(report.GroupHBONE2, report.KeyHAProxyPairCaptured)
+	}
+	return ""
+}
+
 // ClientsMarkdown renders the run: one table of every client on every
 // path, its ratio to the HAProxy peer of the path's group as a time-like
 // ratio (latency ours/theirs, throughput theirs/ours: below 1 is ours
@@ -654,9 +670,11 @@ func ClientsMarkdown(cr *Clients) string {
 	b.WriteString("Ratio: time-like, against the group's HAProxy path (latency ours ÷ HAProxy's, throughput " +
 		"HAProxy's ÷ ours): below 1.00 the daemons are better; the ratio of the medians, and the paired ratio, the " +
 		"median over rounds of the ratio within each round (the two paths ran seconds apart, so load that comes and " +
-		"goes between rounds cancels). CPU: the path's proxy processes, per round trip (RR) or per MB " +
-		"(throughput), µs.\n\n")
-	b.WriteString("| client | path | median | range | p99 | proxies' CPU | ratio to HAProxy | paired ratio |\n|---|---|---:|---|---:|---:|---:|---:|\n")
+		"goes between rounds cancels). The last column is the paired ratio to the same HAProxy pair in the " +
+		"daemons' places, behind the pods' capture rules (`haproxy-mtls-pair-captured`): the like-for-like peer, " +
+		"whose endpoints cross the same netfilter rules as the daemons'. CPU: the path's proxy processes, per " +
+		"round trip (RR) or per MB (throughput), µs.\n\n")
+	b.WriteString("| client | path | median | range | p99 | proxies' CPU | ratio to HAProxy | paired ratio | paired ratio, HAProxy captured |\n|---|---|---:|---|---:|---:|---:|---:|---:|\n")
 	for _, c := range clientKinds {
 		for _, p := range cr.Paths {
 			if !slices.Contains(p.Clients, c) {
@@ -670,10 +688,13 @@ func ClientsMarkdown(cr *Clients) string {
 			if c == ClientZloadTput1 || c == ClientIperf3 {
 				unit, p99 = "Gbit/s", "—"
 			}
-			ratio, paired := "—", "—"
+			ratio, paired, captured := "—", "—", "—"
 			if p.Daemon {
 				if r, ok := cr.pairedRatio(p.ID, peerOf(p.Group), c); ok {
 					paired = fmt.Sprintf("%.2f×", r)
+				}
+				if r, ok := cr.pairedRatio(p.ID, capturedPeerOf(p.Group), c); ok {
+					captured = fmt.Sprintf("%.2f×", r)
 				}
 				if h := cr.figure(peerOf(p.Group), c); h.n > 0 && h.med > 0 && f.med > 0 {
 					r := f.med / h.med
@@ -687,8 +708,8 @@ func ClientsMarkdown(cr *Clients) string {
 			if unit == "Gbit/s" {
 				prec = "%.2f"
 			}
-			fmt.Fprintf(&b, "| %s | %s | "+prec+" %s | "+prec+"–"+prec+" | %s | %.1f | %s | %s |\n",
-				c, p.ID, f.med, unit, f.lo, f.hi, p99, f.cpu, ratio, paired)
+			fmt.Fprintf(&b, "| %s | %s | "+prec+" %s | "+prec+"–"+prec+" | %s | %.1f | %s | %s | %s |\n",
+				c, p.ID, f.med, unit, f.lo, f.hi, p99, f.cpu, ratio, paired, captured)
 		}
 	}
 	b.WriteString("\n")
@@ -714,42 +735,54 @@ func ClientsMarkdown(cr *Clients) string {
 // writeProcsCPU writes the throughput clients' CPU per byte by process on
 // the two-process paths: which half of a pair costs what (µs per MB is ms
 // per GB). Median and range over the rounds, and for the daemons the
-// paired ratio to the same half of the group's HAProxy pair (median over
-// rounds of the ratio within the round).
+// paired ratios to the same half of the group's HAProxy pair and of the
+// pair behind the capture rules (median over rounds of the ratio within
+// the round).
 func (cr *Clients) writeProcsCPU(b *strings.Builder) {
 	header := false
 	for _, c := range []string{ClientZloadTput1, ClientIperf3} {
 		for _, p := range cr.Paths {
 			roles, byRole := cr.procsCPU(p.ID, c)
-			var peer map[string]map[int]float64
+			var peer, captured map[string]map[int]float64
 			if p.Daemon {
 				_, peer = cr.procsCPU(peerOf(p.Group), c)
+				_, captured = cr.procsCPU(capturedPeerOf(p.Group), c)
 			}
 			for _, r := range roles {
 				if !header {
 					header = true
 					b.WriteString("\nCPU per byte by process (throughput clients; ms of CPU per GB moved, " +
-						"user and system; median and range over the rounds; paired ratio: to the same half of " +
-						"HAProxy's pair, median over rounds of the ratio within the round):\n\n" +
-						"| client | path | process | ms/GB | range | paired ratio to HAProxy |\n|---|---|---|---:|---|---:|\n")
+						"user and system; median and range over the rounds; paired ratios: to the same half of " +
+						"HAProxy's pair, and of the pair behind the capture rules, median over rounds of the ratio " +
+						"within the round):\n\n" +
+						"| client | path | process | ms/GB | range | paired ratio to HAProxy | paired, HAProxy captured |\n|---|---|---|---:|---|---:|---:|\n")
 				}
-				var v, rs []float64
-				for round, us := range byRole[r] {
+				var v []float64
+				for _, us := range byRole[r] {
 					v = append(v, us)
-					if h := peer[r][round]; h > 0 {
-						rs = append(rs, us/h)
-					}
 				}
 				med, lo, hi := median(v)
-				paired := "—"
-				if len(rs) > 0 {
-					m, _, _ := median(rs)
-					paired = fmt.Sprintf("%.2f×", m)
-				}
-				fmt.Fprintf(b, "| %s | %s | %s | %.0f | %.0f–%.0f | %s |\n", c, p.ID, r, med, lo, hi, paired)
+				fmt.Fprintf(b, "| %s | %s | %s | %.0f | %.0f–%.0f | %s | %s |\n", c, p.ID, r, med, lo, hi,
+					pairedByRound(byRole[r], peer[r]), pairedByRound(byRole[r], captured[r]))
 			}
 		}
 	}
+}
+
+// pairedByRound is the median over the rounds both have of ours/theirs,
+// formatted, or "—".
+func pairedByRound(ours, theirs map[int]float64) string {
+	var rs []float64
+	for round, us := range ours {
+		if h := theirs[round]; h > 0 {
+			rs = append(rs, us/h)
+		}
+	}
+	if len(rs) == 0 {
+		return "—"
+	}
+	m, _, _ := median(rs)
+	return fmt.Sprintf("%.2f×", m)
 }
 
 // procsCPU returns client's CPU per unit by process role on path, by

@@ -155,11 +155,13 @@ func TestParseIperf3(t *testing.T) {
 func TestClientsMarkdown(t *testing.T) {
 	ours2, ha2 := report.ConfigID(report.GroupHBONE2, report.DaemonKey("epoll")), report.ConfigID(report.GroupHBONE2, report.KeyHAProxyPair)
 	ours1, ha1 := report.ConfigID(report.GroupHBONE1, report.DaemonKey("epoll")), report.ConfigID(report.GroupHBONE1, report.KeyHAProxyTLS)
+	hc2 := report.ConfigID(report.GroupHBONE2, report.KeyHAProxyPairCaptured)
 	cr := &Clients{Rounds: 3, Count: 100, Duration: time.Second, Paths: []ClientPath{
 		{ID: ours1, Group: report.GroupHBONE1, Daemon: true, Clients: []string{ClientPythonRR}},
 		{ID: ha1, Group: report.GroupHBONE1, Clients: []string{ClientPythonRR}},
 		{ID: ours2, Group: report.GroupHBONE2, Daemon: true, Clients: []string{ClientPythonRR, ClientIperf3}},
 		{ID: ha2, Group: report.GroupHBONE2, Clients: []string{ClientPythonRR, ClientIperf3}},
+		{ID: hc2, Group: report.GroupHBONE2, Clients: []string{ClientPythonRR, ClientIperf3}},
 	}}
 	add := func(path, client string, vals ...float64) {
 		for i, v := range vals {
@@ -168,12 +170,16 @@ func TestClientsMarkdown(t *testing.T) {
 				s.Gbps = v
 				// Client side per round: ours 900, 1000, 2000, HAProxy
 				// 1000, 500, 1000: paired 2.00× where the medians'
-				// ratio is 1.00.
-				cs := []float64{900, 1000, 2000}[i]
-				if path == ha2 {
+				// ratio is 1.00; the captured pair half of ours each
+				// round: 2.00× on both sides.
+				cs, ss := []float64{900, 1000, 2000}[i], 600.0
+				switch path {
+				case ha2:
 					cs = []float64{1000, 500, 1000}[i]
+				case hc2:
+					cs, ss = cs/2, 300
 				}
-				s.Procs = []ProcCPU{{Role: "client side", Name: "a", CPUus: cs}, {Role: "server side", Name: "b", CPUus: 600}}
+				s.Procs = []ProcCPU{{Role: "client side", Name: "a", CPUus: cs}, {Role: "server side", Name: "b", CPUus: ss}}
 			} else {
 				s.P50us, s.P99us = v, 2*v
 			}
@@ -186,19 +192,25 @@ func TestClientsMarkdown(t *testing.T) {
 	add(ha2, ClientPythonRR, 100, 100, 100)
 	add(ours2, ClientIperf3, 3, 3, 3)
 	add(ha2, ClientIperf3, 4.5, 4.5, 1)
+	add(hc2, ClientPythonRR, 120, 100, 130)
+	add(hc2, ClientIperf3, 6, 6, 1.5)
 	md := ClientsMarkdown(cr)
 	for _, want := range []string{
 		// Per round 92/80, 100/110, 1000/60: paired 1.15, where the
 		// medians' ratio is 100/80.
-		"| python-rr | " + ours1 + " | 100 µs | 92–1000 | 200 µs | 0.0 | **1.25×** | 1.15× |",
-		"| python-rr | " + ours2 + " | 120 µs | 110–130 | 240 µs | 0.0 | **1.20×** | 1.20× |",
-		// Per round 4.5/3, 4.5/3, 1/3: paired 1.50.
-		"| iperf3 | " + ours2 + " | 3.00 Gbit/s | 3.00–3.00 | — | 0.0 | **1.50×** | 1.50× |",
-		"| iperf3 | " + ha2 + " | 4.50 Gbit/s | 1.00–4.50 | — | 0.0 | — | — |",
+		// No captured peer for one hop.
+		"| python-rr | " + ours1 + " | 100 µs | 92–1000 | 200 µs | 0.0 | **1.25×** | 1.15× | — |",
+		// Against the captured pair per round 110/120, 120/100,
+		// 130/130: paired 1.00.
+		"| python-rr | " + ours2 + " | 120 µs | 110–130 | 240 µs | 0.0 | **1.20×** | 1.20× | 1.00× |",
+		// Per round 4.5/3, 4.5/3, 1/3: paired 1.50; captured 6/3,
+		// 6/3, 1.5/3: 2.00.
+		"| iperf3 | " + ours2 + " | 3.00 Gbit/s | 3.00–3.00 | — | 0.0 | **1.50×** | 1.50× | 2.00× |",
+		"| iperf3 | " + ha2 + " | 4.50 Gbit/s | 1.00–4.50 | — | 0.0 | — | — | — |",
 		// CPU per byte by process: median and range over the rounds.
-		"| iperf3 | " + ours2 + " | client side | 1000 | 900–2000 | 2.00× |",
-		"| iperf3 | " + ours2 + " | server side | 600 | 600–600 | 1.00× |",
-		"| iperf3 | " + ha2 + " | client side | 1000 | 500–1000 | — |",
+		"| iperf3 | " + ours2 + " | client side | 1000 | 900–2000 | 2.00× | 2.00× |",
+		"| iperf3 | " + ours2 + " | server side | 600 | 600–600 | 1.00× | 2.00× |",
+		"| iperf3 | " + ha2 + " | client side | 1000 | 500–1000 | — | — |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("CLIENTS.md lacks %q:\n%s", want, md)

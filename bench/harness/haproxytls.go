@@ -38,8 +38,10 @@ const (
 
 // haproxyTLSConfig is the configuration of one HAProxy TLS half: listen
 // and backend addresses, the PEM file with its certificate chain and key,
-// and the CA file that verifies the peer.
-func haproxyTLSConfig(role haproxyTLSRole, listen, backend, crt, ca string) string {
+// the CA file that verifies the peer, and the extra keywords of the bind
+// and server lines (the captured pair's PROXY protocol and transparent
+// source; empty for the others).
+func haproxyTLSConfig(role haproxyTLSRole, listen, backend, crt, ca, bindExtra, serverExtra string) string {
 	bind := "bind " + listen
 	server := "server s1 " + backend
 	tlsArgs := fmt.Sprintf("ssl crt %s ca-file %s verify required", crt, ca)
@@ -49,6 +51,12 @@ func haproxyTLSConfig(role haproxyTLSRole, listen, backend, crt, ca string) stri
 		// SPIFFE certificates carry a URI SAN only: the chain is verified
 		// against the mesh CA, and no host name is asked for (no sni).
 		server += " " + tlsArgs
+	}
+	if bindExtra != "" {
+		bind += " " + bindExtra
+	}
+	if serverExtra != "" {
+		server += " " + serverExtra
 	}
 	return fmt.Sprintf(`global
     maxconn %[4]d
@@ -97,7 +105,7 @@ func (b *bench) writeHAProxyCert(ctx context.Context, sa string) (string, error)
 // startHAProxyTLS starts one HAProxy TLS half in pod, listening on
 // listen, and waits until it accepts on port.
 func (b *bench) startHAProxyTLS(ctx context.Context, pod *netnslab.Pod, name string, role haproxyTLSRole, listen string, port int, backend, crt string) (*proc, error) {
-	cfg := haproxyTLSConfig(role, listen, backend, crt, b.caCert)
+	cfg := haproxyTLSConfig(role, listen, backend, crt, b.caCert, "", "")
 	return b.runHAProxy(ctx, pod, name, fmt.Sprintf("haproxy-tls-%d.cfg", port), cfg, port)
 }
 

@@ -235,6 +235,8 @@ const (
 	podClient     = "pcli" // plain client pod (direct, peers)
 	podCaptured   = "ccli" // client pod with capture rules but no daemon (io.Copy in the daemon's place)
 	podServer     = "psrv" // plain server pod (direct, peers)
+	podPairClient = "hcli" // client pod with capture rules, HAProxy's client half in the daemon's place
+	podPairServer = "hsrv" // server pod with capture rules, HAProxy's server half in the daemon's place
 	namespaceName = "bench"
 	peerClientSA  = "peer-client"
 	peerServerSA  = "peer-server"
@@ -337,7 +339,7 @@ func (b *bench) setup(ctx context.Context) error {
 	b.logf("lab %s: starting %d daemon(s) per backend %v", b.o.Prefix, 2, b.o.Backends)
 	b.cluster, err = labrun.StartCluster(ctx, b.lab, labConfig(b.o.Backends), labrun.ClusterOptions{
 		Binary: b.o.Ztunnel, Dir: b.dir,
-		ExtraPods: map[string][]string{"node-a": {podClient, podCaptured}, "node-b": {podServer}},
+		ExtraPods: map[string][]string{"node-a": {podClient, podCaptured, podPairClient}, "node-b": {podServer, podPairServer}},
 		DaemonEnv: []string{EngineEnv + "=" + b.o.variant(b.o.Backends[0]).Engine},
 		LogLevel:  b.o.DaemonLogLevel,
 	})
@@ -345,8 +347,10 @@ func (b *bench) setup(ctx context.Context) error {
 		return err
 	}
 	b.caCert, b.caKey = filepath.Join(b.dir, "ca-cert.pem"), filepath.Join(b.dir, "ca-key.pem")
-	if err := b.cluster.Pods[podCaptured].InstallCapture(); err != nil {
-		return err
+	for _, name := range []string{podCaptured, podPairClient, podPairServer} {
+		if err := b.cluster.Pods[name].InstallCapture(); err != nil {
+			return err
+		}
 	}
 	// Every further backend, and the first if it is a variant: restart its
 	// two daemons with its engine (binary, environment).
@@ -382,7 +386,7 @@ func (b *bench) lifetime() time.Duration {
 }
 
 func (b *bench) startServers(ctx context.Context) error {
-	pods := []string{podServer}
+	pods := []string{podServer, podPairServer}
 	for _, be := range b.o.Backends {
 		pods = append(pods, meshServer(be))
 	}

@@ -337,6 +337,9 @@ func (b *bench) startPeersAndTargets(ctx context.Context) error {
 	if err := b.addHAProxyTLSTargets(ctx, true); err != nil {
 		return err
 	}
+	if err := b.addHAProxyCapturedPair(ctx); err != nil {
+		return err
+	}
 	hop2, err := b.startPeer(ctx, srv, "zpeer copy (hop 2)", fmt.Sprintf("0.0.0.0:%d", copyHop2Port), 6, "copy", "--to", loop(appPort))
 	if err != nil {
 		return err

@@ -20,6 +20,11 @@ const (
 	KeyHAProxyTLS = "haproxy-tls"
 	// KeyHAProxyPair is a pair of HAProxies tunnelling over mTLS (two hops).
 	KeyHAProxyPair = "haproxy-mtls-pair"
+	// KeyHAProxyPairCaptured is the same pair in the daemons' places:
+	// behind the pods' capture rules, carrying the original destination
+	// and source as the daemons do (the like-for-like peer of the
+	// daemons' two hops).
+	KeyHAProxyPairCaptured = "haproxy-mtls-pair-captured"
 )
 
 // DirectID is the ID of the direct baseline.
