@@ -11,11 +11,13 @@ import (
 
 // standingPeers are, per path, the HAProxy peer and the Go baseline the
 // daemon is held against, by config key, in order of preference (the first
-// one the run measured is used).
-var standingPeers = map[string]struct{ haproxy, baseline []string }{
+// one the run measured is used); captured is the HAProxy peer in the
+// daemons' places, behind the pods' capture rules, where the run has one
+// (a row of its own: the like-for-like peer).
+var standingPeers = map[string]struct{ haproxy, captured, baseline []string }{
 	GroupTCP:    {haproxy: []string{KeyHAProxySplice, KeyHAProxy}, baseline: []string{KeyCopyCaptured, KeyCopy}},
 	GroupHBONE1: {haproxy: []string{KeyHAProxyTLS}, baseline: []string{KeyH2, KeyTLS}},
-	GroupHBONE2: {haproxy: []string{KeyHAProxyPair}, baseline: []string{KeyH2, KeyCopyPair}},
+	GroupHBONE2: {haproxy: []string{KeyHAProxyPair}, captured: []string{KeyHAProxyPairCaptured}, baseline: []string{KeyH2, KeyCopyPair}},
 }
 
 // shippedBackends are the backend names of the daemon as it ships (the
@@ -95,7 +97,7 @@ func writeStanding(m *md, r *Run, st *Stats) {
 		peers := standingPeers[g]
 		for _, against := range []struct {
 			keys []string
-		}{{peers.haproxy}, {peers.baseline}} {
+		}{{peers.haproxy}, {peers.captured}, {peers.baseline}} {
 			peer, ok := peerConfig(r, g, against.keys)
 			if !ok {
 				continue
