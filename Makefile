@@ -105,7 +105,7 @@ bench-census: bench-tools ## Round-trip census (issue 23): syscalls, context swi
 	$(BIN)/zbench --syscalls 20000 --paths 'hbone2/' --backends epoll $(BENCHFLAGS)
 
 .PHONY: bench-clients
-bench-clients: bench-tools ## Two clients, two verdicts (issue 36): zload's RR and one stream, a blocking Python RR client and iperf3 on the daemons' and HAProxy's one- and two-hop paths (HAProxy's pair also behind the capture rules), rounds interleaved; CLIENTS.md in bench/results/<date>-<host>-clients/ (root, a few minutes; BENCHFLAGS adds zbench flags)
+bench-clients: bench-tools ## Two clients, two verdicts (issue 36): zload's RR and one stream, a blocking Python RR client and iperf3 on the daemons' and HAProxy's one- and two-hop paths (HAProxy's also behind the capture rules), rounds interleaved; CLIENTS.md in bench/results/<date>-<host>-clients/ (root, a few minutes; BENCHFLAGS adds zbench flags)
 	@scripts/deps.sh bench
 	$(BIN)/zbench --clients --rounds 5 $(BENCHFLAGS)
 

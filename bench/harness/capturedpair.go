@@ -67,15 +67,11 @@ func capturedPairRules(server netip.Addr) (client, srv [][]string) {
 // 15008.
 func (b *bench) startCapturedPair(ctx context.Context, hc, hs *netnslab.Pod) (client, server *proc, err error) {
 	cliRules, srvRules := capturedPairRules(hs.IP)
-	for _, r := range []struct {
-		pod   *netnslab.Pod
-		rules [][]string
-	}{{hc, cliRules}, {hs, srvRules}} {
-		for _, args := range r.rules {
-			if out, err := r.pod.Command(ctx, "iptables", args...).CombinedOutput(); err != nil {
-				return nil, nil, fmt.Errorf("harness: iptables %v in %s: %v: %s", args, r.pod.Name, err, out)
-			}
-		}
+	if err := iptables(ctx, hc, cliRules); err != nil {
+		return nil, nil, err
+	}
+	if err := iptables(ctx, hs, srvRules); err != nil {
+		return nil, nil, err
 	}
 	srvCrt, err := b.writeHAProxyCert(ctx, peerServerSA)
 	if err != nil {
@@ -101,6 +97,63 @@ func (b *bench) startCapturedPair(ctx context.Context, hc, hs *netnslab.Pod) (cl
 		return nil, nil, err
 	}
 	return client, server, nil
+}
+
+// iptables runs each rule's iptables command in pod.
+func iptables(ctx context.Context, pod *netnslab.Pod, rules [][]string) error {
+	for _, args := range rules {
+		if out, err := pod.Command(ctx, "iptables", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("harness: iptables %v in %s: %v: %s", args, pod.Name, err, out)
+		}
+	}
+	return nil
+}
+
+// startCapturedTerminator starts the HAProxy mTLS terminator in the
+// daemon's place of one hop: on the captured pod ts's 15008, connecting to
+// ts's app from the client's address, with the server pod's rule of the
+// captured pair standing in for the daemon's socket mark.
+func (b *bench) startCapturedTerminator(ctx context.Context, ts *netnslab.Pod) (*proc, error) {
+	_, srvRules := capturedPairRules(ts.IP)
+	if err := iptables(ctx, ts, srvRules); err != nil {
+		return nil, err
+	}
+	crt, err := b.writeHAProxyCert(ctx, peerServerSA)
+	if err != nil {
+		return nil, err
+	}
+	cfg := haproxyTLSConfig(haproxyTerminate, fmt.Sprintf("0.0.0.0:%d", netnslab.InboundHBONEPort),
+		netip.AddrPortFrom(ts.IP, appPort).String(), crt, b.caCert, "", "source 0.0.0.0 usesrc clientip")
+	return b.runHAProxy(ctx, ts, "haproxy (captured mTLS terminator)", "haproxy-captured-tls.cfg", cfg, netnslab.InboundHBONEPort)
+}
+
+// addHAProxyCapturedTerminator adds the HAProxy mTLS terminator behind the
+// capture rules (report.KeyHAProxyTLSCaptured), or lists it as skipped
+// without HAProxy; like the captured pair, a failure fails the run.
+func (b *bench) addHAProxyCapturedTerminator(ctx context.Context) error {
+	const what = "HAProxy mTLS terminator behind the capture rules (one hop)"
+	if b.o.HAProxy == "" {
+		b.run.Skipped = append(b.run.Skipped, report.Skip{What: what,
+			Reason: "haproxy is not installed (apt-get install haproxy; `make bench` does it as root)"})
+		return nil
+	}
+	ts := b.cluster.Pods[podTermServer]
+	p, err := b.startCapturedTerminator(ctx, ts)
+	if err != nil {
+		return err
+	}
+	hbone := netip.AddrPortFrom(ts.IP, netnslab.InboundHBONEPort)
+	app := netip.AddrPortFrom(ts.IP, appPort)
+	b.addTarget(&target{
+		cfg: report.Config{ID: report.ConfigID(report.GroupHBONE1, report.KeyHAProxyTLSCaptured), Group: report.GroupHBONE1,
+			Proxy: "HAProxy mTLS terminator behind the capture rules (the daemon's place)",
+			Note: fmt.Sprintf("zload mTLS client in %s → %s (HAProxy, verify required) → %s from the client's address (usesrc clientip, %s captured)",
+				podClient, hbone, app, podTermServer)},
+		ns:    b.cluster.Pods[podClient].NS,
+		args:  append([]string{"--tls", "--target", hbone.String(), "--san", spiffe(peerServerSA)}, b.certArgs(zloadSA)...),
+		procs: []*proc{p},
+	})
+	return nil
 }
 
 // addHAProxyCapturedPair adds the HAProxy mTLS pair behind the capture

@@ -3,8 +3,10 @@ package harness
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ztunnel-go/ztunnel/bench/load"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
+	"github.com/ztunnel-go/ztunnel/mtls"
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 )
 
@@ -23,29 +27,37 @@ import (
 // the app sees the client pod's address (usesrc clientip, replies routed
 // back by the capture rules' connmark). Without the pair nothing could
 // answer: the client pod's rules redirect every outbound connection to
-// 15001, and the server pod's redirect the apps' ports to 15006.
+// 15001, and the server pod's redirect the apps' ports to 15006. The
+// captured terminator likewise: our mTLS client's connection reaches the
+// app from the client's own address.
 func TestHAProxyCapturedPair(t *testing.T) {
 	lab := netnslab.New(t)
 	path, err := exec.LookPath("haproxy")
 	if err != nil {
 		netnslab.Skip(t, "haproxy is not installed (scripts/deps.sh test installs it)")
 	}
-	pods := map[string]*netnslab.Pod{}
+	nodes := map[string]*netnslab.Node{}
 	for _, n := range []string{"a", "b"} {
 		node, err := lab.AddNode("n" + n)
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := node.AddPod("p" + n)
+		nodes[n] = node
+	}
+	pod := func(node, name string, captured bool) *netnslab.Pod {
+		p, err := nodes[node].AddPod(name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := p.InstallCapture(); err != nil {
-			t.Fatal(err)
+		if captured {
+			if err := p.InstallCapture(); err != nil {
+				t.Fatal(err)
+			}
 		}
-		pods[n] = p
+		return p
 	}
-	cli, srv := pods["a"], pods["b"]
+	cli, srv := pod("a", "pa", true), pod("b", "pb", true)
+	plain, term := pod("a", "pc", false), pod("b", "pt", true)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	b := &bench{o: Options{HAProxy: path}, dir: t.TempDir()}
@@ -68,60 +80,87 @@ func TestHAProxyCapturedPair(t *testing.T) {
 
 	// The apps: on each port, a line naming the port and the peer's
 	// address, then an echo of one line.
-	for _, port := range capturedPairPorts {
-		ln, err := srv.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
+	for _, p := range []*netnslab.Pod{srv, term} {
+		for _, port := range capturedPairPorts {
+			ln, err := p.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					go func() {
+						defer c.Close()
+						host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+						fmt.Fprintf(c, "port %d from %s\n", port, strings.TrimPrefix(host, "::ffff:"))
+						line, err := bufio.NewReader(c).ReadString('\n')
+						if err == nil {
+							_, _ = c.Write([]byte(line))
+						}
+					}()
+				}
+			}()
+		}
+	}
+	// check reads the app's line and an echo over c.
+	check := func(t *testing.T, c net.Conn, port int, from netip.Addr) {
+		t.Helper()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		r := bufio.NewReader(c)
+		hello, err := r.ReadString('\n')
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer ln.Close()
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
-					fmt.Fprintf(c, "port %d from %s\n", port, strings.TrimPrefix(host, "::ffff:"))
-					line, err := bufio.NewReader(c).ReadString('\n')
-					if err == nil {
-						_, _ = c.Write([]byte(line))
-					}
-				}()
-			}
-		}()
+		if want := fmt.Sprintf("port %d from %s\n", port, from); hello != want {
+			t.Fatalf("the app said %q, want %q", hello, want)
+		}
+		msg := strings.Repeat("captured ", 500) + "\n"
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		got, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != msg {
+			t.Fatal("the echo came back changed")
+		}
 	}
 	if _, _, err := b.startCapturedPair(ctx, cli, srv); err != nil {
 		t.Fatal(err)
 	}
 	for _, port := range capturedPairPorts {
-		t.Run(fmt.Sprint(port), func(t *testing.T) {
+		t.Run(fmt.Sprintf("pair to %d", port), func(t *testing.T) {
 			c, err := cli.Dial(ctx, "tcp", fmt.Sprintf("%s:%d", srv.IP, port))
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-			r := bufio.NewReader(c)
-			hello, err := r.ReadString('\n')
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want := fmt.Sprintf("port %d from %s\n", port, cli.IP); hello != want {
-				t.Fatalf("the app said %q, want %q", hello, want)
-			}
-			msg := strings.Repeat("captured ", 500) + "\n"
-			if _, err := c.Write([]byte(msg)); err != nil {
-				t.Fatal(err)
-			}
-			got, err := r.ReadString('\n')
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got != msg {
-				t.Fatal("the echo came back changed")
-			}
+			check(t, c, port, cli.IP)
 		})
 	}
+	// The terminator: our mTLS client in a plain pod, as zload on hbone1.
+	if _, err := b.startCapturedTerminator(ctx, term); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("terminator", func(t *testing.T) {
+		wc, err := load.LoadCert(ctx, load.CertConfig{CACert: b.caCert, CAKey: b.caKey, Identity: spiffe(zloadSA)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := plain.Dial(ctx, "tcp", netip.AddrPortFrom(term.IP, netnslab.InboundHBONEPort).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc := tls.Client(raw, mtls.ClientConfig(wc, []string{spiffe(peerServerSA)}))
+		defer tc.Close()
+		if err := tc.HandshakeContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+		check(t, tc, appPort, plain.IP)
+	})
 }

@@ -144,7 +144,7 @@ type clientPath struct {
 
 // DefaultClientsPaths are the paths zbench --clients measures unless
 // --paths says otherwise: the daemons' one and two hops and HAProxy's.
-var DefaultClientsPaths = regexp.MustCompile(`^hbone[12]/(ztunnel-|haproxy-tls$|haproxy-mtls-pair$|haproxy-mtls-pair-captured$)`)
+var DefaultClientsPaths = regexp.MustCompile(`^hbone[12]/(ztunnel-|haproxy-tls$|haproxy-tls-captured$|haproxy-mtls-pair$|haproxy-mtls-pair-captured$)`)
 
 // RunClients builds the lab like Run, adds iperf3 servers (and an HAProxy
 // mTLS pair in front of them), then runs every client on every path in
@@ -306,6 +306,12 @@ func (b *bench) clientPaths(ctx context.Context, co ClientsOptions) ([]clientPat
 				return nil, err
 			}
 			p.py = append([]string{"--target", addr(srv.IP, haproxyTLSPort), "--tls"}, ta...)
+		case t.cfg.ID == report.ConfigID(report.GroupHBONE1, report.KeyHAProxyTLSCaptured):
+			ta, err := tlsArgs()
+			if err != nil {
+				return nil, err
+			}
+			p.py = append([]string{"--target", addr(b.cluster.Pods[podTermServer].IP, hbonePort), "--tls"}, ta...)
 		case t.cfg.ID == report.ConfigID(report.GroupHBONE2, report.KeyHAProxyPairCaptured):
 			// Like the daemons' pair: the client dials the server pod's
 			// app, and the capture rules take it to HAProxy.
@@ -643,13 +649,12 @@ func peerOf(group string) string {
 }
 
 // capturedPeerOf returns the HAProxy path in the daemons' places (behind
-// the capture rules) a daemon path is also read against, or "" when the
-// group has none.
+// the capture rules) a daemon path is also read against.
 func capturedPeerOf(group string) string {
-	if group == report.GroupHBONE2 {
-		return report.ConfigID(report.GroupHBONE2, report.KeyHAProxyPairCaptured)
+	if group == report.GroupHBONE1 {
+		return report.ConfigID(report.GroupHBONE1, report.KeyHAProxyTLSCaptured)
 	}
-	return ""
+	return report.ConfigID(report.GroupHBONE2, report.KeyHAProxyPairCaptured)
 }
 
 // ClientsMarkdown renders the run: one table of every client on every
@@ -670,10 +675,10 @@ func ClientsMarkdown(cr *Clients) string {
 	b.WriteString("Ratio: time-like, against the group's HAProxy path (latency ours ÷ HAProxy's, throughput " +
 		"HAProxy's ÷ ours): below 1.00 the daemons are better; the ratio of the medians, and the paired ratio, the " +
 		"median over rounds of the ratio within each round (the two paths ran seconds apart, so load that comes and " +
-		"goes between rounds cancels). The last column is the paired ratio to the same HAProxy pair in the " +
-		"daemons' places, behind the pods' capture rules (`haproxy-mtls-pair-captured`): the like-for-like peer, " +
-		"whose endpoints cross the same netfilter rules as the daemons'. CPU: the path's proxy processes, per " +
-		"round trip (RR) or per MB (throughput), µs.\n\n")
+		"goes between rounds cancels). The last column is the paired ratio to the same HAProxy path in the " +
+		"daemons' places, behind the pods' capture rules (`haproxy-tls-captured`, `haproxy-mtls-pair-captured`): " +
+		"the like-for-like peer, whose endpoints cross the same netfilter rules as the daemons'. CPU: the path's " +
+		"proxy processes, per round trip (RR) or per MB (throughput), µs.\n\n")
 	b.WriteString("| client | path | median | range | p99 | proxies' CPU | ratio to HAProxy | paired ratio | paired ratio, HAProxy captured |\n|---|---|---:|---|---:|---:|---:|---:|---:|\n")
 	for _, c := range clientKinds {
 		for _, p := range cr.Paths {

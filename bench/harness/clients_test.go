@@ -198,7 +198,7 @@ func TestClientsMarkdown(t *testing.T) {
 	for _, want := range []string{
 		// Per round 92/80, 100/110, 1000/60: paired 1.15, where the
 		// medians' ratio is 100/80.
-		// No captured peer for one hop.
+		// No captured terminator in this run.
 		"| python-rr | " + ours1 + " | 100 µs | 92–1000 | 200 µs | 0.0 | **1.25×** | 1.15× | — |",
 		// Against the captured pair per round 110/120, 120/100,
 		// 130/130: paired 1.00.

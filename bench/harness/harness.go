@@ -237,6 +237,7 @@ const (
 	podServer     = "psrv" // plain server pod (direct, peers)
 	podPairClient = "hcli" // client pod with capture rules, HAProxy's client half in the daemon's place
 	podPairServer = "hsrv" // server pod with capture rules, HAProxy's server half in the daemon's place
+	podTermServer = "tsrv" // server pod with capture rules, HAProxy's one-hop terminator in the daemon's place
 	namespaceName = "bench"
 	peerClientSA  = "peer-client"
 	peerServerSA  = "peer-server"
@@ -339,7 +340,7 @@ func (b *bench) setup(ctx context.Context) error {
 	b.logf("lab %s: starting %d daemon(s) per backend %v", b.o.Prefix, 2, b.o.Backends)
 	b.cluster, err = labrun.StartCluster(ctx, b.lab, labConfig(b.o.Backends), labrun.ClusterOptions{
 		Binary: b.o.Ztunnel, Dir: b.dir,
-		ExtraPods: map[string][]string{"node-a": {podClient, podCaptured, podPairClient}, "node-b": {podServer, podPairServer}},
+		ExtraPods: map[string][]string{"node-a": {podClient, podCaptured, podPairClient}, "node-b": {podServer, podPairServer, podTermServer}},
 		DaemonEnv: []string{EngineEnv + "=" + b.o.variant(b.o.Backends[0]).Engine},
 		LogLevel:  b.o.DaemonLogLevel,
 	})
@@ -347,7 +348,7 @@ func (b *bench) setup(ctx context.Context) error {
 		return err
 	}
 	b.caCert, b.caKey = filepath.Join(b.dir, "ca-cert.pem"), filepath.Join(b.dir, "ca-key.pem")
-	for _, name := range []string{podCaptured, podPairClient, podPairServer} {
+	for _, name := range []string{podCaptured, podPairClient, podPairServer, podTermServer} {
 		if err := b.cluster.Pods[name].InstallCapture(); err != nil {
 			return err
 		}
@@ -386,7 +387,7 @@ func (b *bench) lifetime() time.Duration {
 }
 
 func (b *bench) startServers(ctx context.Context) error {
-	pods := []string{podServer, podPairServer}
+	pods := []string{podServer, podPairServer, podTermServer}
 	for _, be := range b.o.Backends {
 		pods = append(pods, meshServer(be))
 	}

@@ -303,6 +303,9 @@ func (b *bench) startPeersAndTargets(ctx context.Context) error {
 	if err := b.addHAProxyTLSTargets(ctx, false); err != nil {
 		return err
 	}
+	if err := b.addHAProxyCapturedTerminator(ctx); err != nil {
+		return err
+	}
 
 	// Two hops.
 	for _, be := range b.o.Backends {

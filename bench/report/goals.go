@@ -18,6 +18,10 @@ const (
 	KeyCopyPair      = "copy-pair"
 	// KeyHAProxyTLS is an HAProxy mTLS terminator (one hop).
 	KeyHAProxyTLS = "haproxy-tls"
+	// KeyHAProxyTLSCaptured is the terminator in the daemon's place: on
+	// 15008 of a pod behind the capture rules, connecting to the app from
+	// the client's address as the daemon does.
+	KeyHAProxyTLSCaptured = "haproxy-tls-captured"
 	// KeyHAProxyPair is a pair of HAProxies tunnelling over mTLS (two hops).
 	KeyHAProxyPair = "haproxy-mtls-pair"
 	// KeyHAProxyPairCaptured is the same pair in the daemons' places:

@@ -16,7 +16,7 @@ import (
 // (a row of its own: the like-for-like peer).
 var standingPeers = map[string]struct{ haproxy, captured, baseline []string }{
 	GroupTCP:    {haproxy: []string{KeyHAProxySplice, KeyHAProxy}, baseline: []string{KeyCopyCaptured, KeyCopy}},
-	GroupHBONE1: {haproxy: []string{KeyHAProxyTLS}, baseline: []string{KeyH2, KeyTLS}},
+	GroupHBONE1: {haproxy: []string{KeyHAProxyTLS}, captured: []string{KeyHAProxyTLSCaptured}, baseline: []string{KeyH2, KeyTLS}},
 	GroupHBONE2: {haproxy: []string{KeyHAProxyPair}, captured: []string{KeyHAProxyPairCaptured}, baseline: []string{KeyH2, KeyCopyPair}},
 }
 
