@@ -131,10 +131,7 @@ func (b *bench) startCapturedTerminator(ctx context.Context, ts *netnslab.Pod) (
 // capture rules (report.KeyHAProxyTLSCaptured), or lists it as skipped
 // without HAProxy; like the captured pair, a failure fails the run.
 func (b *bench) addHAProxyCapturedTerminator(ctx context.Context) error {
-	const what = "HAProxy mTLS terminator behind the capture rules (one hop)"
-	if b.o.HAProxy == "" {
-		b.run.Skipped = append(b.run.Skipped, report.Skip{What: what,
-			Reason: "haproxy is not installed (apt-get install haproxy; `make bench` does it as root)"})
+	if b.skipWithoutHAProxy("HAProxy mTLS terminator behind the capture rules (one hop)") {
 		return nil
 	}
 	ts := b.cluster.Pods[podTermServer]
@@ -160,10 +157,7 @@ func (b *bench) addHAProxyCapturedTerminator(ctx context.Context) error {
 // rules (report.KeyHAProxyPairCaptured), or lists it as skipped without
 // HAProxy.
 func (b *bench) addHAProxyCapturedPair(ctx context.Context) error {
-	const what = "HAProxy mTLS pair behind the capture rules (two hops)"
-	if b.o.HAProxy == "" {
-		b.run.Skipped = append(b.run.Skipped, report.Skip{What: what,
-			Reason: "haproxy is not installed (apt-get install haproxy; `make bench` does it as root)"})
+	if b.skipWithoutHAProxy("HAProxy mTLS pair behind the capture rules (two hops)") {
 		return nil
 	}
 	hc, hs := b.cluster.Pods[podPairClient], b.cluster.Pods[podPairServer]

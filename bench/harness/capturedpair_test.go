@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +15,6 @@ import (
 	"github.com/ztunnel-go/ztunnel/bench/load"
 	"github.com/ztunnel-go/ztunnel/internal/netnslab"
 	"github.com/ztunnel-go/ztunnel/mtls"
-	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 )
 
 // TestHAProxyCapturedPair runs the HAProxy pair behind the capture rules
@@ -60,23 +57,7 @@ func TestHAProxyCapturedPair(t *testing.T) {
 	plain, term := pod("a", "pc", false), pod("b", "pt", true)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b := &bench{o: Options{HAProxy: path}, dir: t.TempDir()}
-	ca, err := caclient.NewBuiltinCA("cluster.local")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.caCert, b.caKey = filepath.Join(b.dir, "ca-cert.pem"), filepath.Join(b.dir, "ca-key.pem")
-	if err := os.WriteFile(b.caCert, ca.RootPEM(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(b.caKey, ca.KeyPEM(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, c := range b.children {
-			c.stop()
-		}
-	}()
+	b := newTestBench(t, path)
 
 	// The apps: on each port, a line naming the port and the peer's
 	// address, then an echo of one line.
@@ -86,24 +67,14 @@ func TestHAProxyCapturedPair(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer ln.Close()
-			go func() {
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					go func() {
-						defer c.Close()
-						host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
-						fmt.Fprintf(c, "port %d from %s\n", port, strings.TrimPrefix(host, "::ffff:"))
-						line, err := bufio.NewReader(c).ReadString('\n')
-						if err == nil {
-							_, _ = c.Write([]byte(line))
-						}
-					}()
+			serveEach(t, ln, func(c net.Conn) {
+				host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+				fmt.Fprintf(c, "port %d from %s\n", port, strings.TrimPrefix(host, "::ffff:"))
+				line, err := bufio.NewReader(c).ReadString('\n')
+				if err == nil {
+					_, _ = c.Write([]byte(line))
 				}
-			}()
+			})
 		}
 	}
 	// check reads the app's line and an echo over c.

@@ -109,6 +109,17 @@ func (b *bench) startHAProxyTLS(ctx context.Context, pod *netnslab.Pod, name str
 	return b.runHAProxy(ctx, pod, name, fmt.Sprintf("haproxy-tls-%d.cfg", port), cfg, port)
 }
 
+// skipWithoutHAProxy lists what as skipped and reports true when the run
+// has no HAProxy.
+func (b *bench) skipWithoutHAProxy(what string) bool {
+	if b.o.HAProxy != "" {
+		return false
+	}
+	b.run.Skipped = append(b.run.Skipped, report.Skip{What: what,
+		Reason: "haproxy is not installed (apt-get install haproxy; `make bench` does it as root)"})
+	return true
+}
+
 // addHAProxyTLSTargets adds the one-hop HAProxy mTLS terminator (zload is
 // the mTLS client) or, with pair, the two-hop HAProxy mTLS pair (zload is
 // a plain client of the client pod's HAProxy). Without HAProxy, or when
@@ -118,9 +129,7 @@ func (b *bench) addHAProxyTLSTargets(ctx context.Context, pair bool) error {
 	if pair {
 		what = "HAProxy mTLS pair (two hops)"
 	}
-	if b.o.HAProxy == "" {
-		b.run.Skipped = append(b.run.Skipped, report.Skip{What: what,
-			Reason: "haproxy is not installed (apt-get install haproxy; `make bench` does it as root)"})
+	if b.skipWithoutHAProxy(what) {
 		return nil
 	}
 	skip := func(err error) error {

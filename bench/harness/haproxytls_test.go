@@ -18,6 +18,45 @@ import (
 	"github.com/ztunnel-go/ztunnel/mtls/caclient"
 )
 
+// newTestBench is a bench for the peers' tests: HAProxy at path, a mesh
+// CA in a scratch directory, its children stopped when the test ends.
+func newTestBench(t *testing.T, path string) *bench {
+	t.Helper()
+	b := &bench{o: Options{HAProxy: path}, dir: t.TempDir()}
+	ca, err := caclient.NewBuiltinCA("cluster.local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.caCert, b.caKey = filepath.Join(b.dir, "ca-cert.pem"), filepath.Join(b.dir, "ca-key.pem")
+	if err := os.WriteFile(b.caCert, ca.RootPEM(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(b.caKey, ca.KeyPEM(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, c := range b.children {
+			c.stop()
+		}
+	})
+	return b
+}
+
+// serveEach serves every connection ln accepts with serve, on a goroutine
+// of its own, and closes it after; ln closes when the test ends.
+func serveEach(t *testing.T, ln net.Listener, serve func(net.Conn)) {
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); serve(c) }()
+		}
+	}()
+}
+
 // TestHAProxyTLSPeers runs the benchmark's HAProxy TLS peers for real in a
 // lab namespace: the pair carries an echo through OpenSSL mTLS both ways,
 // and the terminator takes our mTLS client (TLS 1.3, AES-128-GCM, the
@@ -38,39 +77,14 @@ func TestHAProxyTLSPeers(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b := &bench{o: Options{HAProxy: path}, dir: t.TempDir()}
-	ca, err := caclient.NewBuiltinCA("cluster.local")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.caCert, b.caKey = filepath.Join(b.dir, "ca-cert.pem"), filepath.Join(b.dir, "ca-key.pem")
-	if err := os.WriteFile(b.caCert, ca.RootPEM(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(b.caKey, ca.KeyPEM(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, c := range b.children {
-			c.stop()
-		}
-	}()
+	b := newTestBench(t, path)
 
 	// The app: an echo server on loopback in the pod.
 	ln, err := pod.Listen("tcp", "127.0.0.1:18080")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
+	serveEach(t, ln, func(c net.Conn) { _, _ = io.Copy(c, c) })
 
 	srvCrt, err := b.writeHAProxyCert(ctx, peerServerSA)
 	if err != nil {

@@ -226,10 +226,7 @@ func (b *bench) startPeersAndTargets(ctx context.Context) error {
 			Note:  fmt.Sprintf("%s (captured, no daemon) → io.Copy proxy on 15001 (SO_ORIGINAL_DST, SO_MARK) → %s: the daemon's position", podCaptured, srvApp)},
 		ns: cc.NS, args: []string{"--target", srvApp}, procs: []*proc{cpc},
 	})
-	if b.o.HAProxy == "" {
-		b.run.Skipped = append(b.run.Skipped, report.Skip{What: "HAProxy (splice and no splice)",
-			Reason: "haproxy is not installed (apt-get install haproxy; `make bench` does it as root)"})
-	} else {
+	if !b.skipWithoutHAProxy("HAProxy (splice and no splice)") {
 		for _, h := range []struct {
 			key, name string
 			port      int
