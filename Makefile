@@ -94,7 +94,7 @@ bench-tools: ## Build the daemon and the benchmark tools (zload, zpeer, zbench) 
 	$(GO) build -trimpath -o $(BIN)/zbench ./bench/cmd/zbench
 
 .PHONY: bench
-bench: bench-tools ## End-to-end benchmarks of std, epoll and io_uring side by side, report in bench/results/<date>-<host>/ (root, ~25 min: each idle ramp is read 30 s after its last step; BENCHFLAGS=--help)
+bench: bench-tools ## End-to-end benchmarks of std, epoll and io_uring side by side, report in bench/results/<date>-<host>/ (root, ~30 min: each idle ramp is read 30 s after its last step; BENCHFLAGS=--help)
 	@scripts/deps.sh bench
 	@command -v haproxy >/dev/null 2>&1 || echo "haproxy is not installed: the report will mark its rows as skipped"
 	$(BIN)/zbench $(BENCHFLAGS)

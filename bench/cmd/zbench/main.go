@@ -66,7 +66,7 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&o.HAProxy, "haproxy", "", `haproxy binary (default: from PATH; "-" skips HAProxy)`)
 	fs.Int64Var(&census, "syscalls", 0, "instead of the measurements, take the round-trip census: N 1-byte round trips per path, untraced (context switches)\nand under strace -c -f (syscalls by kind), plus the daemons' CPU profile and Go execution trace; writes "+harness.CensusReport)
 	fs.StringVar(&o.Prefix, "prefix", "", "the lab's namespace prefix (default zl-bench; its stale namespaces are removed first, so two runs at once need two)")
-	fs.DurationVar(&timeout, "timeout", 45*time.Minute, "abort the whole run after this long (a full run takes about 25 minutes, some 10 of them the idle ramps' 30 s settles)")
+	fs.DurationVar(&timeout, "timeout", 45*time.Minute, "abort the whole run after this long (a full run takes about 30 minutes, some 12 of them the idle ramps' 30 s settles)")
 	fs.BoolVar(&loadRun, "load", false, "instead of the measurements, run issue 36's Load scenario: many connections at a fixed aggregate rate through the\ndaemon pair and the HAProxy mTLS pair; writes "+report.FileLoadReport+" (default directory bench/results/<date>-<host>-load)")
 	fs.StringVar(&levels, "load-conns", "", "the Load scenario's levels of concurrency, comma-separated (default 1000,5000,8000; quick 200)")
 	fs.IntVar(&lo.Rate, "load-rate", 0, "the Load scenario's aggregate requests/s (default 10000; quick 2000)")
