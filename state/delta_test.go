@@ -243,6 +243,21 @@ func hashOf[K comparable](k K) uint64 {
 	panic("no shard hash for this key type")
 }
 
+// eachSlot calls f for every used slot of m with its shard's number and
+// returns the shards' lengths added up.
+func eachSlot[K comparable, V any](m *shardMap[K, V], f func(shard uint64, s slot[K, V])) (n int) {
+	for i := range m.numShards() {
+		sh := m.shard(uint64(i))
+		n += len(sh)
+		for _, s := range sh[:cap(sh)] {
+			if s.h != 0 {
+				f(uint64(i), s)
+			}
+		}
+	}
+	return n
+}
+
 // flatten returns the entries of m as one map, checking its count.
 func flatten[K comparable, V any](t *testing.T, what string, m *shardMap[K, V]) map[K]V {
 	t.Helper()
@@ -251,19 +266,11 @@ func flatten[K comparable, V any](t *testing.T, what string, m *shardMap[K, V]) 
 	if len(out) != m.n {
 		t.Errorf("%s: %d entries, counted %d", what, len(out), m.n)
 	}
-	n := 0
-	for i := range m.numShards() {
-		sh := m.shard(uint64(i))
-		n += len(sh)
-		for _, s := range sh[:cap(sh)] {
-			if s.h == 0 {
-				continue
-			}
-			if h := hashOf(s.k); h != s.h || h>>m.shift != uint64(i) {
-				t.Errorf("%s: key %v stored with hash %#x in shard %d of %d, hashes to %#x", what, s.k, s.h, i, m.numShards(), h)
-			}
+	n := eachSlot(m, func(i uint64, s slot[K, V]) {
+		if h := hashOf(s.k); h != s.h || h>>m.shift != i {
+			t.Errorf("%s: key %v stored with hash %#x in shard %d of %d, hashes to %#x", what, s.k, s.h, i, m.numShards(), h)
 		}
-	}
+	})
 	if n != m.n {
 		t.Errorf("%s: shard lengths add up to %d, counted %d", what, n, m.n)
 	}
@@ -287,18 +294,12 @@ func sameHashedIndex[V any](t *testing.T, what string, got, want *shardMap[hashe
 	t.Helper()
 	byHash := func(m *shardMap[hashed, V]) map[uint64]V {
 		out := map[uint64]V{}
-		for i := range m.numShards() {
-			sh := m.shard(uint64(i))
-			for _, s := range sh[:cap(sh)] {
-				if s.h == 0 {
-					continue
-				}
-				if s.h>>m.shift != uint64(i) {
-					t.Errorf("%s: hash %#x stored in shard %d of %d", what, s.h, i, m.numShards())
-				}
-				out[s.h] = s.v
+		eachSlot(m, func(i uint64, s slot[hashed, V]) {
+			if s.h>>m.shift != i {
+				t.Errorf("%s: hash %#x stored in shard %d of %d", what, s.h, i, m.numShards())
 			}
-		}
+			out[s.h] = s.v
+		})
 		if len(out) != m.n {
 			t.Errorf("%s: %d entries, counted %d", what, len(out), m.n)
 		}
@@ -322,21 +323,13 @@ func sameKeyedIndex[K comparable, V comparable](t *testing.T, what string, got, 
 	t.Helper()
 	byKey := func(m *shardMap[hashed, V]) map[K]V {
 		out := map[K]V{}
-		n := 0
-		for i := range m.numShards() {
-			sh := m.shard(uint64(i))
-			n += len(sh)
-			for _, s := range sh[:cap(sh)] {
-				if s.h == 0 {
-					continue
-				}
-				k := key(s.v)
-				if h := hash(k); h != s.h || h>>m.shift != uint64(i) {
-					t.Errorf("%s: %v stored with hash %#x in shard %d of %d, hashes to %#x", what, k, s.h, i, m.numShards(), h)
-				}
-				out[k] = s.v
+		n := eachSlot(m, func(i uint64, s slot[hashed, V]) {
+			k := key(s.v)
+			if h := hash(k); h != s.h || h>>m.shift != i {
+				t.Errorf("%s: %v stored with hash %#x in shard %d of %d, hashes to %#x", what, k, s.h, i, m.numShards(), h)
 			}
-		}
+			out[k] = s.v
+		})
 		if len(out) != m.n || n != m.n {
 			t.Errorf("%s: %d entries, shard lengths add up to %d, counted %d", what, len(out), n, m.n)
 		}

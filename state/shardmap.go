@@ -149,7 +149,9 @@ func (m *shardMap[K, V]) shard(i uint64) []slot[K, V] {
 func (m *shardMap[K, V]) numShards() int { return 1 << (64 - m.shift) }
 
 // get returns the value under k, whose hash is h; the caller hashes with
-// the index's own hash function, so that the call inlines.
+// the index's own hash function, so that the call inlines. It writes out
+// ref's probe rather than calling it: through ref, WorkloadByAddr (per
+// connection) measured 5-12% slower.
 func (m *shardMap[K, V]) get(h uint64, k K) V {
 	i := h >> m.shift
 	t := m.pages[i>>pageBits][i&(pageShards-1)]

@@ -184,14 +184,7 @@ func TestTryWriteSealsAll(t *testing.T) {
 				t.Fatalf("TryWrite = %v, %v, %v", ok, queued, err)
 			}
 			// Then close_notify, so that the peer's read ends.
-			if fdMode {
-				for !c.TryClose() {
-					waitFD(t, fd, unix.POLLOUT)
-				}
-			} else if err := c.Close(); err != nil {
-				t.Fatal(err)
-			}
-			if b := <-got; !bytes.Equal(b, p) {
+			if b := closeAndRead(t, c, fd, fdMode, got); !bytes.Equal(b, p) {
 				t.Fatalf("peer read %d bytes, not the %d TryWrite took", len(b), len(p))
 			}
 		})
@@ -272,16 +265,23 @@ func TestTryWriteLent(t *testing.T) {
 					}
 				}
 			}
-			if fdMode {
-				for !c.TryClose() {
-					waitFD(t, fd, unix.POLLOUT)
-				}
-			} else if err := c.Close(); err != nil {
-				t.Fatal(err)
-			}
-			if b := <-got; !bytes.Equal(b, sent) {
+			if b := closeAndRead(t, c, fd, fdMode, got); !bytes.Equal(b, sent) {
 				t.Fatalf("peer read %d bytes, not the %d written", len(b), len(sent))
 			}
 		})
 	}
+}
+
+// closeAndRead sends close_notify (TryClose on the descriptor's readiness
+// in fdMode, Close otherwise) and returns what the peer read until it.
+func closeAndRead(t *testing.T, c *Conn, fd int, fdMode bool, got <-chan []byte) []byte {
+	t.Helper()
+	if fdMode {
+		for !c.TryClose() {
+			waitFD(t, fd, unix.POLLOUT)
+		}
+	} else if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return <-got
 }
